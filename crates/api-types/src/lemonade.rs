@@ -1,0 +1,158 @@
+//! Lemonade's own endpoints: models, health, stats, live.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+
+/// What a model does; decides its endpoint family and its slot pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelType {
+    Llm,
+    Embedding,
+    Reranking,
+    Audio,
+    Image,
+    Tts,
+}
+
+impl ModelType {
+    pub const ALL: [ModelType; 6] = [
+        ModelType::Llm,
+        ModelType::Embedding,
+        ModelType::Reranking,
+        ModelType::Audio,
+        ModelType::Image,
+        ModelType::Tts,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelType::Llm => "llm",
+            ModelType::Embedding => "embedding",
+            ModelType::Reranking => "reranking",
+            ModelType::Audio => "audio",
+            ModelType::Image => "image",
+            ModelType::Tts => "tts",
+        }
+    }
+}
+
+/// Per-recipe load options (`ctx_size`, `llamacpp_backend`, `llamacpp_args`, …). Only keys
+/// that were set at some level of the precedence chain appear.
+pub type RecipeOptions = Map<String, Value>;
+
+/// An entry of `GET /v1/models`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"id": "SmolLM2-135M-Instruct-GGUF", "object": "model", "created": 1234567890,
+    "owned_by": "lemonade", "checkpoint": "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1",
+    "checkpoints": {"main": "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1"}, "recipe": "llamacpp",
+    "downloaded": true, "suggested": true, "labels": [], "recipe_options": {}, "size": 0.1}))]
+pub struct Model {
+    pub id: String,
+    /// Always `model`.
+    pub object: String,
+    /// Always 1234567890 (as Lemonade v9).
+    pub created: u64,
+    /// Always `lemonade`.
+    pub owned_by: String,
+    /// Main checkpoint, `org/repo[:VARIANT]` or an absolute path for extra models.
+    pub checkpoint: String,
+    /// `main` plus secondary checkpoints such as `mmproj`.
+    pub checkpoints: BTreeMap<String, String>,
+    /// Backend family: `llamacpp`, `flm`, `ryzenai-llm`, `whispercpp`, `sd-cpp`, `kokoro`.
+    pub recipe: String,
+    /// Every file of the main checkpoint is present and complete.
+    pub downloaded: bool,
+    pub suggested: bool,
+    pub labels: Vec<String>,
+    /// Saved per-model options (`recipe_options.json`).
+    #[schema(value_type = Object)]
+    pub recipe_options: RecipeOptions,
+    /// Approximate size in GB; absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<f64>,
+    /// Model type lemonade serves it as (`llm`, `embedding`, `reranking`, …).
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub model_type: Option<ModelType>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Object)]
+    pub image_defaults: Option<Value>,
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ModelList {
+    /// Always `list`.
+    pub object: String,
+    pub data: Vec<Model>,
+}
+
+/// Query of `GET /v1/models`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::IntoParams)]
+pub struct ModelsQuery {
+    /// `true` lists every model of the catalogue, downloaded or not.
+    #[serde(default)]
+    pub show_all: Option<String>,
+}
+
+/// A loaded model as reported by `GET /v1/health`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct LoadedModel {
+    pub model_name: String,
+    pub checkpoint: String,
+    #[serde(rename = "type")]
+    pub model_type: ModelType,
+    /// `gpu`, `npu`, `cpu` or `none`.
+    pub device: String,
+    /// Base URL of the backend process, `http://127.0.0.1:<port>/v1`.
+    pub backend_url: String,
+    pub recipe: String,
+    /// Effective options the model was loaded with.
+    #[schema(value_type = Object)]
+    pub recipe_options: RecipeOptions,
+    /// Milliseconds of a monotonic clock at the model's last use.
+    pub last_use: u64,
+}
+
+/// `GET /v1/health`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// Always `ok` while the server answers.
+    pub status: String,
+    pub version: String,
+    /// The most recently used loaded model, or null.
+    pub model_loaded: Option<String>,
+    /// Loaded models, in load order.
+    pub all_models_loaded: Vec<LoadedModel>,
+    /// Slot limit per model type; -1 means unlimited.
+    pub max_models: BTreeMap<String, i64>,
+    pub log_streaming: LogStreaming,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct LogStreaming {
+    pub sse: bool,
+    pub websocket: bool,
+}
+
+/// `GET /v1/stats`: telemetry of the last completed request of the most recently used model.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Stats {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Seconds (llama.cpp's prompt processing time).
+    pub time_to_first_token: f64,
+    pub tokens_per_second: f64,
+    /// Always empty (as Lemonade v9).
+    pub decode_token_times: Vec<f64>,
+    pub prompt_tokens: u64,
+}
+
+/// `GET /live`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Live {
+    pub status: String,
+}

@@ -1,0 +1,153 @@
+//! The Hugging Face hub cache as `huggingface_hub` lays it out:
+//!
+//! ```text
+//! <root>/models--org--repo/refs/main            (commit sha)
+//! <root>/models--org--repo/blobs/<etag>         (file content)
+//! <root>/models--org--repo/snapshots/<sha>/<path> → ../../blobs/<etag>   (symlink)
+//! ```
+//!
+//! Files placed directly in a snapshot folder (Lemonade v9's way) are recognised too.
+
+use std::path::{Path, PathBuf};
+
+use crate::checkpoint::repo_folder_name;
+
+/// Name of the manifest Lemonade v9 keeps in a snapshot while a download is in progress.
+pub const DOWNLOAD_MANIFEST: &str = ".download_manifest.json";
+
+/// Cache root: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`.
+pub fn cache_root_from_env(get: impl Fn(&str) -> Option<String>) -> PathBuf {
+    if let Some(p) = get("HF_HUB_CACHE").filter(|s| !s.is_empty()) {
+        return PathBuf::from(p);
+    }
+    if let Some(p) = get("HF_HOME").filter(|s| !s.is_empty()) {
+        return PathBuf::from(p).join("hub");
+    }
+    let home = get("HOME").unwrap_or_else(|| ".".into());
+    PathBuf::from(home).join(".cache").join("huggingface").join("hub")
+}
+
+/// One snapshot of a repo in the cache, with its files (relative, `/`-separated, sorted).
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub dir: PathBuf,
+    pub files: Vec<String>,
+}
+
+/// The snapshots of `repo` under `root`: the one `refs/main` names first, then the others
+/// by name. Missing repo → empty.
+pub fn snapshots(root: &Path, repo: &str) -> Vec<Snapshot> {
+    let repo_dir = root.join(repo_folder_name(repo));
+    let snap_root = repo_dir.join("snapshots");
+    let Ok(entries) = std::fs::read_dir(&snap_root) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    names.sort();
+    if let Ok(main) = std::fs::read_to_string(repo_dir.join("refs").join("main")) {
+        let main = main.trim();
+        if let Some(i) = names.iter().position(|n| n == main) {
+            let n = names.remove(i);
+            names.insert(0, n);
+        }
+    }
+    names
+        .into_iter()
+        .map(|n| {
+            let dir = snap_root.join(n);
+            let mut files = Vec::new();
+            list_files(&dir, "", &mut files);
+            files.sort();
+            Snapshot { dir, files }
+        })
+        .collect()
+}
+
+fn list_files(dir: &Path, prefix: &str, out: &mut Vec<String>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.filter_map(|e| e.ok()) {
+        let Ok(name) = e.file_name().into_string() else { continue };
+        let rel = if prefix.is_empty() { name.clone() } else { format!("{prefix}/{name}") };
+        let path = e.path();
+        // metadata() follows symlinks: a snapshot link to a blob counts as a file.
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_dir() => list_files(&path, &rel, out),
+            Ok(_) => out.push(rel),
+            // A dangling symlink (blob missing) is not a usable file.
+            Err(_) => {}
+        }
+    }
+}
+
+/// Whether a resolved file counts as downloaded: it exists, its snapshot has no download
+/// manifest, and no partial download sits beside it.
+pub fn is_complete(file: &Path) -> bool {
+    let Ok(meta) = std::fs::metadata(file) else { return false };
+    if !meta.is_file() {
+        return false;
+    }
+    let Some(parent) = file.parent() else { return false };
+    if parent.join(DOWNLOAD_MANIFEST).exists() {
+        return false;
+    }
+    let name = file.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    !parent.join(format!("{name}.partial")).exists() && !parent.join(format!("{name}.incomplete")).exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_root_precedence() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        assert_eq!(cache_root_from_env(env(&[("HF_HUB_CACHE", "/a"), ("HF_HOME", "/b")])), PathBuf::from("/a"));
+        assert_eq!(cache_root_from_env(env(&[("HF_HOME", "/b"), ("HOME", "/h")])), PathBuf::from("/b/hub"));
+        assert_eq!(cache_root_from_env(env(&[("HOME", "/h")])), PathBuf::from("/h/.cache/huggingface/hub"));
+    }
+
+    #[test]
+    fn reads_blob_symlinks_and_plain_files_main_ref_first() {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = tmp.path().join("models--org--repo");
+        std::fs::create_dir_all(repo.join("blobs")).unwrap();
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        std::fs::write(repo.join("refs/main"), "bbb").unwrap();
+        std::fs::write(repo.join("blobs/etag1"), b"GGUF").unwrap();
+        let a = repo.join("snapshots/aaa");
+        let b = repo.join("snapshots/bbb/sub");
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        std::fs::write(a.join("plain-Q4_0.gguf"), b"GGUF").unwrap();
+        std::os::unix::fs::symlink("../../../blobs/etag1", b.join("linked-Q8_0.gguf")).unwrap();
+        std::os::unix::fs::symlink("../../blobs/missing", repo.join("snapshots/bbb/dangling.gguf")).unwrap();
+
+        let snaps = snapshots(tmp.path(), "org/repo");
+        assert_eq!(snaps.len(), 2);
+        assert!(snaps[0].dir.ends_with("bbb"), "refs/main snapshot first");
+        assert_eq!(snaps[0].files, vec!["sub/linked-Q8_0.gguf".to_string()]);
+        assert_eq!(snaps[1].files, vec!["plain-Q4_0.gguf".to_string()]);
+        assert!(is_complete(&snaps[0].dir.join("sub/linked-Q8_0.gguf")));
+        assert!(snapshots(tmp.path(), "org/other").is_empty());
+    }
+
+    #[test]
+    fn partial_or_manifest_means_not_complete() {
+        let tmp = tempfile::tempdir().unwrap();
+        let f = tmp.path().join("m.gguf");
+        std::fs::write(&f, b"x").unwrap();
+        assert!(is_complete(&f));
+        std::fs::write(tmp.path().join("m.gguf.partial"), b"x").unwrap();
+        assert!(!is_complete(&f));
+        std::fs::remove_file(tmp.path().join("m.gguf.partial")).unwrap();
+        std::fs::write(tmp.path().join(DOWNLOAD_MANIFEST), b"{}").unwrap();
+        assert!(!is_complete(&f));
+        assert!(!is_complete(&tmp.path().join("absent.gguf")));
+    }
+}
