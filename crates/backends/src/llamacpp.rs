@@ -1,0 +1,271 @@
+//! The llama.cpp adapter: the `llama-server` command line for a model (reference §7.3).
+//! Pure: no processes, no file system.
+
+use std::path::PathBuf;
+
+use api_types::ModelType;
+
+/// Flags lemonade manages itself; `llamacpp_args` may not set them.
+pub const RESERVED_FLAGS: &[&str] = &[
+    "-m",
+    "--model",
+    "--ctx-size",
+    "-c",
+    "--port",
+    "--host",
+    "--jinja",
+    "--no-jinja",
+    "--mmproj",
+    "-mm",
+    "-mmu",
+    "--mmproj-url",
+    "--no-mmproj",
+    "--mmproj-auto",
+    "--no-mmproj-auto",
+    "--mmproj-offload",
+    "--no-mmproj-offload",
+    "--embeddings",
+    "--embedding",
+    "--reranking",
+    "--rerank",
+    "-ngl",
+    "--gpu-layers",
+    "--n-gpu-layers",
+];
+
+pub const DEFAULT_CTX_SIZE: u32 = 4096;
+/// Embedding models get at least this context (as Lemonade v9).
+pub const MIN_EMBEDDING_CTX_SIZE: u32 = 8192;
+
+/// What the command line is built from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaServerConfig {
+    pub model_path: PathBuf,
+    pub mmproj_path: Option<PathBuf>,
+    pub model_type: ModelType,
+    pub ctx_size: u32,
+    /// `cpu`, `vulkan`, `rocm` or `metal`.
+    pub backend: String,
+    /// The user's extra arguments (`llamacpp_args`), as one string.
+    pub user_args: String,
+    /// The host has an AMD iGPU (then mmap is off by default, as v9).
+    pub amd_igpu: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgsError {
+    #[error(
+        "Invalid custom llama-server arguments: argument '{flag}' is managed by lemonade and cannot be overridden. \
+         Reserved arguments: {reserved}"
+    )]
+    Reserved { flag: String, reserved: String },
+    #[error("Invalid custom llama-server arguments: unterminated quote in: {0}")]
+    UnterminatedQuote(String),
+}
+
+/// Splits `llamacpp_args` on whitespace; single or double quotes group words and are removed.
+pub fn tokenize(args: &str) -> Result<Vec<String>, ArgsError> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut in_token = false;
+    let mut quote: Option<char> = None;
+    for c in args.chars() {
+        match quote {
+            Some(q) if c == q => quote = None,
+            Some(_) => cur.push(c),
+            None if c == '"' || c == '\'' => {
+                quote = Some(c);
+                in_token = true;
+            }
+            None if c.is_whitespace() => {
+                if in_token {
+                    out.push(std::mem::take(&mut cur));
+                    in_token = false;
+                }
+            }
+            None => {
+                cur.push(c);
+                in_token = true;
+            }
+        }
+    }
+    if quote.is_some() {
+        return Err(ArgsError::UnterminatedQuote(args.to_string()));
+    }
+    if in_token {
+        out.push(cur);
+    }
+    Ok(out)
+}
+
+/// The flag part of a token: `--keep=4` → `--keep`.
+fn flag_of(token: &str) -> &str {
+    if token.starts_with('-') {
+        token.split_once('=').map_or(token, |(f, _)| f)
+    } else {
+        token
+    }
+}
+
+/// Checks user arguments against the reserved list; the first offending flag is named.
+pub fn validate_user_args(tokens: &[String]) -> Result<(), ArgsError> {
+    for t in tokens {
+        let f = flag_of(t);
+        if RESERVED_FLAGS.contains(&f) {
+            let mut reserved: Vec<&str> = RESERVED_FLAGS.to_vec();
+            reserved.sort_unstable();
+            return Err(ArgsError::Reserved { flag: f.to_string(), reserved: reserved.join(", ") });
+        }
+    }
+    Ok(())
+}
+
+fn user_sets(tokens: &[String], flags: &[&str]) -> bool {
+    tokens.iter().any(|t| flags.contains(&flag_of(t)))
+}
+
+/// The `llama-server` arguments (without the program), listening on 127.0.0.1 with an
+/// OS-chosen port (`--port 0`; the real port is read from the child's log).
+pub fn command_line(cfg: &LlamaServerConfig) -> Result<Vec<String>, ArgsError> {
+    let user = tokenize(&cfg.user_args)?;
+    validate_user_args(&user)?;
+    let cpu = cfg.backend == "cpu";
+    let ctx = if cfg.model_type == ModelType::Embedding { cfg.ctx_size.max(MIN_EMBEDDING_CTX_SIZE) } else { cfg.ctx_size };
+
+    let mut a: Vec<String> = Vec::new();
+    let mut push = |s: &str| a.push(s.to_string());
+    push("-m");
+    push(&cfg.model_path.display().to_string());
+    push("--ctx-size");
+    push(&ctx.to_string());
+    push("--host");
+    push("127.0.0.1");
+    push("--port");
+    push("0");
+    push("--jinja");
+    if let Some(mm) = &cfg.mmproj_path {
+        push("--mmproj");
+        push(&mm.display().to_string());
+        if cpu {
+            push("--no-mmproj-offload");
+        }
+    }
+    // Overridable defaults: left out when the user sets the flag or its opposite.
+    if matches!(cfg.backend.as_str(), "vulkan" | "rocm") && !user_sets(&user, &["--context-shift", "--no-context-shift"]) {
+        push("--context-shift");
+    }
+    if !user_sets(&user, &["--keep"]) {
+        push("--keep");
+        push("16");
+    }
+    if !user_sets(&user, &["--reasoning-format"]) {
+        push("--reasoning-format");
+        push("auto");
+    }
+    if !user_sets(&user, &["--no-webui", "--webui", "--no-ui", "--ui"]) {
+        push("--no-webui");
+    }
+    if !user_sets(&user, &["--metrics"]) {
+        push("--metrics");
+    }
+    // v9's `--no-mmap` on AMD iGPU hosts; this llama.cpp spells it `--load-mode none`.
+    if cfg.amd_igpu && !user_sets(&user, &["--load-mode", "-lm", "--no-mmap", "--mmap"]) {
+        push("--load-mode");
+        push("none");
+    }
+    match cfg.model_type {
+        ModelType::Embedding => push("--embeddings"),
+        ModelType::Reranking => push("--reranking"),
+        _ => {}
+    }
+    push("-ngl");
+    push(if cpu { "0" } else { "99" });
+    a.extend(user);
+    Ok(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(model_type: ModelType, backend: &str, user_args: &str) -> LlamaServerConfig {
+        LlamaServerConfig {
+            model_path: "/models/m.gguf".into(),
+            mmproj_path: None,
+            model_type,
+            ctx_size: DEFAULT_CTX_SIZE,
+            backend: backend.into(),
+            user_args: user_args.into(),
+            amd_igpu: false,
+        }
+    }
+
+    fn line(c: &LlamaServerConfig) -> String {
+        command_line(c).unwrap().join(" ")
+    }
+
+    #[test]
+    fn llm_on_cpu() {
+        insta::assert_snapshot!(line(&cfg(ModelType::Llm, "cpu", "")));
+    }
+
+    #[test]
+    fn llm_on_vulkan_with_mmproj_and_igpu() {
+        let mut c = cfg(ModelType::Llm, "vulkan", "");
+        c.mmproj_path = Some("/models/mmproj.gguf".into());
+        c.amd_igpu = true;
+        insta::assert_snapshot!(line(&c));
+    }
+
+    #[test]
+    fn mmproj_on_cpu_is_not_offloaded() {
+        let mut c = cfg(ModelType::Llm, "cpu", "");
+        c.mmproj_path = Some("/models/mmproj.gguf".into());
+        insta::assert_snapshot!(line(&c));
+    }
+
+    #[test]
+    fn embedding_raises_ctx_and_adds_flag() {
+        insta::assert_snapshot!(line(&cfg(ModelType::Embedding, "cpu", "")));
+        let mut big = cfg(ModelType::Embedding, "cpu", "");
+        big.ctx_size = 16384;
+        assert!(line(&big).contains("--ctx-size 16384"));
+    }
+
+    #[test]
+    fn reranking() {
+        insta::assert_snapshot!(line(&cfg(ModelType::Reranking, "cpu", "")));
+    }
+
+    #[test]
+    fn user_args_override_defaults_and_are_appended() {
+        let c = cfg(ModelType::Llm, "vulkan", "--keep=4 --no-context-shift --webui -t 2 --reasoning-format none --alias 'my model'");
+        insta::assert_snapshot!(line(&c));
+    }
+
+    #[test]
+    fn reserved_flags_are_rejected_with_the_flag_named() {
+        for (args, flag) in [("--port 1", "--port"), ("-t 2 --ctx-size=99", "--ctx-size"), ("-ngl 5", "-ngl"), ("--host 0.0.0.0", "--host")] {
+            let err = command_line(&cfg(ModelType::Llm, "cpu", args)).unwrap_err();
+            assert_eq!(err, ArgsError::Reserved { flag: flag.into(), reserved: err_reserved(&err) });
+            let msg = err.to_string();
+            assert!(msg.contains(&format!("argument '{flag}' is managed by lemonade")), "{msg}");
+            assert!(msg.contains("Reserved arguments: --ctx-size, --embedding"), "{msg}");
+        }
+    }
+
+    fn err_reserved(e: &ArgsError) -> String {
+        match e {
+            ArgsError::Reserved { reserved, .. } => reserved.clone(),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn tokenizer_groups_quotes() {
+        assert_eq!(tokenize("  -a 1 \"b c\" 'd e'f  ").unwrap(), ["-a", "1", "b c", "d ef"]);
+        assert_eq!(tokenize("").unwrap(), Vec::<String>::new());
+        assert_eq!(tokenize("''").unwrap(), [""]);
+        assert!(matches!(tokenize("--x 'open"), Err(ArgsError::UnterminatedQuote(_))));
+    }
+}

@@ -1,0 +1,331 @@
+//! Runs one backend process and knows at every moment whether it is alive.
+//!
+//! * The child gets its own process group and, on Linux, a parent-death signal (SIGKILL), so
+//!   it dies with the server even when the server is SIGKILLed; `kill_on_drop` covers the rest.
+//! * Its stdout/stderr go line by line into `tracing` (target `backend`, with the model name);
+//!   the last lines are kept for error messages.
+//! * The endpoint cannot race: the child binds port 0 itself and we read the real port from
+//!   its `listening on http://HOST:PORT` line, which llama-server prints once the model is
+//!   loaded. A `/health` probe at a short interval then confirms readiness.
+//! * A task waits on the child, so its exit is noticed at once ([`Backend::wait_exit`]).
+//! * Stop: SIGTERM to the group, then SIGKILL after a grace period.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::Command;
+use tokio::sync::{oneshot, watch};
+
+/// Lines kept for error messages.
+const LOG_TAIL: usize = 40;
+/// Health probe interval while waiting for readiness.
+const PROBE_INTERVAL: Duration = Duration::from_millis(10);
+
+#[derive(Debug, Clone)]
+pub struct SpawnSpec {
+    /// Used in logs and errors (the model name).
+    pub label: String,
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Readiness endpoint, e.g. `/health`.
+    pub health_path: String,
+    /// How long loading may take before the start is abandoned.
+    pub ready_timeout: Duration,
+}
+
+/// How a child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitInfo {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+impl std::fmt::Display for ExitInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.code, self.signal) {
+            (Some(c), _) => write!(f, "exit code {c}"),
+            (None, Some(s)) => write!(f, "killed by signal {s}"),
+            _ => write!(f, "unknown exit status"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot start {program}: {source}")]
+    Spawn { program: String, source: std::io::Error },
+    #[error("{label} backend exited ({exit}) before it was ready. Last log lines:\n{tail}")]
+    Exited { label: String, exit: ExitInfo, tail: String },
+    #[error("{label} backend was not ready after {secs} s. Last log lines:\n{tail}")]
+    Timeout { label: String, secs: u64, tail: String },
+}
+
+/// A running backend process. Cheap to clone.
+#[derive(Clone)]
+pub struct Backend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    label: String,
+    pid: u32,
+    port: u16,
+    ready_timeout: Duration,
+    exit: watch::Receiver<Option<ExitInfo>>,
+    tail: Arc<Mutex<VecDeque<String>>>,
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backend").field("label", &self.inner.label).field("pid", &self.inner.pid).field("port", &self.inner.port).finish()
+    }
+}
+
+impl Backend {
+    /// Starts the process and returns once it answers its health endpoint with 200.
+    pub async fn start(spec: SpawnSpec, http: &reqwest::Client) -> Result<Backend, StartError> {
+        let mut cmd = Command::new(&spec.program);
+        cmd.args(&spec.args)
+            .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        // SAFETY: only async-signal-safe libc calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setpgid(0, 0);
+                #[cfg(target_os = "linux")]
+                {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    // The parent may have died before prctl took effect.
+                    if libc::getppid() == 1 {
+                        libc::_exit(1);
+                    }
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| StartError::Spawn { program: spec.program.display().to_string(), source: e })?;
+        let pid = child.id().unwrap_or(0);
+        tracing::info!(model = %spec.label, pid, program = %spec.program.display(), args = ?spec.args, "backend started");
+
+        let tail = Arc::new(Mutex::new(VecDeque::with_capacity(LOG_TAIL)));
+        let (port_tx, port_rx) = oneshot::channel();
+        let port_tx = Arc::new(Mutex::new(Some(port_tx)));
+        if let Some(out) = child.stdout.take() {
+            tokio::spawn(pump(out, spec.label.clone(), tail.clone(), port_tx.clone()));
+        }
+        if let Some(err) = child.stderr.take() {
+            tokio::spawn(pump(err, spec.label.clone(), tail.clone(), port_tx));
+        }
+        let (exit_tx, exit_rx) = watch::channel(None);
+        let label = spec.label.clone();
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            let info = match status {
+                Ok(s) => {
+                    use std::os::unix::process::ExitStatusExt;
+                    ExitInfo { code: s.code(), signal: s.signal() }
+                }
+                Err(_) => ExitInfo { code: None, signal: None },
+            };
+            tracing::info!(model = %label, pid, status = %info, "backend exited");
+            let _ = exit_tx.send(Some(info));
+        });
+
+        let mut backend = Backend { inner: Arc::new(Inner { label: spec.label.clone(), pid, port: 0, ready_timeout: spec.ready_timeout, exit: exit_rx, tail }) };
+        let deadline = tokio::time::Instant::now() + spec.ready_timeout;
+        let port = match backend.until_exit_or(deadline, async { port_rx.await.ok() }).await {
+            Ok(Some(p)) => p,
+            Ok(None) => {
+                // Both pipes closed without a port line: the process is ending.
+                let exit = backend.wait_exit().await;
+                return Err(backend.exited_error(exit));
+            }
+            Err(e) => return Err(e),
+        };
+        Arc::get_mut(&mut backend.inner).expect("not shared yet").port = port;
+
+        let url = format!("{}{}", backend.base_url(), spec.health_path);
+        let probe = async {
+            loop {
+                if let Ok(r) = http.get(&url).timeout(Duration::from_secs(1)).send().await {
+                    if r.status() == reqwest::StatusCode::OK {
+                        return;
+                    }
+                }
+                tokio::time::sleep(PROBE_INTERVAL).await;
+            }
+        };
+        backend.until_exit_or(deadline, probe).await?;
+        tracing::info!(model = %spec.label, pid, port, "backend ready");
+        Ok(backend)
+    }
+
+    /// Runs `fut` until it finishes, the child exits, or the deadline passes; a still-running
+    /// child is stopped on failure.
+    async fn until_exit_or<T>(&self, deadline: tokio::time::Instant, fut: impl std::future::Future<Output = T>) -> Result<T, StartError> {
+        let mut exit = self.inner.exit.clone();
+        tokio::select! {
+            v = fut => Ok(v),
+            _ = exit.wait_for(|e| e.is_some()) => {
+                let info = self.exit_status().unwrap_or(ExitInfo { code: None, signal: None });
+                Err(self.exited_error(info))
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                self.stop(Duration::from_secs(2)).await;
+                Err(StartError::Timeout { label: self.inner.label.clone(), secs: self.inner.ready_timeout.as_secs(), tail: self.log_tail() })
+            }
+        }
+    }
+
+    fn exited_error(&self, exit: ExitInfo) -> StartError {
+        StartError::Exited { label: self.inner.label.clone(), exit, tail: self.log_tail() }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.inner.pid
+    }
+
+    pub fn port(&self) -> u16 {
+        self.inner.port
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.inner.port)
+    }
+
+    /// The exit status, once the process has ended.
+    pub fn exit_status(&self) -> Option<ExitInfo> {
+        *self.inner.exit.borrow()
+    }
+
+    /// Resolves when the process has ended.
+    pub async fn wait_exit(&self) -> ExitInfo {
+        let mut rx = self.inner.exit.clone();
+        let r = rx.wait_for(|e| e.is_some()).await.map(|e| e.expect("checked"));
+        r.unwrap_or(ExitInfo { code: None, signal: None })
+    }
+
+    /// The last lines the process wrote, oldest first.
+    pub fn log_tail(&self) -> String {
+        let t = self.inner.tail.lock().unwrap_or_else(|e| e.into_inner());
+        t.iter().cloned().collect::<Vec<_>>().join("\n")
+    }
+
+    /// SIGTERM to the process group; SIGKILL after `grace`. Returns once the process is gone.
+    pub async fn stop(&self, grace: Duration) {
+        if self.exit_status().is_some() {
+            return;
+        }
+        self.signal(libc::SIGTERM);
+        if tokio::time::timeout(grace, self.wait_exit()).await.is_err() {
+            tracing::warn!(model = %self.inner.label, pid = self.inner.pid, "backend ignored SIGTERM; sending SIGKILL");
+            self.signal(libc::SIGKILL);
+            self.wait_exit().await;
+        }
+    }
+
+    fn signal(&self, sig: i32) {
+        // The waiter task reaps the child, so a pid is only signalled while it is ours.
+        if self.exit_status().is_none() && self.inner.pid > 0 {
+            // SAFETY: plain syscall; a negative pid addresses the child's process group.
+            unsafe {
+                libc::kill(-(self.inner.pid as i32), sig);
+            }
+        }
+    }
+}
+
+async fn pump<R: AsyncRead + Unpin>(
+    r: R,
+    label: String,
+    tail: Arc<Mutex<VecDeque<String>>>,
+    port_tx: Arc<Mutex<Option<oneshot::Sender<u16>>>>,
+) {
+    let mut lines = BufReader::new(r).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if let Some(port) = parse_listening_port(&line) {
+            if let Some(tx) = port_tx.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                let _ = tx.send(port);
+            }
+        }
+        if line.contains("GET /health") || line.contains("GET /v1/health") {
+            continue;
+        }
+        tracing::debug!(target: "backend", model = %label, "{line}");
+        let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());
+        if t.len() == LOG_TAIL {
+            t.pop_front();
+        }
+        t.push_back(line);
+    }
+}
+
+/// The port of llama-server's `listening on http://127.0.0.1:PORT` line.
+pub fn parse_listening_port(line: &str) -> Option<u16> {
+    let rest = &line[line.find("listening on http://")? + "listening on http://".len()..];
+    let hostport = rest.split_whitespace().next()?;
+    hostport.rsplit_once(':')?.1.trim_end_matches('/').parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listening_line() {
+        assert_eq!(parse_listening_port("main: server is listening on http://127.0.0.1:41235 - starting"), Some(41235));
+        assert_eq!(parse_listening_port("srv  start: listening on http://127.0.0.1:8080"), Some(8080));
+        assert_eq!(parse_listening_port("listening on http://[::1]:9000"), Some(9000));
+        assert_eq!(parse_listening_port("listening on unix:///tmp/x.sock"), None);
+        assert_eq!(parse_listening_port("loading model"), None);
+    }
+
+    fn sh(label: &str, script: &str) -> SpawnSpec {
+        SpawnSpec {
+            label: label.into(),
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), script.into()],
+            env: vec![],
+            health_path: "/health".into(),
+            ready_timeout: Duration::from_secs(10),
+        }
+    }
+
+    #[tokio::test]
+    async fn exit_before_ready_reports_status_and_log_tail() {
+        let http = reqwest::Client::new();
+        let err = Backend::start(sh("m", "echo loading; echo 'error: bad model' >&2; exit 3"), &http).await.unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("exit code 3"), "{msg}");
+        assert!(msg.contains("error: bad model"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn timeout_stops_the_child() {
+        let http = reqwest::Client::new();
+        let mut spec = sh("m", "exec sleep 30");
+        spec.ready_timeout = Duration::from_millis(200);
+        let err = Backend::start(spec, &http).await.unwrap_err();
+        assert!(matches!(err, StartError::Timeout { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn spawn_failure_names_the_program() {
+        let http = reqwest::Client::new();
+        let mut spec = sh("m", "");
+        spec.program = "/nonexistent/llama-server".into();
+        let msg = Backend::start(spec, &http).await.unwrap_err().to_string();
+        assert!(msg.contains("/nonexistent/llama-server"), "{msg}");
+    }
+}
