@@ -1,1 +1,351 @@
+//! Test support for lemonade's integration and end-to-end tests.
+//!
+//! * Paths of what `cargo xtask setup` provisioned (real llama-server, real GGUF models).
+//!   Missing files fail the test with a message; they are never a silent skip.
+//! * [`Lemonade`]: the real `lemonade serve` binary in a sandbox of its own (lemonade cache,
+//!   Hugging Face cache, extra models dir), on an OS-chosen port.
+//! * Process helpers to prove no backend outlives the server.
 
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+fn dev_cache() -> PathBuf {
+    std::env::var_os("LEMONADE_DEV_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| ".".into()))
+                .join(".cache/lemonade-dev")
+        })
+}
+
+/// The provisioned llama-server (`LEMONADE_TEST_LLAMA_SERVER`, else the dev cache).
+pub fn llama_server() -> PathBuf {
+    let p = std::env::var_os("LEMONADE_TEST_LLAMA_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| dev_cache().join("llama-server/11434.0.0-cpu-avx2/llama-server"));
+    assert!(
+        p.is_file(),
+        "llama-server not found at {}: run `cargo xtask setup` first",
+        p.display()
+    );
+    p
+}
+
+/// A provisioned model file, e.g. `serve/SmolLM2-135M-Instruct.Q4_1.gguf`.
+pub fn model(rel: &str) -> PathBuf {
+    let root = std::env::var_os("LEMONADE_TEST_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| dev_cache().join("models/v1"));
+    let p = root.join(rel);
+    assert!(
+        p.is_file(),
+        "model not found at {}: run `cargo xtask setup` first",
+        p.display()
+    );
+    p
+}
+
+pub const SMOL_FILE: &str = "serve/SmolLM2-135M-Instruct.Q4_1.gguf";
+pub const GEMMA_FILE: &str = "serve/gemma-3-270m-Q4_K_M.gguf";
+pub const MINILM_FILE: &str = "serve/all-MiniLM-L6-v2-F32.gguf";
+pub const RERANK_FILE: &str = "plumbing/minilm-random-rerank-F32.gguf";
+
+/// Names under which the sandbox serves the models.
+pub const SMOL: &str = "user.SmolLM2-135M-Instruct-GGUF";
+pub const SMOL_COPY: &str = "user.SmolLM2-Copy-GGUF";
+pub const GEMMA: &str = "extra.gemma-3-270m-Q4_K_M.gguf";
+pub const MINILM: &str = "extra.all-MiniLM-L6-v2-F32.gguf";
+/// Random-weight reranking head: plumbing only, its scores mean nothing.
+pub const RERANKER: &str = "extra.minilm-random-rerank-F32.gguf";
+
+/// A sandbox: lemonade cache, HF cache holding SmolLM2 in huggingface_hub's layout (blob +
+/// snapshot symlink + refs/main) registered as two `user.*` models, and an extra models dir
+/// with Gemma, MiniLM and the plumbing reranker.
+pub struct Sandbox {
+    pub dir: tempfile::TempDir,
+}
+
+impl Sandbox {
+    pub fn new() -> Sandbox {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = Sandbox { dir };
+        std::fs::create_dir_all(s.cache()).unwrap();
+        std::fs::create_dir_all(s.extra()).unwrap();
+        let repo = s
+            .hf_cache()
+            .join("models--HuggingFaceTB--SmolLM2-135M-Instruct-GGUF");
+        let commit = "5b3f2a1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a";
+        let blob = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+        std::fs::create_dir_all(repo.join("blobs")).unwrap();
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        std::fs::create_dir_all(repo.join("snapshots").join(commit)).unwrap();
+        std::fs::write(repo.join("refs/main"), commit).unwrap();
+        std::os::unix::fs::symlink(model(SMOL_FILE), repo.join("blobs").join(blob)).unwrap();
+        std::os::unix::fs::symlink(
+            format!("../../blobs/{blob}"),
+            repo.join("snapshots")
+                .join(commit)
+                .join("SmolLM2-135M-Instruct.Q4_1.gguf"),
+        )
+        .unwrap();
+        let user = json!({
+            "SmolLM2-135M-Instruct-GGUF": {"checkpoint": "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1", "recipe": "llamacpp", "labels": ["custom"], "suggested": true},
+            "SmolLM2-Copy-GGUF": {"checkpoint": "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1", "recipe": "llamacpp", "labels": ["custom"], "suggested": true}
+        });
+        std::fs::write(
+            s.cache().join("user_models.json"),
+            serde_json::to_vec_pretty(&user).unwrap(),
+        )
+        .unwrap();
+        for f in [GEMMA_FILE, MINILM_FILE, RERANK_FILE] {
+            let src = model(f);
+            std::os::unix::fs::symlink(&src, s.extra().join(src.file_name().unwrap())).unwrap();
+        }
+        s
+    }
+
+    pub fn cache(&self) -> PathBuf {
+        self.dir.path().join("lemonade")
+    }
+    pub fn hf_cache(&self) -> PathBuf {
+        self.dir.path().join("hub")
+    }
+    pub fn extra(&self) -> PathBuf {
+        self.dir.path().join("extra")
+    }
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Sandbox::new()
+    }
+}
+
+/// A running `lemonade serve`.
+pub struct Lemonade {
+    child: Child,
+    pub base: String,
+    pub http: reqwest::Client,
+    log: Arc<Mutex<Vec<String>>>,
+    pub sandbox: Sandbox,
+}
+
+impl Lemonade {
+    /// Starts `bin serve` in a fresh [`Sandbox`] with the provisioned llama-server.
+    pub async fn start(bin: &Path, args: &[&str]) -> Lemonade {
+        Lemonade::start_in(bin, Sandbox::new(), args, &[]).await
+    }
+
+    pub async fn start_in(
+        bin: &Path,
+        sandbox: Sandbox,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Lemonade {
+        let mut cmd = Command::new(bin);
+        cmd.args([
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--log-level",
+            "debug",
+            "--extra-models-dir",
+        ])
+        .arg(sandbox.extra())
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", sandbox.dir.path())
+        .env("LEMONADE_CACHE_DIR", sandbox.cache())
+        .env("HF_HUB_CACHE", sandbox.hf_cache())
+        .env("LEMONADE_LLAMACPP_CPU_BIN", llama_server())
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("start lemonade");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("listening on http://").nth(1) {
+                    let _ = tx.send(
+                        rest.split_whitespace()
+                            .next()
+                            .unwrap_or_default()
+                            .to_string(),
+                    );
+                }
+                log2.lock().unwrap().push(line);
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!(
+                    "lemonade did not start listening:\n{}",
+                    log.lock().unwrap().join("\n")
+                );
+            }
+        };
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        Lemonade {
+            child,
+            base: format!("http://{addr}"),
+            http,
+            log,
+            sandbox,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let r = self.http.get(self.url(path)).send().await.expect("GET");
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.post_raw(path, body.to_string()).await
+    }
+
+    pub async fn post_raw(&self, path: &str, body: impl Into<reqwest::Body>) -> (u16, Value) {
+        let r = self
+            .http
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("POST");
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// Sends a signal to the server process.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: plain syscall on our own child.
+        unsafe {
+            libc::kill(self.child.id() as i32, sig);
+        }
+    }
+
+    /// Waits for the server to exit, at most `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Lemonade {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.signal(libc::SIGTERM);
+            if self.wait_exit(Duration::from_secs(10)).is_none() {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+            }
+        }
+        if std::thread::panicking() {
+            eprintln!("---- lemonade log ----\n{}", self.log());
+        }
+    }
+}
+
+/// Direct children of `pid` (from /proc).
+pub fn child_pids(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in entries.filter_map(|e| e.ok()) {
+        let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
+            // pid (comm) state ppid …; comm may contain spaces, so split after the last ')'.
+            let after = stat.rsplit_once(')').map(|x| x.1).unwrap_or_default();
+            let ppid = after
+                .split_whitespace()
+                .nth(1)
+                .and_then(|s| s.parse::<u32>().ok());
+            if ppid == Some(pid) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Whether `pid` is a live (non-zombie) process.
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|x| x.1.split_whitespace().next()),
+            Some("Z") | Some("X")
+        ),
+        Err(_) => false,
+    }
+}
+
+/// Polls `f` until it returns Some or `timeout` passes.
+pub async fn wait_for<T, F, Fut>(timeout: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The `data:` payloads of an SSE body, in order.
+pub fn sse_data(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
+        .map(|d| d.trim().to_string())
+        .collect()
+}

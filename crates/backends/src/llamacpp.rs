@@ -114,7 +114,10 @@ pub fn validate_user_args(tokens: &[String]) -> Result<(), ArgsError> {
         if RESERVED_FLAGS.contains(&f) {
             let mut reserved: Vec<&str> = RESERVED_FLAGS.to_vec();
             reserved.sort_unstable();
-            return Err(ArgsError::Reserved { flag: f.to_string(), reserved: reserved.join(", ") });
+            return Err(ArgsError::Reserved {
+                flag: f.to_string(),
+                reserved: reserved.join(", "),
+            });
         }
     }
     Ok(())
@@ -130,7 +133,11 @@ pub fn command_line(cfg: &LlamaServerConfig) -> Result<Vec<String>, ArgsError> {
     let user = tokenize(&cfg.user_args)?;
     validate_user_args(&user)?;
     let cpu = cfg.backend == "cpu";
-    let ctx = if cfg.model_type == ModelType::Embedding { cfg.ctx_size.max(MIN_EMBEDDING_CTX_SIZE) } else { cfg.ctx_size };
+    let ctx = if cfg.model_type == ModelType::Embedding {
+        cfg.ctx_size.max(MIN_EMBEDDING_CTX_SIZE)
+    } else {
+        cfg.ctx_size
+    };
 
     let mut a: Vec<String> = Vec::new();
     let mut push = |s: &str| a.push(s.to_string());
@@ -151,7 +158,9 @@ pub fn command_line(cfg: &LlamaServerConfig) -> Result<Vec<String>, ArgsError> {
         }
     }
     // Overridable defaults: left out when the user sets the flag or its opposite.
-    if matches!(cfg.backend.as_str(), "vulkan" | "rocm") && !user_sets(&user, &["--context-shift", "--no-context-shift"]) {
+    if matches!(cfg.backend.as_str(), "vulkan" | "rocm")
+        && !user_sets(&user, &["--context-shift", "--no-context-shift"])
+    {
         push("--context-shift");
     }
     if !user_sets(&user, &["--keep"]) {
@@ -239,18 +248,39 @@ mod tests {
 
     #[test]
     fn user_args_override_defaults_and_are_appended() {
-        let c = cfg(ModelType::Llm, "vulkan", "--keep=4 --no-context-shift --webui -t 2 --reasoning-format none --alias 'my model'");
+        let c = cfg(
+            ModelType::Llm,
+            "vulkan",
+            "--keep=4 --no-context-shift --webui -t 2 --reasoning-format none --alias 'my model'",
+        );
         insta::assert_snapshot!(line(&c));
     }
 
     #[test]
     fn reserved_flags_are_rejected_with_the_flag_named() {
-        for (args, flag) in [("--port 1", "--port"), ("-t 2 --ctx-size=99", "--ctx-size"), ("-ngl 5", "-ngl"), ("--host 0.0.0.0", "--host")] {
+        for (args, flag) in [
+            ("--port 1", "--port"),
+            ("-t 2 --ctx-size=99", "--ctx-size"),
+            ("-ngl 5", "-ngl"),
+            ("--host 0.0.0.0", "--host"),
+        ] {
             let err = command_line(&cfg(ModelType::Llm, "cpu", args)).unwrap_err();
-            assert_eq!(err, ArgsError::Reserved { flag: flag.into(), reserved: err_reserved(&err) });
+            assert_eq!(
+                err,
+                ArgsError::Reserved {
+                    flag: flag.into(),
+                    reserved: err_reserved(&err)
+                }
+            );
             let msg = err.to_string();
-            assert!(msg.contains(&format!("argument '{flag}' is managed by lemonade")), "{msg}");
-            assert!(msg.contains("Reserved arguments: --ctx-size, --embedding"), "{msg}");
+            assert!(
+                msg.contains(&format!("argument '{flag}' is managed by lemonade")),
+                "{msg}"
+            );
+            assert!(
+                msg.contains("Reserved arguments: --ctx-size, --embedding"),
+                "{msg}"
+            );
         }
     }
 
@@ -263,9 +293,15 @@ mod tests {
 
     #[test]
     fn tokenizer_groups_quotes() {
-        assert_eq!(tokenize("  -a 1 \"b c\" 'd e'f  ").unwrap(), ["-a", "1", "b c", "d ef"]);
+        assert_eq!(
+            tokenize("  -a 1 \"b c\" 'd e'f  ").unwrap(),
+            ["-a", "1", "b c", "d ef"]
+        );
         assert_eq!(tokenize("").unwrap(), Vec::<String>::new());
         assert_eq!(tokenize("''").unwrap(), [""]);
-        assert!(matches!(tokenize("--x 'open"), Err(ArgsError::UnterminatedQuote(_))));
+        assert!(matches!(
+            tokenize("--x 'open"),
+            Err(ArgsError::UnterminatedQuote(_))
+        ));
     }
 }

@@ -58,11 +58,22 @@ impl std::fmt::Display for ExitInfo {
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("cannot start {program}: {source}")]
-    Spawn { program: String, source: std::io::Error },
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
     #[error("{label} backend exited ({exit}) before it was ready. Last log lines:\n{tail}")]
-    Exited { label: String, exit: ExitInfo, tail: String },
+    Exited {
+        label: String,
+        exit: ExitInfo,
+        tail: String,
+    },
     #[error("{label} backend was not ready after {secs} s. Last log lines:\n{tail}")]
-    Timeout { label: String, secs: u64, tail: String },
+    Timeout {
+        label: String,
+        secs: u64,
+        tail: String,
+    },
 }
 
 /// A running backend process. Cheap to clone.
@@ -82,7 +93,11 @@ struct Inner {
 
 impl std::fmt::Debug for Backend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Backend").field("label", &self.inner.label).field("pid", &self.inner.pid).field("port", &self.inner.port).finish()
+        f.debug_struct("Backend")
+            .field("label", &self.inner.label)
+            .field("pid", &self.inner.pid)
+            .field("port", &self.inner.port)
+            .finish()
     }
 }
 
@@ -111,9 +126,10 @@ impl Backend {
                 Ok(())
             });
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| StartError::Spawn { program: spec.program.display().to_string(), source: e })?;
+        let mut child = cmd.spawn().map_err(|e| StartError::Spawn {
+            program: spec.program.display().to_string(),
+            source: e,
+        })?;
         let pid = child.id().unwrap_or(0);
         tracing::info!(model = %spec.label, pid, program = %spec.program.display(), args = ?spec.args, "backend started");
 
@@ -133,17 +149,35 @@ impl Backend {
             let info = match status {
                 Ok(s) => {
                     use std::os::unix::process::ExitStatusExt;
-                    ExitInfo { code: s.code(), signal: s.signal() }
+                    ExitInfo {
+                        code: s.code(),
+                        signal: s.signal(),
+                    }
                 }
-                Err(_) => ExitInfo { code: None, signal: None },
+                Err(_) => ExitInfo {
+                    code: None,
+                    signal: None,
+                },
             };
             tracing::info!(model = %label, pid, status = %info, "backend exited");
             let _ = exit_tx.send(Some(info));
         });
 
-        let mut backend = Backend { inner: Arc::new(Inner { label: spec.label.clone(), pid, port: 0, ready_timeout: spec.ready_timeout, exit: exit_rx, tail }) };
+        let mut backend = Backend {
+            inner: Arc::new(Inner {
+                label: spec.label.clone(),
+                pid,
+                port: 0,
+                ready_timeout: spec.ready_timeout,
+                exit: exit_rx,
+                tail,
+            }),
+        };
         let deadline = tokio::time::Instant::now() + spec.ready_timeout;
-        let port = match backend.until_exit_or(deadline, async { port_rx.await.ok() }).await {
+        let port = match backend
+            .until_exit_or(deadline, async { port_rx.await.ok() })
+            .await
+        {
             Ok(Some(p)) => p,
             Ok(None) => {
                 // Both pipes closed without a port line: the process is ending.
@@ -152,7 +186,9 @@ impl Backend {
             }
             Err(e) => return Err(e),
         };
-        Arc::get_mut(&mut backend.inner).expect("not shared yet").port = port;
+        Arc::get_mut(&mut backend.inner)
+            .expect("not shared yet")
+            .port = port;
 
         let url = format!("{}{}", backend.base_url(), spec.health_path);
         let probe = async {
@@ -172,11 +208,14 @@ impl Backend {
 
     /// Runs `fut` until it finishes, the child exits, or the deadline passes; a still-running
     /// child is stopped on failure.
-    async fn until_exit_or<T>(&self, deadline: tokio::time::Instant, fut: impl std::future::Future<Output = T>) -> Result<T, StartError> {
-        let mut exit = self.inner.exit.clone();
+    async fn until_exit_or<T>(
+        &self,
+        deadline: tokio::time::Instant,
+        fut: impl std::future::Future<Output = T>,
+    ) -> Result<T, StartError> {
         tokio::select! {
             v = fut => Ok(v),
-            _ = exit.wait_for(|e| e.is_some()) => {
+            _ = self.wait_exit() => {
                 let info = self.exit_status().unwrap_or(ExitInfo { code: None, signal: None });
                 Err(self.exited_error(info))
             }
@@ -188,7 +227,11 @@ impl Backend {
     }
 
     fn exited_error(&self, exit: ExitInfo) -> StartError {
-        StartError::Exited { label: self.inner.label.clone(), exit, tail: self.log_tail() }
+        StartError::Exited {
+            label: self.inner.label.clone(),
+            exit,
+            tail: self.log_tail(),
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -212,8 +255,14 @@ impl Backend {
     /// Resolves when the process has ended.
     pub async fn wait_exit(&self) -> ExitInfo {
         let mut rx = self.inner.exit.clone();
-        let r = rx.wait_for(|e| e.is_some()).await.map(|e| e.expect("checked"));
-        r.unwrap_or(ExitInfo { code: None, signal: None })
+        let exit = match rx.wait_for(|e| e.is_some()).await {
+            Ok(e) => *e,
+            Err(_) => None,
+        };
+        exit.unwrap_or(ExitInfo {
+            code: None,
+            signal: None,
+        })
     }
 
     /// The last lines the process wrote, oldest first.
@@ -275,7 +324,12 @@ async fn pump<R: AsyncRead + Unpin>(
 pub fn parse_listening_port(line: &str) -> Option<u16> {
     let rest = &line[line.find("listening on http://")? + "listening on http://".len()..];
     let hostport = rest.split_whitespace().next()?;
-    hostport.rsplit_once(':')?.1.trim_end_matches('/').parse().ok()
+    hostport
+        .rsplit_once(':')?
+        .1
+        .trim_end_matches('/')
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
@@ -284,10 +338,22 @@ mod tests {
 
     #[test]
     fn listening_line() {
-        assert_eq!(parse_listening_port("main: server is listening on http://127.0.0.1:41235 - starting"), Some(41235));
-        assert_eq!(parse_listening_port("srv  start: listening on http://127.0.0.1:8080"), Some(8080));
-        assert_eq!(parse_listening_port("listening on http://[::1]:9000"), Some(9000));
-        assert_eq!(parse_listening_port("listening on unix:///tmp/x.sock"), None);
+        assert_eq!(
+            parse_listening_port("main: server is listening on http://127.0.0.1:41235 - starting"),
+            Some(41235)
+        );
+        assert_eq!(
+            parse_listening_port("srv  start: listening on http://127.0.0.1:8080"),
+            Some(8080)
+        );
+        assert_eq!(
+            parse_listening_port("listening on http://[::1]:9000"),
+            Some(9000)
+        );
+        assert_eq!(
+            parse_listening_port("listening on unix:///tmp/x.sock"),
+            None
+        );
         assert_eq!(parse_listening_port("loading model"), None);
     }
 
@@ -305,7 +371,12 @@ mod tests {
     #[tokio::test]
     async fn exit_before_ready_reports_status_and_log_tail() {
         let http = reqwest::Client::new();
-        let err = Backend::start(sh("m", "echo loading; echo 'error: bad model' >&2; exit 3"), &http).await.unwrap_err();
+        let err = Backend::start(
+            sh("m", "echo loading; echo 'error: bad model' >&2; exit 3"),
+            &http,
+        )
+        .await
+        .unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("exit code 3"), "{msg}");
         assert!(msg.contains("error: bad model"), "{msg}");

@@ -1,1 +1,219 @@
+//! The lemonade HTTP server: axum routes over the model [`runtime`], forwarding to backends
+//! through the [`proxy`]. See docs/ARCHITECTURE.md for the map.
 
+pub mod config;
+pub mod error;
+pub mod extract;
+pub mod openapi;
+pub mod proxy;
+pub mod routes;
+pub mod runtime;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+use registry::{Registry, RegistryConfig};
+use tokio::net::TcpListener;
+use utoipa_swagger_ui::SwaggerUi;
+
+pub use config::Config;
+use routes::*;
+pub use runtime::Runtime;
+
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The API route prefixes; every API endpoint answers identically under each.
+pub const PREFIXES: [&str; 4] = ["/api/v0", "/api/v1", "/v0", "/v1"];
+
+static BODY_LIMIT: AtomicUsize = AtomicUsize::new(64 << 20);
+
+/// The request body limit in force (for error messages).
+pub fn body_limit() -> usize {
+    BODY_LIMIT.load(Ordering::Relaxed)
+}
+
+/// The application router.
+pub fn app(rt: Arc<Runtime>) -> Router {
+    BODY_LIMIT.store(rt.cfg.body_limit, Ordering::Relaxed);
+    let post_only = |h| post(h).fallback(method_not_allowed("POST"));
+    let native = Router::new()
+        .route(
+            "/completion",
+            post(native_post).fallback(method_not_allowed("POST")),
+        )
+        .route(
+            "/tokenize",
+            post(native_post).fallback(method_not_allowed("POST")),
+        )
+        .route(
+            "/detokenize",
+            post(native_post).fallback(method_not_allowed("POST")),
+        )
+        .route(
+            "/apply-template",
+            post(native_post).fallback(method_not_allowed("POST")),
+        )
+        .route(
+            "/infill",
+            post(native_post).fallback(method_not_allowed("POST")),
+        )
+        .route(
+            "/props",
+            get(native_get).fallback(method_not_allowed("GET")),
+        )
+        .route(
+            "/slots",
+            get(native_get).fallback(method_not_allowed("GET")),
+        )
+        .route(
+            "/metrics",
+            get(native_get).fallback(method_not_allowed("GET")),
+        );
+    let api = Router::new()
+        .route("/chat/completions", post_only(chat_completions))
+        .route(
+            "/completions",
+            post(completions).fallback(method_not_allowed("POST")),
+        )
+        .route(
+            "/responses",
+            post(responses).fallback(method_not_allowed("POST")),
+        )
+        .route(
+            "/embeddings",
+            post(embeddings).fallback(method_not_allowed("POST")),
+        )
+        .route(
+            "/reranking",
+            post(reranking).fallback(method_not_allowed("POST")),
+        )
+        .route(
+            "/rerank",
+            post(reranking).fallback(method_not_allowed("POST")),
+        )
+        .route(
+            "/models",
+            get(list_models).fallback(method_not_allowed("GET")),
+        )
+        .route(
+            "/models/{*id}",
+            get(get_model).fallback(method_not_allowed("GET")),
+        )
+        .route("/health", get(health).fallback(method_not_allowed("GET")))
+        .route("/stats", get(stats).fallback(method_not_allowed("GET")))
+        .merge(native.clone());
+    let mut router = Router::new();
+    for prefix in PREFIXES {
+        router = router.nest(prefix, api.clone());
+    }
+    router
+        .merge(native)
+        .route("/live", get(live).fallback(method_not_allowed("GET")))
+        .merge(SwaggerUi::new("/docs").url("/api/v1/openapi.json", openapi::document()))
+        .fallback(unknown_path)
+        .layer(DefaultBodyLimit::max(rt.cfg.body_limit))
+        .with_state(rt)
+}
+
+/// Builds the registry and runtime from `cfg`.
+pub fn runtime(cfg: Config) -> anyhow::Result<Arc<Runtime>> {
+    let reg_cfg = RegistryConfig {
+        cache_dir: cfg.cache_dir.clone(),
+        hf_cache: cfg.hf_cache.clone(),
+        extra_models_dir: cfg.extra_models_dir.clone(),
+        physical_memory_gb: physical_memory_gb(),
+        disable_filtering: cfg.disable_filtering,
+    };
+    let registry = Registry::load(&reg_cfg).context("cannot read the model catalogue")?;
+    Ok(Runtime::new(cfg, registry))
+}
+
+/// Binds every address `host` resolves to on `port`; at least one must succeed.
+pub async fn bind(host: &str, port: u16) -> anyhow::Result<Vec<TcpListener>> {
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
+        .await
+        .with_context(|| format!("cannot resolve host '{host}'"))?
+        .collect();
+    let mut listeners = Vec::new();
+    let mut last_err = None;
+    for addr in addrs {
+        match TcpListener::bind(addr).await {
+            Ok(l) => listeners.push(l),
+            Err(e) => {
+                last_err = Some(anyhow::Error::new(e).context(format!("cannot listen on {addr}")))
+            }
+        }
+    }
+    match (listeners.is_empty(), last_err) {
+        (true, Some(e)) => Err(e),
+        (true, None) => anyhow::bail!("host '{host}' resolved to no address"),
+        _ => Ok(listeners),
+    }
+}
+
+/// Serves until `shutdown` resolves, then stops every backend and returns.
+pub async fn serve(
+    rt: Arc<Runtime>,
+    listeners: Vec<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    use axum::serve::ListenerExt;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let app = app(rt.clone());
+    let mut servers = tokio::task::JoinSet::new();
+    for l in listeners {
+        tracing::info!("lemonade {VERSION} listening on http://{}", l.local_addr()?);
+        let mut rx = stop_rx.clone();
+        let srv = axum::serve(
+            l.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            }),
+            app.clone(),
+        )
+        .with_graceful_shutdown(async move {
+            let _ = rx.wait_for(|s| *s).await;
+        });
+        servers.spawn(async move { srv.await });
+    }
+    // Once shutdown starts, stopping the backends ends open streams, so connections drain.
+    let mut rx = stop_rx.clone();
+    let _ = rx.wait_for(|s| *s).await;
+    tracing::info!("shutting down: stopping backends");
+    rt.unload_all().await;
+    let drained = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(r) = servers.join_next().await {
+            if let Ok(Err(e)) = r {
+                tracing::warn!(error = %e, "listener ended with an error");
+            }
+        }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!("connections still open after 10 s; exiting anyway");
+    }
+    Ok(())
+}
+
+/// Total RAM in GB from /proc/meminfo (Linux), for the catalogue's size filter.
+fn physical_memory_gb() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: f64 = s
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0 / 1024.0)
+}

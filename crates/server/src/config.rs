@@ -1,0 +1,49 @@
+//! Server settings, resolved from CLI flags and `LEMONADE_*` variables by the CLI.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use scheduler::Limits;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub host: String,
+    pub port: u16,
+    /// Lemonade's cache dir: `user_models.json`, `recipe_options.json`, `bin/`.
+    pub cache_dir: PathBuf,
+    /// Hugging Face hub cache root.
+    pub hf_cache: PathBuf,
+    pub extra_models_dir: Option<PathBuf>,
+    /// `--ctx-size`, when given (else the built-in 4096 applies).
+    pub ctx_size: Option<u32>,
+    /// `--llamacpp`: the llama.cpp backend (`cpu`, `vulkan`, `rocm`, `metal`).
+    pub llamacpp_backend: String,
+    /// `--llamacpp-args`, when given.
+    pub llamacpp_args: Option<String>,
+    pub max_loaded_models: Limits,
+    pub disable_filtering: bool,
+    /// How long a backend may take to load a model.
+    pub ready_timeout: Duration,
+    /// Largest accepted request body.
+    pub body_limit: usize,
+}
+
+impl Config {
+    /// Defaults for tests and embedding; the CLI fills every field from flags/env.
+    pub fn new(cache_dir: PathBuf, hf_cache: PathBuf) -> Config {
+        Config {
+            host: "127.0.0.1".into(),
+            port: 8000,
+            cache_dir,
+            hf_cache,
+            extra_models_dir: None,
+            ctx_size: None,
+            llamacpp_backend: "cpu".into(),
+            llamacpp_args: None,
+            max_loaded_models: Limits::uniform(1),
+            disable_filtering: false,
+            ready_timeout: Duration::from_secs(600),
+            body_limit: 64 << 20,
+        }
+    }
+}

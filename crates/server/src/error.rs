@@ -1,0 +1,144 @@
+//! One error type for the HTTP layer; `IntoResponse` is the single place that maps errors to
+//! status codes and OpenAI-style bodies.
+
+use api_types::ErrorResponse;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use registry::LookupError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Malformed or invalid request; `param` names the offending field.
+    #[error("{message}")]
+    BadRequest {
+        message: String,
+        param: Option<String>,
+        code: Option<&'static str>,
+    },
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
+    /// The model exists but cannot serve this endpoint (e.g. chat to an embedding model).
+    #[error("{0}")]
+    WrongModelType(String),
+    /// The model could not be loaded.
+    #[error("Failed to load model '{model}': {message}")]
+    LoadFailed { model: String, message: String },
+    /// The backend answered with an error: its status and body are passed through.
+    #[error("backend answered {status}")]
+    Backend {
+        status: StatusCode,
+        body: Bytes,
+        content_type: Option<String>,
+    },
+    /// The backend could not be reached or died during the request.
+    #[error("{0}")]
+    BackendUnavailable(String),
+    #[error("No model loaded")]
+    NoModelLoaded,
+    #[error("The requested endpoint does not exist")]
+    UnknownPath(String),
+    #[error("Method Not Allowed. Use {allowed} for this endpoint")]
+    MethodNotAllowed { allowed: String },
+    #[error("Request body is larger than the limit of {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn bad_request(message: impl Into<String>, param: Option<&str>) -> ApiError {
+        ApiError::BadRequest {
+            message: message.into(),
+            param: param.map(str::to_string),
+            code: None,
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { .. } | ApiError::WrongModelType(_) => StatusCode::BAD_REQUEST,
+            ApiError::Lookup(_) | ApiError::UnknownPath(_) | ApiError::NoModelLoaded => {
+                StatusCode::NOT_FOUND
+            }
+            ApiError::LoadFailed { .. } | ApiError::Internal(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+            ApiError::Backend { status, .. } => *status,
+            ApiError::BackendUnavailable(_) => StatusCode::BAD_GATEWAY,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        }
+    }
+
+    /// The OpenAI-style body (not used for pass-through backend errors).
+    pub fn body(&self) -> ErrorResponse {
+        let msg = self.to_string();
+        match self {
+            ApiError::BadRequest { param, code, .. } => {
+                let mut e = ErrorResponse::new("invalid_request_error", msg)
+                    .code(code.unwrap_or("invalid_request"));
+                if let Some(p) = param {
+                    e = e.param(p.clone());
+                }
+                e
+            }
+            ApiError::Lookup(LookupError::NotFound { name, .. }) => {
+                ErrorResponse::new("model_not_found", msg)
+                    .code("model_not_found")
+                    .param("model")
+                    .requested_model(name.clone())
+            }
+            ApiError::Lookup(LookupError::NotSupported { name, .. }) => {
+                ErrorResponse::new("model_not_supported", msg)
+                    .code("model_not_supported")
+                    .param("model")
+                    .requested_model(name.clone())
+            }
+            ApiError::WrongModelType(_) => ErrorResponse::new("invalid_request_error", msg)
+                .code("unsupported_model_type")
+                .param("model"),
+            ApiError::LoadFailed { model, .. } => ErrorResponse::new("model_load_error", msg)
+                .code("model_load_error")
+                .param("model")
+                .requested_model(model.clone()),
+            ApiError::Backend { .. } | ApiError::BackendUnavailable(_) => {
+                ErrorResponse::new("backend_error", msg).code("backend_error")
+            }
+            ApiError::NoModelLoaded => {
+                ErrorResponse::new("model_not_loaded", msg).code("model_not_loaded")
+            }
+            ApiError::UnknownPath(path) => ErrorResponse::new("not_found", msg)
+                .code("not_found")
+                .path(path.clone()),
+            ApiError::MethodNotAllowed { .. } => {
+                ErrorResponse::new("invalid_request_error", msg).code("method_not_allowed")
+            }
+            ApiError::PayloadTooLarge { .. } => {
+                ErrorResponse::new("invalid_request_error", msg).code("payload_too_large")
+            }
+            ApiError::Internal(_) => {
+                ErrorResponse::new("internal_error", msg).code("internal_error")
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if let ApiError::Backend {
+            body, content_type, ..
+        } = self
+        {
+            let ct = content_type.unwrap_or_else(|| "application/json".into());
+            return (status, [(http::header::CONTENT_TYPE, ct)], body).into_response();
+        }
+        if status.is_server_error() {
+            tracing::error!(status = status.as_u16(), error = %self, "request failed");
+        } else {
+            tracing::debug!(status = status.as_u16(), error = %self, "request rejected");
+        }
+        (status, axum::Json(self.body())).into_response()
+    }
+}

@@ -1,0 +1,136 @@
+//! Request body parsing with precise 400s: malformed JSON, a missing field and a wrong type
+//! each name the field; bodies over the limit get a JSON 413.
+
+use axum::extract::{FromRequest, Request};
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+
+/// A parsed JSON body together with its raw bytes (forwarded unchanged when not rewritten).
+pub struct JsonBody<T> {
+    pub value: T,
+    pub raw: Bytes,
+}
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let raw = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == http::StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::PayloadTooLarge {
+                    limit: crate::body_limit(),
+                }
+            } else {
+                ApiError::bad_request(format!("Cannot read request body: {}", e.body_text()), None)
+            }
+        })?;
+        let value = parse(&raw)?;
+        Ok(JsonBody { value, raw })
+    }
+}
+
+/// Parses `bytes` as `T`; the error names the offending field.
+pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request(
+            "Request body is empty; expected a JSON object",
+            None,
+        ));
+    }
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            return ApiError::bad_request(format!("Invalid JSON in request body: {inner}"), None);
+        }
+        let msg = inner.to_string();
+        // serde reports a missing field at its parent's path.
+        if let Some(field) = msg
+            .strip_prefix("missing field `")
+            .and_then(|r| r.split('`').next())
+        {
+            let param = if path == "." {
+                field.to_string()
+            } else {
+                format!("{path}.{field}")
+            };
+            return ApiError::bad_request(
+                format!("Missing required field '{param}'"),
+                Some(&param),
+            );
+        }
+        let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
+        if path == "." {
+            ApiError::bad_request(format!("Invalid request body: {msg}"), None)
+        } else {
+            ApiError::bad_request(format!("Invalid value for '{path}': {msg}"), Some(&path))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use api_types::ChatCompletionRequest;
+
+    fn err(body: &str) -> (String, Option<String>) {
+        match parse::<ChatCompletionRequest>(body.as_bytes()) {
+            Err(ApiError::BadRequest { message, param, .. }) => (message, param),
+            Err(e) => panic!("unexpected {e:?}"),
+            Ok(v) => panic!("parsed {v:?}"),
+        }
+    }
+
+    #[test]
+    fn names_the_field() {
+        assert_eq!(
+            err(r#"{"model":"m"}"#),
+            (
+                "Missing required field 'messages'".into(),
+                Some("messages".into())
+            )
+        );
+        let (m, p) = err(r#"{"model":"m","messages":"hi"}"#);
+        assert_eq!(p.as_deref(), Some("messages"));
+        assert!(
+            m.starts_with(
+                "Invalid value for 'messages': invalid type: string \"hi\", expected a sequence"
+            ),
+            "{m}"
+        );
+        let (m, p) = err(r#"{"model":"m","messages":[{"content":"x"}]}"#);
+        assert_eq!(
+            (m.as_str(), p.as_deref()),
+            (
+                "Missing required field 'messages[0].role'",
+                Some("messages[0].role")
+            )
+        );
+        let (_, p) = err(r#"{"model":"m","messages":[],"stream":"yes"}"#);
+        assert_eq!(p.as_deref(), Some("stream"));
+        let (_, p) = err(r#"{"model":7,"messages":[]}"#);
+        assert_eq!(p.as_deref(), Some("model"));
+    }
+
+    #[test]
+    fn malformed_and_empty() {
+        let (m, p) = err(r#"{"model": "#);
+        assert!(m.starts_with("Invalid JSON in request body"), "{m}");
+        assert_eq!(p, None);
+        assert!(err("  ").0.contains("empty"));
+        assert!(err("[1]")
+            .0
+            .starts_with("Invalid request body: invalid type: sequence"));
+    }
+
+    #[test]
+    fn unknown_fields_are_kept() {
+        let v: ChatCompletionRequest =
+            parse(br#"{"model":"m","messages":[],"top_k":5,"min_p":0.1}"#).unwrap();
+        assert_eq!(v.extra.get("top_k"), Some(&serde_json::json!(5)));
+        assert_eq!(v.extra.get("min_p"), Some(&serde_json::json!(0.1)));
+    }
+}

@@ -1,0 +1,50 @@
+//! The OpenAPI document, derived from api-types and the handlers' `#[utoipa::path]`s.
+//! Served at `/api/v1/openapi.json` (Swagger UI at `/docs`); a copy is checked in as
+//! docs/openapi.json and a test fails when it drifts (`cargo xtask openapi` rewrites it).
+
+use utoipa::OpenApi;
+
+use crate::routes;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "lemonade",
+        description = "A local LLM server: OpenAI-compatible APIs for many models at once, each served by a managed \
+                       llama-server process. Every API path is also served under /api/v0, /v0 and /v1.",
+        license(name = "Apache-2.0")
+    ),
+    paths(
+        routes::chat_completions,
+        routes::completions,
+        routes::responses,
+        routes::embeddings,
+        routes::reranking,
+        routes::list_models,
+        routes::get_model,
+        routes::health,
+        routes::stats,
+        routes::live,
+        routes::native_post,
+        routes::native_get,
+    ),
+    tags(
+        (name = "OpenAI", description = "OpenAI-compatible endpoints"),
+        (name = "Lemonade", description = "Lemonade's own endpoints"),
+        (name = "llama.cpp", description = "llama-server's own endpoints, routed per model"),
+    )
+)]
+pub struct ApiDoc;
+
+pub fn document() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}
+
+/// The document as pretty JSON with a trailing newline (the checked-in form).
+pub fn document_json() -> String {
+    let mut s = document()
+        .to_pretty_json()
+        .expect("OpenAPI document serializes");
+    s.push('\n');
+    s
+}

@@ -1,0 +1,258 @@
+//! Forwarding to a backend. Streaming is a byte pipe: chunks are relayed as they arrive and
+//! only a small tail is kept, to read the final usage/timings for `/stats`.
+
+use std::convert::Infallible;
+
+use api_types::Stats;
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use http::{header, HeaderValue, StatusCode};
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::runtime::Lease;
+
+/// Bytes of a stream kept to find the last usage/timings chunk and the `[DONE]` marker.
+const TAIL_KEEP: usize = 16 * 1024;
+const DONE: &[u8] = b"data: [DONE]";
+
+async fn send(
+    lease: &Lease,
+    method: http::Method,
+    path_and_query: &str,
+    body: Option<Bytes>,
+) -> Result<reqwest::Response, ApiError> {
+    let url = format!("{}{}", lease.base_url(), path_and_query);
+    let mut req = lease.http().request(method, url);
+    if let Some(b) = body {
+        req = req.header(header::CONTENT_TYPE, "application/json").body(b);
+    }
+    req.send().await.map_err(|e| unavailable(lease, &e))
+}
+
+fn unavailable(lease: &Lease, e: &reqwest::Error) -> ApiError {
+    let b = &lease.model.backend;
+    match b.exit_status() {
+        Some(exit) => ApiError::BackendUnavailable(format!(
+            "The backend of model '{}' exited ({exit}) during the request. Last log lines:\n{}",
+            lease.model.info.name,
+            b.log_tail()
+        )),
+        None => ApiError::BackendUnavailable(format!(
+            "Backend of model '{}' failed: {e}",
+            lease.model.info.name
+        )),
+    }
+}
+
+/// Forwards a request and returns the backend's answer. Error statuses keep the backend's
+/// status and body. `record_stats` updates the model's `/stats` from usage/timings.
+pub async fn forward(
+    lease: Lease,
+    method: http::Method,
+    path_and_query: &str,
+    body: Option<Bytes>,
+    record_stats: bool,
+) -> Result<Response, ApiError> {
+    let resp = send(&lease, method, path_and_query, body).await?;
+    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let content_type = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let bytes = resp.bytes().await.map_err(|e| unavailable(&lease, &e))?;
+    if !status.is_success() {
+        return Err(ApiError::Backend {
+            status,
+            body: bytes,
+            content_type,
+        });
+    }
+    if record_stats {
+        if let Ok(v) = serde_json::from_slice::<Value>(&bytes) {
+            update_stats(&lease, &v, true);
+        }
+    }
+    let ct = content_type.unwrap_or_else(|| "application/json".into());
+    Ok((status, [(header::CONTENT_TYPE, ct)], bytes).into_response())
+}
+
+/// Forwards a streaming request. A backend error before the first byte keeps its status;
+/// once streaming, a failure becomes an error frame and the stream ends cleanly.
+pub async fn forward_stream(lease: Lease, path: &str, body: Bytes) -> Result<Response, ApiError> {
+    let resp = send(&lease, http::Method::POST, path, Some(body)).await?;
+    let status = resp.status();
+    if !status.is_success() {
+        let content_type = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let bytes = resp.bytes().await.map_err(|e| unavailable(&lease, &e))?;
+        let status = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+        return Err(ApiError::Backend {
+            status,
+            body: bytes,
+            content_type,
+        });
+    }
+    let state = StreamState {
+        upstream: Box::pin(resp.bytes_stream()),
+        lease,
+        tail: BytesMut::new(),
+    };
+    let stream = futures_util::stream::unfold(Some(state), |state| async move {
+        let mut st = state?;
+        match st.upstream.next().await {
+            Some(Ok(chunk)) => {
+                st.keep_tail(&chunk);
+                Some((Ok::<Bytes, Infallible>(chunk), Some(st)))
+            }
+            Some(Err(e)) => {
+                let msg = unavailable(&st.lease, &e).to_string();
+                tracing::warn!(model = %st.lease.model.info.name, error = %msg, "stream from backend failed");
+                Some((Ok(error_frame(&msg)), None))
+            }
+            None => {
+                st.finish();
+                if st.tail.windows(DONE.len()).any(|w| w == DONE) {
+                    None
+                } else {
+                    Some((Ok(Bytes::from_static(b"data: [DONE]\n\n")), None))
+                }
+            }
+        }
+    });
+    let mut r = Response::new(Body::from_stream(stream));
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(r)
+}
+
+/// An SSE frame carrying an error, as Lemonade writes them (`type: streaming_error`).
+pub fn error_frame(message: &str) -> Bytes {
+    let v = serde_json::json!({"error": {"message": message, "type": "streaming_error"}});
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+struct StreamState {
+    upstream: std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<Bytes>> + Send>>,
+    /// Held until the stream ends or the client goes away.
+    lease: Lease,
+    tail: BytesMut,
+}
+
+impl StreamState {
+    fn keep_tail(&mut self, chunk: &[u8]) {
+        self.tail.extend_from_slice(chunk);
+        if self.tail.len() > 2 * TAIL_KEEP {
+            let cut = self.tail.len() - TAIL_KEEP;
+            let _ = self.tail.split_to(cut);
+        }
+    }
+
+    /// Reads the last `data:` line with usage or timings into the model's stats.
+    fn finish(&self) {
+        let text = String::from_utf8_lossy(&self.tail);
+        let last = text
+            .lines()
+            .rev()
+            .filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
+            .filter(|d| d.contains("\"timings\"") || d.contains("\"usage\""))
+            .find_map(|d| serde_json::from_str::<Value>(d.trim()).ok());
+        if let Some(v) = last {
+            // Responses API events nest the usage inside `response`.
+            let v = v
+                .get("response")
+                .filter(|r| r.get("usage").is_some())
+                .cloned()
+                .unwrap_or(v);
+            update_stats(&self.lease, &v, false);
+        }
+    }
+}
+
+fn update_stats(lease: &Lease, v: &Value, non_streaming: bool) {
+    let mut s = lease.model.stats.lock().unwrap_or_else(|e| e.into_inner());
+    apply_usage(&mut s, v, non_streaming);
+}
+
+/// usage → input/output tokens; llama.cpp `timings` override and give TTFT and tokens/s.
+pub fn apply_usage(s: &mut Stats, v: &Value, non_streaming: bool) {
+    let u64_at = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64);
+    let f64_at = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64);
+    if let Some(u) = v.get("usage") {
+        let input = u64_at(u, "prompt_tokens").or_else(|| u64_at(u, "input_tokens"));
+        let output = u64_at(u, "completion_tokens").or_else(|| u64_at(u, "output_tokens"));
+        if let Some(i) = input {
+            s.input_tokens = i;
+            if non_streaming {
+                s.prompt_tokens = i;
+            }
+        }
+        if let Some(o) = output {
+            s.output_tokens = o;
+        }
+    }
+    if let Some(t) = v.get("timings") {
+        if let Some(n) = u64_at(t, "prompt_n") {
+            s.input_tokens = n;
+        }
+        if let Some(n) = u64_at(t, "predicted_n") {
+            s.output_tokens = n;
+        }
+        if let Some(ms) = f64_at(t, "prompt_ms") {
+            s.time_to_first_token = ms / 1000.0;
+        }
+        if let Some(tps) = f64_at(t, "predicted_per_second") {
+            s.tokens_per_second = tps;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timings_override_usage() {
+        let mut s = Stats::default();
+        let v = serde_json::json!({"usage": {"prompt_tokens": 10, "completion_tokens": 5},
+            "timings": {"prompt_n": 9, "predicted_n": 4, "prompt_ms": 25.0, "predicted_per_second": 80.5}});
+        apply_usage(&mut s, &v, true);
+        assert_eq!(
+            (s.input_tokens, s.output_tokens, s.prompt_tokens),
+            (9, 4, 10)
+        );
+        assert_eq!(s.time_to_first_token, 0.025);
+        assert_eq!(s.tokens_per_second, 80.5);
+        let mut s2 = Stats::default();
+        apply_usage(
+            &mut s2,
+            &serde_json::json!({"usage": {"input_tokens": 3, "output_tokens": 2}}),
+            false,
+        );
+        assert_eq!(
+            (s2.input_tokens, s2.output_tokens, s2.prompt_tokens),
+            (3, 2, 0)
+        );
+    }
+
+    #[test]
+    fn error_frame_is_valid_json() {
+        let f = error_frame("boom \"quoted\"\nline");
+        let s = std::str::from_utf8(&f).unwrap();
+        assert!(s.starts_with("data: ") && s.ends_with("\n\n"));
+        let v: Value = serde_json::from_str(s.trim_start_matches("data: ").trim()).unwrap();
+        assert_eq!(v["error"]["type"], "streaming_error");
+        assert_eq!(v["error"]["message"], "boom \"quoted\"\nline");
+    }
+}

