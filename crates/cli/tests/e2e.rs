@@ -51,7 +51,7 @@ async fn chat_non_streaming_autoloads_and_records_stats() {
     let (s, v) = l
         .post(
             "/api/v1/chat/completions",
-            &chat(SMOL, "What is the capital of France?", 16),
+            &chat(SMOL, "Which city is the capital of France?", 16),
         )
         .await;
     assert_eq!(s, 200, "{v}");

@@ -29,12 +29,30 @@ async fn send(
     if let Some(b) = body {
         req = req.header(header::CONTENT_TYPE, "application/json").body(b);
     }
-    req.send().await.map_err(|e| unavailable(lease, &e))
+    match req.send().await {
+        Ok(r) => Ok(r),
+        Err(e) => Err(unavailable(lease, &e).await),
+    }
 }
 
-fn unavailable(lease: &Lease, e: &reqwest::Error) -> ApiError {
+async fn read_body(lease: &Lease, resp: reqwest::Response) -> Result<Bytes, ApiError> {
+    match resp.bytes().await {
+        Ok(b) => Ok(b),
+        Err(e) => Err(unavailable(lease, &e).await),
+    }
+}
+
+/// How long a transport failure waits to learn whether the backend died (its exit is
+/// recorded by a watcher task a moment after the connection breaks).
+const EXIT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+async fn unavailable(lease: &Lease, e: &reqwest::Error) -> ApiError {
     let b = &lease.model.backend;
-    match b.exit_status() {
+    let exit = match b.exit_status() {
+        Some(x) => Some(x),
+        None => tokio::time::timeout(EXIT_GRACE, b.wait_exit()).await.ok(),
+    };
+    match exit {
         Some(exit) => ApiError::BackendUnavailable(format!(
             "The backend of model '{}' exited ({exit}) during the request. Last log lines:\n{}",
             lease.model.info.name,
@@ -63,7 +81,7 @@ pub async fn forward(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let bytes = resp.bytes().await.map_err(|e| unavailable(&lease, &e))?;
+    let bytes = read_body(&lease, resp).await?;
     if !status.is_success() {
         return Err(ApiError::Backend {
             status,
@@ -91,7 +109,7 @@ pub async fn forward_stream(lease: Lease, path: &str, body: Bytes) -> Result<Res
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        let bytes = resp.bytes().await.map_err(|e| unavailable(&lease, &e))?;
+        let bytes = read_body(&lease, resp).await?;
         let status = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
         return Err(ApiError::Backend {
             status,
@@ -112,7 +130,7 @@ pub async fn forward_stream(lease: Lease, path: &str, body: Bytes) -> Result<Res
                 Some((Ok::<Bytes, Infallible>(chunk), Some(st)))
             }
             Some(Err(e)) => {
-                let msg = unavailable(&st.lease, &e).to_string();
+                let msg = unavailable(&st.lease, &e).await.to_string();
                 tracing::warn!(model = %st.lease.model.info.name, error = %msg, "stream from backend failed");
                 Some((Ok(error_frame(&msg)), None))
             }
