@@ -15,12 +15,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 fn dev_cache() -> PathBuf {
-    std::env::var_os("LEMONADE_DEV_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| ".".into()))
-                .join(".cache/lemonade-dev")
-        })
+    std::env::var_os("LEMONADE_DEV_CACHE").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| ".".into())).join(".cache/lemonade-dev")
+    })
 }
 
 /// The provisioned llama-server (`LEMONADE_TEST_LLAMA_SERVER`, else the dev cache).
@@ -28,25 +25,16 @@ pub fn llama_server() -> PathBuf {
     let p = std::env::var_os("LEMONADE_TEST_LLAMA_SERVER")
         .map(PathBuf::from)
         .unwrap_or_else(|| dev_cache().join("llama-server/11434.0.0-cpu-avx2/llama-server"));
-    assert!(
-        p.is_file(),
-        "llama-server not found at {}: run `cargo xtask setup` first",
-        p.display()
-    );
+    assert!(p.is_file(), "llama-server not found at {}: run `cargo xtask setup` first", p.display());
     p
 }
 
 /// A provisioned model file, e.g. `serve/SmolLM2-135M-Instruct.Q4_1.gguf`.
 pub fn model(rel: &str) -> PathBuf {
-    let root = std::env::var_os("LEMONADE_TEST_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| dev_cache().join("models/v1"));
+    let root =
+        std::env::var_os("LEMONADE_TEST_MODELS").map(PathBuf::from).unwrap_or_else(|| dev_cache().join("models/v1"));
     let p = root.join(rel);
-    assert!(
-        p.is_file(),
-        "model not found at {}: run `cargo xtask setup` first",
-        p.display()
-    );
+    assert!(p.is_file(), "model not found at {}: run `cargo xtask setup` first", p.display());
     p
 }
 
@@ -76,9 +64,7 @@ impl Sandbox {
         let s = Sandbox { dir };
         std::fs::create_dir_all(s.cache()).unwrap();
         std::fs::create_dir_all(s.extra()).unwrap();
-        let repo = s
-            .hf_cache()
-            .join("models--HuggingFaceTB--SmolLM2-135M-Instruct-GGUF");
+        let repo = s.hf_cache().join("models--HuggingFaceTB--SmolLM2-135M-Instruct-GGUF");
         let commit = "5b3f2a1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a";
         let blob = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
         std::fs::create_dir_all(repo.join("blobs")).unwrap();
@@ -88,20 +74,14 @@ impl Sandbox {
         std::os::unix::fs::symlink(model(SMOL_FILE), repo.join("blobs").join(blob)).unwrap();
         std::os::unix::fs::symlink(
             format!("../../blobs/{blob}"),
-            repo.join("snapshots")
-                .join(commit)
-                .join("SmolLM2-135M-Instruct.Q4_1.gguf"),
+            repo.join("snapshots").join(commit).join("SmolLM2-135M-Instruct.Q4_1.gguf"),
         )
         .unwrap();
         let user = json!({
             "SmolLM2-135M-Instruct-GGUF": {"checkpoint": "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1", "recipe": "llamacpp", "labels": ["custom"], "suggested": true},
             "SmolLM2-Copy-GGUF": {"checkpoint": "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1", "recipe": "llamacpp", "labels": ["custom"], "suggested": true}
         });
-        std::fs::write(
-            s.cache().join("user_models.json"),
-            serde_json::to_vec_pretty(&user).unwrap(),
-        )
-        .unwrap();
+        std::fs::write(s.cache().join("user_models.json"), serde_json::to_vec_pretty(&user).unwrap()).unwrap();
         for f in [GEMMA_FILE, MINILM_FILE, RERANK_FILE] {
             let src = model(f);
             std::os::unix::fs::symlink(&src, s.extra().join(src.file_name().unwrap())).unwrap();
@@ -141,35 +121,23 @@ impl Lemonade {
         Lemonade::start_in(bin, Sandbox::new(), args, &[]).await
     }
 
-    pub async fn start_in(
-        bin: &Path,
-        sandbox: Sandbox,
-        args: &[&str],
-        env: &[(&str, &str)],
-    ) -> Lemonade {
+    pub async fn start_in(bin: &Path, sandbox: Sandbox, args: &[&str], env: &[(&str, &str)]) -> Lemonade {
         let mut cmd = Command::new(bin);
-        cmd.args([
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--log-level",
-            "debug",
-            "--extra-models-dir",
-        ])
-        .arg(sandbox.extra())
-        .args(args)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("HOME", sandbox.dir.path())
-        .env("LEMONADE_CACHE_DIR", sandbox.cache())
-        .env("HF_HUB_CACHE", sandbox.hf_cache())
-        .env("LEMONADE_LLAMACPP_CPU_BIN", llama_server())
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        cmd.args(["serve", "--host", "127.0.0.1", "--port", "0", "--extra-models-dir"]).arg(sandbox.extra());
+        if !args.contains(&"--log-level") {
+            cmd.args(["--log-level", "debug"]);
+        }
+        cmd.args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", sandbox.dir.path())
+            .env("LEMONADE_CACHE_DIR", sandbox.cache())
+            .env("HF_HUB_CACHE", sandbox.hf_cache())
+            .env("LEMONADE_LLAMACPP_CPU_BIN", llama_server())
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("start lemonade");
         let log = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel();
@@ -178,12 +146,7 @@ impl Lemonade {
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(rest) = line.split("listening on http://").nth(1) {
-                    let _ = tx.send(
-                        rest.split_whitespace()
-                            .next()
-                            .unwrap_or_default()
-                            .to_string(),
-                    );
+                    let _ = tx.send(rest.split_whitespace().next().unwrap_or_default().to_string());
                 }
                 log2.lock().unwrap().push(line);
             }
@@ -192,20 +155,11 @@ impl Lemonade {
             Ok(a) => a,
             Err(_) => {
                 let _ = child.kill();
-                panic!(
-                    "lemonade did not start listening:\n{}",
-                    log.lock().unwrap().join("\n")
-                );
+                panic!("lemonade did not start listening:\n{}", log.lock().unwrap().join("\n"));
             }
         };
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
-        Lemonade {
-            child,
-            base: format!("http://{addr}"),
-            http,
-            log,
-            sandbox,
-        }
+        Lemonade { child, base: format!("http://{addr}"), http, log, sandbox }
     }
 
     pub fn pid(&self) -> u32 {
@@ -224,10 +178,7 @@ impl Lemonade {
         let r = self.http.get(self.url(path)).send().await.expect("GET");
         let status = r.status().as_u16();
         let text = r.text().await.unwrap_or_default();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
@@ -245,10 +196,7 @@ impl Lemonade {
             .expect("POST");
         let status = r.status().as_u16();
         let text = r.text().await.unwrap_or_default();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
     /// Sends a signal to the server process.
@@ -300,10 +248,7 @@ pub fn child_pids(pid: u32) -> Vec<u32> {
         if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
             // pid (comm) state ppid …; comm may contain spaces, so split after the last ')'.
             let after = stat.rsplit_once(')').map(|x| x.1).unwrap_or_default();
-            let ppid = after
-                .split_whitespace()
-                .nth(1)
-                .and_then(|s| s.parse::<u32>().ok());
+            let ppid = after.split_whitespace().nth(1).and_then(|s| s.parse::<u32>().ok());
             if ppid == Some(pid) {
                 out.push(p);
             }
@@ -315,11 +260,7 @@ pub fn child_pids(pid: u32) -> Vec<u32> {
 /// Whether `pid` is a live (non-zombie) process.
 pub fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !matches!(
-            stat.rsplit_once(')')
-                .and_then(|x| x.1.split_whitespace().next()),
-            Some("Z") | Some("X")
-        ),
+        Ok(stat) => !matches!(stat.rsplit_once(')').and_then(|x| x.1.split_whitespace().next()), Some("Z") | Some("X")),
         Err(_) => false,
     }
 }

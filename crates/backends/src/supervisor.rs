@@ -58,22 +58,11 @@ impl std::fmt::Display for ExitInfo {
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("cannot start {program}: {source}")]
-    Spawn {
-        program: String,
-        source: std::io::Error,
-    },
+    Spawn { program: String, source: std::io::Error },
     #[error("{label} backend exited ({exit}) before it was ready. Last log lines:\n{tail}")]
-    Exited {
-        label: String,
-        exit: ExitInfo,
-        tail: String,
-    },
+    Exited { label: String, exit: ExitInfo, tail: String },
     #[error("{label} backend was not ready after {secs} s. Last log lines:\n{tail}")]
-    Timeout {
-        label: String,
-        secs: u64,
-        tail: String,
-    },
+    Timeout { label: String, secs: u64, tail: String },
 }
 
 /// A running backend process. Cheap to clone.
@@ -126,10 +115,8 @@ impl Backend {
                 Ok(())
             });
         }
-        let mut child = cmd.spawn().map_err(|e| StartError::Spawn {
-            program: spec.program.display().to_string(),
-            source: e,
-        })?;
+        let mut child =
+            cmd.spawn().map_err(|e| StartError::Spawn { program: spec.program.display().to_string(), source: e })?;
         let pid = child.id().unwrap_or(0);
         tracing::info!(model = %spec.label, pid, program = %spec.program.display(), args = ?spec.args, "backend started");
 
@@ -149,15 +136,9 @@ impl Backend {
             let info = match status {
                 Ok(s) => {
                     use std::os::unix::process::ExitStatusExt;
-                    ExitInfo {
-                        code: s.code(),
-                        signal: s.signal(),
-                    }
+                    ExitInfo { code: s.code(), signal: s.signal() }
                 }
-                Err(_) => ExitInfo {
-                    code: None,
-                    signal: None,
-                },
+                Err(_) => ExitInfo { code: None, signal: None },
             };
             tracing::info!(model = %label, pid, status = %info, "backend exited");
             let _ = exit_tx.send(Some(info));
@@ -174,10 +155,7 @@ impl Backend {
             }),
         };
         let deadline = tokio::time::Instant::now() + spec.ready_timeout;
-        let port = match backend
-            .until_exit_or(deadline, async { port_rx.await.ok() })
-            .await
-        {
+        let port = match backend.until_exit_or(deadline, async { port_rx.await.ok() }).await {
             Ok(Some(p)) => p,
             Ok(None) => {
                 // Both pipes closed without a port line: the process is ending.
@@ -186,9 +164,7 @@ impl Backend {
             }
             Err(e) => return Err(e),
         };
-        Arc::get_mut(&mut backend.inner)
-            .expect("not shared yet")
-            .port = port;
+        Arc::get_mut(&mut backend.inner).expect("not shared yet").port = port;
 
         let url = format!("{}{}", backend.base_url(), spec.health_path);
         let probe = async {
@@ -227,11 +203,7 @@ impl Backend {
     }
 
     fn exited_error(&self, exit: ExitInfo) -> StartError {
-        StartError::Exited {
-            label: self.inner.label.clone(),
-            exit,
-            tail: self.log_tail(),
-        }
+        StartError::Exited { label: self.inner.label.clone(), exit, tail: self.log_tail() }
     }
 
     pub fn pid(&self) -> u32 {
@@ -259,10 +231,7 @@ impl Backend {
             Ok(e) => *e,
             Err(_) => None,
         };
-        exit.unwrap_or(ExitInfo {
-            code: None,
-            signal: None,
-        })
+        exit.unwrap_or(ExitInfo { code: None, signal: None })
     }
 
     /// The last lines the process wrote, oldest first.
@@ -324,12 +293,7 @@ async fn pump<R: AsyncRead + Unpin>(
 pub fn parse_listening_port(line: &str) -> Option<u16> {
     let rest = &line[line.find("listening on http://")? + "listening on http://".len()..];
     let hostport = rest.split_whitespace().next()?;
-    hostport
-        .rsplit_once(':')?
-        .1
-        .trim_end_matches('/')
-        .parse()
-        .ok()
+    hostport.rsplit_once(':')?.1.trim_end_matches('/').parse().ok()
 }
 
 #[cfg(test)]
@@ -338,22 +302,10 @@ mod tests {
 
     #[test]
     fn listening_line() {
-        assert_eq!(
-            parse_listening_port("main: server is listening on http://127.0.0.1:41235 - starting"),
-            Some(41235)
-        );
-        assert_eq!(
-            parse_listening_port("srv  start: listening on http://127.0.0.1:8080"),
-            Some(8080)
-        );
-        assert_eq!(
-            parse_listening_port("listening on http://[::1]:9000"),
-            Some(9000)
-        );
-        assert_eq!(
-            parse_listening_port("listening on unix:///tmp/x.sock"),
-            None
-        );
+        assert_eq!(parse_listening_port("main: server is listening on http://127.0.0.1:41235 - starting"), Some(41235));
+        assert_eq!(parse_listening_port("srv  start: listening on http://127.0.0.1:8080"), Some(8080));
+        assert_eq!(parse_listening_port("listening on http://[::1]:9000"), Some(9000));
+        assert_eq!(parse_listening_port("listening on unix:///tmp/x.sock"), None);
         assert_eq!(parse_listening_port("loading model"), None);
     }
 
@@ -371,12 +323,8 @@ mod tests {
     #[tokio::test]
     async fn exit_before_ready_reports_status_and_log_tail() {
         let http = reqwest::Client::new();
-        let err = Backend::start(
-            sh("m", "echo loading; echo 'error: bad model' >&2; exit 3"),
-            &http,
-        )
-        .await
-        .unwrap_err();
+        let err =
+            Backend::start(sh("m", "echo loading; echo 'error: bad model' >&2; exit 3"), &http).await.unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("exit code 3"), "{msg}");
         assert!(msg.contains("error: bad model"), "{msg}");

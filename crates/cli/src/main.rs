@@ -99,10 +99,7 @@ fn limits(values: &[i64]) -> anyhow::Result<Limits> {
         return Ok(Limits::uniform(*n));
     }
     let mut l = Limits::uniform(1);
-    for (t, v) in [ModelType::Llm, ModelType::Embedding, ModelType::Reranking]
-        .into_iter()
-        .zip(values)
-    {
+    for (t, v) in [ModelType::Llm, ModelType::Embedding, ModelType::Reranking].into_iter().zip(values) {
         l.0.insert(t, *v);
     }
     Ok(l)
@@ -112,17 +109,12 @@ fn cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("LEMONADE_CACHE_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(d);
     }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache").join("lemonade")
 }
 
 fn truthy(var: &str) -> bool {
-    matches!(
-        std::env::var(var).as_deref(),
-        Ok("1" | "true" | "TRUE" | "yes")
-    )
+    matches!(std::env::var(var).as_deref(), Ok("1" | "true" | "TRUE" | "yes"))
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -136,10 +128,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let tokens = backends::llamacpp::tokenize(a)?;
         backends::llamacpp::validate_user_args(&tokens).context("--llamacpp-args")?;
     }
-    let mut cfg = server::Config::new(
-        cache_dir(),
-        registry::hf_cache::cache_root_from_env(|k| std::env::var(k).ok()),
-    );
+    let mut cfg = server::Config::new(cache_dir(), registry::hf_cache::cache_root_from_env(|k| std::env::var(k).ok()));
     cfg.host = args.host.clone();
     cfg.port = args.port;
     cfg.extra_models_dir = args.extra_models_dir;
@@ -173,10 +162,7 @@ fn main() -> std::process::ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
         .init();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     match rt.block_on(serve(args)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

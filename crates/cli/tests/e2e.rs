@@ -21,11 +21,7 @@ fn chat(model: &str, content: &str, max_tokens: u32) -> Value {
 async fn stream_text(l: &Lemonade, path: &str, body: &Value) -> (u16, String, String) {
     let r = l.http.post(l.url(path)).json(body).send().await.unwrap();
     let status = r.status().as_u16();
-    let ct = r
-        .headers()
-        .get("content-type")
-        .map(|v| v.to_str().unwrap().to_string())
-        .unwrap_or_default();
+    let ct = r.headers().get("content-type").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
     (status, ct, r.text().await.unwrap())
 }
 
@@ -48,12 +44,7 @@ async fn chat_non_streaming_autoloads_and_records_stats() {
     let (s, _) = l.get("/api/v1/stats").await;
     assert_eq!(s, 404, "no model loaded yet");
 
-    let (s, v) = l
-        .post(
-            "/api/v1/chat/completions",
-            &chat(SMOL, "Which city is the capital of France?", 16),
-        )
-        .await;
+    let (s, v) = l.post("/api/v1/chat/completions", &chat(SMOL, "Which city is the capital of France?", 16)).await;
     assert_eq!(s, 200, "{v}");
     let text = v["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(!text.trim().is_empty(), "{v}");
@@ -67,15 +58,9 @@ async fn chat_non_streaming_autoloads_and_records_stats() {
     let m = &h["all_models_loaded"][0];
     assert_eq!(m["type"], "llm");
     assert_eq!(m["recipe"], "llamacpp");
-    assert_eq!(
-        m["checkpoint"],
-        "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1"
-    );
+    assert_eq!(m["checkpoint"], "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1");
     assert_eq!(m["recipe_options"]["llamacpp_backend"], "cpu");
-    assert!(m["backend_url"]
-        .as_str()
-        .unwrap()
-        .starts_with("http://127.0.0.1:"));
+    assert!(m["backend_url"].as_str().unwrap().starts_with("http://127.0.0.1:"));
     assert_eq!(h["max_models"]["llm"], 1);
 
     let (s, st) = l.get("/api/v0/stats").await;
@@ -101,11 +86,7 @@ async fn chat_streaming_relays_chunks_and_ends_with_one_done() {
         .iter()
         .filter(|d| *d != "[DONE]")
         .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .filter_map(|v| {
-            v["choices"][0]["delta"]["content"]
-                .as_str()
-                .map(str::to_string)
-        })
+        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_string))
         .collect();
     assert!(!content.trim().is_empty(), "{text}");
     let (_, st) = l.get("/api/v1/stats").await;
@@ -115,7 +96,12 @@ async fn chat_streaming_relays_chunks_and_ends_with_one_done() {
 #[tokio::test]
 async fn completions_and_max_completion_tokens() {
     let l = Lemonade::start(bin(), &[]).await;
-    let (s, v) = l.post("/api/v1/completions", &json!({"model": GEMMA, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})).await;
+    let (s, v) = l
+        .post(
+            "/api/v1/completions",
+            &json!({"model": GEMMA, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}),
+        )
+        .await;
     assert_eq!(s, 200, "{v}");
     assert!(!v["choices"][0]["text"].as_str().unwrap().is_empty(), "{v}");
     // Gemma is a base model with no chat template; the streaming path works too.
@@ -146,30 +132,14 @@ fn cosine(a: &[f64], b: &[f64]) -> f64 {
 #[tokio::test]
 async fn embeddings_float_and_base64_from_real_minilm() {
     let l = Lemonade::start(bin(), &[]).await;
-    let input = [
-        "A man is eating food.",
-        "A man is eating a piece of bread.",
-        "The girl is carrying a baby.",
-    ];
-    let (s, v) = l
-        .post(
-            "/api/v1/embeddings",
-            &json!({"model": MINILM, "input": input}),
-        )
-        .await;
+    let input = ["A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby."];
+    let (s, v) = l.post("/api/v1/embeddings", &json!({"model": MINILM, "input": input})).await;
     assert_eq!(s, 200, "{v}");
     let vecs: Vec<Vec<f64>> = v["data"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|d| {
-            d["embedding"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap())
-                .collect()
-        })
+        .map(|d| d["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect())
         .collect();
     assert_eq!(vecs.len(), 3);
     assert!(vecs.iter().all(|e| e.len() == 384));
@@ -181,26 +151,13 @@ async fn embeddings_float_and_base64_from_real_minilm() {
         cosine(&vecs[0], &vecs[2])
     );
 
-    let (s, b) = l
-        .post(
-            "/v1/embeddings",
-            &json!({"model": MINILM, "input": input, "encoding_format": "base64"}),
-        )
-        .await;
+    let (s, b) = l.post("/v1/embeddings", &json!({"model": MINILM, "input": input, "encoding_format": "base64"})).await;
     assert_eq!(s, 200, "{b}");
     for (i, d) in b["data"].as_array().unwrap().iter().enumerate() {
-        let raw = base64::engine::general_purpose::STANDARD
-            .decode(d["embedding"].as_str().unwrap())
-            .unwrap();
-        let floats: Vec<f64> = raw
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
-            .collect();
+        let raw = base64::engine::general_purpose::STANDARD.decode(d["embedding"].as_str().unwrap()).unwrap();
+        let floats: Vec<f64> = raw.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect();
         assert_eq!(floats.len(), 384);
-        assert!(
-            cosine(&floats, &vecs[i]) > 0.9999,
-            "base64 vector {i} differs from the float one"
-        );
+        assert!(cosine(&floats, &vecs[i]) > 0.9999, "base64 vector {i} differs from the float one");
     }
     let (_, h) = l.get("/api/v1/health").await;
     assert_eq!(h["all_models_loaded"][0]["type"], "embedding");
@@ -209,42 +166,24 @@ async fn embeddings_float_and_base64_from_real_minilm() {
 #[tokio::test]
 async fn reranking_plumbing_with_random_head() {
     let l = Lemonade::start(bin(), &[]).await;
-    let docs = [
-        "pandas are bears",
-        "the stock market fell",
-        "bamboo is food for pandas",
-    ];
+    let docs = ["pandas are bears", "the stock market fell", "bamboo is food for pandas"];
     for path in ["/api/v1/reranking", "/v1/rerank"] {
-        let (s, v) = l
-            .post(
-                path,
-                &json!({"model": RERANKER, "query": "what do pandas eat?", "documents": docs}),
-            )
-            .await;
+        let (s, v) = l.post(path, &json!({"model": RERANKER, "query": "what do pandas eat?", "documents": docs})).await;
         assert_eq!(s, 200, "{path}: {v}");
         let results = v["results"].as_array().unwrap();
-        let mut idx: Vec<u64> = results
-            .iter()
-            .map(|r| r["index"].as_u64().unwrap())
-            .collect();
+        let mut idx: Vec<u64> = results.iter().map(|r| r["index"].as_u64().unwrap()).collect();
         idx.sort();
         assert_eq!(idx, [0, 1, 2]);
         // Plumbing only: the scores are finite numbers, nothing is said about their order.
-        assert!(results
-            .iter()
-            .all(|r| r["relevance_score"].as_f64().is_some_and(f64::is_finite)));
+        assert!(results.iter().all(|r| r["relevance_score"].as_f64().is_some_and(f64::is_finite)));
     }
 }
 
 #[tokio::test]
 async fn responses_streaming_and_not() {
     let l = Lemonade::start(bin(), &[]).await;
-    let (s, v) = l
-        .post(
-            "/api/v1/responses",
-            &json!({"model": SMOL, "input": "Say hello.", "max_output_tokens": 12}),
-        )
-        .await;
+    let (s, v) =
+        l.post("/api/v1/responses", &json!({"model": SMOL, "input": "Say hello.", "max_output_tokens": 12})).await;
     assert_eq!(s, 200, "{v}");
     let text = v.to_string();
     assert!(text.contains("output_text"), "{v}");
@@ -266,19 +205,11 @@ async fn models_list_retrieve_and_lookup_errors() {
     let (s, v) = l.get("/api/v1/models").await;
     assert_eq!(s, 200);
     assert_eq!(v["object"], "list");
-    let ids: Vec<&str> = v["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
+    let ids: Vec<&str> = v["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
     for id in [SMOL, SMOL_COPY, GEMMA, MINILM, RERANKER] {
         assert!(ids.contains(&id), "{id} missing from {ids:?}");
     }
-    assert!(
-        !ids.contains(&"Qwen3-0.6B-GGUF"),
-        "not downloaded, so not listed by default"
-    );
+    assert!(!ids.contains(&"Qwen3-0.6B-GGUF"), "not downloaded, so not listed by default");
     let mut sorted = ids.clone();
     sorted.sort();
     assert_eq!(ids, sorted, "sorted by id");
@@ -286,26 +217,17 @@ async fn models_list_retrieve_and_lookup_errors() {
         .as_array()
         .unwrap()
         .iter()
-        .all(|m| m["downloaded"] == true
-            && m["created"] == 1234567890
-            && m["owned_by"] == "lemonade"));
+        .all(|m| m["downloaded"] == true && m["created"] == 1234567890 && m["owned_by"] == "lemonade"));
 
     let (_, all) = l.get("/api/v1/models?show_all=true").await;
-    let qwen = all["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["id"] == "Qwen3-0.6B-GGUF")
-        .expect("catalogue model listed");
+    let qwen =
+        all["data"].as_array().unwrap().iter().find(|m| m["id"] == "Qwen3-0.6B-GGUF").expect("catalogue model listed");
     assert_eq!(qwen["downloaded"], false);
     assert_eq!(qwen["checkpoint"], "unsloth/Qwen3-0.6B-GGUF:Q4_0");
 
     let (s, m) = l.get(&format!("/api/v1/models/{MINILM}")).await;
     assert_eq!(s, 200);
-    assert_eq!(
-        m["type"], "embedding",
-        "type read from the GGUF metadata: {m}"
-    );
+    assert_eq!(m["type"], "embedding", "type read from the GGUF metadata: {m}");
     let (_, r) = l.get(&format!("/v1/models/{RERANKER}")).await;
     assert_eq!(r["type"], "reranking");
 
@@ -326,82 +248,36 @@ async fn http_errors_are_json_with_the_right_status() {
     assert_eq!(e["error"]["path"], "/api/v1/nonexistent");
     let (s, e) = l.get("/api/v1/chat/completions").await;
     assert_eq!(s, 405);
-    assert_eq!(
-        e["error"]["message"],
-        "Method Not Allowed. Use POST for this endpoint"
-    );
+    assert_eq!(e["error"]["message"], "Method Not Allowed. Use POST for this endpoint");
     let (s, e) = l.post("/api/v1/health", &json!({})).await;
     assert_eq!(s, 405);
     assert!(e["error"]["message"].as_str().unwrap().contains("Use GET"));
 
     let (s, e) = l.post_raw("/api/v1/chat/completions", "{\"model\": ").await;
     assert_eq!(s, 400);
-    assert!(
-        e["error"]["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("Invalid JSON"),
-        "{e}"
-    );
-    let (s, e) = l
-        .post("/api/v1/chat/completions", &json!({"model": SMOL}))
-        .await;
-    assert_eq!(
-        (s, e["error"]["param"].as_str()),
-        (400, Some("messages")),
-        "{e}"
-    );
-    let (s, e) = l
-        .post(
-            "/api/v1/chat/completions",
-            &json!({"model": SMOL, "messages": [], "max_tokens": "ten"}),
-        )
-        .await;
-    assert_eq!(
-        (s, e["error"]["param"].as_str()),
-        (400, Some("max_tokens")),
-        "{e}"
-    );
-    let (s, e) = l
-        .post(
-            "/api/v1/chat/completions",
-            &json!({"messages": [{"role": "user", "content": "hi"}]}),
-        )
-        .await;
+    assert!(e["error"]["message"].as_str().unwrap().starts_with("Invalid JSON"), "{e}");
+    let (s, e) = l.post("/api/v1/chat/completions", &json!({"model": SMOL})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("messages")), "{e}");
+    let (s, e) = l.post("/api/v1/chat/completions", &json!({"model": SMOL, "messages": [], "max_tokens": "ten"})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("max_tokens")), "{e}");
+    let (s, e) = l.post("/api/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}]})).await;
     assert_eq!(s, 400);
-    assert_eq!(
-        e["error"]["message"],
-        "No model loaded and no model specified in request"
-    );
-    let (s, e) = l
-        .post("/api/v1/chat/completions", &chat("nope", "hi", 1))
-        .await;
+    assert_eq!(e["error"]["message"], "No model loaded and no model specified in request");
+    let (s, e) = l.post("/api/v1/chat/completions", &chat("nope", "hi", 1)).await;
     assert_eq!(s, 404);
     assert_eq!(e["error"]["code"], "model_not_found");
     assert_eq!(e["error"]["requested_model"], "nope");
-    let (s, e) = l
-        .post("/api/v1/chat/completions", &chat(MINILM, "hi", 1))
-        .await;
+    let (s, e) = l.post("/api/v1/chat/completions", &chat(MINILM, "hi", 1)).await;
     assert_eq!(s, 400, "chat to an embedding model");
     assert_eq!(e["error"]["type"], "invalid_request_error");
-    let (s, _) = l
-        .post("/api/v1/embeddings", &json!({"model": SMOL, "input": "x"}))
-        .await;
+    let (s, _) = l.post("/api/v1/embeddings", &json!({"model": SMOL, "input": "x"})).await;
     assert_eq!(s, 400, "embeddings from an LLM");
-    let (s, e) = l
-        .post(
-            "/api/v1/chat/completions",
-            &chat("Qwen3-0.6B-GGUF", "hi", 1),
-        )
-        .await;
+    let (s, e) = l.post("/api/v1/chat/completions", &chat("Qwen3-0.6B-GGUF", "hi", 1)).await;
     assert_eq!(s, 400, "not downloaded: {e}");
     assert_eq!(e["error"]["code"], "model_not_downloaded");
 
     // Over the body limit (64 MiB): a JSON 413, not a dropped connection.
-    let big = format!(
-        "{{\"model\":\"{SMOL}\",\"messages\":[],\"pad\":\"{}\"}}",
-        "x".repeat(65 << 20)
-    );
+    let big = format!("{{\"model\":\"{SMOL}\",\"messages\":[],\"pad\":\"{}\"}}", "x".repeat(65 << 20));
     let (s, e) = l.post_raw("/api/v1/chat/completions", big).await;
     assert_eq!(s, 413, "{e}");
     assert_eq!(e["error"]["code"], "payload_too_large");
@@ -415,40 +291,19 @@ async fn http_errors_are_json_with_the_right_status() {
 #[tokio::test]
 async fn llama_cpp_native_endpoints_are_routed_by_model() {
     let l = Lemonade::start(bin(), &[]).await;
-    let (s, v) = l
-        .post(
-            "/tokenize",
-            &json!({"model": SMOL, "content": "Hello world"}),
-        )
-        .await;
+    let (s, v) = l.post("/tokenize", &json!({"model": SMOL, "content": "Hello world"})).await;
     assert_eq!(s, 200, "{v}");
     assert!(!v["tokens"].as_array().unwrap().is_empty());
-    let (s, d) = l
-        .post(
-            "/api/v1/detokenize",
-            &json!({"model": SMOL, "tokens": v["tokens"]}),
-        )
-        .await;
+    let (s, d) = l.post("/api/v1/detokenize", &json!({"model": SMOL, "tokens": v["tokens"]})).await;
     assert_eq!(s, 200);
-    assert!(
-        d["content"].as_str().unwrap().contains("Hello world"),
-        "{d}"
-    );
+    assert!(d["content"].as_str().unwrap().contains("Hello world"), "{d}");
     let (s, slots) = l.get(&format!("/slots?model={SMOL}")).await;
     assert_eq!(s, 200);
     assert!(slots.as_array().is_some_and(|a| !a.is_empty()), "{slots}");
     let (s, props) = l.get(&format!("/v1/props?model={SMOL}")).await;
     assert_eq!(s, 200);
-    assert!(
-        props["model_path"].as_str().unwrap().ends_with(".gguf"),
-        "{props}"
-    );
-    let r = l
-        .http
-        .get(l.url(&format!("/metrics?model={SMOL}")))
-        .send()
-        .await
-        .unwrap();
+    assert!(props["model_path"].as_str().unwrap().ends_with(".gguf"), "{props}");
+    let r = l.http.get(l.url(&format!("/metrics?model={SMOL}"))).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert!(r.text().await.unwrap().contains("llamacpp:"));
     let (s, e) = l.get("/props").await;
@@ -459,47 +314,23 @@ async fn llama_cpp_native_endpoints_are_routed_by_model() {
 #[tokio::test]
 async fn one_llm_slot_swaps_models_lru() {
     let l = Lemonade::start(bin(), &[]).await;
-    let (s, _) = l
-        .post("/api/v1/chat/completions", &chat(SMOL, "hi", 2))
-        .await;
+    let (s, _) = l.post("/api/v1/chat/completions", &chat(SMOL, "hi", 2)).await;
     assert_eq!(s, 200);
-    let (s, _) = l
-        .post(
-            "/api/v1/embeddings",
-            &json!({"model": MINILM, "input": "x"}),
-        )
-        .await;
+    let (s, _) = l.post("/api/v1/embeddings", &json!({"model": MINILM, "input": "x"})).await;
     assert_eq!(s, 200);
     let (_, h) = l.get("/api/v1/health").await;
-    assert_eq!(
-        loaded_names(&h),
-        [SMOL, MINILM],
-        "an LLM and an embedding model side by side"
-    );
-    let (s, _) = l
-        .post(
-            "/api/v1/completions",
-            &json!({"model": GEMMA, "prompt": "a", "max_tokens": 2}),
-        )
-        .await;
+    assert_eq!(loaded_names(&h), [SMOL, MINILM], "an LLM and an embedding model side by side");
+    let (s, _) = l.post("/api/v1/completions", &json!({"model": GEMMA, "prompt": "a", "max_tokens": 2})).await;
     assert_eq!(s, 200);
     let (_, h) = l.get("/api/v1/health").await;
-    assert_eq!(
-        loaded_names(&h),
-        [MINILM, GEMMA],
-        "the second LLM replaced the first"
-    );
+    assert_eq!(loaded_names(&h), [MINILM, GEMMA], "the second LLM replaced the first");
     assert_eq!(h["model_loaded"], GEMMA);
 }
 
 /// Whether any slot of the model's llama-server is still generating.
 async fn processing(l: &Lemonade, model: &str) -> bool {
     let (_, slots) = l.get(&format!("/slots?model={model}")).await;
-    slots
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|s| s["is_processing"] == true)
+    slots.as_array().unwrap().iter().any(|s| s["is_processing"] == true)
 }
 
 #[tokio::test]
@@ -507,34 +338,17 @@ async fn client_disconnect_stops_generation() {
     let l = Lemonade::start(bin(), &[]).await;
     let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "Write a very long essay about the sea."}],
                       "max_tokens": 4000, "ignore_eos": true, "stream": true});
-    let r = l
-        .http
-        .post(l.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = l.http.post(l.url("/v1/chat/completions")).json(&body).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let mut stream = r.bytes_stream();
     let first = stream.next().await.unwrap().unwrap();
     assert!(first.starts_with(b"data: "));
-    assert!(
-        processing(&l, SMOL).await,
-        "generating while the client reads"
-    );
+    assert!(processing(&l, SMOL).await, "generating while the client reads");
     drop(stream);
     // 4000 tokens take far longer than this deadline: only a cancelled request stops in time.
-    let stopped = wait_for(Duration::from_secs(5), || async {
-        (!processing(&l, SMOL).await).then_some(())
-    })
-    .await;
-    assert!(
-        stopped.is_some(),
-        "llama-server kept generating after the client left"
-    );
-    let (s, _) = l
-        .post("/api/v1/chat/completions", &chat(SMOL, "hi", 2))
-        .await;
+    let stopped = wait_for(Duration::from_secs(5), || async { (!processing(&l, SMOL).await).then_some(()) }).await;
+    assert!(stopped.is_some(), "llama-server kept generating after the client left");
+    let (s, _) = l.post("/api/v1/chat/completions", &chat(SMOL, "hi", 2)).await;
     assert_eq!(s, 200, "the model serves the next request");
 }
 
@@ -543,13 +357,7 @@ async fn killed_backend_mid_stream_gives_error_frame_and_recovers() {
     let l = Lemonade::start(bin(), &[]).await;
     let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "Write a very long essay about the sea."}],
                       "max_tokens": 4000, "ignore_eos": true, "stream": true});
-    let r = l
-        .http
-        .post(l.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = l.http.post(l.url("/v1/chat/completions")).json(&body).send().await.unwrap();
     let mut stream = r.bytes_stream();
     let _ = stream.next().await.unwrap().unwrap();
     let children = child_pids(l.pid());
@@ -567,40 +375,21 @@ async fn killed_backend_mid_stream_gives_error_frame_and_recovers() {
         }
     })
     .await;
-    assert!(
-        read_all.is_ok(),
-        "stream did not end after the backend died"
-    );
+    assert!(read_all.is_ok(), "stream did not end after the backend died");
     let text = String::from_utf8_lossy(&rest);
     let last = sse_data(&text).pop().unwrap_or_default();
-    let v: Value = serde_json::from_str(&last)
-        .unwrap_or_else(|_| panic!("last frame is not an error frame: {text}"));
+    let v: Value = serde_json::from_str(&last).unwrap_or_else(|_| panic!("last frame is not an error frame: {text}"));
     assert_eq!(v["error"]["type"], "streaming_error", "{v}");
-    assert!(
-        v["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("killed by signal 9"),
-        "{v}"
-    );
+    assert!(v["error"]["message"].as_str().unwrap().contains("killed by signal 9"), "{v}");
 
     let (s, _) = l.get("/live").await;
     assert_eq!(s, 200, "the server stays up");
     let gone = wait_for(Duration::from_secs(5), || async {
-        l.get("/api/v1/health").await.1["all_models_loaded"]
-            .as_array()
-            .unwrap()
-            .is_empty()
-            .then_some(())
+        l.get("/api/v1/health").await.1["all_models_loaded"].as_array().unwrap().is_empty().then_some(())
     })
     .await;
-    assert!(
-        gone.is_some(),
-        "the dead model is no longer reported loaded"
-    );
-    let (s, v) = l
-        .post("/api/v1/chat/completions", &chat(SMOL, "hi", 2))
-        .await;
+    assert!(gone.is_some(), "the dead model is no longer reported loaded");
+    let (s, v) = l.post("/api/v1/chat/completions", &chat(SMOL, "hi", 2)).await;
     assert_eq!(s, 200, "the next request reloads the model: {v}");
 }
 
@@ -608,49 +397,23 @@ async fn killed_backend_mid_stream_gives_error_frame_and_recovers() {
 async fn no_backend_outlives_the_server() {
     // Graceful: SIGTERM stops every child before the server exits.
     let mut l = Lemonade::start(bin(), &[]).await;
-    assert_eq!(
-        l.post("/api/v1/chat/completions", &chat(SMOL, "hi", 1))
-            .await
-            .0,
-        200
-    );
-    assert_eq!(
-        l.post(
-            "/api/v1/embeddings",
-            &json!({"model": MINILM, "input": "x"})
-        )
-        .await
-        .0,
-        200
-    );
+    assert_eq!(l.post("/api/v1/chat/completions", &chat(SMOL, "hi", 1)).await.0, 200);
+    assert_eq!(l.post("/api/v1/embeddings", &json!({"model": MINILM, "input": "x"})).await.0, 200);
     let children = child_pids(l.pid());
     assert_eq!(children.len(), 2);
     l.signal(libc::SIGTERM);
-    let status = l
-        .wait_exit(Duration::from_secs(20))
-        .expect("server exits on SIGTERM");
+    let status = l.wait_exit(Duration::from_secs(20)).expect("server exits on SIGTERM");
     assert!(status.success(), "{status}");
-    assert!(
-        children.iter().all(|p| !alive(*p)),
-        "children left after a graceful stop"
-    );
+    assert!(children.iter().all(|p| !alive(*p)), "children left after a graceful stop");
 
     // Abrupt: SIGKILL of the server; the parent-death signal takes the children down.
     let mut l = Lemonade::start(bin(), &[]).await;
-    assert_eq!(
-        l.post("/api/v1/chat/completions", &chat(SMOL, "hi", 1))
-            .await
-            .0,
-        200
-    );
+    assert_eq!(l.post("/api/v1/chat/completions", &chat(SMOL, "hi", 1)).await.0, 200);
     let children = child_pids(l.pid());
     assert_eq!(children.len(), 1);
     l.signal(libc::SIGKILL);
     l.wait_exit(Duration::from_secs(5)).expect("killed");
-    let gone = wait_for(Duration::from_secs(5), || async {
-        children.iter().all(|p| !alive(*p)).then_some(())
-    })
-    .await;
+    let gone = wait_for(Duration::from_secs(5), || async { children.iter().all(|p| !alive(*p)).then_some(()) }).await;
     assert!(gone.is_some(), "llama-server survived a SIGKILLed lemonade");
 }
 
@@ -663,32 +426,17 @@ async fn invalid_llamacpp_args_are_rejected_at_start() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("argument '--port' is managed by lemonade"),
-        "{err}"
-    );
+    assert!(err.contains("argument '--port' is managed by lemonade"), "{err}");
 }
 
 #[tokio::test]
 async fn cli_settings_reach_the_backend_command_line() {
-    let l = Lemonade::start(
-        bin(),
-        &["--ctx-size", "2048", "--llamacpp-args", "--threads 1"],
-    )
-    .await;
-    assert_eq!(
-        l.post("/api/v1/chat/completions", &chat(SMOL, "hi", 1))
-            .await
-            .0,
-        200
-    );
+    let l = Lemonade::start(bin(), &["--ctx-size", "2048", "--llamacpp-args", "--threads 1"]).await;
+    assert_eq!(l.post("/api/v1/chat/completions", &chat(SMOL, "hi", 1)).await.0, 200);
     let (_, h) = l.get("/api/v1/health").await;
     let opts = &h["all_models_loaded"][0]["recipe_options"];
     assert_eq!(opts["ctx_size"], 2048);
     assert_eq!(opts["llamacpp_args"], "--threads 1");
     let (_, props) = l.get(&format!("/props?model={SMOL}")).await;
-    assert_eq!(
-        props["default_generation_settings"]["n_ctx"], 2048,
-        "{props}"
-    );
+    assert_eq!(props["default_generation_settings"]["n_ctx"], 2048, "{props}");
 }

@@ -11,14 +11,8 @@ impl Checkpoint {
     /// Splits at the first `:` (as Lemonade v9). No colon means an empty variant.
     pub fn parse(s: &str) -> Checkpoint {
         match s.split_once(':') {
-            Some((repo, variant)) => Checkpoint {
-                repo: repo.to_string(),
-                variant: variant.to_string(),
-            },
-            None => Checkpoint {
-                repo: s.to_string(),
-                variant: String::new(),
-            },
+            Some((repo, variant)) => Checkpoint { repo: repo.to_string(), variant: variant.to_string() },
+            None => Checkpoint { repo: s.to_string(), variant: String::new() },
         }
     }
 
@@ -62,10 +56,7 @@ pub fn resolve_gguf<'a>(files: &'a [String], variant: &str) -> Option<&'a str> {
         .map(String::as_str)
         .filter(|f| {
             let name = lower(file_name(f));
-            name.contains(".gguf")
-                && !is_mmproj(f)
-                && !name.ends_with(".partial")
-                && !name.ends_with(".incomplete")
+            name.contains(".gguf") && !is_mmproj(f) && !name.ends_with(".partial") && !name.ends_with(".incomplete")
         })
         .collect();
     cands.sort_unstable();
@@ -76,17 +67,10 @@ pub fn resolve_gguf<'a>(files: &'a [String], variant: &str) -> Option<&'a str> {
         return Some(cands[0]);
     }
     if variant.to_ascii_lowercase().contains(".gguf") {
-        return cands
-            .iter()
-            .copied()
-            .find(|f| *f == variant || file_name(f) == variant);
+        return cands.iter().copied().find(|f| *f == variant || file_name(f) == variant);
     }
     let suffix = format!("{}.gguf", lower(variant));
-    if let Some(f) = cands
-        .iter()
-        .copied()
-        .find(|f| lower(file_name(f)).ends_with(&suffix))
-    {
+    if let Some(f) = cands.iter().copied().find(|f| lower(file_name(f)).ends_with(&suffix)) {
         return Some(f);
     }
     let folder = format!("{}/", lower(variant));
@@ -102,10 +86,7 @@ pub fn resolve_exact<'a>(files: &'a [String], variant: &str) -> Option<&'a str> 
     if variant.is_empty() {
         return None;
     }
-    files
-        .iter()
-        .map(String::as_str)
-        .find(|f| *f == variant || file_name(f) == variant)
+    files.iter().map(String::as_str).find(|f| *f == variant || file_name(f) == variant)
 }
 
 #[cfg(test)]
@@ -120,10 +101,7 @@ mod tests {
     fn parse_splits_at_first_colon() {
         assert_eq!(
             Checkpoint::parse("unsloth/Qwen3-0.6B-GGUF:Q4_0"),
-            Checkpoint {
-                repo: "unsloth/Qwen3-0.6B-GGUF".into(),
-                variant: "Q4_0".into()
-            }
+            Checkpoint { repo: "unsloth/Qwen3-0.6B-GGUF".into(), variant: "Q4_0".into() }
         );
         assert_eq!(Checkpoint::parse("a/b").variant, "");
         assert_eq!(Checkpoint::parse("a/b:c:d").variant, "c:d");
@@ -132,26 +110,15 @@ mod tests {
 
     #[test]
     fn quant_suffix_picks_matching_file_case_insensitively() {
-        let f = files(&[
-            "model-Q8_0.gguf",
-            "model-q4_k_m.gguf",
-            "README.md",
-            "mmproj-Q4_K_M.gguf",
-        ]);
+        let f = files(&["model-Q8_0.gguf", "model-q4_k_m.gguf", "README.md", "mmproj-Q4_K_M.gguf"]);
         assert_eq!(resolve_gguf(&f, "Q4_K_M"), Some("model-q4_k_m.gguf"));
         assert_eq!(resolve_gguf(&f, "Q8_0"), Some("model-Q8_0.gguf"));
     }
 
     #[test]
     fn dotted_quant_suffix_matches() {
-        let f = files(&[
-            "SmolLM2-135M-Instruct.Q4_1.gguf",
-            "SmolLM2-135M-Instruct.Q8_0.gguf",
-        ]);
-        assert_eq!(
-            resolve_gguf(&f, "Q4_1"),
-            Some("SmolLM2-135M-Instruct.Q4_1.gguf")
-        );
+        let f = files(&["SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct.Q8_0.gguf"]);
+        assert_eq!(resolve_gguf(&f, "Q4_1"), Some("SmolLM2-135M-Instruct.Q4_1.gguf"));
     }
 
     #[test]
@@ -164,10 +131,7 @@ mod tests {
     #[test]
     fn exact_file_variant_must_match_exactly() {
         let f = files(&["gemma-3-270m-it-UD-IQ2_M.gguf", "other.gguf"]);
-        assert_eq!(
-            resolve_gguf(&f, "gemma-3-270m-it-UD-IQ2_M.gguf"),
-            Some("gemma-3-270m-it-UD-IQ2_M.gguf")
-        );
+        assert_eq!(resolve_gguf(&f, "gemma-3-270m-it-UD-IQ2_M.gguf"), Some("gemma-3-270m-it-UD-IQ2_M.gguf"));
         assert_eq!(resolve_gguf(&f, "missing.gguf"), None);
     }
 
@@ -179,10 +143,7 @@ mod tests {
             "Q8_0/model-Q8_0-00001-of-00002.gguf",
         ]);
         // No file name ends with "Q4_K_M.gguf", so folder mode applies.
-        assert_eq!(
-            resolve_gguf(&f, "Q4_K_M"),
-            Some("Q4_K_M/model-Q4_K_M-00001-of-00002.gguf")
-        );
+        assert_eq!(resolve_gguf(&f, "Q4_K_M"), Some("Q4_K_M/model-Q4_K_M-00001-of-00002.gguf"));
     }
 
     #[test]
@@ -201,18 +162,9 @@ mod tests {
     #[test]
     fn exact_secondary_checkpoint() {
         let f = files(&["mmproj-model-f16.gguf", "sub/vae.safetensors"]);
-        assert_eq!(
-            resolve_exact(&f, "mmproj-model-f16.gguf"),
-            Some("mmproj-model-f16.gguf")
-        );
-        assert_eq!(
-            resolve_exact(&f, "sub/vae.safetensors"),
-            Some("sub/vae.safetensors")
-        );
-        assert_eq!(
-            resolve_exact(&f, "vae.safetensors"),
-            Some("sub/vae.safetensors")
-        );
+        assert_eq!(resolve_exact(&f, "mmproj-model-f16.gguf"), Some("mmproj-model-f16.gguf"));
+        assert_eq!(resolve_exact(&f, "sub/vae.safetensors"), Some("sub/vae.safetensors"));
+        assert_eq!(resolve_exact(&f, "vae.safetensors"), Some("sub/vae.safetensors"));
         assert_eq!(resolve_exact(&f, "nope"), None);
         assert_eq!(resolve_exact(&f, ""), None);
     }

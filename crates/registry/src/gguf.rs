@@ -58,8 +58,7 @@ impl GgufMeta {
         }
         let arch = self.architecture()?;
         let causal_key = format!("{arch}.attention.causal");
-        if matches!(self.kv.get(&causal_key), Some(MetaValue::Bool(false))) || arch.contains("bert")
-        {
+        if matches!(self.kv.get(&causal_key), Some(MetaValue::Bool(false))) || arch.contains("bert") {
             return Some(ModelType::Embedding);
         }
         None
@@ -110,11 +109,7 @@ pub fn read_from<R: Read + Seek>(mut r: R) -> Result<GgufMeta, GgufError> {
         let value = value(&mut r, ty)?;
         kv.insert(key, value);
     }
-    Ok(GgufMeta {
-        version,
-        tensor_count,
-        kv,
-    })
+    Ok(GgufMeta { version, tensor_count, kv })
 }
 
 fn value<R: Read + Seek>(r: &mut R, ty: u32) -> Result<MetaValue, GgufError> {
@@ -133,11 +128,8 @@ fn value<R: Read + Seek>(r: &mut R, ty: u32) -> Result<MetaValue, GgufError> {
             let n = u64(r)?;
             match fixed_size(elem) {
                 Some(sz) => {
-                    let skip = n
-                        .checked_mul(sz)
-                        .ok_or(GgufError::Corrupt("array too large"))?;
-                    let skip =
-                        i64::try_from(skip).map_err(|_| GgufError::Corrupt("array too large"))?;
+                    let skip = n.checked_mul(sz).ok_or(GgufError::Corrupt("array too large"))?;
+                    let skip = i64::try_from(skip).map_err(|_| GgufError::Corrupt("array too large"))?;
                     r.seek(SeekFrom::Current(skip))?;
                 }
                 None if elem == 8 => {
@@ -239,17 +231,12 @@ pub(crate) mod tests {
 
     #[test]
     fn reads_arch_pooling_and_skips_arrays() {
-        let bytes = build(&[
-            ("general.architecture", MetaValue::Str("bert".into())),
-            ("bert.pooling_type", MetaValue::Int(4)),
-        ]);
+        let bytes =
+            build(&[("general.architecture", MetaValue::Str("bert".into())), ("bert.pooling_type", MetaValue::Int(4))]);
         let m = read_from(Cursor::new(bytes)).unwrap();
         assert_eq!(m.architecture(), Some("bert"));
         assert_eq!(m.pooling_type(), Some(4));
-        assert_eq!(
-            m.kv.get("tokenizer.ggml.tokens"),
-            Some(&MetaValue::Array(2))
-        );
+        assert_eq!(m.kv.get("tokenizer.ggml.tokens"), Some(&MetaValue::Array(2)));
         assert_eq!(m.model_type(), Some(ModelType::Reranking));
     }
 
@@ -257,43 +244,22 @@ pub(crate) mod tests {
     fn model_type_rules() {
         let t = |e: &[(&str, MetaValue)]| read_from(Cursor::new(build(e))).unwrap().model_type();
         let arch = |a: &str| ("general.architecture", MetaValue::Str(a.into()));
-        assert_eq!(
-            t(&[arch("bert"), ("bert.pooling_type", MetaValue::Int(1))]),
-            Some(ModelType::Embedding)
-        );
+        assert_eq!(t(&[arch("bert"), ("bert.pooling_type", MetaValue::Int(1))]), Some(ModelType::Embedding));
         assert_eq!(t(&[arch("bert")]), Some(ModelType::Embedding));
-        assert_eq!(
-            t(&[arch("qwen3"), ("qwen3.pooling_type", MetaValue::Int(3))]),
-            Some(ModelType::Embedding)
-        );
-        assert_eq!(
-            t(&[
-                arch("xlm"),
-                ("xlm.attention.causal", MetaValue::Bool(false))
-            ]),
-            Some(ModelType::Embedding)
-        );
+        assert_eq!(t(&[arch("qwen3"), ("qwen3.pooling_type", MetaValue::Int(3))]), Some(ModelType::Embedding));
+        assert_eq!(t(&[arch("xlm"), ("xlm.attention.causal", MetaValue::Bool(false))]), Some(ModelType::Embedding));
         assert_eq!(t(&[arch("llama")]), None);
-        assert_eq!(
-            t(&[arch("gemma3"), ("gemma3.pooling_type", MetaValue::Int(0))]),
-            None
-        );
+        assert_eq!(t(&[arch("gemma3"), ("gemma3.pooling_type", MetaValue::Int(0))]), None);
     }
 
     #[test]
     fn rejects_garbage_without_panicking() {
-        assert!(matches!(
-            read_from(Cursor::new(b"NOPE....".to_vec())),
-            Err(GgufError::BadMagic)
-        ));
+        assert!(matches!(read_from(Cursor::new(b"NOPE....".to_vec())), Err(GgufError::BadMagic)));
         let mut b = build(&[]);
         b.truncate(30);
         assert!(read_from(Cursor::new(b)).is_err());
         let mut v1 = build(&[]);
         v1[4] = 1;
-        assert!(matches!(
-            read_from(Cursor::new(v1)),
-            Err(GgufError::Version(1))
-        ));
+        assert!(matches!(read_from(Cursor::new(v1)), Err(GgufError::Version(1))));
     }
 }

@@ -24,10 +24,7 @@ pub fn cache_root_from_env(get: impl Fn(&str) -> Option<String>) -> PathBuf {
         return PathBuf::from(p).join("hub");
     }
     let home = get("HOME").unwrap_or_else(|| ".".into());
-    PathBuf::from(home)
-        .join(".cache")
-        .join("huggingface")
-        .join("hub")
+    PathBuf::from(home).join(".cache").join("huggingface").join("hub")
 }
 
 /// One snapshot of a repo in the cache, with its files (relative, `/`-separated, sorted).
@@ -78,11 +75,7 @@ fn list_files(dir: &Path, prefix: &str, out: &mut Vec<String>) {
         let Ok(name) = e.file_name().into_string() else {
             continue;
         };
-        let rel = if prefix.is_empty() {
-            name.clone()
-        } else {
-            format!("{prefix}/{name}")
-        };
+        let rel = if prefix.is_empty() { name.clone() } else { format!("{prefix}/{name}") };
         let path = e.path();
         // metadata() follows symlinks: a snapshot link to a blob counts as a file.
         match std::fs::metadata(&path) {
@@ -109,12 +102,8 @@ pub fn is_complete(file: &Path) -> bool {
     if parent.join(DOWNLOAD_MANIFEST).exists() {
         return false;
     }
-    let name = file
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or_default();
-    !parent.join(format!("{name}.partial")).exists()
-        && !parent.join(format!("{name}.incomplete")).exists()
+    let name = file.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    !parent.join(format!("{name}.partial")).exists() && !parent.join(format!("{name}.incomplete")).exists()
 }
 
 #[cfg(test)]
@@ -124,25 +113,11 @@ mod tests {
     #[test]
     fn cache_root_precedence() {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |k: &str| {
-                pairs
-                    .iter()
-                    .find(|(n, _)| *n == k)
-                    .map(|(_, v)| v.to_string())
-            }
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
         };
-        assert_eq!(
-            cache_root_from_env(env(&[("HF_HUB_CACHE", "/a"), ("HF_HOME", "/b")])),
-            PathBuf::from("/a")
-        );
-        assert_eq!(
-            cache_root_from_env(env(&[("HF_HOME", "/b"), ("HOME", "/h")])),
-            PathBuf::from("/b/hub")
-        );
-        assert_eq!(
-            cache_root_from_env(env(&[("HOME", "/h")])),
-            PathBuf::from("/h/.cache/huggingface/hub")
-        );
+        assert_eq!(cache_root_from_env(env(&[("HF_HUB_CACHE", "/a"), ("HF_HOME", "/b")])), PathBuf::from("/a"));
+        assert_eq!(cache_root_from_env(env(&[("HF_HOME", "/b"), ("HOME", "/h")])), PathBuf::from("/b/hub"));
+        assert_eq!(cache_root_from_env(env(&[("HOME", "/h")])), PathBuf::from("/h/.cache/huggingface/hub"));
     }
 
     #[test]
@@ -159,11 +134,7 @@ mod tests {
         std::fs::create_dir_all(&b).unwrap();
         std::fs::write(a.join("plain-Q4_0.gguf"), b"GGUF").unwrap();
         std::os::unix::fs::symlink("../../../blobs/etag1", b.join("linked-Q8_0.gguf")).unwrap();
-        std::os::unix::fs::symlink(
-            "../../blobs/missing",
-            repo.join("snapshots/bbb/dangling.gguf"),
-        )
-        .unwrap();
+        std::os::unix::fs::symlink("../../blobs/missing", repo.join("snapshots/bbb/dangling.gguf")).unwrap();
 
         let snaps = snapshots(tmp.path(), "org/repo");
         assert_eq!(snaps.len(), 2);

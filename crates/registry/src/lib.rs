@@ -150,15 +150,9 @@ pub struct RegistryConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     #[error("{path}: {source}")]
-    Json {
-        path: String,
-        source: serde_json::Error,
-    },
+    Json { path: String, source: serde_json::Error },
     #[error("{path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    Io { path: String, source: std::io::Error },
 }
 
 /// Why a name did not resolve to a usable model.
@@ -183,19 +177,12 @@ impl Registry {
     /// Reads the catalogue, the user's files, the extra models dir and the HF cache.
     pub fn load(cfg: &RegistryConfig) -> Result<Registry, RegistryError> {
         let builtin: BTreeMap<String, CatalogueEntry> = serde_json::from_str(BUILTIN_CATALOGUE)
-            .map_err(|e| RegistryError::Json {
-                path: "built-in catalogue".into(),
-                source: e,
-            })?;
-        let user: BTreeMap<String, CatalogueEntry> =
-            read_json_or_default(&cfg.cache_dir.join(USER_MODELS_FILE))?;
+            .map_err(|e| RegistryError::Json { path: "built-in catalogue".into(), source: e })?;
+        let user: BTreeMap<String, CatalogueEntry> = read_json_or_default(&cfg.cache_dir.join(USER_MODELS_FILE))?;
         let recipe_options: BTreeMap<String, RecipeOptions> =
             read_json_or_default(&cfg.cache_dir.join(RECIPE_OPTIONS_FILE))?;
 
-        let mut reg = Registry {
-            recipe_options,
-            ..Default::default()
-        };
+        let mut reg = Registry { recipe_options, ..Default::default() };
         for (name, e) in builtin {
             reg.add(name, e, Source::BuiltIn, cfg);
         }
@@ -230,10 +217,7 @@ impl Registry {
             return Ok(m);
         }
         if let Some(reason) = self.filtered.get(name) {
-            return Err(LookupError::NotSupported {
-                name: name.into(),
-                reason: reason.clone(),
-            });
+            return Err(LookupError::NotSupported { name: name.into(), reason: reason.clone() });
         }
         let names: Vec<&str> = self.models.keys().map(String::as_str).collect();
         let shown: Vec<String> = names.iter().take(3).map(|n| format!("'{n}'")).collect();
@@ -245,13 +229,8 @@ impl Registry {
             }
             hint.push_str(". ");
         }
-        hint.push_str(
-            "Use 'lemonade list' or GET /api/v1/models?show_all=true to see all available models.",
-        );
-        Err(LookupError::NotFound {
-            name: name.into(),
-            hint,
-        })
+        hint.push_str("Use 'lemonade list' or GET /api/v1/models?show_all=true to see all available models.");
+        Err(LookupError::NotFound { name: name.into(), hint })
     }
 
     /// All models usable on this host, sorted by name.
@@ -261,10 +240,7 @@ impl Registry {
 
     /// Saved options of a model (`recipe_options.json`), filtered to its recipe's keys.
     pub fn saved_options(&self, m: &ModelInfo) -> RecipeOptions {
-        self.recipe_options
-            .get(&m.name)
-            .map(|o| filter_recipe_options(&m.recipe, o))
-            .unwrap_or_default()
+        self.recipe_options.get(&m.name).map(|o| filter_recipe_options(&m.recipe, o)).unwrap_or_default()
     }
 
     /// The API view of a model.
@@ -288,35 +264,24 @@ impl Registry {
     }
 }
 
-fn read_json_or_default<T: serde::de::DeserializeOwned + Default>(
-    path: &Path,
-) -> Result<T, RegistryError> {
+fn read_json_or_default<T: serde::de::DeserializeOwned + Default>(path: &Path) -> Result<T, RegistryError> {
     match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| RegistryError::Json {
-            path: path.display().to_string(),
-            source: e,
-        }),
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|e| RegistryError::Json { path: path.display().to_string(), source: e }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(T::default()),
-        Err(e) => Err(RegistryError::Io {
-            path: path.display().to_string(),
-            source: e,
-        }),
+        Err(e) => Err(RegistryError::Io { path: path.display().to_string(), source: e }),
     }
 }
 
 fn entry_to_info(name: &str, e: CatalogueEntry, source: Source) -> ModelInfo {
     let mut checkpoints = e.checkpoints.clone();
     if !e.checkpoint.is_empty() {
-        checkpoints
-            .entry("main".into())
-            .or_insert_with(|| e.checkpoint.clone());
+        checkpoints.entry("main".into()).or_insert_with(|| e.checkpoint.clone());
     }
     let main = checkpoints.get("main").cloned().unwrap_or_default();
     if let Some(mmproj) = &e.mmproj {
         let repo = Checkpoint::parse(&main).repo;
-        checkpoints
-            .entry("mmproj".into())
-            .or_insert_with(|| format!("{repo}:{mmproj}"));
+        checkpoints.entry("mmproj".into()).or_insert_with(|| format!("{repo}:{mmproj}"));
     }
     ModelInfo {
         name: name.to_string(),
@@ -379,8 +344,7 @@ fn resolve_files(m: &mut ModelInfo, hf_cache: &Path) {
             m.downloaded = hf_cache::is_complete(&path);
             if let Some(mm) = m.checkpoints.get("mmproj") {
                 let v = Checkpoint::parse(mm).variant;
-                m.mmproj_path =
-                    checkpoint::resolve_exact(&snap.files, &v).map(|r| snap.dir.join(r));
+                m.mmproj_path = checkpoint::resolve_exact(&snap.files, &v).map(|r| snap.dir.join(r));
             }
             m.main_path = Some(path);
             break;
@@ -400,11 +364,7 @@ fn apply_gguf_type(m: &mut ModelInfo) {
         Ok(meta) => {
             if let Some(t) = meta.model_type() {
                 m.model_type = t;
-                let label = if t == ModelType::Reranking {
-                    "reranking"
-                } else {
-                    "embeddings"
-                };
+                let label = if t == ModelType::Reranking { "reranking" } else { "embeddings" };
                 if !m.labels.iter().any(|l| l == label) {
                     m.labels.push(label.into());
                 }
@@ -429,44 +389,25 @@ pub fn scan_extra_models_dir(dir: &Path) -> Vec<(String, ModelInfo)> {
     for f in files {
         let parent = f.parent().map(Path::to_path_buf).unwrap_or_default();
         if parent == dir {
-            let name = f
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default()
-                .to_string();
+            let name = f.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
             if name.contains("mmproj") {
                 continue;
             }
             let size = file_gib(&f);
-            out.push((
-                format!("{EXTRA_PREFIX}{name}"),
-                extra_info(&name, f.clone(), None, size),
-            ));
+            out.push((format!("{EXTRA_PREFIX}{name}"), extra_info(&name, f.clone(), None, size)));
         } else {
             groups.entry(parent).or_default().push(f);
         }
     }
     for (folder, files) in groups {
-        let (mmproj, main): (Vec<_>, Vec<_>) = files.iter().partition(|f| {
-            f.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.contains("mmproj"))
-        });
+        let (mmproj, main): (Vec<_>, Vec<_>) =
+            files.iter().partition(|f| f.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.contains("mmproj")));
         let Some(main_file) = main.first() else {
             continue;
         };
-        let name = folder
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default()
-            .to_string();
+        let name = folder.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
         let size = files.iter().map(|f| file_gib(f)).sum();
-        let mut info = extra_info(
-            &name,
-            (*main_file).clone(),
-            mmproj.first().map(|p| (*p).clone()),
-            size,
-        );
+        let mut info = extra_info(&name, (*main_file).clone(), mmproj.first().map(|p| (*p).clone()), size);
         if let Some(mm) = mmproj.first() {
             let mm_name = mm.file_name().and_then(|n| n.to_str()).unwrap_or_default();
             info.checkpoints.insert("mmproj".into(), mm_name.into());
@@ -508,11 +449,7 @@ fn collect_ggufs(dir: &Path, out: &mut Vec<PathBuf>) {
         let p = e.path();
         match std::fs::metadata(&p) {
             Ok(m) if m.is_dir() => collect_ggufs(&p, out),
-            Ok(_)
-                if p.extension()
-                    .and_then(|x| x.to_str())
-                    .is_some_and(|x| x.eq_ignore_ascii_case("gguf")) =>
-            {
+            Ok(_) if p.extension().and_then(|x| x.to_str()).is_some_and(|x| x.eq_ignore_ascii_case("gguf")) => {
                 out.push(p)
             }
             _ => {}
@@ -521,9 +458,7 @@ fn collect_ggufs(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 fn file_gib(p: &Path) -> f64 {
-    std::fs::metadata(p)
-        .map(|m| m.len() as f64 / (1u64 << 30) as f64)
-        .unwrap_or(0.0)
+    std::fs::metadata(p).map(|m| m.len() as f64 / (1u64 << 30) as f64).unwrap_or(0.0)
 }
 
 #[cfg(test)]

@@ -38,21 +38,11 @@ fn builtin_catalogue_keeps_llamacpp_models_and_filters_the_rest_with_reasons() {
     assert_eq!(qwen.checkpoint, "unsloth/Qwen3-0.6B-GGUF:Q4_0");
     assert_eq!(qwen.model_type, ModelType::Llm);
     assert!(!qwen.downloaded);
-    assert_eq!(
-        reg.get("nomic-embed-text-v1-GGUF").unwrap().model_type,
-        ModelType::Embedding
-    );
-    assert_eq!(
-        reg.get("jina-reranker-v1-tiny-en-GGUF").unwrap().model_type,
-        ModelType::Reranking
-    );
+    assert_eq!(reg.get("nomic-embed-text-v1-GGUF").unwrap().model_type, ModelType::Embedding);
+    assert_eq!(reg.get("jina-reranker-v1-tiny-en-GGUF").unwrap().model_type, ModelType::Reranking);
     // Legacy mmproj filename becomes a secondary checkpoint in the main repo.
     assert_eq!(
-        reg.get("Gemma-3-4b-it-GGUF")
-            .unwrap()
-            .checkpoints
-            .get("mmproj")
-            .map(String::as_str),
+        reg.get("Gemma-3-4b-it-GGUF").unwrap().checkpoints.get("mmproj").map(String::as_str),
         Some("ggml-org/gemma-3-4b-it-GGUF:mmproj-model-f16.gguf")
     );
     match reg.get("Whisper-Tiny") {
@@ -83,10 +73,7 @@ fn unknown_model_message_suggests_first_three_names() {
     let e = env();
     let reg = Registry::load(&e.cfg).unwrap();
     let err = reg.get("nope").unwrap_err().to_string();
-    assert!(
-        err.starts_with("Model 'nope' was not found. Available models include: '"),
-        "{err}"
-    );
+    assert!(err.starts_with("Model 'nope' was not found. Available models include: '"), "{err}");
     assert!(err.contains("more. Use 'lemonade list'"), "{err}");
 }
 
@@ -109,20 +96,11 @@ fn user_models_resolve_in_hf_cache_and_are_downloaded_when_complete() {
     let m = reg.get("user.Smol").unwrap();
     assert_eq!(m.source, Source::User);
     assert!(m.suggested, "user models default to suggested");
-    assert_eq!(
-        m.main_path.as_deref(),
-        Some(snap.join("Smol.Q4_1.gguf").as_path())
-    );
+    assert_eq!(m.main_path.as_deref(), Some(snap.join("Smol.Q4_1.gguf").as_path()));
     assert!(m.downloaded);
     let api = reg.to_api(m);
     // Only llamacpp keys, and "" counts as unset.
-    assert_eq!(
-        api.recipe_options,
-        serde_json::json!({"ctx_size": 2048})
-            .as_object()
-            .unwrap()
-            .clone()
-    );
+    assert_eq!(api.recipe_options, serde_json::json!({"ctx_size": 2048}).as_object().unwrap().clone());
 
     // A partial file next to it means not downloaded.
     put(&snap.join("Smol.Q4_1.gguf.partial"), b"");
@@ -150,61 +128,30 @@ fn extra_models_dir_naming_grouping_and_gguf_types() {
     put(&dir.join("Vis/model.gguf"), &llm_gguf());
     put(&dir.join("Vis/mmproj-f16.gguf"), &llm_gguf());
     put(&dir.join("OnlyProj/mmproj.gguf"), &llm_gguf());
-    let emb = build(&[
-        ("general.architecture", MetaValue::Str("bert".into())),
-        ("bert.pooling_type", MetaValue::Int(1)),
-    ]);
-    let rr = build(&[
-        ("general.architecture", MetaValue::Str("bert".into())),
-        ("bert.pooling_type", MetaValue::Int(4)),
-    ]);
+    let emb =
+        build(&[("general.architecture", MetaValue::Str("bert".into())), ("bert.pooling_type", MetaValue::Int(1))]);
+    let rr =
+        build(&[("general.architecture", MetaValue::Str("bert".into())), ("bert.pooling_type", MetaValue::Int(4))]);
     put(&dir.join("minilm.gguf"), &emb);
     put(&dir.join("reranker.gguf"), &rr);
     e.cfg.extra_models_dir = Some(dir.clone());
 
     let reg = Registry::load(&e.cfg).unwrap();
-    let names: Vec<&str> = reg
-        .models()
-        .filter(|m| m.source == Source::ExtraModelsDir)
-        .map(|m| m.name.as_str())
-        .collect();
-    assert_eq!(
-        names,
-        [
-            "extra.Big",
-            "extra.Vis",
-            "extra.foo-Q4_K_M.gguf",
-            "extra.minilm.gguf",
-            "extra.reranker.gguf"
-        ]
-    );
+    let names: Vec<&str> =
+        reg.models().filter(|m| m.source == Source::ExtraModelsDir).map(|m| m.name.as_str()).collect();
+    assert_eq!(names, ["extra.Big", "extra.Vis", "extra.foo-Q4_K_M.gguf", "extra.minilm.gguf", "extra.reranker.gguf"]);
     let big = reg.get("extra.Big").unwrap();
-    assert_eq!(
-        big.main_path.as_deref(),
-        Some(dir.join("Big/Big-00001-of-00002.GGUF").as_path())
-    );
+    assert_eq!(big.main_path.as_deref(), Some(dir.join("Big/Big-00001-of-00002.GGUF").as_path()));
     assert!(big.downloaded);
     let vis = reg.get("extra.Vis").unwrap();
     assert!(vis.labels.contains(&"vision".to_string()));
-    assert_eq!(
-        vis.checkpoints.get("mmproj").map(String::as_str),
-        Some("mmproj-f16.gguf")
-    );
-    assert_eq!(
-        vis.mmproj_path.as_deref(),
-        Some(dir.join("Vis/mmproj-f16.gguf").as_path())
-    );
-    assert_eq!(
-        reg.get("extra.foo-Q4_K_M.gguf").unwrap().model_type,
-        ModelType::Llm
-    );
+    assert_eq!(vis.checkpoints.get("mmproj").map(String::as_str), Some("mmproj-f16.gguf"));
+    assert_eq!(vis.mmproj_path.as_deref(), Some(dir.join("Vis/mmproj-f16.gguf").as_path()));
+    assert_eq!(reg.get("extra.foo-Q4_K_M.gguf").unwrap().model_type, ModelType::Llm);
     let m = reg.get("extra.minilm.gguf").unwrap();
     assert_eq!(m.model_type, ModelType::Embedding);
     assert!(m.labels.contains(&"embeddings".to_string()));
-    assert_eq!(
-        reg.get("extra.reranker.gguf").unwrap().model_type,
-        ModelType::Reranking
-    );
+    assert_eq!(reg.get("extra.reranker.gguf").unwrap().model_type, ModelType::Reranking);
 }
 
 #[test]
@@ -213,10 +160,7 @@ fn labels_to_type_first_match_wins() {
     assert_eq!(l(&[]), ModelType::Llm);
     assert_eq!(l(&["reasoning", "vision"]), ModelType::Llm);
     assert_eq!(l(&["embedding"]), ModelType::Embedding);
-    assert_eq!(
-        l(&["custom", "reranking", "embeddings"]),
-        ModelType::Reranking
-    );
+    assert_eq!(l(&["custom", "reranking", "embeddings"]), ModelType::Reranking);
     assert_eq!(l(&["audio", "transcription"]), ModelType::Audio);
     assert_eq!(l(&["image"]), ModelType::Image);
     assert_eq!(l(&["tts", "speech"]), ModelType::Tts);

@@ -65,55 +65,28 @@ mod tests {
     use super::*;
 
     fn r(name: &str, t: ModelType, last_use: u64, in_flight: usize) -> Resident<'_> {
-        Resident {
-            name,
-            model_type: t,
-            last_use,
-            in_flight,
-        }
+        Resident { name, model_type: t, last_use, in_flight }
     }
 
     #[test]
     fn free_slot_loads() {
         let l = [r("a", ModelType::Llm, 1, 0)];
-        assert_eq!(
-            plan_load(&l, ModelType::Llm, &Limits::uniform(2)),
-            Plan::Load
-        );
-        assert_eq!(
-            plan_load(&l, ModelType::Embedding, &Limits::uniform(1)),
-            Plan::Load
-        );
-        assert_eq!(
-            plan_load(&l, ModelType::Llm, &Limits::uniform(-1)),
-            Plan::Load
-        );
+        assert_eq!(plan_load(&l, ModelType::Llm, &Limits::uniform(2)), Plan::Load);
+        assert_eq!(plan_load(&l, ModelType::Embedding, &Limits::uniform(1)), Plan::Load);
+        assert_eq!(plan_load(&l, ModelType::Llm, &Limits::uniform(-1)), Plan::Load);
     }
 
     #[test]
     fn full_type_evicts_its_lru() {
-        let l = [
-            r("a", ModelType::Llm, 5, 0),
-            r("b", ModelType::Llm, 3, 0),
-            r("e", ModelType::Embedding, 1, 0),
-        ];
-        assert_eq!(
-            plan_load(&l, ModelType::Llm, &Limits::uniform(2)),
-            Plan::Evict("b")
-        );
+        let l = [r("a", ModelType::Llm, 5, 0), r("b", ModelType::Llm, 3, 0), r("e", ModelType::Embedding, 1, 0)];
+        assert_eq!(plan_load(&l, ModelType::Llm, &Limits::uniform(2)), Plan::Evict("b"));
     }
 
     #[test]
     fn idle_models_go_before_busy_ones() {
         let l = [r("a", ModelType::Llm, 5, 0), r("b", ModelType::Llm, 3, 2)];
-        assert_eq!(
-            plan_load(&l, ModelType::Llm, &Limits::uniform(2)),
-            Plan::Evict("a")
-        );
+        assert_eq!(plan_load(&l, ModelType::Llm, &Limits::uniform(2)), Plan::Evict("a"));
         let busy = [r("a", ModelType::Llm, 5, 1), r("b", ModelType::Llm, 3, 2)];
-        assert_eq!(
-            plan_load(&busy, ModelType::Llm, &Limits::uniform(2)),
-            Plan::Evict("b")
-        );
+        assert_eq!(plan_load(&busy, ModelType::Llm, &Limits::uniform(2)), Plan::Evict("b"));
     }
 }

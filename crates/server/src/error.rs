@@ -11,11 +11,7 @@ use registry::LookupError;
 pub enum ApiError {
     /// Malformed or invalid request; `param` names the offending field.
     #[error("{message}")]
-    BadRequest {
-        message: String,
-        param: Option<String>,
-        code: Option<&'static str>,
-    },
+    BadRequest { message: String, param: Option<String>, code: Option<&'static str> },
     #[error(transparent)]
     Lookup(#[from] LookupError),
     /// The model exists but cannot serve this endpoint (e.g. chat to an embedding model).
@@ -26,11 +22,7 @@ pub enum ApiError {
     LoadFailed { model: String, message: String },
     /// The backend answered with an error: its status and body are passed through.
     #[error("backend answered {status}")]
-    Backend {
-        status: StatusCode,
-        body: Bytes,
-        content_type: Option<String>,
-    },
+    Backend { status: StatusCode, body: Bytes, content_type: Option<String> },
     /// The backend could not be reached or died during the request.
     #[error("{0}")]
     BackendUnavailable(String),
@@ -48,22 +40,14 @@ pub enum ApiError {
 
 impl ApiError {
     pub fn bad_request(message: impl Into<String>, param: Option<&str>) -> ApiError {
-        ApiError::BadRequest {
-            message: message.into(),
-            param: param.map(str::to_string),
-            code: None,
-        }
+        ApiError::BadRequest { message: message.into(), param: param.map(str::to_string), code: None }
     }
 
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest { .. } | ApiError::WrongModelType(_) => StatusCode::BAD_REQUEST,
-            ApiError::Lookup(_) | ApiError::UnknownPath(_) | ApiError::NoModelLoaded => {
-                StatusCode::NOT_FOUND
-            }
-            ApiError::LoadFailed { .. } | ApiError::Internal(_) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            ApiError::Lookup(_) | ApiError::UnknownPath(_) | ApiError::NoModelLoaded => StatusCode::NOT_FOUND,
+            ApiError::LoadFailed { .. } | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Backend { status, .. } => *status,
             ApiError::BackendUnavailable(_) => StatusCode::BAD_GATEWAY,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -76,28 +60,23 @@ impl ApiError {
         let msg = self.to_string();
         match self {
             ApiError::BadRequest { param, code, .. } => {
-                let mut e = ErrorResponse::new("invalid_request_error", msg)
-                    .code(code.unwrap_or("invalid_request"));
+                let mut e = ErrorResponse::new("invalid_request_error", msg).code(code.unwrap_or("invalid_request"));
                 if let Some(p) = param {
                     e = e.param(p.clone());
                 }
                 e
             }
-            ApiError::Lookup(LookupError::NotFound { name, .. }) => {
-                ErrorResponse::new("model_not_found", msg)
-                    .code("model_not_found")
-                    .param("model")
-                    .requested_model(name.clone())
+            ApiError::Lookup(LookupError::NotFound { name, .. }) => ErrorResponse::new("model_not_found", msg)
+                .code("model_not_found")
+                .param("model")
+                .requested_model(name.clone()),
+            ApiError::Lookup(LookupError::NotSupported { name, .. }) => ErrorResponse::new("model_not_supported", msg)
+                .code("model_not_supported")
+                .param("model")
+                .requested_model(name.clone()),
+            ApiError::WrongModelType(_) => {
+                ErrorResponse::new("invalid_request_error", msg).code("unsupported_model_type").param("model")
             }
-            ApiError::Lookup(LookupError::NotSupported { name, .. }) => {
-                ErrorResponse::new("model_not_supported", msg)
-                    .code("model_not_supported")
-                    .param("model")
-                    .requested_model(name.clone())
-            }
-            ApiError::WrongModelType(_) => ErrorResponse::new("invalid_request_error", msg)
-                .code("unsupported_model_type")
-                .param("model"),
             ApiError::LoadFailed { model, .. } => ErrorResponse::new("model_load_error", msg)
                 .code("model_load_error")
                 .param("model")
@@ -105,21 +84,15 @@ impl ApiError {
             ApiError::Backend { .. } | ApiError::BackendUnavailable(_) => {
                 ErrorResponse::new("backend_error", msg).code("backend_error")
             }
-            ApiError::NoModelLoaded => {
-                ErrorResponse::new("model_not_loaded", msg).code("model_not_loaded")
-            }
-            ApiError::UnknownPath(path) => ErrorResponse::new("not_found", msg)
-                .code("not_found")
-                .path(path.clone()),
+            ApiError::NoModelLoaded => ErrorResponse::new("model_not_loaded", msg).code("model_not_loaded"),
+            ApiError::UnknownPath(path) => ErrorResponse::new("not_found", msg).code("not_found").path(path.clone()),
             ApiError::MethodNotAllowed { .. } => {
                 ErrorResponse::new("invalid_request_error", msg).code("method_not_allowed")
             }
             ApiError::PayloadTooLarge { .. } => {
                 ErrorResponse::new("invalid_request_error", msg).code("payload_too_large")
             }
-            ApiError::Internal(_) => {
-                ErrorResponse::new("internal_error", msg).code("internal_error")
-            }
+            ApiError::Internal(_) => ErrorResponse::new("internal_error", msg).code("internal_error"),
         }
     }
 }
@@ -127,10 +100,7 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if let ApiError::Backend {
-            body, content_type, ..
-        } = self
-        {
+        if let ApiError::Backend { body, content_type, .. } = self {
             let ct = content_type.unwrap_or_else(|| "application/json".into());
             return (status, [(http::header::CONTENT_TYPE, ct)], body).into_response();
         }

@@ -19,9 +19,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let raw = Bytes::from_request(req, state).await.map_err(|e| {
             if e.status() == http::StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge {
-                    limit: crate::body_limit(),
-                }
+                ApiError::PayloadTooLarge { limit: crate::body_limit() }
             } else {
                 ApiError::bad_request(format!("Cannot read request body: {}", e.body_text()), None)
             }
@@ -34,10 +32,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 /// Parses `bytes` as `T`; the error names the offending field.
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::bad_request(
-            "Request body is empty; expected a JSON object",
-            None,
-        ));
+        return Err(ApiError::bad_request("Request body is empty; expected a JSON object", None));
     }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
@@ -48,19 +43,9 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         }
         let msg = inner.to_string();
         // serde reports a missing field at its parent's path.
-        if let Some(field) = msg
-            .strip_prefix("missing field `")
-            .and_then(|r| r.split('`').next())
-        {
-            let param = if path == "." {
-                field.to_string()
-            } else {
-                format!("{path}.{field}")
-            };
-            return ApiError::bad_request(
-                format!("Missing required field '{param}'"),
-                Some(&param),
-            );
+        if let Some(field) = msg.strip_prefix("missing field `").and_then(|r| r.split('`').next()) {
+            let param = if path == "." { field.to_string() } else { format!("{path}.{field}") };
+            return ApiError::bad_request(format!("Missing required field '{param}'"), Some(&param));
         }
         let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
         if path == "." {
@@ -86,29 +71,12 @@ mod tests {
 
     #[test]
     fn names_the_field() {
-        assert_eq!(
-            err(r#"{"model":"m"}"#),
-            (
-                "Missing required field 'messages'".into(),
-                Some("messages".into())
-            )
-        );
+        assert_eq!(err(r#"{"model":"m"}"#), ("Missing required field 'messages'".into(), Some("messages".into())));
         let (m, p) = err(r#"{"model":"m","messages":"hi"}"#);
         assert_eq!(p.as_deref(), Some("messages"));
-        assert!(
-            m.starts_with(
-                "Invalid value for 'messages': invalid type: string \"hi\", expected a sequence"
-            ),
-            "{m}"
-        );
+        assert!(m.starts_with("Invalid value for 'messages': invalid type: string \"hi\", expected a sequence"), "{m}");
         let (m, p) = err(r#"{"model":"m","messages":[{"content":"x"}]}"#);
-        assert_eq!(
-            (m.as_str(), p.as_deref()),
-            (
-                "Missing required field 'messages[0].role'",
-                Some("messages[0].role")
-            )
-        );
+        assert_eq!((m.as_str(), p.as_deref()), ("Missing required field 'messages[0].role'", Some("messages[0].role")));
         let (_, p) = err(r#"{"model":"m","messages":[],"stream":"yes"}"#);
         assert_eq!(p.as_deref(), Some("stream"));
         let (_, p) = err(r#"{"model":7,"messages":[]}"#);
@@ -121,15 +89,12 @@ mod tests {
         assert!(m.starts_with("Invalid JSON in request body"), "{m}");
         assert_eq!(p, None);
         assert!(err("  ").0.contains("empty"));
-        assert!(err("[1]")
-            .0
-            .starts_with("Invalid request body: invalid type: sequence"));
+        assert!(err("[1]").0.starts_with("Invalid request body: invalid type: sequence"));
     }
 
     #[test]
     fn unknown_fields_are_kept() {
-        let v: ChatCompletionRequest =
-            parse(br#"{"model":"m","messages":[],"top_k":5,"min_p":0.1}"#).unwrap();
+        let v: ChatCompletionRequest = parse(br#"{"model":"m","messages":[],"top_k":5,"min_p":0.1}"#).unwrap();
         assert_eq!(v.extra.get("top_k"), Some(&serde_json::json!(5)));
         assert_eq!(v.extra.get("min_p"), Some(&serde_json::json!(0.1)));
     }

@@ -44,68 +44,23 @@ pub fn app(rt: Arc<Runtime>) -> Router {
     BODY_LIMIT.store(rt.cfg.body_limit, Ordering::Relaxed);
     let post_only = |h| post(h).fallback(method_not_allowed("POST"));
     let native = Router::new()
-        .route(
-            "/completion",
-            post(native_post).fallback(method_not_allowed("POST")),
-        )
-        .route(
-            "/tokenize",
-            post(native_post).fallback(method_not_allowed("POST")),
-        )
-        .route(
-            "/detokenize",
-            post(native_post).fallback(method_not_allowed("POST")),
-        )
-        .route(
-            "/apply-template",
-            post(native_post).fallback(method_not_allowed("POST")),
-        )
-        .route(
-            "/infill",
-            post(native_post).fallback(method_not_allowed("POST")),
-        )
-        .route(
-            "/props",
-            get(native_get).fallback(method_not_allowed("GET")),
-        )
-        .route(
-            "/slots",
-            get(native_get).fallback(method_not_allowed("GET")),
-        )
-        .route(
-            "/metrics",
-            get(native_get).fallback(method_not_allowed("GET")),
-        );
+        .route("/completion", post(native_post).fallback(method_not_allowed("POST")))
+        .route("/tokenize", post(native_post).fallback(method_not_allowed("POST")))
+        .route("/detokenize", post(native_post).fallback(method_not_allowed("POST")))
+        .route("/apply-template", post(native_post).fallback(method_not_allowed("POST")))
+        .route("/infill", post(native_post).fallback(method_not_allowed("POST")))
+        .route("/props", get(native_get).fallback(method_not_allowed("GET")))
+        .route("/slots", get(native_get).fallback(method_not_allowed("GET")))
+        .route("/metrics", get(native_get).fallback(method_not_allowed("GET")));
     let api = Router::new()
         .route("/chat/completions", post_only(chat_completions))
-        .route(
-            "/completions",
-            post(completions).fallback(method_not_allowed("POST")),
-        )
-        .route(
-            "/responses",
-            post(responses).fallback(method_not_allowed("POST")),
-        )
-        .route(
-            "/embeddings",
-            post(embeddings).fallback(method_not_allowed("POST")),
-        )
-        .route(
-            "/reranking",
-            post(reranking).fallback(method_not_allowed("POST")),
-        )
-        .route(
-            "/rerank",
-            post(reranking).fallback(method_not_allowed("POST")),
-        )
-        .route(
-            "/models",
-            get(list_models).fallback(method_not_allowed("GET")),
-        )
-        .route(
-            "/models/{*id}",
-            get(get_model).fallback(method_not_allowed("GET")),
-        )
+        .route("/completions", post(completions).fallback(method_not_allowed("POST")))
+        .route("/responses", post(responses).fallback(method_not_allowed("POST")))
+        .route("/embeddings", post(embeddings).fallback(method_not_allowed("POST")))
+        .route("/reranking", post(reranking).fallback(method_not_allowed("POST")))
+        .route("/rerank", post(reranking).fallback(method_not_allowed("POST")))
+        .route("/models", get(list_models).fallback(method_not_allowed("GET")))
+        .route("/models/{*id}", get(get_model).fallback(method_not_allowed("GET")))
         .route("/health", get(health).fallback(method_not_allowed("GET")))
         .route("/stats", get(stats).fallback(method_not_allowed("GET")))
         .merge(native.clone());
@@ -137,18 +92,14 @@ pub fn runtime(cfg: Config) -> anyhow::Result<Arc<Runtime>> {
 
 /// Binds every address `host` resolves to on `port`; at least one must succeed.
 pub async fn bind(host: &str, port: u16) -> anyhow::Result<Vec<TcpListener>> {
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
-        .await
-        .with_context(|| format!("cannot resolve host '{host}'"))?
-        .collect();
+    let addrs: Vec<SocketAddr> =
+        tokio::net::lookup_host((host, port)).await.with_context(|| format!("cannot resolve host '{host}'"))?.collect();
     let mut listeners = Vec::new();
     let mut last_err = None;
     for addr in addrs {
         match TcpListener::bind(addr).await {
             Ok(l) => listeners.push(l),
-            Err(e) => {
-                last_err = Some(anyhow::Error::new(e).context(format!("cannot listen on {addr}")))
-            }
+            Err(e) => last_err = Some(anyhow::Error::new(e).context(format!("cannot listen on {addr}"))),
         }
     }
     match (listeners.is_empty(), last_err) {
@@ -208,12 +159,6 @@ pub async fn serve(
 /// Total RAM in GB from /proc/meminfo (Linux), for the catalogue's size filter.
 fn physical_memory_gb() -> Option<f64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb: f64 = s
-        .lines()
-        .find(|l| l.starts_with("MemTotal:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
+    let kb: f64 = s.lines().find(|l| l.starts_with("MemTotal:"))?.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb / 1024.0 / 1024.0)
 }

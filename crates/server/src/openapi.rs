@@ -42,9 +42,7 @@ pub fn document() -> utoipa::openapi::OpenApi {
 
 /// The document as pretty JSON with a trailing newline (the checked-in form).
 pub fn document_json() -> String {
-    let mut s = document()
-        .to_pretty_json()
-        .expect("OpenAPI document serializes");
+    let mut s = document().to_pretty_json().expect("OpenAPI document serializes");
     s.push('\n');
     s
 }

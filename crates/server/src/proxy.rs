@@ -23,9 +23,15 @@ async fn send(
     method: http::Method,
     path_and_query: &str,
     body: Option<Bytes>,
+    stream: bool,
 ) -> Result<reqwest::Response, ApiError> {
     let url = format!("{}{}", lease.base_url(), path_and_query);
     let mut req = lease.http().request(method, url);
+    if stream {
+        // llama-server closes the connection after a streamed response although it advertised
+        // keep-alive; a pooled connection reused before its FIN arrives fails the next request.
+        req = req.header(header::CONNECTION, "close");
+    }
     if let Some(b) = body {
         req = req.header(header::CONTENT_TYPE, "application/json").body(b);
     }
@@ -58,10 +64,7 @@ async fn unavailable(lease: &Lease, e: &reqwest::Error) -> ApiError {
             lease.model.info.name,
             b.log_tail()
         )),
-        None => ApiError::BackendUnavailable(format!(
-            "Backend of model '{}' failed: {e}",
-            lease.model.info.name
-        )),
+        None => ApiError::BackendUnavailable(format!("Backend of model '{}' failed: {e}", lease.model.info.name)),
     }
 }
 
@@ -74,20 +77,12 @@ pub async fn forward(
     body: Option<Bytes>,
     record_stats: bool,
 ) -> Result<Response, ApiError> {
-    let resp = send(&lease, method, path_and_query, body).await?;
+    let resp = send(&lease, method, path_and_query, body, false).await?;
     let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-    let content_type = resp
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
+    let content_type = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
     let bytes = read_body(&lease, resp).await?;
     if !status.is_success() {
-        return Err(ApiError::Backend {
-            status,
-            body: bytes,
-            content_type,
-        });
+        return Err(ApiError::Backend { status, body: bytes, content_type });
     }
     if record_stats {
         if let Ok(v) = serde_json::from_slice::<Value>(&bytes) {
@@ -101,27 +96,15 @@ pub async fn forward(
 /// Forwards a streaming request. A backend error before the first byte keeps its status;
 /// once streaming, a failure becomes an error frame and the stream ends cleanly.
 pub async fn forward_stream(lease: Lease, path: &str, body: Bytes) -> Result<Response, ApiError> {
-    let resp = send(&lease, http::Method::POST, path, Some(body)).await?;
+    let resp = send(&lease, http::Method::POST, path, Some(body), true).await?;
     let status = resp.status();
     if !status.is_success() {
-        let content_type = resp
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
+        let content_type = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
         let bytes = read_body(&lease, resp).await?;
         let status = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-        return Err(ApiError::Backend {
-            status,
-            body: bytes,
-            content_type,
-        });
+        return Err(ApiError::Backend { status, body: bytes, content_type });
     }
-    let state = StreamState {
-        upstream: Box::pin(resp.bytes_stream()),
-        lease,
-        tail: BytesMut::new(),
-    };
+    let state = StreamState { upstream: Box::pin(resp.bytes_stream()), lease, tail: BytesMut::new() };
     let stream = futures_util::stream::unfold(Some(state), |state| async move {
         let mut st = state?;
         match st.upstream.next().await {
@@ -146,10 +129,7 @@ pub async fn forward_stream(lease: Lease, path: &str, body: Bytes) -> Result<Res
     });
     let mut r = Response::new(Body::from_stream(stream));
     let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     Ok(r)
@@ -188,11 +168,7 @@ impl StreamState {
             .find_map(|d| serde_json::from_str::<Value>(d.trim()).ok());
         if let Some(v) = last {
             // Responses API events nest the usage inside `response`.
-            let v = v
-                .get("response")
-                .filter(|r| r.get("usage").is_some())
-                .cloned()
-                .unwrap_or(v);
+            let v = v.get("response").filter(|r| r.get("usage").is_some()).cloned().unwrap_or(v);
             update_stats(&self.lease, &v, false);
         }
     }
@@ -246,22 +222,12 @@ mod tests {
         let v = serde_json::json!({"usage": {"prompt_tokens": 10, "completion_tokens": 5},
             "timings": {"prompt_n": 9, "predicted_n": 4, "prompt_ms": 25.0, "predicted_per_second": 80.5}});
         apply_usage(&mut s, &v, true);
-        assert_eq!(
-            (s.input_tokens, s.output_tokens, s.prompt_tokens),
-            (9, 4, 10)
-        );
+        assert_eq!((s.input_tokens, s.output_tokens, s.prompt_tokens), (9, 4, 10));
         assert_eq!(s.time_to_first_token, 0.025);
         assert_eq!(s.tokens_per_second, 80.5);
         let mut s2 = Stats::default();
-        apply_usage(
-            &mut s2,
-            &serde_json::json!({"usage": {"input_tokens": 3, "output_tokens": 2}}),
-            false,
-        );
-        assert_eq!(
-            (s2.input_tokens, s2.output_tokens, s2.prompt_tokens),
-            (3, 2, 0)
-        );
+        apply_usage(&mut s2, &serde_json::json!({"usage": {"input_tokens": 3, "output_tokens": 2}}), false);
+        assert_eq!((s2.input_tokens, s2.output_tokens, s2.prompt_tokens), (3, 2, 0));
     }
 
     #[test]

@@ -28,14 +28,10 @@ const ANY: &[ModelType] = &ModelType::ALL;
 fn require_model<'a>(rt: &Runtime, model: Option<&'a str>) -> Result<&'a str, ApiError> {
     match model {
         Some(m) if !m.is_empty() => Ok(m),
-        _ if rt.loaded().is_empty() => Err(ApiError::bad_request(
-            "No model loaded and no model specified in request",
-            Some("model"),
-        )),
-        _ => Err(ApiError::bad_request(
-            "No model specified in request",
-            Some("model"),
-        )),
+        _ if rt.loaded().is_empty() => {
+            Err(ApiError::bad_request("No model loaded and no model specified in request", Some("model")))
+        }
+        _ => Err(ApiError::bad_request("No model specified in request", Some("model"))),
     }
 }
 
@@ -45,11 +41,8 @@ fn require_model<'a>(rt: &Runtime, model: Option<&'a str>) -> Result<&'a str, Ap
 fn rewrite_chat(mut req: ChatCompletionRequest, raw: Bytes) -> Result<Bytes, ApiError> {
     let mut changed = false;
     if req.enable_thinking == Some(false) {
-        if let Some(msg) = req
-            .messages
-            .iter_mut()
-            .rev()
-            .find(|m| m.role == "user" && matches!(m.content, Some(Value::String(_))))
+        if let Some(msg) =
+            req.messages.iter_mut().rev().find(|m| m.role == "user" && matches!(m.content, Some(Value::String(_))))
         {
             if let Some(Value::String(s)) = &mut msg.content {
                 s.insert_str(0, "/no_think\n");
@@ -64,9 +57,7 @@ fn rewrite_chat(mut req: ChatCompletionRequest, raw: Bytes) -> Result<Bytes, Api
     if !changed {
         return Ok(raw);
     }
-    serde_json::to_vec(&req)
-        .map(Bytes::from)
-        .map_err(|e| ApiError::Internal(e.to_string()))
+    serde_json::to_vec(&req).map(Bytes::from).map_err(|e| ApiError::Internal(e.to_string()))
 }
 
 async fn dispatch(
@@ -109,16 +100,7 @@ pub async fn chat_completions(
     let model = require_model(&rt, req.model.as_deref())?.to_string();
     let stream = req.stream.unwrap_or(false);
     let bytes = rewrite_chat(req, body.raw)?;
-    dispatch(
-        &rt,
-        &model,
-        LLM,
-        "chat/completions",
-        "/v1/chat/completions",
-        bytes,
-        stream,
-    )
-    .await
+    dispatch(&rt, &model, LLM, "chat/completions", "/v1/chat/completions", bytes, stream).await
 }
 
 /// Text completion (OpenAI legacy).
@@ -132,10 +114,7 @@ pub async fn chat_completions(
         (status = 500, description = "Model failed to load", body = ErrorResponse),
         (status = 502, description = "Backend failure", body = ErrorResponse),
     ))]
-pub async fn completions(
-    State(rt): State<AppState>,
-    body: JsonBody<CompletionRequest>,
-) -> Result<Response, ApiError> {
+pub async fn completions(State(rt): State<AppState>, body: JsonBody<CompletionRequest>) -> Result<Response, ApiError> {
     let mut req = body.value;
     let model = require_model(&rt, req.model.as_deref())?.to_string();
     let stream = req.stream.unwrap_or(false);
@@ -145,16 +124,7 @@ pub async fn completions(
     } else {
         body.raw
     };
-    dispatch(
-        &rt,
-        &model,
-        LLM,
-        "completions",
-        "/v1/completions",
-        bytes,
-        stream,
-    )
-    .await
+    dispatch(&rt, &model, LLM, "completions", "/v1/completions", bytes, stream).await
 }
 
 /// Responses API (OpenAI), as llama-server implements it.
@@ -168,22 +138,10 @@ pub async fn completions(
         (status = 500, description = "Model failed to load", body = ErrorResponse),
         (status = 502, description = "Backend failure", body = ErrorResponse),
     ))]
-pub async fn responses(
-    State(rt): State<AppState>,
-    body: JsonBody<ResponsesRequest>,
-) -> Result<Response, ApiError> {
+pub async fn responses(State(rt): State<AppState>, body: JsonBody<ResponsesRequest>) -> Result<Response, ApiError> {
     let model = require_model(&rt, body.value.model.as_deref())?.to_string();
     let stream = body.value.stream.unwrap_or(false);
-    dispatch(
-        &rt,
-        &model,
-        LLM,
-        "responses",
-        "/v1/responses",
-        body.raw,
-        stream,
-    )
-    .await
+    dispatch(&rt, &model, LLM, "responses", "/v1/responses", body.raw, stream).await
 }
 
 /// Embeddings (OpenAI). `encoding_format: "base64"` returns little-endian f32 in base64.
@@ -197,21 +155,9 @@ pub async fn responses(
         (status = 500, description = "Model failed to load", body = ErrorResponse),
         (status = 502, description = "Backend failure", body = ErrorResponse),
     ))]
-pub async fn embeddings(
-    State(rt): State<AppState>,
-    body: JsonBody<EmbeddingRequest>,
-) -> Result<Response, ApiError> {
+pub async fn embeddings(State(rt): State<AppState>, body: JsonBody<EmbeddingRequest>) -> Result<Response, ApiError> {
     let model = require_model(&rt, body.value.model.as_deref())?.to_string();
-    dispatch(
-        &rt,
-        &model,
-        EMBEDDING,
-        "embeddings",
-        "/v1/embeddings",
-        body.raw,
-        false,
-    )
-    .await
+    dispatch(&rt, &model, EMBEDDING, "embeddings", "/v1/embeddings", body.raw, false).await
 }
 
 /// Reranking: scores `documents` against `query`.
@@ -225,21 +171,9 @@ pub async fn embeddings(
         (status = 500, description = "Model failed to load", body = ErrorResponse),
         (status = 502, description = "Backend failure", body = ErrorResponse),
     ))]
-pub async fn reranking(
-    State(rt): State<AppState>,
-    body: JsonBody<RerankRequest>,
-) -> Result<Response, ApiError> {
+pub async fn reranking(State(rt): State<AppState>, body: JsonBody<RerankRequest>) -> Result<Response, ApiError> {
     let model = require_model(&rt, body.value.model.as_deref())?.to_string();
-    dispatch(
-        &rt,
-        &model,
-        RERANKING,
-        "reranking",
-        "/v1/rerank",
-        body.raw,
-        false,
-    )
-    .await
+    dispatch(&rt, &model, RERANKING, "reranking", "/v1/rerank", body.raw, false).await
 }
 
 /// Models available on this host; downloaded ones only unless `show_all=true`.
@@ -247,21 +181,11 @@ pub async fn reranking(
     description = "Also under /api/v0, /v0 and /v1. Sorted by id.",
     params(ModelsQuery),
     responses((status = 200, description = "Model list", body = ModelList)))]
-pub async fn list_models(
-    State(rt): State<AppState>,
-    Query(q): Query<ModelsQuery>,
-) -> Json<ModelList> {
+pub async fn list_models(State(rt): State<AppState>, Query(q): Query<ModelsQuery>) -> Json<ModelList> {
     let show_all = q.show_all.as_deref() == Some("true");
     let reg = rt.registry();
-    let data = reg
-        .models()
-        .filter(|m| show_all || m.downloaded)
-        .map(|m| reg.to_api(m))
-        .collect();
-    Json(ModelList {
-        object: "list".into(),
-        data,
-    })
+    let data = reg.models().filter(|m| show_all || m.downloaded).map(|m| reg.to_api(m)).collect();
+    Json(ModelList { object: "list".into(), data })
 }
 
 /// One model by id (the id may contain `/` and `.`).
@@ -272,10 +196,7 @@ pub async fn list_models(
         (status = 200, description = "The model", body = Model),
         (status = 404, description = "Unknown (`model_not_found`) or not available here (`model_not_supported`)", body = ErrorResponse),
     ))]
-pub async fn get_model(
-    State(rt): State<AppState>,
-    Path(id): Path<String>,
-) -> Result<Json<Model>, ApiError> {
+pub async fn get_model(State(rt): State<AppState>, Path(id): Path<String>) -> Result<Json<Model>, ApiError> {
     let reg = rt.registry();
     let m = reg.get(&id)?;
     Ok(Json(reg.to_api(m)))
@@ -287,20 +208,15 @@ pub async fn get_model(
     responses((status = 200, description = "Status", body = Health)))]
 pub async fn health(State(rt): State<AppState>) -> Json<Health> {
     let loaded = rt.loaded();
-    let max_models: BTreeMap<String, i64> = ModelType::ALL
-        .iter()
-        .map(|t| (t.as_str().to_string(), rt.cfg.max_loaded_models.get(*t)))
-        .collect();
+    let max_models: BTreeMap<String, i64> =
+        ModelType::ALL.iter().map(|t| (t.as_str().to_string(), rt.cfg.max_loaded_models.get(*t))).collect();
     Json(Health {
         status: "ok".into(),
         version: crate::VERSION.into(),
         model_loaded: rt.most_recent().map(|m| m.info.name.clone()),
         all_models_loaded: loaded.iter().map(|m| rt.health_entry(m)).collect(),
         max_models,
-        log_streaming: LogStreaming {
-            sse: false,
-            websocket: false,
-        },
+        log_streaming: LogStreaming { sse: false, websocket: false },
     })
 }
 
@@ -321,9 +237,7 @@ pub async fn stats(State(rt): State<AppState>) -> Result<Json<Stats>, ApiError> 
 /// Liveness probe; answers as long as the process serves HTTP.
 #[utoipa::path(get, path = "/live", tag = "Lemonade", responses((status = 200, description = "Alive", body = Live)))]
 pub async fn live() -> Json<Live> {
-    Json(Live {
-        status: "ok".into(),
-    })
+    Json(Live { status: "ok".into() })
 }
 
 /// Body of llama-server's own POST endpoints: the model plus whatever llama-server reads.
@@ -355,14 +269,7 @@ pub async fn native_post(
     if body.value.stream == Some(true) {
         proxy::forward_stream(lease, path, body.raw).await
     } else {
-        proxy::forward(
-            lease,
-            Method::POST,
-            path,
-            Some(body.raw),
-            path == "/completion",
-        )
-        .await
+        proxy::forward(lease, Method::POST, path, Some(body.raw), path == "/completion").await
     }
 }
 
@@ -394,17 +301,10 @@ pub async fn native_get(
         rest.finish()
     };
     let model = model.filter(|m| !m.is_empty()).ok_or_else(|| {
-        ApiError::bad_request(
-            format!("Missing required query parameter 'model' for {path}"),
-            Some("model"),
-        )
+        ApiError::bad_request(format!("Missing required query parameter 'model' for {path}"), Some("model"))
     })?;
     let lease = rt.acquire(&model, ANY, path).await?;
-    let target = if rest.is_empty() {
-        path.to_string()
-    } else {
-        format!("{path}?{rest}")
-    };
+    let target = if rest.is_empty() { path.to_string() } else { format!("{path}?{rest}") };
     proxy::forward(lease, Method::GET, &target, None, false).await
 }
 
@@ -422,17 +322,8 @@ pub async fn unknown_path(uri: http::Uri) -> ApiError {
     ApiError::UnknownPath(uri.path().to_string())
 }
 
-pub fn method_not_allowed(
-    allowed: &'static str,
-) -> impl Fn() -> std::future::Ready<Response> + Clone + Send + 'static {
-    move || {
-        std::future::ready(
-            ApiError::MethodNotAllowed {
-                allowed: allowed.into(),
-            }
-            .into_response(),
-        )
-    }
+pub fn method_not_allowed(allowed: &'static str) -> impl Fn() -> std::future::Ready<Response> + Clone + Send + 'static {
+    move || std::future::ready(ApiError::MethodNotAllowed { allowed: allowed.into() }.into_response())
 }
 
 #[cfg(test)]
@@ -458,10 +349,7 @@ mod tests {
     fn unchanged_body_is_forwarded_byte_for_byte() {
         let raw = br#"{"model":"m",  "messages":[{"role":"user","content":"a"}], "max_tokens": 3}"#;
         let req: ChatCompletionRequest = serde_json::from_slice(raw).unwrap();
-        assert_eq!(
-            &rewrite_chat(req, Bytes::from_static(raw)).unwrap()[..],
-            &raw[..]
-        );
+        assert_eq!(&rewrite_chat(req, Bytes::from_static(raw)).unwrap()[..], &raw[..]);
     }
 
     #[test]

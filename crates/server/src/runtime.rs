@@ -79,9 +79,7 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.model
-            .last_use
-            .store(self.rt.now_ms(), Ordering::SeqCst);
+        self.model.last_use.store(self.rt.now_ms(), Ordering::SeqCst);
         if self.model.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.model.drained.notify_waiters();
         }
@@ -92,7 +90,9 @@ impl Runtime {
     pub fn new(cfg: Config, registry: Registry) -> Arc<Runtime> {
         let http = reqwest::Client::builder()
             .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(90))
+            // llama-server (cpp-httplib) closes idle keep-alive connections after 5 s; reusing
+            // one as it closes fails the request, so idle connections are dropped first.
+            .pool_idle_timeout(Duration::from_secs(3))
             .connect_timeout(Duration::from_secs(5))
             .no_proxy()
             .build()
@@ -113,10 +113,7 @@ impl Runtime {
     }
 
     pub fn registry(&self) -> Arc<Registry> {
-        self.registry
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.registry.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     fn loaded_list(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Loaded>>> {
@@ -130,10 +127,7 @@ impl Runtime {
 
     /// The loaded model used most recently.
     pub fn most_recent(&self) -> Option<Arc<Loaded>> {
-        self.loaded_list()
-            .iter()
-            .max_by_key(|m| m.last_use.load(Ordering::SeqCst))
-            .cloned()
+        self.loaded_list().iter().max_by_key(|m| m.last_use.load(Ordering::SeqCst)).cloned()
     }
 
     pub fn health_entry(&self, m: &Loaded) -> LoadedModel {
@@ -151,42 +145,25 @@ impl Runtime {
 
     fn try_lease(self: &Arc<Self>, name: &str) -> Option<Lease> {
         let list = self.loaded_list();
-        let m = list
-            .iter()
-            .find(|m| m.info.name == name && !m.closing.load(Ordering::SeqCst))?;
+        let m = list.iter().find(|m| m.info.name == name && !m.closing.load(Ordering::SeqCst))?;
         if m.backend.exit_status().is_some() {
             return None;
         }
         m.in_flight.fetch_add(1, Ordering::SeqCst);
         m.last_use.store(self.now_ms(), Ordering::SeqCst);
-        Some(Lease {
-            model: m.clone(),
-            rt: self.clone(),
-        })
+        Some(Lease { model: m.clone(), rt: self.clone() })
     }
 
     /// A lease on `name`, loading it first if needed. `want` is the model type the endpoint
     /// serves; a model of another type is rejected before anything is loaded.
-    pub async fn acquire(
-        self: &Arc<Self>,
-        name: &str,
-        want: &[ModelType],
-        endpoint: &str,
-    ) -> Result<Lease, ApiError> {
+    pub async fn acquire(self: &Arc<Self>, name: &str, want: &[ModelType], endpoint: &str) -> Result<Lease, ApiError> {
         let info = self.registry().get(name)?.clone();
         if !want.contains(&info.model_type) {
             return Err(ApiError::WrongModelType(format!(
                 "Model '{name}' is a{} {} model; {endpoint} needs {} model.",
-                if info.model_type == ModelType::Embedding {
-                    "n"
-                } else {
-                    ""
-                },
+                if info.model_type == ModelType::Embedding { "n" } else { "" },
                 info.model_type.as_str(),
-                want.iter()
-                    .map(|t| format!("an {}", t.as_str()))
-                    .collect::<Vec<_>>()
-                    .join(" or "),
+                want.iter().map(|t| format!("an {}", t.as_str())).collect::<Vec<_>>().join(" or "),
             )));
         }
         if let Some(lease) = self.try_lease(name) {
@@ -203,40 +180,21 @@ impl Runtime {
     /// the insertion into the loaded list.
     async fn load_locked(self: &Arc<Self>, info: ModelInfo) -> Result<Lease, ApiError> {
         let name = info.name.clone();
-        let fail = |message: String| ApiError::LoadFailed {
-            model: name.clone(),
-            message,
-        };
+        let fail = |message: String| ApiError::LoadFailed { model: name.clone(), message };
         if !info.downloaded {
             return Err(ApiError::BadRequest {
-                message: format!(
-                    "Model '{name}' is not downloaded. Pull it first: lemonade pull {name}"
-                ),
+                message: format!("Model '{name}' is not downloaded. Pull it first: lemonade pull {name}"),
                 param: Some("model".into()),
                 code: Some("model_not_downloaded"),
             });
         }
-        let main = info
-            .main_path
-            .clone()
-            .ok_or_else(|| fail("no model file found".into()))?;
+        let main = info.main_path.clone().ok_or_else(|| fail("no model file found".into()))?;
 
         let options = self.effective_options(&info);
-        let backend_name = options
-            .get("llamacpp_backend")
-            .and_then(Value::as_str)
-            .unwrap_or("cpu")
-            .to_string();
-        let ctx_size = options
-            .get("ctx_size")
-            .and_then(Value::as_u64)
-            .map(|v| v as u32)
-            .unwrap_or(llamacpp::DEFAULT_CTX_SIZE);
-        let user_args = options
-            .get("llamacpp_args")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
+        let backend_name = options.get("llamacpp_backend").and_then(Value::as_str).unwrap_or("cpu").to_string();
+        let ctx_size =
+            options.get("ctx_size").and_then(Value::as_u64).map(|v| v as u32).unwrap_or(llamacpp::DEFAULT_CTX_SIZE);
+        let user_args = options.get("llamacpp_args").and_then(Value::as_str).unwrap_or_default().to_string();
         let args = llamacpp::command_line(&LlamaServerConfig {
             model_path: main,
             mmproj_path: info.mmproj_path.clone(),
@@ -284,9 +242,7 @@ impl Runtime {
             ready_timeout: self.cfg.ready_timeout,
         };
         let started = Instant::now();
-        let backend = Backend::start(spec, &self.http)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
+        let backend = Backend::start(spec, &self.http).await.map_err(|e| fail(e.to_string()))?;
         tracing::info!(model = %name, ms = started.elapsed().as_millis() as u64, port = backend.port(), "model loaded");
 
         let now = self.now_ms();
@@ -302,10 +258,7 @@ impl Runtime {
         });
         self.loaded_list().push(loaded.clone());
         self.watch(loaded.clone());
-        Ok(Lease {
-            model: loaded,
-            rt: self.clone(),
-        })
+        Ok(Lease { model: loaded, rt: self.clone() })
     }
 
     /// Notices a backend that exits on its own and drops it from the list.
@@ -352,10 +305,7 @@ impl Runtime {
     /// are applied when read. Only keys set at some level are listed.
     fn effective_options(&self, info: &ModelInfo) -> RecipeOptions {
         let mut o = RecipeOptions::new();
-        o.insert(
-            "llamacpp_backend".into(),
-            Value::String(self.cfg.llamacpp_backend.clone()),
-        );
+        o.insert("llamacpp_backend".into(), Value::String(self.cfg.llamacpp_backend.clone()));
         if let Some(c) = self.cfg.ctx_size {
             o.insert("ctx_size".into(), c.into());
         }

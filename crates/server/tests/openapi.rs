@@ -12,16 +12,12 @@ fn checked_in_openapi_matches_the_code() {
         return;
     }
     let saved = std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        saved == now,
-        "docs/openapi.json is stale: run `cargo xtask openapi` and commit the result"
-    );
+    assert!(saved == now, "docs/openapi.json is stale: run `cargo xtask openapi` and commit the result");
 }
 
 #[test]
 fn document_describes_every_endpoint_and_error() {
-    let doc: serde_json::Value =
-        serde_json::from_str(&lemonade_server::openapi::document_json()).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&lemonade_server::openapi::document_json()).unwrap();
     for p in [
         "/api/v1/chat/completions",
         "/api/v1/completions",
@@ -40,10 +36,7 @@ fn document_describes_every_endpoint_and_error() {
     }
     let chat = &doc["paths"]["/api/v1/chat/completions"]["post"]["responses"];
     for code in ["200", "400", "404", "413", "500", "502"] {
-        assert!(
-            chat[code].is_object(),
-            "chat/completions lacks a {code} response"
-        );
+        assert!(chat[code].is_object(), "chat/completions lacks a {code} response");
     }
     assert!(doc["components"]["schemas"]["ErrorResponse"].is_object());
 }

@@ -24,16 +24,9 @@ async fn call(method: &str, uri: &str, body: &str) -> (StatusCode, String, Value
         .unwrap();
     let resp = r.oneshot(req).await.unwrap();
     let status = resp.status();
-    let ct = resp
-        .headers()
-        .get("content-type")
-        .map(|v| v.to_str().unwrap().to_string())
-        .unwrap_or_default();
-    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    let v = serde_json::from_slice(&bytes)
-        .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()));
+    let ct = resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
+    let v = serde_json::from_slice(&bytes).unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()));
     (status, ct, v)
 }
 
@@ -62,10 +55,7 @@ async fn unknown_paths_and_wrong_methods_are_json() {
         let (s, ct, v) = call(m, uri, "").await;
         assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED, "{m} {uri}");
         assert!(ct.starts_with("application/json"));
-        assert_eq!(
-            v["error"]["message"],
-            format!("Method Not Allowed. Use {allowed} for this endpoint")
-        );
+        assert_eq!(v["error"]["message"], format!("Method Not Allowed. Use {allowed} for this endpoint"));
     }
 }
 
@@ -74,20 +64,10 @@ async fn bad_bodies_name_the_field() {
     let (s, _, v) = call("POST", "/v1/embeddings", r#"{"model": "m"}"#).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert_eq!(v["error"]["param"], "input");
-    let (s, _, v) = call(
-        "POST",
-        "/v1/reranking",
-        r#"{"model": "m", "query": "q", "documents": "d"}"#,
-    )
-    .await;
+    let (s, _, v) = call("POST", "/v1/reranking", r#"{"model": "m", "query": "q", "documents": "d"}"#).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert_eq!(v["error"]["param"], "documents");
-    let (s, _, v) = call(
-        "POST",
-        "/v1/embeddings",
-        r#"{"model": "m", "input": "x", "encoding_format": "hex"}"#,
-    )
-    .await;
+    let (s, _, v) = call("POST", "/v1/embeddings", r#"{"model": "m", "input": "x", "encoding_format": "hex"}"#).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert_eq!(v["error"]["param"], "encoding_format");
     let (s, _, v) = call("POST", "/tokenize", r#"{"content": "x"}"#).await;
@@ -107,8 +87,5 @@ async fn openapi_and_swagger_ui_are_served() {
     let (s, ct, body) = call("GET", "/docs/", "").await;
     assert_eq!(s, StatusCode::OK);
     assert!(ct.starts_with("text/html"), "{ct}");
-    assert!(
-        body.as_str().unwrap().contains("swagger"),
-        "Swagger UI page"
-    );
+    assert!(body.as_str().unwrap().contains("swagger"), "Swagger UI page");
 }
