@@ -440,3 +440,18 @@ async fn cli_settings_reach_the_backend_command_line() {
     let (_, props) = l.get(&format!("/props?model={SMOL}")).await;
     assert_eq!(props["default_generation_settings"]["n_ctx"], 2048, "{props}");
 }
+
+#[tokio::test]
+async fn backend_errors_keep_their_status_and_message() {
+    let l = Lemonade::start(bin(), &[]).await;
+    for stream in [false, true] {
+        let mut body = chat(SMOL, "hi", 2);
+        body["response_format"] = json!({"type": "bogus"});
+        body["stream"] = json!(stream);
+        let (s, e) = l.post("/api/v1/chat/completions", &body).await;
+        assert_eq!(s, 400, "stream={stream}: {e}");
+        assert!(e["error"]["message"].as_str().unwrap().contains("response_format type must be one of"), "{e}");
+    }
+    // The model stays loaded and healthy.
+    assert_eq!(l.post("/api/v1/chat/completions", &chat(SMOL, "hi", 2)).await.0, 200);
+}
