@@ -8,6 +8,9 @@ use std::collections::BTreeMap;
 
 use api_types::ModelType;
 
+pub mod machine;
+pub use machine::{Effect, Entry, Event, LoadError, Machine, ModelRef, Rejection, ReqId, State};
+
 /// Slot limits per model type; a missing type or a negative limit means unlimited.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Limits(pub BTreeMap<ModelType, i64>);
@@ -59,6 +62,9 @@ pub fn plan_load<'a>(loaded: &[Resident<'a>], t: ModelType, limits: &Limits) -> 
         .expect("limit >= 1 and the type is at its limit, so it has a model");
     Plan::Evict(victim.name)
 }
+
+#[cfg(test)]
+mod sim_tests;
 
 #[cfg(test)]
 mod tests {

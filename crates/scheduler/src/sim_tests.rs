@@ -1,0 +1,501 @@
+//! Randomized tests of the state machine: a simulated executor runs its effects (backend
+//! starts that succeed, fail or find no file; stops; crashes) interleaved with random client
+//! events, and the invariants are checked after every step:
+//!
+//! 1. per type, live backends (starting or running) never exceed the slot limit;
+//! 2. never two NPU backends alive;
+//! 3. at most one backend starting at a time (loads serialized);
+//! 4. a backend is never stopped while a request holds it;
+//! 5. a request is granted only on a running backend;
+//! 6. once the clients stop and the executor drains, every request, load and unload has been
+//!    answered, and every model can still be loaded and used (no dead ends).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use api_types::ModelType;
+
+use crate::machine::*;
+use crate::Limits;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn chance(&mut self, pct: u64) -> bool {
+        self.next() % 100 < pct
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Proc {
+    Starting,
+    Running,
+}
+
+struct Sim {
+    m: Machine<u32>,
+    models: Vec<ModelRef>,
+    limits: Limits,
+    now: u64,
+    next_req: ReqId,
+    procs: BTreeMap<String, Proc>,
+    /// Effects the executor has not completed yet.
+    starts: Vec<String>,
+    stops: Vec<String>,
+    /// Granted requests: model and the backend generation they hold.
+    leases: BTreeMap<ReqId, (String, u64)>,
+    generation: BTreeMap<String, u64>,
+    /// Requests, loads and unloads not answered yet.
+    open_acquires: BTreeSet<ReqId>,
+    open_loads: BTreeSet<ReqId>,
+    open_unloads: BTreeSet<ReqId>,
+    log: Vec<String>,
+}
+
+impl Sim {
+    fn new(limits: Limits) -> Sim {
+        let m = |name: &str, model_type, npu| ModelRef { name: name.into(), model_type, npu };
+        Sim {
+            m: Machine::new(limits.clone()),
+            models: vec![
+                m("llm-a", ModelType::Llm, false),
+                m("llm-b", ModelType::Llm, false),
+                m("llm-c", ModelType::Llm, false),
+                m("emb", ModelType::Embedding, false),
+                m("npu-llm", ModelType::Llm, true),
+                m("npu-emb", ModelType::Embedding, true),
+            ],
+            limits,
+            now: 1,
+            next_req: 1,
+            procs: BTreeMap::new(),
+            starts: Vec::new(),
+            stops: Vec::new(),
+            leases: BTreeMap::new(),
+            generation: BTreeMap::new(),
+            open_acquires: BTreeSet::new(),
+            open_loads: BTreeSet::new(),
+            open_unloads: BTreeSet::new(),
+            log: Vec::new(),
+        }
+    }
+
+    fn fail(&self, msg: &str) -> ! {
+        let tail: Vec<&String> = self.log.iter().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
+        panic!("{msg}\nlast events:\n{}", tail.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n"));
+    }
+
+    fn send(&mut self, ev: Event<u32>) {
+        self.log.push(format!("{} {:?}", self.now, ev));
+        let effects = self.m.handle(ev, self.now);
+        for e in effects {
+            self.log.push(format!("    -> {e:?}"));
+            self.apply(e);
+        }
+        self.check();
+    }
+
+    fn model(&self, name: &str) -> &ModelRef {
+        self.models.iter().find(|m| m.name == name).expect("model")
+    }
+
+    fn apply(&mut self, e: Effect<u32>) {
+        match e {
+            Effect::Start { model, .. } => {
+                if self.procs.contains_key(&model) {
+                    self.fail(&format!("start of {model} while its backend is alive"));
+                }
+                self.procs.insert(model.clone(), Proc::Starting);
+                *self.generation.entry(model.clone()).or_default() += 1;
+                self.starts.push(model);
+            }
+            Effect::Stop { model } => {
+                let gen = self.generation.get(&model).copied().unwrap_or(0);
+                if self.leases.values().any(|(m, g)| *m == model && *g == gen) {
+                    self.fail(&format!("stop of {model} while a request holds it"));
+                }
+                self.stops.push(model);
+            }
+            Effect::Grant { req, model } => {
+                if self.procs.get(&model) != Some(&Proc::Running) {
+                    self.fail(&format!("grant of {req} on {model}, which is not running"));
+                }
+                if !self.open_acquires.remove(&req) {
+                    self.fail(&format!("request {req} answered twice"));
+                }
+                let gen = self.generation[&model];
+                self.leases.insert(req, (model, gen));
+            }
+            Effect::Reject { req, .. } => {
+                if !self.open_acquires.remove(&req) {
+                    self.fail(&format!("request {req} answered twice"));
+                }
+            }
+            Effect::LoadDone { req, .. } => {
+                self.open_loads.remove(&req);
+            }
+            Effect::UnloadDone { req, .. } => {
+                self.open_unloads.remove(&req);
+            }
+        }
+    }
+
+    fn check(&self) {
+        let alive = |pred: &dyn Fn(&ModelRef) -> bool| self.procs.keys().filter(|n| pred(self.model(n))).count() as i64;
+        for t in ModelType::ALL {
+            let limit = self.limits.get(t);
+            let n = alive(&|m| m.model_type == t);
+            if limit >= 0 && n > limit {
+                self.fail(&format!("{n} {t:?} backends alive, limit {limit}"));
+            }
+        }
+        if alive(&|m| m.npu) > 1 {
+            self.fail("two NPU backends alive");
+        }
+        if self.procs.values().filter(|p| **p == Proc::Starting).count() > 1 {
+            self.fail("two backends starting at once");
+        }
+    }
+
+    fn step(&mut self, rng: &mut Rng) {
+        self.now += rng.below(50) as u64;
+        let model = self.models[rng.below(self.models.len())].clone();
+        match rng.below(12) {
+            0..=2 => {
+                let req = self.next_req;
+                self.next_req += 1;
+                self.open_acquires.insert(req);
+                let auto = rng.chance(85).then(|| (rng.below(2)) as u32);
+                self.send(Event::Acquire { req, model, auto_load: auto });
+            }
+            3 | 4 => {
+                if let Some(req) = self.leases.keys().nth(rng.below(self.leases.len().max(1))).copied() {
+                    self.leases.remove(&req);
+                    self.send(Event::Release { req });
+                }
+            }
+            5 => {
+                if let Some(req) = self.open_acquires.iter().nth(rng.below(self.open_acquires.len().max(1))).copied() {
+                    if rng.chance(30) {
+                        // The client went away before its model loaded.
+                        self.open_acquires.remove(&req);
+                        self.send(Event::Cancel { req });
+                    }
+                }
+            }
+            6 => {
+                let req = self.next_req;
+                self.next_req += 1;
+                self.open_loads.insert(req);
+                self.send(Event::Load { req, model, options: rng.below(2) as u32 });
+            }
+            7 => {
+                let req = self.next_req;
+                self.next_req += 1;
+                self.open_unloads.insert(req);
+                let target = if rng.chance(20) { None } else { Some(model.name.clone()) };
+                self.send(Event::Unload { req, model: target });
+            }
+            8 | 9 => {
+                let ok = rng.chance(75);
+                self.complete_start(rng, ok)
+            }
+            10 => self.complete_stop(rng),
+            _ => {
+                // A running backend crashes.
+                if rng.chance(30) {
+                    let running: Vec<String> =
+                        self.procs.iter().filter(|(_, p)| **p == Proc::Running).map(|(n, _)| n.clone()).collect();
+                    if let Some(n) = running.get(rng.below(running.len().max(1))).cloned() {
+                        self.procs.remove(&n);
+                        self.send(Event::Exited { model: n, error: "killed by signal 9".into() });
+                    }
+                }
+            }
+        }
+    }
+
+    fn complete_start(&mut self, rng: &mut Rng, ok: bool) {
+        if self.starts.is_empty() {
+            return;
+        }
+        let model = self.starts.remove(rng.below(self.starts.len()));
+        let result = if ok {
+            // A stop may have taken the process down while it was starting.
+            if self.procs.get(&model) == Some(&Proc::Starting) {
+                self.procs.insert(model.clone(), Proc::Running);
+                Ok(())
+            } else {
+                Err(LoadError { message: "cancelled".into(), missing_file: false })
+            }
+        } else {
+            self.procs.remove(&model);
+            Err(LoadError { message: "llama-server exited (exit code 1)".into(), missing_file: rng.chance(20) })
+        };
+        self.send(Event::Started { model, result });
+    }
+
+    fn complete_stop(&mut self, rng: &mut Rng) {
+        if self.stops.is_empty() {
+            return;
+        }
+        let model = self.stops.remove(rng.below(self.stops.len()));
+        self.procs.remove(&model);
+        self.send(Event::Stopped { model });
+    }
+
+    /// Lets the executor and the clients finish everything in flight.
+    fn drain(&mut self, rng: &mut Rng) {
+        for _ in 0..10_000 {
+            if !self.stops.is_empty() {
+                self.complete_stop(rng);
+            } else if !self.starts.is_empty() {
+                self.complete_start(rng, true);
+            } else if let Some(req) = self.leases.keys().next().copied() {
+                self.leases.remove(&req);
+                self.send(Event::Release { req });
+            } else {
+                return;
+            }
+        }
+        self.fail("did not quiesce");
+    }
+}
+
+fn run(seed: u64, limits: Limits, steps: usize) {
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut sim = Sim::new(limits);
+    for _ in 0..steps {
+        sim.step(&mut rng);
+    }
+    sim.drain(&mut rng);
+    if !sim.open_acquires.is_empty() {
+        sim.fail(&format!("requests never answered: {:?}", sim.open_acquires));
+    }
+    if !sim.open_loads.is_empty() || !sim.open_unloads.is_empty() {
+        sim.fail(&format!("loads {:?} / unloads {:?} never answered", sim.open_loads, sim.open_unloads));
+    }
+    // No dead ends: after any history, every model loads and serves again.
+    sim.now += 10 * CRASH_BACKOFF_MAX_MS;
+    for m in sim.models.clone() {
+        let req = sim.next_req;
+        sim.next_req += 1;
+        sim.open_acquires.insert(req);
+        sim.send(Event::Acquire { req, model: m.clone(), auto_load: Some(7) });
+        sim.drain(&mut rng);
+        if sim.leases.contains_key(&req) || sim.open_acquires.contains(&req) {
+            sim.fail(&format!("{} request still open after draining", m.name));
+        }
+        let entry = sim.m.entry(&m.name).expect("entry");
+        if entry.state != State::Unloaded && entry.state != State::Loaded {
+            sim.fail(&format!("{} ended in {:?}", m.name, entry.state));
+        }
+    }
+}
+
+#[test]
+fn random_histories_keep_every_invariant() {
+    for seed in 0..400 {
+        run(seed, Limits::uniform(1), 300);
+    }
+    for seed in 400..700 {
+        run(seed, Limits::uniform(2), 300);
+    }
+    for seed in 700..800 {
+        run(seed, Limits::uniform(-1), 300);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rules, one by one
+// ---------------------------------------------------------------------------------------------
+
+fn llm(name: &str) -> ModelRef {
+    ModelRef { name: name.into(), model_type: ModelType::Llm, npu: false }
+}
+
+/// Drives a machine and records effects; the executor is the test.
+struct Drive {
+    m: Machine<u32>,
+    now: u64,
+    next: ReqId,
+}
+
+impl Drive {
+    fn new(limit: i64) -> Drive {
+        Drive { m: Machine::new(Limits::uniform(limit)), now: 0, next: 1 }
+    }
+    fn ev(&mut self, e: Event<u32>) -> Vec<Effect<u32>> {
+        self.now += 10;
+        self.m.handle(e, self.now)
+    }
+    fn req(&mut self) -> ReqId {
+        self.next += 1;
+        self.next
+    }
+    /// Acquire with auto-load; completes the start(s) and stops it causes. Returns the request.
+    fn use_model(&mut self, m: &ModelRef) -> ReqId {
+        let req = self.req();
+        let mut pending = self.ev(Event::Acquire { req, model: m.clone(), auto_load: Some(0) });
+        while let Some(e) = pending.pop() {
+            match e {
+                Effect::Stop { model } => pending.extend(self.ev(Event::Stopped { model })),
+                Effect::Start { model, .. } => pending.extend(self.ev(Event::Started { model, result: Ok(()) })),
+                _ => {}
+            }
+        }
+        req
+    }
+    fn state(&self, name: &str) -> State {
+        self.m.entry(name).map(|e| e.state).unwrap_or(State::Unloaded)
+    }
+}
+
+#[test]
+fn lru_eviction_order_with_three_models_and_two_slots() {
+    let mut d = Drive::new(2);
+    let (a, b, c) = (llm("a"), llm("b"), llm("c"));
+    for m in [&a, &b] {
+        let r = d.use_model(m);
+        d.ev(Event::Release { req: r });
+    }
+    // Using A again makes B the least recently used.
+    let r = d.use_model(&a);
+    d.ev(Event::Release { req: r });
+    let req = d.req();
+    let fx = d.ev(Event::Acquire { req, model: c.clone(), auto_load: Some(0) });
+    assert_eq!(fx, vec![Effect::Stop { model: "b".into() }]);
+    let fx = d.ev(Event::Stopped { model: "b".into() });
+    assert_eq!(fx, vec![Effect::Start { model: "c".into(), options: 0 }]);
+    assert_eq!((d.state("a"), d.state("b")), (State::Loaded, State::Unloaded));
+}
+
+#[test]
+fn busy_model_is_drained_before_eviction_and_others_types_are_untouched() {
+    let mut d = Drive::new(1);
+    let emb = ModelRef { name: "e".into(), model_type: ModelType::Embedding, npu: false };
+    let held = d.use_model(&llm("a"));
+    let e = d.use_model(&emb);
+    d.ev(Event::Release { req: e });
+    let req = d.req();
+    let fx = d.ev(Event::Acquire { req, model: llm("b"), auto_load: Some(0) });
+    assert!(fx.is_empty(), "A is busy: nothing is stopped yet: {fx:?}");
+    assert_eq!(d.state("a"), State::Unloading, "A admits no new requests");
+    let late = d.req();
+    let fx = d.ev(Event::Acquire { req: late, model: llm("a"), auto_load: None });
+    assert!(matches!(&fx[..], [Effect::Reject { why: Rejection::Unloading, .. }]), "{fx:?}");
+    let fx = d.ev(Event::Release { req: held });
+    assert_eq!(fx, vec![Effect::Stop { model: "a".into() }]);
+    assert_eq!(d.state("e"), State::Loaded, "the embedding slot is independent");
+}
+
+#[test]
+fn failed_load_evicts_everything_and_retries_once_unless_the_file_is_missing() {
+    let mut d = Drive::new(-1);
+    let r = d.use_model(&llm("a"));
+    d.ev(Event::Release { req: r });
+    let req = d.req();
+    d.ev(Event::Acquire { req, model: llm("b"), auto_load: Some(0) });
+    let err = |missing_file| LoadError { message: "out of memory".into(), missing_file };
+    let fx = d.ev(Event::Started { model: "b".into(), result: Err(err(false)) });
+    assert_eq!(fx, vec![Effect::Stop { model: "a".into() }], "evict all");
+    let fx = d.ev(Event::Stopped { model: "a".into() });
+    assert_eq!(fx, vec![Effect::Start { model: "b".into(), options: 0 }], "retry once");
+    let fx = d.ev(Event::Started { model: "b".into(), result: Err(err(false)) });
+    assert!(
+        matches!(&fx[..], [Effect::Reject { why: Rejection::LoadFailed(m), .. }] if m == "out of memory"),
+        "{fx:?}"
+    );
+    assert_eq!(d.state("b"), State::Failed);
+
+    let r = d.use_model(&llm("a"));
+    d.ev(Event::Release { req: r });
+    let req = d.req();
+    d.ev(Event::Acquire { req, model: llm("c"), auto_load: Some(0) });
+    let fx = d.ev(Event::Started { model: "c".into(), result: Err(err(true)) });
+    assert!(matches!(&fx[..], [Effect::Reject { .. }]), "missing file: no eviction, no retry: {fx:?}");
+    assert_eq!(d.state("a"), State::Loaded);
+}
+
+#[test]
+fn load_with_same_options_is_a_noop_and_other_options_reload_in_place() {
+    let mut d = Drive::new(1);
+    let r = d.use_model(&llm("a"));
+    d.ev(Event::Release { req: r });
+    let req = d.req();
+    let fx = d.ev(Event::Load { req, model: llm("a"), options: 0 });
+    assert_eq!(fx, vec![Effect::LoadDone { req, model: "a".into(), result: Ok(()) }]);
+    let req = d.req();
+    let fx = d.ev(Event::Load { req, model: llm("a"), options: 5 });
+    assert_eq!(fx, vec![Effect::Stop { model: "a".into() }]);
+    let fx = d.ev(Event::Stopped { model: "a".into() });
+    assert_eq!(fx, vec![Effect::Start { model: "a".into(), options: 5 }]);
+    let dup = d.req();
+    assert!(d.ev(Event::Load { req: dup, model: llm("a"), options: 5 }).is_empty(), "joins the load in progress");
+    let fx = d.ev(Event::Started { model: "a".into(), result: Ok(()) });
+    assert_eq!(fx.len(), 2, "both loads answered: {fx:?}");
+}
+
+#[test]
+fn unload_of_a_loading_model_cancels_the_load() {
+    let mut d = Drive::new(1);
+    let req = d.req();
+    d.ev(Event::Acquire { req, model: llm("a"), auto_load: Some(0) });
+    let un = d.req();
+    let fx = d.ev(Event::Unload { req: un, model: Some("a".into()) });
+    assert!(fx.contains(&Effect::Stop { model: "a".into() }));
+    assert!(
+        fx.iter().any(|e| matches!(e, Effect::Reject { req: r, .. } if *r == req)),
+        "the waiting request is answered"
+    );
+    d.ev(Event::Started {
+        model: "a".into(),
+        result: Err(LoadError { message: "killed".into(), missing_file: false }),
+    });
+    let fx = d.ev(Event::Stopped { model: "a".into() });
+    assert_eq!(fx, vec![Effect::UnloadDone { req: un, result: Ok(vec!["a".into()]) }]);
+    assert_eq!(d.state("a"), State::Unloaded);
+    let nl = d.req();
+    let fx = d.ev(Event::Unload { req: nl, model: Some("a".into()) });
+    assert!(matches!(&fx[..], [Effect::UnloadDone { result: Err(_), .. }]), "not loaded: {fx:?}");
+}
+
+#[test]
+fn crash_fails_the_model_and_repeated_crashes_back_off() {
+    let mut d = Drive::new(1);
+    let r = d.use_model(&llm("a"));
+    d.ev(Event::Exited { model: "a".into(), error: "killed by signal 9".into() });
+    assert_eq!(d.state("a"), State::Failed);
+    assert_eq!(d.m.entry("a").unwrap().last_error.as_deref(), Some("killed by signal 9"));
+    d.ev(Event::Release { req: r });
+    let r = d.use_model(&llm("a"));
+    assert_eq!(d.state("a"), State::Loaded, "the first crash reloads at once");
+    d.ev(Event::Release { req: r });
+    d.ev(Event::Exited { model: "a".into(), error: "again".into() });
+    let req = d.req();
+    let fx = d.ev(Event::Acquire { req, model: llm("a"), auto_load: Some(0) });
+    assert!(matches!(&fx[..], [Effect::Reject { why: Rejection::Backoff { .. }, .. }]), "{fx:?}");
+    d.now += CRASH_BACKOFF_MAX_MS;
+    d.use_model(&llm("a"));
+    assert_eq!(d.state("a"), State::Loaded, "loads again after the back-off");
+}
+
+#[test]
+fn npu_models_exclude_each_other_whatever_their_type() {
+    let mut d = Drive::new(-1);
+    let n1 = ModelRef { name: "n1".into(), model_type: ModelType::Llm, npu: true };
+    let n2 = ModelRef { name: "n2".into(), model_type: ModelType::Embedding, npu: true };
+    let r = d.use_model(&n1);
+    d.ev(Event::Release { req: r });
+    let req = d.req();
+    let fx = d.ev(Event::Acquire { req, model: n2, auto_load: Some(0) });
+    assert_eq!(fx, vec![Effect::Stop { model: "n1".into() }]);
+}
