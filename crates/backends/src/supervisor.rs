@@ -74,7 +74,9 @@ pub struct Backend {
 struct Inner {
     label: String,
     pid: u32,
-    port: u16,
+    port: std::sync::OnceLock<u16>,
+    port_rx: Mutex<Option<oneshot::Receiver<u16>>>,
+    health_path: String,
     ready_timeout: Duration,
     exit: watch::Receiver<Option<ExitInfo>>,
     tail: Arc<Mutex<VecDeque<String>>>,
@@ -93,6 +95,14 @@ impl std::fmt::Debug for Backend {
 impl Backend {
     /// Starts the process and returns once it answers its health endpoint with 200.
     pub async fn start(spec: SpawnSpec, http: &reqwest::Client) -> Result<Backend, StartError> {
+        let b = Backend::spawn(spec)?;
+        b.ready(http).await?;
+        Ok(b)
+    }
+
+    /// Starts the process and returns at once; [`Backend::ready`] waits for readiness. Between
+    /// the two, [`Backend::stop`] cancels the start.
+    pub fn spawn(spec: SpawnSpec) -> Result<Backend, StartError> {
         let mut cmd = Command::new(&spec.program);
         cmd.args(&spec.args)
             .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -144,29 +154,38 @@ impl Backend {
             let _ = exit_tx.send(Some(info));
         });
 
-        let mut backend = Backend {
+        Ok(Backend {
             inner: Arc::new(Inner {
-                label: spec.label.clone(),
+                label: spec.label,
                 pid,
-                port: 0,
+                port: std::sync::OnceLock::new(),
+                port_rx: Mutex::new(Some(port_rx)),
+                health_path: spec.health_path,
                 ready_timeout: spec.ready_timeout,
                 exit: exit_rx,
                 tail,
             }),
-        };
-        let deadline = tokio::time::Instant::now() + spec.ready_timeout;
-        let port = match backend.until_exit_or(deadline, async { port_rx.await.ok() }).await {
-            Ok(Some(p)) => p,
-            Ok(None) => {
-                // Both pipes closed without a port line: the process is ending.
-                let exit = backend.wait_exit().await;
-                return Err(backend.exited_error(exit));
-            }
-            Err(e) => return Err(e),
-        };
-        Arc::get_mut(&mut backend.inner).expect("not shared yet").port = port;
+        })
+    }
 
-        let url = format!("{}{}", backend.base_url(), spec.health_path);
+    /// Waits until the process reports its port and answers its health endpoint with 200.
+    /// Fails at once if the process exits; stops it if it is not ready in time.
+    pub async fn ready(&self, http: &reqwest::Client) -> Result<(), StartError> {
+        let backend = self;
+        let port_rx = backend.inner.port_rx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let deadline = tokio::time::Instant::now() + backend.inner.ready_timeout;
+        let port = match port_rx {
+            Some(rx) => backend.until_exit_or(deadline, async { rx.await.ok() }).await?,
+            None => backend.inner.port.get().copied(),
+        };
+        let Some(port) = port else {
+            // Both pipes closed without a port line: the process is ending.
+            let exit = backend.wait_exit().await;
+            return Err(backend.exited_error(exit));
+        };
+        let _ = backend.inner.port.set(port);
+        let pid = backend.inner.pid;
+        let url = format!("{}{}", backend.base_url(), backend.inner.health_path);
         let probe = async {
             loop {
                 if let Ok(r) = http.get(&url).timeout(Duration::from_secs(1)).send().await {
@@ -178,8 +197,8 @@ impl Backend {
             }
         };
         backend.until_exit_or(deadline, probe).await?;
-        tracing::info!(model = %spec.label, pid, port, "backend ready");
-        Ok(backend)
+        tracing::info!(model = %backend.inner.label, pid, port, "backend ready");
+        Ok(())
     }
 
     /// Runs `fut` until it finishes, the child exits, or the deadline passes; a still-running
@@ -210,13 +229,14 @@ impl Backend {
         self.inner.pid
     }
 
+    /// The port, once the process reported it (0 before).
     pub fn port(&self) -> u16 {
-        self.inner.port
+        self.inner.port.get().copied().unwrap_or(0)
     }
 
     /// `http://127.0.0.1:<port>`.
     pub fn base_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.inner.port)
+        format!("http://127.0.0.1:{}", self.port())
     }
 
     /// The exit status, once the process has ended.

@@ -85,6 +85,10 @@ struct ServeArgs {
     #[arg(long, env = "LEMONADE_MAX_LOADED_MODELS", num_args = 1..=3, value_delimiter = ' ',
           default_value = "1", allow_negative_numbers = true)]
     max_loaded_models: Vec<i64>,
+    /// Reject inference on a model that is not loaded (codes `model_not_loaded`,
+    /// `model_loading`, `model_unloading`, `model_failed`) instead of loading it.
+    #[arg(long, env = "LEMONADE_NO_AUTO_LOAD")]
+    no_auto_load: bool,
     /// Seconds a model may take to load before the load is abandoned.
     #[arg(long, env = "LEMONADE_LOAD_TIMEOUT", default_value_t = 600)]
     load_timeout: u64,
@@ -138,6 +142,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     cfg.max_loaded_models = limits(&args.max_loaded_models)?;
     cfg.disable_filtering = truthy("LEMONADE_DISABLE_MODEL_FILTERING");
     cfg.ready_timeout = Duration::from_secs(args.load_timeout);
+    cfg.auto_load = !args.no_auto_load;
 
     let rt = server::runtime(cfg)?;
     let listeners = server::bind(&args.host, args.port).await?;

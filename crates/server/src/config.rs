@@ -21,6 +21,8 @@ pub struct Config {
     /// `--llamacpp-args`, when given.
     pub llamacpp_args: Option<String>,
     pub max_loaded_models: Limits,
+    /// Inference on a model that is not loaded loads it (else the request is rejected).
+    pub auto_load: bool,
     pub disable_filtering: bool,
     /// How long a backend may take to load a model.
     pub ready_timeout: Duration,
@@ -41,6 +43,7 @@ impl Config {
             llamacpp_backend: "cpu".into(),
             llamacpp_args: None,
             max_loaded_models: Limits::uniform(1),
+            auto_load: true,
             disable_filtering: false,
             ready_timeout: Duration::from_secs(600),
             body_limit: 64 << 20,

@@ -28,6 +28,9 @@ pub enum ApiError {
     BackendUnavailable(String),
     #[error("No model loaded")]
     NoModelLoaded,
+    /// The runtime did not admit the request (the model's state forbids it).
+    #[error("{}", rejection_message(model, why))]
+    Rejected { model: String, why: scheduler::Rejection },
     #[error("The requested endpoint does not exist")]
     UnknownPath(String),
     #[error("Method Not Allowed. Use {allowed} for this endpoint")]
@@ -48,6 +51,13 @@ impl ApiError {
             ApiError::BadRequest { .. } | ApiError::WrongModelType(_) => StatusCode::BAD_REQUEST,
             ApiError::Lookup(_) | ApiError::UnknownPath(_) | ApiError::NoModelLoaded => StatusCode::NOT_FOUND,
             ApiError::LoadFailed { .. } | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Rejected { why, .. } => match why {
+                scheduler::Rejection::LoadFailed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+                scheduler::Rejection::Failed(_) | scheduler::Rejection::Backoff { .. } => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+                _ => StatusCode::CONFLICT,
+            },
             ApiError::Backend { status, .. } => *status,
             ApiError::BackendUnavailable(_) => StatusCode::BAD_GATEWAY,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -85,6 +95,9 @@ impl ApiError {
                 ErrorResponse::new("backend_error", msg).code("backend_error")
             }
             ApiError::NoModelLoaded => ErrorResponse::new("model_not_loaded", msg).code("model_not_loaded"),
+            ApiError::Rejected { model, why } => {
+                ErrorResponse::new(why.code(), msg).code(why.code()).param("model").requested_model(model.clone())
+            }
             ApiError::UnknownPath(path) => ErrorResponse::new("not_found", msg).code("not_found").path(path.clone()),
             ApiError::MethodNotAllowed { .. } => {
                 ErrorResponse::new("invalid_request_error", msg).code("method_not_allowed")
@@ -110,5 +123,19 @@ impl IntoResponse for ApiError {
             tracing::debug!(status = status.as_u16(), error = %self, "request rejected");
         }
         (status, axum::Json(self.body())).into_response()
+    }
+}
+
+fn rejection_message(model: &str, why: &scheduler::Rejection) -> String {
+    use scheduler::Rejection::*;
+    match why {
+        NotLoaded => format!("Model '{model}' is not loaded (auto-load is off): load it first with POST /api/v1/load"),
+        Loading => format!("Model '{model}' is loading; retry when it is loaded"),
+        Unloading => format!("Model '{model}' is unloading"),
+        Failed(e) => format!("Model '{model}' failed: {e}"),
+        LoadFailed(e) => format!("Failed to load model '{model}': {e}"),
+        Backoff { error, .. } => {
+            format!("Model '{model}' keeps failing and is backing off before it loads again: {error}")
+        }
     }
 }

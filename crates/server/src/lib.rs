@@ -141,7 +141,7 @@ pub async fn serve(
     let mut rx = stop_rx.clone();
     let _ = rx.wait_for(|s| *s).await;
     tracing::info!("shutting down: stopping backends");
-    rt.unload_all().await;
+    rt.shutdown().await;
     let drained = tokio::time::timeout(Duration::from_secs(10), async {
         while let Some(r) = servers.join_next().await {
             if let Ok(Err(e)) = r {

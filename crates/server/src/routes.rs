@@ -214,7 +214,7 @@ pub async fn health(State(rt): State<AppState>) -> Json<Health> {
         status: "ok".into(),
         version: crate::VERSION.into(),
         model_loaded: rt.most_recent().map(|m| m.info.name.clone()),
-        all_models_loaded: loaded.iter().map(|m| rt.health_entry(m)).collect(),
+        all_models_loaded: loaded.iter().map(|(r, v)| rt.health_entry(r, v)).collect(),
         max_models,
         log_streaming: LogStreaming { sse: false, websocket: false },
     })

@@ -1,26 +1,29 @@
-//! Which models are loaded, and the leases that keep them loaded while a request runs.
+//! The model runtime: one owner task drives the scheduler's state machine; handlers talk to it
+//! through a channel and await its answers; the effects it returns are executed here.
 //!
-//! Invariants:
-//! * loads are serialized (`load_lock`); reads of the loaded list never wait for a load;
-//! * a model is handed out only through a [`Lease`]; eviction removes the model from the list
-//!   first (no new leases), then waits until its in-flight count is zero, then stops it;
-//! * the request that caused a load gets its lease atomically with the insertion, so the model
-//!   cannot be evicted between its load and that request;
-//! * a backend that exits is removed from the list at once (a watcher waits on every child);
-//!   the next request for that model loads it again.
+//! Invariants (the state machine proves the scheduling ones, see crates/scheduler):
+//! * only the owner task mutates model state; reads for `health` and the admin API use a
+//!   snapshot it publishes after every event (advisory, never used to gate a mutation);
+//! * a request reaches a backend only through a [`Lease`], whose drop (completion, error,
+//!   client disconnect) releases the model; a request abandoned while waiting is cancelled;
+//! * a backend is registered in `running` from spawn until it is stopped or exits, so a stop
+//!   can always find it, including one still starting (that cancels the start);
+//! * a backend that exits on its own is reported to the machine at once (a watcher waits on
+//!   every child); the model becomes `failed` and the next request reloads it.
 
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use api_types::{LoadedModel, ModelType, RecipeOptions, Stats};
 use backends::llamacpp::{self, LlamaServerConfig};
 use backends::{binary, Backend, SpawnSpec};
 use registry::{ModelInfo, Registry};
-use scheduler::{plan_load, Plan, Resident};
+use scheduler::{Effect, Event, LoadError, Machine, ModelRef, Rejection, ReqId, State};
 use serde_json::Value;
-use tokio::sync::Notify;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::config::Config;
 use crate::error::ApiError;
@@ -28,40 +31,54 @@ use crate::error::ApiError;
 /// Grace period between SIGTERM and SIGKILL when a backend is stopped.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
+type Opts = RecipeOptions;
+
+/// What the owner answers a waiting handler.
+enum Answer {
+    Granted,
+    Rejected(Rejection),
+    Load(Result<(), String>),
+    Unload(Result<Vec<String>, String>),
+}
+
+/// A running (or starting) backend and its bookkeeping.
+pub struct Running {
+    pub info: ModelInfo,
+    pub backend: Backend,
+    pub options: Opts,
+    pub stats: Mutex<Stats>,
+    /// Order of loading, for `health`.
+    seq: u64,
+}
+
+/// One model as the owner last published it.
+#[derive(Debug, Clone)]
+pub struct ModelView {
+    pub state: State,
+    pub options: Option<Opts>,
+    pub in_flight: usize,
+    pub queue_depth: usize,
+    pub last_use: u64,
+    pub last_error: Option<String>,
+}
+
 pub struct Runtime {
     pub cfg: Config,
     registry: RwLock<Arc<Registry>>,
     pub http: reqwest::Client,
-    /// Loaded models in load order.
-    loaded: Mutex<Vec<Arc<Loaded>>>,
-    load_lock: tokio::sync::Mutex<()>,
+    tx: mpsc::UnboundedSender<Event<Opts>>,
+    answers: Mutex<HashMap<ReqId, oneshot::Sender<Answer>>>,
+    running: Mutex<HashMap<String, Arc<Running>>>,
+    view: RwLock<BTreeMap<String, ModelView>>,
+    next_req: AtomicU64,
+    seq: AtomicU64,
     epoch: Instant,
 }
 
-/// A loaded model: its backend process and its bookkeeping.
-pub struct Loaded {
-    pub info: ModelInfo,
-    pub backend: Backend,
-    /// Effective options it was loaded with.
-    pub options: RecipeOptions,
-    last_use: AtomicU64,
-    in_flight: AtomicUsize,
-    drained: Notify,
-    /// Set once the model left the list (evicted, unloaded or dead): no new leases.
-    closing: AtomicBool,
-    pub stats: Mutex<Stats>,
-}
-
-impl Loaded {
-    pub fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::SeqCst)
-    }
-}
-
-/// Keeps a model loaded while a request uses it. Dropping it (completion, error, client
-/// disconnect) releases the model.
+/// Keeps a model in use while a request runs. Dropping it releases the model.
 pub struct Lease {
-    pub model: Arc<Loaded>,
+    pub model: Arc<Running>,
+    req: ReqId,
     rt: Arc<Runtime>,
 }
 
@@ -79,11 +96,28 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.model.last_use.store(self.rt.now_ms(), Ordering::SeqCst);
-        if self.model.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.model.drained.notify_waiters();
+        let _ = self.rt.tx.send(Event::Release { req: self.req });
+    }
+}
+
+/// Cancels a request that is still waiting when its handler goes away.
+struct WaitGuard<'a> {
+    rt: &'a Runtime,
+    req: ReqId,
+    armed: bool,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.rt.answers.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.req);
+            let _ = self.rt.tx.send(Event::Cancel { req: self.req });
         }
     }
+}
+
+fn model_ref(info: &ModelInfo) -> ModelRef {
+    ModelRef { name: info.name.clone(), model_type: info.model_type, npu: info.device() == "npu" }
 }
 
 impl Runtime {
@@ -97,14 +131,22 @@ impl Runtime {
             .no_proxy()
             .build()
             .expect("reqwest client");
-        Arc::new(Runtime {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let machine = Machine::new(cfg.max_loaded_models.clone());
+        let rt = Arc::new(Runtime {
             cfg,
             registry: RwLock::new(Arc::new(registry)),
             http,
-            loaded: Mutex::new(Vec::new()),
-            load_lock: tokio::sync::Mutex::new(()),
+            tx,
+            answers: Mutex::new(HashMap::new()),
+            running: Mutex::new(HashMap::new()),
+            view: RwLock::new(BTreeMap::new()),
+            next_req: AtomicU64::new(1),
+            seq: AtomicU64::new(0),
             epoch: Instant::now(),
-        })
+        });
+        tokio::spawn(owner(Arc::downgrade(&rt), rx, machine));
+        rt
     }
 
     /// Milliseconds of a monotonic clock (since the server started).
@@ -116,46 +158,68 @@ impl Runtime {
         self.registry.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn loaded_list(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Loaded>>> {
-        self.loaded.lock().unwrap_or_else(|e| e.into_inner())
+    /// Replaces the registry (after saved options change).
+    pub fn set_registry(&self, r: Registry) {
+        *self.registry.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(r);
     }
 
-    /// Snapshot of the loaded models, in load order.
-    pub fn loaded(&self) -> Vec<Arc<Loaded>> {
-        self.loaded_list().clone()
+    /// The last published state of every model the runtime has seen.
+    pub fn view(&self) -> BTreeMap<String, ModelView> {
+        self.view.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn running_model(&self, name: &str) -> Option<Arc<Running>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned()
+    }
+
+    /// Loaded models in load order, with their published state.
+    pub fn loaded(&self) -> Vec<(Arc<Running>, ModelView)> {
+        let view = self.view();
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<(Arc<Running>, ModelView)> = view
+            .into_iter()
+            .filter(|(_, v)| v.state == State::Loaded)
+            .filter_map(|(n, v)| running.get(&n).map(|r| (r.clone(), v)))
+            .collect();
+        out.sort_by_key(|(r, _)| r.seq);
+        out
     }
 
     /// The loaded model used most recently.
-    pub fn most_recent(&self) -> Option<Arc<Loaded>> {
-        self.loaded_list().iter().max_by_key(|m| m.last_use.load(Ordering::SeqCst)).cloned()
+    pub fn most_recent(&self) -> Option<Arc<Running>> {
+        self.loaded().into_iter().max_by_key(|(_, v)| v.last_use).map(|(r, _)| r)
     }
 
-    pub fn health_entry(&self, m: &Loaded) -> LoadedModel {
+    pub fn health_entry(&self, r: &Running, v: &ModelView) -> LoadedModel {
         LoadedModel {
-            model_name: m.info.name.clone(),
-            checkpoint: m.info.checkpoint.clone(),
-            model_type: m.info.model_type,
-            device: m.info.device().to_string(),
-            backend_url: format!("{}/v1", m.backend.base_url()),
-            recipe: m.info.recipe.clone(),
-            recipe_options: m.options.clone(),
-            last_use: m.last_use.load(Ordering::SeqCst),
+            model_name: r.info.name.clone(),
+            checkpoint: r.info.checkpoint.clone(),
+            model_type: r.info.model_type,
+            device: r.info.device().to_string(),
+            backend_url: format!("{}/v1", r.backend.base_url()),
+            recipe: r.info.recipe.clone(),
+            recipe_options: r.options.clone(),
+            last_use: v.last_use,
         }
     }
 
-    fn try_lease(self: &Arc<Self>, name: &str) -> Option<Lease> {
-        let list = self.loaded_list();
-        let m = list.iter().find(|m| m.info.name == name && !m.closing.load(Ordering::SeqCst))?;
-        if m.backend.exit_status().is_some() {
-            return None;
-        }
-        m.in_flight.fetch_add(1, Ordering::SeqCst);
-        m.last_use.store(self.now_ms(), Ordering::SeqCst);
-        Some(Lease { model: m.clone(), rt: self.clone() })
+    fn request(&self) -> (ReqId, oneshot::Receiver<Answer>) {
+        let req = self.next_req.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.answers.lock().unwrap_or_else(|e| e.into_inner()).insert(req, tx);
+        (req, rx)
     }
 
-    /// A lease on `name`, loading it first if needed. `want` is the model type the endpoint
-    /// serves; a model of another type is rejected before anything is loaded.
+    async fn ask(&self, req: ReqId, rx: oneshot::Receiver<Answer>, ev: Event<Opts>) -> Answer {
+        let mut guard = WaitGuard { rt: self, req, armed: true };
+        let _ = self.tx.send(ev);
+        let answer = rx.await;
+        guard.armed = false;
+        answer.unwrap_or(Answer::Rejected(Rejection::Unloading))
+    }
+
+    /// A lease on `name`, loading it first when auto-load is on. `want` is the model type
+    /// the endpoint serves; a model of another type is rejected before anything is loaded.
     pub async fn acquire(self: &Arc<Self>, name: &str, want: &[ModelType], endpoint: &str) -> Result<Lease, ApiError> {
         let info = self.registry().get(name)?.clone();
         if !want.contains(&info.model_type) {
@@ -166,21 +230,6 @@ impl Runtime {
                 want.iter().map(|t| format!("an {}", t.as_str())).collect::<Vec<_>>().join(" or "),
             )));
         }
-        if let Some(lease) = self.try_lease(name) {
-            return Ok(lease);
-        }
-        let _guard = self.load_lock.lock().await;
-        if let Some(lease) = self.try_lease(name) {
-            return Ok(lease);
-        }
-        self.load_locked(info).await
-    }
-
-    /// Loads `info` (the caller holds `load_lock`) and returns a lease taken atomically with
-    /// the insertion into the loaded list.
-    async fn load_locked(self: &Arc<Self>, info: ModelInfo) -> Result<Lease, ApiError> {
-        let name = info.name.clone();
-        let fail = |message: String| ApiError::LoadFailed { model: name.clone(), message };
         if !info.downloaded {
             return Err(ApiError::BadRequest {
                 message: format!("Model '{name}' is not downloaded. Pull it first: lemonade pull {name}"),
@@ -188,9 +237,138 @@ impl Runtime {
                 code: Some("model_not_downloaded"),
             });
         }
-        let main = info.main_path.clone().ok_or_else(|| fail("no model file found".into()))?;
+        let auto_load = self.cfg.auto_load.then(|| self.effective_options(&info, &RecipeOptions::new()));
+        let (req, rx) = self.request();
+        match self.ask(req, rx, Event::Acquire { req, model: model_ref(&info), auto_load }).await {
+            Answer::Granted => match self.running_model(name) {
+                Some(model) => Ok(Lease { model, req, rt: self.clone() }),
+                None => {
+                    let _ = self.tx.send(Event::Release { req });
+                    Err(ApiError::BackendUnavailable(format!("The backend of model '{name}' exited just now")))
+                }
+            },
+            Answer::Rejected(why) => Err(ApiError::Rejected { model: name.to_string(), why }),
+            _ => Err(ApiError::Internal("unexpected answer".into())),
+        }
+    }
 
-        let options = self.effective_options(&info);
+    /// Loads `info` with `options` (reloading it when loaded with other options).
+    pub async fn load(&self, info: &ModelInfo, options: Opts) -> Result<(), String> {
+        let (req, rx) = self.request();
+        match self.ask(req, rx, Event::Load { req, model: model_ref(info), options }).await {
+            Answer::Load(r) => r,
+            _ => Err("the load was abandoned".into()),
+        }
+    }
+
+    /// Unloads one model, or all (None). Err when the named model is not loaded.
+    pub async fn unload(&self, name: Option<&str>) -> Result<Vec<String>, String> {
+        let (req, rx) = self.request();
+        match self.ask(req, rx, Event::Unload { req, model: name.map(str::to_string) }).await {
+            Answer::Unload(r) => r,
+            _ => Err("the unload was abandoned".into()),
+        }
+    }
+
+    /// Stops every backend at once (server shutdown): in-flight streams end with an error.
+    pub async fn shutdown(&self) {
+        let all: Vec<Arc<Running>> =
+            self.running.lock().unwrap_or_else(|e| e.into_inner()).drain().map(|(_, r)| r).collect();
+        futures_util::future::join_all(all.iter().map(|r| r.backend.stop(STOP_GRACE))).await;
+    }
+
+    /// Effective options: `request` over saved per-model options over CLI/env settings.
+    /// Built-in defaults apply when read; only keys set at some level are listed.
+    pub fn effective_options(&self, info: &ModelInfo, request: &Opts) -> Opts {
+        let mut o = Opts::new();
+        o.insert("llamacpp_backend".into(), Value::String(self.cfg.llamacpp_backend.clone()));
+        if let Some(c) = self.cfg.ctx_size {
+            o.insert("ctx_size".into(), c.into());
+        }
+        if let Some(a) = &self.cfg.llamacpp_args {
+            o.insert("llamacpp_args".into(), Value::String(a.clone()));
+        }
+        for (k, v) in self.registry().saved_options(info).into_iter().chain(request.clone()) {
+            o.insert(k, v);
+        }
+        registry::filter_recipe_options(&info.recipe, &o)
+    }
+
+    fn answer(&self, req: ReqId, a: Answer) -> bool {
+        let tx = self.answers.lock().unwrap_or_else(|e| e.into_inner()).remove(&req);
+        match tx {
+            Some(tx) => tx.send(a).is_ok(),
+            None => false,
+        }
+    }
+
+    fn publish(&self, m: &Machine<Opts>) {
+        let view = m
+            .entries()
+            .map(|e| {
+                let v = ModelView {
+                    state: e.state,
+                    options: e.options.clone(),
+                    in_flight: e.in_flight.len(),
+                    queue_depth: e.queue_depth(),
+                    last_use: e.last_use,
+                    last_error: e.last_error.clone(),
+                };
+                (e.model.name.clone(), v)
+            })
+            .collect();
+        *self.view.write().unwrap_or_else(|e| e.into_inner()) = view;
+    }
+
+    fn execute(self: &Arc<Self>, e: Effect<Opts>) {
+        match e {
+            Effect::Start { model, options } => {
+                let rt = self.clone();
+                tokio::spawn(async move {
+                    let result = rt.start(&model, options).await;
+                    let _ = rt.tx.send(Event::Started { model, result });
+                });
+            }
+            Effect::Stop { model } => {
+                let rt = self.clone();
+                tokio::spawn(async move {
+                    let r = rt.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&model);
+                    if let Some(r) = r {
+                        tracing::info!(model = %model, "stopping backend");
+                        r.backend.stop(STOP_GRACE).await;
+                    }
+                    let _ = rt.tx.send(Event::Stopped { model });
+                });
+            }
+            Effect::Grant { req, .. } => {
+                if !self.answer(req, Answer::Granted) {
+                    // Nobody waits any more: give the model back.
+                    let _ = self.tx.send(Event::Release { req });
+                }
+            }
+            Effect::Reject { req, why, .. } => {
+                self.answer(req, Answer::Rejected(why));
+            }
+            Effect::LoadDone { req, result, .. } => {
+                self.answer(req, Answer::Load(result));
+            }
+            Effect::UnloadDone { req, result } => {
+                self.answer(req, Answer::Unload(result));
+            }
+        }
+    }
+
+    /// Starts the backend of `name`; the process is registered as soon as it exists so a
+    /// stop can cancel the start.
+    async fn start(self: &Arc<Self>, name: &str, options: Opts) -> Result<(), LoadError> {
+        let fatal = |message: String| LoadError { message, missing_file: true };
+        let reg = self.registry();
+        let info = reg.get(name).map_err(|e| fatal(e.to_string()))?.clone();
+        let main = info
+            .main_path
+            .clone()
+            .filter(|p| p.exists())
+            .ok_or_else(|| fatal(format!("GGUF file not found for checkpoint: {}", info.checkpoint)))?;
         let backend_name = options.get("llamacpp_backend").and_then(Value::as_str).unwrap_or("cpu").to_string();
         let ctx_size =
             options.get("ctx_size").and_then(Value::as_u64).map(|v| v as u32).unwrap_or(llamacpp::DEFAULT_CTX_SIZE);
@@ -204,37 +382,10 @@ impl Runtime {
             user_args,
             amd_igpu: false,
         })
-        .map_err(|e| ApiError::BadRequest {
-            message: e.to_string(),
-            param: Some("llamacpp_args".into()),
-            code: Some("invalid_llamacpp_args"),
-        })?;
-        let program = self.llama_server_binary(&backend_name).map_err(fail)?;
-
-        // Make room: the victim leaves the list first (no new leases), then drains, then stops.
-        let victim = {
-            let list = self.loaded_list();
-            let residents: Vec<Resident> = list
-                .iter()
-                .map(|m| Resident {
-                    name: &m.info.name,
-                    model_type: m.info.model_type,
-                    last_use: m.last_use.load(Ordering::SeqCst),
-                    in_flight: m.in_flight(),
-                })
-                .collect();
-            match plan_load(&residents, info.model_type, &self.cfg.max_loaded_models) {
-                Plan::Load => None,
-                Plan::Evict(v) => list.iter().find(|m| m.info.name == v).cloned(),
-            }
-        };
-        if let Some(v) = victim {
-            tracing::info!(model = %v.info.name, for_model = %name, "evicting least recently used model");
-            self.retire(&v).await;
-        }
-
+        .map_err(|e| fatal(e.to_string()))?;
+        let program = self.llama_server_binary(&backend_name).map_err(fatal)?;
         let spec = SpawnSpec {
-            label: name.clone(),
+            label: name.to_string(),
             program,
             args,
             env: vec![],
@@ -242,99 +393,70 @@ impl Runtime {
             ready_timeout: self.cfg.ready_timeout,
         };
         let started = Instant::now();
-        let backend = Backend::start(spec, &self.http).await.map_err(|e| fail(e.to_string()))?;
-        tracing::info!(model = %name, ms = started.elapsed().as_millis() as u64, port = backend.port(), "model loaded");
-
-        let now = self.now_ms();
-        let loaded = Arc::new(Loaded {
+        let backend = Backend::spawn(spec).map_err(|e| fatal(e.to_string()))?;
+        let running = Arc::new(Running {
             info,
             backend: backend.clone(),
             options,
-            last_use: AtomicU64::new(now),
-            in_flight: AtomicUsize::new(1),
-            drained: Notify::new(),
-            closing: AtomicBool::new(false),
             stats: Mutex::new(Stats::default()),
+            seq: self.seq.fetch_add(1, Ordering::Relaxed),
         });
-        self.loaded_list().push(loaded.clone());
-        self.watch(loaded.clone());
-        Ok(Lease { model: loaded, rt: self.clone() })
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string(), running.clone());
+        if let Err(e) = backend.ready(&self.http).await {
+            self.unregister(name, &running);
+            return Err(LoadError { message: e.to_string(), missing_file: false });
+        }
+        tracing::info!(model = %name, ms = started.elapsed().as_millis() as u64, port = backend.port(), "model loaded");
+        self.watch(name.to_string(), running);
+        Ok(())
     }
 
-    /// Notices a backend that exits on its own and drops it from the list.
-    fn watch(self: &Arc<Self>, m: Arc<Loaded>) {
+    fn unregister(&self, name: &str, r: &Arc<Running>) -> bool {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        if running.get(name).is_some_and(|x| Arc::ptr_eq(x, r)) {
+            running.remove(name);
+            return true;
+        }
+        false
+    }
+
+    /// Reports a backend that exits on its own (a stop unregisters it first).
+    fn watch(self: &Arc<Self>, name: String, r: Arc<Running>) {
         let rt = Arc::downgrade(self);
         tokio::spawn(async move {
-            let exit = m.backend.wait_exit().await;
-            if m.closing.swap(true, Ordering::SeqCst) {
-                return; // an unload or eviction stopped it
-            }
-            tracing::error!(model = %m.info.name, status = %exit, tail = %m.backend.log_tail(), "backend died");
-            if let Some(rt) = rt.upgrade() {
-                rt.loaded_list().retain(|x| !Arc::ptr_eq(x, &m));
+            let exit = r.backend.wait_exit().await;
+            let Some(rt) = rt.upgrade() else { return };
+            if rt.unregister(&name, &r) {
+                let tail = r.backend.log_tail();
+                tracing::error!(model = %name, status = %exit, "backend died");
+                let error = format!("llama-server exited unexpectedly ({exit}). Last log lines:\n{tail}");
+                let _ = rt.tx.send(Event::Exited { model: name, error });
             }
         });
-    }
-
-    /// Removes `m` from the list, waits for its in-flight requests, stops its backend.
-    async fn retire(&self, m: &Arc<Loaded>) {
-        m.closing.store(true, Ordering::SeqCst);
-        self.loaded_list().retain(|x| !Arc::ptr_eq(x, m));
-        loop {
-            let drained = m.drained.notified();
-            if m.in_flight() == 0 {
-                break;
-            }
-            drained.await;
-        }
-        m.backend.stop(STOP_GRACE).await;
-    }
-
-    /// Stops every backend (server shutdown).
-    pub async fn unload_all(&self) {
-        let _guard = self.load_lock.lock().await;
-        let all: Vec<Arc<Loaded>> = std::mem::take(&mut *self.loaded_list());
-        let stops = all.iter().map(|m| {
-            m.closing.store(true, Ordering::SeqCst);
-            m.backend.stop(STOP_GRACE)
-        });
-        futures_util::future::join_all(stops).await;
-    }
-
-    /// Effective options: saved per-model options over CLI/env settings; built-in defaults
-    /// are applied when read. Only keys set at some level are listed.
-    fn effective_options(&self, info: &ModelInfo) -> RecipeOptions {
-        let mut o = RecipeOptions::new();
-        o.insert("llamacpp_backend".into(), Value::String(self.cfg.llamacpp_backend.clone()));
-        if let Some(c) = self.cfg.ctx_size {
-            o.insert("ctx_size".into(), c.into());
-        }
-        if let Some(a) = &self.cfg.llamacpp_args {
-            o.insert("llamacpp_args".into(), Value::String(a.clone()));
-        }
-        for (k, v) in self.registry().saved_options(info) {
-            o.insert(k, v);
-        }
-        registry::filter_recipe_options(&info.recipe, &o)
     }
 
     fn llama_server_binary(&self, backend: &str) -> Result<PathBuf, String> {
-        binary::resolve(
-            &self.cfg.cache_dir,
-            "llamacpp",
-            backend,
-            "llama-server",
-            |k| std::env::var(k).ok(),
-            std::env::var("PATH").ok(),
-        )
-        .map(|r| r.path)
-        .ok_or_else(|| {
-            format!(
-                "llama-server for the '{backend}' backend was not found: set {}, install it under {}, or put llama-server on PATH \
-                 (a CPU build is provisioned by `cargo xtask setup`)",
-                binary::override_var("llamacpp", backend),
-                binary::managed_dir(&self.cfg.cache_dir, "llamacpp", backend).display()
-            )
-        })
+        binary::resolve(&self.cfg.cache_dir, "llamacpp", backend, "llama-server", |k| std::env::var(k).ok(), std::env::var("PATH").ok())
+            .map(|r| r.path)
+            .ok_or_else(|| {
+                format!(
+                    "llama-server for the '{backend}' backend was not found: set {}, install it under {}, or put llama-server on PATH \
+                     (a CPU build is provisioned by `cargo xtask setup`)",
+                    binary::override_var("llamacpp", backend),
+                    binary::managed_dir(&self.cfg.cache_dir, "llamacpp", backend).display()
+                )
+            })
+    }
+}
+
+/// The owner task: the only place the state machine runs.
+async fn owner(rt: Weak<Runtime>, mut rx: mpsc::UnboundedReceiver<Event<Opts>>, mut machine: Machine<Opts>) {
+    while let Some(ev) = rx.recv().await {
+        let Some(rt) = rt.upgrade() else { return };
+        let effects = machine.handle(ev, rt.now_ms());
+        rt.publish(&machine);
+        for e in effects {
+            rt.execute(e);
+        }
     }
 }
