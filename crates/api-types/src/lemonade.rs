@@ -156,3 +156,50 @@ pub struct Stats {
 pub struct Live {
     pub status: String,
 }
+
+/// `POST /v1/load`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"model_name": "Qwen3-0.6B-GGUF", "ctx_size": 8192, "save_options": true}))]
+pub struct LoadRequest {
+    pub model_name: String,
+    /// Context size for this load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ctx_size: Option<u32>,
+    /// `cpu`, `vulkan`, `rocm` or `metal`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llamacpp_backend: Option<String>,
+    /// Extra llama-server arguments; flags lemonade manages are rejected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llamacpp_args: Option<String>,
+    /// Save these options (and only these) as the model's defaults in `recipe_options.json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub save_options: Option<bool>,
+}
+
+/// Answer of `POST /v1/load`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct LoadResponse {
+    pub status: String,
+    pub model_name: String,
+    pub checkpoint: String,
+    pub recipe: String,
+}
+
+/// `POST /v1/unload`: one model, or every model when no name is given (or the body is empty).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct UnloadRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_name: Option<String>,
+    /// Accepted as an alias of `model_name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+/// Answer of `POST /v1/unload`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct UnloadResponse {
+    pub status: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_name: Option<String>,
+}

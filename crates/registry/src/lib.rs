@@ -463,3 +463,33 @@ fn file_gib(p: &Path) -> f64 {
 
 #[cfg(test)]
 mod tests;
+
+/// Replaces `name`'s saved options in `<cache_dir>/recipe_options.json` (None removes them).
+/// The file is written atomically: temp file, fsync, rename, fsync of the directory, so a
+/// crash at any point leaves either the old or the new file.
+pub fn save_recipe_options(cache_dir: &Path, name: &str, options: Option<&RecipeOptions>) -> Result<(), RegistryError> {
+    let path = cache_dir.join(RECIPE_OPTIONS_FILE);
+    let mut all: BTreeMap<String, RecipeOptions> = read_json_or_default(&path)?;
+    match options {
+        Some(o) => all.insert(name.to_string(), o.clone()),
+        None => all.remove(name),
+    };
+    let bytes = serde_json::to_vec_pretty(&all)
+        .map_err(|e| RegistryError::Json { path: path.display().to_string(), source: e })?;
+    write_atomic(&path, &bytes).map_err(|e| RegistryError::Io { path: path.display().to_string(), source: e })
+}
+
+/// Writes `bytes` to `path` atomically (same-directory temp file, fsync, rename, fsync dir).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}

@@ -169,3 +169,25 @@ fn labels_to_type_first_match_wins() {
     assert_eq!(device_for_recipe("kokoro"), "cpu");
     assert_eq!(device_for_recipe("x"), "none");
 }
+
+#[test]
+fn saved_options_are_replaced_atomically_and_read_back() {
+    let e = env();
+    let mut o = RecipeOptions::new();
+    o.insert("ctx_size".into(), 8192.into());
+    save_recipe_options(&e.cfg.cache_dir, "user.X", Some(&o)).unwrap();
+    o.insert("llamacpp_args".into(), "--threads 1".into());
+    save_recipe_options(&e.cfg.cache_dir, "Qwen3-0.6B-GGUF", Some(&o)).unwrap();
+    let reg = Registry::load(&e.cfg).unwrap();
+    let q = reg.get("Qwen3-0.6B-GGUF").unwrap();
+    assert_eq!(reg.saved_options(q), o);
+    save_recipe_options(&e.cfg.cache_dir, "Qwen3-0.6B-GGUF", None).unwrap();
+    let text = std::fs::read_to_string(e.cfg.cache_dir.join(RECIPE_OPTIONS_FILE)).unwrap();
+    assert!(text.contains("user.X") && !text.contains("Qwen3"), "{text}");
+    let leftovers: Vec<_> = std::fs::read_dir(&e.cfg.cache_dir)
+        .unwrap()
+        .filter_map(|x| x.ok())
+        .filter(|x| x.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "no temp files left behind");
+}

@@ -28,6 +28,9 @@ pub enum ApiError {
     BackendUnavailable(String),
     #[error("No model loaded")]
     NoModelLoaded,
+    /// Unload of a model that is not loaded.
+    #[error("{message}")]
+    NotLoaded { message: String },
     /// The runtime did not admit the request (the model's state forbids it).
     #[error("{}", rejection_message(model, why))]
     Rejected { model: String, why: scheduler::Rejection },
@@ -49,7 +52,9 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest { .. } | ApiError::WrongModelType(_) => StatusCode::BAD_REQUEST,
-            ApiError::Lookup(_) | ApiError::UnknownPath(_) | ApiError::NoModelLoaded => StatusCode::NOT_FOUND,
+            ApiError::Lookup(_) | ApiError::UnknownPath(_) | ApiError::NoModelLoaded | ApiError::NotLoaded { .. } => {
+                StatusCode::NOT_FOUND
+            }
             ApiError::LoadFailed { .. } | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Rejected { why, .. } => match why {
                 scheduler::Rejection::LoadFailed(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -94,7 +99,9 @@ impl ApiError {
             ApiError::Backend { .. } | ApiError::BackendUnavailable(_) => {
                 ErrorResponse::new("backend_error", msg).code("backend_error")
             }
-            ApiError::NoModelLoaded => ErrorResponse::new("model_not_loaded", msg).code("model_not_loaded"),
+            ApiError::NoModelLoaded | ApiError::NotLoaded { .. } => {
+                ErrorResponse::new("model_not_loaded", msg).code("model_not_loaded")
+            }
             ApiError::Rejected { model, why } => {
                 ErrorResponse::new(why.code(), msg).code(why.code()).param("model").requested_model(model.clone())
             }

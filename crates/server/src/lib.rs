@@ -63,6 +63,8 @@ pub fn app(rt: Arc<Runtime>) -> Router {
         .route("/models/{*id}", get(get_model).fallback(method_not_allowed("GET")))
         .route("/health", get(health).fallback(method_not_allowed("GET")))
         .route("/stats", get(stats).fallback(method_not_allowed("GET")))
+        .route("/load", post(load).fallback(method_not_allowed("POST")))
+        .route("/unload", post(unload).fallback(method_not_allowed("POST")))
         .merge(native.clone());
     let mut router = Router::new();
     for prefix in PREFIXES {
@@ -77,16 +79,20 @@ pub fn app(rt: Arc<Runtime>) -> Router {
         .with_state(rt)
 }
 
-/// Builds the registry and runtime from `cfg`.
-pub fn runtime(cfg: Config) -> anyhow::Result<Arc<Runtime>> {
-    let reg_cfg = RegistryConfig {
+/// Where the registry reads from, for `cfg`.
+pub fn registry_config(cfg: &Config) -> RegistryConfig {
+    RegistryConfig {
         cache_dir: cfg.cache_dir.clone(),
         hf_cache: cfg.hf_cache.clone(),
         extra_models_dir: cfg.extra_models_dir.clone(),
         physical_memory_gb: physical_memory_gb(),
         disable_filtering: cfg.disable_filtering,
-    };
-    let registry = Registry::load(&reg_cfg).context("cannot read the model catalogue")?;
+    }
+}
+
+/// Builds the registry and runtime from `cfg`.
+pub fn runtime(cfg: Config) -> anyhow::Result<Arc<Runtime>> {
+    let registry = Registry::load(&registry_config(&cfg)).context("cannot read the model catalogue")?;
     Ok(Runtime::new(cfg, registry))
 }
 

@@ -24,6 +24,8 @@ use crate::routes;
         routes::get_model,
         routes::health,
         routes::stats,
+        routes::load,
+        routes::unload,
         routes::live,
         routes::native_post,
         routes::native_get,

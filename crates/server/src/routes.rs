@@ -234,6 +234,109 @@ pub async fn stats(State(rt): State<AppState>) -> Result<Json<Stats>, ApiError> 
     Ok(Json(s))
 }
 
+const LLAMACPP_BACKENDS: &[&str] = &["cpu", "vulkan", "rocm", "metal"];
+
+/// The request's recipe options, validated (400 naming the field).
+fn request_options(req: &LoadRequest) -> Result<RecipeOptions, ApiError> {
+    let mut o = RecipeOptions::new();
+    if let Some(c) = req.ctx_size {
+        if c == 0 {
+            return Err(ApiError::bad_request("ctx_size must be at least 1", Some("ctx_size")));
+        }
+        o.insert("ctx_size".into(), c.into());
+    }
+    if let Some(b) = &req.llamacpp_backend {
+        if !LLAMACPP_BACKENDS.contains(&b.as_str()) {
+            return Err(ApiError::bad_request(
+                format!("llamacpp_backend must be one of {}, got '{b}'", LLAMACPP_BACKENDS.join(", ")),
+                Some("llamacpp_backend"),
+            ));
+        }
+        o.insert("llamacpp_backend".into(), b.clone().into());
+    }
+    if let Some(a) = &req.llamacpp_args {
+        let check = backends::llamacpp::tokenize(a).and_then(|t| backends::llamacpp::validate_user_args(&t));
+        if let Err(e) = check {
+            return Err(ApiError::BadRequest {
+                message: e.to_string(),
+                param: Some("llamacpp_args".into()),
+                code: Some("invalid_llamacpp_args"),
+            });
+        }
+        o.insert("llamacpp_args".into(), a.clone().into());
+    }
+    Ok(o)
+}
+
+/// Loads a model (or reloads it with other options; the same options are a no-op).
+#[utoipa::path(post, path = "/api/v1/load", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1. Options take precedence over saved per-model options, which take \
+                   precedence over the server's flags. A loaded model with other options is restarted in place (it \
+                   never takes a second slot). `save_options` stores the request's options as the model's defaults.",
+    request_body = LoadRequest,
+    responses(
+        (status = 200, description = "Loaded", body = LoadResponse),
+        (status = 400, description = "Invalid body or option (e.g. a reserved llama-server flag), or the model is not downloaded", body = ErrorResponse),
+        (status = 404, description = "Unknown model", body = ErrorResponse),
+        (status = 500, description = "The load failed (`model_load_error`)", body = ErrorResponse),
+    ))]
+pub async fn load(State(rt): State<AppState>, body: JsonBody<LoadRequest>) -> Result<Json<LoadResponse>, ApiError> {
+    let req = body.value;
+    let info = rt.registry().get(&req.model_name)?.clone();
+    let opts = request_options(&req)?;
+    if !info.downloaded {
+        return Err(ApiError::BadRequest {
+            message: format!("Model '{}' is not downloaded. Pull it first: lemonade pull {}", info.name, info.name),
+            param: Some("model_name".into()),
+            code: Some("model_not_downloaded"),
+        });
+    }
+    if req.save_options == Some(true) {
+        registry::save_recipe_options(&rt.cfg.cache_dir, &info.name, Some(&opts))
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        rt.reload_registry().map_err(|e| ApiError::Internal(e.to_string()))?;
+    }
+    let effective = rt.effective_options(&info, &opts);
+    rt.load(&info, effective).await.map_err(|message| ApiError::LoadFailed { model: info.name.clone(), message })?;
+    Ok(Json(LoadResponse {
+        status: "success".into(),
+        model_name: info.name.clone(),
+        checkpoint: info.checkpoint.clone(),
+        recipe: info.recipe.clone(),
+    }))
+}
+
+/// Unloads one model (after its in-flight requests finish), or every model.
+#[utoipa::path(post, path = "/api/v1/unload", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1. An empty body, or one without a name, unloads every model. \
+                   New requests for the model are not admitted once the unload starts; requests in flight finish first.",
+    request_body(content = UnloadRequest, description = "Optional"),
+    responses(
+        (status = 200, description = "Unloaded", body = UnloadResponse),
+        (status = 400, description = "Malformed body", body = ErrorResponse),
+        (status = 404, description = "The named model is not loaded (`model_not_loaded`)", body = ErrorResponse),
+    ))]
+pub async fn unload(State(rt): State<AppState>, body: Bytes) -> Result<Json<UnloadResponse>, ApiError> {
+    let req: UnloadRequest =
+        if body.iter().all(u8::is_ascii_whitespace) { UnloadRequest::default() } else { crate::extract::parse(&body)? };
+    let name = req.model_name.or(req.model).filter(|n| !n.is_empty());
+    match rt.unload(name.as_deref()).await {
+        Ok(_) => Ok(Json(match name {
+            Some(n) => UnloadResponse {
+                status: "success".into(),
+                message: "Model unloaded successfully".into(),
+                model_name: Some(n),
+            },
+            None => UnloadResponse {
+                status: "success".into(),
+                message: "All models unloaded successfully".into(),
+                model_name: None,
+            },
+        })),
+        Err(message) => Err(ApiError::NotLoaded { message }),
+    }
+}
+
 /// Liveness probe; answers as long as the process serves HTTP.
 #[utoipa::path(get, path = "/live", tag = "Lemonade", responses((status = 200, description = "Alive", body = Live)))]
 pub async fn live() -> Json<Live> {

@@ -163,6 +163,13 @@ impl Runtime {
         *self.registry.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(r);
     }
 
+    /// Reads the catalogue and the user's files again (after they changed).
+    pub fn reload_registry(&self) -> Result<(), registry::RegistryError> {
+        let reg = Registry::load(&crate::registry_config(&self.cfg))?;
+        self.set_registry(reg);
+        Ok(())
+    }
+
     /// The last published state of every model the runtime has seen.
     pub fn view(&self) -> BTreeMap<String, ModelView> {
         self.view.read().unwrap_or_else(|e| e.into_inner()).clone()

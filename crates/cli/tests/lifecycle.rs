@@ -1,0 +1,145 @@
+//! Model lifecycle against real llama-server: load/unload, slots and LRU, options, auto-load.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+use test_support::*;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_lemonade"))
+}
+
+fn loaded(h: &Value) -> Vec<String> {
+    h["all_models_loaded"].as_array().unwrap().iter().map(|m| m["model_name"].as_str().unwrap().to_string()).collect()
+}
+
+async fn chat(l: &Lemonade, model: &str) -> (u16, Value) {
+    l.post(
+        "/api/v1/chat/completions",
+        &json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn two_slots_three_llms_lru_eviction_visible_in_health() {
+    let l = Lemonade::start(bin(), &["--max-loaded-models", "2"]).await;
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(h["max_models"]["llm"], 2);
+    for m in [SMOL, GEMMA] {
+        let (s, v) = l.post("/api/v1/load", &json!({"model_name": m})).await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["status"], "success");
+        assert_eq!(v["model_name"], m);
+    }
+    // Using SMOL makes GEMMA the least recently used.
+    assert_eq!(chat(&l, SMOL).await.0, 200);
+    let (s, _) = l.post("/api/v1/load", &json!({"model_name": SMOL_COPY})).await;
+    assert_eq!(s, 200);
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(loaded(&h), [SMOL, SMOL_COPY], "GEMMA was evicted");
+    // An embedding model has its own slots.
+    assert_eq!(l.post("/api/v1/embeddings", &json!({"model": MINILM, "input": "x"})).await.0, 200);
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(loaded(&h).len(), 3);
+    let children = child_pids(l.pid());
+    assert_eq!(children.len(), 3, "one llama-server per loaded model");
+
+    let (s, v) = l.post("/api/v1/unload", &json!({"model_name": SMOL})).await;
+    assert_eq!((s, v["message"].as_str()), (200, Some("Model unloaded successfully")));
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(loaded(&h), [SMOL_COPY, MINILM]);
+    let (s, e) = l.post("/api/v1/unload", &json!({"model_name": SMOL})).await;
+    assert_eq!(s, 404);
+    assert_eq!(e["error"]["code"], "model_not_loaded");
+    let (s, v) = l.post_raw("/api/v1/unload", "").await;
+    assert_eq!((s, v["message"].as_str()), (200, Some("All models unloaded successfully")));
+    let (_, h) = l.get("/api/v1/health").await;
+    assert!(loaded(&h).is_empty());
+    let gone =
+        wait_for(std::time::Duration::from_secs(5), || async { children.iter().all(|p| !alive(*p)).then_some(()) })
+            .await;
+    assert!(gone.is_some(), "unloaded backends exited");
+}
+
+#[tokio::test]
+async fn load_options_reload_in_place_and_save() {
+    let l = Lemonade::start(bin(), &[]).await;
+    let (s, _) = l.post("/api/v1/load", &json!({"model_name": SMOL, "ctx_size": 2048})).await;
+    assert_eq!(s, 200);
+    let (_, h) = l.get("/api/v1/health").await;
+    let first = h["all_models_loaded"][0].clone();
+    assert_eq!(first["recipe_options"]["ctx_size"], 2048);
+    let pid = child_pids(l.pid());
+    // Same options: nothing restarts.
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL, "ctx_size": 2048})).await.0, 200);
+    assert_eq!(child_pids(l.pid()), pid, "same options: same process");
+    // Other options: restarted in place, one slot.
+    let (s, _) = l.post("/api/v1/load", &json!({"model_name": SMOL, "ctx_size": 1024, "save_options": true})).await;
+    assert_eq!(s, 200);
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(loaded(&h), [SMOL]);
+    assert_eq!(h["all_models_loaded"][0]["recipe_options"]["ctx_size"], 1024);
+    assert_ne!(child_pids(l.pid()), pid, "other options: a new process");
+    let (_, props) = l.get(&format!("/props?model={SMOL}")).await;
+    assert_eq!(props["default_generation_settings"]["n_ctx"], 1024);
+    // Saved: the file holds the request's options, and an auto-load uses them.
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(l.sandbox.cache().join("recipe_options.json")).unwrap()).unwrap();
+    assert_eq!(saved, json!({SMOL: {"ctx_size": 1024}}));
+    let (_, m) = l.get(&format!("/api/v1/models/{SMOL}")).await;
+    assert_eq!(m["recipe_options"]["ctx_size"], 1024);
+    assert_eq!(l.post_raw("/api/v1/unload", "").await.0, 200);
+    assert_eq!(chat(&l, SMOL).await.0, 200);
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(h["all_models_loaded"][0]["recipe_options"]["ctx_size"], 1024, "saved options apply to auto-loads");
+}
+
+#[tokio::test]
+async fn load_rejects_bad_input_precisely() {
+    let l = Lemonade::start(bin(), &[]).await;
+    let (s, e) = l.post("/api/v1/load", &json!({"model_name": SMOL, "llamacpp_args": "--threads 1 --port 9"})).await;
+    assert_eq!(s, 400, "{e}");
+    assert_eq!(e["error"]["param"], "llamacpp_args");
+    assert!(e["error"]["message"].as_str().unwrap().contains("'--port'"), "{e}");
+    let (s, e) = l.post("/api/v1/load", &json!({"model": SMOL})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("model_name")));
+    let (s, e) = l.post("/api/v1/load", &json!({"model_name": "nope"})).await;
+    assert_eq!((s, e["error"]["code"].as_str()), (404, Some("model_not_found")));
+    let (s, e) = l.post("/api/v1/load", &json!({"model_name": SMOL, "llamacpp_backend": "cuda"})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("llamacpp_backend")));
+    let (s, e) = l.post("/api/v1/load", &json!({"model_name": SMOL, "ctx_size": 0})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("ctx_size")));
+    let (s, _) = l.post_raw("/api/v1/unload", "{not json").await;
+    assert_eq!(s, 400, "garbage is not 'unload everything'");
+    let (_, h) = l.get("/api/v1/health").await;
+    assert!(loaded(&h).is_empty(), "nothing was loaded by bad requests");
+}
+
+#[tokio::test]
+async fn no_auto_load_rejects_with_machine_readable_codes() {
+    let l = Lemonade::start(bin(), &["--no-auto-load"]).await;
+    let (s, e) = chat(&l, SMOL).await;
+    assert_eq!(s, 409, "{e}");
+    assert_eq!(e["error"]["code"], "model_not_loaded");
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL})).await.0, 200);
+    assert_eq!(chat(&l, SMOL).await.0, 200);
+}
+
+#[tokio::test]
+async fn killed_backend_is_failed_then_reloaded_by_the_next_request() {
+    let l = Lemonade::start(bin(), &[]).await;
+    assert_eq!(chat(&l, SMOL).await.0, 200);
+    let children = child_pids(l.pid());
+    unsafe {
+        libc::kill(children[0] as i32, libc::SIGKILL);
+    }
+    let gone = wait_for(std::time::Duration::from_secs(5), || async {
+        loaded(&l.get("/api/v1/health").await.1).is_empty().then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "the dead model is no longer loaded");
+    let (s, v) = chat(&l, SMOL).await;
+    assert_eq!(s, 200, "{v}");
+    assert_ne!(child_pids(l.pid()), children, "a new llama-server");
+}
