@@ -143,3 +143,82 @@ async fn killed_backend_is_failed_then_reloaded_by_the_next_request() {
     assert_eq!(s, 200, "{v}");
     assert_ne!(child_pids(l.pid()), children, "a new llama-server");
 }
+
+fn admin_row<'a>(v: &'a Value, name: &str) -> &'a Value {
+    v["models"].as_array().unwrap().iter().find(|m| m["name"] == name).unwrap_or_else(|| panic!("{name} not in {v}"))
+}
+
+#[tokio::test]
+async fn admin_api_states_overrides_and_errors() {
+    let l = Lemonade::start(bin(), &[]).await;
+    let (s, v) = l.get("/v1/admin/models").await;
+    assert_eq!(s, 200);
+    let row = admin_row(&v, SMOL);
+    assert_eq!((row["runtime_state"].as_str(), row["is_loaded"].as_bool()), (Some("unloaded"), Some(false)));
+    assert_eq!(row["load_constraints"]["gguf_flash_attn"]["allowed_values"], json!(["on", "off", "auto"]));
+    assert!(row["vram_estimate_mib"].as_u64().unwrap() > 50, "{row}");
+
+    let path = format!("/v1/admin/models/{SMOL}/load");
+    let (s, e) = l.post(&path, &json!({"gguf_n_ctx": 0})).await;
+    assert_eq!(s, 422, "{e}");
+    let (s, e) = l.post(&path, &json!({"gguf_n_ctx": "big"})).await;
+    assert_eq!(s, 422, "{e}");
+    let (s, e) = l.post(&path, &json!({"gguf_type_k": "q8-0"})).await;
+    assert_eq!((s, e["error"]["code"].as_str()), (400, Some("invalid_load_request")), "{e}");
+    let (s, e) = l.post(&path, &json!({"exllama_cache_size": 4096})).await;
+    assert_eq!((s, e["error"]["code"].as_str()), (400, Some("invalid_load_request")), "{e}");
+    let (s, _) = l.post("/v1/admin/models/nope/load", &json!({})).await;
+    assert_eq!(s, 404);
+
+    let (s, row) = l
+        .post(
+            &path,
+            &json!({"gguf_n_ctx": 1536, "gguf_type_k": "q8_0", "gguf_type_v": "q8_0", "gguf_flash_attn": "on"}),
+        )
+        .await;
+    assert_eq!(s, 200, "{row}");
+    assert_eq!(row["runtime_state"], "loaded");
+    assert_eq!(
+        row["load_override"],
+        json!({"gguf_n_ctx": 1536, "gguf_type_k": "q8_0", "gguf_type_v": "q8_0", "gguf_flash_attn": "on"})
+    );
+    let (_, props) = l.get(&format!("/props?model={SMOL}")).await;
+    assert_eq!(props["default_generation_settings"]["n_ctx"], 1536, "override reached llama-server");
+    let (s, e) = l.post(&path, &json!({"gguf_n_ctx": 2048})).await;
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (400, Some("invalid_load_request")),
+        "overrides need an unload first: {e}"
+    );
+    assert_eq!(l.post(&path, &json!({})).await.0, 200, "already loaded");
+
+    let (s, row) = l.post(&format!("/v1/admin/models/{SMOL}/unload"), &json!({})).await;
+    assert_eq!((s, row["runtime_state"].as_str()), (200, Some("unloaded")));
+    assert_eq!(row["load_override"], json!({}));
+    assert_eq!(l.post(&format!("/v1/admin/models/{SMOL}/unload"), &json!({})).await.0, 200, "already unloaded");
+
+    let (s, g) = l.get("/v1/admin/gpu-memory").await;
+    assert_eq!(s, 200, "{g}");
+    assert!(g["gpus"].is_array());
+    if g["gpus"].as_array().unwrap().is_empty() {
+        assert!(g["error"].as_str().is_some_and(|e| !e.is_empty()), "an empty GPU list says why: {g}");
+    }
+    assert!(g["models"].as_array().unwrap().iter().any(|m| m["name"] == SMOL));
+
+    // A killed backend shows as failed with its last error, and the next request reloads it.
+    assert_eq!(chat(&l, SMOL).await.0, 200);
+    unsafe {
+        libc::kill(child_pids(l.pid())[0] as i32, libc::SIGKILL);
+    }
+    let failed = wait_for(std::time::Duration::from_secs(5), || async {
+        let (_, v) = l.get("/v1/admin/models").await;
+        let row = admin_row(&v, SMOL).clone();
+        (row["runtime_state"] == "failed").then_some(row)
+    })
+    .await
+    .expect("reported failed");
+    assert!(failed["last_error"].as_str().unwrap().contains("killed by signal 9"), "{failed}");
+    assert_eq!(chat(&l, SMOL).await.0, 200);
+    let (_, v) = l.get("/v1/admin/models").await;
+    assert_eq!(admin_row(&v, SMOL)["runtime_state"], "loaded");
+}

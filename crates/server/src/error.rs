@@ -28,6 +28,12 @@ pub enum ApiError {
     BackendUnavailable(String),
     #[error("No model loaded")]
     NoModelLoaded,
+    /// The body is valid JSON but fails the schema (admin API).
+    #[error("{0}")]
+    Unprocessable(String),
+    /// The model's state forbids the operation now (admin API).
+    #[error("{0}")]
+    Conflict(String),
     /// Unload of a model that is not loaded.
     #[error("{message}")]
     NotLoaded { message: String },
@@ -66,6 +72,8 @@ impl ApiError {
             ApiError::Backend { status, .. } => *status,
             ApiError::BackendUnavailable(_) => StatusCode::BAD_GATEWAY,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         }
     }
@@ -109,6 +117,8 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => {
                 ErrorResponse::new("invalid_request_error", msg).code("method_not_allowed")
             }
+            ApiError::Unprocessable(_) => ErrorResponse::new("invalid_request_error", msg).code("validation_error"),
+            ApiError::Conflict(_) => ErrorResponse::new("invalid_request_error", msg).code("conflict"),
             ApiError::PayloadTooLarge { .. } => {
                 ErrorResponse::new("invalid_request_error", msg).code("payload_too_large")
             }

@@ -1,6 +1,7 @@
 //! The lemonade HTTP server: axum routes over the model [`runtime`], forwarding to backends
 //! through the [`proxy`]. See docs/ARCHITECTURE.md for the map.
 
+pub mod admin;
 pub mod config;
 pub mod error;
 pub mod extract;
@@ -65,6 +66,10 @@ pub fn app(rt: Arc<Runtime>) -> Router {
         .route("/stats", get(stats).fallback(method_not_allowed("GET")))
         .route("/load", post(load).fallback(method_not_allowed("POST")))
         .route("/unload", post(unload).fallback(method_not_allowed("POST")))
+        .route("/admin/models", get(admin::models).fallback(method_not_allowed("GET")))
+        .route("/admin/models/{model_name}/load", post(admin::load).fallback(method_not_allowed("POST")))
+        .route("/admin/models/{model_name}/unload", post(admin::unload).fallback(method_not_allowed("POST")))
+        .route("/admin/gpu-memory", get(admin::gpu_memory).fallback(method_not_allowed("GET")))
         .merge(native.clone());
     let mut router = Router::new();
     for prefix in PREFIXES {

@@ -26,6 +26,10 @@ use crate::routes;
         routes::stats,
         routes::load,
         routes::unload,
+        crate::admin::models,
+        crate::admin::load,
+        crate::admin::unload,
+        crate::admin::gpu_memory,
         routes::live,
         routes::native_post,
         routes::native_get,
@@ -34,6 +38,8 @@ use crate::routes;
         (name = "OpenAI", description = "OpenAI-compatible endpoints"),
         (name = "Lemonade", description = "Lemonade's own endpoints"),
         (name = "llama.cpp", description = "llama-server's own endpoints, routed per model"),
+        (name = "Admin", description = "Runtime admin API: live model state, load with overrides, unload, GPU memory. \
+            Runtime states: unloaded, loading, loaded, unloading (no new requests; in-flight ones finish), failed (see last_error)."),
     )
 )]
 pub struct ApiDoc;

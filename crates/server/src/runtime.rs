@@ -70,6 +70,8 @@ pub struct Runtime {
     answers: Mutex<HashMap<ReqId, oneshot::Sender<Answer>>>,
     running: Mutex<HashMap<String, Arc<Running>>>,
     view: RwLock<BTreeMap<String, ModelView>>,
+    /// Runtime-only admin load overrides of loaded models.
+    overrides: Mutex<HashMap<String, Value>>,
     next_req: AtomicU64,
     seq: AtomicU64,
     epoch: Instant,
@@ -141,6 +143,7 @@ impl Runtime {
             answers: Mutex::new(HashMap::new()),
             running: Mutex::new(HashMap::new()),
             view: RwLock::new(BTreeMap::new()),
+            overrides: Mutex::new(HashMap::new()),
             next_req: AtomicU64::new(1),
             seq: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -168,6 +171,18 @@ impl Runtime {
         let reg = Registry::load(&crate::registry_config(&self.cfg))?;
         self.set_registry(reg);
         Ok(())
+    }
+
+    pub fn load_override(&self, name: &str) -> Option<Value> {
+        self.overrides.lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned()
+    }
+
+    pub fn set_load_override(&self, name: &str, v: Option<Value>) {
+        let mut o = self.overrides.lock().unwrap_or_else(|e| e.into_inner());
+        match v {
+            Some(v) => o.insert(name.to_string(), v),
+            None => o.remove(name),
+        };
     }
 
     /// The last published state of every model the runtime has seen.
