@@ -114,7 +114,7 @@ fn demo(rest: &[String]) -> Result<()> {
     let bin = root().join("target/release/lemonade");
     let port = std::env::var("LEMONADE_PORT").unwrap_or_else(|_| "8000".into());
     let mut cmd = Command::new(&bin);
-    cmd.args(["serve", "--port", &port, "--extra-models-dir"]).arg(&p.models_dir).args(rest);
+    cmd.args(["serve", "--port", &port, "--extra-models-dir"]).arg(p.models_dir.join("serve")).args(rest);
     eprintln!("$ {}", show(&cmd));
     let mut child = cmd.spawn().context("cannot start lemonade")?;
 
