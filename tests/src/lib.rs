@@ -59,11 +59,17 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
-    pub fn new() -> Sandbox {
+    /// A sandbox with no models.
+    pub fn empty() -> Sandbox {
         let dir = tempfile::tempdir().expect("tempdir");
         let s = Sandbox { dir };
         std::fs::create_dir_all(s.cache()).unwrap();
         std::fs::create_dir_all(s.extra()).unwrap();
+        s
+    }
+
+    pub fn new() -> Sandbox {
+        let s = Sandbox::empty();
         let repo = s.hf_cache().join("models--HuggingFaceTB--SmolLM2-135M-Instruct-GGUF");
         let commit = "5b3f2a1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a";
         let blob = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
@@ -133,11 +139,14 @@ impl Lemonade {
             .env("HOME", sandbox.dir.path())
             .env("LEMONADE_CACHE_DIR", sandbox.cache())
             .env("HF_HUB_CACHE", sandbox.hf_cache())
-            .env("LEMONADE_LLAMACPP_CPU_BIN", llama_server())
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        // The real llama-server unless the caller names another (e.g. the fake backend).
+        if !env.iter().any(|(k, _)| *k == "LEMONADE_LLAMACPP_CPU_BIN") {
+            cmd.env("LEMONADE_LLAMACPP_CPU_BIN", llama_server());
+        }
         let mut child = cmd.spawn().expect("start lemonade");
         let log = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel();
@@ -289,4 +298,65 @@ pub fn sse_data(body: &str) -> Vec<String> {
         .filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
         .map(|d| d.trim().to_string())
         .collect()
+}
+
+/// The fake llama-server (tests/src/bin/fake-llama-server.rs): `LEMONADE_TEST_FAKE_BACKEND`,
+/// else built once into this test's target directory.
+pub fn fake_llama_server() -> PathBuf {
+    if let Some(p) = std::env::var_os("LEMONADE_TEST_FAKE_BACKEND") {
+        return p.into();
+    }
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            // target/<profile>/deps/<test> → target/<profile>/fake-llama-server
+            let exe = std::env::current_exe().expect("test exe");
+            let profile_dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+            let target_dir = profile_dir.parent().expect("target root");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = Command::new(cargo)
+                .args(["build", "-q", "-p", "lemonade-test-support", "--bin", "fake-llama-server", "--target-dir"])
+                .arg(target_dir)
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .status()
+                .expect("cargo build of the fake backend");
+            assert!(status.success(), "building fake-llama-server failed");
+            profile_dir.join("fake-llama-server")
+        })
+        .clone()
+}
+
+/// Writes a minimal GGUF file (header and metadata, no tensors): `arch` and, when given, its
+/// pooling type (1 = mean → an embedding model, 4 = rank → a reranker).
+pub fn write_gguf(path: &Path, arch: &str, pooling: Option<u32>) {
+    let mut b = Vec::new();
+    let s = |b: &mut Vec<u8>, s: &str| {
+        b.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        b.extend_from_slice(s.as_bytes());
+    };
+    b.extend_from_slice(b"GGUF");
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b.extend_from_slice(&(1 + pooling.is_some() as u64).to_le_bytes());
+    s(&mut b, "general.architecture");
+    b.extend_from_slice(&8u32.to_le_bytes());
+    s(&mut b, arch);
+    if let Some(p) = pooling {
+        s(&mut b, &format!("{arch}.pooling_type"));
+        b.extend_from_slice(&4u32.to_le_bytes());
+        b.extend_from_slice(&p.to_le_bytes());
+    }
+    std::fs::write(path, b).unwrap();
+}
+
+/// A sandbox whose extra models dir holds fake models: `name` → (pooling, knobs JSON).
+/// Served as `extra.<name>.gguf`; lemonade runs them with the fake backend.
+pub fn fake_sandbox(models: &[(&str, Option<u32>, Value)]) -> Sandbox {
+    let s = Sandbox::empty();
+    for (name, pooling, knobs) in models {
+        let p = s.extra().join(format!("{name}.gguf"));
+        write_gguf(&p, if pooling.is_some() { "bert" } else { "llama" }, *pooling);
+        std::fs::write(format!("{}.json", p.display()), knobs.to_string()).unwrap();
+    }
+    s
 }

@@ -81,6 +81,9 @@ fn test(rest: &[String]) -> Result<()> {
     let p = provision::setup()?;
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
     run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    // The fake backend of the fault tests, built once up front.
+    run(cargo().args(["build", "-q", "-p", "lemonade-test-support", "--bin", "fake-llama-server"]))?;
+    let fake = root().join("target/debug/fake-llama-server");
     let nextest = Command::new("cargo-nextest").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
     let mut cmd = cargo();
     if nextest {
@@ -90,6 +93,7 @@ fn test(rest: &[String]) -> Result<()> {
     }
     cmd.args(rest);
     test_env(&mut cmd, &p);
+    cmd.env("LEMONADE_TEST_FAKE_BACKEND", fake);
     // No doc tests exist (nextest would not run them); keep it that way or add a step here.
     run(&mut cmd)
 }

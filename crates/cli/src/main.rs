@@ -89,6 +89,13 @@ struct ServeArgs {
     /// `model_loading`, `model_unloading`, `model_failed`) instead of loading it.
     #[arg(long, env = "LEMONADE_NO_AUTO_LOAD")]
     no_auto_load: bool,
+    /// Seconds a backend gets to exit after SIGTERM before it is killed.
+    #[arg(long, env = "LEMONADE_STOP_TIMEOUT", default_value_t = 5)]
+    stop_timeout: u64,
+    /// How often loaded backends are probed (ms); three failed probes in a row kill a wedged
+    /// backend, whose model then reloads on the next request. 0 disables the watchdog.
+    #[arg(long, env = "LEMONADE_WATCHDOG_INTERVAL_MS", default_value_t = 5000)]
+    watchdog_interval_ms: u64,
     /// Seconds a model may take to load before the load is abandoned.
     #[arg(long, env = "LEMONADE_LOAD_TIMEOUT", default_value_t = 600)]
     load_timeout: u64,
@@ -143,6 +150,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     cfg.disable_filtering = truthy("LEMONADE_DISABLE_MODEL_FILTERING");
     cfg.ready_timeout = Duration::from_secs(args.load_timeout);
     cfg.auto_load = !args.no_auto_load;
+    cfg.stop_grace = Duration::from_secs(args.stop_timeout);
+    cfg.watchdog_interval = (args.watchdog_interval_ms > 0).then(|| Duration::from_millis(args.watchdog_interval_ms));
 
     let rt = server::runtime(cfg)?;
     let listeners = server::bind(&args.host, args.port).await?;

@@ -26,6 +26,10 @@ pub struct Config {
     pub disable_filtering: bool,
     /// How long a backend may take to load a model.
     pub ready_timeout: Duration,
+    /// Grace period between SIGTERM and SIGKILL when a backend is stopped.
+    pub stop_grace: Duration,
+    /// How often loaded backends are probed; 3 failed probes in a row kill a wedged one.
+    pub watchdog_interval: Option<Duration>,
     /// Largest accepted request body.
     pub body_limit: usize,
 }
@@ -46,6 +50,8 @@ impl Config {
             auto_load: true,
             disable_filtering: false,
             ready_timeout: Duration::from_secs(600),
+            stop_grace: Duration::from_secs(5),
+            watchdog_interval: Some(Duration::from_secs(5)),
             body_limit: 64 << 20,
         }
     }

@@ -28,8 +28,8 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::Config;
 use crate::error::ApiError;
 
-/// Grace period between SIGTERM and SIGKILL when a backend is stopped.
-const STOP_GRACE: Duration = Duration::from_secs(5);
+/// Failed health probes in a row after which a backend counts as wedged and is killed.
+const WATCHDOG_STRIKES: u32 = 3;
 
 type Opts = RecipeOptions;
 
@@ -49,6 +49,8 @@ pub struct Running {
     pub stats: Mutex<Stats>,
     /// Order of loading, for `health`.
     seq: u64,
+    /// Set when the watchdog killed it for not answering.
+    wedged: std::sync::atomic::AtomicBool,
 }
 
 /// One model as the owner last published it.
@@ -296,7 +298,7 @@ impl Runtime {
     pub async fn shutdown(&self) {
         let all: Vec<Arc<Running>> =
             self.running.lock().unwrap_or_else(|e| e.into_inner()).drain().map(|(_, r)| r).collect();
-        futures_util::future::join_all(all.iter().map(|r| r.backend.stop(STOP_GRACE))).await;
+        futures_util::future::join_all(all.iter().map(|r| r.backend.stop(self.cfg.stop_grace))).await;
     }
 
     /// Effective options: `request` over saved per-model options over CLI/env settings.
@@ -357,7 +359,7 @@ impl Runtime {
                     let r = rt.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&model);
                     if let Some(r) = r {
                         tracing::info!(model = %model, "stopping backend");
-                        r.backend.stop(STOP_GRACE).await;
+                        r.backend.stop(rt.cfg.stop_grace).await;
                     }
                     let _ = rt.tx.send(Event::Stopped { model });
                 });
@@ -422,6 +424,7 @@ impl Runtime {
             options,
             stats: Mutex::new(Stats::default()),
             seq: self.seq.fetch_add(1, Ordering::Relaxed),
+            wedged: std::sync::atomic::AtomicBool::new(false),
         });
         self.running.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string(), running.clone());
         if let Err(e) = backend.ready(&self.http).await {
@@ -442,8 +445,12 @@ impl Runtime {
         false
     }
 
-    /// Reports a backend that exits on its own (a stop unregisters it first).
+    /// Reports a backend that exits on its own (a stop unregisters it first), and kills one
+    /// that stops answering its health endpoint (a wedged process), which then reports the same.
     fn watch(self: &Arc<Self>, name: String, r: Arc<Running>) {
+        if let Some(interval) = self.cfg.watchdog_interval {
+            tokio::spawn(watchdog(self.http.clone(), interval, self.cfg.stop_grace, name.clone(), r.clone()));
+        }
         let rt = Arc::downgrade(self);
         tokio::spawn(async move {
             let exit = r.backend.wait_exit().await;
@@ -451,7 +458,11 @@ impl Runtime {
             if rt.unregister(&name, &r) {
                 let tail = r.backend.log_tail();
                 tracing::error!(model = %name, status = %exit, "backend died");
-                let error = format!("llama-server exited unexpectedly ({exit}). Last log lines:\n{tail}");
+                let error = if r.wedged.load(Ordering::SeqCst) {
+                    format!("llama-server stopped answering its health checks and was killed ({exit}). Last log lines:\n{tail}")
+                } else {
+                    format!("llama-server exited unexpectedly ({exit}). Last log lines:\n{tail}")
+                };
                 let _ = rt.tx.send(Event::Exited { model: name, error });
             }
         });
@@ -479,6 +490,27 @@ async fn owner(rt: Weak<Runtime>, mut rx: mpsc::UnboundedReceiver<Event<Opts>>, 
         rt.publish(&machine);
         for e in effects {
             rt.execute(e);
+        }
+    }
+}
+
+/// Probes a running backend's `/health` every `interval`; after [`WATCHDOG_STRIKES`] failures
+/// in a row (no answer within the interval, or an error status) the process is killed.
+async fn watchdog(http: reqwest::Client, interval: Duration, grace: Duration, name: String, r: Arc<Running>) {
+    let url = format!("{}/health", r.backend.base_url());
+    let mut strikes = 0;
+    loop {
+        tokio::select! {
+            _ = r.backend.wait_exit() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        let ok = matches!(http.get(&url).timeout(interval).send().await, Ok(resp) if resp.status().is_success());
+        strikes = if ok { 0 } else { strikes + 1 };
+        if strikes >= WATCHDOG_STRIKES {
+            tracing::error!(model = %name, strikes, "backend stopped answering its health checks; killing it");
+            r.wedged.store(true, Ordering::SeqCst);
+            r.backend.stop(grace.min(Duration::from_millis(100))).await;
+            return;
         }
     }
 }

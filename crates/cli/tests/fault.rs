@@ -1,0 +1,243 @@
+//! Scheduling rules and faults, through the real `lemonade` binary with the fake backend
+//! (tests/src/bin/fake-llama-server.rs) for deterministic timing and failures. Every rule here
+//! also runs against real llama-server in lifecycle.rs / e2e.rs where a real model can show it.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use test_support::*;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_lemonade"))
+}
+
+async fn start(models: &[(&str, Option<u32>, Value)], args: &[&str]) -> Lemonade {
+    let fake = fake_llama_server();
+    let fake = fake.to_str().unwrap().to_string();
+    Lemonade::start_in(bin(), fake_sandbox(models), args, &[("LEMONADE_LLAMACPP_CPU_BIN", &fake)]).await
+}
+
+fn x(name: &str) -> String {
+    format!("extra.{name}.gguf")
+}
+
+fn loaded(h: &Value) -> Vec<String> {
+    h["all_models_loaded"].as_array().unwrap().iter().map(|m| m["model_name"].as_str().unwrap().to_string()).collect()
+}
+
+async fn chat(l: &Lemonade, model: &str) -> (u16, Value) {
+    l.post(
+        "/api/v1/chat/completions",
+        &json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    )
+    .await
+}
+
+async fn state(l: &Lemonade, model: &str) -> Value {
+    let (_, v) = l.get("/v1/admin/models").await;
+    v["models"].as_array().unwrap().iter().find(|m| m["name"] == model).cloned().unwrap_or(Value::Null)
+}
+
+/// Reads a whole SSE stream; returns the instant it ended and its text.
+async fn read_stream(r: reqwest::Response) -> (Instant, String) {
+    let mut body = Vec::new();
+    let mut s = r.bytes_stream();
+    while let Some(c) = s.next().await {
+        body.extend_from_slice(&c.unwrap());
+    }
+    (Instant::now(), String::from_utf8_lossy(&body).into_owned())
+}
+
+async fn slow_stream(l: &Lemonade, model: &str) -> reqwest::Response {
+    let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": true});
+    let r = l.http.post(l.url("/api/v1/chat/completions")).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    r
+}
+
+const SLOW: fn() -> Value = || json!({"token_delay_ms": 60, "tokens": 12});
+
+#[tokio::test]
+async fn lru_order_with_three_models_two_slots_and_per_type_independence() {
+    let l = start(
+        &[("a", None, json!({})), ("b", None, json!({})), ("c", None, json!({})), ("e", Some(1), json!({}))],
+        &["--max-loaded-models", "2"],
+    )
+    .await;
+    for m in ["a", "b"] {
+        assert_eq!(chat(&l, &x(m)).await.0, 200);
+    }
+    assert_eq!(l.post("/api/v1/embeddings", &json!({"model": x("e"), "input": "q"})).await.0, 200);
+    assert_eq!(chat(&l, &x("a")).await.0, 200, "A is now more recent than B");
+    assert_eq!(chat(&l, &x("c")).await.0, 200);
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(
+        loaded(&h),
+        [x("a"), x("e"), x("c")],
+        "B, the least recently used LLM, was evicted; the embedding model stayed"
+    );
+}
+
+#[tokio::test]
+async fn a_busy_model_is_not_evicted_until_its_stream_ends() {
+    let l = start(&[("a", None, SLOW()), ("b", None, json!({}))], &[]).await;
+    let stream = slow_stream(&l, &x("a")).await;
+    let reader = tokio::spawn(read_stream(stream));
+    let (s, _) = chat(&l, &x("b")).await;
+    let b_done = Instant::now();
+    assert_eq!(s, 200);
+    let (a_done, text) = reader.await.unwrap();
+    assert!(text.contains("tok11") && text.trim_end().ends_with("data: [DONE]"), "A's stream completed: {text}");
+    assert!(a_done <= b_done, "B was served only after A's stream ended");
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(loaded(&h), [x("b")]);
+}
+
+#[tokio::test]
+async fn graceful_unload_waits_for_the_stream_and_admits_nothing_new() {
+    let l = start(&[("a", None, SLOW())], &[]).await;
+    let stream = slow_stream(&l, &x("a")).await;
+    let reader = tokio::spawn(read_stream(stream));
+    let unload = {
+        let http = l.http.clone();
+        let url = l.url("/api/v1/unload");
+        let body = json!({"model_name": x("a")});
+        tokio::spawn(async move {
+            let r = http.post(url).json(&body).send().await.unwrap();
+            (Instant::now(), r.status().as_u16())
+        })
+    };
+    let unloading = wait_for(Duration::from_secs(5), || async {
+        (state(&l, &x("a")).await["runtime_state"] == "unloading").then_some(())
+    })
+    .await;
+    assert!(unloading.is_some(), "the model is unloading while the stream runs");
+    let (_, text) = reader.await.unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "the stream finished normally: {text}");
+    let (unloaded_at, status) = unload.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(unloaded_at.elapsed() < Duration::from_secs(5));
+    let (_, h) = l.get("/api/v1/health").await;
+    assert!(loaded(&h).is_empty());
+}
+
+#[tokio::test]
+async fn failed_load_evicts_everything_and_retries_once() {
+    let marker = tempfile::tempdir().unwrap();
+    let marker = marker.path().join("failed-once");
+    let l =
+        start(&[("x", None, json!({"fail_first_start": marker.to_str().unwrap()})), ("e", Some(1), json!({}))], &[])
+            .await;
+    assert_eq!(l.post("/api/v1/embeddings", &json!({"model": x("e"), "input": "q"})).await.0, 200);
+    let (s, v) = l.post("/api/v1/load", &json!({"model_name": x("x")})).await;
+    assert_eq!(s, 200, "the retry succeeded: {v}");
+    assert!(marker.exists(), "the first start did fail");
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(loaded(&h), [x("x")], "every other model was evicted before the retry");
+}
+
+#[tokio::test]
+async fn a_missing_file_fails_without_evicting_anything() {
+    let l = start(&[("gone", None, json!({})), ("e", Some(1), json!({}))], &[]).await;
+    assert_eq!(l.post("/api/v1/embeddings", &json!({"model": x("e"), "input": "q"})).await.0, 200);
+    std::fs::remove_file(l.sandbox.extra().join("gone.gguf")).unwrap();
+    let (s, e) = l.post("/api/v1/load", &json!({"model_name": x("gone")})).await;
+    assert_eq!(s, 500, "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("GGUF file not found"), "{e}");
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(loaded(&h), [x("e")], "no evict-all for a missing file");
+}
+
+#[tokio::test]
+async fn a_backend_that_refuses_to_start_leaves_the_model_failed_with_its_log() {
+    let l = start(&[("r", None, json!({"refuse_start": true, "exit_code": 3}))], &[]).await;
+    let (s, e) = l.post("/api/v1/load", &json!({"model_name": x("r")})).await;
+    assert_eq!(s, 500);
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("exit code 3") && msg.contains("refuse_start"), "{msg}");
+    let row = state(&l, &x("r")).await;
+    assert_eq!(row["runtime_state"], "failed");
+    assert!(row["last_error"].as_str().unwrap().contains("exit code 3"), "{row}");
+    let (s, e) = chat(&l, &x("r")).await;
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (500, Some("model_load_error")),
+        "a request tries again and fails the same way"
+    );
+}
+
+#[tokio::test]
+async fn crash_mid_stream_ends_with_an_error_frame_and_the_model_reloads() {
+    let l = start(&[("c", None, json!({"token_delay_ms": 20, "tokens": 10, "crash_after_tokens": 3}))], &[]).await;
+    let (_, text) = read_stream(slow_stream(&l, &x("c")).await).await;
+    let last = sse_data(&text).pop().unwrap();
+    let v: Value = serde_json::from_str(&last).unwrap_or_else(|_| panic!("{text}"));
+    assert_eq!(v["error"]["type"], "streaming_error");
+    assert!(v["error"]["message"].as_str().unwrap().contains("exit code 1"), "{v}");
+    let failed = wait_for(Duration::from_secs(5), || async {
+        (state(&l, &x("c")).await["runtime_state"] == "failed").then_some(())
+    })
+    .await;
+    assert!(failed.is_some());
+    assert_eq!(chat(&l, &x("c")).await.0, 200, "the next request reloads it");
+}
+
+#[tokio::test]
+async fn unloading_a_loading_model_cancels_the_load() {
+    let l = start(&[("slow", None, json!({"load_delay_ms": 20000}))], &[]).await;
+    let waiting = {
+        let http = l.http.clone();
+        let url = l.url("/api/v1/chat/completions");
+        tokio::spawn(async move {
+            let r = http.post(url).json(&json!({"model": "extra.slow.gguf", "messages": []})).send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        })
+    };
+    let loading = wait_for(Duration::from_secs(5), || async {
+        (state(&l, &x("slow")).await["runtime_state"] == "loading").then_some(())
+    })
+    .await;
+    assert!(loading.is_some());
+    let children = child_pids(l.pid());
+    assert_eq!(children.len(), 1, "the backend is starting");
+    let t = Instant::now();
+    let (s, _) = l.post("/api/v1/unload", &json!({"model_name": x("slow")})).await;
+    assert_eq!(s, 200);
+    assert!(t.elapsed() < Duration::from_secs(10), "the unload did not wait for the 20 s load");
+    let (s, e) = waiting.await.unwrap();
+    assert_eq!((s, e["error"]["code"].as_str()), (409, Some("model_unloading")), "{e}");
+    assert!(children.iter().all(|p| !alive(*p)), "the starting backend was stopped");
+    assert_eq!(state(&l, &x("slow")).await["runtime_state"], "unloaded");
+}
+
+#[tokio::test]
+async fn a_backend_that_ignores_sigterm_is_killed() {
+    let l = start(&[("stubborn", None, json!({"ignore_sigterm": true}))], &["--stop-timeout", "1"]).await;
+    assert_eq!(chat(&l, &x("stubborn")).await.0, 200);
+    let children = child_pids(l.pid());
+    let t = Instant::now();
+    assert_eq!(l.post_raw("/api/v1/unload", "").await.0, 200);
+    assert!(t.elapsed() < Duration::from_secs(4));
+    assert!(children.iter().all(|p| !alive(*p)), "SIGKILL after the grace period");
+}
+
+#[tokio::test]
+async fn a_wedged_backend_is_detected_by_the_watchdog() {
+    let l = start(&[("w", None, json!({}))], &["--watchdog-interval-ms", "200"]).await;
+    assert_eq!(chat(&l, &x("w")).await.0, 200);
+    let child = child_pids(l.pid())[0];
+    unsafe {
+        libc::kill(child as i32, libc::SIGSTOP);
+    }
+    let failed = wait_for(Duration::from_secs(10), || async {
+        let row = state(&l, &x("w")).await;
+        (row["runtime_state"] == "failed").then_some(row)
+    })
+    .await
+    .expect("the wedged backend was noticed");
+    assert!(failed["last_error"].as_str().unwrap().contains("stopped answering"), "{failed}");
+    assert!(!alive(child), "the wedged process was killed");
+    assert_eq!(chat(&l, &x("w")).await.0, 200, "and the model reloads");
+}

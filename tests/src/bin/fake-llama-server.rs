@@ -1,0 +1,114 @@
+//! A stand-in for llama-server, for fast and deterministic fault tests. It accepts
+//! llama-server's command line, prints the same `listening on http://HOST:PORT` line once
+//! "loaded", and answers `/health`, `/v1/chat/completions` (streaming or not),
+//! `/v1/embeddings` and `/slots`.
+//!
+//! Fault knobs come from `<model>.json` next to the `-m` file (all optional):
+//! `load_delay_ms`, `token_delay_ms`, `tokens` (default 8), `crash_after_tokens` (exit 1 in the
+//! middle of a stream), `refuse_start` (exit `exit_code`, default 1, before listening),
+//! `fail_first_start` (a marker file path: the first start creates it and exits 1),
+//! `ignore_sigterm` (needs SIGKILL to stop).
+//! Never a substitute for the end-to-end tests against real llama-server.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+#[derive(Clone, Default)]
+struct Knobs {
+    token_delay_ms: u64,
+    tokens: u64,
+    crash_after_tokens: Option<u64>,
+}
+
+fn arg(args: &[String], flag: &str) -> Option<String> {
+    args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned()
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let model = arg(&args, "-m").expect("-m MODEL");
+    let knobs: Value =
+        std::fs::read(format!("{model}.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(json!({}));
+    let n = |k: &str| knobs.get(k).and_then(Value::as_u64);
+    eprintln!("fake llama-server: loading model '{model}'");
+    if knobs.get("ignore_sigterm") == Some(&json!(true)) {
+        // SAFETY: installing SIG_IGN for SIGTERM.
+        unsafe {
+            libc::signal(libc::SIGTERM, libc::SIG_IGN);
+        }
+    }
+    if let Some(ms) = n("load_delay_ms") {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if let Some(marker) = knobs.get("fail_first_start").and_then(Value::as_str) {
+        if std::fs::metadata(marker).is_err() {
+            std::fs::write(marker, b"failed once").unwrap();
+            eprintln!("error: simulated out-of-memory on first start");
+            std::process::exit(1);
+        }
+    }
+    if knobs.get("refuse_start") == Some(&json!(true)) {
+        eprintln!("error: failed to load model (refuse_start)");
+        std::process::exit(n("exit_code").unwrap_or(1) as i32);
+    }
+    let state = Knobs {
+        token_delay_ms: n("token_delay_ms").unwrap_or(0),
+        tokens: n("tokens").unwrap_or(8),
+        crash_after_tokens: n("crash_after_tokens"),
+    };
+    let app = Router::new()
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/slots", get(|| async { Json(json!([{"id": 0, "is_processing": false}])) }))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/embeddings", post(|| async { Json(json!({"object": "list", "model": "fake", "data": [{"object": "embedding", "index": 0, "embedding": [0.5, 0.5]}]})) }))
+        .with_state(state);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    eprintln!("main: server is listening on http://{} - starting the main loop", listener.local_addr().unwrap());
+    axum::serve(listener, app).await.unwrap();
+}
+
+async fn chat(State(k): State<Knobs>, Json(body): Json<Value>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let tokens = body.get("max_tokens").and_then(Value::as_u64).unwrap_or(k.tokens);
+    if body.get("stream") != Some(&json!(true)) {
+        tokio::time::sleep(Duration::from_millis(k.token_delay_ms * tokens)).await;
+        let text: String = (0..tokens).map(|i| format!("tok{i} ")).collect();
+        return Json(json!({"object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": tokens + 3}}))
+        .into_response();
+    }
+    let stream = async_stream(k, tokens);
+    ([("content-type", "text/event-stream")], Body::from_stream(stream)).into_response()
+}
+
+fn async_stream(k: Knobs, tokens: u64) -> impl futures_util::Stream<Item = Result<String, Infallible>> {
+    futures_util::stream::unfold(0u64, move |i| {
+        let k = k.clone();
+        async move {
+            if i > tokens {
+                return None;
+            }
+            if k.crash_after_tokens == Some(i) {
+                eprintln!("fake llama-server: crashing mid-stream");
+                std::process::exit(1);
+            }
+            tokio::time::sleep(Duration::from_millis(k.token_delay_ms)).await;
+            let chunk = if i == tokens {
+                format!(
+                    "data: {}\n\ndata: [DONE]\n\n",
+                    json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}], "usage": {"prompt_tokens": 3, "completion_tokens": tokens}})
+                )
+            } else {
+                format!("data: {}\n\n", json!({"choices": [{"index": 0, "delta": {"content": format!("tok{i} ")}}]}))
+            };
+            Some((Ok(chunk), i + 1))
+        }
+    })
+}
