@@ -149,10 +149,109 @@ async fn main() -> anyhow::Result<()> {
         "added_ttft_ms": added_ttft,
         "throughput_ratio": ratio,
     });
+    let lifecycle = lifecycle(&l).await?;
+    let mut out = out;
+    out["lifecycle"] = lifecycle;
     if let Some(path) = std::env::var_os("LEMONADE_BENCH_OUT") {
         std::fs::write(&path, serde_json::to_vec_pretty(&out)?)?;
         println!("\nwritten to {}", PathBuf::from(path).display());
     }
     drop(l);
     Ok(())
+}
+
+/// Starts llama-server by hand with the command line lemonade would use and waits until
+/// `/health` answers 200. Returns the process and the time it took.
+async fn start_by_hand(http: &reqwest::Client, model: &std::path::Path) -> anyhow::Result<(std::process::Child, f64)> {
+    use std::io::BufRead;
+    let args = backends::llamacpp::command_line(&backends::llamacpp::LlamaServerConfig {
+        model_path: model.to_path_buf(),
+        mmproj_path: None,
+        model_type: api_types::ModelType::Llm,
+        ctx_size: backends::llamacpp::DEFAULT_CTX_SIZE,
+        backend: "cpu".into(),
+        user_args: LLAMA_ARGS.into(),
+        amd_igpu: false,
+    })?;
+    let t = Instant::now();
+    let mut child = std::process::Command::new(test_support::llama_server())
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let stderr = child.stderr.take().unwrap();
+    let port = tokio::task::spawn_blocking(move || {
+        let mut lines = std::io::BufReader::new(stderr).lines();
+        let port = lines.by_ref().map_while(Result::ok).find_map(|l| backends::supervisor::parse_listening_port(&l));
+        // Keep draining so the child never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        port
+    })
+    .await?
+    .ok_or_else(|| anyhow::anyhow!("llama-server printed no port"))?;
+    let url = format!("http://127.0.0.1:{port}/health");
+    loop {
+        if matches!(http.get(&url).send().await, Ok(r) if r.status() == 200) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok((child, t.elapsed().as_secs_f64() * 1e3))
+}
+
+/// SIGTERM and wait, as lemonade stops a backend.
+fn stop_by_hand(child: &mut std::process::Child) -> anyhow::Result<()> {
+    // SAFETY: plain syscall on our own child.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    child.wait()?;
+    Ok(())
+}
+
+async fn timed_post(l: &Lemonade, path: &str, body: Value) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let (s, v) = l.post(path, &body).await;
+    anyhow::ensure!(s == 200, "{path}: {s} {v}");
+    Ok(t.elapsed().as_secs_f64() * 1e3)
+}
+
+/// Load-to-ready and one-slot swap, lemonade against the same work done by hand.
+async fn lifecycle(l: &Lemonade) -> anyhow::Result<Value> {
+    const REPS: usize = 8;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    let (a_file, b_file) = (test_support::model(test_support::SMOL_FILE), test_support::model(test_support::GEMMA_FILE));
+    let (a, b) = (test_support::SMOL, test_support::GEMMA);
+    let (mut lem_load, mut hand_load, mut lem_swap, mut hand_swap) = (vec![], vec![], vec![], vec![]);
+    for rep in 0..REPS {
+        // Alternate which side goes first, so order effects (page cache, CPU state) cancel.
+        let lemonade_first = rep % 2 == 0;
+        for side in [lemonade_first, !lemonade_first] {
+            if side {
+                // Load-to-ready from nothing loaded, then a swap A -> B with one LLM slot.
+                l.post("/api/v1/unload", &json!({})).await;
+                lem_load.push(timed_post(l, "/api/v1/load", json!({"model_name": a})).await?);
+                lem_swap.push(timed_post(l, "/api/v1/load", json!({"model_name": b})).await?);
+                l.post("/api/v1/unload", &json!({})).await;
+            } else {
+                let (mut ca, ms) = start_by_hand(&http, &a_file).await?;
+                hand_load.push(ms);
+                let t = Instant::now();
+                stop_by_hand(&mut ca)?;
+                let (mut cb, _) = start_by_hand(&http, &b_file).await?;
+                hand_swap.push(t.elapsed().as_secs_f64() * 1e3);
+                stop_by_hand(&mut cb)?;
+            }
+        }
+    }
+    let load_overhead = median(lem_load.iter().zip(&hand_load).map(|(l, h)| l - h).collect());
+    let swap_ratio = median(lem_swap.iter().zip(&hand_swap).map(|(l, h)| l / h).collect());
+    let (ll, hl, ls, hs) = (median(lem_load), median(hand_load), median(lem_swap), median(hand_swap));
+    println!("\nLoad and swap, llama-server {LLAMA_ARGS}, {REPS} reps (medians)\n");
+    println!("| operation | by hand (ms) | through lemonade (ms) | lemonade overhead |");
+    println!("|---|---:|---:|---:|");
+    println!("| load-to-ready SmolLM2 | {hl:.1} | {ll:.1} | {load_overhead:+.1} ms (paired median) |");
+    println!("| swap SmolLM2 → Gemma 270M (one slot) | {hs:.1} | {ls:.1} | ×{swap_ratio:.3} (paired median) |");
+    Ok(json!({"reps": REPS, "load_to_ready_ms": {"by_hand": hl, "lemonade": ll, "overhead_ms": load_overhead},
+              "swap_ms": {"by_hand": hs, "lemonade": ls, "ratio": swap_ratio}}))
 }
