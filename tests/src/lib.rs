@@ -360,3 +360,17 @@ pub fn fake_sandbox(models: &[(&str, Option<u32>, Value)]) -> Sandbox {
     }
     s
 }
+
+/// Registers `user.<name>` as a `ryzenai-llm` (NPU) model whose files are in the sandbox's HF
+/// cache (a directory with `genai_config.json`), with `labels`.
+pub fn add_npu_model(s: &Sandbox, name: &str, labels: &[&str]) {
+    let repo = format!("amd/{name}");
+    let snap =
+        s.hf_cache().join(format!("models--amd--{name}")).join("snapshots/0000000000000000000000000000000000000000");
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::write(snap.join("genai_config.json"), "{}").unwrap();
+    let path = s.cache().join("user_models.json");
+    let mut all: Value = std::fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(json!({}));
+    all[name] = json!({"checkpoint": repo, "recipe": "ryzenai-llm", "labels": labels});
+    std::fs::write(path, serde_json::to_vec_pretty(&all).unwrap()).unwrap();
+}

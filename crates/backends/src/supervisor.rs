@@ -36,6 +36,8 @@ pub struct SpawnSpec {
     pub health_path: String,
     /// How long loading may take before the start is abandoned.
     pub ready_timeout: Duration,
+    /// The port the process was told to use; None: it binds port 0 and logs the real one.
+    pub port: Option<u16>,
 }
 
 /// How a child ended.
@@ -158,8 +160,8 @@ impl Backend {
             inner: Arc::new(Inner {
                 label: spec.label,
                 pid,
-                port: std::sync::OnceLock::new(),
-                port_rx: Mutex::new(Some(port_rx)),
+                port: spec.port.map(std::sync::OnceLock::from).unwrap_or_default(),
+                port_rx: Mutex::new(spec.port.is_none().then_some(port_rx)),
                 health_path: spec.health_path,
                 ready_timeout: spec.ready_timeout,
                 exit: exit_rx,
@@ -309,6 +311,13 @@ async fn pump<R: AsyncRead + Unpin>(
     }
 }
 
+/// A port that was free on 127.0.0.1 a moment ago, for backends that cannot bind port 0 and
+/// report it. Racy by nature: a backend that fails to bind it fails its start, and the
+/// failure policy retries once.
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
 /// The port of llama-server's `listening on http://127.0.0.1:PORT` line.
 pub fn parse_listening_port(line: &str) -> Option<u16> {
     let rest = &line[line.find("listening on http://")? + "listening on http://".len()..];
@@ -337,6 +346,7 @@ mod tests {
             env: vec![],
             health_path: "/health".into(),
             ready_timeout: Duration::from_secs(10),
+            port: None,
         }
     }
 

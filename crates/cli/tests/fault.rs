@@ -145,7 +145,7 @@ async fn a_missing_file_fails_without_evicting_anything() {
     std::fs::remove_file(l.sandbox.extra().join("gone.gguf")).unwrap();
     let (s, e) = l.post("/api/v1/load", &json!({"model_name": x("gone")})).await;
     assert_eq!(s, 500, "{e}");
-    assert!(e["error"]["message"].as_str().unwrap().contains("GGUF file not found"), "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("Model file not found"), "{e}");
     let (_, h) = l.get("/api/v1/health").await;
     assert_eq!(loaded(&h), [x("e")], "no evict-all for a missing file");
 }
@@ -240,4 +240,39 @@ async fn a_wedged_backend_is_detected_by_the_watchdog() {
     assert!(failed["last_error"].as_str().unwrap().contains("stopped answering"), "{failed}");
     assert!(!alive(child), "the wedged process was killed");
     assert_eq!(chat(&l, &x("w")).await.0, 200, "and the model reloads");
+}
+
+#[tokio::test]
+async fn npu_models_exclude_each_other_whatever_their_type_and_the_slots() {
+    let sandbox = fake_sandbox(&[("gpu", None, json!({}))]);
+    add_npu_model(&sandbox, "npu-llm", &[]);
+    add_npu_model(&sandbox, "npu-emb", &["embeddings"]);
+    let fake = fake_llama_server();
+    let fake = fake.to_str().unwrap();
+    let env = [
+        ("LEMONADE_LLAMACPP_CPU_BIN", fake),
+        ("LEMONADE_RYZENAISERVER_NPU_BIN", fake),
+        ("LEMONADE_DISABLE_MODEL_FILTERING", "1"),
+    ];
+    let l = Lemonade::start_in(bin(), sandbox, &["--max-loaded-models", "-1"], &env).await;
+    for m in ["user.npu-llm", &x("gpu")] {
+        let (s, v) = l.post("/api/v1/load", &json!({"model_name": m})).await;
+        assert_eq!(s, 200, "{m}: {v}");
+    }
+    let (_, h) = l.get("/api/v1/health").await;
+    let devices: Vec<(String, String)> = h["all_models_loaded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["model_name"].as_str().unwrap().into(), m["device"].as_str().unwrap().into()))
+        .collect();
+    assert_eq!(devices, [("user.npu-llm".to_string(), "npu".to_string()), (x("gpu"), "gpu".to_string())]);
+    // Unlimited slots, another type: the NPU model still has to go.
+    assert_eq!(l.post("/api/v1/embeddings", &json!({"model": "user.npu-emb", "input": "q"})).await.0, 200);
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(
+        loaded(&h),
+        [x("gpu"), "user.npu-emb".to_string()],
+        "the first NPU model was evicted, the GPU one stayed"
+    );
 }

@@ -28,7 +28,9 @@ pub const USER_MODELS_FILE: &str = "user_models.json";
 pub const RECIPE_OPTIONS_FILE: &str = "recipe_options.json";
 
 /// Recipes this build can serve. Models of other recipes are filtered out (see [`Registry`]).
-pub const IMPLEMENTED_RECIPES: &[&str] = &["llamacpp"];
+pub const IMPLEMENTED_RECIPES: &[&str] = &["llamacpp", "ryzenai-llm"];
+/// Recipes that run on the AMD NPU (Windows only, as in Lemonade v9).
+pub const NPU_RECIPES: &[&str] = &["ryzenai-llm", "flm"];
 
 /// One entry of a catalogue file (`server_models.json`, `user_models.json`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -314,6 +316,9 @@ fn filter_reason(m: &ModelInfo, cfg: &RegistryConfig) -> Option<String> {
             IMPLEMENTED_RECIPES.join(", ")
         ));
     }
+    if NPU_RECIPES.contains(&m.recipe.as_str()) && !cfg!(windows) {
+        return Some(format!("The '{}' recipe requires an AMD XDNA 2 NPU on Windows.", m.recipe));
+    }
     if let (Some(ram), Some(size)) = (cfg.physical_memory_gb, m.size) {
         let limit = 0.8 * ram;
         if ram > 0.0 && size > limit {
@@ -334,6 +339,17 @@ fn resolve_files(m: &mut ModelInfo, hf_cache: &Path) {
         return;
     }
     for snap in hf_cache::snapshots(hf_cache, &main.repo) {
+        if m.recipe == "ryzenai-llm" {
+            // The model is the directory holding genai_config.json.
+            let cfg = snap.files.iter().find(|f| f.rsplit('/').next() == Some("genai_config.json"));
+            if let Some(rel) = cfg {
+                let file = snap.dir.join(rel);
+                m.downloaded = hf_cache::is_complete(&file);
+                m.main_path = file.parent().map(Path::to_path_buf);
+                break;
+            }
+            continue;
+        }
         let found = if m.recipe == "llamacpp" {
             checkpoint::resolve_gguf(&snap.files, &main.variant)
         } else {

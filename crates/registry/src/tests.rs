@@ -61,6 +61,30 @@ fn builtin_catalogue_keeps_llamacpp_models_and_filters_the_rest_with_reasons() {
 }
 
 #[test]
+fn ryzenai_models_are_npu_directories_hidden_off_windows() {
+    let mut e = env();
+    put(
+        &e.cfg.cache_dir.join(USER_MODELS_FILE),
+        br#"{"Npu": {"checkpoint": "amd/npu-model", "recipe": "ryzenai-llm"}}"#,
+    );
+    put(&e.cfg.hf_cache.join("models--amd--npu-model/snapshots/abc/onnx/genai_config.json"), b"{}");
+    let reg = Registry::load(&e.cfg).unwrap();
+    match reg.get("user.Npu") {
+        Err(LookupError::NotSupported { reason, .. }) => assert!(reason.contains("NPU on Windows"), "{reason}"),
+        other => assert!(cfg!(windows), "{other:?}"),
+    }
+    e.cfg.disable_filtering = true;
+    let reg = Registry::load(&e.cfg).unwrap();
+    let m = reg.get("user.Npu").unwrap();
+    assert_eq!(m.device(), "npu");
+    assert!(m.downloaded);
+    assert_eq!(
+        m.main_path.as_deref(),
+        Some(e.cfg.hf_cache.join("models--amd--npu-model/snapshots/abc/onnx").as_path())
+    );
+}
+
+#[test]
 fn filtering_can_be_disabled() {
     let mut e = env();
     e.cfg.disable_filtering = true;

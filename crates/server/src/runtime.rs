@@ -392,22 +392,32 @@ impl Runtime {
             .main_path
             .clone()
             .filter(|p| p.exists())
-            .ok_or_else(|| fatal(format!("GGUF file not found for checkpoint: {}", info.checkpoint)))?;
-        let backend_name = options.get("llamacpp_backend").and_then(Value::as_str).unwrap_or("cpu").to_string();
+            .ok_or_else(|| fatal(format!("Model file not found for checkpoint: {}", info.checkpoint)))?;
         let ctx_size =
             options.get("ctx_size").and_then(Value::as_u64).map(|v| v as u32).unwrap_or(llamacpp::DEFAULT_CTX_SIZE);
-        let user_args = options.get("llamacpp_args").and_then(Value::as_str).unwrap_or_default().to_string();
-        let args = llamacpp::command_line(&LlamaServerConfig {
-            model_path: main,
-            mmproj_path: info.mmproj_path.clone(),
-            model_type: info.model_type,
-            ctx_size,
-            backend: backend_name.clone(),
-            user_args,
-            amd_igpu: false,
-        })
-        .map_err(|e| fatal(e.to_string()))?;
-        let program = self.llama_server_binary(&backend_name).map_err(fatal)?;
+        let (program, args, port) = match info.recipe.as_str() {
+            "llamacpp" => {
+                let backend_name = options.get("llamacpp_backend").and_then(Value::as_str).unwrap_or("cpu").to_string();
+                let user_args = options.get("llamacpp_args").and_then(Value::as_str).unwrap_or_default().to_string();
+                let args = llamacpp::command_line(&LlamaServerConfig {
+                    model_path: main,
+                    mmproj_path: info.mmproj_path.clone(),
+                    model_type: info.model_type,
+                    ctx_size,
+                    backend: backend_name.clone(),
+                    user_args,
+                    amd_igpu: false,
+                })
+                .map_err(|e| fatal(e.to_string()))?;
+                (self.backend_binary("llamacpp", &backend_name, "llama-server").map_err(fatal)?, args, None)
+            }
+            "ryzenai-llm" => {
+                let port = backends::supervisor::free_port().map_err(|e| fatal(format!("no free port: {e}")))?;
+                let args = backends::ryzenai::command_line(&main, port, ctx_size);
+                (self.backend_binary("ryzenai-server", "npu", "ryzenai-server").map_err(fatal)?, args, Some(port))
+            }
+            other => return Err(fatal(format!("The '{other}' recipe has no backend adapter in this lemonade build"))),
+        };
         let spec = SpawnSpec {
             label: name.to_string(),
             program,
@@ -415,6 +425,7 @@ impl Runtime {
             env: vec![],
             health_path: "/health".into(),
             ready_timeout: self.cfg.ready_timeout,
+            port,
         };
         let started = Instant::now();
         let backend = Backend::spawn(spec).map_err(|e| fatal(e.to_string()))?;
@@ -468,15 +479,15 @@ impl Runtime {
         });
     }
 
-    fn llama_server_binary(&self, backend: &str) -> Result<PathBuf, String> {
-        binary::resolve(&self.cfg.cache_dir, "llamacpp", backend, "llama-server", |k| std::env::var(k).ok(), std::env::var("PATH").ok())
+    fn backend_binary(&self, dir: &str, backend: &str, exe: &str) -> Result<PathBuf, String> {
+        binary::resolve(&self.cfg.cache_dir, dir, backend, exe, |k| std::env::var(k).ok(), std::env::var("PATH").ok())
             .map(|r| r.path)
             .ok_or_else(|| {
                 format!(
-                    "llama-server for the '{backend}' backend was not found: set {}, install it under {}, or put llama-server on PATH \
-                     (a CPU build is provisioned by `cargo xtask setup`)",
-                    binary::override_var("llamacpp", backend),
-                    binary::managed_dir(&self.cfg.cache_dir, "llamacpp", backend).display()
+                    "{exe} for the '{backend}' backend was not found: set {}, install it under {}, or put {exe} on PATH{}",
+                    binary::override_var(dir, backend),
+                    binary::managed_dir(&self.cfg.cache_dir, dir, backend).display(),
+                    if dir == "llamacpp" { " (a CPU build is provisioned by `cargo xtask setup`)" } else { "" }
                 )
             })
     }

@@ -1,4 +1,5 @@
-//! A stand-in for llama-server, for fast and deterministic fault tests. It accepts
+//! A stand-in for llama-server (and for ryzenai-server, which takes its port from the caller),
+//! for fast and deterministic fault tests. It accepts
 //! llama-server's command line, prints the same `listening on http://HOST:PORT` line once
 //! "loaded", and answers `/health`, `/v1/chat/completions` (streaming or not),
 //! `/v1/embeddings` and `/slots`.
@@ -69,7 +70,10 @@ async fn main() {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/embeddings", post(|| async { Json(json!({"object": "list", "model": "fake", "data": [{"object": "embedding", "index": 0, "embedding": [0.5, 0.5]}]})) }))
         .with_state(state);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    // llama-server style (--port 0, the real port logged) or a port chosen by the caller
+    // (ryzenai-server style: `-m <dir> --port P --ctx-size N`).
+    let port = arg(&args, "--port").unwrap_or_else(|| "0".into());
+    let listener = tokio::net::TcpListener::bind(format!("127.0.0.1:{port}")).await.unwrap();
     eprintln!("main: server is listening on http://{} - starting the main loop", listener.local_addr().unwrap());
     axum::serve(listener, app).await.unwrap();
 }

@@ -220,7 +220,8 @@ async fn timed_post(l: &Lemonade, path: &str, body: Value) -> anyhow::Result<f64
 async fn lifecycle(l: &Lemonade) -> anyhow::Result<Value> {
     const REPS: usize = 8;
     let http = reqwest::Client::builder().no_proxy().build()?;
-    let (a_file, b_file) = (test_support::model(test_support::SMOL_FILE), test_support::model(test_support::GEMMA_FILE));
+    let (a_file, b_file) =
+        (test_support::model(test_support::SMOL_FILE), test_support::model(test_support::GEMMA_FILE));
     let (a, b) = (test_support::SMOL, test_support::GEMMA);
     let (mut lem_load, mut hand_load, mut lem_swap, mut hand_swap) = (vec![], vec![], vec![], vec![]);
     for rep in 0..REPS {

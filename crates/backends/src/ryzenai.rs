@@ -1,0 +1,26 @@
+//! The Ryzen AI adapter: `ryzenai-server` (an OpenAI-compatible server for ONNX models on the
+//! AMD NPU), as Lemonade v9 runs it (reference §7.4). Pure: no processes, no file system.
+
+use std::path::Path;
+
+/// `ryzenai-server -m <model dir> --port <P> --ctx-size <N>`. The model directory is the one
+/// holding `genai_config.json`. ryzenai-server cannot bind port 0 and report it, so the port is
+/// chosen by the caller.
+pub fn command_line(model_dir: &Path, port: u16, ctx_size: u32) -> Vec<String> {
+    vec![
+        "-m".into(),
+        model_dir.display().to_string(),
+        "--port".into(),
+        port.to_string(),
+        "--ctx-size".into(),
+        ctx_size.to_string(),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn command_line() {
+        insta::assert_snapshot!(super::command_line("/hub/models--amd--x/snapshots/abc".as_ref(), 8123, 4096).join(" "));
+    }
+}
