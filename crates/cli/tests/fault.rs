@@ -276,3 +276,33 @@ async fn npu_models_exclude_each_other_whatever_their_type_and_the_slots() {
         "the first NPU model was evicted, the GPU one stayed"
     );
 }
+
+#[tokio::test]
+async fn per_type_slot_limits_from_the_command_line() {
+    let l = start(&[], &["--max-loaded-models", "3", "2", "1"]).await;
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(h["max_models"], json!({"llm": 3, "embedding": 2, "reranking": 1, "audio": 1, "image": 1, "tts": 1}));
+    let l = start(&[], &["--max-loaded-models", "-1"]).await;
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(h["max_models"]["llm"], -1);
+    let out =
+        std::process::Command::new(bin()).args(["serve", "--port", "0", "--max-loaded-models", "0"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must be -1 (unlimited) or at least 1"));
+}
+
+#[tokio::test]
+async fn load_with_other_settings_restarts_in_place_and_same_settings_do_nothing() {
+    let l = start(&[("a", None, json!({}))], &[]).await;
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": x("a"), "ctx_size": 1024})).await.0, 200);
+    let first = child_pids(l.pid());
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": x("a"), "ctx_size": 1024})).await.0, 200);
+    assert_eq!(child_pids(l.pid()), first, "same settings: same process");
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": x("a"), "ctx_size": 2048})).await.0, 200);
+    let second = child_pids(l.pid());
+    assert_eq!(second.len(), 1, "one slot, one process");
+    assert_ne!(second, first, "other settings: restarted");
+    assert!(first.iter().all(|p| !alive(*p)));
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(h["all_models_loaded"][0]["recipe_options"]["ctx_size"], 2048);
+}
