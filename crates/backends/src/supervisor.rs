@@ -82,6 +82,8 @@ struct Inner {
     ready_timeout: Duration,
     exit: watch::Receiver<Option<ExitInfo>>,
     tail: Arc<Mutex<VecDeque<String>>>,
+    /// Number of output pipes that reached EOF (2 when all output has been read).
+    pipes_closed: watch::Receiver<usize>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -135,11 +137,19 @@ impl Backend {
         let tail = Arc::new(Mutex::new(VecDeque::with_capacity(LOG_TAIL)));
         let (port_tx, port_rx) = oneshot::channel();
         let port_tx = Arc::new(Mutex::new(Some(port_tx)));
-        if let Some(out) = child.stdout.take() {
-            tokio::spawn(pump(out, spec.label.clone(), tail.clone(), port_tx.clone()));
-        }
-        if let Some(err) = child.stderr.take() {
-            tokio::spawn(pump(err, spec.label.clone(), tail.clone(), port_tx));
+        let (closed_tx, closed_rx) = watch::channel(0usize);
+        let closed_tx = Arc::new(closed_tx);
+        for pipe in [
+            child.stdout.take().map(|p| Box::new(p) as Box<dyn AsyncRead + Send + Unpin>),
+            child.stderr.take().map(|p| Box::new(p) as _),
+        ] {
+            let (label, tail, port_tx, closed) = (spec.label.clone(), tail.clone(), port_tx.clone(), closed_tx.clone());
+            tokio::spawn(async move {
+                if let Some(p) = pipe {
+                    pump(p, label, tail, port_tx).await;
+                }
+                closed.send_modify(|n| *n += 1);
+            });
         }
         let (exit_tx, exit_rx) = watch::channel(None);
         let label = spec.label.clone();
@@ -166,6 +176,7 @@ impl Backend {
                 ready_timeout: spec.ready_timeout,
                 exit: exit_rx,
                 tail,
+                pipes_closed: closed_rx,
             }),
         })
     }
@@ -214,6 +225,7 @@ impl Backend {
             v = fut => Ok(v),
             _ = self.wait_exit() => {
                 let info = self.exit_status().unwrap_or(ExitInfo { code: None, signal: None });
+                self.output_drained().await;
                 Err(self.exited_error(info))
             }
             _ = tokio::time::sleep_until(deadline) => {
@@ -254,6 +266,13 @@ impl Backend {
             Err(_) => None,
         };
         exit.unwrap_or(ExitInfo { code: None, signal: None })
+    }
+
+    /// Waits (at most 500 ms) until everything the process wrote has been read, so that
+    /// [`Backend::log_tail`] after an exit holds its last words.
+    pub async fn output_drained(&self) {
+        let mut rx = self.inner.pipes_closed.clone();
+        let _ = tokio::time::timeout(Duration::from_millis(500), rx.wait_for(|n| *n >= 2)).await;
     }
 
     /// The last lines the process wrote, oldest first.
@@ -357,7 +376,7 @@ mod tests {
             Backend::start(sh("m", "echo loading; echo 'error: bad model' >&2; exit 3"), &http).await.unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("exit code 3"), "{msg}");
-        assert!(msg.contains("error: bad model"), "{msg}");
+        assert!(msg.contains("error: bad model"), "the last line is in the message: {msg}");
     }
 
     #[tokio::test]

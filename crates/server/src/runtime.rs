@@ -467,6 +467,7 @@ impl Runtime {
             let exit = r.backend.wait_exit().await;
             let Some(rt) = rt.upgrade() else { return };
             if rt.unregister(&name, &r) {
+                r.backend.output_drained().await;
                 let tail = r.backend.log_tail();
                 tracing::error!(model = %name, status = %exit, "backend died");
                 let error = if r.wedged.load(Ordering::SeqCst) {
