@@ -374,3 +374,24 @@ pub fn add_npu_model(s: &Sandbox, name: &str, labels: &[&str]) {
     all[name] = json!({"checkpoint": repo, "recipe": "ryzenai-llm", "labels": labels});
     std::fs::write(path, serde_json::to_vec_pretty(&all).unwrap()).unwrap();
 }
+
+/// Model names in a `/health` body's `all_models_loaded`, in load order.
+pub fn loaded_names(health: &Value) -> Vec<String> {
+    health["all_models_loaded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["model_name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+impl Lemonade {
+    /// A short chat completion ("hi", 2 tokens) against `model`.
+    pub async fn chat(&self, model: &str) -> (u16, Value) {
+        self.post(
+            "/api/v1/chat/completions",
+            &json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+        )
+        .await
+    }
+}

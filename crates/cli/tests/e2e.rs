@@ -25,15 +25,6 @@ async fn stream_text(l: &Lemonade, path: &str, body: &Value) -> (u16, String, St
     (status, ct, r.text().await.unwrap())
 }
 
-fn loaded_names(health: &Value) -> Vec<String> {
-    health["all_models_loaded"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["model_name"].as_str().unwrap().to_string())
-        .collect()
-}
-
 #[tokio::test]
 async fn chat_non_streaming_autoloads_and_records_stats() {
     let l = Lemonade::start(bin(), &[]).await;

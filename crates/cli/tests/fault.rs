@@ -23,18 +23,6 @@ fn x(name: &str) -> String {
     format!("extra.{name}.gguf")
 }
 
-fn loaded(h: &Value) -> Vec<String> {
-    h["all_models_loaded"].as_array().unwrap().iter().map(|m| m["model_name"].as_str().unwrap().to_string()).collect()
-}
-
-async fn chat(l: &Lemonade, model: &str) -> (u16, Value) {
-    l.post(
-        "/api/v1/chat/completions",
-        &json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
-    )
-    .await
-}
-
 async fn state(l: &Lemonade, model: &str) -> Value {
     let (_, v) = l.get("/v1/admin/models").await;
     v["models"].as_array().unwrap().iter().find(|m| m["name"] == model).cloned().unwrap_or(Value::Null)
@@ -67,14 +55,14 @@ async fn lru_order_with_three_models_two_slots_and_per_type_independence() {
     )
     .await;
     for m in ["a", "b"] {
-        assert_eq!(chat(&l, &x(m)).await.0, 200);
+        assert_eq!(l.chat(&x(m)).await.0, 200);
     }
     assert_eq!(l.post("/api/v1/embeddings", &json!({"model": x("e"), "input": "q"})).await.0, 200);
-    assert_eq!(chat(&l, &x("a")).await.0, 200, "A is now more recent than B");
-    assert_eq!(chat(&l, &x("c")).await.0, 200);
+    assert_eq!(l.chat(&x("a")).await.0, 200, "A is now more recent than B");
+    assert_eq!(l.chat(&x("c")).await.0, 200);
     let (_, h) = l.get("/api/v1/health").await;
     assert_eq!(
-        loaded(&h),
+        loaded_names(&h),
         [x("a"), x("e"), x("c")],
         "B, the least recently used LLM, was evicted; the embedding model stayed"
     );
@@ -85,14 +73,14 @@ async fn a_busy_model_is_not_evicted_until_its_stream_ends() {
     let l = start(&[("a", None, SLOW()), ("b", None, json!({}))], &[]).await;
     let stream = slow_stream(&l, &x("a")).await;
     let reader = tokio::spawn(read_stream(stream));
-    let (s, _) = chat(&l, &x("b")).await;
+    let (s, _) = l.chat(&x("b")).await;
     let b_done = Instant::now();
     assert_eq!(s, 200);
     let (a_done, text) = reader.await.unwrap();
     assert!(text.contains("tok11") && text.trim_end().ends_with("data: [DONE]"), "A's stream completed: {text}");
     assert!(a_done <= b_done, "B was served only after A's stream ended");
     let (_, h) = l.get("/api/v1/health").await;
-    assert_eq!(loaded(&h), [x("b")]);
+    assert_eq!(loaded_names(&h), [x("b")]);
 }
 
 #[tokio::test]
@@ -120,7 +108,7 @@ async fn graceful_unload_waits_for_the_stream_and_admits_nothing_new() {
     assert_eq!(status, 200);
     assert!(unloaded_at.elapsed() < Duration::from_secs(5));
     let (_, h) = l.get("/api/v1/health").await;
-    assert!(loaded(&h).is_empty());
+    assert!(loaded_names(&h).is_empty());
 }
 
 #[tokio::test]
@@ -135,7 +123,7 @@ async fn failed_load_evicts_everything_and_retries_once() {
     assert_eq!(s, 200, "the retry succeeded: {v}");
     assert!(marker.exists(), "the first start did fail");
     let (_, h) = l.get("/api/v1/health").await;
-    assert_eq!(loaded(&h), [x("x")], "every other model was evicted before the retry");
+    assert_eq!(loaded_names(&h), [x("x")], "every other model was evicted before the retry");
 }
 
 #[tokio::test]
@@ -147,7 +135,7 @@ async fn a_missing_file_fails_without_evicting_anything() {
     assert_eq!(s, 500, "{e}");
     assert!(e["error"]["message"].as_str().unwrap().contains("Model file not found"), "{e}");
     let (_, h) = l.get("/api/v1/health").await;
-    assert_eq!(loaded(&h), [x("e")], "no evict-all for a missing file");
+    assert_eq!(loaded_names(&h), [x("e")], "no evict-all for a missing file");
 }
 
 #[tokio::test]
@@ -160,7 +148,7 @@ async fn a_backend_that_refuses_to_start_leaves_the_model_failed_with_its_log() 
     let row = state(&l, &x("r")).await;
     assert_eq!(row["runtime_state"], "failed");
     assert!(row["last_error"].as_str().unwrap().contains("exit code 3"), "{row}");
-    let (s, e) = chat(&l, &x("r")).await;
+    let (s, e) = l.chat(&x("r")).await;
     assert_eq!(
         (s, e["error"]["code"].as_str()),
         (500, Some("model_load_error")),
@@ -181,7 +169,7 @@ async fn crash_mid_stream_ends_with_an_error_frame_and_the_model_reloads() {
     })
     .await;
     assert!(failed.is_some());
-    assert_eq!(chat(&l, &x("c")).await.0, 200, "the next request reloads it");
+    assert_eq!(l.chat(&x("c")).await.0, 200, "the next request reloads it");
 }
 
 #[tokio::test]
@@ -215,7 +203,7 @@ async fn unloading_a_loading_model_cancels_the_load() {
 #[tokio::test]
 async fn a_backend_that_ignores_sigterm_is_killed() {
     let l = start(&[("stubborn", None, json!({"ignore_sigterm": true}))], &["--stop-timeout", "1"]).await;
-    assert_eq!(chat(&l, &x("stubborn")).await.0, 200);
+    assert_eq!(l.chat(&x("stubborn")).await.0, 200);
     let children = child_pids(l.pid());
     let t = Instant::now();
     assert_eq!(l.post_raw("/api/v1/unload", "").await.0, 200);
@@ -226,7 +214,7 @@ async fn a_backend_that_ignores_sigterm_is_killed() {
 #[tokio::test]
 async fn a_wedged_backend_is_detected_by_the_watchdog() {
     let l = start(&[("w", None, json!({}))], &["--watchdog-interval-ms", "200"]).await;
-    assert_eq!(chat(&l, &x("w")).await.0, 200);
+    assert_eq!(l.chat(&x("w")).await.0, 200);
     let child = child_pids(l.pid())[0];
     unsafe {
         libc::kill(child as i32, libc::SIGSTOP);
@@ -239,7 +227,7 @@ async fn a_wedged_backend_is_detected_by_the_watchdog() {
     .expect("the wedged backend was noticed");
     assert!(failed["last_error"].as_str().unwrap().contains("stopped answering"), "{failed}");
     assert!(!alive(child), "the wedged process was killed");
-    assert_eq!(chat(&l, &x("w")).await.0, 200, "and the model reloads");
+    assert_eq!(l.chat(&x("w")).await.0, 200, "and the model reloads");
 }
 
 #[tokio::test]
@@ -271,7 +259,7 @@ async fn npu_models_exclude_each_other_whatever_their_type_and_the_slots() {
     assert_eq!(l.post("/api/v1/embeddings", &json!({"model": "user.npu-emb", "input": "q"})).await.0, 200);
     let (_, h) = l.get("/api/v1/health").await;
     assert_eq!(
-        loaded(&h),
+        loaded_names(&h),
         [x("gpu"), "user.npu-emb".to_string()],
         "the first NPU model was evicted, the GPU one stayed"
     );

@@ -9,18 +9,6 @@ fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_lemonade"))
 }
 
-fn loaded(h: &Value) -> Vec<String> {
-    h["all_models_loaded"].as_array().unwrap().iter().map(|m| m["model_name"].as_str().unwrap().to_string()).collect()
-}
-
-async fn chat(l: &Lemonade, model: &str) -> (u16, Value) {
-    l.post(
-        "/api/v1/chat/completions",
-        &json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
-    )
-    .await
-}
-
 #[tokio::test]
 async fn two_slots_three_llms_lru_eviction_visible_in_health() {
     let l = Lemonade::start(bin(), &["--max-loaded-models", "2"]).await;
@@ -33,29 +21,29 @@ async fn two_slots_three_llms_lru_eviction_visible_in_health() {
         assert_eq!(v["model_name"], m);
     }
     // Using SMOL makes GEMMA the least recently used.
-    assert_eq!(chat(&l, SMOL).await.0, 200);
+    assert_eq!(l.chat(SMOL).await.0, 200);
     let (s, _) = l.post("/api/v1/load", &json!({"model_name": SMOL_COPY})).await;
     assert_eq!(s, 200);
     let (_, h) = l.get("/api/v1/health").await;
-    assert_eq!(loaded(&h), [SMOL, SMOL_COPY], "GEMMA was evicted");
+    assert_eq!(loaded_names(&h), [SMOL, SMOL_COPY], "GEMMA was evicted");
     // An embedding model has its own slots.
     assert_eq!(l.post("/api/v1/embeddings", &json!({"model": MINILM, "input": "x"})).await.0, 200);
     let (_, h) = l.get("/api/v1/health").await;
-    assert_eq!(loaded(&h).len(), 3);
+    assert_eq!(loaded_names(&h).len(), 3);
     let children = child_pids(l.pid());
     assert_eq!(children.len(), 3, "one llama-server per loaded model");
 
     let (s, v) = l.post("/api/v1/unload", &json!({"model_name": SMOL})).await;
     assert_eq!((s, v["message"].as_str()), (200, Some("Model unloaded successfully")));
     let (_, h) = l.get("/api/v1/health").await;
-    assert_eq!(loaded(&h), [SMOL_COPY, MINILM]);
+    assert_eq!(loaded_names(&h), [SMOL_COPY, MINILM]);
     let (s, e) = l.post("/api/v1/unload", &json!({"model_name": SMOL})).await;
     assert_eq!(s, 404);
     assert_eq!(e["error"]["code"], "model_not_loaded");
     let (s, v) = l.post_raw("/api/v1/unload", "").await;
     assert_eq!((s, v["message"].as_str()), (200, Some("All models unloaded successfully")));
     let (_, h) = l.get("/api/v1/health").await;
-    assert!(loaded(&h).is_empty());
+    assert!(loaded_names(&h).is_empty());
     let gone =
         wait_for(std::time::Duration::from_secs(5), || async { children.iter().all(|p| !alive(*p)).then_some(()) })
             .await;
@@ -78,7 +66,7 @@ async fn load_options_reload_in_place_and_save() {
     let (s, _) = l.post("/api/v1/load", &json!({"model_name": SMOL, "ctx_size": 1024, "save_options": true})).await;
     assert_eq!(s, 200);
     let (_, h) = l.get("/api/v1/health").await;
-    assert_eq!(loaded(&h), [SMOL]);
+    assert_eq!(loaded_names(&h), [SMOL]);
     assert_eq!(h["all_models_loaded"][0]["recipe_options"]["ctx_size"], 1024);
     assert_ne!(child_pids(l.pid()), pid, "other options: a new process");
     let (_, props) = l.get(&format!("/props?model={SMOL}")).await;
@@ -90,7 +78,7 @@ async fn load_options_reload_in_place_and_save() {
     let (_, m) = l.get(&format!("/api/v1/models/{SMOL}")).await;
     assert_eq!(m["recipe_options"]["ctx_size"], 1024);
     assert_eq!(l.post_raw("/api/v1/unload", "").await.0, 200);
-    assert_eq!(chat(&l, SMOL).await.0, 200);
+    assert_eq!(l.chat(SMOL).await.0, 200);
     let (_, h) = l.get("/api/v1/health").await;
     assert_eq!(h["all_models_loaded"][0]["recipe_options"]["ctx_size"], 1024, "saved options apply to auto-loads");
 }
@@ -113,33 +101,33 @@ async fn load_rejects_bad_input_precisely() {
     let (s, _) = l.post_raw("/api/v1/unload", "{not json").await;
     assert_eq!(s, 400, "garbage is not 'unload everything'");
     let (_, h) = l.get("/api/v1/health").await;
-    assert!(loaded(&h).is_empty(), "nothing was loaded by bad requests");
+    assert!(loaded_names(&h).is_empty(), "nothing was loaded by bad requests");
 }
 
 #[tokio::test]
 async fn no_auto_load_rejects_with_machine_readable_codes() {
     let l = Lemonade::start(bin(), &["--no-auto-load"]).await;
-    let (s, e) = chat(&l, SMOL).await;
+    let (s, e) = l.chat(SMOL).await;
     assert_eq!(s, 409, "{e}");
     assert_eq!(e["error"]["code"], "model_not_loaded");
     assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL})).await.0, 200);
-    assert_eq!(chat(&l, SMOL).await.0, 200);
+    assert_eq!(l.chat(SMOL).await.0, 200);
 }
 
 #[tokio::test]
 async fn killed_backend_is_failed_then_reloaded_by_the_next_request() {
     let l = Lemonade::start(bin(), &[]).await;
-    assert_eq!(chat(&l, SMOL).await.0, 200);
+    assert_eq!(l.chat(SMOL).await.0, 200);
     let children = child_pids(l.pid());
     unsafe {
         libc::kill(children[0] as i32, libc::SIGKILL);
     }
     let gone = wait_for(std::time::Duration::from_secs(5), || async {
-        loaded(&l.get("/api/v1/health").await.1).is_empty().then_some(())
+        loaded_names(&l.get("/api/v1/health").await.1).is_empty().then_some(())
     })
     .await;
     assert!(gone.is_some(), "the dead model is no longer loaded");
-    let (s, v) = chat(&l, SMOL).await;
+    let (s, v) = l.chat(SMOL).await;
     assert_eq!(s, 200, "{v}");
     assert_ne!(child_pids(l.pid()), children, "a new llama-server");
 }
@@ -206,7 +194,7 @@ async fn admin_api_states_overrides_and_errors() {
     assert!(g["models"].as_array().unwrap().iter().any(|m| m["name"] == SMOL));
 
     // A killed backend shows as failed with its last error, and the next request reloads it.
-    assert_eq!(chat(&l, SMOL).await.0, 200);
+    assert_eq!(l.chat(SMOL).await.0, 200);
     unsafe {
         libc::kill(child_pids(l.pid())[0] as i32, libc::SIGKILL);
     }
@@ -218,7 +206,7 @@ async fn admin_api_states_overrides_and_errors() {
     .await
     .expect("reported failed");
     assert!(failed["last_error"].as_str().unwrap().contains("killed by signal 9"), "{failed}");
-    assert_eq!(chat(&l, SMOL).await.0, 200);
+    assert_eq!(l.chat(SMOL).await.0, 200);
     let (_, v) = l.get("/v1/admin/models").await;
     assert_eq!(admin_row(&v, SMOL)["runtime_state"], "loaded");
 }
