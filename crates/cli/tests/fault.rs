@@ -102,13 +102,17 @@ async fn graceful_unload_waits_for_the_stream_and_admits_nothing_new() {
     })
     .await;
     assert!(unloading.is_some(), "the model is unloading while the stream runs");
+    let (s, e) = l.post(&format!("/v1/admin/models/{}/load", x("a")), &json!({})).await;
+    assert_eq!((s, e["error"]["code"].as_str()), (409, Some("conflict")), "admin load while unloading: {e}");
+    let (s, e) = l.chat(&x("a")).await;
+    assert_eq!(s, 200, "an inference request waits for the unload, then loads the model again: {e}");
     let (_, text) = reader.await.unwrap();
     assert!(text.trim_end().ends_with("data: [DONE]"), "the stream finished normally: {text}");
     let (unloaded_at, status) = unload.await.unwrap();
     assert_eq!(status, 200);
     assert!(unloaded_at.elapsed() < Duration::from_secs(5));
     let (_, h) = l.get("/api/v1/health").await;
-    assert!(loaded_names(&h).is_empty());
+    assert_eq!(loaded_names(&h), [x("a")], "loaded again by the request that waited");
 }
 
 #[tokio::test]
