@@ -46,7 +46,8 @@ fn file_name(path: &str) -> &str {
 /// * `*` or empty variant → the first candidate;
 /// * a variant containing `.gguf` → the candidate whose path equals it;
 /// * otherwise the first candidate whose name ends with `<variant>.gguf` (case-insensitive),
-///   then the first whose path contains `<variant>/` (a folder of shards: the first shard);
+///   then the first root-level shard `*<variant>-NNNNN-of-NNNNN.gguf` (beyond v9), then the
+///   first whose path contains `<variant>/` (a folder of shards: the first shard);
 /// * otherwise the first candidate.
 ///
 /// Unlike v9, partial downloads (`*.partial`, `*.incomplete`) are never candidates.
@@ -71,6 +72,15 @@ pub fn resolve_gguf<'a>(files: &'a [String], variant: &str) -> Option<&'a str> {
     }
     let suffix = format!("{}.gguf", lower(variant));
     if let Some(f) = cands.iter().copied().find(|f| lower(file_name(f)).ends_with(&suffix)) {
+        return Some(f);
+    }
+    // Shards at the repo root: the first shard of `*<variant>-NNNNN-of-NNNNN.gguf`.
+    let lv = lower(variant);
+    if let Some(f) = cands
+        .iter()
+        .copied()
+        .find(|f| !f.contains('/') && crate::plan::shard_stem(f).is_some_and(|s| lower(s).ends_with(&lv)))
+    {
         return Some(f);
     }
     let folder = format!("{}/", lower(variant));
@@ -144,6 +154,12 @@ mod tests {
         ]);
         // No file name ends with "Q4_K_M.gguf", so folder mode applies.
         assert_eq!(resolve_gguf(&f, "Q4_K_M"), Some("Q4_K_M/model-Q4_K_M-00001-of-00002.gguf"));
+    }
+
+    #[test]
+    fn root_shards_resolve_to_their_first_shard() {
+        let f = files(&["a-Q8_0.gguf", "m-Q4_K_M-00002-of-00002.gguf", "m-Q4_K_M-00001-of-00002.gguf"]);
+        assert_eq!(resolve_gguf(&f, "Q4_K_M"), Some("m-Q4_K_M-00001-of-00002.gguf"));
     }
 
     #[test]
