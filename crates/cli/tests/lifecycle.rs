@@ -210,3 +210,57 @@ async fn admin_api_states_overrides_and_errors() {
     let (_, v) = l.get("/v1/admin/models").await;
     assert_eq!(admin_row(&v, SMOL)["runtime_state"], "loaded");
 }
+
+#[tokio::test]
+async fn real_llama_server_busy_model_drains_before_eviction() {
+    use futures_util::StreamExt;
+    let l = Lemonade::start(bin(), &[]).await;
+    let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "Tell me about the sea."}],
+                      "max_tokens": 48, "ignore_eos": true, "stream": true});
+    let r = l.http.post(l.url("/api/v1/chat/completions")).json(&body).send().await.unwrap();
+    let mut stream = r.bytes_stream();
+    let mut text = String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()).into_owned();
+    // GEMMA needs SMOL's slot; its request waits until SMOL's stream is over.
+    let gemma = {
+        let (http, url) = (l.http.clone(), l.url("/api/v1/completions"));
+        tokio::spawn(async move {
+            let r = http.post(url).json(&json!({"model": GEMMA, "prompt": "a", "max_tokens": 2})).send().await.unwrap();
+            (std::time::Instant::now(), r.status().as_u16())
+        })
+    };
+    while let Some(c) = stream.next().await {
+        text.push_str(&String::from_utf8_lossy(&c.unwrap()));
+    }
+    let stream_done = std::time::Instant::now();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "SMOL's stream was not cut: {text}");
+    let tokens = sse_data(&text)
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|v| v["choices"][0]["delta"]["content"].as_str().is_some_and(|c| !c.is_empty()))
+        .count();
+    assert_eq!(tokens, 48, "all 48 tokens arrived");
+    let (gemma_done, status) = gemma.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(gemma_done >= stream_done, "GEMMA was served after SMOL drained");
+    assert_eq!(loaded_names(&l.get("/api/v1/health").await.1), [GEMMA]);
+}
+
+#[tokio::test]
+async fn real_llama_server_wedged_is_killed_by_the_watchdog() {
+    let l = Lemonade::start(bin(), &["--watchdog-interval-ms", "300"]).await;
+    assert_eq!(l.chat(SMOL).await.0, 200);
+    let child = child_pids(l.pid())[0];
+    unsafe {
+        libc::kill(child as i32, libc::SIGSTOP);
+    }
+    let failed = wait_for(std::time::Duration::from_secs(10), || async {
+        let (_, v) = l.get("/v1/admin/models").await;
+        let row = v["models"].as_array().unwrap().iter().find(|m| m["name"] == SMOL).cloned()?;
+        (row["runtime_state"] == "failed").then_some(row)
+    })
+    .await
+    .expect("the stopped llama-server was noticed");
+    assert!(failed["last_error"].as_str().unwrap().contains("stopped answering its health checks"), "{failed}");
+    assert!(!alive(child));
+    assert_eq!(l.chat(SMOL).await.0, 200, "reloaded by the next request");
+}
