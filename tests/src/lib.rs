@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+pub mod hub;
+
 fn dev_cache() -> PathBuf {
     std::env::var_os("LEMONADE_DEV_CACHE").map(PathBuf::from).unwrap_or_else(|| {
         PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| ".".into())).join(".cache/lemonade-dev")
@@ -394,4 +396,14 @@ impl Lemonade {
         )
         .await
     }
+}
+
+/// The provisioned Python (numpy, gguf, huggingface_hub): `LEMONADE_TEST_PYTHON`, else the
+/// dev cache's venv.
+pub fn python() -> PathBuf {
+    let p = std::env::var_os("LEMONADE_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| dev_cache().join("venv/bin/python"));
+    assert!(p.is_file(), "python not found at {}: run `cargo xtask setup` first", p.display());
+    p
 }

@@ -38,8 +38,9 @@ const CMAKE_FLAGS: &[&str] = &[
 
 /// Bump when the model set or its conversion changes.
 const MODELS_VERSION: &str = "v1";
-/// Python packages for the MiniLM → GGUF conversion.
-const PY_PACKAGES: &[&str] = &["numpy==2.2.6", "gguf==0.17.1"];
+/// Python packages: numpy and gguf for the MiniLM → GGUF conversion; huggingface_hub for the
+/// test that proves lemonade's cache layout is huggingface_hub's.
+const PY_PACKAGES: &[&str] = &["numpy==2.2.6", "gguf==0.17.1", "huggingface_hub==2.4.0"];
 
 /// The chat model of the demo (served from the extra models dir).
 pub const DEMO_MODEL: &str = "extra.SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -116,6 +117,8 @@ const MODELS: &[ModelSpec] = &[
 
 pub struct Provisioned {
     pub llama_server: PathBuf,
+    /// Python with numpy, gguf and huggingface_hub.
+    pub python: PathBuf,
     /// Holds `serve/` (demo models) and `plumbing/` (test-only models).
     pub models_dir: PathBuf,
 }
@@ -143,8 +146,9 @@ pub fn setup() -> Result<Provisioned> {
     let llama_server = llama_server(&dev)?;
     install_managed(&llama_server)?;
     let models_dir = models(&dev)?;
+    let python = python_venv(&dev)?;
     eprintln!("setup: ready in {:.1} s (cache: {})", t.elapsed().as_secs_f64(), dev.display());
-    Ok(Provisioned { llama_server, models_dir })
+    Ok(Provisioned { llama_server, python, models_dir })
 }
 
 fn have(cmd: &str, arg: &str) -> bool {
@@ -350,12 +354,17 @@ fn models(dev: &Path) -> Result<PathBuf> {
     Ok(root)
 }
 
-/// A virtualenv with numpy and gguf for the conversion.
+/// A virtualenv with numpy, gguf and huggingface_hub.
 fn python_venv(dev: &Path) -> Result<PathBuf> {
-    let venv = dev.join("venv-gguf");
+    let venv = dev.join("venv");
     let py = venv.join("bin/python");
-    let ok =
-        || Command::new(&py).args(["-c", "import numpy, gguf"]).output().map(|o| o.status.success()).unwrap_or(false);
+    let ok = || {
+        Command::new(&py)
+            .args(["-c", "import numpy, gguf, huggingface_hub; assert huggingface_hub.__version__ == '2.4.0'"])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    };
     if ok() {
         return Ok(py);
     }
@@ -366,7 +375,7 @@ fn python_venv(dev: &Path) -> Result<PathBuf> {
     run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
     run(Command::new(&py).args(["-m", "pip", "install", "-q", "--disable-pip-version-check"]).args(PY_PACKAGES))?;
     if !ok() {
-        bail!("the conversion venv at {} cannot import numpy and gguf", venv.display());
+        bail!("the venv at {} cannot import numpy, gguf and huggingface_hub", venv.display());
     }
     Ok(py)
 }

@@ -7,6 +7,7 @@
 pub mod checkpoint;
 pub mod gguf;
 pub mod hf_cache;
+pub mod hub;
 pub mod plan;
 
 use std::collections::BTreeMap;

@@ -15,6 +15,8 @@ pub struct RepoFile {
     pub size: Option<u64>,
     /// The LFS sha256, for large files.
     pub sha256: Option<String>,
+    /// Name of the file's blob in the cache (the LFS sha256, else the git oid).
+    pub blob: Option<String>,
 }
 
 /// A file to fetch: from `repo` at `path`, saved under the main repo's snapshot at `dest`.
@@ -195,7 +197,7 @@ mod tests {
     use super::*;
 
     fn listing(paths: &[&str]) -> Vec<RepoFile> {
-        paths.iter().map(|p| RepoFile { path: p.to_string(), size: Some(1), sha256: None }).collect()
+        paths.iter().map(|p| RepoFile { path: p.to_string(), size: Some(1), sha256: None, blob: None }).collect()
     }
 
     fn sel(variant: &str, paths: &[&str]) -> Result<Vec<String>, PlanError> {

@@ -1,0 +1,325 @@
+//! The Hugging Face Hub client and downloader, at the edge of the registry (the rest of the
+//! crate does no network I/O).
+//!
+//! Files are written in huggingface_hub's cache layout, so caches are shared with Python
+//! tools: the bytes go to `blobs/<etag>.incomplete` (huggingface_hub's own partial name, so
+//! either tool resumes the other's download), are verified (size, and sha256 for LFS files)
+//! while they stream, then renamed to `blobs/<etag>`; `snapshots/<commit>/<path>` is a relative
+//! symlink to the blob and `refs/main` holds the commit.
+//!
+//! Resume: an existing partial file is continued with `Range: bytes=<len>-`. Retry: dropped
+//! connections, timeouts, stalls and 5xx/429 are retried with exponential back-off, keeping the
+//! partial file; other 4xx fail at once (a 404 or 401 will not fix itself).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+use crate::checkpoint::repo_folder_name;
+use crate::plan::RepoFile;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    #[error("{url}: HTTP {status}{}", if *status == 401 || *status == 403 { " (set HF_TOKEN for gated or private repositories)" } else { "" })]
+    Status { url: String, status: u16 },
+    #[error("{url}: {message} (gave up after {attempts} attempts)")]
+    GaveUp { url: String, message: String, attempts: u32 },
+    #[error("{path}: downloaded {got} bytes, expected {expected}")]
+    Size { path: String, got: u64, expected: u64 },
+    #[error("{path}: sha256 {got} does not match the Hub's {expected}; the partial download was removed")]
+    Sha256 { path: String, got: String, expected: String },
+    #[error("{0}: the download was cancelled")]
+    Cancelled(String),
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("{url}: unexpected answer: {message}")]
+    Protocol { url: String, message: String },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> HubError + '_ {
+    move |source| HubError::Io { path: path.display().to_string(), source }
+}
+
+/// How hard to try.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    pub attempts: u32,
+    pub first_backoff: Duration,
+    pub max_backoff: Duration,
+    /// No byte for this long counts as a dropped connection.
+    pub stall: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 8,
+            first_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(30),
+            stall: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Hub {
+    http: reqwest::Client,
+    /// `HF_ENDPOINT`, default https://huggingface.co.
+    pub endpoint: String,
+    token: Option<String>,
+    pub policy: RetryPolicy,
+}
+
+impl Hub {
+    pub fn new(endpoint: &str, token: Option<String>) -> Hub {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(30))
+            .user_agent(concat!("lemonade/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .expect("reqwest client");
+        Hub {
+            http,
+            endpoint: endpoint.trim_end_matches('/').to_string(),
+            token: token.filter(|t| !t.is_empty()),
+            policy: RetryPolicy::default(),
+        }
+    }
+
+    /// From `HF_ENDPOINT` and `HF_TOKEN`.
+    pub fn from_env() -> Hub {
+        let endpoint = std::env::var("HF_ENDPOINT").unwrap_or_else(|_| "https://huggingface.co".into());
+        Hub::new(&endpoint, std::env::var("HF_TOKEN").ok())
+    }
+
+    fn get(&self, url: &str) -> reqwest::RequestBuilder {
+        let r = self.http.get(url);
+        match &self.token {
+            Some(t) => r.bearer_auth(t),
+            None => r,
+        }
+    }
+
+    async fn json(&self, url: &str) -> Result<serde_json::Value, HubError> {
+        let resp = self.get(url).timeout(Duration::from_secs(60)).send().await.map_err(|e| HubError::GaveUp {
+            url: url.into(),
+            message: e.to_string(),
+            attempts: 1,
+        })?;
+        if !resp.status().is_success() {
+            return Err(HubError::Status { url: url.into(), status: resp.status().as_u16() });
+        }
+        resp.json().await.map_err(|e| HubError::Protocol { url: url.into(), message: e.to_string() })
+    }
+
+    /// The commit `rev` points to, and every file of the repo at it (recursive, with sizes and
+    /// LFS sha256s).
+    pub async fn list(&self, repo: &str, rev: &str) -> Result<(String, Vec<RepoFile>), HubError> {
+        let info_url = format!("{}/api/models/{repo}/revision/{rev}", self.endpoint);
+        let info = match self.json(&info_url).await {
+            Ok(v) => v,
+            // Older endpoints (and the test double) only know /api/models/{repo}.
+            Err(HubError::Status { status: 404, .. }) => {
+                self.json(&format!("{}/api/models/{repo}", self.endpoint)).await?
+            }
+            Err(e) => return Err(e),
+        };
+        let commit = info["sha"].as_str().unwrap_or(rev).to_string();
+        let tree_url = format!("{}/api/models/{repo}/tree/{commit}?recursive=true", self.endpoint);
+        let tree = self.json(&tree_url).await?;
+        let entries = tree
+            .as_array()
+            .ok_or_else(|| HubError::Protocol { url: tree_url.clone(), message: "not a list".into() })?;
+        let files = entries
+            .iter()
+            .filter(|e| e["type"] == "file")
+            .filter_map(|e| {
+                let lfs = e.get("lfs").filter(|l| l.is_object());
+                Some(RepoFile {
+                    path: e["path"].as_str()?.to_string(),
+                    size: lfs.and_then(|l| l["size"].as_u64()).or_else(|| e["size"].as_u64()),
+                    sha256: lfs.and_then(|l| l["oid"].as_str()).map(str::to_string),
+                    blob: lfs.and_then(|l| l["oid"].as_str()).or_else(|| e["oid"].as_str()).map(str::to_string),
+                })
+            })
+            .collect();
+        Ok((commit, files))
+    }
+
+    pub fn resolve_url(&self, repo: &str, rev: &str, path: &str) -> String {
+        format!("{}/{repo}/resolve/{rev}/{path}", self.endpoint)
+    }
+
+    /// Downloads `file` of `repo` at `commit` into the cache under `dest_repo` (the main repo
+    /// of the model; secondary files live in its snapshot too) as `dest`. `progress(done,
+    /// total)` is called as bytes arrive; returning false cancels (the partial file stays for
+    /// a later resume). Returns the snapshot path.
+    pub async fn download(
+        &self,
+        hf_cache: &Path,
+        repo: &str,
+        commit: &str,
+        file: &RepoFile,
+        dest_repo: &str,
+        dest: &str,
+        progress: &mut (dyn FnMut(u64, Option<u64>) -> bool + Send),
+    ) -> Result<PathBuf, HubError> {
+        let repo_dir = hf_cache.join(repo_folder_name(dest_repo));
+        let blob_name = file.blob.clone().unwrap_or_else(|| format!("{commit}-{}", dest.replace('/', "--")));
+        let blobs = repo_dir.join("blobs");
+        tokio::fs::create_dir_all(&blobs).await.map_err(io(&blobs))?;
+        let blob = blobs.join(&blob_name);
+        let done = tokio::fs::metadata(&blob).await.is_ok_and(|m| file.size.is_none_or(|s| m.len() == s));
+        if !done {
+            let url = self.resolve_url(repo, commit, &file.path);
+            self.fetch(&url, &blob, file, progress).await?;
+        } else {
+            progress(file.size.unwrap_or(0), file.size);
+        }
+        let link = link_snapshot(&repo_dir, commit, dest, &blob_name)?;
+        write_ref(&repo_dir, commit)?;
+        Ok(link)
+    }
+
+    async fn fetch(
+        &self,
+        url: &str,
+        blob: &Path,
+        file: &RepoFile,
+        progress: &mut (dyn FnMut(u64, Option<u64>) -> bool + Send),
+    ) -> Result<(), HubError> {
+        let partial = PathBuf::from(format!("{}.incomplete", blob.display()));
+        let p = &self.policy;
+        let mut backoff = p.first_backoff;
+        let mut last_error = String::new();
+        for attempt in 1..=p.attempts {
+            if attempt > 1 {
+                tracing::warn!(url, attempt, error = %last_error, "retrying download");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(p.max_backoff);
+            }
+            match self.fetch_once(url, &partial, file, progress).await {
+                Ok(()) => {
+                    verify(&partial, file).await?;
+                    tokio::fs::rename(&partial, blob).await.map_err(io(blob))?;
+                    return Ok(());
+                }
+                Err(Attempt::Retry(e)) => last_error = e,
+                Err(Attempt::Fatal(e)) => return Err(e),
+            }
+        }
+        Err(HubError::GaveUp { url: url.into(), message: last_error, attempts: p.attempts })
+    }
+
+    /// One request: continues the partial file from its length.
+    async fn fetch_once(
+        &self,
+        url: &str,
+        partial: &Path,
+        file: &RepoFile,
+        progress: &mut (dyn FnMut(u64, Option<u64>) -> bool + Send),
+    ) -> Result<(), Attempt> {
+        let have = tokio::fs::metadata(partial).await.map(|m| m.len()).unwrap_or(0);
+        if file.size.is_some_and(|s| have >= s) {
+            return Ok(()); // complete (verification decides whether it is right)
+        }
+        let mut req = self.get(url);
+        if have > 0 {
+            req = req.header(reqwest::header::RANGE, format!("bytes={have}-"));
+        }
+        let resp = req.send().await.map_err(|e| Attempt::Retry(e.to_string()))?;
+        let status = resp.status().as_u16();
+        let append = match status {
+            206 => true,
+            200 => false, // the server ignored the range: start over
+            416 => return Ok(()),
+            429 | 500..=599 => return Err(Attempt::Retry(format!("HTTP {status}"))),
+            _ => return Err(Attempt::Fatal(HubError::Status { url: url.into(), status })),
+        };
+        let mut f = tokio::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(partial)
+            .await
+            .map_err(|e| Attempt::Fatal(io(partial)(e)))?;
+        let mut done = if append { have } else { 0 };
+        let mut body = resp.bytes_stream();
+        loop {
+            let chunk = match tokio::time::timeout(self.policy.stall, body.next()).await {
+                Err(_) => return Err(Attempt::Retry(format!("stalled: no data for {:?}", self.policy.stall))),
+                Ok(None) => break,
+                Ok(Some(Err(e))) => return Err(Attempt::Retry(format!("connection lost: {e}"))),
+                Ok(Some(Ok(c))) => c,
+            };
+            f.write_all(&chunk).await.map_err(|e| Attempt::Fatal(io(partial)(e)))?;
+            done += chunk.len() as u64;
+            if !progress(done, file.size) {
+                let _ = f.flush().await;
+                return Err(Attempt::Fatal(HubError::Cancelled(file.path.clone())));
+            }
+        }
+        f.flush().await.map_err(|e| Attempt::Fatal(io(partial)(e)))?;
+        f.sync_all().await.map_err(|e| Attempt::Fatal(io(partial)(e)))?;
+        if file.size.is_some_and(|s| done < s) {
+            return Err(Attempt::Retry(format!("connection closed after {done} bytes")));
+        }
+        Ok(())
+    }
+}
+
+enum Attempt {
+    Retry(String),
+    Fatal(HubError),
+}
+
+/// Size, then sha256 for LFS files; a corrupt partial file is removed.
+async fn verify(partial: &Path, file: &RepoFile) -> Result<(), HubError> {
+    let len = tokio::fs::metadata(partial).await.map_err(io(partial))?.len();
+    if let Some(expected) = file.size {
+        if len != expected {
+            let _ = tokio::fs::remove_file(partial).await;
+            return Err(HubError::Size { path: file.path.clone(), got: len, expected });
+        }
+    }
+    if let Some(expected) = &file.sha256 {
+        let p = partial.to_path_buf();
+        let got = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
+            let mut h = Sha256::new();
+            std::io::copy(&mut std::fs::File::open(&p)?, &mut h)?;
+            Ok(format!("{:x}", h.finalize()))
+        })
+        .await
+        .map_err(|e| HubError::Protocol { url: file.path.clone(), message: e.to_string() })?
+        .map_err(io(partial))?;
+        if &got != expected {
+            let _ = tokio::fs::remove_file(partial).await;
+            return Err(HubError::Sha256 { path: file.path.clone(), got, expected: expected.clone() });
+        }
+    }
+    Ok(())
+}
+
+/// `snapshots/<commit>/<dest>` → `../../blobs/<blob>` (one more `..` per folder level).
+fn link_snapshot(repo_dir: &Path, commit: &str, dest: &str, blob: &str) -> Result<PathBuf, HubError> {
+    let link = repo_dir.join("snapshots").join(commit).join(dest);
+    let parent = link.parent().expect("has parent");
+    std::fs::create_dir_all(parent).map_err(io(parent))?;
+    let depth = dest.matches('/').count() + 2;
+    let target = PathBuf::from("../".repeat(depth)).join("blobs").join(blob);
+    match std::fs::symlink_metadata(&link) {
+        Ok(_) if std::fs::read_link(&link).is_ok_and(|t| t == target) => return Ok(link),
+        Ok(_) => std::fs::remove_file(&link).map_err(io(&link))?,
+        Err(_) => {}
+    }
+    std::os::unix::fs::symlink(&target, &link).map_err(io(&link))?;
+    Ok(link)
+}
+
+fn write_ref(repo_dir: &Path, commit: &str) -> Result<(), HubError> {
+    let path = repo_dir.join("refs").join("main");
+    crate::write_atomic(&path, commit.as_bytes()).map_err(io(&path))
+}

@@ -1,0 +1,243 @@
+//! A Hugging Face Hub double on 127.0.0.1: serves real files from a directory with the Hub's
+//! API and headers, and misbehaves on request.
+//!
+//! Layout: `<root>/<org>/<repo>/<files…>`. Endpoints:
+//! * `GET /api/models/{org}/{repo}` → `{"id", "sha", "siblings": [{"rfilename"}]}`
+//! * `GET /api/models/{org}/{repo}/tree/{rev}?recursive=true` → `[{"type", "path", "size",
+//!   "oid", "lfs": {"oid", "size"}}]` (every file is "LFS", with its sha256)
+//! * `GET|HEAD /{org}/{repo}/resolve/{rev}/{path}` → the bytes, with `ETag`, `X-Repo-Commit`,
+//!   `X-Linked-Etag`, `X-Linked-Size`, `Accept-Ranges`, and `Range` → 206.
+//!
+//! Knobs: 503 for the first N requests of files, drop the connection after N bytes (for the
+//! first M file requests), require a bearer token. Every file request is logged with its
+//! `Range` header so tests can prove a resume re-fetched no byte it already had.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+/// The commit every repo of the double reports.
+pub const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+
+#[derive(Debug, Default, Clone)]
+pub struct Knobs {
+    /// Answer 503 to this many file requests first.
+    pub fail_first: usize,
+    /// Cut the connection after this many body bytes…
+    pub drop_after: Option<u64>,
+    /// …for this many file requests.
+    pub drop_times: usize,
+    /// Require `Authorization: Bearer <token>`.
+    pub token: Option<String>,
+}
+
+/// A logged file request: path and the `Range` header, if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Logged {
+    pub path: String,
+    pub range: Option<String>,
+    pub status: u16,
+}
+
+#[derive(Default)]
+struct Inner {
+    knobs: Knobs,
+    log: Vec<Logged>,
+    /// sha256 of each served file, by absolute path.
+    hashes: BTreeMap<PathBuf, String>,
+}
+
+#[derive(Clone)]
+struct Shared {
+    root: PathBuf,
+    inner: Arc<Mutex<Inner>>,
+}
+
+pub struct HubDouble {
+    pub url: String,
+    shared: Shared,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl HubDouble {
+    /// Serves `root` on an OS-chosen port of 127.0.0.1.
+    pub async fn start(root: &Path, knobs: Knobs) -> HubDouble {
+        let shared =
+            Shared { root: root.to_path_buf(), inner: Arc::new(Mutex::new(Inner { knobs, ..Default::default() })) };
+        let app = Router::new()
+            .route("/api/models/{org}/{repo}", get(info))
+            .route("/api/models/{org}/{repo}/tree/{rev}", get(tree))
+            .route("/{org}/{repo}/resolve/{rev}/{*path}", get(file).head(file))
+            .with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        HubDouble { url, shared, _task: task }
+    }
+
+    pub fn set_knobs(&self, knobs: Knobs) {
+        self.shared.inner.lock().unwrap().knobs = knobs;
+    }
+
+    /// File requests so far.
+    pub fn log(&self) -> Vec<Logged> {
+        self.shared.inner.lock().unwrap().log.clone()
+    }
+
+    /// The sha256 the double reports for `<org>/<repo>/<path>`.
+    pub fn sha256(&self, repo: &str, path: &str) -> String {
+        let p = self.shared.root.join(repo).join(path);
+        sha256_of(&self.shared, &p)
+    }
+}
+
+fn sha256_of(s: &Shared, p: &Path) -> String {
+    if let Some(h) = s.inner.lock().unwrap().hashes.get(p) {
+        return h.clone();
+    }
+    let mut hasher = Sha256::new();
+    let mut f = std::fs::File::open(p).unwrap();
+    std::io::copy(&mut f, &mut hasher).unwrap();
+    let h = format!("{:x}", hasher.finalize());
+    s.inner.lock().unwrap().hashes.insert(p.to_path_buf(), h.clone());
+    h
+}
+
+fn files(dir: &Path, prefix: &str, out: &mut Vec<(String, PathBuf)>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let mut entries: Vec<_> = entries.filter_map(|e| e.ok()).collect();
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let rel = if prefix.is_empty() { name } else { format!("{prefix}/{name}") };
+        if e.path().is_dir() {
+            files(&e.path(), &rel, out);
+        } else {
+            out.push((rel, e.path()));
+        }
+    }
+}
+
+fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, axum::Json(json!({"error": "Repository not found"}))).into_response()
+}
+
+async fn info(State(s): State<Shared>, UrlPath((org, repo)): UrlPath<(String, String)>) -> Response {
+    let dir = s.root.join(&org).join(&repo);
+    if !dir.is_dir() {
+        return not_found();
+    }
+    let mut list = Vec::new();
+    files(&dir, "", &mut list);
+    let siblings: Vec<_> = list.iter().map(|(rel, _)| json!({"rfilename": rel})).collect();
+    axum::Json(json!({"id": format!("{org}/{repo}"), "sha": COMMIT, "siblings": siblings})).into_response()
+}
+
+async fn tree(State(s): State<Shared>, UrlPath((org, repo, _rev)): UrlPath<(String, String, String)>) -> Response {
+    let dir = s.root.join(&org).join(&repo);
+    if !dir.is_dir() {
+        return not_found();
+    }
+    let mut list = Vec::new();
+    files(&dir, "", &mut list);
+    let entries: Vec<_> = list
+        .iter()
+        .map(|(rel, p)| {
+            let size = std::fs::metadata(p).unwrap().len();
+            let sha = sha256_of(&s, p);
+            json!({"type": "file", "path": rel, "size": size, "oid": &sha[..40], "lfs": {"oid": sha, "size": size}})
+        })
+        .collect();
+    axum::Json(entries).into_response()
+}
+
+async fn file(
+    State(s): State<Shared>,
+    method: Method,
+    headers: HeaderMap,
+    UrlPath((org, repo, _rev, path)): UrlPath<(String, String, String, String)>,
+) -> Response {
+    let p = s.root.join(&org).join(&repo).join(&path);
+    let range = headers.get("range").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let (status, drop_after) = {
+        let mut inner = s.inner.lock().unwrap();
+        let knobs = &mut inner.knobs;
+        let token_ok = knobs.token.as_ref().is_none_or(|t| {
+            headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(format!("Bearer {t}").as_str())
+        });
+        let (status, drop_after) = if !token_ok {
+            (401, None)
+        } else if !p.is_file() {
+            (404, None)
+        } else if knobs.fail_first > 0 {
+            knobs.fail_first -= 1;
+            (503, None)
+        } else if knobs.drop_times > 0 && knobs.drop_after.is_some() {
+            knobs.drop_times -= 1;
+            (if range.is_some() { 206 } else { 200 }, knobs.drop_after)
+        } else {
+            (if range.is_some() { 206 } else { 200 }, None)
+        };
+        inner.log.push(Logged { path: format!("{org}/{repo}/{path}"), range: range.clone(), status });
+        (status, drop_after)
+    };
+    match status {
+        401 => return (StatusCode::UNAUTHORIZED, axum::Json(json!({"error": "Invalid credentials"}))).into_response(),
+        404 => return (StatusCode::NOT_FOUND, axum::Json(json!({"error": "Entry not found"}))).into_response(),
+        503 => return (StatusCode::SERVICE_UNAVAILABLE, "busy").into_response(),
+        _ => {}
+    }
+    let bytes = std::fs::read(&p).unwrap();
+    let total = bytes.len() as u64;
+    let sha = sha256_of(&s, &p);
+    let start = range
+        .as_deref()
+        .and_then(|r| r.strip_prefix("bytes="))
+        .and_then(|r| r.split('-').next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
+    if start > total || (start == total && total > 0) {
+        return (StatusCode::RANGE_NOT_SATISFIABLE, [("content-range", format!("bytes */{total}"))]).into_response();
+    }
+    let body = bytes[start as usize..].to_vec();
+    let mut resp = Response::builder()
+        .status(if range.is_some() { 206 } else { 200 })
+        .header("etag", format!("\"{sha}\""))
+        .header("x-linked-etag", format!("\"{sha}\""))
+        .header("x-linked-size", total.to_string())
+        .header("x-repo-commit", COMMIT)
+        .header("accept-ranges", "bytes")
+        .header("content-length", body.len().to_string());
+    if range.is_some() {
+        resp = resp.header("content-range", format!("bytes {start}-{}/{total}", total.saturating_sub(1)));
+    }
+    if method == Method::HEAD {
+        return resp.body(Body::empty()).unwrap();
+    }
+    let body = match drop_after {
+        // Send the first N bytes, then fail the body: the client sees a dropped connection.
+        Some(n) => {
+            let cut = (n as usize).min(body.len());
+            let first = bytes::Bytes::from(body[..cut].to_vec());
+            let stream =
+                futures_util::stream::iter(vec![Ok::<_, std::io::Error>(first), Err(std::io::Error::other("dropped"))]);
+            Body::from_stream(stream)
+        }
+        None => Body::from_stream(futures_util::stream::iter(
+            body.chunks(64 * 1024).map(|c| Ok::<_, Infallible>(bytes::Bytes::from(c.to_vec()))).collect::<Vec<_>>(),
+        )),
+    };
+    resp.body(body).unwrap()
+}
