@@ -152,20 +152,16 @@ impl Hub {
         format!("{}/{repo}/resolve/{rev}/{path}", self.endpoint)
     }
 
-    /// Downloads `file` of `repo` at `commit` into the cache under `dest_repo` (the main repo
-    /// of the model; secondary files live in its snapshot too) as `dest`. `progress(done,
-    /// total)` is called as bytes arrive; returning false cancels (the partial file stays for
-    /// a later resume). Returns the snapshot path.
+    /// Downloads one file into the cache (see [`Download`]). `progress(done, total)` is called
+    /// as bytes arrive; returning false cancels (the partial file stays for a later resume).
+    /// Returns the snapshot path.
     pub async fn download(
         &self,
         hf_cache: &Path,
-        repo: &str,
-        commit: &str,
-        file: &RepoFile,
-        dest_repo: &str,
-        dest: &str,
+        job: &Download<'_>,
         progress: &mut (dyn FnMut(u64, Option<u64>) -> bool + Send),
     ) -> Result<PathBuf, HubError> {
+        let Download { repo, commit, file, dest_repo, dest } = *job;
         let repo_dir = hf_cache.join(repo_folder_name(dest_repo));
         let blob_name = file.blob.clone().unwrap_or_else(|| format!("{commit}-{}", dest.replace('/', "--")));
         let blobs = repo_dir.join("blobs");
@@ -269,6 +265,17 @@ impl Hub {
         }
         Ok(())
     }
+}
+
+/// One file to fetch: `file` of `repo` at `commit`, stored under `dest_repo` (the model's main
+/// repo; secondary files live in its snapshot too) as `dest`.
+#[derive(Debug, Clone, Copy)]
+pub struct Download<'a> {
+    pub repo: &'a str,
+    pub commit: &'a str,
+    pub file: &'a RepoFile,
+    pub dest_repo: &'a str,
+    pub dest: &'a str,
 }
 
 enum Attempt {

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lemonade_registry::hub::{Hub, HubError, RetryPolicy};
+use lemonade_registry::hub::{Download, Hub, HubError, RetryPolicy};
 use lemonade_registry::plan::plan;
 use lemonade_registry::{Registry, RegistryConfig};
 use test_support::hub::{HubDouble, Knobs, COMMIT};
@@ -39,7 +39,8 @@ async fn pull(hub: &Hub, cache: &Path, repo: &str, variant: &str) -> Result<Vec<
     let mut out = Vec::new();
     for p in planned {
         let f = files.iter().find(|f| f.path == p.path).unwrap();
-        out.push(hub.download(cache, &p.repo, &commit, f, repo, &p.dest, &mut |_, _| true).await?);
+        let job = Download { repo: &p.repo, commit: &commit, file: f, dest_repo: repo, dest: &p.dest };
+        out.push(hub.download(cache, &job, &mut |_, _| true).await?);
     }
     Ok(out)
 }
