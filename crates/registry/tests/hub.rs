@@ -154,10 +154,8 @@ async fn server_errors_are_retried_and_client_errors_are_not() {
     missing.path = "absent.gguf".into();
     missing.blob = Some("absent".into());
     let before = double.log().len();
-    let err = hub
-        .download(&tmp.path().join("c2"), "org/m", &commit, &missing, "org/m", "absent.gguf", &mut |_, _| true)
-        .await
-        .unwrap_err();
+    let job = Download { repo: "org/m", commit: &commit, file: &missing, dest_repo: "org/m", dest: "absent.gguf" };
+    let err = hub.download(&tmp.path().join("c2"), &job, &mut |_, _| true).await.unwrap_err();
     assert!(matches!(err, HubError::Status { status: 404, .. }), "{err}");
     assert_eq!(double.log().len(), before + 1, "a 404 is not retried");
 
@@ -181,8 +179,8 @@ async fn a_sha256_mismatch_leaves_nothing_that_counts_as_downloaded() {
     // The file changes on the server after the listing (same size, other bytes).
     std::fs::write(root.join("org/m/m-Q4_0.gguf"), vec![7u8; 4096]).unwrap();
     let cache = tmp.path().join("cache");
-    let err =
-        hub.download(&cache, "org/m", &commit, &files[0], "org/m", "m-Q4_0.gguf", &mut |_, _| true).await.unwrap_err();
+    let job = Download { repo: "org/m", commit: &commit, file: &files[0], dest_repo: "org/m", dest: "m-Q4_0.gguf" };
+    let err = hub.download(&cache, &job, &mut |_, _| true).await.unwrap_err();
     assert!(matches!(err, HubError::Sha256 { .. }), "{err}");
     let blobs: Vec<_> = std::fs::read_dir(cache.join("models--org--m/blobs")).unwrap().collect();
     assert!(blobs.is_empty(), "no blob and no partial file left");
