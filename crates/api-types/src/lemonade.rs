@@ -203,3 +203,74 @@ pub struct UnloadResponse {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_name: Option<String>,
 }
+
+/// `POST /v1/pull`: download a catalogue model, or register and download a `user.*` model.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"model": "user.SmolLM2-GGUF", "checkpoint": "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1", "recipe": "llamacpp", "stream": true}))]
+pub struct PullRequest {
+    /// Model name (`model_name` is accepted too; `model` wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_name: Option<String>,
+    /// `org/repo[:VARIANT]`; registering needs the `user.` prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
+    /// `{main, mmproj?, …}`; `main` is required when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoints: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recipe: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vision: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embedding: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reranking: Option<bool>,
+    /// Legacy mmproj file name in the main repo.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mmproj: Option<String>,
+    /// Answer with SSE `progress` / `complete` / `error` events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    /// Do nothing when the model is already downloaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub do_not_upgrade: Option<bool>,
+}
+
+/// An SSE `progress` (or `complete`) event of `POST /v1/pull`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PullProgress {
+    pub file: String,
+    /// 1-based over every file of the pull.
+    pub file_index: usize,
+    pub total_files: usize,
+    /// Of the current file, including a resumed part.
+    pub bytes_downloaded: u64,
+    pub bytes_total: u64,
+    /// Of the current file.
+    pub percent: u64,
+}
+
+/// `POST /v1/delete`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct DeleteRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_name: Option<String>,
+}
+
+/// Answer of `pull`, `delete`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct StatusResponse {
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}

@@ -511,3 +511,44 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)?;
     std::fs::File::open(dir)?.sync_all()
 }
+
+/// Adds or replaces `user.<key>` in `<cache_dir>/user_models.json` (atomically), or removes it
+/// when `entry` is None.
+pub fn save_user_model(cache_dir: &Path, key: &str, entry: Option<&CatalogueEntry>) -> Result<(), RegistryError> {
+    let path = cache_dir.join(USER_MODELS_FILE);
+    let mut all: BTreeMap<String, CatalogueEntry> = read_json_or_default(&path)?;
+    match entry {
+        Some(e) => all.insert(key.to_string(), e.clone()),
+        None => all.remove(key),
+    };
+    let bytes = serde_json::to_vec_pretty(&all)
+        .map_err(|e| RegistryError::Json { path: path.display().to_string(), source: e })?;
+    write_atomic(&path, &bytes).map_err(|e| RegistryError::Io { path: path.display().to_string(), source: e })
+}
+
+/// Labels of a registration (v9): `custom`, the given labels, and one per flag (`embedding`
+/// gives `embeddings`), plus `image` for sd-cpp and `audio` for whispercpp; sorted, unique.
+pub fn registration_labels(
+    labels: &[String],
+    reasoning: bool,
+    vision: bool,
+    embedding: bool,
+    reranking: bool,
+    recipe: &str,
+) -> Vec<String> {
+    let mut set: std::collections::BTreeSet<String> = labels.iter().cloned().collect();
+    set.insert("custom".into());
+    for (on, l) in [
+        (reasoning, "reasoning"),
+        (vision, "vision"),
+        (embedding, "embeddings"),
+        (reranking, "reranking"),
+        (recipe == "sd-cpp", "image"),
+        (recipe == "whispercpp", "audio"),
+    ] {
+        if on {
+            set.insert(l.into());
+        }
+    }
+    set.into_iter().collect()
+}

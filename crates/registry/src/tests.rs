@@ -217,3 +217,22 @@ fn saved_options_are_replaced_atomically_and_read_back() {
         .collect();
     assert!(leftovers.is_empty(), "no temp files left behind");
 }
+
+#[test]
+fn registrations_are_written_atomically_and_labelled_like_v9() {
+    let e = env();
+    let labels = registration_labels(&["vision".into(), "hot".into()], true, false, true, false, "llamacpp");
+    assert_eq!(labels, ["custom", "embeddings", "hot", "reasoning", "vision"]);
+    let entry = CatalogueEntry {
+        checkpoint: "org/m-GGUF:Q4_0".into(),
+        recipe: "llamacpp".into(),
+        labels,
+        suggested: Some(true),
+        ..Default::default()
+    };
+    save_user_model(&e.cfg.cache_dir, "M", Some(&entry)).unwrap();
+    let reg = Registry::load(&e.cfg).unwrap();
+    assert_eq!(reg.get("user.M").unwrap().model_type, ModelType::Embedding);
+    save_user_model(&e.cfg.cache_dir, "M", None).unwrap();
+    assert!(Registry::load(&e.cfg).unwrap().get("user.M").is_err());
+}

@@ -7,6 +7,7 @@ pub mod error;
 pub mod extract;
 pub mod openapi;
 pub mod proxy;
+pub mod pull;
 pub mod routes;
 pub mod runtime;
 
@@ -66,6 +67,8 @@ pub fn app(rt: Arc<Runtime>) -> Router {
         .route("/stats", get(stats).fallback(method_not_allowed("GET")))
         .route("/load", post(load).fallback(method_not_allowed("POST")))
         .route("/unload", post(unload).fallback(method_not_allowed("POST")))
+        .route("/pull", post(pull::pull).fallback(method_not_allowed("POST")))
+        .route("/delete", post(pull::delete).fallback(method_not_allowed("POST")))
         .route("/admin/models", get(admin::models).fallback(method_not_allowed("GET")))
         .route("/admin/models/{model_name}/load", post(admin::load).fallback(method_not_allowed("POST")))
         .route("/admin/models/{model_name}/unload", post(admin::unload).fallback(method_not_allowed("POST")))

@@ -26,6 +26,8 @@ use crate::routes;
         routes::stats,
         routes::load,
         routes::unload,
+        crate::pull::pull,
+        crate::pull::delete,
         crate::admin::models,
         crate::admin::load,
         crate::admin::unload,

@@ -1,0 +1,120 @@
+//! Pull and delete through the real binary, against the Hub double on 127.0.0.1; the pulled
+//! model is then served by real llama-server.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+use test_support::hub::{HubDouble, Knobs};
+use test_support::*;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_lemonade"))
+}
+
+async fn setup(knobs: Knobs) -> (tempfile::TempDir, HubDouble, Lemonade) {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("hub");
+    let smol = root.join("HuggingFaceTB/SmolLM2-GGUF");
+    std::fs::create_dir_all(&smol).unwrap();
+    std::fs::copy(model(SMOL_FILE), smol.join("SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+    std::fs::write(smol.join("config.json"), "{}").unwrap();
+    let big = root.join("org/big-GGUF");
+    std::fs::create_dir_all(&big).unwrap();
+    std::fs::write(big.join("big-Q4_0.gguf"), (0..3u32 << 20).map(|i| (i % 251) as u8).collect::<Vec<u8>>()).unwrap();
+    let double = HubDouble::start(&root, knobs).await;
+    let url = double.url.clone();
+    let l = Lemonade::start_in(bin(), Sandbox::empty(), &[], &[("HF_ENDPOINT", &url)]).await;
+    (tmp, double, l)
+}
+
+#[tokio::test]
+async fn pull_registers_downloads_and_the_model_then_answers() {
+    let (_tmp, _double, l) = setup(Knobs::default()).await;
+    let body = json!({"model": "user.Smol", "checkpoint": "HuggingFaceTB/SmolLM2-GGUF:Q4_1", "recipe": "llamacpp"});
+    let (s, v) = l.post("/api/v1/pull", &body).await;
+    assert_eq!((s, v.clone()), (200, json!({"status": "success", "model_name": "user.Smol"})));
+    let (_, m) = l.get("/api/v1/models/user.Smol").await;
+    assert_eq!(m["downloaded"], true, "{m}");
+    assert_eq!(m["labels"], json!(["custom"]));
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(l.sandbox.cache().join("user_models.json")).unwrap()).unwrap();
+    assert_eq!(saved["Smol"]["checkpoint"], "HuggingFaceTB/SmolLM2-GGUF:Q4_1", "stored without the user. prefix");
+    let (s, v) = l.post("/api/v1/chat/completions", &json!({"model": "user.Smol", "messages": [{"role": "user", "content": "Which city is the capital of France?"}], "max_tokens": 12, "temperature": 0})).await;
+    assert_eq!(s, 200, "{v}");
+    assert!(v["choices"][0]["message"]["content"].as_str().unwrap().contains("Paris"), "{v}");
+
+    // Delete: unloads, removes the files and the registration.
+    let (s, v) = l.post("/api/v1/delete", &json!({"model": "user.Smol"})).await;
+    assert_eq!((s, v["message"].as_str()), (200, Some("Deleted model: user.Smol")));
+    assert!(loaded_names(&l.get("/api/v1/health").await.1).is_empty());
+    assert!(!l.sandbox.hf_cache().join("models--HuggingFaceTB--SmolLM2-GGUF").exists());
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(l.sandbox.cache().join("user_models.json")).unwrap()).unwrap();
+    assert_eq!(saved, json!({}));
+    let (s, _) = l.post("/api/v1/delete", &json!({"model": "user.Smol"})).await;
+    assert_eq!(s, 422);
+}
+
+#[tokio::test]
+async fn streaming_pull_reports_progress_and_survives_a_dropped_connection() {
+    let (_tmp, double, l) = setup(Knobs { drop_after: Some(1 << 20), drop_times: 1, ..Default::default() }).await;
+    let body = json!({"model": "user.Big", "checkpoint": "org/big-GGUF:Q4_0", "recipe": "llamacpp", "stream": true});
+    let r = l.http.post(l.url("/api/v1/pull")).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    let text = r.text().await.unwrap();
+    let events: Vec<(String, Value)> = text
+        .split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            let kind = e.lines().find_map(|l| l.strip_prefix("event: ")).unwrap().to_string();
+            let data = e.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
+            (kind, serde_json::from_str(data).unwrap())
+        })
+        .collect();
+    let progress: Vec<&Value> = events.iter().filter(|(k, _)| k == "progress").map(|(_, v)| v).collect();
+    assert!(progress.len() >= 2, "{text}");
+    for p in &progress {
+        for key in ["file", "file_index", "total_files", "bytes_downloaded", "bytes_total", "percent"] {
+            assert!(p.get(key).is_some(), "{key} missing in {p}");
+        }
+    }
+    assert_eq!(progress[0]["percent"], 0);
+    assert_eq!(progress.last().unwrap()["percent"], 100);
+    assert_eq!(events.iter().filter(|(k, _)| k == "complete").count(), 1, "{text}");
+    assert_eq!(events.last().unwrap().1["percent"], 100);
+    let ranges: Vec<Option<String>> = double.log().into_iter().map(|l| l.range).collect();
+    assert_eq!(ranges, [None, Some("bytes=1048576-".into())], "resumed where the connection dropped");
+    let (_, m) = l.get("/api/v1/models/user.Big").await;
+    assert_eq!(m["downloaded"], true);
+}
+
+#[tokio::test]
+async fn pull_rejects_bad_requests_precisely() {
+    let (_tmp, _double, l) = setup(Knobs::default()).await;
+    let cases = [
+        (
+            json!({"model": "Smol", "checkpoint": "HuggingFaceTB/SmolLM2-GGUF:Q4_1", "recipe": "llamacpp"}),
+            "must include the `user.` prefix",
+        ),
+        (
+            json!({"model": "user.X", "checkpoint": "HuggingFaceTB/SmolLM2-GGUF"}),
+            "provide the `checkpoint` and `recipe`",
+        ),
+        (
+            json!({"model": "user.X", "checkpoint": "HuggingFaceTB/SmolLM2-GGUF", "recipe": "llamacpp"}),
+            "provide a 'variant'",
+        ),
+        (
+            json!({"model": "user.X", "checkpoint": "HuggingFaceTB/SmolLM2-GGUF:Q9_9", "recipe": "llamacpp"}),
+            "No .gguf files found for variant Q9_9",
+        ),
+        (json!({"model": "user.X", "checkpoint": "nobody/nothing-GGUF:Q4_0", "recipe": "llamacpp"}), "HTTP 404"),
+        (json!({"model": "NotAModel"}), "must include the `user.` namespace"),
+    ];
+    for (body, needle) in cases {
+        let (s, e) = l.post("/api/v1/pull", &body).await;
+        assert_eq!(s, 400, "{body}: {e}");
+        assert!(e["error"]["message"].as_str().unwrap().contains(needle), "{body}: {e}");
+    }
+}
