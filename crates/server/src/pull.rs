@@ -159,7 +159,7 @@ async fn download(
                 total_files: total,
                 bytes_downloaded: done,
                 bytes_total: total_bytes,
-                percent: if total_bytes > 0 { done * 100 / total_bytes } else { 0 },
+                percent: (done * 100).checked_div(total_bytes).unwrap_or(0),
             };
             tx.try_send(("progress", serde_json::to_string(&ev).unwrap_or_default())).is_ok() || !tx.is_closed()
         };
