@@ -145,6 +145,11 @@ impl Lemonade {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        // Tests never reach the internet: the Hub is a closed loopback port unless the caller
+        // names a Hub double.
+        if !env.iter().any(|(k, _)| *k == "HF_ENDPOINT") {
+            cmd.env("HF_ENDPOINT", "http://127.0.0.1:9");
+        }
         // The real llama-server unless the caller names another (e.g. the fake backend).
         if !env.iter().any(|(k, _)| *k == "LEMONADE_LLAMACPP_CPU_BIN") {
             cmd.env("LEMONADE_LLAMACPP_CPU_BIN", llama_server());

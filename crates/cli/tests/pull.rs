@@ -18,6 +18,10 @@ async fn setup(knobs: Knobs) -> (tempfile::TempDir, HubDouble, Lemonade) {
     std::fs::create_dir_all(&smol).unwrap();
     std::fs::copy(model(SMOL_FILE), smol.join("SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
     std::fs::write(smol.join("config.json"), "{}").unwrap();
+    // The catalogue's Qwen3-0.6B-GGUF (unsloth/Qwen3-0.6B-GGUF:Q4_0), played by SmolLM2's bytes.
+    let qwen = root.join("unsloth/Qwen3-0.6B-GGUF");
+    std::fs::create_dir_all(&qwen).unwrap();
+    std::fs::copy(model(SMOL_FILE), qwen.join("Qwen3-0.6B-Q4_0.gguf")).unwrap();
     let big = root.join("org/big-GGUF");
     std::fs::create_dir_all(&big).unwrap();
     std::fs::write(big.join("big-Q4_0.gguf"), (0..3u32 << 20).map(|i| (i % 251) as u8).collect::<Vec<u8>>()).unwrap();
@@ -117,4 +121,33 @@ async fn pull_rejects_bad_requests_precisely() {
         assert_eq!(s, 400, "{body}: {e}");
         assert!(e["error"]["message"].as_str().unwrap().contains(needle), "{body}: {e}");
     }
+}
+
+#[tokio::test]
+async fn inference_on_a_catalogue_model_pulls_it_first() {
+    let (_tmp, double, l) = setup(Knobs::default()).await;
+    let (_, m) = l.get("/api/v1/models/Qwen3-0.6B-GGUF").await;
+    assert_eq!(m["downloaded"], false);
+    let (s, v) = l
+        .post(
+            "/api/v1/chat/completions",
+            &json!({"model": "Qwen3-0.6B-GGUF", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert!(!v["choices"][0]["message"]["content"].as_str().unwrap().is_empty());
+    let (_, m) = l.get("/api/v1/models/Qwen3-0.6B-GGUF").await;
+    assert_eq!(m["downloaded"], true);
+    assert!(l.log().contains("pulling it before loading"), "the wait is visible in the log");
+    assert_eq!(double.log().len(), 1, "one file fetched");
+}
+
+#[tokio::test]
+async fn two_concurrent_pulls_of_one_model_make_one_download() {
+    let (_tmp, double, l) = setup(Knobs::default()).await;
+    let body = json!({"model": "user.Big", "checkpoint": "org/big-GGUF:Q4_0", "recipe": "llamacpp"});
+    let (a, b) = tokio::join!(l.post("/api/v1/pull", &body), l.post("/api/v1/pull", &body));
+    assert_eq!((a.0, b.0), (200, 200), "{a:?} {b:?}");
+    let gets: Vec<_> = double.log().into_iter().filter(|r| r.path.ends_with("big-Q4_0.gguf")).collect();
+    assert_eq!(gets.len(), 1, "{gets:?}");
 }

@@ -486,6 +486,7 @@ mod tests;
 /// The file is written atomically: temp file, fsync, rename, fsync of the directory, so a
 /// crash at any point leaves either the old or the new file.
 pub fn save_recipe_options(cache_dir: &Path, name: &str, options: Option<&RecipeOptions>) -> Result<(), RegistryError> {
+    let _one_writer = FILES.lock().unwrap_or_else(|e| e.into_inner());
     let path = cache_dir.join(RECIPE_OPTIONS_FILE);
     let mut all: BTreeMap<String, RecipeOptions> = read_json_or_default(&path)?;
     match options {
@@ -497,13 +498,18 @@ pub fn save_recipe_options(cache_dir: &Path, name: &str, options: Option<&Recipe
     write_atomic(&path, &bytes).map_err(|e| RegistryError::Io { path: path.display().to_string(), source: e })
 }
 
+/// Serializes the read-modify-write of the files we own, so concurrent updates are not lost.
+static FILES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Writes `bytes` to `path` atomically (same-directory temp file, fsync, rename, fsync dir).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{}.{seq}.tmp", std::process::id()));
     let mut f = std::fs::File::create(&tmp)?;
     f.write_all(bytes)?;
     f.sync_all()?;
@@ -515,6 +521,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// Adds or replaces `user.<key>` in `<cache_dir>/user_models.json` (atomically), or removes it
 /// when `entry` is None.
 pub fn save_user_model(cache_dir: &Path, key: &str, entry: Option<&CatalogueEntry>) -> Result<(), RegistryError> {
+    let _one_writer = FILES.lock().unwrap_or_else(|e| e.into_inner());
     let path = cache_dir.join(USER_MODELS_FILE);
     let mut all: BTreeMap<String, CatalogueEntry> = read_json_or_default(&path)?;
     match entry {

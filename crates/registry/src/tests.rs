@@ -236,3 +236,28 @@ fn registrations_are_written_atomically_and_labelled_like_v9() {
     save_user_model(&e.cfg.cache_dir, "M", None).unwrap();
     assert!(Registry::load(&e.cfg).unwrap().get("user.M").is_err());
 }
+
+#[test]
+fn concurrent_registrations_are_all_kept() {
+    let e = env();
+    let dir = e.cfg.cache_dir.clone();
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            let dir = dir.clone();
+            std::thread::spawn(move || {
+                let entry = CatalogueEntry {
+                    checkpoint: format!("org/m{i}:Q4_0"),
+                    recipe: "llamacpp".into(),
+                    ..Default::default()
+                };
+                save_user_model(&dir, &format!("M{i}"), Some(&entry)).unwrap();
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let all: BTreeMap<String, CatalogueEntry> =
+        serde_json::from_slice(&std::fs::read(dir.join(USER_MODELS_FILE)).unwrap()).unwrap();
+    assert_eq!(all.len(), 8, "no registration lost");
+}

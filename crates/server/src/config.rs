@@ -30,6 +30,8 @@ pub struct Config {
     pub stop_grace: Duration,
     /// How often loaded backends are probed; 3 failed probes in a row kill a wedged one.
     pub watchdog_interval: Option<Duration>,
+    /// How long an automatic pull (inference or `/load` on a model not downloaded) may take.
+    pub pull_timeout: Duration,
     /// Largest accepted request body.
     pub body_limit: usize,
 }
@@ -52,6 +54,7 @@ impl Config {
             ready_timeout: Duration::from_secs(600),
             stop_grace: Duration::from_secs(5),
             watchdog_interval: Some(Duration::from_secs(5)),
+            pull_timeout: Duration::from_secs(3600),
             body_limit: 64 << 20,
         }
     }

@@ -113,8 +113,30 @@ fn hub_error(e: HubError) -> ApiError {
     }
 }
 
+/// Downloads `m` unless it is downloaded (inference and `/load` on a registered model that is
+/// not downloaded pull it first, as v9), waiting at most `cfg.pull_timeout`. Returns the
+/// model as the refreshed catalogue sees it.
+pub async fn ensure_downloaded(rt: &AppState, m: &ModelInfo) -> Result<ModelInfo, ApiError> {
+    if m.downloaded {
+        return Ok(m.clone());
+    }
+    tracing::info!(model = %m.name, checkpoint = %m.checkpoint, "model not downloaded: pulling it before loading");
+    let t = Instant::now();
+    tokio::time::timeout(rt.cfg.pull_timeout, download(rt, m, None)).await.map_err(|_| {
+        ApiError::BackendUnavailable(format!(
+            "Pulling '{}' took longer than {} s; the partial download is kept",
+            m.name,
+            rt.cfg.pull_timeout.as_secs()
+        ))
+    })??;
+    rt.reload_registry().map_err(|e| ApiError::Internal(e.to_string()))?;
+    tracing::info!(model = %m.name, secs = t.elapsed().as_secs_f64(), "pulled");
+    Ok(rt.registry().get(&m.name)?.clone())
+}
+
 /// Lists, plans and downloads every file of `m`, reporting progress to `events` (None: no
-/// progress). A closed channel cancels the download.
+/// progress). A closed channel cancels the download. One download per repository at a time:
+/// a concurrent pull of the same model waits, then finds the verified files and fetches none.
 async fn download(
     rt: &AppState,
     m: &ModelInfo,
@@ -122,6 +144,8 @@ async fn download(
 ) -> Result<(), ApiError> {
     let hub = hub();
     let main = Checkpoint::parse(&m.checkpoint);
+    let lock = rt.repo_lock(&main.repo);
+    let _guard = lock.lock().await;
     let mut repos: Vec<String> = m.checkpoints.values().map(|c| Checkpoint::parse(c).repo).collect();
     repos.sort();
     repos.dedup();

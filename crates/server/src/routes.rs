@@ -284,6 +284,7 @@ pub async fn load(State(rt): State<AppState>, body: JsonBody<LoadRequest>) -> Re
     let req = body.value;
     let info = rt.registry().get(&req.model_name)?.clone();
     let opts = request_options(&req)?;
+    let info = crate::pull::ensure_downloaded(&rt, &info).await?;
     if !info.downloaded {
         return Err(ApiError::BadRequest {
             message: format!("Model '{}' is not downloaded. Pull it first: lemonade pull {}", info.name, info.name),

@@ -74,6 +74,8 @@ pub struct Runtime {
     view: RwLock<BTreeMap<String, ModelView>>,
     /// Runtime-only admin load overrides of loaded models.
     overrides: Mutex<HashMap<String, Value>>,
+    /// One download per repository at a time.
+    repo_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     next_req: AtomicU64,
     seq: AtomicU64,
     epoch: Instant,
@@ -146,6 +148,7 @@ impl Runtime {
             running: Mutex::new(HashMap::new()),
             view: RwLock::new(BTreeMap::new()),
             overrides: Mutex::new(HashMap::new()),
+            repo_locks: Mutex::new(HashMap::new()),
             next_req: AtomicU64::new(1),
             seq: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -173,6 +176,11 @@ impl Runtime {
         let reg = Registry::load(&crate::registry_config(&self.cfg))?;
         self.set_registry(reg);
         Ok(())
+    }
+
+    /// The lock that serializes downloads into `repo`.
+    pub fn repo_lock(&self, repo: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.repo_locks.lock().unwrap_or_else(|e| e.into_inner()).entry(repo.to_string()).or_default().clone()
     }
 
     pub fn load_override(&self, name: &str) -> Option<Value> {
@@ -254,6 +262,11 @@ impl Runtime {
                 want.iter().map(|t| format!("an {}", t.as_str())).collect::<Vec<_>>().join(" or "),
             )));
         }
+        let info = if info.downloaded || !self.cfg.auto_load {
+            info
+        } else {
+            crate::pull::ensure_downloaded(self, &info).await?
+        };
         if !info.downloaded {
             return Err(ApiError::BadRequest {
                 message: format!("Model '{name}' is not downloaded. Pull it first: lemonade pull {name}"),
