@@ -23,6 +23,7 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use futures_util::StreamExt;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -39,6 +40,10 @@ pub struct Knobs {
     pub drop_times: usize,
     /// Require `Authorization: Bearer <token>`.
     pub token: Option<String>,
+    /// Serve bytes that differ from what the listing's sha256 promises (same length).
+    pub corrupt: bool,
+    /// Pause this long between 64 KiB chunks.
+    pub chunk_delay: Option<std::time::Duration>,
 }
 
 /// A logged file request: path and the `Range` header, if any.
@@ -171,6 +176,10 @@ async fn file(
 ) -> Response {
     let p = s.root.join(&org).join(&repo).join(&path);
     let range = headers.get("range").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let (corrupt, chunk_delay) = {
+        let k = &s.inner.lock().unwrap().knobs;
+        (k.corrupt, k.chunk_delay)
+    };
     let (status, drop_after) = {
         let mut inner = s.inner.lock().unwrap();
         let knobs = &mut inner.knobs;
@@ -199,7 +208,11 @@ async fn file(
         503 => return (StatusCode::SERVICE_UNAVAILABLE, "busy").into_response(),
         _ => {}
     }
-    let bytes = std::fs::read(&p).unwrap();
+    let mut bytes = std::fs::read(&p).unwrap();
+    if corrupt && !bytes.is_empty() {
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+    }
     let total = bytes.len() as u64;
     let sha = sha256_of(&s, &p);
     let start = range
@@ -235,9 +248,15 @@ async fn file(
                 futures_util::stream::iter(vec![Ok::<_, std::io::Error>(first), Err(std::io::Error::other("dropped"))]);
             Body::from_stream(stream)
         }
-        None => Body::from_stream(futures_util::stream::iter(
-            body.chunks(64 * 1024).map(|c| Ok::<_, Infallible>(bytes::Bytes::from(c.to_vec()))).collect::<Vec<_>>(),
-        )),
+        None => {
+            let chunks: Vec<bytes::Bytes> = body.chunks(64 * 1024).map(|c| bytes::Bytes::from(c.to_vec())).collect();
+            Body::from_stream(futures_util::stream::iter(chunks).then(move |c| async move {
+                if let Some(d) = chunk_delay {
+                    tokio::time::sleep(d).await;
+                }
+                Ok::<_, Infallible>(c)
+            }))
+        }
     };
     resp.body(body).unwrap()
 }

@@ -223,6 +223,13 @@ impl Lemonade {
         }
     }
 
+    /// SIGKILLs the server and returns its sandbox (its files), for a restart on the same state.
+    pub fn kill_keeping_sandbox(mut self) -> Sandbox {
+        self.signal(libc::SIGKILL);
+        let _ = self.child.wait();
+        std::mem::replace(&mut self.sandbox, Sandbox::empty())
+    }
+
     /// Waits for the server to exit, at most `timeout`.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let deadline = Instant::now() + timeout;

@@ -96,6 +96,9 @@ struct ServeArgs {
     /// backend, whose model then reloads on the next request. 0 disables the watchdog.
     #[arg(long, env = "LEMONADE_WATCHDOG_INTERVAL_MS", default_value_t = 5000)]
     watchdog_interval_ms: u64,
+    /// Seconds an automatic pull (a request for a model that is not downloaded) may take.
+    #[arg(long, env = "LEMONADE_PULL_TIMEOUT", default_value_t = 3600)]
+    pull_timeout: u64,
     /// Seconds a model may take to load before the load is abandoned.
     #[arg(long, env = "LEMONADE_LOAD_TIMEOUT", default_value_t = 600)]
     load_timeout: u64,
@@ -151,6 +154,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     cfg.ready_timeout = Duration::from_secs(args.load_timeout);
     cfg.auto_load = !args.no_auto_load;
     cfg.stop_grace = Duration::from_secs(args.stop_timeout);
+    cfg.pull_timeout = Duration::from_secs(args.pull_timeout);
     cfg.watchdog_interval = (args.watchdog_interval_ms > 0).then(|| Duration::from_millis(args.watchdog_interval_ms));
 
     let rt = server::runtime(cfg)?;

@@ -25,6 +25,11 @@ async fn setup(knobs: Knobs) -> (tempfile::TempDir, HubDouble, Lemonade) {
     let big = root.join("org/big-GGUF");
     std::fs::create_dir_all(&big).unwrap();
     std::fs::write(big.join("big-Q4_0.gguf"), (0..3u32 << 20).map(|i| (i % 251) as u8).collect::<Vec<u8>>()).unwrap();
+    let shard = root.join("org/shard-GGUF");
+    std::fs::create_dir_all(&shard).unwrap();
+    for f in ["m-Q4_0-00001-of-00002.gguf", "m-Q4_0-00002-of-00002.gguf", "m-Q8_0.gguf", "mmproj-f16.gguf"] {
+        std::fs::write(shard.join(f), f.as_bytes()).unwrap();
+    }
     let double = HubDouble::start(&root, knobs).await;
     let url = double.url.clone();
     let l = Lemonade::start_in(bin(), Sandbox::empty(), &[], &[("HF_ENDPOINT", &url)]).await;
@@ -150,4 +155,96 @@ async fn two_concurrent_pulls_of_one_model_make_one_download() {
     assert_eq!((a.0, b.0), (200, 200), "{a:?} {b:?}");
     let gets: Vec<_> = double.log().into_iter().filter(|r| r.path.ends_with("big-Q4_0.gguf")).collect();
     assert_eq!(gets.len(), 1, "{gets:?}");
+}
+
+#[tokio::test]
+async fn pull_by_catalogue_name_sharded_and_mmproj() {
+    let (_tmp, _double, l) = setup(Knobs { fail_first: 2, ..Default::default() }).await;
+    let (s, v) = l.post("/api/v1/pull", &json!({"model": "Qwen3-0.6B-GGUF"})).await;
+    assert_eq!(s, 200, "two 503s were retried: {v}");
+    assert_eq!(l.get("/api/v1/models/Qwen3-0.6B-GGUF").await.1["downloaded"], true);
+
+    let body = json!({"model": "user.Shard", "checkpoint": "org/shard-GGUF:Q4_0", "recipe": "llamacpp", "mmproj": "mmproj-f16.gguf", "vision": true});
+    let (s, v) = l.post("/api/v1/pull", &body).await;
+    assert_eq!(s, 200, "{v}");
+    let snap = l.sandbox.hf_cache().join("models--org--shard-GGUF/snapshots").join(test_support::hub::COMMIT);
+    let mut files: Vec<String> =
+        std::fs::read_dir(&snap).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    files.sort();
+    assert_eq!(
+        files,
+        ["m-Q4_0-00001-of-00002.gguf", "m-Q4_0-00002-of-00002.gguf", "mmproj-f16.gguf"],
+        "both shards and the mmproj, not Q8_0"
+    );
+    let (_, m) = l.get("/api/v1/models/user.Shard").await;
+    assert_eq!(m["downloaded"], true);
+    assert_eq!(m["labels"], json!(["custom", "vision"]));
+    assert_eq!(m["checkpoints"]["mmproj"], "org/shard-GGUF:mmproj-f16.gguf");
+}
+
+#[tokio::test]
+async fn a_sha256_mismatch_is_a_clear_error_and_nothing_counts_as_downloaded() {
+    let (_tmp, _double, l) = setup(Knobs { corrupt: true, ..Default::default() }).await;
+    let (s, e) = l
+        .post("/api/v1/pull", &json!({"model": "user.Big", "checkpoint": "org/big-GGUF:Q4_0", "recipe": "llamacpp"}))
+        .await;
+    assert_eq!(s, 502, "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("sha256"), "{e}");
+    assert_eq!(l.get("/api/v1/models/user.Big").await.1["downloaded"], false);
+    let blobs = l.sandbox.hf_cache().join("models--org--big-GGUF/blobs");
+    assert_eq!(std::fs::read_dir(blobs).unwrap().count(), 0, "no blob, no partial");
+}
+
+#[tokio::test]
+async fn a_pull_resumes_after_lemonade_itself_was_killed() {
+    let (_tmp, double, l) =
+        setup(Knobs { chunk_delay: Some(std::time::Duration::from_millis(15)), ..Default::default() }).await;
+    let body = json!({"model": "user.Big", "checkpoint": "org/big-GGUF:Q4_0", "recipe": "llamacpp", "stream": true});
+    let r = l.http.post(l.url("/api/v1/pull")).json(&body).send().await.unwrap();
+    let mut stream = r.bytes_stream();
+    use futures_util::StreamExt;
+    let mut seen = String::new();
+    // The first progress event is the 0 % one; the second means bytes are on disk.
+    while seen.matches("event: progress").count() < 2 {
+        seen.push_str(&String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()));
+    }
+    let sandbox = l.kill_keeping_sandbox();
+    drop(stream);
+    double.set_knobs(Knobs::default());
+    let url = double.url.clone();
+    let l = Lemonade::start_in(bin(), sandbox, &[], &[("HF_ENDPOINT", &url)]).await;
+    let (s, v) = l.post("/api/v1/pull", &json!({"model": "user.Big"})).await;
+    assert_eq!(s, 200, "the registration survived the kill and the pull completes: {v}");
+    let last = double.log().last().unwrap().clone();
+    let from: u64 = last
+        .range
+        .as_deref()
+        .and_then(|r| r.strip_prefix("bytes="))
+        .and_then(|r| r.trim_end_matches('-').parse().ok())
+        .unwrap_or(0);
+    assert!(from > 0, "resumed from the partial file: {last:?}");
+    assert_eq!(l.get("/api/v1/models/user.Big").await.1["downloaded"], true);
+}
+
+#[tokio::test]
+async fn delete_during_a_load_leaves_nothing_loaded_or_stored() {
+    let (_tmp, _double, l) = setup(Knobs::default()).await;
+    let body = json!({"model": "user.Smol", "checkpoint": "HuggingFaceTB/SmolLM2-GGUF:Q4_1", "recipe": "llamacpp"});
+    assert_eq!(l.post("/api/v1/pull", &body).await.0, 200);
+    let load_body = json!({"model_name": "user.Smol"});
+    let (load, del) = tokio::join!(l.post("/api/v1/load", &load_body), async {
+        // Delete once the load is under way (or already done: both must end clean).
+        wait_for(std::time::Duration::from_secs(5), || async {
+            let (_, v) = l.get("/v1/admin/models").await;
+            let row = v["models"].as_array()?.iter().find(|m| m["name"] == "user.Smol")?.clone();
+            (row["runtime_state"] == "loading" || row["runtime_state"] == "loaded").then_some(())
+        })
+        .await;
+        l.post("/api/v1/delete", &json!({"model": "user.Smol"})).await
+    });
+    assert_eq!(del.0, 200, "{del:?}");
+    assert!(load.0 == 200 || load.0 == 500, "the load finished or was cancelled: {load:?}");
+    assert!(loaded_names(&l.get("/api/v1/health").await.1).is_empty());
+    assert!(!l.sandbox.hf_cache().join("models--HuggingFaceTB--SmolLM2-GGUF").exists());
+    assert!(child_pids(l.pid()).is_empty(), "no backend left");
 }
