@@ -7,6 +7,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use scheduler::Limits;
 
+mod client;
+
 #[derive(Parser)]
 #[command(
     name = "lemonade",
@@ -15,6 +17,9 @@ use scheduler::Limits;
 )]
 #[command(help_expected = true)]
 struct Cli {
+    /// Print machine-readable JSON (client commands).
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -23,6 +28,21 @@ struct Cli {
 enum Command {
     /// Start the server in the foreground (Ctrl+C stops it and every backend it started).
     Serve(ServeArgs),
+    /// Download a model into the Hugging Face cache (with a live progress bar); `user.<name>`
+    /// with --checkpoint and --recipe registers a new model.
+    Pull(client::PullArgs),
+    /// Delete a downloaded model (and a user.* registration).
+    Delete {
+        /// Name of the model to delete.
+        model: String,
+        #[command(flatten)]
+        target: client::Target,
+    },
+    /// List the models available on this machine.
+    List {
+        #[command(flatten)]
+        target: client::Target,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -174,7 +194,27 @@ async fn shutdown_signal() {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let Command::Serve(args) = cli.command;
+    let args = match cli.command {
+        Command::Serve(args) => args,
+        client => {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+            let r = rt.block_on(async {
+                match client {
+                    Command::Pull(a) => client::pull(a, cli.json).await,
+                    Command::Delete { model, target } => client::delete(model, target, cli.json).await,
+                    Command::List { target } => client::list(target, cli.json).await,
+                    Command::Serve(_) => unreachable!(),
+                }
+            });
+            return match r {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("{e:#}");
+                    std::process::ExitCode::FAILURE
+                }
+            };
+        }
+    };
     let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| args.log_level.filter().to_string());
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
@@ -187,5 +227,14 @@ fn main() -> std::process::ExitCode {
             eprintln!("Error: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_argument_is_documented_and_the_cli_is_consistent() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
     }
 }

@@ -248,3 +248,50 @@ async fn delete_during_a_load_leaves_nothing_loaded_or_stored() {
     assert!(!l.sandbox.hf_cache().join("models--HuggingFaceTB--SmolLM2-GGUF").exists());
     assert!(child_pids(l.pid()).is_empty(), "no backend left");
 }
+
+/// Runs the `lemonade` CLI against the server `l` (blocking, off the async runtime).
+async fn cli(l: &Lemonade, args: &[&str]) -> (i32, String, String) {
+    let port = l.base.rsplit(':').next().unwrap().to_string();
+    let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    all.extend(["--host".into(), "127.0.0.1".into(), "--port".into(), port]);
+    let out = tokio::task::spawn_blocking(move || std::process::Command::new(bin()).args(&all).output().unwrap())
+        .await
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn cli_pull_list_and_delete() {
+    let (_tmp, _double, l) = setup(Knobs::default()).await;
+    let (code, out, err) =
+        cli(&l, &["pull", "user.Big", "--checkpoint", "org/big-GGUF:Q4_0", "--recipe", "llamacpp"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("Model pulled successfully: user.Big"), "{out}");
+    let (code, out, _) = cli(&l, &["pull", "Qwen3-0.6B-GGUF", "--json"]).await;
+    assert_eq!(code, 0);
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v, json!({"status": "success", "model_name": "Qwen3-0.6B-GGUF"}));
+
+    let (code, out, _) = cli(&l, &["list", "--json"]).await;
+    assert_eq!(code, 0);
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    let big = v["data"].as_array().unwrap().iter().find(|m| m["id"] == "user.Big").unwrap();
+    assert_eq!(big["downloaded"], true);
+    let (_, table, _) = cli(&l, &["list"]).await;
+    let row = table.lines().find(|r| r.starts_with("user.Big")).expect("a row for user.Big");
+    assert!(row.contains("Yes") && row.contains("llamacpp") && row.contains("custom"), "{row}");
+    assert!(table.lines().next().unwrap().starts_with("Model Name"));
+
+    let (code, out, _) = cli(&l, &["delete", "user.Big"]).await;
+    assert_eq!((code, out.trim()), (0, "Model deleted successfully: user.Big"));
+    let (code, _, err) = cli(&l, &["delete", "user.Big"]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("Model not found: user.Big"), "{err}");
+    let (code, _, err) = cli(&l, &["pull", "Big", "--checkpoint", "org/big-GGUF:Q4_0", "--recipe", "llamacpp"]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("Error pulling model") && err.contains("user."), "{err}");
+}
