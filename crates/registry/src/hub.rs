@@ -197,8 +197,8 @@ impl Hub {
                 backoff = (backoff * 2).min(p.max_backoff);
             }
             match self.fetch_once(url, &partial, file, progress).await {
-                Ok(()) => {
-                    verify(&partial, file).await?;
+                Ok(digest) => {
+                    verify(&partial, file, digest).await?;
                     tokio::fs::rename(&partial, blob).await.map_err(io(blob))?;
                     return Ok(());
                 }
@@ -209,17 +209,18 @@ impl Hub {
         Err(HubError::GaveUp { url: url.into(), message: last_error, attempts: p.attempts })
     }
 
-    /// One request: continues the partial file from its length.
+    /// One request: continues the partial file from its length. Returns the sha256 of the
+    /// whole file when it could be computed while streaming (one pass over the bytes).
     async fn fetch_once(
         &self,
         url: &str,
         partial: &Path,
         file: &RepoFile,
         progress: &mut (dyn FnMut(u64, Option<u64>) -> bool + Send),
-    ) -> Result<(), Attempt> {
+    ) -> Result<Option<String>, Attempt> {
         let have = tokio::fs::metadata(partial).await.map(|m| m.len()).unwrap_or(0);
         if file.size.is_some_and(|s| have >= s) {
-            return Ok(()); // complete (verification decides whether it is right)
+            return Ok(None); // complete (verification decides whether it is right)
         }
         let mut req = self.get(url);
         if have > 0 {
@@ -230,7 +231,7 @@ impl Hub {
         let append = match status {
             206 => true,
             200 => false, // the server ignored the range: start over
-            416 => return Ok(()),
+            416 => return Ok(None),
             429 | 500..=599 => return Err(Attempt::Retry(format!("HTTP {status}"))),
             _ => return Err(Attempt::Fatal(HubError::Status { url: url.into(), status })),
         };
@@ -243,6 +244,19 @@ impl Hub {
             .await
             .map_err(|e| Attempt::Fatal(io(partial)(e)))?;
         let mut done = if append { have } else { 0 };
+        // The hash covers the bytes already on disk (a resume), then every new chunk.
+        let mut hasher = Sha256::new();
+        if append && file.sha256.is_some() {
+            let p = partial.to_path_buf();
+            hasher = tokio::task::spawn_blocking(move || -> std::io::Result<Sha256> {
+                let mut h = Sha256::new();
+                std::io::copy(&mut std::fs::File::open(&p)?, &mut h)?;
+                Ok(h)
+            })
+            .await
+            .map_err(|e| Attempt::Retry(e.to_string()))?
+            .map_err(|e| Attempt::Fatal(io(partial)(e)))?;
+        }
         let mut body = resp.bytes_stream();
         loop {
             let chunk = match tokio::time::timeout(self.policy.stall, body.next()).await {
@@ -252,6 +266,9 @@ impl Hub {
                 Ok(Some(Ok(c))) => c,
             };
             f.write_all(&chunk).await.map_err(|e| Attempt::Fatal(io(partial)(e)))?;
+            if file.sha256.is_some() {
+                hasher.update(&chunk);
+            }
             done += chunk.len() as u64;
             if !progress(done, file.size) {
                 let _ = f.flush().await;
@@ -263,7 +280,7 @@ impl Hub {
         if file.size.is_some_and(|s| done < s) {
             return Err(Attempt::Retry(format!("connection closed after {done} bytes")));
         }
-        Ok(())
+        Ok(file.sha256.as_ref().map(|_| format!("{:x}", hasher.finalize())))
     }
 }
 
@@ -283,8 +300,9 @@ enum Attempt {
     Fatal(HubError),
 }
 
-/// Size, then sha256 for LFS files; a corrupt partial file is removed.
-async fn verify(partial: &Path, file: &RepoFile) -> Result<(), HubError> {
+/// Size, then sha256 for LFS files (computed while streaming when `digest` is given, else by
+/// reading the file); a corrupt partial file is removed.
+async fn verify(partial: &Path, file: &RepoFile, digest: Option<String>) -> Result<(), HubError> {
     let len = tokio::fs::metadata(partial).await.map_err(io(partial))?.len();
     if let Some(expected) = file.size {
         if len != expected {
@@ -294,14 +312,17 @@ async fn verify(partial: &Path, file: &RepoFile) -> Result<(), HubError> {
     }
     if let Some(expected) = &file.sha256 {
         let p = partial.to_path_buf();
-        let got = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
-            let mut h = Sha256::new();
-            std::io::copy(&mut std::fs::File::open(&p)?, &mut h)?;
-            Ok(format!("{:x}", h.finalize()))
-        })
-        .await
-        .map_err(|e| HubError::Protocol { url: file.path.clone(), message: e.to_string() })?
-        .map_err(io(partial))?;
+        let got = match digest {
+            Some(d) => d,
+            None => tokio::task::spawn_blocking(move || -> std::io::Result<String> {
+                let mut h = Sha256::new();
+                std::io::copy(&mut std::fs::File::open(&p)?, &mut h)?;
+                Ok(format!("{:x}", h.finalize()))
+            })
+            .await
+            .map_err(|e| HubError::Protocol { url: file.path.clone(), message: e.to_string() })?
+            .map_err(io(partial))?,
+        };
         if &got != expected {
             let _ = tokio::fs::remove_file(partial).await;
             return Err(HubError::Sha256 { path: file.path.clone(), got, expected: expected.clone() });

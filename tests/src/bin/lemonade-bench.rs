@@ -152,6 +152,7 @@ async fn main() -> anyhow::Result<()> {
     let lifecycle = lifecycle(&l).await?;
     let mut out = out;
     out["lifecycle"] = lifecycle;
+    out["pull"] = pull_throughput(&bin).await?;
     if let Some(path) = std::env::var_os("LEMONADE_BENCH_OUT") {
         std::fs::write(&path, serde_json::to_vec_pretty(&out)?)?;
         println!("\nwritten to {}", PathBuf::from(path).display());
@@ -255,4 +256,54 @@ async fn lifecycle(l: &Lemonade) -> anyhow::Result<Value> {
     println!("| swap SmolLM2 → Gemma 270M (one slot) | {hs:.1} | {ls:.1} | ×{swap_ratio:.3} (paired median) |");
     Ok(json!({"reps": REPS, "load_to_ready_ms": {"by_hand": hl, "lemonade": ll, "overhead_ms": load_overhead},
               "swap_ms": {"by_hand": hs, "lemonade": ls, "ratio": swap_ratio}}))
+}
+
+/// Pull throughput: `POST /api/v1/pull` of SmolLM2 (98 MB) from the Hub double, against a plain
+/// streamed HTTP copy of the same bytes from the same double into a file.
+async fn pull_throughput(bin: &std::path::Path) -> anyhow::Result<Value> {
+    use futures_util::StreamExt;
+    use tokio::io::AsyncWriteExt;
+    const REPS: usize = 4;
+    let tmp = tempfile::tempdir()?;
+    let root = tmp.path().join("hub");
+    let repo = root.join("org/smol-GGUF");
+    std::fs::create_dir_all(&repo)?;
+    let file = "SmolLM2-135M-Instruct.Q4_1.gguf";
+    std::fs::copy(test_support::model(test_support::SMOL_FILE), repo.join(file))?;
+    let bytes = std::fs::metadata(repo.join(file))?.len() as f64;
+    let double = test_support::hub::HubDouble::start(&root, Default::default()).await;
+    let l = Lemonade::start_in(bin, test_support::Sandbox::empty(), &["--log-level", "info"], &[("HF_ENDPOINT", &double.url)]).await;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    let url = format!("{}/org/smol-GGUF/resolve/main/{file}", double.url);
+    let body = json!({"model": "user.Smol", "checkpoint": "org/smol-GGUF:Q4_1", "recipe": "llamacpp"});
+    let (mut plain, mut lem) = (Vec::new(), Vec::new());
+    for rep in 0..REPS {
+        for side in [rep % 2 == 0, rep % 2 != 0] {
+            if side {
+                let ms = timed_post(&l, "/api/v1/pull", body.clone()).await?;
+                lem.push(bytes / (ms / 1e3) / 1e6);
+                l.post("/api/v1/delete", &json!({"model": "user.Smol"})).await;
+            } else {
+                let dest = tmp.path().join("copy.gguf");
+                let t = Instant::now();
+                let mut out = tokio::fs::File::create(&dest).await?;
+                let mut stream = http.get(&url).send().await?.bytes_stream();
+                while let Some(c) = stream.next().await {
+                    out.write_all(&c?).await?;
+                }
+                out.flush().await?;
+                plain.push(bytes / t.elapsed().as_secs_f64() / 1e6);
+                std::fs::remove_file(&dest)?;
+            }
+        }
+    }
+    let ratio = median(lem.iter().zip(&plain).map(|(l, p)| l / p).collect());
+    let (p, lm) = (median(plain), median(lem));
+    println!("\nPull of SmolLM2 (98 MB) from the Hub double, {REPS} reps (medians)\n");
+    println!("| path | MB/s |");
+    println!("|---|---:|");
+    println!("| plain HTTP copy to a file | {p:.0} |");
+    println!("| lemonade pull (HF cache layout, sha256, fsync, atomic rename) | {lm:.0} |");
+    println!("| lemonade / plain (paired median) | ×{ratio:.3} |");
+    Ok(json!({"reps": REPS, "bytes": bytes, "plain_mb_s": p, "lemonade_mb_s": lm, "ratio": ratio}))
 }
