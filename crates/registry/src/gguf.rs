@@ -133,12 +133,17 @@ fn value<R: Read + Seek>(r: &mut R, ty: u32) -> Result<MetaValue, GgufError> {
                     r.seek(SeekFrom::Current(skip))?;
                 }
                 None if elem == 8 => {
+                    // Skipped through the reader's buffer: a seek per string would discard a
+                    // BufReader's buffer each time (a vocabulary has tens of thousands).
                     for _ in 0..n {
                         let len = u64(r)?;
                         if len > MAX_STR {
                             return Err(GgufError::Corrupt("string too long"));
                         }
-                        r.seek(SeekFrom::Current(len as i64))?;
+                        let skipped = io::copy(&mut r.by_ref().take(len), &mut io::sink())?;
+                        if skipped != len {
+                            return Err(GgufError::Corrupt("truncated string"));
+                        }
                     }
                 }
                 None => return Err(GgufError::Corrupt("unsupported array element type")),

@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
-use tokio::io::AsyncWriteExt;
 
 use crate::checkpoint::repo_folder_name;
 use crate::plan::RepoFile;
@@ -235,52 +234,67 @@ impl Hub {
             429 | 500..=599 => return Err(Attempt::Retry(format!("HTTP {status}"))),
             _ => return Err(Attempt::Fatal(HubError::Status { url: url.into(), status })),
         };
-        let mut f = tokio::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .append(append)
-            .truncate(!append)
-            .open(partial)
-            .await
-            .map_err(|e| Attempt::Fatal(io(partial)(e)))?;
         let mut done = if append { have } else { 0 };
-        // The hash covers the bytes already on disk (a resume), then every new chunk.
-        let mut hasher = Sha256::new();
-        if append && file.sha256.is_some() {
-            let p = partial.to_path_buf();
-            hasher = tokio::task::spawn_blocking(move || -> std::io::Result<Sha256> {
-                let mut h = Sha256::new();
-                std::io::copy(&mut std::fs::File::open(&p)?, &mut h)?;
-                Ok(h)
-            })
-            .await
-            .map_err(|e| Attempt::Retry(e.to_string()))?
-            .map_err(|e| Attempt::Fatal(io(partial)(e)))?;
-        }
+        // Disk writes and hashing run on a writer thread fed through a bounded channel, so they
+        // overlap with the network reads (tokio::fs would make a blocking round trip per chunk).
+        let hashing = file.sha256.is_some();
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
+        let path = partial.to_path_buf();
+        let writer = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
+            use std::io::Write;
+            let mut hasher = Sha256::new();
+            if append && hashing {
+                // A resume: the hash covers the bytes already on disk first.
+                std::io::copy(&mut std::fs::File::open(&path)?, &mut hasher)?;
+            }
+            let f =
+                std::fs::OpenOptions::new().create(true).write(true).append(append).truncate(!append).open(&path)?;
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+            while let Some(chunk) = rx.blocking_recv() {
+                w.write_all(&chunk)?;
+                if hashing {
+                    hasher.update(&chunk);
+                }
+            }
+            w.flush()?;
+            w.get_ref().sync_all()?;
+            Ok(format!("{:x}", hasher.finalize()))
+        });
         let mut body = resp.bytes_stream();
+        let mut failure = None;
         loop {
             let chunk = match tokio::time::timeout(self.policy.stall, body.next()).await {
-                Err(_) => return Err(Attempt::Retry(format!("stalled: no data for {:?}", self.policy.stall))),
+                Err(_) => {
+                    failure = Some(Attempt::Retry(format!("stalled: no data for {:?}", self.policy.stall)));
+                    break;
+                }
                 Ok(None) => break,
-                Ok(Some(Err(e))) => return Err(Attempt::Retry(format!("connection lost: {e}"))),
+                Ok(Some(Err(e))) => {
+                    failure = Some(Attempt::Retry(format!("connection lost: {e}")));
+                    break;
+                }
                 Ok(Some(Ok(c))) => c,
             };
-            f.write_all(&chunk).await.map_err(|e| Attempt::Fatal(io(partial)(e)))?;
-            if file.sha256.is_some() {
-                hasher.update(&chunk);
-            }
             done += chunk.len() as u64;
+            if tx.send(chunk).await.is_err() {
+                break; // the writer failed; its error is reported below
+            }
             if !progress(done, file.size) {
-                let _ = f.flush().await;
-                return Err(Attempt::Fatal(HubError::Cancelled(file.path.clone())));
+                failure = Some(Attempt::Fatal(HubError::Cancelled(file.path.clone())));
+                break;
             }
         }
-        f.flush().await.map_err(|e| Attempt::Fatal(io(partial)(e)))?;
-        f.sync_all().await.map_err(|e| Attempt::Fatal(io(partial)(e)))?;
+        // Whatever happened, what arrived is flushed and synced, so a later attempt resumes.
+        drop(tx);
+        let digest =
+            writer.await.map_err(|e| Attempt::Retry(e.to_string()))?.map_err(|e| Attempt::Fatal(io(partial)(e)))?;
+        if let Some(f) = failure {
+            return Err(f);
+        }
         if file.size.is_some_and(|s| done < s) {
             return Err(Attempt::Retry(format!("connection closed after {done} bytes")));
         }
-        Ok(file.sha256.as_ref().map(|_| format!("{:x}", hasher.finalize())))
+        Ok(hashing.then_some(digest))
     }
 }
 

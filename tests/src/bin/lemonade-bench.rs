@@ -90,6 +90,10 @@ fn lemonade_bin() -> PathBuf {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let bin = lemonade_bin();
+    if std::env::var("LEMONADE_BENCH_ONLY").as_deref() == Ok("pull") {
+        pull_throughput(&bin).await?;
+        return Ok(());
+    }
     anyhow::ensure!(
         bin.is_file(),
         "{} not found: build it with `cargo build --release -p lemonade-cli`",
@@ -258,9 +262,19 @@ async fn lifecycle(l: &Lemonade) -> anyhow::Result<Value> {
               "swap_ms": {"by_hand": hs, "lemonade": ls, "ratio": swap_ratio}}))
 }
 
-/// Pull throughput: `POST /api/v1/pull` of SmolLM2 (98 MB) from the Hub double, against a plain
-/// streamed HTTP copy of the same bytes from the same double into a file.
+/// Pull throughput for SmolLM2 (98 MB) and Gemma 270M (253 MB): fixed per-pull costs (Hub API
+/// requests, registration, fsyncs) weigh less on the larger file.
 async fn pull_throughput(bin: &std::path::Path) -> anyhow::Result<Value> {
+    let mut out = serde_json::Map::new();
+    for (label, rel) in [("SmolLM2", test_support::SMOL_FILE), ("Gemma 270M", test_support::GEMMA_FILE)] {
+        out.insert(label.into(), pull_one(bin, label, rel).await?);
+    }
+    Ok(Value::Object(out))
+}
+
+/// `POST /api/v1/pull` of one model file from the Hub double, against a plain streamed HTTP copy
+/// of the same bytes from the same double into a file.
+async fn pull_one(bin: &std::path::Path, label: &str, rel: &str) -> anyhow::Result<Value> {
     use futures_util::StreamExt;
     use tokio::io::AsyncWriteExt;
     const REPS: usize = 4;
@@ -268,11 +282,17 @@ async fn pull_throughput(bin: &std::path::Path) -> anyhow::Result<Value> {
     let root = tmp.path().join("hub");
     let repo = root.join("org/smol-GGUF");
     std::fs::create_dir_all(&repo)?;
-    let file = "SmolLM2-135M-Instruct.Q4_1.gguf";
-    std::fs::copy(test_support::model(test_support::SMOL_FILE), repo.join(file))?;
+    let file = "model-Q4_1.gguf";
+    std::fs::copy(test_support::model(rel), repo.join(file))?;
     let bytes = std::fs::metadata(repo.join(file))?.len() as f64;
     let double = test_support::hub::HubDouble::start(&root, Default::default()).await;
-    let l = Lemonade::start_in(bin, test_support::Sandbox::empty(), &["--log-level", "info"], &[("HF_ENDPOINT", &double.url)]).await;
+    let l = Lemonade::start_in(
+        bin,
+        test_support::Sandbox::empty(),
+        &["--log-level", "info"],
+        &[("HF_ENDPOINT", &double.url)],
+    )
+    .await;
     let http = reqwest::Client::builder().no_proxy().build()?;
     let url = format!("{}/org/smol-GGUF/resolve/main/{file}", double.url);
     let body = json!({"model": "user.Smol", "checkpoint": "org/smol-GGUF:Q4_1", "recipe": "llamacpp"});
@@ -299,7 +319,7 @@ async fn pull_throughput(bin: &std::path::Path) -> anyhow::Result<Value> {
     }
     let ratio = median(lem.iter().zip(&plain).map(|(l, p)| l / p).collect());
     let (p, lm) = (median(plain), median(lem));
-    println!("\nPull of SmolLM2 (98 MB) from the Hub double, {REPS} reps (medians)\n");
+    println!("\nPull of {label} ({:.0} MB) from the Hub double, {REPS} reps (medians)\n", bytes / 1e6);
     println!("| path | MB/s |");
     println!("|---|---:|");
     println!("| plain HTTP copy to a file | {p:.0} |");
