@@ -486,16 +486,25 @@ mod tests;
 /// The file is written atomically: temp file, fsync, rename, fsync of the directory, so a
 /// crash at any point leaves either the old or the new file.
 pub fn save_recipe_options(cache_dir: &Path, name: &str, options: Option<&RecipeOptions>) -> Result<(), RegistryError> {
+    update_json_map(&cache_dir.join(RECIPE_OPTIONS_FILE), name, options)
+}
+
+/// Sets (or with None removes) `key` in the JSON object file at `path`: one writer at a time,
+/// atomic replacement.
+fn update_json_map<T: Serialize + serde::de::DeserializeOwned + Clone>(
+    path: &Path,
+    key: &str,
+    value: Option<&T>,
+) -> Result<(), RegistryError> {
     let _one_writer = FILES.lock().unwrap_or_else(|e| e.into_inner());
-    let path = cache_dir.join(RECIPE_OPTIONS_FILE);
-    let mut all: BTreeMap<String, RecipeOptions> = read_json_or_default(&path)?;
-    match options {
-        Some(o) => all.insert(name.to_string(), o.clone()),
-        None => all.remove(name),
+    let mut all: BTreeMap<String, T> = read_json_or_default(path)?;
+    match value {
+        Some(v) => all.insert(key.to_string(), v.clone()),
+        None => all.remove(key),
     };
     let bytes = serde_json::to_vec_pretty(&all)
         .map_err(|e| RegistryError::Json { path: path.display().to_string(), source: e })?;
-    write_atomic(&path, &bytes).map_err(|e| RegistryError::Io { path: path.display().to_string(), source: e })
+    write_atomic(path, &bytes).map_err(|e| RegistryError::Io { path: path.display().to_string(), source: e })
 }
 
 /// Serializes the read-modify-write of the files we own, so concurrent updates are not lost.
@@ -521,16 +530,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// Adds or replaces `user.<key>` in `<cache_dir>/user_models.json` (atomically), or removes it
 /// when `entry` is None.
 pub fn save_user_model(cache_dir: &Path, key: &str, entry: Option<&CatalogueEntry>) -> Result<(), RegistryError> {
-    let _one_writer = FILES.lock().unwrap_or_else(|e| e.into_inner());
-    let path = cache_dir.join(USER_MODELS_FILE);
-    let mut all: BTreeMap<String, CatalogueEntry> = read_json_or_default(&path)?;
-    match entry {
-        Some(e) => all.insert(key.to_string(), e.clone()),
-        None => all.remove(key),
-    };
-    let bytes = serde_json::to_vec_pretty(&all)
-        .map_err(|e| RegistryError::Json { path: path.display().to_string(), source: e })?;
-    write_atomic(&path, &bytes).map_err(|e| RegistryError::Io { path: path.display().to_string(), source: e })
+    update_json_map(&cache_dir.join(USER_MODELS_FILE), key, entry)
 }
 
 /// Labels of a registration (v9): `custom`, the given labels, and one per flag (`embedding`
