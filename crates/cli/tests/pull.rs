@@ -201,13 +201,19 @@ async fn a_pull_resumes_after_lemonade_itself_was_killed() {
         setup(Knobs { chunk_delay: Some(std::time::Duration::from_millis(15)), ..Default::default() }).await;
     let body = json!({"model": "user.Big", "checkpoint": "org/big-GGUF:Q4_0", "recipe": "llamacpp", "stream": true});
     let r = l.http.post(l.url("/api/v1/pull")).json(&body).send().await.unwrap();
-    let mut stream = r.bytes_stream();
-    use futures_util::StreamExt;
-    let mut seen = String::new();
-    // The first progress event is the 0 % one; the second means bytes are on disk.
-    while seen.matches("event: progress").count() < 2 {
-        seen.push_str(&String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()));
-    }
+    let stream = r.bytes_stream();
+    // Kill lemonade once part of the file is on disk.
+    let blobs = l.sandbox.hf_cache().join("models--org--big-GGUF/blobs");
+    let partial_len = || {
+        std::fs::read_dir(&blobs)
+            .ok()?
+            .filter_map(|e| e.ok())
+            .find(|e| e.file_name().to_string_lossy().ends_with(".incomplete"))
+            .and_then(|e| e.metadata().ok())
+            .map(|m| m.len())
+    };
+    let on_disk = wait_for(std::time::Duration::from_secs(10), || async { partial_len().filter(|n| *n > 0) }).await;
+    assert!(on_disk.is_some(), "part of the file reached the disk");
     let sandbox = l.kill_keeping_sandbox();
     drop(stream);
     double.set_knobs(Knobs::default());

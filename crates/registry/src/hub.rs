@@ -238,7 +238,7 @@ impl Hub {
         // Disk writes and hashing run on a writer thread fed through a bounded channel, so they
         // overlap with the network reads (tokio::fs would make a blocking round trip per chunk).
         let hashing = file.sha256.is_some();
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(16);
         let path = partial.to_path_buf();
         let writer = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
             use std::io::Write;
@@ -247,17 +247,17 @@ impl Hub {
                 // A resume: the hash covers the bytes already on disk first.
                 std::io::copy(&mut std::fs::File::open(&path)?, &mut hasher)?;
             }
-            let f =
+            // Unbuffered: each chunk reaches the kernel at once, so a killed process leaves
+            // every received byte in the partial file for the next attempt.
+            let mut w =
                 std::fs::OpenOptions::new().create(true).write(true).append(append).truncate(!append).open(&path)?;
-            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
             while let Some(chunk) = rx.blocking_recv() {
                 w.write_all(&chunk)?;
                 if hashing {
                     hasher.update(&chunk);
                 }
             }
-            w.flush()?;
-            w.get_ref().sync_all()?;
+            w.sync_all()?;
             Ok(format!("{:x}", hasher.finalize()))
         });
         let mut body = resp.bytes_stream();
