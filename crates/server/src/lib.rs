@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 use registry::{Registry, RegistryConfig};
 use tokio::net::TcpListener;
@@ -41,38 +41,47 @@ pub fn body_limit() -> usize {
     BODY_LIMIT.load(Ordering::Relaxed)
 }
 
+/// A POST route; other methods get a JSON 405 naming POST.
+fn post_only<H: axum::handler::Handler<T, AppState>, T: 'static>(h: H) -> MethodRouter<AppState> {
+    post(h).fallback(method_not_allowed("POST"))
+}
+
+/// A GET (and HEAD) route; other methods get a JSON 405 naming GET.
+fn get_only<H: axum::handler::Handler<T, AppState>, T: 'static>(h: H) -> MethodRouter<AppState> {
+    get(h).fallback(method_not_allowed("GET"))
+}
+
 /// The application router.
 pub fn app(rt: Arc<Runtime>) -> Router {
     BODY_LIMIT.store(rt.cfg.body_limit, Ordering::Relaxed);
-    let post_only = |h| post(h).fallback(method_not_allowed("POST"));
     let native = Router::new()
-        .route("/completion", post(native_post).fallback(method_not_allowed("POST")))
-        .route("/tokenize", post(native_post).fallback(method_not_allowed("POST")))
-        .route("/detokenize", post(native_post).fallback(method_not_allowed("POST")))
-        .route("/apply-template", post(native_post).fallback(method_not_allowed("POST")))
-        .route("/infill", post(native_post).fallback(method_not_allowed("POST")))
-        .route("/props", get(native_get).fallback(method_not_allowed("GET")))
-        .route("/slots", get(native_get).fallback(method_not_allowed("GET")))
-        .route("/metrics", get(native_get).fallback(method_not_allowed("GET")));
+        .route("/completion", post_only(native_post))
+        .route("/tokenize", post_only(native_post))
+        .route("/detokenize", post_only(native_post))
+        .route("/apply-template", post_only(native_post))
+        .route("/infill", post_only(native_post))
+        .route("/props", get_only(native_get))
+        .route("/slots", get_only(native_get))
+        .route("/metrics", get_only(native_get));
     let api = Router::new()
         .route("/chat/completions", post_only(chat_completions))
-        .route("/completions", post(completions).fallback(method_not_allowed("POST")))
-        .route("/responses", post(responses).fallback(method_not_allowed("POST")))
-        .route("/embeddings", post(embeddings).fallback(method_not_allowed("POST")))
-        .route("/reranking", post(reranking).fallback(method_not_allowed("POST")))
-        .route("/rerank", post(reranking).fallback(method_not_allowed("POST")))
-        .route("/models", get(list_models).fallback(method_not_allowed("GET")))
-        .route("/models/{*id}", get(get_model).fallback(method_not_allowed("GET")))
-        .route("/health", get(health).fallback(method_not_allowed("GET")))
-        .route("/stats", get(stats).fallback(method_not_allowed("GET")))
-        .route("/load", post(load).fallback(method_not_allowed("POST")))
-        .route("/unload", post(unload).fallback(method_not_allowed("POST")))
-        .route("/pull", post(pull::pull).fallback(method_not_allowed("POST")))
-        .route("/delete", post(pull::delete).fallback(method_not_allowed("POST")))
-        .route("/admin/models", get(admin::models).fallback(method_not_allowed("GET")))
-        .route("/admin/models/{model_name}/load", post(admin::load).fallback(method_not_allowed("POST")))
-        .route("/admin/models/{model_name}/unload", post(admin::unload).fallback(method_not_allowed("POST")))
-        .route("/admin/gpu-memory", get(admin::gpu_memory).fallback(method_not_allowed("GET")))
+        .route("/completions", post_only(completions))
+        .route("/responses", post_only(responses))
+        .route("/embeddings", post_only(embeddings))
+        .route("/reranking", post_only(reranking))
+        .route("/rerank", post_only(reranking))
+        .route("/models", get_only(list_models))
+        .route("/models/{*id}", get_only(get_model))
+        .route("/health", get_only(health))
+        .route("/stats", get_only(stats))
+        .route("/load", post_only(load))
+        .route("/unload", post_only(unload))
+        .route("/pull", post_only(pull::pull))
+        .route("/delete", post_only(pull::delete))
+        .route("/admin/models", get_only(admin::models))
+        .route("/admin/models/{model_name}/load", post_only(admin::load))
+        .route("/admin/models/{model_name}/unload", post_only(admin::unload))
+        .route("/admin/gpu-memory", get_only(admin::gpu_memory))
         .merge(native.clone());
     let mut router = Router::new();
     for prefix in PREFIXES {
@@ -80,7 +89,7 @@ pub fn app(rt: Arc<Runtime>) -> Router {
     }
     router
         .merge(native)
-        .route("/live", get(live).fallback(method_not_allowed("GET")))
+        .route("/live", get_only(live))
         .merge(SwaggerUi::new("/docs").url("/api/v1/openapi.json", openapi::document()))
         .fallback(unknown_path)
         .layer(DefaultBodyLimit::max(rt.cfg.body_limit))
