@@ -499,3 +499,16 @@ fn npu_models_exclude_each_other_whatever_their_type() {
     let fx = d.ev(Event::Acquire { req, model: n2, auto_load: Some(0) });
     assert_eq!(fx, vec![Effect::Stop { model: "n1".into() }]);
 }
+
+#[test]
+fn an_idle_model_gives_way_before_a_busy_one_even_if_the_busy_one_is_older() {
+    let mut d = Drive::new(2);
+    let held = d.use_model(&llm("a")); // older, and busy
+    let r = d.use_model(&llm("b")); // more recent, idle
+    d.ev(Event::Release { req: r });
+    let req = d.req();
+    let fx = d.ev(Event::Acquire { req, model: llm("c"), auto_load: Some(0) });
+    assert_eq!(fx, vec![Effect::Stop { model: "b".into() }]);
+    assert_eq!(d.state("a"), State::Loaded, "the busy model is untouched");
+    assert!(d.m.entry("a").unwrap().in_flight.contains(&held));
+}

@@ -55,6 +55,15 @@ impl ApiError {
         ApiError::BadRequest { message: message.into(), param: param.map(str::to_string), code: None }
     }
 
+    /// A registered model whose files are not (all) in the cache.
+    pub fn not_downloaded(name: &str) -> ApiError {
+        ApiError::BadRequest {
+            message: format!("Model '{name}' is not downloaded. Pull it first: lemonade pull {name}"),
+            param: Some("model".into()),
+            code: Some("model_not_downloaded"),
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest { .. } | ApiError::WrongModelType(_) => StatusCode::BAD_REQUEST,
@@ -139,7 +148,13 @@ impl IntoResponse for ApiError {
         } else {
             tracing::debug!(status = status.as_u16(), error = %self, "request rejected");
         }
-        (status, axum::Json(self.body())).into_response()
+        let mut resp = (status, axum::Json(self.body())).into_response();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body is never read, so the server closes this connection; saying
+            // so keeps clients from reusing it for their next request.
+            resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+        }
+        resp
     }
 }
 

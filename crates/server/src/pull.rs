@@ -131,7 +131,11 @@ pub async fn ensure_downloaded(rt: &AppState, m: &ModelInfo) -> Result<ModelInfo
     })??;
     rt.reload_registry().map_err(|e| ApiError::Internal(e.to_string()))?;
     tracing::info!(model = %m.name, secs = t.elapsed().as_secs_f64(), "pulled");
-    Ok(rt.registry().get(&m.name)?.clone())
+    let pulled = rt.registry().get(&m.name)?.clone();
+    if !pulled.downloaded {
+        return Err(ApiError::not_downloaded(&m.name));
+    }
+    Ok(pulled)
 }
 
 /// Lists, plans and downloads every file of `m`, reporting progress to `events` (None: no

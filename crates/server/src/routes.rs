@@ -285,13 +285,6 @@ pub async fn load(State(rt): State<AppState>, body: JsonBody<LoadRequest>) -> Re
     let info = rt.registry().get(&req.model_name)?.clone();
     let opts = request_options(&req)?;
     let info = crate::pull::ensure_downloaded(&rt, &info).await?;
-    if !info.downloaded {
-        return Err(ApiError::BadRequest {
-            message: format!("Model '{}' is not downloaded. Pull it first: lemonade pull {}", info.name, info.name),
-            param: Some("model_name".into()),
-            code: Some("model_not_downloaded"),
-        });
-    }
     if req.save_options == Some(true) {
         registry::save_recipe_options(&rt.cfg.cache_dir, &info.name, Some(&opts))
             .map_err(|e| ApiError::Internal(e.to_string()))?;

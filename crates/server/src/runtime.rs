@@ -57,7 +57,6 @@ pub struct Running {
 #[derive(Debug, Clone)]
 pub struct ModelView {
     pub state: State,
-    pub options: Option<Opts>,
     pub in_flight: usize,
     pub queue_depth: usize,
     pub last_use: u64,
@@ -262,18 +261,11 @@ impl Runtime {
                 want.iter().map(|t| format!("an {}", t.as_str())).collect::<Vec<_>>().join(" or "),
             )));
         }
-        let info = if info.downloaded || !self.cfg.auto_load {
-            info
-        } else {
-            crate::pull::ensure_downloaded(self, &info).await?
+        let info = match (info.downloaded, self.cfg.auto_load) {
+            (true, _) => info,
+            (false, true) => crate::pull::ensure_downloaded(self, &info).await?,
+            (false, false) => return Err(ApiError::not_downloaded(name)),
         };
-        if !info.downloaded {
-            return Err(ApiError::BadRequest {
-                message: format!("Model '{name}' is not downloaded. Pull it first: lemonade pull {name}"),
-                param: Some("model".into()),
-                code: Some("model_not_downloaded"),
-            });
-        }
         let auto_load = self.cfg.auto_load.then(|| self.effective_options(&info, &RecipeOptions::new()));
         let (req, rx) = self.request();
         match self.ask(req, rx, Event::Acquire { req, model: model_ref(&info), auto_load }).await {
@@ -345,7 +337,6 @@ impl Runtime {
             .map(|e| {
                 let v = ModelView {
                     state: e.state,
-                    options: e.options.clone(),
                     in_flight: e.in_flight.len(),
                     queue_depth: e.queue_depth(),
                     last_use: e.last_use,

@@ -89,3 +89,19 @@ async fn openapi_and_swagger_ui_are_served() {
     assert!(ct.starts_with("text/html"), "{ct}");
     assert!(body.as_str().unwrap().contains("swagger"), "Swagger UI page");
 }
+
+#[tokio::test]
+async fn an_oversized_body_is_a_json_413_that_closes_the_connection() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = Config::new(tmp.path().join("cache"), tmp.path().join("hub"));
+    cfg.body_limit = 1024;
+    let r = app(runtime(cfg).unwrap());
+    let body = format!("{{\"model\":\"m\",\"messages\":[],\"pad\":\"{}\"}}", "x".repeat(4096));
+    let req = Request::builder().method("POST").uri("/v1/chat/completions").body(Body::from(body)).unwrap();
+    let resp = r.oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(resp.headers().get("connection").map(|v| v.to_str().unwrap()), Some("close"));
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(v["error"]["code"], "payload_too_large");
+}
