@@ -165,7 +165,7 @@ pub struct LoadRequest {
     /// Context size for this load.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ctx_size: Option<u32>,
-    /// `cpu`, `vulkan`, `rocm` or `metal`.
+    /// `cpu`, `vulkan`, `rocm`, `metal`, or `system` (the llama-server on PATH).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llamacpp_backend: Option<String>,
     /// Extra llama-server arguments; flags lemonade manages are rejected.

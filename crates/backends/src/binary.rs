@@ -1,7 +1,7 @@
 //! Where a backend's executable comes from:
 //! `LEMONADE_<DIR>_<BACKEND>_BIN` (if the file exists), then the managed install under
-//! `<cache>/bin/<dir>/<backend>/` (searched recursively, with `version.txt` beside it), then
-//! the executable on `PATH`.
+//! `<cache>/bin/<dir>/<backend>/` (searched recursively, with `version.txt` beside it). The
+//! `system` backend is the executable on `PATH` (never downloaded).
 
 use std::path::{Path, PathBuf};
 
@@ -46,19 +46,22 @@ pub fn resolve(
         }
         tracing::warn!(variable = %var, path = %p.display(), "backend override does not exist; ignored");
     }
+    if backend == "system" {
+        return std::env::split_paths(&path_var?)
+            .map(|d| d.join(exe_name))
+            .find(|p| is_executable(p))
+            .map(|p| Resolved { path: p, found: Found::Path });
+    }
     let dir = managed_dir(cache_dir, recipe_dir, backend);
     if let Some(p) = find_recursive(&dir, exe_name) {
         let version = std::fs::read_to_string(dir.join("version.txt")).ok().map(|v| v.trim().to_string());
         return Some(Resolved { path: p, found: Found::Managed { version } });
     }
-    let path_var = path_var?;
-    std::env::split_paths(&path_var)
-        .map(|d| d.join(exe_name))
-        .find(|p| is_executable(p))
-        .map(|p| Resolved { path: p, found: Found::Path })
+    None
 }
 
-fn find_recursive(dir: &Path, name: &str) -> Option<PathBuf> {
+/// The first executable named `name` under `dir` (files before subfolders, subfolders in order).
+pub fn find_recursive(dir: &Path, name: &str) -> Option<PathBuf> {
     let entries = std::fs::read_dir(dir).ok()?;
     let mut subdirs = Vec::new();
     for e in entries.filter_map(|e| e.ok()) {
@@ -97,7 +100,7 @@ mod tests {
     }
 
     #[test]
-    fn precedence_override_then_managed_then_path() {
+    fn precedence_override_then_managed_and_path_for_system() {
         let tmp = tempfile::tempdir().unwrap();
         let cache = tmp.path().join("cache");
         let on_path = tmp.path().join("pathdir/llama-server");
@@ -105,7 +108,9 @@ mod tests {
         let path_var = Some(tmp.path().join("pathdir").display().to_string());
         let no_env = |_: &str| None;
 
-        let r = resolve(&cache, "llamacpp", "cpu", "llama-server", no_env, path_var.clone()).unwrap();
+        // PATH is the `system` backend only: `cpu` needs an install.
+        assert_eq!(resolve(&cache, "llamacpp", "cpu", "llama-server", no_env, path_var.clone()), None);
+        let r = resolve(&cache, "llamacpp", "system", "llama-server", no_env, path_var.clone()).unwrap();
         assert_eq!(r, Resolved { path: on_path.clone(), found: Found::Path });
 
         let managed = managed_dir(&cache, "llamacpp", "cpu").join("build/bin/llama-server");

@@ -178,7 +178,10 @@ impl Hub {
         Ok(link)
     }
 
-    async fn fetch(
+    /// Downloads `url` to `dest` through `dest.incomplete` (resumed, retried, verified against
+    /// `file.size` and `file.sha256` when known, fsynced, renamed). Also used for backend
+    /// release archives.
+    pub async fn fetch(
         &self,
         url: &str,
         blob: &Path,

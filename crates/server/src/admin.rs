@@ -344,11 +344,17 @@ pub async fn unload(State(rt): State<AppState>, Path(name): Path<String>) -> Res
 
 static NVML: OnceLock<Result<nvml_wrapper::Nvml, String>> = OnceLock::new();
 
+/// The NVML library, loaded once; the error says why it is unavailable (no driver here).
+pub(crate) fn nvml() -> Result<&'static nvml_wrapper::Nvml, String> {
+    NVML.get_or_init(|| nvml_wrapper::Nvml::init().map_err(|e| format!("NVML is unavailable: {e}")))
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
 fn gpus() -> (Vec<GpuInfo>, Option<String>) {
-    let nvml = NVML.get_or_init(|| nvml_wrapper::Nvml::init().map_err(|e| format!("NVML is unavailable: {e}")));
-    let nvml = match nvml {
+    let nvml = match nvml() {
         Ok(n) => n,
-        Err(e) => return (Vec::new(), Some(e.clone())),
+        Err(e) => return (Vec::new(), Some(e)),
     };
     let count = match nvml.device_count() {
         Ok(c) => c,

@@ -34,6 +34,8 @@ pub struct Config {
     pub pull_timeout: Duration,
     /// Largest accepted request body.
     pub body_limit: usize,
+    /// `LEMONADE_API_KEY` and `LEMONADE_ALLOWED_ORIGINS`.
+    pub access: crate::access::Access,
 }
 
 impl Config {
@@ -56,6 +58,7 @@ impl Config {
             watchdog_interval: Some(Duration::from_secs(5)),
             pull_timeout: Duration::from_secs(3600),
             body_limit: 64 << 20,
+            access: crate::access::Access::default(),
         }
     }
 }

@@ -1,15 +1,19 @@
 //! The lemonade HTTP server: axum routes over the model [`runtime`], forwarding to backends
 //! through the [`proxy`]. See docs/ARCHITECTURE.md for the map.
 
+pub mod access;
 pub mod admin;
 pub mod config;
 pub mod error;
 pub mod extract;
+pub mod install;
+pub mod logging;
 pub mod openapi;
 pub mod proxy;
 pub mod pull;
 pub mod routes;
 pub mod runtime;
+pub mod system_info;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -78,6 +82,12 @@ pub fn app(rt: Arc<Runtime>) -> Router {
         .route("/unload", post_only(unload))
         .route("/pull", post_only(pull::pull))
         .route("/delete", post_only(pull::delete))
+        .route("/install", post_only(install::install_route))
+        .route("/uninstall", post_only(install::uninstall_route))
+        .route("/system-info", get_only(system_info::system_info))
+        .route("/system-stats", get_only(system_info::system_stats))
+        .route("/log-level", post_only(logging::set_level))
+        .route("/logs/stream", get_only(logging::stream))
         .route("/admin/models", get_only(admin::models))
         .route("/admin/models/{model_name}/load", post_only(admin::load))
         .route("/admin/models/{model_name}/unload", post_only(admin::unload))
@@ -93,6 +103,7 @@ pub fn app(rt: Arc<Runtime>) -> Router {
         .merge(SwaggerUi::new("/docs").url("/api/v1/openapi.json", openapi::document()))
         .fallback(unknown_path)
         .layer(DefaultBodyLimit::max(rt.cfg.body_limit))
+        .layer(axum::middleware::from_fn_with_state(Arc::new(rt.cfg.access.clone()), access::layer))
         .with_state(rt)
 }
 
@@ -147,7 +158,14 @@ pub async fn serve(
     let app = app(rt.clone());
     let mut servers = tokio::task::JoinSet::new();
     for l in listeners {
-        tracing::info!("lemonade {VERSION} listening on http://{}", l.local_addr()?);
+        let addr = l.local_addr()?;
+        if !addr.ip().is_loopback() && rt.cfg.access.api_key.is_none() {
+            tracing::warn!(
+                "listening on {addr}, which other machines can reach, with no API key: anyone on the network can use \
+                 and manage this server. Set LEMONADE_API_KEY, or use --host 127.0.0.1"
+            );
+        }
+        tracing::info!("lemonade {VERSION} listening on http://{addr}");
         let mut rx = stop_rx.clone();
         let srv = axum::serve(
             l.tap_io(|tcp| {

@@ -11,7 +11,9 @@ use crate::routes;
     info(
         title = "lemonade",
         description = "A local LLM server: OpenAI-compatible APIs for many models at once, each served by a managed \
-                       llama-server process. Every API path is also served under /api/v0, /v0 and /v1.",
+                       llama-server process. Every API path is also served under /api/v0, /v0 and /v1. With \
+                       LEMONADE_API_KEY set, every API path except health needs `Authorization: Bearer <key>` (else \
+                       401 `{\"error\": \"Invalid or missing API key\"}`).",
         license(name = "Apache-2.0")
     ),
     paths(
@@ -32,6 +34,12 @@ use crate::routes;
         crate::admin::load,
         crate::admin::unload,
         crate::admin::gpu_memory,
+        crate::install::install_route,
+        crate::install::uninstall_route,
+        crate::system_info::system_info,
+        crate::system_info::system_stats,
+        crate::logging::set_level,
+        crate::logging::stream,
         routes::live,
         routes::native_post,
         routes::native_get,
@@ -40,6 +48,7 @@ use crate::routes;
         (name = "OpenAI", description = "OpenAI-compatible endpoints"),
         (name = "Lemonade", description = "Lemonade's own endpoints"),
         (name = "llama.cpp", description = "llama-server's own endpoints, routed per model"),
+        (name = "System", description = "Hardware, backend states, usage, and the server log"),
         (name = "Admin", description = "Runtime admin API: live model state, load with overrides, unload, GPU memory. \
             Runtime states: unloaded, loading, loaded, unloading (no new requests; in-flight ones finish), failed (see last_error)."),
     )

@@ -199,6 +199,11 @@ pub fn apply_usage(s: &mut Stats, v: &Value, non_streaming: bool) {
     if let Some(t) = v.get("timings") {
         if let Some(n) = u64_at(t, "prompt_n") {
             s.input_tokens = n;
+            // The whole prompt is the processed part plus the part reused from the cache; a
+            // stream has no `usage` unless asked, but its last chunk has these timings.
+            if let Some(cached) = u64_at(t, "cache_n") {
+                s.prompt_tokens = n + cached;
+            }
         }
         if let Some(n) = u64_at(t, "predicted_n") {
             s.output_tokens = n;
@@ -228,6 +233,9 @@ mod tests {
         let mut s2 = Stats::default();
         apply_usage(&mut s2, &serde_json::json!({"usage": {"input_tokens": 3, "output_tokens": 2}}), false);
         assert_eq!((s2.input_tokens, s2.output_tokens, s2.prompt_tokens), (3, 2, 0));
+        // A stream's final timings: processed plus cached tokens make the whole prompt.
+        apply_usage(&mut s2, &serde_json::json!({"timings": {"prompt_n": 1, "cache_n": 35}}), false);
+        assert_eq!((s2.input_tokens, s2.prompt_tokens), (1, 36));
     }
 
     #[test]

@@ -236,7 +236,7 @@ pub async fn pull(State(rt): State<AppState>, body: JsonBody<PullRequest>) -> Re
             Json(StatusResponse { status: "success".into(), model_name: Some(m.name), message: None }).into_response()
         );
     }
-    let (tx, mut rx) = mpsc::channel::<(&'static str, String)>(64);
+    let (tx, rx) = mpsc::channel::<(&'static str, String)>(64);
     tokio::spawn(async move {
         let result = download(&rt, &m, Some(&tx)).await;
         let _ = rt.reload_registry();
@@ -244,17 +244,27 @@ pub async fn pull(State(rt): State<AppState>, body: JsonBody<PullRequest>) -> Re
             let _ = tx.send(("error", serde_json::json!({"error": e.to_string()}).to_string())).await;
         }
     });
+    Ok(sse_events(rx))
+}
+
+/// An SSE response of `(event, data)` pairs, ending when every sender is gone.
+pub(crate) fn sse_events(mut rx: mpsc::Receiver<(&'static str, String)>) -> Response {
     let body = futures_util::stream::poll_fn(move |cx| {
         rx.poll_recv(cx).map(|o| {
             o.map(|(event, data)| Ok::<_, Infallible>(Bytes::from(format!("event: {event}\ndata: {data}\n\n"))))
         })
     });
-    let mut r = Response::new(Body::from_stream(body));
+    sse_response(Body::from_stream(body))
+}
+
+/// `body` with the SSE headers (no caching, no proxy buffering).
+pub(crate) fn sse_response(body: Body) -> Response {
+    let mut r = Response::new(body);
     let h = r.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    Ok(r)
+    r
 }
 
 /// Removes a model's files (and a `user.*` registration), unloading it first.

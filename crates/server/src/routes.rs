@@ -216,7 +216,7 @@ pub async fn health(State(rt): State<AppState>) -> Json<Health> {
         model_loaded: rt.most_recent().map(|m| m.info.name.clone()),
         all_models_loaded: loaded.iter().map(|(r, v)| rt.health_entry(r, v)).collect(),
         max_models,
-        log_streaming: LogStreaming { sse: false, websocket: false },
+        log_streaming: LogStreaming { sse: crate::logging::hub().is_some(), websocket: false },
     })
 }
 
@@ -234,7 +234,7 @@ pub async fn stats(State(rt): State<AppState>) -> Result<Json<Stats>, ApiError> 
     Ok(Json(s))
 }
 
-const LLAMACPP_BACKENDS: &[&str] = &["cpu", "vulkan", "rocm", "metal"];
+const LLAMACPP_BACKENDS: &[&str] = &["cpu", "vulkan", "rocm", "metal", "system"];
 
 /// The request's recipe options, validated (400 naming the field).
 fn request_options(req: &LoadRequest) -> Result<RecipeOptions, ApiError> {

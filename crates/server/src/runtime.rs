@@ -136,6 +136,7 @@ impl Runtime {
             .no_proxy()
             .build()
             .expect("reqwest client");
+        crate::install::clean_staging(&cfg.cache_dir);
         let (tx, rx) = mpsc::unbounded_channel();
         let machine = Machine::new(cfg.max_loaded_models.clone());
         let rt = Arc::new(Runtime {
@@ -413,12 +414,12 @@ impl Runtime {
                     amd_igpu: false,
                 })
                 .map_err(|e| fatal(e.to_string()))?;
-                (self.backend_binary("llamacpp", &backend_name, "llama-server").map_err(fatal)?, args, None)
+                (self.backend_binary("llamacpp", &backend_name, "llama-server").await.map_err(fatal)?, args, None)
             }
             "ryzenai-llm" => {
                 let port = backends::supervisor::free_port().map_err(|e| fatal(format!("no free port: {e}")))?;
                 let args = backends::ryzenai::command_line(&main, port, ctx_size);
-                (self.backend_binary("ryzenai-server", "npu", "ryzenai-server").map_err(fatal)?, args, Some(port))
+                (self.backend_binary("ryzenai-server", "npu", "ryzenai-server").await.map_err(fatal)?, args, Some(port))
             }
             other => return Err(fatal(format!("The '{other}' recipe has no backend adapter in this lemonade build"))),
         };
@@ -484,17 +485,38 @@ impl Runtime {
         });
     }
 
-    fn backend_binary(&self, dir: &str, backend: &str, exe: &str) -> Result<PathBuf, String> {
-        binary::resolve(&self.cfg.cache_dir, dir, backend, exe, |k| std::env::var(k).ok(), std::env::var("PATH").ok())
-            .map(|r| r.path)
-            .ok_or_else(|| {
-                format!(
-                    "{exe} for the '{backend}' backend was not found: set {}, install it under {}, or put {exe} on PATH{}",
-                    binary::override_var(dir, backend),
-                    binary::managed_dir(&self.cfg.cache_dir, dir, backend).display(),
-                    if dir == "llamacpp" { " (a CPU build is provisioned by `cargo xtask setup`)" } else { "" }
-                )
-            })
+    /// The backend's executable; a missing one is installed first when this platform has a
+    /// release for it (v9's auto-install on first load).
+    async fn backend_binary(&self, dir: &str, backend: &str, exe: &str) -> Result<PathBuf, String> {
+        let resolve = || {
+            binary::resolve(
+                &self.cfg.cache_dir,
+                dir,
+                backend,
+                exe,
+                |k| std::env::var(k).ok(),
+                std::env::var("PATH").ok(),
+            )
+        };
+        if let Some(r) = resolve() {
+            return Ok(r.path);
+        }
+        let recipe = if dir == "ryzenai-server" { "ryzenai-llm" } else { dir };
+        if crate::install::auto_install(self, recipe, backend).await? {
+            if let Some(r) = resolve() {
+                return Ok(r.path);
+            }
+        }
+        Err(if backend == "system" {
+            format!("The 'system' backend uses {exe} from PATH, and there is none on PATH")
+        } else {
+            format!(
+                "{exe} for the '{backend}' backend is not installed and cannot be installed automatically here: set {}, or install it under {}{}",
+                binary::override_var(dir, backend),
+                binary::managed_dir(&self.cfg.cache_dir, dir, backend).display(),
+                if dir == "llamacpp" { " (a CPU build is provisioned by `cargo xtask setup`)" } else { "" }
+            )
+        })
     }
 }
 

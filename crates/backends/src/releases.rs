@@ -1,0 +1,397 @@
+//! Which backends exist, which this machine can run, which version is pinned, and where its
+//! release archive lives (pure: the hardware and the installed versions come in as values).
+//!
+//! The table and the pins follow Lemonade v9.4.1 (`backend_versions.json`, reference §2.13,
+//! §7.1). `llamacpp:system` is ours: an existing `llama-server` on `PATH`, never downloaded.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// v9.4.1's pins, used unless `<cache>/backend_versions.json` exists.
+pub const DEFAULT_PINS: &str = include_str!("backend_versions.json");
+
+/// Where release archives are downloaded from, unless `LEMONADE_RELEASES_URL` says otherwise.
+pub const DEFAULT_RELEASES_URL: &str = "https://github.com";
+
+/// What the machine has, as far as backends care.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Hardware {
+    /// `linux`, `windows` or `macos`.
+    pub os: String,
+    /// `x86_64` or `arm64`.
+    pub cpu_family: String,
+    /// gfx family of an AMD integrated GPU (`gfx1150`, `gfx1151`, …), if any.
+    pub amd_igpu: Option<String>,
+    /// gfx families of AMD discrete GPUs (`gfx110X`, `gfx120X`, …).
+    pub amd_dgpus: Vec<String>,
+    pub nvidia_gpus: usize,
+    /// An XDNA 2 NPU is present.
+    pub xdna2_npu: bool,
+}
+
+impl Hardware {
+    /// This build's OS and architecture, with no GPU or NPU.
+    pub fn this_platform() -> Hardware {
+        Hardware {
+            os: std::env::consts::OS.into(),
+            cpu_family: if cfg!(target_arch = "aarch64") { "arm64" } else { std::env::consts::ARCH }.into(),
+            ..Hardware::default()
+        }
+    }
+}
+
+/// A recipe's backends in preference order (v9's table, plus `llamacpp:system`).
+pub const RECIPES: &[(&str, &[&str])] = &[
+    ("llamacpp", &["metal", "vulkan", "rocm", "cpu", "system"]),
+    ("whispercpp", &["npu", "cpu", "vulkan"]),
+    ("kokoro", &["cpu"]),
+    ("sd-cpp", &["rocm", "cpu"]),
+    ("flm", &["npu"]),
+    ("ryzenai-llm", &["npu"]),
+];
+
+/// Recipes this lemonade runs; the others are listed but cannot be installed yet.
+pub const RUNNABLE: &[&str] = &["llamacpp", "ryzenai-llm"];
+
+/// The directory name and executable of a recipe (reference §7.1).
+pub fn recipe_dir_and_exe(recipe: &str) -> Option<(&'static str, &'static str)> {
+    Some(match recipe {
+        "llamacpp" => ("llamacpp", "llama-server"),
+        "whispercpp" => ("whispercpp", "whisper-server"),
+        "sd-cpp" => ("sd-cpp", "sd-server"),
+        "kokoro" => ("kokoro", "koko"),
+        "ryzenai-llm" => ("ryzenai-server", "ryzenai-server"),
+        "flm" => ("flm", "flm"),
+        _ => return None,
+    })
+}
+
+/// Whether `recipe:backend` can run here: `Ok(devices)` or `Err(why not)`.
+pub fn support(hw: &Hardware, recipe: &str, backend: &str) -> Result<Vec<&'static str>, String> {
+    let os_name = |os: &str| match os {
+        "windows" => "Windows",
+        "macos" => "macOS",
+        _ => "Linux",
+    };
+    let requires_os = |oses: &[&str]| -> Result<(), String> {
+        if oses.contains(&hw.os.as_str()) {
+            Ok(())
+        } else {
+            Err(format!("Requires {}", oses.iter().map(|o| os_name(o)).collect::<Vec<_>>().join(" or ")))
+        }
+    };
+    let x86 = hw.cpu_family == "x86_64";
+    let igpu = hw.amd_igpu.as_deref();
+    let rocm_igpu =
+        |linux_1150: bool| igpu.is_some_and(|f| f == "gfx1151" || (f == "gfx1150" && (linux_1150 || hw.os != "linux")));
+    let rocm_dgpu = hw.amd_dgpus.iter().any(|f| f == "gfx110X" || f == "gfx120X");
+    let npu = || -> Result<Vec<&'static str>, String> {
+        requires_os(&["windows"])?;
+        if hw.xdna2_npu {
+            Ok(vec!["amd_npu"])
+        } else {
+            Err("Requires AMD XDNA 2 AMD NPU".into())
+        }
+    };
+    let with_gpus = |mut d: Vec<&'static str>, igpu_ok: bool, dgpu_ok: bool| {
+        if igpu_ok {
+            d.push("amd_igpu");
+        }
+        if dgpu_ok {
+            d.push("amd_dgpu");
+        }
+        d
+    };
+    match (recipe, backend) {
+        ("llamacpp", "metal") => {
+            requires_os(&["macos"])?;
+            Ok(vec!["metal"])
+        }
+        ("llamacpp", "vulkan") => {
+            requires_os(&["windows", "linux"])?;
+            let d = with_gpus(if x86 { vec!["cpu"] } else { vec![] }, igpu.is_some(), !hw.amd_dgpus.is_empty());
+            if d.is_empty() {
+                Err("Requires an x86_64 CPU or an AMD GPU".into())
+            } else {
+                Ok(d)
+            }
+        }
+        ("llamacpp", "rocm") | ("sd-cpp", "rocm") => {
+            requires_os(&["windows", "linux"])?;
+            let d = with_gpus(vec![], rocm_igpu(recipe == "sd-cpp"), rocm_dgpu);
+            if d.is_empty() {
+                Err("Requires AMD ROCm-capable GPU (gfx1150, gfx1151, gfx110X or gfx120X)".into())
+            } else {
+                Ok(d)
+            }
+        }
+        ("llamacpp", "cpu") => {
+            requires_os(&["windows", "linux"])?;
+            if x86 {
+                Ok(vec!["cpu"])
+            } else {
+                Err("Requires x86_64 CPU".into())
+            }
+        }
+        ("llamacpp", "system") => Ok(vec!["cpu"]),
+        ("whispercpp", "npu") | ("flm", "npu") | ("ryzenai-llm", "npu") => npu(),
+        ("whispercpp", "cpu") => {
+            requires_os(&["windows", "linux"])?;
+            Ok(vec!["cpu"])
+        }
+        ("whispercpp", "vulkan") => {
+            requires_os(&["linux"])?;
+            Ok(vec!["cpu"])
+        }
+        ("kokoro", "cpu") | ("sd-cpp", "cpu") => Ok(vec!["cpu"]),
+        _ => Err(format!("Unknown backend {recipe}:{backend}")),
+    }
+}
+
+/// A downloadable release archive.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Asset {
+    /// `owner/name` on GitHub (or the same path on a mirror).
+    pub repo: String,
+    pub version: String,
+    pub filename: String,
+}
+
+impl Asset {
+    /// `<base>/<repo>/releases/download/<version>/<filename>`.
+    pub fn url(&self, base: &str) -> String {
+        format!("{}/{}/releases/download/{}/{}", base.trim_end_matches('/'), self.repo, self.version, self.filename)
+    }
+    pub fn release_url(&self) -> String {
+        format!("https://github.com/{}/releases/tag/{}", self.repo, self.version)
+    }
+}
+
+/// The release archive of `recipe:backend` at `version` for this machine, when lemonade knows
+/// how to install it (llama.cpp's Linux and Windows builds; other recipes are not runnable yet).
+pub fn asset(hw: &Hardware, recipe: &str, backend: &str, version: &str) -> Option<Asset> {
+    let win = hw.os == "windows";
+    let (repo, filename) = match (recipe, backend, hw.os.as_str()) {
+        ("llamacpp", "cpu", "linux" | "windows") => (
+            "ggml-org/llama.cpp",
+            if win {
+                format!("llama-{version}-bin-win-cpu-x64.zip")
+            } else {
+                format!("llama-{version}-bin-ubuntu-x64.tar.gz")
+            },
+        ),
+        ("llamacpp", "vulkan", "linux" | "windows") => (
+            "ggml-org/llama.cpp",
+            if win {
+                format!("llama-{version}-bin-win-vulkan-x64.zip")
+            } else {
+                format!("llama-{version}-bin-ubuntu-vulkan-x64.tar.gz")
+            },
+        ),
+        ("llamacpp", "metal", "macos") => ("ggml-org/llama.cpp", format!("llama-{version}-bin-macos-arm64.tar.gz")),
+        ("llamacpp", "rocm", "linux" | "windows") => {
+            let family = hw.amd_igpu.clone().or_else(|| hw.amd_dgpus.first().cloned())?;
+            (
+                "lemonade-sdk/llamacpp-rocm",
+                format!("llama-{version}-{}-rocm-{family}-x64.zip", if win { "windows" } else { "ubuntu" }),
+            )
+        }
+        _ => return None,
+    };
+    Some(Asset { repo: repo.into(), version: version.into(), filename })
+}
+
+/// Pinned versions (`{"<recipe>": {"<backend>": "<version>"}}`) and, optionally, the sha256 of
+/// each archive (`{"sha256": {"<filename>": "<hex>"}}`), which an install then enforces.
+#[derive(Debug, Clone, Default)]
+pub struct Pins {
+    versions: BTreeMap<String, BTreeMap<String, String>>,
+    sha256: BTreeMap<String, String>,
+}
+
+impl Pins {
+    pub fn parse(text: &str) -> Result<Pins, String> {
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let obj = v.as_object().ok_or("backend versions must be a JSON object")?;
+        let mut pins = Pins::default();
+        for (k, v) in obj {
+            match (k.as_str(), v) {
+                ("sha256", serde_json::Value::Object(m)) => {
+                    for (file, h) in m {
+                        let h = h.as_str().ok_or_else(|| format!("sha256.{file} must be a string"))?;
+                        pins.sha256.insert(file.clone(), h.to_ascii_lowercase());
+                    }
+                }
+                (recipe, serde_json::Value::Object(m)) => {
+                    let entry = pins.versions.entry(recipe.to_string()).or_default();
+                    for (backend, ver) in m {
+                        if let Some(s) = ver.as_str() {
+                            entry.insert(backend.clone(), s.to_string());
+                        }
+                    }
+                }
+                _ => {} // comments and scalar settings
+            }
+        }
+        Ok(pins)
+    }
+
+    pub fn version(&self, recipe: &str, backend: &str) -> Option<&str> {
+        self.versions.get(recipe)?.get(backend).map(String::as_str)
+    }
+
+    pub fn sha256(&self, filename: &str) -> Option<&str> {
+        self.sha256.get(filename).map(String::as_str)
+    }
+}
+
+/// What is on disk for a backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Installed {
+    Missing,
+    /// In lemonade's managed directory, with the version from its `version.txt`.
+    Managed(Option<String>),
+    /// `LEMONADE_<DIR>_<BACKEND>_BIN` names an existing file.
+    Override(String),
+    /// Found on `PATH` (the `system` backend).
+    System(String),
+}
+
+/// `state`, `message`, `action` as reference §2.13 words them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BackendState {
+    pub state: &'static str,
+    pub message: String,
+    pub action: String,
+    pub version: String,
+}
+
+pub fn state(
+    hw: &Hardware,
+    pins: &Pins,
+    recipe: &str,
+    backend: &str,
+    installed: &Installed,
+) -> (Vec<&'static str>, BackendState) {
+    let action = format!("lemonade recipes --install {recipe}:{backend}");
+    let pinned = pins.version(recipe, backend).unwrap_or_default().to_string();
+    let devices = match support(hw, recipe, backend) {
+        Err(message) => {
+            return (vec![], BackendState { state: "unsupported", message, action: String::new(), version: pinned })
+        }
+        Ok(d) => d,
+    };
+    if !RUNNABLE.contains(&recipe) {
+        let message = format!("This lemonade does not run {recipe} models yet.");
+        return (devices, BackendState { state: "unsupported", message, action: String::new(), version: pinned });
+    }
+    let s = match installed {
+        Installed::Override(var) => BackendState {
+            state: "installed",
+            message: format!("Using the binary named by {var}."),
+            action: String::new(),
+            version: "override".into(),
+        },
+        Installed::System(path) => BackendState {
+            state: "installed",
+            message: format!("Using {path} from PATH."),
+            action: String::new(),
+            version: "system".into(),
+        },
+        Installed::Missing if backend == "system" => BackendState {
+            state: "unsupported",
+            message: "No llama-server on PATH.".into(),
+            action: String::new(),
+            version: String::new(),
+        },
+        Installed::Missing => BackendState {
+            state: "installable",
+            message: "Backend is supported but not installed.".into(),
+            action,
+            version: pinned,
+        },
+        Installed::Managed(v) if v.as_deref() == Some(pinned.as_str()) => {
+            BackendState { state: "installed", message: String::new(), action: String::new(), version: pinned }
+        }
+        Installed::Managed(v) => BackendState {
+            state: "update_required",
+            message: format!(
+                "Backend update is required before use (installed {}, pinned {pinned}).",
+                v.as_deref().unwrap_or("unknown")
+            ),
+            action,
+            version: v.clone().unwrap_or_default(),
+        },
+    };
+    (devices, s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn linux() -> Hardware {
+        Hardware { os: "linux".into(), cpu_family: "x86_64".into(), ..Hardware::default() }
+    }
+
+    #[test]
+    fn default_pins_parse() {
+        let p = Pins::parse(DEFAULT_PINS).unwrap();
+        assert_eq!(p.version("llamacpp", "cpu"), Some("b8175"));
+        assert_eq!(p.version("llamacpp", "rocm"), Some("b1203"));
+        assert_eq!(p.version("flm", "npu"), Some("v0.9.34"));
+        assert_eq!(p.sha256("x"), None);
+        let p = Pins::parse(r#"{"llamacpp":{"cpu":"b1"},"sha256":{"a.tar.gz":"ABC"}}"#).unwrap();
+        assert_eq!(p.sha256("a.tar.gz"), Some("abc"));
+        assert!(Pins::parse("[1]").is_err());
+    }
+
+    #[test]
+    fn assets_follow_upstream_names() {
+        let a = asset(&linux(), "llamacpp", "cpu", "b8175").unwrap();
+        assert_eq!(
+            a.url("https://github.com/"),
+            "https://github.com/ggml-org/llama.cpp/releases/download/b8175/llama-b8175-bin-ubuntu-x64.tar.gz"
+        );
+        assert_eq!(a.release_url(), "https://github.com/ggml-org/llama.cpp/releases/tag/b8175");
+        let hw = Hardware { amd_igpu: Some("gfx1151".into()), ..linux() };
+        assert_eq!(
+            asset(&hw, "llamacpp", "rocm", "b1203").unwrap().filename,
+            "llama-b1203-ubuntu-rocm-gfx1151-x64.zip"
+        );
+        assert_eq!(asset(&linux(), "llamacpp", "rocm", "b1203"), None);
+        assert_eq!(asset(&linux(), "llamacpp", "system", "x"), None);
+        assert_eq!(asset(&linux(), "whispercpp", "cpu", "v1"), None);
+    }
+
+    #[test]
+    fn states() {
+        let pins = Pins::parse(DEFAULT_PINS).unwrap();
+        let hw = linux();
+        let (d, s) = state(&hw, &pins, "llamacpp", "cpu", &Installed::Missing);
+        assert_eq!(
+            (d, s.state, s.action.as_str()),
+            (vec!["cpu"], "installable", "lemonade recipes --install llamacpp:cpu")
+        );
+        let (_, s) = state(&hw, &pins, "llamacpp", "cpu", &Installed::Managed(Some("b8175".into())));
+        assert_eq!((s.state, s.message.as_str()), ("installed", ""));
+        let (_, s) = state(&hw, &pins, "llamacpp", "cpu", &Installed::Managed(Some("b1".into())));
+        assert_eq!(s.state, "update_required");
+        let (d, s) = state(&hw, &pins, "llamacpp", "metal", &Installed::Missing);
+        assert_eq!((d.len(), s.state, s.message.as_str()), (0, "unsupported", "Requires macOS"));
+        let (_, s) = state(&hw, &pins, "ryzenai-llm", "npu", &Installed::Missing);
+        assert_eq!((s.state, s.message.as_str()), ("unsupported", "Requires Windows"));
+        let (_, s) = state(&hw, &pins, "llamacpp", "rocm", &Installed::Missing);
+        assert_eq!(s.state, "unsupported");
+        let (_, s) = state(&hw, &pins, "whispercpp", "cpu", &Installed::Missing);
+        assert_eq!(s.state, "unsupported");
+        let (_, s) = state(&hw, &pins, "llamacpp", "system", &Installed::Missing);
+        assert_eq!(s.state, "unsupported");
+        let (_, s) = state(&hw, &pins, "llamacpp", "system", &Installed::System("/usr/bin/llama-server".into()));
+        assert_eq!((s.state, s.version.as_str()), ("installed", "system"));
+        let win_npu = Hardware { os: "windows".into(), xdna2_npu: true, ..linux() };
+        let (d, s) = state(&win_npu, &pins, "ryzenai-llm", "npu", &Installed::Missing);
+        assert_eq!((d, s.state), (vec!["amd_npu"], "installable"));
+    }
+}

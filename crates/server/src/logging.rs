@@ -1,0 +1,234 @@
+//! The server log: tracing to stderr plus an in-memory tail that `logs/stream` serves as SSE,
+//! with a filter that `log-level` changes at run time.
+//!
+//! Lemonade's levels map to tracing filters (critical and error → error; warning → warn;
+//! info also shows backend warnings; debug shows backend output; trace shows everything,
+//! prompts included). `RUST_LOG`, when set, replaces the mapping at start-up.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use axum::Json;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{fmt, reload, EnvFilter};
+use utoipa::ToSchema;
+
+use crate::error::ApiError;
+use crate::extract::JsonBody;
+
+/// Lines kept for a new `logs/stream` client.
+const TAIL_LINES: usize = 2000;
+/// An SSE comment is sent after this long without a line, so idle streams stay open.
+const HEARTBEAT: Duration = Duration::from_secs(10);
+
+pub const LEVELS: [&str; 6] = ["critical", "error", "warning", "info", "debug", "trace"];
+
+/// A lemonade level as a tracing filter.
+pub fn filter_for(level: &str) -> Option<&'static str> {
+    Some(match level {
+        "critical" | "error" => "error",
+        "warning" => "warn",
+        "info" => "info,backend=warn",
+        "debug" => "debug,backend=debug,hyper=info,reqwest=info,h2=info",
+        "trace" => "trace",
+        _ => return None,
+    })
+}
+
+/// Replaces the active filter (a tracing-subscriber reload handle, type-erased).
+type Reload = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+pub struct LogHub {
+    tail: Mutex<VecDeque<String>>,
+    tx: broadcast::Sender<String>,
+    level: Mutex<String>,
+    reload: Reload,
+}
+
+static HUB: OnceLock<Arc<LogHub>> = OnceLock::new();
+
+/// The process's log hub, when [`init`] ran (the `lemonade serve` binary; not embedded uses).
+pub fn hub() -> Option<&'static Arc<LogHub>> {
+    HUB.get()
+}
+
+impl LogHub {
+    fn push(&self, line: String) {
+        let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        if tail.len() == TAIL_LINES {
+            tail.pop_front();
+        }
+        tail.push_back(line.clone());
+        let _ = self.tx.send(line);
+    }
+
+    /// The kept lines and a receiver for every later one (no gap, no duplicate).
+    fn subscribe(&self) -> (Vec<String>, broadcast::Receiver<String>) {
+        let tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        (tail.iter().cloned().collect(), self.tx.subscribe())
+    }
+
+    pub fn level(&self) -> String {
+        self.level.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn set_level(&self, level: &str) -> Result<(), String> {
+        let filter = filter_for(level).ok_or_else(|| format!("unknown level '{level}'"))?;
+        (self.reload)(filter)?;
+        *self.level.lock().unwrap_or_else(|e| e.into_inner()) = level.to_string();
+        Ok(())
+    }
+}
+
+/// Feeds formatted events (no colours) into the hub, one entry per event.
+#[derive(Clone)]
+struct HubWriter(Arc<LogHub>);
+
+impl Write for HubWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let line = String::from_utf8_lossy(buf).trim_end_matches('\n').to_string();
+        self.0.push(line);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Installs the global subscriber: stderr plus the hub, filtered by `level` (or `RUST_LOG`).
+pub fn init(level: &str) -> Arc<LogHub> {
+    let initial = std::env::var("RUST_LOG").ok().unwrap_or_else(|| filter_for(level).unwrap_or("info").to_string());
+    let (filter, handle) = reload::Layer::new(EnvFilter::new(initial));
+    let (tx, _) = broadcast::channel(1024);
+    let hub = Arc::new(LogHub {
+        tail: Mutex::new(VecDeque::with_capacity(TAIL_LINES)),
+        tx,
+        level: Mutex::new(level.to_string()),
+        reload: Box::new(move |f: &str| handle.reload(EnvFilter::new(f)).map_err(|e| e.to_string())),
+    });
+    let w = HubWriter(hub.clone());
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt::layer().with_writer(std::io::stderr))
+        .with(fmt::layer().with_ansi(false).with_writer(move || w.clone()))
+        .init();
+    let _ = HUB.set(hub.clone());
+    hub
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct LogLevelRequest {
+    /// One of critical, error, warning, info, debug, trace.
+    pub level: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct LogLevelResponse {
+    pub status: String,
+    pub level: String,
+}
+
+/// Changes what the server logs, at once.
+#[utoipa::path(post, path = "/api/v1/log-level", tag = "System",
+    description = "Also under /api/v0, /v0 and /v1. Unlike v9 (which only stores the value), the level takes effect \
+        at once, for stderr and `logs/stream`.",
+    request_body = LogLevelRequest,
+    responses(
+        (status = 200, description = "Level set", body = LogLevelResponse),
+        (status = 400, description = "Missing or unknown level", body = api_types::ErrorResponse),
+    ))]
+pub async fn set_level(body: JsonBody<LogLevelRequest>) -> Result<Json<LogLevelResponse>, ApiError> {
+    let level = body.value.level.trim().to_ascii_lowercase();
+    if filter_for(&level).is_none() {
+        return Err(ApiError::bad_request(
+            format!("Unknown log level '{}'; use one of: {}", body.value.level, LEVELS.join(", ")),
+            Some("level"),
+        ));
+    }
+    if let Some(h) = hub() {
+        h.set_level(&level).map_err(ApiError::Internal)?;
+    }
+    tracing::info!(level = %level, "log level changed");
+    Ok(Json(LogLevelResponse { status: "success".into(), level }))
+}
+
+fn event(line: &str) -> Bytes {
+    let mut s = String::with_capacity(line.len() + 8);
+    for l in line.split('\n') {
+        s.push_str("data: ");
+        s.push_str(l.trim_end_matches('\r'));
+        s.push('\n');
+    }
+    s.push('\n');
+    Bytes::from(s)
+}
+
+/// Server-Sent Events of the server log: the last lines kept, then each new line.
+#[utoipa::path(get, path = "/api/v1/logs/stream", tag = "System",
+    description = "Also under /api/v0, /v0 and /v1. Each log entry is one SSE event (`data: <line>`), first the last \
+        2,000 entries kept in memory, then new ones as they are logged. A `: heartbeat` comment is sent after 10 s \
+        without a line.",
+    responses(
+        (status = 200, description = "text/event-stream of log lines"),
+        (status = 400, description = "Log streaming is not enabled in this process (embedded use)", body = api_types::ErrorResponse),
+    ))]
+pub async fn stream() -> Result<Response, ApiError> {
+    let Some(h) = hub() else {
+        return Err(ApiError::bad_request("Log streaming is not enabled in this process", None));
+    };
+    let (past, mut rx) = h.subscribe();
+    let (tx, body_rx) = tokio::sync::mpsc::channel::<Bytes>(64);
+    tokio::spawn(async move {
+        for line in past {
+            if tx.send(event(&line)).await.is_err() {
+                return;
+            }
+        }
+        loop {
+            let next = tokio::select! {
+                r = rx.recv() => r,
+                _ = tx.closed() => return,
+                _ = tokio::time::sleep(HEARTBEAT) => {
+                    if tx.send(Bytes::from_static(b": heartbeat\n\n")).await.is_err() { return; }
+                    continue;
+                }
+            };
+            let chunk = match next {
+                Ok(line) => event(&line),
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    Bytes::from(format!(": {n} lines skipped (slow reader)\n\n"))
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            };
+            if tx.send(chunk).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut body_rx = body_rx;
+    let body = futures_util::stream::poll_fn(move |cx| body_rx.poll_recv(cx).map(|o| o.map(Ok::<_, Infallible>)));
+    Ok(crate::pull::sse_response(Body::from_stream(body)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_level_maps_and_multiline_entries_stay_one_event() {
+        for l in LEVELS {
+            assert!(filter_for(l).is_some(), "{l}");
+        }
+        assert_eq!(filter_for("verbose"), None);
+        assert_eq!(&event("a\nb")[..], b"data: a\ndata: b\n\n");
+    }
+}
