@@ -7,6 +7,8 @@
 //!   "oid", "lfs": {"oid", "size"}}]` (every file is "LFS", with its sha256)
 //! * `GET|HEAD /{org}/{repo}/resolve/{rev}/{path}` → the bytes, with `ETag`, `X-Repo-Commit`,
 //!   `X-Linked-Etag`, `X-Linked-Size`, `Accept-Ranges`, and `Range` → 206.
+//! * `GET|HEAD /{org}/{repo}/releases/download/{version}/{asset}` → GitHub's release download
+//!   layout, from `<root>/<org>/<repo>/releases/download/<version>/<asset>` (same knobs).
 //!
 //! Knobs: 503 for the first N requests of files, drop the connection after N bytes (for the
 //! first M file requests), require a bearer token. Every file request is logged with its
@@ -83,6 +85,7 @@ impl HubDouble {
             .route("/api/models/{org}/{repo}", get(info))
             .route("/api/models/{org}/{repo}/tree/{rev}", get(tree))
             .route("/{org}/{repo}/resolve/{rev}/{*path}", get(file).head(file))
+            .route("/{org}/{repo}/releases/download/{version}/{asset}", get(release).head(release))
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -166,6 +169,16 @@ async fn tree(State(s): State<Shared>, UrlPath((org, repo, _rev)): UrlPath<(Stri
         })
         .collect();
     axum::Json(entries).into_response()
+}
+
+async fn release(
+    s: State<Shared>,
+    method: Method,
+    headers: HeaderMap,
+    UrlPath((org, repo, version, asset)): UrlPath<(String, String, String, String)>,
+) -> Response {
+    let path = format!("releases/download/{version}/{asset}");
+    file(s, method, headers, UrlPath((org, repo, String::new(), path))).await
 }
 
 async fn file(

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 pub mod hub;
+pub mod pty;
+pub mod release;
 
 fn dev_cache() -> PathBuf {
     std::env::var_os("LEMONADE_DEV_CACHE").map(PathBuf::from).unwrap_or_else(|| {
@@ -117,6 +119,8 @@ impl Default for Sandbox {
 /// A running `lemonade serve`.
 pub struct Lemonade {
     child: Child,
+    /// The lemonade binary (for CLI calls against this server).
+    pub bin: PathBuf,
     pub base: String,
     pub http: reqwest::Client,
     log: Arc<Mutex<Vec<String>>>,
@@ -131,7 +135,10 @@ impl Lemonade {
 
     pub async fn start_in(bin: &Path, sandbox: Sandbox, args: &[&str], env: &[(&str, &str)]) -> Lemonade {
         let mut cmd = Command::new(bin);
-        cmd.args(["serve", "--host", "127.0.0.1", "--port", "0", "--extra-models-dir"]).arg(sandbox.extra());
+        cmd.args(["serve", "--port", "0", "--extra-models-dir"]).arg(sandbox.extra());
+        if !args.contains(&"--host") {
+            cmd.args(["--host", "127.0.0.1"]);
+        }
         if !args.contains(&"--log-level") {
             cmd.args(["--log-level", "debug"]);
         }
@@ -175,11 +182,41 @@ impl Lemonade {
             }
         };
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
-        Lemonade { child, base: format!("http://{addr}"), http, log, sandbox }
+        Lemonade { child, bin: bin.to_path_buf(), base: format!("http://{addr}"), http, log, sandbox }
     }
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    pub fn port(&self) -> u16 {
+        self.base.rsplit(':').next().unwrap().parse().unwrap()
+    }
+
+    /// Runs the `lemonade` CLI against this server (`--host`, `--port` and the sandbox's cache
+    /// dir added; blocking, off the async runtime). Returns (exit code, stdout, stderr).
+    pub async fn cli(&self, args: &[&str]) -> (i32, String, String) {
+        self.cli_env(args, &[]).await
+    }
+
+    pub async fn cli_env(&self, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+        let mut cmd = Command::new(&self.bin);
+        cmd.args(args)
+            .args(["--host", "127.0.0.1", "--port", &self.port().to_string()])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", self.sandbox.dir.path())
+            .env("LEMONADE_CACHE_DIR", self.sandbox.cache())
+            .env("HF_HUB_CACHE", self.sandbox.hf_cache())
+            .env("HF_ENDPOINT", "http://127.0.0.1:9")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null());
+        let out = tokio::task::spawn_blocking(move || cmd.output().expect("run the lemonade CLI")).await.unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 
     pub fn url(&self, path: &str) -> String {

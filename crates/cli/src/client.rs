@@ -1,4 +1,5 @@
-//! Client subcommands: thin over the server's HTTP API.
+//! Client subcommands: thin over the server's HTTP API. Every command prints a human table or
+//! message, or with `--json` one JSON document on stdout; errors go to stderr and exit 1.
 
 use std::time::Duration;
 
@@ -6,48 +7,111 @@ use anyhow::{bail, Context, Result};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-/// Where the server is (`--host`, `--port`, with `LEMONADE_*` fallbacks).
-#[derive(clap::Args, Clone)]
+/// Where the server is and how to authenticate (global flags).
+#[derive(Clone, Debug)]
 pub struct Target {
-    /// Host of the running server.
-    #[arg(long, env = "LEMONADE_HOST", default_value = "localhost")]
     pub host: String,
-    /// Port of the running server.
-    #[arg(long, env = "LEMONADE_PORT", default_value_t = 8000)]
     pub port: u16,
+    pub api_key: Option<String>,
 }
 
 impl Target {
-    fn url(&self, path: &str) -> String {
+    pub fn url(&self, path: &str) -> String {
         format!("http://{}:{}/api/v1{path}", self.host, self.port)
+    }
+
+    fn http(&self, timeout: Option<Duration>) -> reqwest::Client {
+        let mut b = reqwest::Client::builder().no_proxy().connect_timeout(Duration::from_secs(5));
+        if let Some(t) = timeout {
+            b = b.timeout(t);
+        }
+        b.build().expect("HTTP client")
+    }
+
+    fn auth(&self, r: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.api_key {
+            Some(k) if !k.is_empty() => r.bearer_auth(k),
+            _ => r,
+        }
+    }
+
+    fn unreachable(&self) -> String {
+        format!("Lemonade Server is not running on {}:{} (start it with `lemonade serve`)", self.host, self.port)
+    }
+
+    /// GET, with the server's error text on failure.
+    pub async fn get(&self, path: &str, timeout: Duration) -> Result<Value> {
+        let r =
+            self.auth(self.http(Some(timeout)).get(self.url(path))).send().await.with_context(|| self.unreachable())?;
+        answer(r).await
+    }
+
+    /// POST a JSON body (no overall timeout: loads and pulls may take long).
+    pub async fn post(&self, path: &str, body: &Value) -> Result<Value> {
+        let r = self
+            .auth(self.http(None).post(self.url(path)))
+            .json(body)
+            .send()
+            .await
+            .with_context(|| self.unreachable())?;
+        answer(r).await
+    }
+
+    /// POST and return the raw streaming response (SSE).
+    pub async fn post_stream(&self, path: &str, body: &Value) -> Result<reqwest::Response> {
+        let r = self
+            .auth(self.http(None).post(self.url(path)))
+            .json(body)
+            .send()
+            .await
+            .with_context(|| self.unreachable())?;
+        if !r.status().is_success() {
+            return Err(answer(r).await.unwrap_err());
+        }
+        Ok(r)
+    }
+
+    /// The server's health document, if a lemonade answers within `timeout`.
+    pub async fn health(&self, timeout: Duration) -> Option<Value> {
+        let r = self.auth(self.http(Some(timeout)).get(self.url("/health"))).send().await.ok()?;
+        if !r.status().is_success() {
+            return None;
+        }
+        r.json::<Value>().await.ok().filter(|v| v["status"] == "ok")
     }
 }
 
-fn http() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().connect_timeout(Duration::from_secs(5)).build().expect("client")
-}
-
-/// The server's error message, from an OpenAI-style or flat error body.
-fn error_text(v: &Value) -> String {
-    v["error"]["message"].as_str().or_else(|| v["error"].as_str()).map(str::to_string).unwrap_or_else(|| v.to_string())
-}
-
-async fn post(t: &Target, path: &str, body: &Value) -> Result<Value> {
-    let r = http()
-        .post(t.url(path))
-        .json(body)
-        .send()
-        .await
-        .with_context(|| format!("cannot reach lemonade at {}", t.url("")))?;
-    let ok = r.status().is_success();
-    let v: Value = r.json().await.unwrap_or(Value::Null);
-    if !ok {
-        bail!("{}", error_text(&v));
+/// The JSON body of a successful answer, or the server's error text.
+async fn answer(r: reqwest::Response) -> Result<Value> {
+    let status = r.status();
+    let text = r.text().await.unwrap_or_default();
+    let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    if !status.is_success() {
+        bail!("{} (HTTP {})", error_text(&v), status.as_u16());
     }
     Ok(v)
 }
 
-#[derive(clap::Args)]
+/// The server's error message, from an OpenAI-style or flat error body.
+pub fn error_text(v: &Value) -> String {
+    v["error"]["message"]
+        .as_str()
+        .or_else(|| v["error"].as_str())
+        .or_else(|| v.as_str())
+        .map(str::to_string)
+        .unwrap_or_else(|| v.to_string())
+}
+
+/// Prints `v` when `--json`, else `text`.
+fn out(json_out: bool, v: &Value, text: impl FnOnce() -> String) {
+    if json_out {
+        println!("{v}");
+    } else {
+        println!("{}", text());
+    }
+}
+
+#[derive(clap::Args, Debug)]
 pub struct PullArgs {
     /// Model name: a catalogue model, or `user.<name>` to register one with --checkpoint and --recipe.
     pub model: String,
@@ -72,35 +136,11 @@ pub struct PullArgs {
     /// mmproj file name in the checkpoint's repository.
     #[arg(long)]
     pub mmproj: Option<String>,
-    #[command(flatten)]
-    pub target: Target,
 }
 
-/// `lemonade pull`: streams the server's progress events into a progress bar.
-pub async fn pull(a: PullArgs, json_out: bool) -> Result<()> {
-    let mut body = json!({"model": a.model, "stream": true});
-    for (k, v) in [("checkpoint", &a.checkpoint), ("recipe", &a.recipe), ("mmproj", &a.mmproj)] {
-        if let Some(v) = v {
-            body[k] = json!(v);
-        }
-    }
-    for (k, on) in
-        [("reasoning", a.reasoning), ("vision", a.vision), ("embedding", a.embedding), ("reranking", a.reranking)]
-    {
-        if on {
-            body[k] = json!(true);
-        }
-    }
-    let r = http()
-        .post(a.target.url("/pull"))
-        .json(&body)
-        .send()
-        .await
-        .with_context(|| format!("cannot reach lemonade at {}", a.target.url("")))?;
-    if !r.status().is_success() {
-        let v: Value = r.json().await.unwrap_or(Value::Null);
-        bail!("Error pulling model: {}", error_text(&v));
-    }
+/// Renders a pull-style SSE stream (`progress`, `complete`, `error`) as a progress bar.
+/// Returns the `complete` event's data.
+async fn progress_stream(r: reqwest::Response, json_out: bool, what: &str) -> Result<Value> {
     let bar = indicatif::ProgressBar::new(0);
     if json_out {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
@@ -136,67 +176,337 @@ pub async fn pull(a: PullArgs, json_out: bool) -> Result<()> {
                             data["file"].as_str().unwrap_or("")
                         ));
                     }
+                    if let Some(t) = data["bytes_total"].as_u64().filter(|t| *t > 0) {
+                        bar.set_length(t);
+                    }
                     bar.set_position(data["bytes_downloaded"].as_u64().unwrap_or(0));
                 }
                 "complete" => {
                     bar.finish_and_clear();
-                    if json_out {
-                        println!("{}", json!({"status": "success", "model_name": a.model}));
-                    } else {
-                        println!("Model pulled successfully: {}", a.model);
-                    }
-                    return Ok(());
+                    return Ok(data);
                 }
                 "error" => {
                     bar.abandon();
-                    bail!("Error pulling model: {}", error_text(&data));
+                    bail!("Error {what}: {}", error_text(&data));
                 }
                 _ => {}
             }
         }
     }
     bar.abandon();
-    bail!("Pull completed without success confirmation")
+    bail!("{what} ended without success confirmation")
+}
+
+/// `lemonade pull`: streams the server's progress events into a progress bar.
+pub async fn pull(t: &Target, a: PullArgs, json_out: bool) -> Result<()> {
+    let mut body = json!({"model": a.model, "stream": true});
+    for (k, v) in [("checkpoint", &a.checkpoint), ("recipe", &a.recipe), ("mmproj", &a.mmproj)] {
+        if let Some(v) = v {
+            body[k] = json!(v);
+        }
+    }
+    for (k, on) in
+        [("reasoning", a.reasoning), ("vision", a.vision), ("embedding", a.embedding), ("reranking", a.reranking)]
+    {
+        if on {
+            body[k] = json!(true);
+        }
+    }
+    let r = t.post_stream("/pull", &body).await.context("Error pulling model")?;
+    progress_stream(r, json_out, "pulling model").await?;
+    out(json_out, &json!({"status": "success", "model_name": a.model}), || {
+        format!("Model pulled successfully: {}", a.model)
+    });
+    Ok(())
 }
 
 /// `lemonade delete`.
-pub async fn delete(model: String, t: Target, json_out: bool) -> Result<()> {
-    let v = post(&t, "/delete", &json!({"model": model})).await.context("Error deleting model")?;
-    if json_out {
-        println!("{v}");
-    } else {
-        println!("Model deleted successfully: {model}");
-    }
+pub async fn delete(t: &Target, model: String, json_out: bool) -> Result<()> {
+    let v = t.post("/delete", &json!({"model": model})).await.context("Error deleting model")?;
+    out(json_out, &v, || format!("Model deleted successfully: {model}"));
     Ok(())
 }
 
 /// `lemonade list`: every model of the catalogue usable here, as a table.
-pub async fn list(t: Target, json_out: bool) -> Result<()> {
-    let r = http()
-        .get(t.url("/models?show_all=true"))
-        .send()
-        .await
-        .with_context(|| format!("cannot reach lemonade at {}", t.url("")))?;
-    let v: Value = r.json().await?;
-    if json_out {
-        println!("{v}");
+pub async fn list(t: &Target, json_out: bool) -> Result<()> {
+    let v = t.get("/models?show_all=true", Duration::from_secs(30)).await?;
+    out(json_out, &v, || {
+        let mut s = format!("{:<44} {:<11} {:<10} {:>8}  Labels\n", "Model Name", "Downloaded", "Recipe", "Size");
+        s += &"-".repeat(100);
+        for m in v["data"].as_array().map(Vec::as_slice).unwrap_or_default() {
+            let size = m["size"].as_f64().map(|s| format!("{s:.2} GB")).unwrap_or_default();
+            let labels: Vec<&str> =
+                m["labels"].as_array().map(|l| l.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+            s += &format!(
+                "\n{:<44} {:<11} {:<10} {:>8}  {}",
+                m["id"].as_str().unwrap_or(""),
+                if m["downloaded"] == true { "Yes" } else { "No" },
+                m["recipe"].as_str().unwrap_or(""),
+                size,
+                labels.join(", ")
+            );
+        }
+        s + "\n" + &"-".repeat(100)
+    });
+    Ok(())
+}
+
+/// Load settings shared by `load` and `run`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct LoadArgs {
+    /// Context size for this load.
+    #[arg(long)]
+    pub ctx_size: Option<u32>,
+    /// llama.cpp backend for this load.
+    #[arg(long, value_parser = ["cpu", "vulkan", "rocm", "metal", "system"])]
+    pub llamacpp: Option<String>,
+    /// Extra llama-server arguments for this load.
+    #[arg(long, allow_hyphen_values = true)]
+    pub llamacpp_args: Option<String>,
+    /// Save these settings as the model's defaults (recipe_options.json).
+    #[arg(long)]
+    pub save_options: bool,
+}
+
+impl LoadArgs {
+    pub fn body(&self, model: &str) -> Value {
+        let mut b = json!({"model_name": model});
+        if let Some(c) = self.ctx_size {
+            b["ctx_size"] = json!(c);
+        }
+        if let Some(l) = &self.llamacpp {
+            b["llamacpp_backend"] = json!(l);
+        }
+        if let Some(a) = &self.llamacpp_args {
+            b["llamacpp_args"] = json!(a);
+        }
+        if self.save_options {
+            b["save_options"] = json!(true);
+        }
+        b
+    }
+}
+
+/// `lemonade load`.
+pub async fn load(t: &Target, model: &str, a: &LoadArgs, json_out: bool) -> Result<()> {
+    let v = t.post("/load", &a.body(model)).await.context("Failed to load model")?;
+    out(json_out, &v, || format!("Model loaded successfully: {model}"));
+    Ok(())
+}
+
+/// `lemonade unload [MODEL]`.
+pub async fn unload(t: &Target, model: Option<String>, json_out: bool) -> Result<()> {
+    let body = match &model {
+        Some(m) => json!({"model_name": m}),
+        None => json!({}),
+    };
+    let v = t.post("/unload", &body).await.context("Failed to unload")?;
+    out(json_out, &v, || match &model {
+        Some(m) => format!("Model unloaded successfully: {m}"),
+        None => "All models unloaded.".into(),
+    });
+    Ok(())
+}
+
+/// `lemonade status`: exit 0 when a server answers, 1 otherwise.
+pub async fn status(t: &Target, pid: Option<u32>, json_out: bool) -> Result<bool> {
+    let health = t.health(Duration::from_secs(3)).await;
+    let loaded: Vec<Value> = health
+        .as_ref()
+        .and_then(|h| h["all_models_loaded"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .map(
+            |m| json!({"model_name": m["model_name"], "type": m["type"], "recipe": m["recipe"], "device": m["device"]}),
+        )
+        .collect();
+    let running = health.is_some();
+    let v = json!({
+        "running": running,
+        "host": t.host,
+        "port": t.port,
+        "pid": pid,
+        "version": health.as_ref().map(|h| h["version"].clone()),
+        "loaded_models": loaded,
+        "responding": running,
+    });
+    out(json_out, &v, || match (&health, pid) {
+        (Some(_), _) => {
+            let mut s = format!("Server is running on port {}", t.port);
+            if let Some(p) = pid {
+                s += &format!(" (pid {p})");
+            }
+            if loaded.is_empty() {
+                s += "\nNo models loaded.";
+            } else {
+                s += "\nLoaded models:";
+                for m in &loaded {
+                    s += &format!(
+                        "\n  {} ({}, {})",
+                        m["model_name"].as_str().unwrap_or(""),
+                        m["type"].as_str().unwrap_or(""),
+                        m["recipe"].as_str().unwrap_or("")
+                    );
+                }
+            }
+            s
+        }
+        (None, Some(p)) => format!("Server (pid {p}) is not answering on port {}", t.port),
+        (None, None) => "Server is not running".into(),
+    });
+    Ok(running)
+}
+
+/// `lemonade system-info`.
+pub async fn system_info(t: &Target, verbose: bool, json_out: bool) -> Result<()> {
+    let path = if verbose { "/system-info?verbose=true" } else { "/system-info" };
+    let v = t.get(path, Duration::from_secs(60)).await?;
+    out(json_out, &v, || {
+        let mut s = String::new();
+        for k in ["OS Version", "Processor", "Physical Memory"] {
+            s += &format!("{k:<18}{}\n", v[k].as_str().unwrap_or(""));
+        }
+        s += "Devices:\n";
+        if let Some(devs) = v["devices"].as_object() {
+            const ORDER: [&str; 5] = ["cpu", "amd_igpu", "amd_dgpu", "nvidia_dgpu", "amd_npu"];
+            let mut devs: Vec<_> = devs.iter().collect();
+            devs.sort_by_key(|(k, _)| ORDER.iter().position(|o| o == k).unwrap_or(usize::MAX));
+            for (kind, d) in devs {
+                let list = match d {
+                    Value::Array(a) => a.clone(),
+                    Value::Object(_) => vec![d.clone()],
+                    _ => continue,
+                };
+                for d in list {
+                    let mut extra = Vec::new();
+                    for f in ["cores", "threads", "vram_gb", "family", "driver_version"] {
+                        if let Some(x) = d.get(f).filter(|x| !x.is_null() && *x != "") {
+                            extra.push(format!(
+                                "{f} {}",
+                                x.as_str().map(str::to_string).unwrap_or_else(|| x.to_string())
+                            ));
+                        }
+                    }
+                    s += &format!(
+                        "  {kind:<12} {:<44} {:<14} {}\n",
+                        d["name"].as_str().unwrap_or(""),
+                        if d["available"] == true { "available" } else { "not available" },
+                        extra.join(", ")
+                    );
+                }
+            }
+        }
+        if let Some(d) = v.get("details") {
+            s += &format!("Details:\n{}\n", serde_json::to_string_pretty(d).unwrap_or_default());
+        }
+        s + "\n" + &recipes_table(&v)
+    });
+    Ok(())
+}
+
+/// The recipe/backend table of a system-info document (v9's columns).
+fn recipes_table(v: &Value) -> String {
+    let line = "-".repeat(148);
+    let mut s =
+        format!("{:<20}{:<12}{:<16}{:<46}{}\n{line}\n", "Recipe", "Backend", "Status", "Message/Version", "Action");
+    if let Some(recipes) = v["recipes"].as_object() {
+        // In v9's preference order (the JSON object's keys come sorted).
+        let order = |name: &str, list: &[&str]| list.iter().position(|x| *x == name).unwrap_or(usize::MAX);
+        let recipe_names: Vec<&str> = backends::releases::RECIPES.iter().map(|(r, _)| *r).collect();
+        let mut recipes: Vec<_> = recipes.iter().collect();
+        recipes.sort_by_key(|(r, _)| order(r, &recipe_names));
+        for (recipe, r) in recipes {
+            let preferred =
+                backends::releases::RECIPES.iter().find(|(x, _)| x == recipe).map(|(_, l)| *l).unwrap_or(&[]);
+            if let Some(backends) = r["backends"].as_object() {
+                let mut backends: Vec<_> = backends.iter().collect();
+                backends.sort_by_key(|(b, _)| order(b, preferred));
+                for (backend, b) in backends {
+                    let state = b["state"].as_str().unwrap_or("");
+                    let msg = match (state, b["message"].as_str().unwrap_or("")) {
+                        ("installed", "") => b["version"].as_str().unwrap_or("").to_string(),
+                        (_, m) => m.to_string(),
+                    };
+                    s += &format!(
+                        "{recipe:<20}{backend:<12}{state:<16}{:<46}{}\n",
+                        truncate(&msg, 45),
+                        b["action"].as_str().unwrap_or("")
+                    );
+                }
+            }
+        }
+    }
+    s + &line
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        s.chars().take(n - 1).collect::<String>() + "…"
+    }
+}
+
+fn recipe_backend(s: &str, flag: &str) -> Result<(String, String)> {
+    match s.split_once(':') {
+        Some((r, b)) if !r.is_empty() && !b.is_empty() => Ok((r.into(), b.into())),
+        _ => bail!("{flag} requires format 'recipe:backend' (e.g. llamacpp:cpu), got '{s}'"),
+    }
+}
+
+/// `lemonade recipes`: the backend table, or install/uninstall one.
+pub async fn recipes(t: &Target, install: Option<String>, uninstall: Option<String>, json_out: bool) -> Result<()> {
+    if let Some(spec) = install {
+        let (recipe, backend) = recipe_backend(&spec, "--install")?;
+        let r = t
+            .post_stream("/install", &json!({"recipe": recipe, "backend": backend, "stream": true}))
+            .await
+            .context("Error installing backend")?;
+        let done = progress_stream(r, json_out, "installing backend").await?;
+        let v = json!({"status": "success", "recipe": recipe, "backend": backend, "bytes": done["bytes_downloaded"]});
+        out(json_out, &v, || format!("Backend installed successfully: {recipe}:{backend}"));
         return Ok(());
     }
-    println!("{:<44} {:<11} {:<10} {:>8}  Labels", "Model Name", "Downloaded", "Recipe", "Size");
-    println!("{}", "-".repeat(100));
-    for m in v["data"].as_array().map(Vec::as_slice).unwrap_or_default() {
-        let size = m["size"].as_f64().map(|s| format!("{s:.2} GB")).unwrap_or_default();
-        let labels: Vec<&str> =
-            m["labels"].as_array().map(|l| l.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
-        println!(
-            "{:<44} {:<11} {:<10} {:>8}  {}",
-            m["id"].as_str().unwrap_or(""),
-            if m["downloaded"] == true { "Yes" } else { "No" },
-            m["recipe"].as_str().unwrap_or(""),
-            size,
-            labels.join(", ")
-        );
+    if let Some(spec) = uninstall {
+        let (recipe, backend) = recipe_backend(&spec, "--uninstall")?;
+        let v = t
+            .post("/uninstall", &json!({"recipe": recipe, "backend": backend}))
+            .await
+            .context("Error uninstalling backend")?;
+        out(json_out, &v, || format!("Backend uninstalled successfully: {recipe}:{backend}"));
+        return Ok(());
     }
-    println!("{}", "-".repeat(100));
+    let v = t.get("/system-info", Duration::from_secs(60)).await?;
+    out(json_out, &v["recipes"], || recipes_table(&v));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recipe_backend_specs() {
+        assert_eq!(recipe_backend("llamacpp:cpu", "--install").unwrap(), ("llamacpp".into(), "cpu".into()));
+        let e = recipe_backend("llamacpp", "--install").unwrap_err().to_string();
+        assert!(e.contains("requires format 'recipe:backend'"), "{e}");
+        assert!(recipe_backend(":cpu", "--uninstall").is_err());
+    }
+
+    #[test]
+    fn recipes_table_shows_state_and_action() {
+        let v = json!({"recipes": {"llamacpp": {"backends": {
+            "cpu": {"state": "installable", "message": "Backend is supported but not installed.", "action": "lemonade recipes --install llamacpp:cpu", "version": "b8175"},
+            "vulkan": {"state": "installed", "message": "", "action": "", "version": "b8175"}
+        }}}});
+        let t = recipes_table(&v);
+        assert!(
+            t.lines().any(|l| l.starts_with("llamacpp")
+                && l.contains("installable")
+                && l.ends_with("--install llamacpp:cpu")),
+            "{t}"
+        );
+        assert!(t.lines().any(|l| l.contains("vulkan") && l.contains("installed") && l.contains("b8175")), "{t}");
+        assert_eq!(t.lines().nth(1).unwrap().len(), 148);
+    }
 }

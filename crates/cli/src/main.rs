@@ -7,17 +7,35 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use scheduler::Limits;
 
+mod chat;
 mod client;
+mod process;
+
+use client::{LoadArgs, Target};
 
 #[derive(Parser)]
 #[command(
     name = "lemonade",
     version,
-    about = "A local LLM server with OpenAI-compatible APIs for many models at once."
+    about = "A local LLM server with OpenAI-compatible APIs for many models at once.",
+    long_about = "A local LLM server with OpenAI-compatible APIs for many models at once.\n\n\
+        `lemonade serve` runs the server; the other commands talk to a running server over HTTP \
+        (list, pull, delete and recipes start a temporary one when none answers; run starts one \
+        for as long as the chat lasts). Every flag can also come from its LEMONADE_* variable.",
+    after_help = "Examples:\n  lemonade serve\n  lemonade pull user.Phi-4-Mini-GGUF --checkpoint unsloth/Phi-4-mini-instruct-GGUF:Q4_K_M --recipe llamacpp\n  lemonade run user.Phi-4-Mini-GGUF\n  lemonade status --json"
 )]
 #[command(help_expected = true)]
 struct Cli {
-    /// Print machine-readable JSON (client commands).
+    /// Host of the server (to listen on, for serve; to connect to, for the other commands).
+    #[arg(long, global = true, env = "LEMONADE_HOST", default_value = "localhost")]
+    host: String,
+    /// Port of the server (to listen on, for serve; to connect to, for the other commands).
+    #[arg(long, global = true, env = "LEMONADE_PORT", default_value_t = 8000)]
+    port: u16,
+    /// API key: serve requires it as `Authorization: Bearer <key>`; the other commands send it.
+    #[arg(long, global = true, env = "LEMONADE_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Print machine-readable JSON (one document on stdout) instead of text.
     #[arg(long, global = true)]
     json: bool,
     #[command(subcommand)]
@@ -28,6 +46,20 @@ struct Cli {
 enum Command {
     /// Start the server in the foreground (Ctrl+C stops it and every backend it started).
     Serve(ServeArgs),
+    /// Chat with a model in the terminal: starts a server if none answers (and stops it at the
+    /// end), loads the model (pulling it first if needed), then streams each answer.
+    /// Ctrl-C stops an answer; /exit or Ctrl-D quits.
+    Run {
+        /// Model to chat with.
+        model: String,
+        #[command(flatten)]
+        load: LoadArgs,
+        /// Extra models folder, for a server that `run` starts.
+        #[arg(long, env = "LEMONADE_EXTRA_MODELS_DIR")]
+        extra_models_dir: Option<PathBuf>,
+    },
+    /// List the models available on this machine (and whether they are downloaded).
+    List,
     /// Download a model into the Hugging Face cache (with a live progress bar); `user.<name>`
     /// with --checkpoint and --recipe registers a new model.
     Pull(client::PullArgs),
@@ -35,13 +67,48 @@ enum Command {
     Delete {
         /// Name of the model to delete.
         model: String,
-        #[command(flatten)]
-        target: client::Target,
     },
-    /// List the models available on this machine.
-    List {
+    /// Load a model now (with optional settings for this load).
+    Load {
+        /// Model to load.
+        model: String,
         #[command(flatten)]
-        target: client::Target,
+        load: LoadArgs,
+    },
+    /// Unload one model, or every model when none is named.
+    Unload {
+        /// Model to unload (all when omitted).
+        model: Option<String>,
+    },
+    /// Say whether a server answers on --host/--port, with its loaded models (exit 0 if it
+    /// does, 1 if not).
+    Status,
+    /// Stop the server on --port and every backend it started: SIGTERM, then SIGKILL for
+    /// anything left after --timeout (also for a wedged server).
+    Stop {
+        /// Seconds to wait for a clean exit before killing.
+        #[arg(long, default_value_t = 10)]
+        timeout: u64,
+    },
+    /// Show each recipe's backends and their state, or install/uninstall one.
+    Recipes {
+        /// Install a backend, as recipe:backend (e.g. llamacpp:cpu).
+        #[arg(long, value_name = "RECIPE:BACKEND", conflicts_with = "uninstall")]
+        install: Option<String>,
+        /// Uninstall a backend, as recipe:backend.
+        #[arg(long, value_name = "RECIPE:BACKEND")]
+        uninstall: Option<String>,
+    },
+    /// Show the hardware and the backends' state.
+    SystemInfo {
+        /// Add details: versions, paths, the backend binaries in use.
+        #[arg(long)]
+        verbose: bool,
+    },
+    /// Print a shell completion script, e.g. `lemonade completions bash > ~/.local/share/bash-completion/completions/lemonade`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
     },
 }
 
@@ -56,13 +123,13 @@ enum LogLevel {
 }
 
 impl LogLevel {
-    /// Lemonade's levels as a tracing filter; backend output is shown from `debug` on.
-    fn filter(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
-            LogLevel::Critical | LogLevel::Error => "error",
-            LogLevel::Warning => "warn",
-            LogLevel::Info => "info,backend=warn",
-            LogLevel::Debug => "debug,backend=debug,hyper=info,reqwest=info",
+            LogLevel::Critical => "critical",
+            LogLevel::Error => "error",
+            LogLevel::Warning => "warning",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
             LogLevel::Trace => "trace",
         }
     }
@@ -74,23 +141,22 @@ enum LlamaBackend {
     Vulkan,
     Rocm,
     Metal,
+    /// The llama-server found on PATH.
+    System,
 }
 
+/// Serve options (the listening address is the global --host and --port; every address the
+/// host name resolves to is bound).
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// Port to listen on.
-    #[arg(long, env = "LEMONADE_PORT", default_value_t = 8000)]
-    port: u16,
-    /// Address to listen on; every address the name resolves to is bound.
-    #[arg(long, env = "LEMONADE_HOST", default_value = "localhost")]
-    host: String,
     /// Log level.
     #[arg(long, env = "LEMONADE_LOG_LEVEL", value_enum, default_value = "info")]
     log_level: LogLevel,
     /// Context size for loaded models [default: 4096; embedding models at least 8192].
     #[arg(long, env = "LEMONADE_CTX_SIZE")]
     ctx_size: Option<u32>,
-    /// llama.cpp backend to run models with.
+    /// llama.cpp backend to run models with (`system`: the llama-server on PATH). A missing
+    /// backend is installed on first use where a release exists for this platform.
     #[arg(long, env = "LEMONADE_LLAMACPP", value_enum, default_value = "cpu")]
     llamacpp: LlamaBackend,
     /// Extra llama-server arguments for every model, e.g. "--threads 4 --no-context-shift".
@@ -151,20 +217,23 @@ fn truthy(var: &str) -> bool {
     matches!(std::env::var(var).as_deref(), Ok("1" | "true" | "TRUE" | "yes"))
 }
 
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+async fn serve(args: ServeArgs, host: String, port: u16, api_key: Option<String>) -> anyhow::Result<()> {
     let backend = match args.llamacpp {
         LlamaBackend::Cpu => "cpu",
         LlamaBackend::Vulkan => "vulkan",
         LlamaBackend::Rocm => "rocm",
         LlamaBackend::Metal => "metal",
+        LlamaBackend::System => "system",
     };
     if let Some(a) = &args.llamacpp_args {
         let tokens = backends::llamacpp::tokenize(a)?;
         backends::llamacpp::validate_user_args(&tokens).context("--llamacpp-args")?;
     }
-    let mut cfg = server::Config::new(cache_dir(), registry::hf_cache::cache_root_from_env(|k| std::env::var(k).ok()));
-    cfg.host = args.host.clone();
-    cfg.port = args.port;
+    let cache = cache_dir();
+    let mut cfg =
+        server::Config::new(cache.clone(), registry::hf_cache::cache_root_from_env(|k| std::env::var(k).ok()));
+    cfg.host = host.clone();
+    cfg.port = port;
     cfg.extra_models_dir = args.extra_models_dir;
     cfg.ctx_size = args.ctx_size;
     cfg.llamacpp_backend = backend.into();
@@ -176,10 +245,27 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     cfg.stop_grace = Duration::from_secs(args.stop_timeout);
     cfg.pull_timeout = Duration::from_secs(args.pull_timeout);
     cfg.watchdog_interval = (args.watchdog_interval_ms > 0).then(|| Duration::from_millis(args.watchdog_interval_ms));
+    cfg.access.api_key = api_key.filter(|k| !k.is_empty());
+    cfg.access.allowed_origins =
+        server::access::Access::origins_from(std::env::var("LEMONADE_ALLOWED_ORIGINS").ok().as_deref());
 
     let rt = server::runtime(cfg)?;
-    let listeners = server::bind(&args.host, args.port).await?;
-    server::serve(rt, listeners, shutdown_signal()).await
+    let listeners = server::bind(&host, port).await?;
+    // One PID file per port actually bound (port 0 picks one), removed again at exit.
+    let mut ports: Vec<u16> = listeners.iter().filter_map(|l| l.local_addr().ok()).map(|a| a.port()).collect();
+    ports.dedup();
+    let mut pid_files = Vec::new();
+    for p in ports {
+        match process::write_pid_file(&cache, p) {
+            Ok(f) => pid_files.push(f),
+            Err(e) => tracing::warn!(error = %e, "no PID file: `lemonade stop` will not find this server"),
+        }
+    }
+    let r = server::serve(rt, listeners, shutdown_signal()).await;
+    for f in pid_files {
+        let _ = std::fs::remove_file(f);
+    }
+    r
 }
 
 async fn shutdown_signal() {
@@ -192,40 +278,150 @@ async fn shutdown_signal() {
     }
 }
 
+/// A server for the duration of one command: the running one, or (for commands that v9 also
+/// serves this way) a temporary one on the configured port, stopped afterwards.
+async fn with_server<T>(
+    t: &Target,
+    temporary: bool,
+    f: impl AsyncFnOnce(&Target) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    if !temporary || t.health(Duration::from_secs(3)).await.is_some() {
+        return f(t).await;
+    }
+    let spawned = start_server(t, vec![]).await?;
+    let r = f(t).await;
+    spawned.stop();
+    r
+}
+
+/// Starts `lemonade serve` on the target's host and port, in the background.
+async fn start_server(t: &Target, extra: Vec<std::ffi::OsString>) -> anyhow::Result<process::Spawned> {
+    let mut args: Vec<std::ffi::OsString> =
+        vec!["--host".into(), t.host.clone().into(), "--port".into(), t.port.to_string().into()];
+    args.extend(extra);
+    if t.api_key.is_some() {
+        // Through the environment, never on a command line other users can read.
+        // SAFETY: set before any other thread reads the environment (the runtime is single-threaded).
+        unsafe { std::env::set_var("LEMONADE_API_KEY", t.api_key.as_deref().unwrap_or_default()) };
+    }
+    let t2 = t.clone();
+    process::spawn_server(&cache_dir(), t.port, args, || {
+        let t = t2.clone();
+        async move { t.health(Duration::from_secs(1)).await.is_some() }
+    })
+    .await
+}
+
+async fn run(t: &Target, model: &str, load: &LoadArgs, extra_models_dir: Option<PathBuf>) -> anyhow::Result<()> {
+    let spawned = if t.health(Duration::from_secs(3)).await.is_none() {
+        let mut extra = Vec::new();
+        if let Some(d) = extra_models_dir {
+            extra.extend(["--extra-models-dir".into(), d.into_os_string()]);
+        }
+        eprintln!("Starting Lemonade Server on port {}…", t.port);
+        let s = start_server(t, extra).await?;
+        eprintln!("Server log: {}", s.log.display());
+        Some(s)
+    } else {
+        None
+    };
+    let r = async {
+        eprintln!("Loading {model}…");
+        t.post("/load", &load.body(model)).await.context("Failed to load model")?;
+        chat::run(t, model).await
+    }
+    .await;
+    if let Some(s) = spawned {
+        eprintln!("Stopping the server this chat started…");
+        s.stop();
+    }
+    r
+}
+
+async fn client_command(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
+    let t = Target { host: cli.host, port: cli.port, api_key: cli.api_key.filter(|k| !k.is_empty()) };
+    let json = cli.json;
+    match cli.command {
+        Command::Serve(_) | Command::Completions { .. } => unreachable!("handled in main"),
+        Command::Run { model, load, extra_models_dir } => run(&t, &model, &load, extra_models_dir).await?,
+        Command::List => with_server(&t, true, async |t| client::list(t, json).await).await?,
+        Command::Pull(a) => with_server(&t, true, async |t| client::pull(t, a, json).await).await?,
+        Command::Delete { model } => with_server(&t, true, async |t| client::delete(t, model, json).await).await?,
+        Command::Load { model, load } => client::load(&t, &model, &load, json).await?,
+        Command::Unload { model } => client::unload(&t, model, json).await?,
+        Command::Status => {
+            let pid = process::server_pid(&cache_dir(), t.port);
+            if !client::status(&t, pid, json).await? {
+                return Ok(std::process::ExitCode::FAILURE);
+            }
+        }
+        Command::Stop { timeout } => stop(&t, Duration::from_secs(timeout), json)?,
+        Command::Recipes { install, uninstall } => {
+            let temporary = install.is_some() || uninstall.is_some();
+            with_server(&t, temporary, async |t| client::recipes(t, install, uninstall, json).await).await?
+        }
+        Command::SystemInfo { verbose } => {
+            with_server(&t, true, async |t| client::system_info(t, verbose, json).await).await?
+        }
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+fn stop(t: &Target, timeout: Duration, json: bool) -> anyhow::Result<()> {
+    let cache = cache_dir();
+    let Some(pid) = process::server_pid(&cache, t.port) else {
+        if json {
+            println!("{}", serde_json::json!({"status": "not_running", "port": t.port}));
+        } else {
+            println!("Lemonade Server is not running");
+        }
+        return Ok(());
+    };
+    let killed = process::stop(pid, timeout)?;
+    let _ = std::fs::remove_file(process::pid_file(&cache, t.port));
+    if json {
+        println!("{}", serde_json::json!({"status": "stopped", "pid": pid, "port": t.port, "killed": killed}));
+    } else if killed > 0 {
+        println!("Lemonade Server stopped successfully ({killed} process(es) did not exit in time and were killed).");
+    } else {
+        println!("Lemonade Server stopped successfully.");
+    }
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let args = match cli.command {
-        Command::Serve(args) => args,
-        client => {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
-            let r = rt.block_on(async {
-                match client {
-                    Command::Pull(a) => client::pull(a, cli.json).await,
-                    Command::Delete { model, target } => client::delete(model, target, cli.json).await,
-                    Command::List { target } => client::list(target, cli.json).await,
-                    Command::Serve(_) => unreachable!(),
-                }
-            });
-            return match r {
+    match cli.command {
+        Command::Serve(args) => {
+            server::logging::init(args.log_level.name());
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+            match rt.block_on(serve(args, cli.host, cli.port, cli.api_key)) {
                 Ok(()) => std::process::ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("{e:#}");
+                    eprintln!("Error: {e:#}");
                     std::process::ExitCode::FAILURE
                 }
-            };
+            }
         }
-    };
-    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| args.log_level.filter().to_string());
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(std::io::stderr)
-        .init();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    match rt.block_on(serve(args)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("Error: {e:#}");
-            std::process::ExitCode::FAILURE
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "lemonade", &mut std::io::stdout());
+            std::process::ExitCode::SUCCESS
+        }
+        _ => {
+            // `lemonade list | head` ends quietly when the reader goes away, as other tools do.
+            // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+            unsafe {
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            }
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+            match rt.block_on(client_command(cli)) {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("Error: {e:#}");
+                    std::process::ExitCode::FAILURE
+                }
+            }
         }
     }
 }

@@ -255,19 +255,8 @@ async fn delete_during_a_load_leaves_nothing_loaded_or_stored() {
     assert!(child_pids(l.pid()).is_empty(), "no backend left");
 }
 
-/// Runs the `lemonade` CLI against the server `l` (blocking, off the async runtime).
 async fn cli(l: &Lemonade, args: &[&str]) -> (i32, String, String) {
-    let port = l.base.rsplit(':').next().unwrap().to_string();
-    let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    all.extend(["--host".into(), "127.0.0.1".into(), "--port".into(), port]);
-    let out = tokio::task::spawn_blocking(move || std::process::Command::new(bin()).args(&all).output().unwrap())
-        .await
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    l.cli(args).await
 }
 
 #[tokio::test]

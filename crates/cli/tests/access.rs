@@ -1,0 +1,216 @@
+//! Access control (API key on every route family, CORS) and the log endpoints, through the
+//! real binary (with the fake backend where a model is needed).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use test_support::*;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_lemonade"))
+}
+
+const KEY: &str = "s3cret-key";
+
+async fn keyed() -> Lemonade {
+    let s = fake_sandbox(&[("m", None, json!({}))]);
+    let fake = fake_llama_server();
+    Lemonade::start_in(
+        bin(),
+        s,
+        &[],
+        &[("LEMONADE_LLAMACPP_CPU_BIN", fake.to_str().unwrap()), ("LEMONADE_API_KEY", KEY)],
+    )
+    .await
+}
+
+/// (method, path, body) for every route family; each under every API prefix.
+fn routes() -> Vec<(&'static str, String, Option<Value>)> {
+    let chat = json!({"model": "extra.m.gguf", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let mut v = Vec::new();
+    for prefix in ["/api/v0", "/api/v1", "/v0", "/v1"] {
+        let p = |s: &str| format!("{prefix}{s}");
+        v.extend([
+            ("POST", p("/chat/completions"), Some(chat.clone())),
+            ("POST", p("/completions"), Some(json!({"model": "extra.m.gguf", "prompt": "hi", "max_tokens": 2}))),
+            ("POST", p("/responses"), Some(json!({"model": "extra.m.gguf", "input": "hi"}))),
+            ("POST", p("/embeddings"), Some(json!({"model": "extra.m.gguf", "input": "hi"}))),
+            ("POST", p("/reranking"), Some(json!({"model": "extra.m.gguf", "query": "q", "documents": ["a"]}))),
+            ("GET", p("/models"), None),
+            ("GET", p("/models/extra.m.gguf"), None),
+            ("GET", p("/stats"), None),
+            ("GET", p("/system-info"), None),
+            ("GET", p("/system-stats"), None),
+            ("POST", p("/load"), Some(json!({"model_name": "extra.m.gguf"}))),
+            ("POST", p("/unload"), Some(json!({}))),
+            ("POST", p("/pull"), Some(json!({"model": "nope"}))),
+            ("POST", p("/delete"), Some(json!({"model": "nope"}))),
+            ("POST", p("/install"), Some(json!({}))),
+            ("POST", p("/uninstall"), Some(json!({}))),
+            ("POST", p("/log-level"), Some(json!({"level": "info"}))),
+            ("GET", p("/admin/models"), None),
+            ("GET", p("/admin/gpu-memory"), None),
+            ("POST", p("/admin/models/extra.m.gguf/unload"), Some(json!({}))),
+            ("GET", p("/props?model=extra.m.gguf"), None),
+            ("POST", p("/tokenize"), Some(json!({"model": "extra.m.gguf", "content": "hi"}))),
+            ("GET", p("/no-such-endpoint"), None),
+        ]);
+    }
+    v.extend([
+        ("POST", "/completion".to_string(), Some(json!({"model": "extra.m.gguf", "prompt": "hi"}))),
+        ("GET", "/props?model=extra.m.gguf".to_string(), None),
+        ("GET", "/metrics?model=extra.m.gguf".to_string(), None),
+        ("GET", "/api/tags".to_string(), None),
+    ]);
+    v
+}
+
+async fn call(l: &Lemonade, method: &str, path: &str, body: &Option<Value>, key: Option<&str>) -> (u16, String) {
+    let mut r = match method {
+        "GET" => l.http.get(l.url(path)),
+        _ => l.http.post(l.url(path)).json(body.as_ref().unwrap_or(&json!({}))),
+    };
+    if let Some(k) = key {
+        r = r.bearer_auth(k);
+    }
+    let r = r.timeout(Duration::from_secs(30)).send().await.unwrap();
+    (r.status().as_u16(), r.text().await.unwrap_or_default())
+}
+
+#[tokio::test]
+async fn every_route_family_needs_the_key() {
+    let l = keyed().await;
+    let routes = routes();
+    assert!(routes.len() > 90);
+    for (method, path, body) in &routes {
+        for key in [None, Some("wrong"), Some("s3cret-ke"), Some("s3cret-key2")] {
+            let (s, text) = call(&l, method, path, body, key).await;
+            assert_eq!(
+                (s, text.as_str()),
+                (401, r#"{"error": "Invalid or missing API key"}"#),
+                "{method} {path} with {key:?}"
+            );
+        }
+        let (s, text) = call(&l, method, path, body, Some(KEY)).await;
+        assert_ne!(s, 401, "{method} {path} with the key: {text}");
+        assert!(s < 500 || path.contains("/responses"), "{method} {path}: {s} {text}");
+    }
+    // The key in a different scheme is not accepted.
+    let r = l.http.get(l.url("/api/v1/models")).header("authorization", format!("Basic {KEY}")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    // Public: liveness, health (for monitors), the API document and its UI, CORS preflights.
+    for path in
+        ["/live", "/api/v1/health", "/v1/health", "/api/v0/health", "/v0/health", "/api/v1/openapi.json", "/docs/"]
+    {
+        let (s, text) = call(&l, "GET", path, &None, None).await;
+        assert_eq!(s, 200, "{path}: {text}");
+    }
+    let r = l.http.request(reqwest::Method::OPTIONS, l.url("/api/v1/chat/completions")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 204);
+    // The CLI sends the key from --api-key or LEMONADE_API_KEY.
+    let (code, _, err) = l.cli(&["list"]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("Invalid or missing API key"), "{err}");
+    let (code, out, _) = l.cli(&["list", "--api-key", KEY, "--json"]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("extra.m.gguf"));
+    let (code, _, _) = l.cli_env(&["status"], &[("LEMONADE_API_KEY", KEY)]).await;
+    assert_eq!(code, 0);
+}
+
+#[tokio::test]
+async fn cors_allows_every_origin_by_default_or_only_the_listed_ones() {
+    let l = Lemonade::start_in(bin(), Sandbox::empty(), &[], &[]).await;
+    let r = l.http.get(l.url("/api/v1/models")).header("origin", "http://app.test").send().await.unwrap();
+    let h = r.headers();
+    assert_eq!(h["access-control-allow-origin"], "*");
+    assert_eq!(h["access-control-allow-headers"], "Content-Type, Authorization");
+    assert_eq!(h["access-control-allow-methods"], "GET, POST, PUT, DELETE, OPTIONS");
+    let r = l
+        .http
+        .request(reqwest::Method::OPTIONS, l.url("/anything/at/all"))
+        .header("origin", "http://app.test")
+        .header("access-control-request-method", "POST")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 204);
+    assert_eq!(r.headers()["access-control-allow-origin"], "*");
+    assert_eq!(r.text().await.unwrap(), "");
+    drop(l);
+
+    let l = Lemonade::start_in(
+        bin(),
+        Sandbox::empty(),
+        &[],
+        &[("LEMONADE_ALLOWED_ORIGINS", "http://app.test, https://ui.example")],
+    )
+    .await;
+    for (origin, allowed) in [("http://app.test", true), ("https://ui.example", true), ("http://evil.test", false)] {
+        let r = l.http.get(l.url("/api/v1/models")).header("origin", origin).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        let h = r.headers();
+        assert_eq!(
+            h.get("access-control-allow-origin").map(|v| v.to_str().unwrap()),
+            allowed.then_some(origin),
+            "{origin}"
+        );
+        assert_eq!(h["vary"], "Origin");
+    }
+}
+
+#[tokio::test]
+async fn a_public_address_without_a_key_is_warned_about() {
+    let l = Lemonade::start_in(bin(), Sandbox::empty(), &["--host", "0.0.0.0"], &[]).await;
+    assert!(l.log().contains("with no API key"), "{}", l.log());
+    let l = Lemonade::start_in(bin(), Sandbox::empty(), &[], &[]).await;
+    assert!(!l.log().contains("with no API key"));
+}
+
+/// Reads an SSE stream until `needle` shows up in a `data:` line (bounded).
+async fn read_until(
+    stream: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    seen: &mut String,
+    needle: &str,
+) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !seen.lines().any(|l| l.starts_with("data: ") && l.contains(needle)) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.next()).await {
+            Ok(Some(Ok(chunk))) => seen.push_str(&String::from_utf8_lossy(&chunk)),
+            _ => return false,
+        }
+    }
+    true
+}
+
+#[tokio::test]
+async fn log_level_changes_what_logs_stream_shows() {
+    let l = Lemonade::start_in(bin(), Sandbox::empty(), &["--log-level", "info"], &[]).await;
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(h["log_streaming"]["sse"], true);
+    let r = l.http.get(l.url("/api/v1/logs/stream")).send().await.unwrap();
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    let mut stream = r.bytes_stream();
+    let mut seen = String::new();
+    // The past: the start-up line is in the kept tail.
+    assert!(read_until(&mut stream, &mut seen, "listening on http://").await, "{seen}");
+
+    // A rejected request is logged at debug level: not shown at info.
+    let (s, _) = l.post("/api/v1/unload", &json!({"model_name": "first-marker"})).await;
+    assert_eq!(s, 404);
+    let (s, v) = l.post("/api/v1/log-level", &json!({"level": "debug"})).await;
+    assert_eq!((s, v), (200, json!({"status": "success", "level": "debug"})));
+    let (s, _) = l.post("/api/v1/unload", &json!({"model_name": "second-marker"})).await;
+    assert_eq!(s, 404);
+    assert!(read_until(&mut stream, &mut seen, "second-marker").await, "{seen}");
+    assert!(!seen.contains("first-marker"), "a debug line was shown at info level: {seen}");
+
+    let (s, v) = l.post("/api/v1/log-level", &json!({"level": "loud"})).await;
+    assert_eq!(s, 400);
+    assert!(v["error"]["message"].as_str().unwrap().contains("critical, error, warning, info, debug, trace"), "{v}");
+    let (s, _) = l.post("/api/v1/log-level", &json!({})).await;
+    assert_eq!(s, 400);
+}
