@@ -96,14 +96,13 @@ fn signal(pid: u32, sig: i32) {
     }
 }
 
-/// Stops the server `pid` and every process it started: SIGTERM (and SIGCONT, in case it was
-/// stopped), up to `grace` for a clean exit, then SIGKILL for the server and each descendant
+/// Stops the server `pid` and every process it started: SIGTERM, up to `grace` for a clean
+/// exit, then SIGKILL for the server (a wedged or stopped one included) and each descendant
 /// still alive. Returns how many processes had to be killed.
 pub fn stop(pid: u32, grace: Duration) -> Result<usize> {
     let server_start = proc_stat(pid).map(|s| s.start).context("the server exited already")?;
     let family = descendants(pid);
     signal(pid, libc::SIGTERM);
-    signal(pid, libc::SIGCONT);
     let deadline = Instant::now() + grace;
     let all_gone = || !alive_as(pid, server_start) && family.iter().all(|(p, s)| !alive_as(*p, *s));
     while Instant::now() < deadline && !all_gone() {

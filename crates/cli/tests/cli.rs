@@ -128,6 +128,36 @@ async fn status_and_stop_when_nothing_runs() {
     let out = run(&["load", SMOL]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not running"), "{out:?}");
+    // list (like pull, delete and recipes --install) starts a temporary server, then stops it.
+    let out = run(&["list", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(parse(&String::from_utf8_lossy(&out.stdout))["data"].is_array());
+    let pid_file = l.sandbox.cache().join(format!("run/lemonade-{port}.pid"));
+    assert!(!pid_file.exists(), "the temporary server is gone");
+    let out = run(&["status"]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[tokio::test]
+async fn run_uses_a_running_server_and_leaves_it_running() {
+    let l = Lemonade::start(bin(), &[]).await;
+    let mut cmd = Command::new(bin());
+    cmd.args(["--host", "127.0.0.1", "--port", &l.port().to_string(), "run", SMOL])
+        .env("LEMONADE_CACHE_DIR", l.sandbox.cache())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(b"Say hello.\n/exit\n").unwrap();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.starts_with(&format!("Chatting with {SMOL}.")), "{stdout}");
+    let answer = stdout.lines().nth(1).unwrap_or_default();
+    assert!(answer.chars().any(char::is_alphabetic), "an answer was printed: {stdout}");
+    let (s, h) = l.get("/api/v1/health").await;
+    assert_eq!((s, loaded_names(&h)), (200, vec![SMOL.to_string()]), "the server run did not start keeps running");
 }
 
 /// A port nothing listens on (bound, then released).
@@ -170,9 +200,9 @@ async fn stop_kills_a_wedged_server_and_its_backends() {
     let (code, out, err) = l.cli(&["stop", "--timeout", "1", "--json"]).await;
     assert_eq!(code, 0, "{out}{err}");
     let v = parse(&out);
-    // SIGCONT lets a stopped server run its SIGTERM handler; if it could not finish within the
-    // timeout it was killed. Either way nothing is left.
+    // A stopped process cannot handle SIGTERM: it is killed after the timeout, with its backend.
     assert_eq!(v["status"], "stopped");
+    assert!(v["killed"].as_u64().unwrap() >= 1, "{v}");
     assert!(l.wait_exit(Duration::from_secs(5)).is_some(), "lemonade is gone");
     assert!(!alive(backends[0]), "llama-server {} is gone", backends[0]);
 }
