@@ -327,7 +327,11 @@ async fn run(t: &Target, model: &str, load: &LoadArgs, extra_models_dir: Option<
     };
     let r = async {
         eprintln!("Loading {model}…");
-        t.post("/load", &load.body(model)).await.context("Failed to load model")?;
+        let body = load.body(model);
+        tokio::select! {
+            r = t.post("/load", &body) => { r.context("Failed to load model")?; }
+            _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted while loading {model}"),
+        }
         chat::run(t, model).await
     }
     .await;

@@ -147,8 +147,8 @@ impl Spawned {
 }
 
 /// Starts `lemonade serve` in the background (its own session, so the terminal's Ctrl-C does
-/// not reach it), logging to `<cache>/logs/lemonade-<port>.log`, and waits until `ready`
-/// answers true or the process exits.
+/// not reach it; SIGTERM when this process dies), logging to `<cache>/logs/lemonade-<port>.log`,
+/// and waits until `ready` answers true or the process exits.
 pub async fn spawn_server<F: std::future::Future<Output = bool>>(
     cache_dir: &Path,
     port: u16,
@@ -163,10 +163,13 @@ pub async fn spawn_server<F: std::future::Future<Output = bool>>(
     let exe = std::env::current_exe().context("cannot find the lemonade executable")?;
     let mut cmd = Command::new(exe);
     cmd.arg("serve").args(args).stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
-    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
+    // SAFETY: setsid and prctl are async-signal-safe and touch no memory of the parent.
     unsafe {
         cmd.pre_exec(|| {
             libc::setsid();
+            // The server lives as long as this command: if it dies (closed terminal, kill),
+            // the server gets SIGTERM and shuts down with its backends.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
             Ok(())
         });
     }
