@@ -269,14 +269,7 @@ impl Lemonade {
 
     /// Waits for the server to exit, at most `timeout`.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Ok(Some(s)) = self.child.try_wait() {
-                return Some(s);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
+        wait_child(&mut self.child, timeout)
     }
 }
 
@@ -293,6 +286,18 @@ impl Drop for Lemonade {
             eprintln!("---- lemonade log ----\n{}", self.log());
         }
     }
+}
+
+/// Waits for `child` to exit, at most `timeout`.
+pub fn wait_child(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
 }
 
 /// Direct children of `pid` (from /proc).

@@ -92,14 +92,7 @@ impl Pty {
 
     /// Waits for the program to exit.
     pub fn wait(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Ok(Some(s)) = self.child.try_wait() {
-                return Some(s);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
+        crate::wait_child(&mut self.child, timeout)
     }
 }
 

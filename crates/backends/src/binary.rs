@@ -60,6 +60,11 @@ pub fn resolve(
     None
 }
 
+/// [`resolve`] with this process's environment and `PATH`.
+pub fn resolve_from_env(cache_dir: &Path, recipe_dir: &str, backend: &str, exe_name: &str) -> Option<Resolved> {
+    resolve(cache_dir, recipe_dir, backend, exe_name, |k| std::env::var(k).ok(), std::env::var("PATH").ok())
+}
+
 /// The first executable named `name` under `dir` (files before subfolders, subfolders in order).
 pub fn find_recursive(dir: &Path, name: &str) -> Option<PathBuf> {
     let entries = std::fs::read_dir(dir).ok()?;

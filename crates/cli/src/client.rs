@@ -39,32 +39,24 @@ impl Target {
         format!("Lemonade Server is not running on {}:{} (start it with `lemonade serve`)", self.host, self.port)
     }
 
+    /// Sends `r` (with the key), naming the server when it cannot be reached.
+    async fn send(&self, r: reqwest::RequestBuilder) -> Result<reqwest::Response> {
+        self.auth(r).send().await.with_context(|| self.unreachable())
+    }
+
     /// GET, with the server's error text on failure.
     pub async fn get(&self, path: &str, timeout: Duration) -> Result<Value> {
-        let r =
-            self.auth(self.http(Some(timeout)).get(self.url(path))).send().await.with_context(|| self.unreachable())?;
-        answer(r).await
+        answer(self.send(self.http(Some(timeout)).get(self.url(path))).await?).await
     }
 
     /// POST a JSON body (no overall timeout: loads and pulls may take long).
     pub async fn post(&self, path: &str, body: &Value) -> Result<Value> {
-        let r = self
-            .auth(self.http(None).post(self.url(path)))
-            .json(body)
-            .send()
-            .await
-            .with_context(|| self.unreachable())?;
-        answer(r).await
+        answer(self.send(self.http(None).post(self.url(path)).json(body)).await?).await
     }
 
     /// POST and return the raw streaming response (SSE).
     pub async fn post_stream(&self, path: &str, body: &Value) -> Result<reqwest::Response> {
-        let r = self
-            .auth(self.http(None).post(self.url(path)))
-            .json(body)
-            .send()
-            .await
-            .with_context(|| self.unreachable())?;
+        let r = self.send(self.http(None).post(self.url(path)).json(body)).await?;
         if !r.status().is_success() {
             return Err(answer(r).await.unwrap_err());
         }

@@ -488,16 +488,7 @@ impl Runtime {
     /// The backend's executable; a missing one is installed first when this platform has a
     /// release for it (v9's auto-install on first load).
     async fn backend_binary(&self, dir: &str, backend: &str, exe: &str) -> Result<PathBuf, String> {
-        let resolve = || {
-            binary::resolve(
-                &self.cfg.cache_dir,
-                dir,
-                backend,
-                exe,
-                |k| std::env::var(k).ok(),
-                std::env::var("PATH").ok(),
-            )
-        };
+        let resolve = || binary::resolve_from_env(&self.cfg.cache_dir, dir, backend, exe);
         if let Some(r) = resolve() {
             return Ok(r.path);
         }

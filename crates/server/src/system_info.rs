@@ -172,14 +172,7 @@ fn amd_npu(accel: &Path, processor: &str) -> Value {
 /// What is installed for `recipe:backend` (override, managed directory or PATH).
 pub fn installed(rt: &Runtime, recipe: &str, backend: &str) -> Installed {
     let Some((dir, exe)) = releases::recipe_dir_and_exe(recipe) else { return Installed::Missing };
-    match backends::binary::resolve(
-        &rt.cfg.cache_dir,
-        dir,
-        backend,
-        exe,
-        |k| std::env::var(k).ok(),
-        std::env::var("PATH").ok(),
-    ) {
+    match backends::binary::resolve_from_env(&rt.cfg.cache_dir, dir, backend, exe) {
         None => Installed::Missing,
         Some(r) => match r.found {
             backends::binary::Found::Override(var) => Installed::Override(var),
@@ -271,14 +264,7 @@ fn verbose_details(rt: &Runtime) -> Value {
     for (recipe, list) in releases::RECIPES {
         let Some((dir, exe)) = releases::recipe_dir_and_exe(recipe) else { continue };
         for backend in *list {
-            if let Some(r) = backends::binary::resolve(
-                &rt.cfg.cache_dir,
-                dir,
-                backend,
-                exe,
-                |k| std::env::var(k).ok(),
-                std::env::var("PATH").ok(),
-            ) {
+            if let Some(r) = backends::binary::resolve_from_env(&rt.cfg.cache_dir, dir, backend, exe) {
                 bins.insert(format!("{recipe}:{backend}"), json!(r.path.display().to_string()));
             }
         }
