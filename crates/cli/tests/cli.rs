@@ -160,6 +160,27 @@ async fn run_uses_a_running_server_and_leaves_it_running() {
     assert_eq!((s, loaded_names(&h)), (200, vec![SMOL.to_string()]), "the server run did not start keeps running");
 }
 
+/// Terminal output without escape sequences (rustyline's bracketed-paste and cursor codes).
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters… final byte in @..~
+            if chars.next() == Some('[') {
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// A port nothing listens on (bound, then released).
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -268,19 +289,25 @@ async fn run_chats_in_a_terminal_and_stops_its_server() {
     let answer_start = pty.expect("Answer in one word.", at, t);
     at = pty.expect(">>> ", answer_start, t);
     // SmolLM2 at its default temperature: the words vary, so check an answer streamed.
-    let first = pty.output()[answer_start..at].to_string();
+    let first = strip_ansi(&pty.output()[answer_start..at]);
     assert!(
         first.split_whitespace().filter(|w| w.chars().any(char::is_alphabetic)).count() >= 2,
         "first answer: {first:?}"
     );
     assert!(!first.contains("Error"), "{first:?}");
-    let (in1, out1) = stats().await;
-    assert!(in1 > 0 && out1 > 0);
+    // The proxy records the stats as the stream ends, just after the client has seen it end.
+    let got =
+        wait_for(Duration::from_secs(10), || async { Some(stats().await).filter(|(i, o)| *i > 0 && *o > 0) }).await;
+    let Some((in1, out1)) = got else {
+        panic!("no stats of the first answer: {:?}\n{}", stats().await, pty.output());
+    };
 
     pty.send("And what is the capital of Italy?\r");
     let start2 = pty.expect("capital of Italy?", at, t);
     at = pty.expect(">>> ", start2, t);
-    let (in2, _) = stats().await;
+    let (in2, _) = wait_for(t, || async { Some(stats().await).filter(|(i, _)| *i != in1) })
+        .await
+        .expect("stats of the second answer");
     // The second prompt carries the first question and answer: more tokens than both new parts.
     assert!(in2 > in1 + out1, "history was sent: first prompt {in1} + answer {out1} tokens, second prompt {in2}");
 

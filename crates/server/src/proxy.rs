@@ -118,7 +118,7 @@ pub async fn forward_stream(lease: Lease, path: &str, body: Bytes) -> Result<Res
                 Some((Ok(error_frame(&msg)), None))
             }
             None => {
-                st.finish();
+                // `st` is dropped here, which records the stats (see `Drop`).
                 if st.tail.windows(DONE.len()).any(|w| w == DONE) {
                     None
                 } else {
@@ -156,7 +156,18 @@ impl StreamState {
             let _ = self.tail.split_to(cut);
         }
     }
+}
 
+/// Records the stats however the stream ends: at the upstream's end, or when the client closes
+/// the connection first, as clients do once they read `[DONE]` (before the upstream's end has
+/// been polled).
+impl Drop for StreamState {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+impl StreamState {
     /// Reads the last `data:` line with usage or timings into the model's stats.
     fn finish(&self) {
         let text = String::from_utf8_lossy(&self.tail);
