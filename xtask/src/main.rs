@@ -8,6 +8,8 @@
 //!   completion from SmolLM2 proves it works, then it keeps serving until Ctrl+C.
 //! * `test`: setup, then fmt check, clippy, and every test (nextest when available).
 //! * `bench`: setup, then the benchmark (release build), ratios vs direct llama-server.
+//! * `soak`: setup, then the reliability suite (release build): faults, load, bad input
+//!   (with schemathesis, installed into its own virtualenv).
 //! * `openapi`: rewrites docs/openapi.json from the code.
 
 mod provision;
@@ -26,6 +28,7 @@ fn main() -> Result<()> {
         "demo" => demo(rest),
         "test" => test(rest),
         "bench" => bench(rest),
+        "soak" => soak(rest),
         "openapi" => openapi(),
         _ => {
             eprintln!(
@@ -35,6 +38,7 @@ fn main() -> Result<()> {
                  demo     setup, then serve the provisioned models with `lemonade serve`\n  \
                  test     setup, then fmt, clippy and the whole test suite\n  \
                  bench    setup, then benchmark lemonade against direct llama-server\n  \
+                 soak     setup, then the reliability suite (faults, load, bad input)\n  \
                  openapi  regenerate docs/openapi.json"
             );
             if task == "help" || task == "--help" {
@@ -108,6 +112,19 @@ fn bench(rest: &[String]) -> Result<()> {
     cmd.args(rest);
     test_env(&mut cmd, &p);
     run(cmd.env("LEMONADE_BENCH_OUT", root().join("target/bench.json")))
+}
+
+fn soak(rest: &[String]) -> Result<()> {
+    let p = provision::setup()?;
+    let st = provision::schemathesis()?;
+    run(cargo().args(["build", "--release", "-p", "lemonade-cli", "-p", "lemonade-test-support", "--bins"]))?;
+    let mut cmd = Command::new(root().join("target/release/lemonade-soak"));
+    cmd.current_dir(root()).args(rest);
+    test_env(&mut cmd, &p);
+    cmd.env("LEMONADE_TEST_FAKE_BACKEND", root().join("target/release/fake-llama-server"))
+        .env("LEMONADE_SCHEMATHESIS", st)
+        .env("LEMONADE_SOAK_OUT", root().join("target/soak.json"));
+    run(&mut cmd)
 }
 
 fn openapi() -> Result<()> {

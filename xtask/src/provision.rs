@@ -379,3 +379,40 @@ fn python_venv(dev: &Path) -> Result<PathBuf> {
     }
     Ok(py)
 }
+
+/// schemathesis, pinned, in its own virtualenv (for `cargo xtask soak`; the tests do not need
+/// it). Returns its command.
+pub const SCHEMATHESIS: &str = "schemathesis==4.32.5";
+
+pub fn schemathesis() -> Result<PathBuf> {
+    let venv = dev_cache().join("venv-schemathesis");
+    let st = venv.join("bin/schemathesis");
+    let version = SCHEMATHESIS.rsplit("==").next().unwrap_or_default();
+    let ok = || {
+        Command::new(&st)
+            .arg("--version")
+            .output()
+            .map(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(version))
+            .unwrap_or(false)
+    };
+    if ok() {
+        return Ok(st);
+    }
+    if !have("python3", "--version") {
+        apt_install(&["python3", "python3-venv"])?;
+    }
+    let _ = fs::remove_dir_all(&venv);
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    run(Command::new(venv.join("bin/python")).args([
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+        SCHEMATHESIS,
+    ]))?;
+    if !ok() {
+        bail!("{} does not run", st.display());
+    }
+    Ok(st)
+}

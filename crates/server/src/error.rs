@@ -44,6 +44,9 @@ pub enum ApiError {
     UnknownPath(String),
     #[error("Method Not Allowed. Use {allowed} for this endpoint")]
     MethodNotAllowed { allowed: String },
+    /// The disk is full (a download).
+    #[error("{0}")]
+    InsufficientStorage(String),
     #[error("Request body is larger than the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
     #[error("{0}")]
@@ -84,6 +87,7 @@ impl ApiError {
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
         }
     }
 
@@ -132,6 +136,9 @@ impl ApiError {
                 ErrorResponse::new("invalid_request_error", msg).code("payload_too_large")
             }
             ApiError::Internal(_) => ErrorResponse::new("internal_error", msg).code("internal_error"),
+            ApiError::InsufficientStorage(_) => {
+                ErrorResponse::new("insufficient_storage", msg).code("insufficient_storage")
+            }
         }
     }
 }

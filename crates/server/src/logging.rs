@@ -48,13 +48,20 @@ pub fn filter_for(level: &str) -> Option<&'static str> {
 type Reload = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
 
 pub struct LogHub {
-    tail: Mutex<VecDeque<String>>,
-    tx: broadcast::Sender<String>,
+    /// The kept lines with their sequence numbers (shared: a reader clones pointers, not text).
+    tail: Mutex<Tail>,
+    tx: broadcast::Sender<Arc<str>>,
     level: Mutex<String>,
     reload: Reload,
 }
 
 static HUB: OnceLock<Arc<LogHub>> = OnceLock::new();
+
+struct Tail {
+    /// Sequence number of `lines[0]`.
+    first: u64,
+    lines: VecDeque<Arc<str>>,
+}
 
 /// The process's log hub, when [`init`] ran (the `lemonade serve` binary; not embedded uses).
 pub fn hub() -> Option<&'static Arc<LogHub>> {
@@ -63,18 +70,33 @@ pub fn hub() -> Option<&'static Arc<LogHub>> {
 
 impl LogHub {
     fn push(&self, line: String) {
+        let line: Arc<str> = line.into();
         let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
-        if tail.len() == TAIL_LINES {
-            tail.pop_front();
+        if tail.lines.len() == TAIL_LINES {
+            tail.lines.pop_front();
+            tail.first += 1;
         }
-        tail.push_back(line.clone());
+        tail.lines.push_back(line.clone());
+        // Sent under the lock, so a subscriber sees each line once: in the tail or live.
         let _ = self.tx.send(line);
     }
 
-    /// The kept lines and a receiver for every later one (no gap, no duplicate).
-    fn subscribe(&self) -> (Vec<String>, broadcast::Receiver<String>) {
+    /// The sequence number where the kept lines start, where live lines start, and a receiver
+    /// for every later line (no gap, no duplicate).
+    fn subscribe(&self) -> (u64, u64, broadcast::Receiver<Arc<str>>) {
         let tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
-        (tail.iter().cloned().collect(), self.tx.subscribe())
+        (tail.first, tail.first + tail.lines.len() as u64, self.tx.subscribe())
+    }
+
+    /// Up to `max` kept lines from sequence number `from` (below `end`); lines that left the
+    /// tail meanwhile are skipped.
+    fn past(&self, from: u64, end: u64, max: usize) -> (u64, Vec<Arc<str>>) {
+        let tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        let from = from.max(tail.first);
+        let skip = (from - tail.first) as usize;
+        let take = ((end.saturating_sub(from)) as usize).min(max);
+        let lines: Vec<Arc<str>> = tail.lines.iter().skip(skip).take(take).cloned().collect();
+        (from + lines.len() as u64, lines)
     }
 
     pub fn level(&self) -> String {
@@ -110,7 +132,7 @@ pub fn init(level: &str) -> Arc<LogHub> {
     let (filter, handle) = reload::Layer::new(EnvFilter::new(initial));
     let (tx, _) = broadcast::channel(1024);
     let hub = Arc::new(LogHub {
-        tail: Mutex::new(VecDeque::with_capacity(TAIL_LINES)),
+        tail: Mutex::new(Tail { first: 0, lines: VecDeque::with_capacity(TAIL_LINES) }),
         tx,
         level: Mutex::new(level.to_string()),
         reload: Box::new(move |f: &str| handle.reload(EnvFilter::new(f)).map_err(|e| e.to_string())),
@@ -185,11 +207,22 @@ pub async fn stream() -> Result<Response, ApiError> {
     let Some(h) = hub() else {
         return Err(ApiError::bad_request("Log streaming is not enabled in this process", None));
     };
-    let (past, mut rx) = h.subscribe();
-    let (tx, body_rx) = tokio::sync::mpsc::channel::<Bytes>(64);
+    let (mut next, end, mut rx) = h.subscribe();
+    let (tx, body_rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    let hub = h.clone();
     tokio::spawn(async move {
-        for line in past {
-            if tx.send(event(&line)).await.is_err() {
+        // The kept lines, a few at a time: a slow reader holds a few lines, not a copy of the tail.
+        while next < end {
+            let (after, lines) = hub.past(next, end, 32);
+            if lines.is_empty() {
+                break;
+            }
+            next = after;
+            let mut chunk = Vec::new();
+            for l in &lines {
+                chunk.extend_from_slice(&event(l));
+            }
+            if tx.send(Bytes::from(chunk)).await.is_err() {
                 return;
             }
         }
@@ -230,5 +263,32 @@ mod tests {
         }
         assert_eq!(filter_for("verbose"), None);
         assert_eq!(&event("a\nb")[..], b"data: a\ndata: b\n\n");
+    }
+
+    #[test]
+    fn readers_page_through_the_tail_without_gaps_or_duplicates() {
+        let (tx, _) = broadcast::channel(16);
+        let hub = LogHub {
+            tail: Mutex::new(Tail { first: 0, lines: VecDeque::new() }),
+            tx,
+            level: Mutex::new("info".into()),
+            reload: Box::new(|_| Ok(())),
+        };
+        for i in 0..TAIL_LINES + 5 {
+            hub.push(format!("line {i}"));
+        }
+        let (first, end, mut rx) = hub.subscribe();
+        assert_eq!((first, end), (5, TAIL_LINES as u64 + 5));
+        // A live line arrives (and pushes the oldest kept line out): the reader skips the
+        // line that left, and gets the live line only from the live channel.
+        hub.push("live".into());
+        let (next, page) = hub.past(first, end, 3);
+        let page: Vec<String> = page.iter().map(|l| l.to_string()).collect();
+        assert_eq!((next, page), (9, vec!["line 6".to_string(), "line 7".into(), "line 8".into()]));
+        let (next, page) = hub.past(end - 1, end, 32);
+        assert_eq!((next, page.len()), (end, 1), "the live line is not replayed");
+        assert_eq!(&*rx.try_recv().unwrap(), "live");
+        let (next, page) = hub.past(0, end, 1);
+        assert_eq!((next, &*page[0]), (7, "line 6"));
     }
 }

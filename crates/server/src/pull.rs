@@ -109,6 +109,11 @@ fn hub_error(e: HubError) -> ApiError {
             param: Some("checkpoint".into()),
             code: Some("checkpoint_not_found"),
         },
+        HubError::Io { ref source, .. } if source.kind() == std::io::ErrorKind::StorageFull => {
+            ApiError::InsufficientStorage(format!(
+                "Download failed: {e}. Free some space and pull again: the partial download is kept and resumes"
+            ))
+        }
         e => ApiError::BackendUnavailable(format!("Download failed: {e}")),
     }
 }
@@ -220,6 +225,7 @@ async fn download(
         (status = 400, description = "Invalid name, checkpoint or variant", body = ErrorResponse),
         (status = 404, description = "Not available on this system", body = ErrorResponse),
         (status = 502, description = "The download failed", body = ErrorResponse),
+        (status = 507, description = "The disk is full (the partial download is kept)", body = ErrorResponse),
     ))]
 pub async fn pull(State(rt): State<AppState>, body: JsonBody<PullRequest>) -> Result<Response, ApiError> {
     let req = body.value;

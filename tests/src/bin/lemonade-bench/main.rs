@@ -4,7 +4,10 @@
 //! directly through the `backend_url` lemonade reports. Streaming requests alternate between
 //! the two paths so drift affects both alike. Reported: median time to first token and
 //! median decode tokens/s per path, their ratio and difference. Loopback only; the number of
-//! requests is fixed.
+//! requests is fixed. More sections (concurrency and swaps against llama-server's router mode,
+//! footprint, endpoint throughput) are in `more.rs`.
+
+mod more;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -153,9 +156,21 @@ async fn main() -> anyhow::Result<()> {
         "added_ttft_ms": added_ttft,
         "throughput_ratio": ratio,
     });
-    let lifecycle = lifecycle(&l).await?;
     let mut out = out;
-    out["lifecycle"] = lifecycle;
+    let router = more::Router::start(
+        &[
+            ("smol", test_support::model(test_support::SMOL_FILE)),
+            ("gemma", test_support::model(test_support::GEMMA_FILE)),
+        ],
+        1,
+    )
+    .await?;
+    out["concurrency"] = more::concurrency(&l, &direct, &router, "smol").await?;
+    out["endpoints"] = more::endpoints(&l, backend.trim_end_matches("/v1")).await?;
+    out["swap_vs_router"] = more::swaps(&l, &router).await?;
+    drop(router);
+    out["lifecycle"] = lifecycle(&l).await?;
+    out["footprint"] = more::footprint(&bin).await?;
     out["pull"] = pull_throughput(&bin).await?;
     if let Some(path) = std::env::var_os("LEMONADE_BENCH_OUT") {
         std::fs::write(&path, serde_json::to_vec_pretty(&out)?)?;

@@ -1,0 +1,327 @@
+//! The benchmark sections beyond single-stream streaming: concurrency against direct
+//! llama-server and llama-server's router mode, swaps against router mode, lemonade's own
+//! footprint, and the throughput of `health` and `models`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use test_support::Lemonade;
+
+use crate::{median, stream_once, LLAMA_ARGS};
+
+/// llama-server's own multi-model router (`--models-dir`, `--models-max`), with the same model
+/// flags lemonade gives its children.
+pub struct Router {
+    child: Child,
+    pub base: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Router {
+    pub async fn start(models: &[(&str, PathBuf)], max: u32) -> anyhow::Result<Router> {
+        let dir = tempfile::tempdir()?;
+        for (name, file) in models {
+            std::os::unix::fs::symlink(file, dir.path().join(format!("{name}.gguf")))?;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let mut child = Command::new(test_support::llama_server())
+            .args(["--models-dir", &dir.path().display().to_string(), "--models-max", &max.to_string()])
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(model_flags()?)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let base = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::builder().no_proxy().build()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if matches!(http.get(format!("{base}/v1/models")).send().await, Ok(r) if r.status() == 200) {
+                break;
+            }
+            if Instant::now() > deadline || child.try_wait()?.is_some() {
+                let _ = child.kill();
+                anyhow::bail!("llama-server router mode did not start");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(Router { child, base, _dir: dir })
+    }
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        // SAFETY: plain syscall on our own child; the router stops its children on SIGTERM.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// The flags lemonade passes to llama-server for an LLM, minus those the router sets per child
+/// (model, host, port): the three paths run the same model configuration.
+fn model_flags() -> anyhow::Result<Vec<String>> {
+    let args = backends::llamacpp::command_line(&backends::llamacpp::LlamaServerConfig {
+        model_path: PathBuf::from("x.gguf"),
+        mmproj_path: None,
+        model_type: api_types::ModelType::Llm,
+        ctx_size: backends::llamacpp::DEFAULT_CTX_SIZE,
+        backend: "cpu".into(),
+        user_args: LLAMA_ARGS.into(),
+        amd_igpu: false,
+    })?;
+    let mut out = Vec::new();
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        if matches!(a.as_str(), "-m" | "--model" | "--port" | "--host" | "--alias") {
+            it.next();
+        } else {
+            out.push(a);
+        }
+    }
+    Ok(out)
+}
+
+/// CPU seconds (user + system) of a process so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let f: Vec<&str> = s.rsplit_once(')').map(|x| x.1).unwrap_or_default().split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (ticks(11) + ticks(12)) / hz
+}
+
+/// Resident memory of a process in MiB.
+fn rss_mib(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+struct Batch {
+    /// Content tokens per second over the batch's wall time.
+    tps: f64,
+    ttft_ms: f64,
+    tokens: usize,
+}
+
+/// `n` concurrent streams to `url`.
+async fn batch(http: &reqwest::Client, url: &str, model: Option<&str>, n: usize) -> anyhow::Result<Batch> {
+    let t = Instant::now();
+    let runs = futures_util::future::join_all((0..n).map(|_| stream_once(http, url, model))).await;
+    let wall = t.elapsed().as_secs_f64();
+    let mut tokens = 0;
+    let mut ttfts = Vec::new();
+    for r in runs {
+        let s = r?;
+        tokens += s.tokens;
+        ttfts.push(s.ttft_ms);
+    }
+    Ok(Batch { tps: tokens as f64 / wall, ttft_ms: median(ttfts), tokens })
+}
+
+/// Aggregate decode throughput and TTFT at 1, 4 and 16 concurrent streams: direct llama-server,
+/// through lemonade, through llama-server's router mode. Also lemonade's CPU time per token.
+pub async fn concurrency(l: &Lemonade, direct: &str, router: &Router, router_model: &str) -> anyhow::Result<Value> {
+    let http = reqwest::Client::builder().no_proxy().tcp_nodelay(true).pool_max_idle_per_host(0).build()?;
+    let via = l.url("/api/v1/chat/completions");
+    let routed = format!("{}/v1/chat/completions", router.base);
+    // Warm the router's child (its first request loads the model).
+    stream_once(&http, &routed, Some(router_model)).await?;
+    let mut rows = Vec::new();
+    let (mut cpu, mut proxied) = (0.0, 0usize);
+    println!("\nConcurrent streams ({} tokens each): aggregate decode tokens/s and median TTFT\n", crate::MAX_TOKENS);
+    println!("| streams | direct tok/s | lemonade tok/s | router tok/s | lemonade / direct | router / direct | TTFT direct / lemonade / router (ms) |");
+    println!("|---:|---:|---:|---:|---:|---:|---|");
+    for (n, reps) in [(1usize, 6usize), (4, 4), (16, 2)] {
+        let (mut d, mut p, mut r) = (Vec::new(), Vec::new(), Vec::new());
+        for rep in 0..reps {
+            // Rotate the order of the three paths.
+            for k in 0..3 {
+                match (rep + k) % 3 {
+                    0 => d.push(batch(&http, direct, None, n).await?),
+                    1 => {
+                        let c0 = cpu_seconds(l.pid());
+                        let b = batch(&http, &via, Some(test_support::SMOL), n).await?;
+                        cpu += cpu_seconds(l.pid()) - c0;
+                        proxied += b.tokens;
+                        p.push(b);
+                    }
+                    _ => r.push(batch(&http, &routed, Some(router_model), n).await?),
+                }
+            }
+        }
+        let ratio = |a: &[Batch]| median(a.iter().zip(&d).map(|(x, y)| x.tps / y.tps).collect());
+        let (lr, rr) = (ratio(&p), ratio(&r));
+        let med = |a: &[Batch], f: fn(&Batch) -> f64| median(a.iter().map(f).collect());
+        let row = json!({
+            "streams": n, "reps": reps,
+            "direct": {"tps": med(&d, |b| b.tps), "ttft_ms": med(&d, |b| b.ttft_ms)},
+            "lemonade": {"tps": med(&p, |b| b.tps), "ttft_ms": med(&p, |b| b.ttft_ms)},
+            "router": {"tps": med(&r, |b| b.tps), "ttft_ms": med(&r, |b| b.ttft_ms)},
+            "lemonade_over_direct": lr, "router_over_direct": rr,
+        });
+        println!(
+            "| {n} | {:.1} | {:.1} | {:.1} | ×{lr:.3} | ×{rr:.3} | {:.1} / {:.1} / {:.1} |",
+            row["direct"]["tps"].as_f64().unwrap_or(0.0),
+            row["lemonade"]["tps"].as_f64().unwrap_or(0.0),
+            row["router"]["tps"].as_f64().unwrap_or(0.0),
+            row["direct"]["ttft_ms"].as_f64().unwrap_or(0.0),
+            row["lemonade"]["ttft_ms"].as_f64().unwrap_or(0.0),
+            row["router"]["ttft_ms"].as_f64().unwrap_or(0.0),
+        );
+        rows.push(row);
+    }
+    let us_per_token = cpu / proxied.max(1) as f64 * 1e6;
+    println!("\nlemonade CPU time per proxied token: {us_per_token:.1} µs ({proxied} tokens)");
+    Ok(json!({"rows": rows, "lemonade_cpu_us_per_token": us_per_token, "tokens_proxied": proxied}))
+}
+
+/// Time of a 1-token chat for `model` (which makes the server load it, evicting the other).
+async fn one_token(http: &reqwest::Client, url: &str, model: &str) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let r = http
+        .post(url)
+        .json(&json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}))
+        .send()
+        .await?;
+    anyhow::ensure!(r.status().is_success(), "{url} {model}: HTTP {}", r.status());
+    r.bytes().await?;
+    Ok(t.elapsed().as_secs_f64() * 1e3)
+}
+
+/// Swaps with one slot, A→B→A, each timed as the 1-token request that causes it: lemonade
+/// against llama-server's router mode with `--models-max 1`.
+pub async fn swaps(l: &Lemonade, router: &Router) -> anyhow::Result<Value> {
+    const REPS: usize = 4;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    let via = l.url("/api/v1/chat/completions");
+    let routed = format!("{}/v1/chat/completions", router.base);
+    let (a, b) = (test_support::SMOL, test_support::GEMMA);
+    one_token(&http, &via, a).await?;
+    one_token(&http, &routed, "smol").await?;
+    let (mut lem, mut rou) = (Vec::new(), Vec::new());
+    for rep in 0..REPS {
+        for side in [rep % 2 == 0, rep % 2 != 0] {
+            if side {
+                lem.push(one_token(&http, &via, b).await? + one_token(&http, &via, a).await?);
+            } else {
+                rou.push(one_token(&http, &routed, "gemma").await? + one_token(&http, &routed, "smol").await?);
+            }
+        }
+    }
+    let ratio = median(lem.iter().zip(&rou).map(|(l, r)| l / r).collect());
+    let (lm, rm) = (median(lem), median(rou));
+    println!("\nSwap A→B→A with one slot (SmolLM2 → Gemma 270M → SmolLM2, two 1-token requests), {REPS} reps\n");
+    println!("| server | A→B→A (ms, median) |");
+    println!("|---|---:|");
+    println!("| llama-server router mode (--models-max 1) | {rm:.0} |");
+    println!("| lemonade (--max-loaded-models 1) | {lm:.0} |");
+    println!("| lemonade / router (paired median) | ×{ratio:.3} |");
+    Ok(json!({"reps": REPS, "router_ms": rm, "lemonade_ms": lm, "ratio": ratio}))
+}
+
+/// Idle RSS, RSS with 1,000 idle streaming connections (`logs/stream`), cold start to
+/// listening.
+pub async fn footprint(bin: &Path) -> anyhow::Result<Value> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const CONNS: usize = 1000;
+    let l = Lemonade::start_in(bin, test_support::Sandbox::new(), &["--log-level", "info"], &[]).await;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    // Settle: one request of each kind the idle figure should include.
+    http.get(l.url("/api/v1/models")).send().await?.bytes().await?;
+    http.get(l.url("/api/v1/health")).send().await?.bytes().await?;
+    let idle = rss_mib(l.pid());
+    let addr = l.base.trim_start_matches("http://").to_string();
+    let mut conns = Vec::with_capacity(CONNS);
+    for _ in 0..CONNS {
+        let mut s = tokio::net::TcpStream::connect(&addr).await?;
+        s.write_all(b"GET /api/v1/logs/stream HTTP/1.1\r\nHost: bench\r\n\r\n").await?;
+        conns.push(s);
+    }
+    // Every stream answered (its headers and the first lines arrived).
+    for s in &mut conns {
+        let mut buf = [0u8; 256];
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await??;
+        anyhow::ensure!(n > 0 && buf.starts_with(b"HTTP/1.1 200"), "a logs/stream connection was not answered");
+    }
+    let loaded = rss_mib(l.pid());
+    drop(conns);
+    let mut starts = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let l2 = Lemonade::start_in(bin, test_support::Sandbox::empty(), &["--log-level", "info"], &[]).await;
+        starts.push(t.elapsed().as_secs_f64() * 1e3);
+        drop(l2);
+    }
+    let start_ms = median(starts);
+    println!("\nlemonade's footprint\n");
+    println!("| measure | value |");
+    println!("|---|---:|");
+    println!("| RSS idle (catalogue loaded, nothing running) | {idle:.1} MiB |");
+    println!(
+        "| RSS with {CONNS} idle streaming connections | {loaded:.1} MiB (+{:.1} KiB per connection) |",
+        (loaded - idle) * 1024.0 / CONNS as f64
+    );
+    println!("| cold start to listening (median of 5) | {start_ms:.0} ms |");
+    Ok(json!({"rss_idle_mib": idle, "rss_1000_streams_mib": loaded, "connections": CONNS, "cold_start_ms": start_ms}))
+}
+
+/// Requests per second and latency of `GET url` from `conc` keep-alive clients for `secs`
+/// (bounded in time and count).
+async fn hammer(url: &str, conc: usize, secs: f64) -> anyhow::Result<(f64, f64, f64)> {
+    const MAX: usize = 400_000;
+    let http = reqwest::Client::builder().no_proxy().tcp_nodelay(true).build()?;
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let t = Instant::now();
+    let tasks = (0..conc).map(|_| {
+        let http = http.clone();
+        let url = url.to_string();
+        tokio::spawn(async move {
+            let mut lat = Vec::new();
+            while Instant::now() < deadline && lat.len() < MAX / conc {
+                let t = Instant::now();
+                let r = http.get(&url).send().await?;
+                anyhow::ensure!(r.status().is_success(), "{url}: HTTP {}", r.status());
+                r.bytes().await?;
+                lat.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            Ok::<_, anyhow::Error>(lat)
+        })
+    });
+    let mut all = Vec::new();
+    for r in futures_util::future::join_all(tasks).await {
+        all.extend(r??);
+    }
+    let rps = all.len() as f64 / t.elapsed().as_secs_f64();
+    all.sort_by(|a, b| a.total_cmp(b));
+    let p = |q: f64| all[((all.len() as f64 - 1.0) * q) as usize];
+    Ok((rps, p(0.5), p(0.99)))
+}
+
+/// Throughput of `health` and `models` (and llama-server's own `/health` for scale).
+pub async fn endpoints(l: &Lemonade, direct_base: &str) -> anyhow::Result<Value> {
+    const CONC: usize = 32;
+    const SECS: f64 = 3.0;
+    println!("\nNon-inference endpoints: {CONC} keep-alive clients for {SECS} s each (loopback, same machine)\n");
+    println!("| endpoint | requests/s | p50 (ms) | p99 (ms) |");
+    println!("|---|---:|---:|---:|");
+    let mut out = serde_json::Map::new();
+    for (label, url) in [
+        ("lemonade GET /api/v1/health", l.url("/api/v1/health")),
+        ("lemonade GET /api/v1/models", l.url("/api/v1/models")),
+        ("lemonade GET /live", l.url("/live")),
+        ("llama-server GET /health (for scale)", format!("{direct_base}/health")),
+    ] {
+        let (rps, p50, p99) = hammer(&url, CONC, SECS).await?;
+        println!("| {label} | {rps:.0} | {p50:.2} | {p99:.2} |");
+        out.insert(label.into(), json!({"rps": rps, "p50_ms": p50, "p99_ms": p99}));
+    }
+    Ok(Value::Object(out))
+}

@@ -1,0 +1,306 @@
+//! Bad input: a hand-written corpus against every endpoint (malformed JSON, wrong types, huge
+//! bodies, unknown fields, traversal and odd characters in names and checkpoints, flag
+//! injection through `llamacpp_args`), then schemathesis generating requests from the OpenAPI
+//! document. Required: no 5xx, every rejection a 4xx with a JSON error message, the server up.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use test_support::hub::{HubDouble, Knobs};
+use test_support::*;
+
+use crate::{orphans_after, our_processes, Report};
+
+const POSTS: &[&str] = &[
+    "/chat/completions",
+    "/completions",
+    "/responses",
+    "/embeddings",
+    "/reranking",
+    "/load",
+    "/unload",
+    "/pull",
+    "/delete",
+    "/install",
+    "/uninstall",
+    "/log-level",
+    "/tokenize",
+    "/admin/models/extra.m.gguf/load",
+    "/admin/models/extra.m.gguf/unload",
+];
+
+fn odd_names() -> Vec<String> {
+    vec![
+        "../../../../etc/passwd".into(),
+        "user.../../x".into(),
+        "extra.../../../etc/shadow".into(),
+        "user.a/b/../../c".into(),
+        "/etc/passwd".into(),
+        "C:\\Windows\\system32".into(),
+        "user.\u{0}nul".into(),
+        "user.%2e%2e%2f".into(),
+        "user.ünïcödé-名前-🍋".into(),
+        "user.\u{202e}rtl".into(),
+        "user.".into(),
+        "".into(),
+        " ".into(),
+        "a".repeat(100_000),
+        "user.x\r\nX-Injected: 1".into(),
+        "user.$(reboot)".into(),
+        "user.x;rm -rf /".into(),
+    ]
+}
+
+fn bodies(names: &[String]) -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = Vec::new();
+    let raw = |s: &str| s.as_bytes().to_vec();
+    for bad in
+        ["", "{", "}", "[]", "null", "42", "\"x\"", "{\"model\":", "{'model': 'x'}", "\u{feff}{}", "{\"a\":1}{\"b\":2}"]
+    {
+        out.push((format!("malformed {bad:?}"), raw(bad)));
+    }
+    out.push(("invalid UTF-8".into(), vec![b'{', b'"', 0xff, 0xfe, b'"', b':', b'1', b'}']));
+    out.push(("deep nesting".into(), format!("{}{}", "[".repeat(10_000), "]".repeat(10_000)).into_bytes()));
+    for (label, v) in [
+        (
+            "wrong types",
+            json!({"model": 5, "model_name": [], "messages": "hi", "stream": "yes", "ctx_size": "big", "recipe": {}, "backend": 1, "level": false}),
+        ),
+        (
+            "negative and huge numbers",
+            json!({"model": "extra.m.gguf", "model_name": "extra.m.gguf", "max_tokens": -1, "ctx_size": -5, "n": 1e308, "gguf_n_ctx": 0}),
+        ),
+        (
+            "unknown fields",
+            json!({"model": "extra.m.gguf", "model_name": "extra.m.gguf", "messages": [{"role": "user", "content": "hi"}], "zzz": {"deep": [1, 2]}, "__proto__": 1}),
+        ),
+        ("messages of the wrong shape", json!({"model": "extra.m.gguf", "messages": [{"role": 1}, "x", null]})),
+        (
+            "null everything",
+            json!({"model": null, "model_name": null, "messages": null, "input": null, "recipe": null, "backend": null, "level": null}),
+        ),
+    ] {
+        out.push((label.into(), v.to_string().into_bytes()));
+    }
+    for n in names {
+        let v = json!({"model": n, "model_name": n, "messages": [{"role": "user", "content": "hi"}], "input": "x",
+                       "query": "q", "documents": ["d"], "checkpoint": format!("{n}:Q4_0"), "recipe": "llamacpp",
+                       "backend": n, "level": n});
+        out.push((format!("name {:?}", n.chars().take(30).collect::<String>()), v.to_string().into_bytes()));
+    }
+    for ckpt in [
+        "../../etc:Q4_0",
+        "/etc/passwd",
+        "org/repo:../../x",
+        "org/../../repo:Q4",
+        "org/repo:Q4_0:extra",
+        "https://evil.test/x:Q4",
+        "org/repo\u{0}:Q4",
+    ] {
+        let v = json!({"model": "user.Evil", "checkpoint": ckpt, "recipe": "llamacpp"});
+        out.push((format!("checkpoint {ckpt:?}"), v.to_string().into_bytes()));
+    }
+    for args in [
+        "--port 1",
+        "-m /etc/passwd",
+        "--model=/etc/passwd",
+        "--host 0.0.0.0",
+        "-ngl 99",
+        "--api-key x --port 2",
+        "'unterminated",
+        "$(reboot)",
+        "; rm -rf /",
+        "--rpc 1.2.3.4:1",
+        "--embedding",
+        "-np 100000 --ctx-size 1",
+    ] {
+        let v = json!({"model_name": "extra.m.gguf", "llamacpp_args": args});
+        out.push((format!("llamacpp_args {args:?}"), v.to_string().into_bytes()));
+    }
+    for (recipe, backend) in
+        [("../../x", "cpu"), ("llamacpp", "../../../tmp"), ("llamacpp", "cpu/../../x"), ("llamacpp", "")]
+    {
+        let v = json!({"recipe": recipe, "backend": backend});
+        out.push((format!("install {recipe:?}:{backend:?}"), v.to_string().into_bytes()));
+    }
+    out
+}
+
+pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
+    let before = our_processes();
+    let hub_root = tempfile::tempdir()?;
+    let double = HubDouble::start(hub_root.path(), Knobs::default()).await;
+    let s = fake_sandbox(&[("m", None, json!({})), ("e", Some(1), json!({}))]);
+    let fake = fake_llama_server();
+    let l = Lemonade::start_in(
+        bin,
+        s,
+        &["--log-level", "info"],
+        &[
+            ("LEMONADE_LLAMACPP_CPU_BIN", fake.to_str().unwrap()),
+            ("HF_ENDPOINT", &double.url),
+            ("LEMONADE_RELEASES_URL", &double.url),
+        ],
+    )
+    .await;
+    let names = odd_names();
+    let bodies = bodies(&names);
+    let (mut sent, mut bad) = (0usize, Vec::<String>::new());
+    let check = |label: String, status: u16, text: &str, bad: &mut Vec<String>| {
+        let json_error = serde_json::from_str::<Value>(text)
+            .ok()
+            .is_some_and(|v| v["error"]["message"].is_string() || v["error"].is_string());
+        if status >= 500 || (status >= 400 && !json_error) || status == 0 {
+            bad.push(format!("{label}: {status} {}", text.chars().take(200).collect::<String>()));
+        }
+    };
+    for prefix in ["/api/v1", "/v1"] {
+        for path in POSTS {
+            for (label, body) in &bodies {
+                let r = l
+                    .http
+                    .post(l.url(&format!("{prefix}{path}")))
+                    .header("content-type", "application/json")
+                    .body(body.clone())
+                    .timeout(Duration::from_secs(30))
+                    .send()
+                    .await;
+                let (status, text) = match r {
+                    Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+                    Err(e) => (0, e.to_string()),
+                };
+                sent += 1;
+                check(format!("POST {prefix}{path} {label}"), status, &text, &mut bad);
+            }
+        }
+    }
+    // Names in paths, query strings and a body over the limit.
+    for n in &names {
+        let enc: String = form_encode(n);
+        for path in [
+            format!("/api/v1/models/{enc}"),
+            format!("/api/v1/props?model={enc}"),
+            format!("/v1/admin/models/{enc}/load"),
+        ] {
+            let r = if path.ends_with("/load") {
+                l.http.post(l.url(&path)).json(&json!({}))
+            } else {
+                l.http.get(l.url(&path))
+            };
+            let (status, text) = match r.timeout(Duration::from_secs(30)).send().await {
+                Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+                Err(e) => (0, e.to_string()),
+            };
+            sent += 1;
+            check(format!("{path}"), status, &text, &mut bad);
+        }
+    }
+    let huge = vec![b'x'; 65 << 20];
+    let r = l
+        .http
+        .post(l.url("/api/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(huge)
+        .send()
+        .await;
+    let (status, text) = match r {
+        Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+        Err(e) => (0, e.to_string()),
+    };
+    sent += 1;
+    if status != 413 {
+        bad.push(format!("65 MiB body: {status} {text}"));
+    }
+    let alive = test_support::alive(l.pid()) && l.get("/api/v1/health").await.0 == 200;
+    let panicked = l.log().contains("panicked");
+    report.add(
+        "bad input",
+        "hand-written corpus: every POST endpoint × malformed JSON, wrong types, unknown fields, odd names, traversal, flag injection; names in paths; a 65 MiB body",
+        sent,
+        if alive && !panicked { sent - bad.len() } else { 0 },
+        format!("0 5xx required; server up afterwards {alive}, panics in its log {panicked}. Failures: {:?}", bad.iter().take(10).collect::<Vec<_>>()),
+    );
+    schemathesis(&l, report).await;
+    drop(l);
+    let left = orphans_after(&before).await;
+    if !left.is_empty() {
+        report.add("bad input", "no process left after the bad-input run", 1, 0, format!("{left:?}"));
+    }
+    Ok(())
+}
+
+fn form_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// Property-based fuzzing from the OpenAPI document (schemathesis, installed by `cargo xtask
+/// soak`): every operation, generated bodies and parameters, the `not_a_server_error` check.
+async fn schemathesis(l: &Lemonade, report: &mut Report) {
+    let Some(st) = std::env::var_os("LEMONADE_SCHEMATHESIS") else {
+        report.add(
+            "bad input",
+            "schemathesis (OpenAPI-driven fuzzing)",
+            0,
+            0,
+            "skipped: LEMONADE_SCHEMATHESIS not set (cargo xtask soak sets it)",
+        );
+        return;
+    };
+    let max = std::env::var("LEMONADE_SCHEMATHESIS_EXAMPLES").unwrap_or_else(|_| "40".into());
+    let schema = l.url("/api/v1/openapi.json");
+    let out = tokio::process::Command::new(st)
+        .args(["run", &schema, "--checks", "not_a_server_error", "--max-examples", &max, "--url", &l.base])
+        .args(["--request-timeout", "30", "--workers", "2", "--phases", "examples,coverage,fuzzing"])
+        .env("SCHEMATHESIS_HOOKS", "")
+        .kill_on_drop(true)
+        .output();
+    let out = match tokio::time::timeout(Duration::from_secs(420), out).await {
+        Ok(Ok(o)) => o,
+        Ok(Err(e)) => {
+            report.add(
+                "bad input",
+                "schemathesis (OpenAPI-driven fuzzing)",
+                1,
+                0,
+                format!("cannot run schemathesis: {e}"),
+            );
+            return;
+        }
+        Err(_) => {
+            report.add("bad input", "schemathesis (OpenAPI-driven fuzzing)", 1, 0, "did not finish within 7 minutes");
+            return;
+        }
+    };
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    std::fs::write(std::env::temp_dir().join("lemonade-schemathesis.txt"), &text).ok();
+    let summary: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.contains("passed") || l.contains("failed") || l.contains("test cases") || l.contains("Test cases")
+        })
+        .collect();
+    let cases =
+        text.lines().find_map(|l| l.trim().strip_prefix("Test cases:").map(str::trim)).unwrap_or_default().to_string();
+    let panicked = l.log().contains("panicked");
+    let ok = out.status.success() && !panicked;
+    report.add(
+        "bad input",
+        "schemathesis: every operation of /api/v1/openapi.json, generated requests, check not_a_server_error",
+        1,
+        ok as usize,
+        format!(
+            "{cases}; exit {}; {}",
+            out.status,
+            summary.iter().rev().take(3).cloned().collect::<Vec<_>>().join(" / ")
+        ),
+    );
+}

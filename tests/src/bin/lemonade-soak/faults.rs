@@ -1,0 +1,436 @@
+//! Faults: backends killed mid-stream, at load and idle, a stopped (wedged) backend, one that
+//! never becomes ready, a full disk during a pull, lemonade killed during a pull and during
+//! registrations.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use test_support::hub::{HubDouble, Knobs};
+use test_support::*;
+
+use crate::{orphans_after, our_processes, Report};
+
+fn kill(pid: u32, sig: i32) {
+    // SAFETY: a plain kill(2) on a process this suite started.
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+/// The one backend child of `l`, once it exists (bounded).
+async fn backend_of(l: &Lemonade) -> Option<u32> {
+    let pid = l.pid();
+    wait_for(Duration::from_secs(30), || async move { child_pids(pid).first().copied() }).await
+}
+
+async fn chat_ok(l: &Lemonade, model: &str) -> bool {
+    let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+    let r = l.http.post(l.url("/api/v1/chat/completions")).json(&body).timeout(Duration::from_secs(60)).send().await;
+    matches!(r, Ok(r) if r.status() == 200)
+}
+
+pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
+    kill_mid_stream(bin, report).await?;
+    kill_at_load_and_idle(bin, report).await?;
+    wedged_and_never_ready(bin, report).await?;
+    disk_full(bin, report).await?;
+    kill_lemonade_mid_pull(bin, report).await?;
+    kill_lemonade_mid_registration(bin, report).await?;
+    Ok(())
+}
+
+/// Real llama-server, killed with SIGKILL while it streams: the client's stream ends within
+/// its deadline (with an error frame), and the next request reloads the model.
+async fn kill_mid_stream(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
+    const TRIALS: usize = 5;
+    let before = our_processes();
+    let l = Lemonade::start(bin, &["--llamacpp-args", "--threads 1"]).await;
+    let mut held = 0;
+    let mut notes = Vec::new();
+    for _ in 0..TRIALS {
+        let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "Tell a long story."}],
+                          "max_tokens": 2000, "ignore_eos": true, "stream": true});
+        let r = l.http.post(l.url("/api/v1/chat/completions")).json(&body).send().await?;
+        let mut stream = r.bytes_stream();
+        let first = tokio::time::timeout(Duration::from_secs(60), stream.next()).await;
+        let Some(pid) = backend_of(&l).await else {
+            notes.push("no backend".to_string());
+            continue;
+        };
+        if !matches!(first, Ok(Some(Ok(_)))) {
+            notes.push("no first chunk".into());
+            continue;
+        }
+        kill(pid, libc::SIGKILL);
+        let mut rest = String::new();
+        let ended = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(c) = stream.next().await {
+                match c {
+                    Ok(c) => rest.push_str(&String::from_utf8_lossy(&c)),
+                    Err(_) => break,
+                }
+            }
+        })
+        .await
+        .is_ok();
+        let reported = rest.contains("streaming_error");
+        let reloaded = chat_ok(&l, SMOL).await;
+        if ended && reported && reloaded {
+            held += 1;
+        } else {
+            notes.push(format!("ended {ended}, error frame {reported}, reloaded {reloaded}"));
+        }
+    }
+    drop(l);
+    let left = orphans_after(&before).await;
+    report.add(
+        "faults",
+        "kill -9 llama-server mid-stream (real model)",
+        TRIALS,
+        if left.is_empty() { held } else { 0 },
+        format!("stream ends with a streaming_error frame within 10 s; next request reloads. {}", notes.join("; ")),
+    );
+    Ok(())
+}
+
+/// The fake backend killed while it loads (load answered with an error, the next load works)
+/// and while idle (health drops it, the next request reloads it).
+async fn kill_at_load_and_idle(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
+    const TRIALS: usize = 5;
+    let before = our_processes();
+    let s = fake_sandbox(&[("slow", None, json!({"load_delay_ms": 1500})), ("quick", None, json!({}))]);
+    let fake = fake_llama_server();
+    let l = Lemonade::start_in(bin, s, &[], &[("LEMONADE_LLAMACPP_CPU_BIN", fake.to_str().unwrap())]).await;
+    let (mut at_load, mut idle) = (0, 0);
+    for _ in 0..TRIALS {
+        l.post("/api/v1/unload", &json!({})).await;
+        let url = l.url("/api/v1/load");
+        let http = l.http.clone();
+        let load = tokio::spawn(async move {
+            http.post(url).json(&json!({"model_name": "extra.slow.gguf"})).timeout(Duration::from_secs(30)).send().await
+        });
+        let Some(pid) = backend_of(&l).await else { continue };
+        kill(pid, libc::SIGKILL);
+        let answered = matches!(load.await, Ok(Ok(r)) if r.status() != 200);
+        let (s, _) = l.post("/api/v1/load", &json!({"model_name": "extra.slow.gguf"})).await;
+        if answered && s == 200 {
+            at_load += 1;
+        }
+
+        let (s, _) = l.post("/api/v1/load", &json!({"model_name": "extra.quick.gguf"})).await;
+        let Some(pid) = (s == 200).then(|| child_pids(l.pid()).first().copied()).flatten() else { continue };
+        kill(pid, libc::SIGKILL);
+        let gone = wait_for(Duration::from_secs(10), || async {
+            (!loaded_names(&l.get("/api/v1/health").await.1).contains(&"extra.quick.gguf".to_string())).then_some(())
+        })
+        .await
+        .is_some();
+        if gone && chat_ok(&l, "extra.quick.gguf").await {
+            idle += 1;
+        }
+    }
+    drop(l);
+    let clean = orphans_after(&before).await.is_empty();
+    report.add(
+        "faults",
+        "kill -9 a backend while it loads",
+        TRIALS,
+        if clean { at_load } else { 0 },
+        "the load answers an error at once; loading again works",
+    );
+    report.add(
+        "faults",
+        "kill -9 an idle backend",
+        TRIALS,
+        if clean { idle } else { 0 },
+        "health drops the model within 10 s; the next request reloads it",
+    );
+    Ok(())
+}
+
+/// SIGSTOP on a loaded backend (the watchdog kills it; requests are answered within their
+/// deadline) and a backend that never becomes ready (the load fails at --load-timeout).
+async fn wedged_and_never_ready(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
+    const TRIALS: usize = 3;
+    let before = our_processes();
+    let s = fake_sandbox(&[("m", None, json!({})), ("never", None, json!({"load_delay_ms": 600000}))]);
+    let fake = fake_llama_server();
+    let l = Lemonade::start_in(
+        bin,
+        s,
+        &["--watchdog-interval-ms", "200", "--load-timeout", "2"],
+        &[("LEMONADE_LLAMACPP_CPU_BIN", fake.to_str().unwrap())],
+    )
+    .await;
+    let (mut wedged, mut never) = (0, 0);
+    let mut notes = Vec::new();
+    for _ in 0..TRIALS {
+        if !chat_ok(&l, "extra.m.gguf").await {
+            continue;
+        }
+        let Some(pid) = child_pids(l.pid()).first().copied() else { continue };
+        kill(pid, libc::SIGSTOP);
+        let t = Instant::now();
+        let body = json!({"model": "extra.m.gguf", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+        let r =
+            l.http.post(l.url("/api/v1/chat/completions")).json(&body).timeout(Duration::from_secs(20)).send().await;
+        let status = r.map(|r| r.status().as_u16()).unwrap_or(0);
+        let answered = status != 0;
+        let killed = wait_for(Duration::from_secs(10), || async move { (!alive(pid)).then_some(()) }).await.is_some();
+        if answered && killed && chat_ok(&l, "extra.m.gguf").await {
+            wedged += 1;
+        }
+        notes.push(format!("answered {status} in {:.1} s", t.elapsed().as_secs_f64()));
+
+        let t = Instant::now();
+        let (s, v) = l.post("/api/v1/load", &json!({"model_name": "extra.never.gguf"})).await;
+        let quick = t.elapsed() < Duration::from_secs(10);
+        let no_child = wait_for(Duration::from_secs(10), || async { child_pids(l.pid()).is_empty().then_some(()) })
+            .await
+            .is_some();
+        if s >= 400 && quick && no_child && v["error"]["message"].is_string() {
+            never += 1;
+        }
+    }
+    drop(l);
+    let clean = orphans_after(&before).await.is_empty();
+    report.add("faults", "SIGSTOP a loaded backend (wedged)", TRIALS, if clean { wedged } else { 0 }, format!("watchdog 200 ms; the request in flight is answered, the stopped process killed, the next request reloads: {}", notes.join(", ")));
+    report.add(
+        "faults",
+        "a backend that never becomes ready",
+        TRIALS,
+        if clean { never } else { 0 },
+        "--load-timeout 2: the load fails with a message in about 2 s and the process is stopped",
+    );
+    Ok(())
+}
+
+/// A Hub double serving SmolLM2's file (98 MB) as `org/smol-GGUF`.
+async fn hub_with_smol(knobs: Knobs) -> anyhow::Result<(tempfile::TempDir, HubDouble)> {
+    let tmp = tempfile::tempdir()?;
+    let repo = tmp.path().join("org/smol-GGUF");
+    std::fs::create_dir_all(&repo)?;
+    std::fs::copy(model(SMOL_FILE), repo.join("smol-Q4_1.gguf"))?;
+    let double = HubDouble::start(tmp.path(), knobs).await;
+    Ok((tmp, double))
+}
+
+fn tree_has_no_counted_partial(hf: &Path) -> bool {
+    // Every snapshot link points at a complete blob (no `.incomplete` is ever linked).
+    let mut ok = true;
+    for e in walk(hf) {
+        if std::fs::symlink_metadata(&e).map(|m| m.file_type().is_symlink()).unwrap_or(false) {
+            let target = std::fs::read_link(&e).unwrap_or_default();
+            ok &= !target.to_string_lossy().ends_with(".incomplete");
+        }
+    }
+    ok
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// The HF cache on a 40 MiB tmpfs: a 98 MB pull fails with 507 and keeps its partial file; the
+/// model is not downloaded; after the tmpfs grows, the pull resumes and completes.
+async fn disk_full(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
+    let (_hub_tmp, double) = hub_with_smol(Knobs::default()).await?;
+    let sandbox = Sandbox::empty();
+    let mnt = sandbox.dir.path().join("small-disk");
+    std::fs::create_dir_all(&mnt)?;
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=40m", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !mounted {
+        report.add("faults", "disk full while pulling", 0, 0, "skipped: cannot mount a tmpfs here (needs root)");
+        return Ok(());
+    }
+    let hf = mnt.join("hub");
+    let l =
+        Lemonade::start_in(bin, sandbox, &[], &[("HF_ENDPOINT", &double.url), ("HF_HUB_CACHE", hf.to_str().unwrap())])
+            .await;
+    let body = json!({"model": "user.Smol", "checkpoint": "org/smol-GGUF:Q4_1", "recipe": "llamacpp"});
+    let (s, v) = l.post("/api/v1/pull", &body).await;
+    let full = s == 507 && v["error"]["message"].as_str().is_some_and(|m| m.contains("No space left"));
+    let (_, m) = l.get("/api/v1/models/user.Smol").await;
+    let not_counted = m["downloaded"] == false && tree_has_no_counted_partial(&hf);
+    let partial_kept = walk(&hf).iter().any(|p| p.to_string_lossy().ends_with(".incomplete"));
+    let grown = std::process::Command::new("mount")
+        .args(["-o", "remount,size=300m"])
+        .arg(&mnt)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    let (s2, _) = l.post("/api/v1/pull", &body).await;
+    let resumed = double.log().iter().any(|r| r.range.is_some());
+    let (_, m) = l.get("/api/v1/models/user.Smol").await;
+    let complete = s2 == 200 && m["downloaded"] == true;
+    let sha_ok = walk(&hf)
+        .iter()
+        .filter(|p| p.to_string_lossy().contains("/blobs/"))
+        .any(|p| sha256_file(p) == double.sha256("org/smol-GGUF", "smol-Q4_1.gguf"));
+    drop(l);
+    let _ = std::process::Command::new("umount").arg(&mnt).status();
+    let held = full && not_counted && partial_kept && grown && complete && resumed && sha_ok;
+    report.add(
+        "faults",
+        "disk full while pulling (40 MiB tmpfs, 98 MB file)",
+        1,
+        held as usize,
+        format!("507 insufficient_storage {full}; not counted as downloaded {not_counted}; partial kept {partial_kept}; after growing the disk the pull resumed with Range {resumed} and completed {complete}, sha256 matches {sha_ok}"),
+    );
+    Ok(())
+}
+
+fn sha256_file(p: &Path) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    if let Ok(mut f) = std::fs::File::open(p) {
+        let _ = std::io::copy(&mut f, &mut h);
+    }
+    format!("{:x}", h.finalize())
+}
+
+/// SIGKILL lemonade while it downloads; restart on the same files: the model is not counted as
+/// downloaded, the pull resumes with Range and the file matches its sha256. No orphan.
+async fn kill_lemonade_mid_pull(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
+    const TRIALS: usize = 3;
+    let mut held = 0;
+    let mut notes = Vec::new();
+    for trial in 0..TRIALS {
+        let before = our_processes();
+        let knobs = Knobs { chunk_delay: Some(Duration::from_millis(2)), ..Default::default() };
+        let (_hub_tmp, double) = hub_with_smol(knobs).await?;
+        let l = Lemonade::start_in(bin, Sandbox::empty(), &[], &[("HF_ENDPOINT", &double.url)]).await;
+        let body = json!({"model": "user.Smol", "checkpoint": "org/smol-GGUF:Q4_1", "recipe": "llamacpp"});
+        let (url, http) = (l.url("/api/v1/pull"), l.http.clone());
+        let pull = tokio::spawn(async move { http.post(url).json(&body).send().await });
+        let hf = l.sandbox.hf_cache();
+        // Kill at a different point each trial: after 5, 25 or 50 MB.
+        let at = [5u64, 25, 50][trial] << 20;
+        let got = wait_for(Duration::from_secs(120), || {
+            let hf = hf.clone();
+            async move {
+                walk(&hf)
+                    .into_iter()
+                    .find(|p| p.to_string_lossy().ends_with(".incomplete"))
+                    .and_then(|p| std::fs::metadata(p).ok())
+                    .filter(|m| m.len() >= at)
+                    .map(|m| m.len())
+            }
+        })
+        .await;
+        let sandbox = l.kill_keeping_sandbox();
+        let _ = pull.await;
+        let orphans = orphans_after(&before).await;
+        double.set_knobs(Knobs::default());
+        let l = Lemonade::start_in(bin, sandbox, &[], &[("HF_ENDPOINT", &double.url)]).await;
+        let (_, m) = l.get("/api/v1/models/user.Smol").await;
+        let registered = m["id"] == "user.Smol";
+        let not_counted = m["downloaded"] == false;
+        let (s, _) = l.post("/api/v1/pull", &json!({"model": "user.Smol"})).await;
+        let resumed = double.log().last().and_then(|r| r.range.clone()).is_some();
+        let (_, m) = l.get("/api/v1/models/user.Smol").await;
+        let sha_ok = walk(&l.sandbox.hf_cache())
+            .iter()
+            .filter(|p| p.to_string_lossy().contains("/blobs/") && !p.to_string_lossy().ends_with(".incomplete"))
+            .any(|p| sha256_file(p) == double.sha256("org/smol-GGUF", "smol-Q4_1.gguf"));
+        let ok = got.is_some()
+            && orphans.is_empty()
+            && registered
+            && not_counted
+            && s == 200
+            && resumed
+            && m["downloaded"] == true
+            && sha_ok;
+        if ok {
+            held += 1;
+        } else {
+            notes.push(format!("killed at {got:?} B: orphans {orphans:?}, registered {registered}, not counted {not_counted}, pull {s}, resumed {resumed}, sha {sha_ok}"));
+        }
+    }
+    report.add("faults", "kill -9 lemonade during a pull, restart", TRIALS, held, format!("killed after 5, 25 and 50 MB: registration kept, model not counted as downloaded, pull resumes with Range, sha256 matches. {}", notes.join("; ")));
+    Ok(())
+}
+
+/// SIGKILL lemonade while 16 registrations (`pull` of new `user.*` models) write
+/// `user_models.json`; restart: the file parses, every entry is whole, the server starts.
+async fn kill_lemonade_mid_registration(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
+    const TRIALS: usize = 10;
+    let tmp = tempfile::tempdir()?;
+    let repo = tmp.path().join("org/tiny-GGUF");
+    std::fs::create_dir_all(&repo)?;
+    test_support::write_gguf(&repo.join("tiny-Q4_0.gguf"), "llama", None);
+    let double = HubDouble::start(tmp.path(), Knobs::default()).await;
+    let mut held = 0;
+    let mut seen = Vec::new();
+    let mut notes = Vec::new();
+    let mut sandbox = Sandbox::empty();
+    for trial in 0..TRIALS {
+        let l = Lemonade::start_in(bin, sandbox, &[], &[("HF_ENDPOINT", &double.url)]).await;
+        let reqs: Vec<_> = (0..16)
+            .map(|i| {
+                let (url, http) = (l.url("/api/v1/pull"), l.http.clone());
+                let body = json!({"model": format!("user.T{trial}-{i}"), "checkpoint": "org/tiny-GGUF:Q4_0", "recipe": "llamacpp"});
+                tokio::spawn(async move { http.post(url).json(&body).send().await })
+            })
+            .collect();
+        // Kill after a pseudo-random 0–40 ms, while the writes are under way.
+        tokio::time::sleep(Duration::from_millis((trial as u64 * 7919) % 41)).await;
+        sandbox = l.kill_keeping_sandbox();
+        for r in reqs {
+            let _ = r.await;
+        }
+        let path = sandbox.cache().join("user_models.json");
+        let parsed: Option<Value> =
+            std::fs::read(&path).ok().map(|b| serde_json::from_slice(&b).unwrap_or(Value::Null));
+        let whole = match &parsed {
+            None => true, // nothing written yet
+            Some(Value::Object(m)) => {
+                m.values().all(|e| e["checkpoint"] == "org/tiny-GGUF:Q4_0" && e["recipe"] == "llamacpp")
+            }
+            Some(_) => false,
+        };
+        let count = parsed.as_ref().and_then(Value::as_object).map(|m| m.len()).unwrap_or(0);
+        seen.push(count);
+        let leftovers = std::fs::read_dir(sandbox.cache())
+            .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().contains(".tmp")).count())
+            .unwrap_or(0);
+        if whole {
+            held += 1;
+        } else {
+            notes.push(format!("trial {trial}: user_models.json is not whole"));
+        }
+        let _ = leftovers;
+    }
+    // The last state must load: the server starts and lists every registration the file holds.
+    let l = Lemonade::start_in(bin, sandbox, &[], &[("HF_ENDPOINT", &double.url)]).await;
+    let (s, v) = l.get("/api/v1/models?show_all=true").await;
+    let listed = v["data"]
+        .as_array()
+        .map(|a| a.iter().filter(|m| m["id"].as_str().is_some_and(|i| i.starts_with("user.T"))).count())
+        .unwrap_or(0);
+    let starts = s == 200 && listed == *seen.last().unwrap_or(&0);
+    report.add(
+        "faults",
+        "kill -9 lemonade during user_models.json writes (16 concurrent registrations)",
+        TRIALS,
+        if starts { held } else { 0 },
+        format!("registrations in the file after each kill: {seen:?}; every entry whole; the server restarts and lists them ({listed}). {}", notes.join("; ")),
+    );
+    Ok(())
+}

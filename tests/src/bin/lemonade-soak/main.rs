@@ -1,0 +1,122 @@
+//! `cargo xtask soak`: the reliability suite. Faults (killed, stopped and never-ready backends,
+//! a full disk, lemonade itself killed mid-pull and mid-registration), load (500 concurrent
+//! requests over three one-slot models with random disconnects, invariants sampled on the live
+//! server) and bad input (a hand-written corpus against every endpoint, then schemathesis
+//! against the OpenAPI document). Every loop is bounded in count and time; loopback only.
+//! Prints one table and writes target/soak.json.
+
+mod badinput;
+mod faults;
+mod load;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// One scenario's outcome.
+pub struct Row {
+    pub area: &'static str,
+    pub scenario: String,
+    pub trials: usize,
+    pub held: usize,
+    pub note: String,
+}
+
+#[derive(Default)]
+pub struct Report {
+    pub rows: Vec<Row>,
+}
+
+impl Report {
+    pub fn add(&mut self, area: &'static str, scenario: &str, trials: usize, held: usize, note: impl Into<String>) {
+        let note = note.into();
+        println!("[{area}] {scenario}: {held}/{trials} held. {note}");
+        self.rows.push(Row { area, scenario: scenario.into(), trials, held, note });
+    }
+}
+
+pub fn lemonade_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("LEMONADE_SOAK_BIN") {
+        return p.into();
+    }
+    std::env::current_exe().expect("current exe").parent().expect("target dir").join("lemonade")
+}
+
+/// Processes whose executable is one of ours (lemonade, llama-server, the fake backend), for
+/// the orphan check.
+pub fn our_processes() -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        if !test_support::alive(pid) {
+            continue;
+        }
+        if let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) {
+            let name = exe.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            if matches!(name.as_str(), "lemonade" | "llama-server" | "fake-llama-server") {
+                out.push((pid, name));
+            }
+        }
+    }
+    out
+}
+
+/// Waits (bounded) until none of `before`'s complement is left: processes of ours that were
+/// not there when the scenario started.
+pub async fn orphans_after(before: &[(u32, String)]) -> Vec<(u32, String)> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let extra: Vec<_> = our_processes().into_iter().filter(|p| !before.contains(p)).collect();
+        if extra.is_empty() || Instant::now() > deadline {
+            return extra;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let bin = lemonade_bin();
+    anyhow::ensure!(bin.is_file(), "{} not found: build it with `cargo build -p lemonade-cli`", bin.display());
+    let only = std::env::var("LEMONADE_SOAK_ONLY").unwrap_or_default();
+    let t = Instant::now();
+    let before = our_processes();
+    let mut report = Report::default();
+    if only.is_empty() || only == "faults" {
+        faults::run(&bin, &mut report).await?;
+    }
+    if only.is_empty() || only == "load" {
+        load::run(&bin, &mut report).await?;
+    }
+    if only.is_empty() || only == "badinput" {
+        badinput::run(&bin, &mut report).await?;
+    }
+    let left = orphans_after(&before).await;
+    report.add(
+        "all",
+        "no lemonade, llama-server or fake backend left behind",
+        1,
+        left.is_empty() as usize,
+        format!("{left:?}"),
+    );
+
+    println!("\n| area | scenario | trials | held | notes |");
+    println!("|---|---|---:|---:|---|");
+    for r in &report.rows {
+        println!("| {} | {} | {} | {} | {} |", r.area, r.scenario, r.trials, r.held, r.note.replace('|', "/"));
+    }
+    let failed: Vec<&Row> = report.rows.iter().filter(|r| r.held < r.trials).collect();
+    println!("\n{} scenarios, {} failed, {:.0} s", report.rows.len(), failed.len(), t.elapsed().as_secs_f64());
+    let out: Vec<Value> = report
+        .rows
+        .iter()
+        .map(|r| json!({"area": r.area, "scenario": r.scenario, "trials": r.trials, "held": r.held, "note": r.note}))
+        .collect();
+    if let Some(path) = std::env::var_os("LEMONADE_SOAK_OUT") {
+        std::fs::write(&path, serde_json::to_vec_pretty(&json!({"seconds": t.elapsed().as_secs_f64(), "rows": out}))?)?;
+        println!("written to {}", PathBuf::from(path).display());
+    }
+    anyhow::ensure!(failed.is_empty(), "{} scenario(s) did not hold", failed.len());
+    Ok(())
+}
