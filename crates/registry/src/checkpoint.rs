@@ -22,6 +22,38 @@ impl Checkpoint {
     }
 }
 
+/// Why a checkpoint cannot be used: it must be `org/name[:variant]` with Hugging Face's repo-id
+/// characters (letters, digits, `-`, `_`, `.`; at most 96 per part; no `..`, `--`, or leading or
+/// trailing `-` or `.`), and a variant without control characters, `\\`, `..` or a leading `/`.
+/// Checked before anything is registered or any path is built from it.
+pub fn validate(s: &str) -> Result<(), String> {
+    let c = Checkpoint::parse(s);
+    let part_ok = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 96
+            && p.chars().all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '-' | '_' | '.'))
+            && !p.contains("..")
+            && !p.contains("--")
+            && !p.starts_with(['-', '.'])
+            && !p.ends_with(['-', '.'])
+    };
+    match c.repo.split_once('/') {
+        Some((org, name)) if part_ok(org) && part_ok(name) => {}
+        _ => {
+            return Err(format!(
+                "Invalid checkpoint '{}': expected `org/name[:VARIANT]` with a Hugging Face repository id (letters, digits, '-', '_', '.')",
+                s.escape_debug()
+            ))
+        }
+    }
+    let v = &c.variant;
+    if v.chars().any(char::is_control) || v.contains('\\') || v.split('/').any(|seg| seg == "..") || v.starts_with('/')
+    {
+        return Err(format!("Invalid variant '{}' in checkpoint '{}'", v.escape_debug(), c.repo));
+    }
+    Ok(())
+}
+
 /// `org/repo` → `models--org--repo`.
 pub fn repo_folder_name(repo: &str) -> String {
     format!("models--{}", repo.replace('/', "--"))

@@ -533,6 +533,25 @@ pub fn save_user_model(cache_dir: &Path, key: &str, entry: Option<&CatalogueEntr
     update_json_map(&cache_dir.join(USER_MODELS_FILE), key, entry)
 }
 
+/// Why `user.<name>` cannot be registered: `name` must be 1–200 characters with no control
+/// characters, no `/` or `\\`, and no `..` (it becomes a key in `user_models.json` and is shown
+/// in tables and logs).
+pub fn validate_user_name(name: &str) -> Result<(), String> {
+    let key = name.strip_prefix(USER_PREFIX).unwrap_or(name);
+    let bad = key.is_empty()
+        || key.chars().count() > 200
+        || key.chars().any(|c| c.is_control() || c == '/' || c == '\\')
+        || key.contains("..")
+        || key.trim() != key;
+    if bad {
+        return Err(format!(
+            "Invalid model name '{}': after `user.` use 1 to 200 characters without control characters, '/', '\\', '..' or surrounding spaces",
+            name.escape_debug()
+        ));
+    }
+    Ok(())
+}
+
 /// Labels of a registration (v9): `custom`, the given labels, and one per flag (`embedding`
 /// gives `embeddings`), plus `image` for sd-cpp and `audio` for whispercpp; sorted, unique.
 pub fn registration_labels(

@@ -261,3 +261,38 @@ fn concurrent_registrations_are_all_kept() {
         serde_json::from_slice(&std::fs::read(dir.join(USER_MODELS_FILE)).unwrap()).unwrap();
     assert_eq!(all.len(), 8, "no registration lost");
 }
+
+#[test]
+fn registrations_reject_names_and_checkpoints_that_could_escape_or_corrupt() {
+    use crate::checkpoint::validate;
+    for ok in
+        ["org/repo", "org/repo:Q4_K_M", "unsloth/Qwen3-0.6B-GGUF:Q4_0", "a.b/c_d:folder/file-Q4.gguf", "org/repo:*"]
+    {
+        assert!(validate(ok).is_ok(), "{ok}");
+    }
+    for bad in [
+        "repo",
+        "/etc/passwd",
+        "../../etc:Q4_0",
+        "org/../../repo:Q4",
+        "org/repo:../../x",
+        "org/repo\0:Q4",
+        "org/repo:a\0b",
+        "https://evil.test/x:Q4",
+        "org/re po",
+        "-org/repo",
+        "org/repo.",
+        "org--x/repo",
+        "org/repo:/abs",
+        "org/repo:a\\b",
+    ] {
+        assert!(validate(bad).is_err(), "{bad:?}");
+    }
+    for ok in ["user.Phi-4-Mini-GGUF", "user.ünïcödé-名前-🍋", "user.a b"] {
+        assert!(crate::validate_user_name(ok).is_ok(), "{ok}");
+    }
+    let long = format!("user.{}", "a".repeat(201));
+    for bad in ["user.", "user.\0nul", "user.a/b", "user.x\r\nX-Injected: 1", "user...", "user. x", long.as_str()] {
+        assert!(crate::validate_user_name(bad).is_err(), "{bad:?}");
+    }
+}

@@ -144,9 +144,15 @@ pub enum Effect<O> {
     },
 }
 
+/// The error of a load that an unload cancelled (the server answers it with 409, not 500).
+pub const LOAD_CANCELLED: &str = "the model was unloaded while it was loading";
+
 /// Back-off after the first crash; doubles per crash, capped.
 pub const CRASH_BACKOFF_MS: u64 = 500;
 pub const CRASH_BACKOFF_MAX_MS: u64 = 30_000;
+/// A backend that ran this long before it crashed starts the count again: the back-off is for
+/// crash loops, not for a crash once in a while.
+pub const CRASH_RESET_MS: u64 = 60_000;
 
 #[derive(Debug, Clone)]
 pub struct Entry<O> {
@@ -167,8 +173,11 @@ pub struct Entry<O> {
     stopping: bool,
     /// 0 for the first attempt of a load, 1 for the retry after evict-all.
     attempt: u8,
+    /// Crashes in a row, each within `CRASH_RESET_MS` of its load.
     crashes: u32,
     retry_after: u64,
+    /// When the current backend became ready.
+    loaded_at: u64,
 }
 
 impl<O> Entry<O> {
@@ -260,6 +269,7 @@ impl<O: Clone + PartialEq> Machine<O> {
             stopping: false,
             attempt: 0,
             crashes: 0,
+            loaded_at: 0,
             retry_after: 0,
         })
     }
@@ -413,11 +423,7 @@ impl<O: Clone + PartialEq> Machine<O> {
                 self.reject(r, n, Rejection::Unloading);
             }
             for r in load_waiters {
-                self.out.push(Effect::LoadDone {
-                    req: r,
-                    model: n.clone(),
-                    result: Err("the model was unloaded".into()),
-                });
+                self.out.push(Effect::LoadDone { req: r, model: n.clone(), result: Err(LOAD_CANCELLED.into()) });
             }
             if self.current.as_deref() != Some(n.as_str()) {
                 self.queue.retain(|q| q != n);
@@ -482,6 +488,7 @@ impl<O: Clone + PartialEq> Machine<O> {
             Ok(()) => {
                 e.state = State::Loaded;
                 e.last_use = self.now;
+                e.loaded_at = self.now;
                 e.last_error = None;
                 e.attempt = 0;
                 let waiters = std::mem::take(&mut e.waiting);
@@ -598,6 +605,9 @@ impl<O: Clone + PartialEq> Machine<O> {
         let Some(e) = self.models.get_mut(name) else { return };
         if e.state != State::Loaded {
             return; // a stop or a failed start explains it
+        }
+        if now.saturating_sub(e.loaded_at) >= CRASH_RESET_MS {
+            e.crashes = 0;
         }
         e.crashes += 1;
         let backoff = (CRASH_BACKOFF_MS << (e.crashes - 1).min(16)).min(CRASH_BACKOFF_MAX_MS);

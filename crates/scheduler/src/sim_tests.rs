@@ -484,8 +484,15 @@ fn crash_fails_the_model_and_repeated_crashes_back_off() {
     let fx = d.ev(Event::Acquire { req, model: llm("a"), auto_load: Some(0) });
     assert!(matches!(&fx[..], [Effect::Reject { why: Rejection::Backoff { .. }, .. }]), "{fx:?}");
     d.now += CRASH_BACKOFF_MAX_MS;
-    d.use_model(&llm("a"));
+    let r = d.use_model(&llm("a"));
     assert_eq!(d.state("a"), State::Loaded, "loads again after the back-off");
+    d.ev(Event::Release { req: r });
+    // A backend that ran for a while before it crashed is not a crash loop: no back-off.
+    d.now += CRASH_RESET_MS;
+    d.ev(Event::Exited { model: "a".into(), error: "once in a while".into() });
+    let r = d.use_model(&llm("a"));
+    assert_eq!(d.state("a"), State::Loaded, "reloads at once: the count started again");
+    d.ev(Event::Release { req: r });
 }
 
 #[test]

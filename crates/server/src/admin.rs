@@ -322,7 +322,7 @@ pub async fn load(
         })
         .unwrap_or_else(|_| json!({}));
     rt.set_load_override(&name, has_overrides.then_some(override_value));
-    rt.load(&info, effective).await.map_err(|message| ApiError::LoadFailed { model: name.clone(), message })?;
+    rt.load(&info, effective).await.map_err(|message| ApiError::load_failed(&name, message))?;
     Ok(Json(admin_model(&rt, &info, rt.view().get(&name))))
 }
 

@@ -67,6 +67,14 @@ impl ApiError {
         }
     }
 
+    /// A failed load: a conflict when an unload cancelled it, else a load error.
+    pub fn load_failed(model: &str, message: String) -> ApiError {
+        if message == scheduler::LOAD_CANCELLED {
+            return ApiError::Conflict(format!("Model '{model}' was unloaded while it was loading"));
+        }
+        ApiError::LoadFailed { model: model.to_string(), message }
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest { .. } | ApiError::WrongModelType(_) => StatusCode::BAD_REQUEST,
@@ -147,6 +155,16 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         if let ApiError::Backend { body, content_type, .. } = self {
+            if body.iter().all(u8::is_ascii_whitespace) {
+                // An empty error from the backend still gets a body that says what happened.
+                let msg = format!(
+                    "The backend answered {} {} with no details",
+                    status.as_u16(),
+                    status.canonical_reason().unwrap_or_default()
+                );
+                return (status, axum::Json(ErrorResponse::new("backend_error", msg).code("backend_error")))
+                    .into_response();
+            }
             let ct = content_type.unwrap_or_else(|| "application/json".into());
             return (status, [(http::header::CONTENT_TYPE, ct)], body).into_response();
         }

@@ -66,6 +66,24 @@ fn resolve(rt: &AppState, req: &PullRequest) -> Result<ModelInfo, ApiError> {
             code: Some("model_not_found"),
         });
     }
+    let invalid = |message: String, param: &str| ApiError::BadRequest {
+        message,
+        param: Some(param.into()),
+        code: Some("invalid_request"),
+    };
+    registry::validate_user_name(&name).map_err(|m| invalid(m, "model"))?;
+    for c in checkpoint.iter().chain(req.checkpoints.iter().flat_map(|m| m.values())) {
+        registry::checkpoint::validate(c).map_err(|m| invalid(m, "checkpoint"))?;
+    }
+    if let Some(mm) = &req.mmproj {
+        if mm.chars().any(char::is_control)
+            || mm.contains('\\')
+            || mm.split('/').any(|s| s == "..")
+            || mm.starts_with('/')
+        {
+            return Err(invalid(format!("Invalid mmproj file name '{}'", mm.escape_debug()), "mmproj"));
+        }
+    }
     let (Some(checkpoint), Some(recipe)) = (checkpoint, recipe) else {
         return Err(ApiError::bad_request(
             format!("Model {name} is not registered with lemonade. To register and install it, provide the `checkpoint` and `recipe` arguments, as well as the optional `reasoning` and `mmproj` arguments as appropriate."),

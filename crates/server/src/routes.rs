@@ -291,7 +291,7 @@ pub async fn load(State(rt): State<AppState>, body: JsonBody<LoadRequest>) -> Re
         rt.reload_registry().map_err(|e| ApiError::Internal(e.to_string()))?;
     }
     let effective = rt.effective_options(&info, &opts);
-    rt.load(&info, effective).await.map_err(|message| ApiError::LoadFailed { model: info.name.clone(), message })?;
+    rt.load(&info, effective).await.map_err(|message| ApiError::load_failed(&info.name, message))?;
     Ok(Json(LoadResponse {
         status: "success".into(),
         model_name: info.name.clone(),

@@ -93,9 +93,10 @@ fn lemonade_bin() -> PathBuf {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let bin = lemonade_bin();
-    if std::env::var("LEMONADE_BENCH_ONLY").as_deref() == Ok("pull") {
-        pull_throughput(&bin).await?;
-        return Ok(());
+    match std::env::var("LEMONADE_BENCH_ONLY").as_deref() {
+        Ok("pull") => return pull_throughput(&bin).await.map(|_| ()),
+        Ok("footprint") => return more::footprint(&bin).await.map(|_| ()),
+        _ => {}
     }
     anyhow::ensure!(
         bin.is_file(),

@@ -193,7 +193,7 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
                 Err(e) => (0, e.to_string()),
             };
             sent += 1;
-            check(format!("{path}"), status, &text, &mut bad);
+            check(path.to_string(), status, &text, &mut bad);
         }
     }
     let huge = vec![b'x'; 65 << 20];

@@ -80,9 +80,9 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
     let tasks: Vec<_> = (0..REQUESTS)
         .map(|_| {
             let model = MODELS[(rng.next() % 3) as usize];
-            let stream = rng.next() % 2 == 0;
+            let stream = rng.next().is_multiple_of(2);
             // A fifth of the clients hang up after 0–300 ms.
-            let hang_up = (rng.next() % 5 == 0).then(|| Duration::from_millis(rng.next() % 300));
+            let hang_up = rng.next().is_multiple_of(5).then(|| Duration::from_millis(rng.next() % 300));
             let l = l.clone();
             tokio::spawn(async move {
                 let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": stream});
