@@ -149,14 +149,14 @@ async fn kill_at_load_and_idle(bin: &Path, report: &mut Report) -> anyhow::Resul
         "kill -9 a backend while it loads",
         TRIALS,
         if clean { at_load } else { 0 },
-        "the load answers an error at once; loading again works",
+        "the load is answered within 30 s (a failed load is retried once, so it may succeed); the model then serves",
     );
     report.add(
         "faults",
         "kill -9 an idle backend",
         TRIALS,
         if clean { idle } else { 0 },
-        "health drops the model within 10 s; the next request reloads it",
+        "health drops the model within 10 s; the next request reloads it (after the crash back-off from the second crash on)",
     );
     Ok(())
 }
