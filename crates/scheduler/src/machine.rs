@@ -357,9 +357,14 @@ impl<O: Clone + PartialEq> Machine<O> {
         }
     }
 
+    /// The client stopped waiting. If its grant crossed the cancel (granted, but the client was
+    /// gone before it read the answer), the grant is given back like a release: otherwise the
+    /// model would hold a request nobody will ever finish, and could never be unloaded.
     fn cancel(&mut self, req: ReqId) {
         if let Some(name) = self.waiting.remove(&req) {
             self.get(&name).waiting.retain(|r| *r != req);
+        } else {
+            self.release(req);
         }
     }
 

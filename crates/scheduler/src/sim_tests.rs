@@ -179,7 +179,13 @@ impl Sim {
             3 | 4 => {
                 if let Some(req) = self.leases.keys().nth(rng.below(self.leases.len().max(1))).copied() {
                     self.leases.remove(&req);
-                    self.send(Event::Release { req });
+                    // Usually the lease is dropped (Release); sometimes the client went away
+                    // just as it was granted, and its Cancel arrives after the grant.
+                    if rng.chance(20) {
+                        self.send(Event::Cancel { req });
+                    } else {
+                        self.send(Event::Release { req });
+                    }
                 }
             }
             5 => {
@@ -518,4 +524,23 @@ fn an_idle_model_gives_way_before_a_busy_one_even_if_the_busy_one_is_older() {
     assert_eq!(fx, vec![Effect::Stop { model: "b".into() }]);
     assert_eq!(d.state("a"), State::Loaded, "the busy model is untouched");
     assert!(d.m.entry("a").unwrap().in_flight.contains(&held));
+}
+
+#[test]
+fn a_cancel_that_crosses_its_grant_gives_the_model_back() {
+    // Found by the soak: a client hung up just as its request was granted; the cancel arrived
+    // after the grant, the request stayed in flight forever, and the next swap waited on it.
+    let mut d = Drive::new(1);
+    let req = d.req();
+    d.ev(Event::Acquire { req, model: llm("a"), auto_load: Some(0) });
+    d.ev(Event::Started { model: "a".into(), result: Ok(()) });
+    assert!(d.m.entry("a").unwrap().in_flight.contains(&req), "granted");
+    d.ev(Event::Cancel { req });
+    assert!(d.m.entry("a").unwrap().in_flight.is_empty(), "the crossed cancel released it");
+    let b = d.req();
+    let fx = d.ev(Event::Acquire { req: b, model: llm("b"), auto_load: Some(0) });
+    assert_eq!(fx, vec![Effect::Stop { model: "a".into() }], "a swap can proceed at once");
+    // A second cancel or a release of the same request changes nothing.
+    d.ev(Event::Cancel { req });
+    d.ev(Event::Release { req });
 }

@@ -28,7 +28,8 @@ impl Rng {
 
 pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
     let before = our_processes();
-    let knobs = json!({"token_delay_ms": 5, "tokens": 12, "load_delay_ms": 20});
+    // Long enough answers (30 tokens, 10 ms apart) that swaps, queues and hang-ups overlap.
+    let knobs = json!({"token_delay_ms": 10, "tokens": 30, "load_delay_ms": 20});
     let s = fake_sandbox(&[("a", None, knobs.clone()), ("b", None, knobs.clone()), ("c", None, knobs)]);
     let fake = fake_llama_server();
     let l = Arc::new(
