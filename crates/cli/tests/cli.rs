@@ -361,3 +361,33 @@ fn completions_and_help_document_every_command() {
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(help.contains("--install <RECIPE:BACKEND>") && help.contains("--api-key"), "{help}");
 }
+
+#[tokio::test]
+async fn a_server_started_by_run_dies_with_it() {
+    let sandbox = Sandbox::new();
+    let port = free_port();
+    let mut run = Command::new(bin())
+        .args(["--host", "127.0.0.1", "--port", &port.to_string(), "run", SMOL, "--extra-models-dir"])
+        .arg(sandbox.extra())
+        .env("LEMONADE_CACHE_DIR", sandbox.cache())
+        .env("HF_HUB_CACHE", sandbox.hf_cache())
+        .env("LEMONADE_LLAMACPP_CPU_BIN", llama_server())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid_file = sandbox.cache().join(format!("run/lemonade-{port}.pid"));
+    let server: u32 = wait_for(Duration::from_secs(60), || async {
+        let pid = std::fs::read_to_string(&pid_file).ok()?.lines().next()?.parse::<u32>().ok()?;
+        // Loaded: the chat prompt is next.
+        (child_pids(pid).len() == 1).then_some(pid)
+    })
+    .await
+    .expect("run started a server and loaded the model");
+    let backend = child_pids(server)[0];
+    run.kill().unwrap(); // SIGKILL: run cannot clean up itself
+    run.wait().unwrap();
+    let gone = wait_for(Duration::from_secs(15), || async { (!alive(server) && !alive(backend)).then_some(()) }).await;
+    assert!(gone.is_some(), "the server ({server}) and its llama-server ({backend}) died with run");
+}
