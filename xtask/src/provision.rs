@@ -354,6 +354,18 @@ fn models(dev: &Path) -> Result<PathBuf> {
     Ok(root)
 }
 
+/// A fresh virtualenv at `venv` with `packages` (pinned specs) installed from PyPI.
+fn make_venv(venv: &Path, packages: &[&str]) -> Result<()> {
+    if !have("python3", "--version") {
+        apt_install(&["python3", "python3-venv"])?;
+    }
+    let _ = fs::remove_dir_all(venv);
+    run(Command::new("python3").args(["-m", "venv"]).arg(venv))?;
+    run(Command::new(venv.join("bin/python"))
+        .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+        .args(packages))
+}
+
 /// A virtualenv with numpy, gguf and huggingface_hub.
 fn python_venv(dev: &Path) -> Result<PathBuf> {
     let venv = dev.join("venv");
@@ -368,12 +380,7 @@ fn python_venv(dev: &Path) -> Result<PathBuf> {
     if ok() {
         return Ok(py);
     }
-    if !have("python3", "--version") {
-        apt_install(&["python3", "python3-venv"])?;
-    }
-    let _ = fs::remove_dir_all(&venv);
-    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
-    run(Command::new(&py).args(["-m", "pip", "install", "-q", "--disable-pip-version-check"]).args(PY_PACKAGES))?;
+    make_venv(&venv, PY_PACKAGES)?;
     if !ok() {
         bail!("the venv at {} cannot import numpy, gguf and huggingface_hub", venv.display());
     }
@@ -398,19 +405,7 @@ pub fn schemathesis() -> Result<PathBuf> {
     if ok() {
         return Ok(st);
     }
-    if !have("python3", "--version") {
-        apt_install(&["python3", "python3-venv"])?;
-    }
-    let _ = fs::remove_dir_all(&venv);
-    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
-    run(Command::new(venv.join("bin/python")).args([
-        "-m",
-        "pip",
-        "install",
-        "-q",
-        "--disable-pip-version-check",
-        SCHEMATHESIS,
-    ]))?;
+    make_venv(&venv, &[SCHEMATHESIS])?;
     if !ok() {
         bail!("{} does not run", st.display());
     }

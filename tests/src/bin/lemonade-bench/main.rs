@@ -181,11 +181,9 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Starts llama-server by hand with the command line lemonade would use and waits until
-/// `/health` answers 200. Returns the process and the time it took.
-async fn start_by_hand(http: &reqwest::Client, model: &std::path::Path) -> anyhow::Result<(std::process::Child, f64)> {
-    use std::io::BufRead;
-    let args = backends::llamacpp::command_line(&backends::llamacpp::LlamaServerConfig {
+/// The llama-server command line lemonade uses for an LLM at `model`, with [`LLAMA_ARGS`].
+fn llama_command_line(model: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    Ok(backends::llamacpp::command_line(&backends::llamacpp::LlamaServerConfig {
         model_path: model.to_path_buf(),
         mmproj_path: None,
         model_type: api_types::ModelType::Llm,
@@ -193,7 +191,14 @@ async fn start_by_hand(http: &reqwest::Client, model: &std::path::Path) -> anyho
         backend: "cpu".into(),
         user_args: LLAMA_ARGS.into(),
         amd_igpu: false,
-    })?;
+    })?)
+}
+
+/// Starts llama-server by hand with the command line lemonade would use and waits until
+/// `/health` answers 200. Returns the process and the time it took.
+async fn start_by_hand(http: &reqwest::Client, model: &std::path::Path) -> anyhow::Result<(std::process::Child, f64)> {
+    use std::io::BufRead;
+    let args = llama_command_line(model)?;
     let t = Instant::now();
     let mut child = std::process::Command::new(test_support::llama_server())
         .args(&args)

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use test_support::Lemonade;
 
-use crate::{median, stream_once, LLAMA_ARGS};
+use crate::{median, stream_once};
 
 /// llama-server's own multi-model router (`--models-dir`, `--models-max`), with the same model
 /// flags lemonade gives its children.
@@ -63,15 +63,7 @@ impl Drop for Router {
 /// The flags lemonade passes to llama-server for an LLM, minus those the router sets per child
 /// (model, host, port): the three paths run the same model configuration.
 fn model_flags() -> anyhow::Result<Vec<String>> {
-    let args = backends::llamacpp::command_line(&backends::llamacpp::LlamaServerConfig {
-        model_path: PathBuf::from("x.gguf"),
-        mmproj_path: None,
-        model_type: api_types::ModelType::Llm,
-        ctx_size: backends::llamacpp::DEFAULT_CTX_SIZE,
-        backend: "cpu".into(),
-        user_args: LLAMA_ARGS.into(),
-        amd_igpu: false,
-    })?;
+    let args = crate::llama_command_line(std::path::Path::new("x.gguf"))?;
     let mut out = Vec::new();
     let mut it = args.into_iter();
     while let Some(a) = it.next() {

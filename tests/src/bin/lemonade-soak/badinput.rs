@@ -158,18 +158,8 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
     for prefix in ["/api/v1", "/v1"] {
         for path in POSTS {
             for (label, body) in &bodies {
-                let r = l
-                    .http
-                    .post(l.url(&format!("{prefix}{path}")))
-                    .header("content-type", "application/json")
-                    .body(body.clone())
-                    .timeout(Duration::from_secs(30))
-                    .send()
-                    .await;
-                let (status, text) = match r {
-                    Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
-                    Err(e) => (0, e.to_string()),
-                };
+                let r = l.http.post(l.url(&format!("{prefix}{path}"))).body(body.clone());
+                let (status, text) = send(r).await;
                 sent += 1;
                 check(format!("POST {prefix}{path} {label}"), status, &text, &mut bad);
             }
@@ -199,26 +189,13 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
             } else {
                 l.http.get(l.url(&path))
             };
-            let (status, text) = match r.timeout(Duration::from_secs(30)).send().await {
-                Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
-                Err(e) => (0, e.to_string()),
-            };
+            let (status, text) = send(r).await;
             sent += 1;
             check(path.to_string(), status, &text, &mut bad);
         }
     }
     let huge = vec![b'x'; 65 << 20];
-    let r = l
-        .http
-        .post(l.url("/api/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(huge)
-        .send()
-        .await;
-    let (status, text) = match r {
-        Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
-        Err(e) => (0, e.to_string()),
-    };
+    let (status, text) = send(l.http.post(l.url("/api/v1/chat/completions")).body(huge)).await;
     sent += 1;
     if status != 413 {
         bad.push(format!("65 MiB body: {status} {text}"));
@@ -239,6 +216,14 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
         report.add("bad input", "no process left after the bad-input run", 1, 0, format!("{left:?}"));
     }
     Ok(())
+}
+
+/// Sends a JSON request (30 s deadline): (status, body), or (0, the error) when no answer came.
+async fn send(r: reqwest::RequestBuilder) -> (u16, String) {
+    match r.header("content-type", "application/json").timeout(Duration::from_secs(30)).send().await {
+        Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+        Err(e) => (0, e.to_string()),
+    }
 }
 
 /// A GET written on a raw socket; the status code of the answer (0 when none).
