@@ -27,7 +27,6 @@ use axum::routing::get;
 use axum::Router;
 use futures_util::StreamExt;
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
 /// The commit every repo of the double reports.
 pub const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
@@ -115,10 +114,7 @@ fn sha256_of(s: &Shared, p: &Path) -> String {
     if let Some(h) = s.inner.lock().unwrap().hashes.get(p) {
         return h.clone();
     }
-    let mut hasher = Sha256::new();
-    let mut f = std::fs::File::open(p).unwrap();
-    std::io::copy(&mut f, &mut hasher).unwrap();
-    let h = format!("{:x}", hasher.finalize());
+    let h = registry::hub::sha256_file(p).unwrap();
     s.inner.lock().unwrap().hashes.insert(p.to_path_buf(), h.clone());
     h
 }

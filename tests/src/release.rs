@@ -4,8 +4,6 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
-
 pub const ASSET_REPO: &str = "ggml-org/llama.cpp";
 
 pub fn asset_name(version: &str) -> String {
@@ -32,9 +30,8 @@ pub fn write_archive(root: &Path, version: &str, pad: u64) -> (PathBuf, String) 
     let mut gz = ar.into_inner().unwrap();
     gz.flush().unwrap();
     gz.finish().unwrap().sync_all().unwrap();
-    let mut hasher = Sha256::new();
-    std::io::copy(&mut std::fs::File::open(&path).unwrap(), &mut hasher).unwrap();
-    (path, format!("{:x}", hasher.finalize()))
+    let sha = registry::hub::sha256_file(&path).unwrap();
+    (path, sha)
 }
 
 /// Pins `llamacpp:cpu` to `version` (with `sha256` when given) in the sandbox's cache.

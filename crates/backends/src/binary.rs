@@ -67,18 +67,24 @@ pub fn resolve_from_env(cache_dir: &Path, recipe_dir: &str, backend: &str, exe_n
 
 /// The first executable named `name` under `dir` (files before subfolders, subfolders in order).
 pub fn find_recursive(dir: &Path, name: &str) -> Option<PathBuf> {
+    find_file(dir, name, &is_executable)
+}
+
+/// The first file named `name` under `dir` that `accept` takes, in the order of
+/// [`find_recursive`] (which is this with "is executable").
+pub fn find_file(dir: &Path, name: &str, accept: &dyn Fn(&Path) -> bool) -> Option<PathBuf> {
     let entries = std::fs::read_dir(dir).ok()?;
     let mut subdirs = Vec::new();
     for e in entries.filter_map(|e| e.ok()) {
         let p = e.path();
         if p.is_dir() {
             subdirs.push(p);
-        } else if e.file_name() == name && is_executable(&p) {
+        } else if e.file_name() == name && accept(&p) {
             return Some(p);
         }
     }
     subdirs.sort();
-    subdirs.into_iter().find_map(|d| find_recursive(&d, name))
+    subdirs.into_iter().find_map(|d| find_file(&d, name, accept))
 }
 
 fn is_executable(p: &Path) -> bool {

@@ -320,7 +320,6 @@ pub async fn status(t: &Target, pid: Option<u32>, json_out: bool) -> Result<bool
         "pid": pid,
         "version": health.as_ref().map(|h| h["version"].clone()),
         "loaded_models": loaded,
-        "responding": running,
     });
     out(json_out, &v, || match (&health, pid) {
         (Some(_), _) => {

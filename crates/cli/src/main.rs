@@ -299,13 +299,8 @@ async fn start_server(t: &Target, extra: Vec<std::ffi::OsString>) -> anyhow::Res
     let mut args: Vec<std::ffi::OsString> =
         vec!["--host".into(), t.host.clone().into(), "--port".into(), t.port.to_string().into()];
     args.extend(extra);
-    if t.api_key.is_some() {
-        // Through the environment, never on a command line other users can read.
-        // SAFETY: set before any other thread reads the environment (the runtime is single-threaded).
-        unsafe { std::env::set_var("LEMONADE_API_KEY", t.api_key.as_deref().unwrap_or_default()) };
-    }
     let t2 = t.clone();
-    process::spawn_server(&cache_dir(), t.port, args, || {
+    process::spawn_server(&cache_dir(), t.port, args, t.api_key.as_deref(), || {
         let t = t2.clone();
         async move { t.health(Duration::from_secs(1)).await.is_some() }
     })

@@ -153,6 +153,7 @@ pub async fn spawn_server<F: std::future::Future<Output = bool>>(
     cache_dir: &Path,
     port: u16,
     args: Vec<OsString>,
+    api_key: Option<&str>,
     ready: impl Fn() -> F,
 ) -> Result<Spawned> {
     use std::os::unix::process::CommandExt;
@@ -163,6 +164,10 @@ pub async fn spawn_server<F: std::future::Future<Output = bool>>(
     let exe = std::env::current_exe().context("cannot find the lemonade executable")?;
     let mut cmd = Command::new(exe);
     cmd.arg("serve").args(args).stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
+    if let Some(key) = api_key {
+        // Through the environment, never on a command line other users can read.
+        cmd.env("LEMONADE_API_KEY", key);
+    }
     // SAFETY: setsid and prctl are async-signal-safe and touch no memory of the parent.
     unsafe {
         cmd.pre_exec(|| {

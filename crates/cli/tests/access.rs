@@ -95,7 +95,7 @@ async fn every_route_family_needs_the_key() {
         }
         let (s, text) = call(&l, method, path, body, Some(KEY)).await;
         assert_ne!(s, 401, "{method} {path} with the key: {text}");
-        assert!(s < 500 || path.contains("/responses"), "{method} {path}: {s} {text}");
+        assert!(s < 500, "{method} {path}: {s} {text}");
     }
     // The key in a different scheme is not accepted.
     let r = l.http.get(l.url("/api/v1/models")).header("authorization", format!("Basic {KEY}")).send().await.unwrap();
@@ -213,4 +213,19 @@ async fn log_level_changes_what_logs_stream_shows() {
     assert!(v["error"]["message"].as_str().unwrap().contains("critical, error, warning, info, debug, trace"), "{v}");
     let (s, _) = l.post("/api/v1/log-level", &json!({})).await;
     assert_eq!(s, 400);
+}
+
+#[tokio::test]
+async fn the_key_guards_real_inference() {
+    // The same check against real llama-server: the key is the only difference between a 401
+    // and a real answer.
+    let l = Lemonade::start_in(bin(), Sandbox::new(), &[], &[("LEMONADE_API_KEY", KEY)]).await;
+    let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8});
+    let r = l.http.post(l.url("/v1/chat/completions")).json(&body).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    assert!(child_pids(l.pid()).is_empty(), "nothing was loaded for an unauthenticated request");
+    let r = l.http.post(l.url("/v1/chat/completions")).bearer_auth(KEY).json(&body).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["choices"][0]["message"]["content"].as_str().is_some_and(|c| !c.is_empty()), "{v}");
 }

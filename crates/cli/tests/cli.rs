@@ -320,25 +320,21 @@ async fn run_chats_in_a_terminal_and_stops_its_server() {
         std::thread::sleep(Duration::from_millis(20));
     }
     pty.send("\x03");
-    at = pty.expect("[generation stopped]", start3, t);
-    at = pty.expect(">>> ", at, t);
+    let stopped = pty.expect("[generation stopped]", start3, t);
+    pty.expect(">>> ", stopped, t);
     assert!(pty.child.try_wait().unwrap().is_none(), "still running after Ctrl-C");
     // The server was not interrupted: the backend's slot is free again and answers.
-    let (s, _) = {
-        let r = http
-            .post(format!("http://127.0.0.1:{port}/api/v1/chat/completions"))
-            .json(&json!({"model": SMOL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}))
-            .send()
-            .await
-            .unwrap();
-        (r.status().as_u16(), ())
-    };
-    assert_eq!(s, 200);
+    let r = http
+        .post(format!("http://127.0.0.1:{port}/api/v1/chat/completions"))
+        .json(&json!({"model": SMOL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
 
     let backends = child_pids(server_pid);
     assert_eq!(backends.len(), 1, "one llama-server");
     pty.send("/exit\r");
-    let _ = at;
     let status = pty.wait(Duration::from_secs(30)).expect("run exits after /exit");
     assert!(status.success(), "{status:?}\n{}", pty.output());
     assert!(!alive(server_pid), "the server run started is stopped");

@@ -331,14 +331,10 @@ async fn verify(partial: &Path, file: &RepoFile, digest: Option<String>) -> Resu
         let p = partial.to_path_buf();
         let got = match digest {
             Some(d) => d,
-            None => tokio::task::spawn_blocking(move || -> std::io::Result<String> {
-                let mut h = Sha256::new();
-                std::io::copy(&mut std::fs::File::open(&p)?, &mut h)?;
-                Ok(format!("{:x}", h.finalize()))
-            })
-            .await
-            .map_err(|e| HubError::Protocol { url: file.path.clone(), message: e.to_string() })?
-            .map_err(io(partial))?,
+            None => tokio::task::spawn_blocking(move || sha256_file(&p))
+                .await
+                .map_err(|e| HubError::Protocol { url: file.path.clone(), message: e.to_string() })?
+                .map_err(io(partial))?,
         };
         if &got != expected {
             let _ = tokio::fs::remove_file(partial).await;
@@ -346,6 +342,13 @@ async fn verify(partial: &Path, file: &RepoFile, digest: Option<String>) -> Resu
         }
     }
     Ok(())
+}
+
+/// The sha256 of a file's bytes, as lowercase hex (blocking: call it off the async runtime).
+pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let mut h = Sha256::new();
+    std::io::copy(&mut std::fs::File::open(path)?, &mut h)?;
+    Ok(format!("{:x}", h.finalize()))
 }
 
 /// `snapshots/<commit>/<dest>` → `../../blobs/<blob>` (one more `..` per folder level).

@@ -172,7 +172,7 @@ async fn install(rt: &Runtime, recipe: &str, backend: &str, progress: Progress<'
     let _guard = lock.lock().await;
     let final_dir = binary::managed_dir(&rt.cfg.cache_dir, p.dir, &p.backend);
     let installed_version = std::fs::read_to_string(final_dir.join("version.txt")).ok().map(|v| v.trim().to_string());
-    if installed_version.as_deref() == Some(p.version.as_str()) && find_exe(&final_dir, p.exe).is_some() {
+    if installed_version.as_deref() == Some(p.version.as_str()) && binary::find_recursive(&final_dir, p.exe).is_some() {
         return Ok((0, p.version));
     }
     let t = Instant::now();
@@ -198,7 +198,11 @@ async fn install(rt: &Runtime, recipe: &str, backend: &str, progress: Progress<'
         })?;
     } else if let Some(expected) = &p.sha256 {
         // Downloaded by an earlier attempt that did not finish installing: check it again.
-        let got = sha256_file(&archive).await.map_err(|e| io_error(&archive, e))?;
+        let a = archive.clone();
+        let got = tokio::task::spawn_blocking(move || registry::hub::sha256_file(&a))
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))?
+            .map_err(|e| io_error(&archive, e))?;
         if &got != expected {
             let _ = std::fs::remove_file(&archive);
             return Err(ApiError::BackendUnavailable(format!(
@@ -222,22 +226,6 @@ async fn install(rt: &Runtime, recipe: &str, backend: &str, progress: Progress<'
 
 fn io_error(path: &Path, e: std::io::Error) -> ApiError {
     ApiError::Internal(format!("{}: {e}", path.display()))
-}
-
-async fn sha256_file(p: &Path) -> std::io::Result<String> {
-    let p = p.to_path_buf();
-    tokio::task::spawn_blocking(move || {
-        use sha2::Digest;
-        let mut h = sha2::Sha256::new();
-        std::io::copy(&mut std::fs::File::open(&p)?, &mut h)?;
-        Ok(format!("{:x}", h.finalize()))
-    })
-    .await
-    .map_err(std::io::Error::other)?
-}
-
-fn find_exe(dir: &Path, exe: &str) -> Option<PathBuf> {
-    binary::find_recursive(dir, exe)
 }
 
 /// Extracts `archive` into a fresh directory under `staging`, checks the executable is there,
@@ -271,27 +259,13 @@ fn unpack(archive: &Path, staging: &Path, exe: &str, version: &str) -> Result<Pa
     } else {
         return Err(bad("unknown archive type".into()));
     }
-    let exe_path = find_exe_any(&tree, exe).ok_or_else(|| bad(format!("it contains no {exe}")))?;
+    // By name, executable bit or not (archives made on Windows may lack it).
+    let exe_path = binary::find_file(&tree, exe, &|_| true).ok_or_else(|| bad(format!("it contains no {exe}")))?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&exe_path, std::fs::Permissions::from_mode(0o755)).map_err(|e| io_error(&exe_path, e))?;
     std::fs::write(tree.join("version.txt"), format!("{version}\n")).map_err(|e| io_error(&tree, e))?;
     sync_tree(&tree).map_err(|e| io_error(&tree, e))?;
     Ok(tree)
-}
-
-/// The executable by name, executable bit or not (archives made on Windows may lack it).
-fn find_exe_any(dir: &Path, exe: &str) -> Option<PathBuf> {
-    let mut subdirs = Vec::new();
-    for e in std::fs::read_dir(dir).ok()?.filter_map(|e| e.ok()) {
-        let p = e.path();
-        if p.is_dir() {
-            subdirs.push(p);
-        } else if e.file_name() == exe {
-            return Some(p);
-        }
-    }
-    subdirs.sort();
-    subdirs.into_iter().find_map(|d| find_exe_any(&d, exe))
 }
 
 fn sync_tree(dir: &Path) -> std::io::Result<()> {
@@ -310,8 +284,8 @@ fn sync_tree(dir: &Path) -> std::io::Result<()> {
 /// The new executable must start: `--version` within 30 s (a wrong-architecture or truncated
 /// binary fails here, before it replaces anything).
 async fn check_runs(tree: &Path, exe: &str) -> Result<(), ApiError> {
-    let path =
-        find_exe(tree, exe).ok_or_else(|| ApiError::Internal(format!("{exe} vanished from {}", tree.display())))?;
+    let path = binary::find_recursive(tree, exe)
+        .ok_or_else(|| ApiError::Internal(format!("{exe} vanished from {}", tree.display())))?;
     let out = tokio::time::timeout(
         Duration::from_secs(30),
         tokio::process::Command::new(&path).arg("--version").kill_on_drop(true).output(),
@@ -433,7 +407,7 @@ pub async fn auto_install(rt: &Runtime, recipe: &str, backend: &str) -> Result<b
 pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallRequest>) -> Result<Response, ApiError> {
     let req = body.value;
     let (recipe, backend) = required(&req)?;
-    plan(&rt, &recipe, &backend)?;
+    let file = plan(&rt, &recipe, &backend)?.asset.filename;
     if req.stream != Some(true) {
         let (_, version) = install(&rt, &recipe, &backend, &mut |_, _| true).await?;
         return Ok(
@@ -442,30 +416,7 @@ pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallReq
     }
     let (tx, rx) = mpsc::channel::<(&'static str, String)>(64);
     tokio::spawn(async move {
-        let file = plan(&rt, &recipe, &backend).map(|p| p.asset.filename).unwrap_or_default();
-        let mut last = None::<Instant>;
-        let tx2 = tx.clone();
-        let file2 = file.clone();
-        let mut progress = move |done: u64, total: Option<u64>| {
-            if tx2.is_closed() {
-                return false;
-            }
-            if last.is_some_and(|t: Instant| t.elapsed() < Duration::from_millis(250)) {
-                return true;
-            }
-            last = Some(Instant::now());
-            let total = total.unwrap_or(0);
-            let ev = PullProgress {
-                file: file2.clone(),
-                file_index: 1,
-                total_files: 1,
-                bytes_downloaded: done,
-                bytes_total: total,
-                percent: (done * 100).checked_div(total).unwrap_or(0),
-            };
-            let _ = tx2.try_send(("progress", serde_json::to_string(&ev).unwrap_or_default()));
-            true
-        };
+        let mut progress = crate::pull::progress_events(tx.clone(), file.clone(), 1, 1);
         match install(&rt, &recipe, &backend, &mut progress).await {
             Ok((bytes, _)) => {
                 let done = PullProgress {

@@ -192,28 +192,8 @@ async fn download(
     for (i, p) in planned.iter().enumerate() {
         let file = listings[&p.repo].iter().find(|f| f.path == p.path).expect("planned from the listing");
         let job = Download { repo: &p.repo, commit: &commits[&p.repo], file, dest_repo: &main.repo, dest: &p.dest };
-        let mut last = None::<Instant>;
-        let mut progress = |done: u64, size: Option<u64>| {
-            let Some(tx) = events else { return true };
-            if tx.is_closed() {
-                return false;
-            }
-            let finished = size.is_some_and(|s| done >= s);
-            if last.is_some_and(|t| t.elapsed() < PROGRESS_EVERY) && !finished {
-                return true;
-            }
-            last = Some(Instant::now());
-            let total_bytes = size.unwrap_or(0);
-            let ev = PullProgress {
-                file: p.dest.clone(),
-                file_index: i + 1,
-                total_files: total,
-                bytes_downloaded: done,
-                bytes_total: total_bytes,
-                percent: (done * 100).checked_div(total_bytes).unwrap_or(0),
-            };
-            tx.try_send(("progress", serde_json::to_string(&ev).unwrap_or_default())).is_ok() || !tx.is_closed()
-        };
+        let mut report = events.map(|tx| progress_events(tx.clone(), p.dest.clone(), i + 1, total));
+        let mut progress = |done: u64, size: Option<u64>| report.as_mut().is_none_or(|r| r(done, size));
         progress(0, file.size);
         hub.download(&rt.cfg.hf_cache, &job, &mut progress).await.map_err(hub_error)?;
     }
@@ -269,6 +249,38 @@ pub async fn pull(State(rt): State<AppState>, body: JsonBody<PullRequest>) -> Re
         }
     });
     Ok(sse_events(rx))
+}
+
+/// `progress` events for one file of `total` (number `index`) into `tx`, at most every
+/// [`PROGRESS_EVERY`] (plus the last); returns false, cancelling the download, once the client
+/// is gone.
+pub(crate) fn progress_events(
+    tx: mpsc::Sender<(&'static str, String)>,
+    file: String,
+    index: usize,
+    total: usize,
+) -> impl FnMut(u64, Option<u64>) -> bool + Send {
+    let mut last = None::<Instant>;
+    move |done, size| {
+        if tx.is_closed() {
+            return false;
+        }
+        let finished = size.is_some_and(|s| done >= s);
+        if last.is_some_and(|t| t.elapsed() < PROGRESS_EVERY) && !finished {
+            return true;
+        }
+        last = Some(Instant::now());
+        let bytes_total = size.unwrap_or(0);
+        let ev = PullProgress {
+            file: file.clone(),
+            file_index: index,
+            total_files: total,
+            bytes_downloaded: done,
+            bytes_total,
+            percent: (done * 100).checked_div(bytes_total).unwrap_or(0),
+        };
+        tx.try_send(("progress", serde_json::to_string(&ev).unwrap_or_default())).is_ok() || !tx.is_closed()
+    }
 }
 
 /// An SSE response of `(event, data)` pairs, ending when every sender is gone.

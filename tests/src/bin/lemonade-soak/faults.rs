@@ -308,12 +308,7 @@ async fn disk_full(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
 }
 
 fn sha256_file(p: &Path) -> String {
-    use sha2::Digest;
-    let mut h = sha2::Sha256::new();
-    if let Ok(mut f) = std::fs::File::open(p) {
-        let _ = std::io::copy(&mut f, &mut h);
-    }
-    format!("{:x}", h.finalize())
+    registry::hub::sha256_file(p).unwrap_or_default()
 }
 
 /// SIGKILL lemonade while it downloads; restart on the same files: the model is not counted as
