@@ -32,7 +32,7 @@ fn read_line(editor: &mut rustyline::DefaultEditor) -> Input {
     }
 }
 
-pub async fn run(t: &Target, model: &str) -> Result<()> {
+pub async fn run(t: &Target, model: &str, max_tokens: Option<u32>) -> Result<()> {
     // Registered before the first answer, so Ctrl-C never kills the process from now on.
     let mut sigint = signal(SignalKind::interrupt()).context("cannot handle Ctrl-C")?;
     let editor = rustyline::DefaultEditor::new().context("cannot open the terminal")?;
@@ -70,7 +70,7 @@ pub async fn run(t: &Target, model: &str) -> Result<()> {
         // A Ctrl-C typed while at the prompt must not stop the next answer.
         while sigint.recv().now_or_never().is_some() {}
         let (answer, stopped) = tokio::select! {
-            r = stream_answer(t, model, &history) => match r {
+            r = stream_answer(t, model, &history, max_tokens) => match r {
                 Ok(a) => (a, false),
                 Err(e) => {
                     println!();
@@ -94,8 +94,11 @@ pub async fn run(t: &Target, model: &str) -> Result<()> {
 }
 
 /// Streams one answer to stdout; returns its text.
-async fn stream_answer(t: &Target, model: &str, history: &[Value]) -> Result<Option<String>> {
-    let body = json!({"model": model, "messages": history, "stream": true});
+async fn stream_answer(t: &Target, model: &str, history: &[Value], max_tokens: Option<u32>) -> Result<Option<String>> {
+    let mut body = json!({"model": model, "messages": history, "stream": true});
+    if let Some(n) = max_tokens {
+        body["max_tokens"] = n.into();
+    }
     let r = t.post_stream("/chat/completions", &body).await?;
     let mut stream = r.bytes_stream();
     let mut buf = String::new();

@@ -57,6 +57,9 @@ enum Command {
         /// Extra models folder, for a server that `run` starts.
         #[arg(long, env = "LEMONADE_EXTRA_MODELS_DIR")]
         extra_models_dir: Option<PathBuf>,
+        /// Longest answer, in tokens (default: until the model stops or its context is full).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        max_tokens: Option<u32>,
     },
     /// List the models available on this machine (and whether they are downloaded).
     List,
@@ -307,7 +310,13 @@ async fn start_server(t: &Target, extra: Vec<std::ffi::OsString>) -> anyhow::Res
     .await
 }
 
-async fn run(t: &Target, model: &str, load: &LoadArgs, extra_models_dir: Option<PathBuf>) -> anyhow::Result<()> {
+async fn run(
+    t: &Target,
+    model: &str,
+    load: &LoadArgs,
+    extra_models_dir: Option<PathBuf>,
+    max_tokens: Option<u32>,
+) -> anyhow::Result<()> {
     let spawned = if t.health(Duration::from_secs(3)).await.is_none() {
         let mut extra = Vec::new();
         if let Some(d) = extra_models_dir {
@@ -327,7 +336,7 @@ async fn run(t: &Target, model: &str, load: &LoadArgs, extra_models_dir: Option<
             r = t.post("/load", &body) => { r.context("Failed to load model")?; }
             _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted while loading {model}"),
         }
-        chat::run(t, model).await
+        chat::run(t, model, max_tokens).await
     }
     .await;
     if let Some(s) = spawned {
@@ -342,7 +351,9 @@ async fn client_command(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
     let json = cli.json;
     match cli.command {
         Command::Serve(_) | Command::Completions { .. } => unreachable!("handled in main"),
-        Command::Run { model, load, extra_models_dir } => run(&t, &model, &load, extra_models_dir).await?,
+        Command::Run { model, load, extra_models_dir, max_tokens } => {
+            run(&t, &model, &load, extra_models_dir, max_tokens).await?
+        }
         Command::List => with_server(&t, true, async |t| client::list(t, json).await).await?,
         Command::Pull(a) => with_server(&t, true, async |t| client::pull(t, a, json).await).await?,
         Command::Delete { model } => with_server(&t, true, async |t| client::delete(t, model, json).await).await?,

@@ -171,6 +171,9 @@ pub struct Entry<O> {
     load_waiters: Vec<ReqId>,
     starting: bool,
     stopping: bool,
+    /// A start succeeded while a stop was in flight. That stop may have looked for the process
+    /// before the executor registered it, so another one follows when it reports.
+    stop_again: bool,
     /// 0 for the first attempt of a load, 1 for the retry after evict-all.
     attempt: u8,
     /// Crashes in a row, each within `CRASH_RESET_MS` of its load.
@@ -267,6 +270,7 @@ impl<O: Clone + PartialEq> Machine<O> {
             load_waiters: Vec::new(),
             starting: false,
             stopping: false,
+            stop_again: false,
             attempt: 0,
             crashes: 0,
             loaded_at: 0,
@@ -480,9 +484,14 @@ impl<O: Clone + PartialEq> Machine<O> {
         let Some(e) = self.models.get_mut(name) else { return };
         e.starting = false;
         if e.state == State::Unloading {
-            // Cancelled while starting; the stop in flight takes the process down.
-            if !e.stopping {
-                self.finish_unload(name);
+            // Cancelled while starting. The stop sent then may have looked for the process
+            // before the executor registered it and found nothing to kill: a start that
+            // succeeded gets one more stop, and the unload finishes when that one reports.
+            match (result.is_ok(), e.stopping) {
+                (true, true) => e.stop_again = true,
+                (true, false) => self.stop(name),
+                (false, true) => {}
+                (false, false) => self.finish_unload(name),
             }
             return;
         }
@@ -568,6 +577,10 @@ impl<O: Clone + PartialEq> Machine<O> {
     fn stopped(&mut self, name: &str) {
         let Some(e) = self.models.get_mut(name) else { return };
         e.stopping = false;
+        if std::mem::take(&mut e.stop_again) {
+            self.stop(name);
+            return;
+        }
         if e.state == State::Unloading && !e.starting {
             self.finish_unload(name);
         }

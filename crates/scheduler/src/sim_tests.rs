@@ -49,7 +49,11 @@ struct Sim {
     procs: BTreeMap<String, Proc>,
     /// Effects the executor has not completed yet.
     starts: Vec<String>,
-    stops: Vec<String>,
+    /// Stops in flight, and whether each missed its process: a stop issued while the backend
+    /// is starting may look before the executor has registered the process, find nothing to
+    /// kill, and report later, after the start, while the process lives on.
+    stops: Vec<(String, bool)>,
+    stops_issued: u64,
     /// Granted requests: model and the backend generation they hold.
     leases: BTreeMap<ReqId, (String, u64)>,
     generation: BTreeMap<String, u64>,
@@ -79,6 +83,7 @@ impl Sim {
             procs: BTreeMap::new(),
             starts: Vec::new(),
             stops: Vec::new(),
+            stops_issued: 0,
             leases: BTreeMap::new(),
             generation: BTreeMap::new(),
             open_acquires: BTreeSet::new(),
@@ -122,7 +127,9 @@ impl Sim {
                 if self.leases.values().any(|(m, g)| *m == model && *g == gen) {
                     self.fail(&format!("stop of {model} while a request holds it"));
                 }
-                self.stops.push(model);
+                self.stops_issued += 1;
+                let missed = self.procs.get(&model) == Some(&Proc::Starting) && self.stops_issued.is_multiple_of(2);
+                self.stops.push((model, missed));
             }
             Effect::Grant { req, model } => {
                 if self.procs.get(&model) != Some(&Proc::Running) {
@@ -253,8 +260,10 @@ impl Sim {
         if self.stops.is_empty() {
             return;
         }
-        let model = self.stops.remove(rng.below(self.stops.len()));
-        self.procs.remove(&model);
+        let (model, missed) = self.stops.remove(rng.below(self.stops.len()));
+        if !missed {
+            self.procs.remove(&model);
+        }
         self.send(Event::Stopped { model });
     }
 
@@ -472,6 +481,33 @@ fn unload_of_a_loading_model_cancels_the_load() {
     let nl = d.req();
     let fx = d.ev(Event::Unload { req: nl, model: Some("a".into()) });
     assert!(matches!(&fx[..], [Effect::UnloadDone { result: Err(_), .. }]), "not loaded: {fx:?}");
+}
+
+#[test]
+fn a_start_that_succeeds_after_its_unload_is_stopped_again() {
+    // The stop sent during the start may have found no process yet (the executor registers it
+    // only once spawned). Whichever of Stopped and Started reports first, a successful start
+    // is followed by one more stop, and the unload is answered only after that one.
+    for stopped_first in [true, false] {
+        let mut d = Drive::new(1);
+        let req = d.req();
+        d.ev(Event::Acquire { req, model: llm("a"), auto_load: Some(0) });
+        let un = d.req();
+        let fx = d.ev(Event::Unload { req: un, model: Some("a".into()) });
+        assert!(fx.contains(&Effect::Stop { model: "a".into() }));
+        let (first, second) = if stopped_first {
+            (Event::Stopped { model: "a".into() }, Event::Started { model: "a".into(), result: Ok(()) })
+        } else {
+            (Event::Started { model: "a".into(), result: Ok(()) }, Event::Stopped { model: "a".into() })
+        };
+        assert!(d.ev(first).is_empty());
+        let fx = d.ev(second);
+        assert_eq!(fx, vec![Effect::Stop { model: "a".into() }], "stopped_first={stopped_first}");
+        assert_eq!(d.state("a"), State::Unloading);
+        let fx = d.ev(Event::Stopped { model: "a".into() });
+        assert_eq!(fx, vec![Effect::UnloadDone { req: un, result: Ok(vec!["a".into()]) }]);
+        assert_eq!(d.state("a"), State::Unloaded);
+    }
 }
 
 #[test]
