@@ -108,6 +108,22 @@ impl Sandbox {
     pub fn extra(&self) -> PathBuf {
         self.dir.path().join("extra")
     }
+
+    /// Gives `cmd` (lemonade, serving or as the CLI) this sandbox's environment and nothing of
+    /// the caller's but PATH: its home, cache and Hub cache, a closed loopback port as the Hub,
+    /// and one compute thread per llama-server (`LLAMA_ARG_THREADS`, read by llama-server
+    /// itself). The suite runs two tests at once on two cores; llama.cpp's threads spin while
+    /// they wait for each other, so two 2-thread backends on two cores slow to a crawl (3 tokens/s
+    /// against 29 with one thread each, measured with two busy loops beside it).
+    pub fn apply(&self, cmd: &mut Command) {
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", self.dir.path())
+            .env("LEMONADE_CACHE_DIR", self.cache())
+            .env("HF_HUB_CACHE", self.hf_cache())
+            .env("HF_ENDPOINT", "http://127.0.0.1:9")
+            .env("LLAMA_ARG_THREADS", "1");
+    }
 }
 
 impl Default for Sandbox {
@@ -142,21 +158,10 @@ impl Lemonade {
         if !args.contains(&"--log-level") {
             cmd.args(["--log-level", "debug"]);
         }
-        cmd.args(args)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("HOME", sandbox.dir.path())
-            .env("LEMONADE_CACHE_DIR", sandbox.cache())
-            .env("HF_HUB_CACHE", sandbox.hf_cache())
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
         // Tests never reach the internet: the Hub is a closed loopback port unless the caller
-        // names a Hub double.
-        if !env.iter().any(|(k, _)| *k == "HF_ENDPOINT") {
-            cmd.env("HF_ENDPOINT", "http://127.0.0.1:9");
-        }
+        // names a Hub double in `env`.
+        sandbox.apply(&mut cmd);
+        cmd.args(args).envs(env.iter().copied()).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
         // The real llama-server unless the caller names another (e.g. the fake backend).
         if !env.iter().any(|(k, _)| *k == "LEMONADE_LLAMACPP_CPU_BIN") {
             cmd.env("LEMONADE_LLAMACPP_CPU_BIN", llama_server());
@@ -201,14 +206,9 @@ impl Lemonade {
 
     pub async fn cli_env(&self, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
         let mut cmd = Command::new(&self.bin);
+        self.sandbox.apply(&mut cmd);
         cmd.args(args)
             .args(["--host", "127.0.0.1", "--port", &self.port().to_string()])
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("HOME", self.sandbox.dir.path())
-            .env("LEMONADE_CACHE_DIR", self.sandbox.cache())
-            .env("HF_HUB_CACHE", self.sandbox.hf_cache())
-            .env("HF_ENDPOINT", "http://127.0.0.1:9")
             .envs(env.iter().copied())
             .stdin(Stdio::null());
         let out = tokio::task::spawn_blocking(move || cmd.output().expect("run the lemonade CLI")).await.unwrap();

@@ -188,7 +188,7 @@ async fn read_until(
 
 #[tokio::test]
 async fn log_level_changes_what_logs_stream_shows() {
-    let l = Lemonade::start_in(bin(), Sandbox::empty(), &["--log-level", "info"], &[]).await;
+    let mut l = Lemonade::start_in(bin(), Sandbox::empty(), &["--log-level", "info"], &[]).await;
     let (_, h) = l.get("/api/v1/health").await;
     assert_eq!(h["log_streaming"]["sse"], true);
     let r = l.http.get(l.url("/api/v1/logs/stream")).send().await.unwrap();
@@ -213,6 +213,19 @@ async fn log_level_changes_what_logs_stream_shows() {
     assert!(v["error"]["message"].as_str().unwrap().contains("critical, error, warning, info, debug, trace"), "{v}");
     let (s, _) = l.post("/api/v1/log-level", &json!({})).await;
     assert_eq!(s, 400);
+
+    // Shutting down ends the open stream (it does not hold the shutdown up until the 10 s cap).
+    l.signal(libc::SIGTERM);
+    let end = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(Ok(chunk)) = stream.next().await {
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await;
+    assert!(end.is_ok(), "the log stream did not end at shutdown: {seen}");
+    let code = tokio::task::spawn_blocking(move || (l.wait_exit(Duration::from_secs(20)), l.log())).await.unwrap();
+    assert!(code.0.is_some_and(|c| c.success()), "{code:?}");
+    assert!(!code.1.contains("connections still open"), "{}", code.1);
 }
 
 #[tokio::test]

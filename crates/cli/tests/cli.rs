@@ -267,21 +267,15 @@ async fn run_chats_in_a_terminal_and_stops_its_server() {
     let sandbox = Sandbox::new();
     let port = free_port();
     let mut cmd = Command::new(bin());
-    // Answers are bounded so a rambling one cannot run to the end of the context; 400 tokens
+    // Answers are bounded so a rambling one cannot run to the end of the context; 200 tokens
     // leave the Ctrl-C below ample time.
     let port_s = port.to_string();
-    cmd.args(["--host", "127.0.0.1", "--port", &port_s, "run", SMOL, "--max-tokens", "400", "--extra-models-dir"])
-        .arg(sandbox.extra())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("HOME", sandbox.dir.path())
-        .env("TERM", "xterm")
-        .env("LEMONADE_CACHE_DIR", sandbox.cache())
-        .env("HF_HUB_CACHE", sandbox.hf_cache())
-        .env("HF_ENDPOINT", "http://127.0.0.1:9")
-        .env("LEMONADE_LLAMACPP_CPU_BIN", llama_server());
+    cmd.args(["--host", "127.0.0.1", "--port", &port_s, "run", SMOL, "--max-tokens", "200", "--extra-models-dir"])
+        .arg(sandbox.extra());
+    sandbox.apply(&mut cmd);
+    cmd.env("TERM", "xterm").env("LEMONADE_LLAMACPP_CPU_BIN", llama_server());
     let mut pty = Pty::spawn(&mut cmd);
-    let t = Duration::from_secs(60);
+    let t = Duration::from_secs(120);
     let mut at = pty.expect(">>> ", 0, t);
     let server_pid: u32 = std::fs::read_to_string(sandbox.cache().join(format!("run/lemonade-{port}.pid")))
         .expect("run started a server with a PID file")

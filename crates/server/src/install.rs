@@ -415,6 +415,7 @@ pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallReq
         );
     }
     let (tx, rx) = mpsc::channel::<(&'static str, String)>(64);
+    let response = crate::pull::sse_events(&rt, rx);
     tokio::spawn(async move {
         let mut progress = crate::pull::progress_events(tx.clone(), file.clone(), 1, 1);
         match install(&rt, &recipe, &backend, &mut progress).await {
@@ -434,7 +435,7 @@ pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallReq
             }
         }
     });
-    Ok(crate::pull::sse_events(rx))
+    Ok(response)
 }
 
 /// Removes a managed backend, unloading the models that use it first.

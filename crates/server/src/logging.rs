@@ -11,7 +11,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::extract::State;
 use axum::response::Response;
 use axum::Json;
 use bytes::Bytes;
@@ -203,7 +203,7 @@ fn event(line: &str) -> Bytes {
         (status = 200, description = "text/event-stream of log lines"),
         (status = 400, description = "Log streaming is not enabled in this process (embedded use)", body = api_types::ErrorResponse),
     ))]
-pub async fn stream() -> Result<Response, ApiError> {
+pub async fn stream(State(rt): State<crate::AppState>) -> Result<Response, ApiError> {
     let Some(h) = hub() else {
         return Err(ApiError::bad_request("Log streaming is not enabled in this process", None));
     };
@@ -249,7 +249,7 @@ pub async fn stream() -> Result<Response, ApiError> {
     });
     let mut body_rx = body_rx;
     let body = futures_util::stream::poll_fn(move |cx| body_rx.poll_recv(cx).map(|o| o.map(Ok::<_, Infallible>)));
-    Ok(crate::pull::sse_response(Body::from_stream(body)))
+    Ok(crate::pull::sse_response(&rt, body))
 }
 
 #[cfg(test)]

@@ -241,6 +241,7 @@ pub async fn pull(State(rt): State<AppState>, body: JsonBody<PullRequest>) -> Re
         );
     }
     let (tx, rx) = mpsc::channel::<(&'static str, String)>(64);
+    let response = sse_events(&rt, rx);
     tokio::spawn(async move {
         let result = download(&rt, &m, Some(&tx)).await;
         let _ = rt.reload_registry();
@@ -248,7 +249,7 @@ pub async fn pull(State(rt): State<AppState>, body: JsonBody<PullRequest>) -> Re
             let _ = tx.send(("error", serde_json::json!({"error": e.to_string()}).to_string())).await;
         }
     });
-    Ok(sse_events(rx))
+    Ok(response)
 }
 
 /// `progress` events for one file of `total` (number `index`) into `tx`, at most every
@@ -284,18 +285,23 @@ pub(crate) fn progress_events(
 }
 
 /// An SSE response of `(event, data)` pairs, ending when every sender is gone.
-pub(crate) fn sse_events(mut rx: mpsc::Receiver<(&'static str, String)>) -> Response {
+pub(crate) fn sse_events(rt: &AppState, mut rx: mpsc::Receiver<(&'static str, String)>) -> Response {
     let body = futures_util::stream::poll_fn(move |cx| {
         rx.poll_recv(cx).map(|o| {
             o.map(|(event, data)| Ok::<_, Infallible>(Bytes::from(format!("event: {event}\ndata: {data}\n\n"))))
         })
     });
-    sse_response(Body::from_stream(body))
+    sse_response(rt, body)
 }
 
-/// `body` with the SSE headers (no caching, no proxy buffering).
-pub(crate) fn sse_response(body: Body) -> Response {
-    let mut r = Response::new(body);
+/// `body` as an SSE response (no caching, no proxy buffering) that also ends when the server
+/// shuts down, so an open stream does not hold the shutdown up.
+pub(crate) fn sse_response(
+    rt: &AppState,
+    body: impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
+) -> Response {
+    use futures_util::StreamExt;
+    let mut r = Response::new(Body::from_stream(body.take_until(rt.closed())));
     let h = r.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));

@@ -78,6 +78,8 @@ pub struct Runtime {
     next_req: AtomicU64,
     seq: AtomicU64,
     epoch: Instant,
+    /// Set once shutdown begins: long-lived responses (SSE) end so connections drain.
+    closing: tokio::sync::watch::Sender<bool>,
 }
 
 /// Keeps a model in use while a request runs. Dropping it releases the model.
@@ -152,6 +154,7 @@ impl Runtime {
             next_req: AtomicU64::new(1),
             seq: AtomicU64::new(0),
             epoch: Instant::now(),
+            closing: tokio::sync::watch::channel(false).0,
         });
         tokio::spawn(owner(Arc::downgrade(&rt), rx, machine));
         rt
@@ -300,8 +303,18 @@ impl Runtime {
         }
     }
 
-    /// Stops every backend at once (server shutdown): in-flight streams end with an error.
+    /// Resolves once shutdown has begun.
+    pub fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.closing.subscribe();
+        async move {
+            let _ = rx.wait_for(|c| *c).await;
+        }
+    }
+
+    /// Stops every backend at once (server shutdown): in-flight streams end with an error,
+    /// and SSE responses (log stream, pull and install progress) end.
     pub async fn shutdown(&self) {
+        self.closing.send_replace(true);
         let all: Vec<Arc<Running>> =
             self.running.lock().unwrap_or_else(|e| e.into_inner()).drain().map(|(_, r)| r).collect();
         futures_util::future::join_all(all.iter().map(|r| r.backend.stop(self.cfg.stop_grace))).await;
