@@ -267,7 +267,17 @@ async fn schemathesis(l: &Lemonade, report: &mut Report) {
     };
     let max = std::env::var("LEMONADE_SCHEMATHESIS_EXAMPLES").unwrap_or_else(|_| "40".into());
     let schema = l.url("/api/v1/openapi.json");
+    // schemathesis keeps a crash cache in `.schemathesis/` of its working directory: a scratch
+    // folder, not the checkout.
+    let scratch = match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            report.add("bad input", "schemathesis (OpenAPI-driven fuzzing)", 1, 0, format!("no scratch dir: {e}"));
+            return;
+        }
+    };
     let out = tokio::process::Command::new(st)
+        .current_dir(scratch.path())
         .args(["run", &schema, "--checks", "not_a_server_error", "--max-examples", &max, "--url", &l.base])
         .args(["--request-timeout", "30", "--workers", "2", "--phases", "examples,coverage,fuzzing"])
         .env("SCHEMATHESIS_HOOKS", "")

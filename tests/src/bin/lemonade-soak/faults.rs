@@ -1,5 +1,5 @@
 //! Faults: backends killed mid-stream, at load and idle, a stopped (wedged) backend, one that
-//! never becomes ready, a full disk during a pull, lemonade killed during a pull and during
+//! never becomes ready, an unload racing a load, a full disk during a pull, lemonade killed during a pull and during
 //! registrations.
 
 use std::path::Path;
@@ -46,6 +46,7 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
     kill_mid_stream(bin, report).await?;
     kill_at_load_and_idle(bin, report).await?;
     wedged_and_never_ready(bin, report).await?;
+    unload_during_load(bin, report).await?;
     disk_full(bin, report).await?;
     kill_lemonade_mid_pull(bin, report).await?;
     kill_lemonade_mid_registration(bin, report).await?;
@@ -214,6 +215,65 @@ async fn wedged_and_never_ready(bin: &Path, report: &mut Report) -> anyhow::Resu
         TRIALS,
         if clean { never } else { 0 },
         "--load-timeout 2: the load fails with a message in about 2 s and the process is stopped",
+    );
+    Ok(())
+}
+
+/// Real llama-server: an unload sent while the model loads, at three points of the load (at
+/// once, once the admin state says `loading`, once the backend process exists). Both requests
+/// are answered; when the unload answers, no backend process is left and nothing is loaded; the
+/// model then loads and serves again.
+async fn unload_during_load(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
+    const TRIALS: usize = 12;
+    let before = our_processes();
+    let l = Lemonade::start(bin, &["--llamacpp-args", "--threads 1"]).await;
+    let (mut held, mut outcomes) = (0, std::collections::BTreeMap::<String, usize>::new());
+    let body = json!({"model_name": SMOL});
+    for trial in 0..TRIALS {
+        let load = l.post("/api/v1/load", &body);
+        let unload = async {
+            match trial % 3 {
+                0 => {}
+                1 => {
+                    wait_for(Duration::from_secs(10), || async {
+                        let (_, v) = l.get("/v1/admin/models").await;
+                        let row = v["models"].as_array()?.iter().find(|m| m["name"] == SMOL)?.clone();
+                        (row["runtime_state"] != "unloaded").then_some(())
+                    })
+                    .await;
+                }
+                _ => {
+                    wait_for(Duration::from_secs(10), || async { child_pids(l.pid()).first().copied() }).await;
+                }
+            }
+            l.post("/api/v1/unload", &json!({"model_name": SMOL})).await
+        };
+        let deadline = Duration::from_secs(60);
+        let Ok(((ls, _), (us, _))) = tokio::time::timeout(deadline, async { tokio::join!(load, unload) }).await else {
+            continue;
+        };
+        *outcomes.entry(format!("load {ls} / unload {us}")).or_default() += 1;
+        // The unload may come before the load registered the model (404: not loaded), then the
+        // load completes; unload again so each trial ends with nothing loaded.
+        if us == 404 && ls == 200 {
+            l.post("/api/v1/unload", &json!({"model_name": SMOL})).await;
+        }
+        let nothing_left = child_pids(l.pid()).is_empty() && loaded_names(&l.get("/api/v1/health").await.1).is_empty();
+        if nothing_left && matches!(ls, 200 | 409) && matches!(us, 200 | 404) && chat_ok(&l, SMOL).await {
+            held += 1;
+        }
+        l.post("/api/v1/unload", &json!({})).await;
+    }
+    drop(l);
+    let clean = orphans_after(&before).await.is_empty();
+    report.add(
+        "faults",
+        "unload while the model loads (at once, while loading, once the process exists)",
+        TRIALS,
+        if clean { held } else { 0 },
+        format!(
+            "when the unload answers no backend is left and nothing is loaded; the model serves again: {outcomes:?}"
+        ),
     );
     Ok(())
 }
