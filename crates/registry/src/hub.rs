@@ -254,8 +254,10 @@ impl Hub {
             // every received byte in the partial file for the next attempt.
             let mut w =
                 std::fs::OpenOptions::new().create(true).write(true).append(append).truncate(!append).open(&path)?;
+            let mut writeback = Writeback::new(&w)?;
             while let Some(chunk) = rx.blocking_recv() {
                 w.write_all(&chunk)?;
+                writeback.wrote(&w, chunk.len() as u64);
                 if hashing {
                     hasher.update(&chunk);
                 }
@@ -370,4 +372,48 @@ fn link_snapshot(repo_dir: &Path, commit: &str, dest: &str, blob: &str) -> Resul
 fn write_ref(repo_dir: &Path, commit: &str) -> Result<(), HubError> {
     let path = repo_dir.join("refs").join("main");
     crate::write_atomic(&path, commit.as_bytes()).map_err(io(&path))
+}
+
+/// Starts writing a download to disk while it arrives, so the `fsync` at its end has little
+/// left to wait for (it cost about 70 ms per 100 MB at the end of a download here). Every
+/// [`Writeback::WINDOW`] bytes, the kernel is asked to begin writing the window just filled
+/// (`sync_file_range` with `SYNC_FILE_RANGE_WRITE`: it does not wait). A hint only: the `fsync`
+/// still decides durability, and on other systems this does nothing.
+struct Writeback {
+    /// Offset up to which writeback has been started.
+    started: u64,
+    /// Offset written so far.
+    at: u64,
+}
+
+impl Writeback {
+    const WINDOW: u64 = 8 << 20;
+
+    fn new(f: &std::fs::File) -> std::io::Result<Writeback> {
+        let at = f.metadata()?.len();
+        Ok(Writeback { started: at, at })
+    }
+
+    fn wrote(&mut self, f: &std::fs::File, n: u64) {
+        self.at += n;
+        if self.at - self.started < Self::WINDOW {
+            return;
+        }
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: a plain syscall on an open descriptor; offsets and length are in range.
+            unsafe {
+                libc::sync_file_range(
+                    f.as_raw_fd(),
+                    self.started as libc::off64_t,
+                    (self.at - self.started) as libc::off64_t,
+                    libc::SYNC_FILE_RANGE_WRITE,
+                );
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = f;
+        self.started = self.at;
+    }
 }
