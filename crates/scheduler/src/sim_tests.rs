@@ -369,6 +369,16 @@ impl Drive {
         }
         req
     }
+    /// A request that starts `name`, then an unload while it starts (which stops it). Returns
+    /// the request, the unload and the unload's effects.
+    fn unload_while_loading(&mut self, name: &str) -> (ReqId, ReqId, Vec<Effect<u32>>) {
+        let req = self.req();
+        self.ev(Event::Acquire { req, model: llm(name), auto_load: Some(0) });
+        let un = self.req();
+        let fx = self.ev(Event::Unload { req: un, model: Some(name.into()) });
+        assert!(fx.contains(&Effect::Stop { model: name.into() }), "{fx:?}");
+        (req, un, fx)
+    }
     fn state(&self, name: &str) -> State {
         self.m.entry(name).map(|e| e.state).unwrap_or(State::Unloaded)
     }
@@ -462,11 +472,7 @@ fn load_with_same_options_is_a_noop_and_other_options_reload_in_place() {
 #[test]
 fn unload_of_a_loading_model_cancels_the_load() {
     let mut d = Drive::new(1);
-    let req = d.req();
-    d.ev(Event::Acquire { req, model: llm("a"), auto_load: Some(0) });
-    let un = d.req();
-    let fx = d.ev(Event::Unload { req: un, model: Some("a".into()) });
-    assert!(fx.contains(&Effect::Stop { model: "a".into() }));
+    let (req, un, fx) = d.unload_while_loading("a");
     assert!(
         fx.iter().any(|e| matches!(e, Effect::Reject { req: r, .. } if *r == req)),
         "the waiting request is answered"
@@ -490,11 +496,7 @@ fn a_start_that_succeeds_after_its_unload_is_stopped_again() {
     // is followed by one more stop, and the unload is answered only after that one.
     for stopped_first in [true, false] {
         let mut d = Drive::new(1);
-        let req = d.req();
-        d.ev(Event::Acquire { req, model: llm("a"), auto_load: Some(0) });
-        let un = d.req();
-        let fx = d.ev(Event::Unload { req: un, model: Some("a".into()) });
-        assert!(fx.contains(&Effect::Stop { model: "a".into() }));
+        let (_, un, _) = d.unload_while_loading("a");
         let (first, second) = if stopped_first {
             (Event::Stopped { model: "a".into() }, Event::Started { model: "a".into(), result: Ok(()) })
         } else {
