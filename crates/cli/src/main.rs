@@ -282,32 +282,39 @@ async fn shutdown_signal() {
 }
 
 /// A server for the duration of one command: the running one, or (for commands that v9 also
-/// serves this way) a temporary one on the configured port, stopped afterwards.
+/// serves this way, and `run`) one started on the configured port with `extra` serve flags,
+/// stopped afterwards. `announce` says so on stderr (for `run`, whose chat can take long).
 async fn with_server<T>(
     t: &Target,
     temporary: bool,
+    extra: Vec<std::ffi::OsString>,
+    announce: bool,
     f: impl AsyncFnOnce(&Target) -> anyhow::Result<T>,
 ) -> anyhow::Result<T> {
     if !temporary || t.health(Duration::from_secs(3)).await.is_some() {
         return f(t).await;
     }
-    let spawned = start_server(t, vec![]).await?;
-    let r = f(t).await;
-    spawned.stop();
-    r
-}
-
-/// Starts `lemonade serve` on the target's host and port, in the background.
-async fn start_server(t: &Target, extra: Vec<std::ffi::OsString>) -> anyhow::Result<process::Spawned> {
+    if announce {
+        eprintln!("Starting Lemonade Server on port {}…", t.port);
+    }
     let mut args: Vec<std::ffi::OsString> =
         vec!["--host".into(), t.host.clone().into(), "--port".into(), t.port.to_string().into()];
     args.extend(extra);
     let t2 = t.clone();
-    process::spawn_server(&cache_dir(), t.port, args, t.api_key.as_deref(), || {
+    let spawned = process::spawn_server(&cache_dir(), t.port, args, t.api_key.as_deref(), || {
         let t = t2.clone();
         async move { t.health(Duration::from_secs(1)).await.is_some() }
     })
-    .await
+    .await?;
+    if announce {
+        eprintln!("Server log: {}", spawned.log.display());
+    }
+    let r = f(t).await;
+    if announce {
+        eprintln!("Stopping the server this chat started…");
+    }
+    spawned.stop();
+    r
 }
 
 async fn run(
@@ -317,19 +324,11 @@ async fn run(
     extra_models_dir: Option<PathBuf>,
     max_tokens: Option<u32>,
 ) -> anyhow::Result<()> {
-    let spawned = if t.health(Duration::from_secs(3)).await.is_none() {
-        let mut extra = Vec::new();
-        if let Some(d) = extra_models_dir {
-            extra.extend(["--extra-models-dir".into(), d.into_os_string()]);
-        }
-        eprintln!("Starting Lemonade Server on port {}…", t.port);
-        let s = start_server(t, extra).await?;
-        eprintln!("Server log: {}", s.log.display());
-        Some(s)
-    } else {
-        None
-    };
-    let r = async {
+    let mut extra = Vec::new();
+    if let Some(d) = extra_models_dir {
+        extra.extend(["--extra-models-dir".into(), d.into_os_string()]);
+    }
+    with_server(t, true, extra, true, async |t| {
         eprintln!("Loading {model}…");
         let body = load.body(model);
         tokio::select! {
@@ -337,13 +336,8 @@ async fn run(
             _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted while loading {model}"),
         }
         chat::run(t, model, max_tokens).await
-    }
-    .await;
-    if let Some(s) = spawned {
-        eprintln!("Stopping the server this chat started…");
-        s.stop();
-    }
-    r
+    })
+    .await
 }
 
 async fn client_command(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
@@ -354,9 +348,11 @@ async fn client_command(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Command::Run { model, load, extra_models_dir, max_tokens } => {
             run(&t, &model, &load, extra_models_dir, max_tokens).await?
         }
-        Command::List => with_server(&t, true, async |t| client::list(t, json).await).await?,
-        Command::Pull(a) => with_server(&t, true, async |t| client::pull(t, a, json).await).await?,
-        Command::Delete { model } => with_server(&t, true, async |t| client::delete(t, model, json).await).await?,
+        Command::List => with_server(&t, true, vec![], false, async |t| client::list(t, json).await).await?,
+        Command::Pull(a) => with_server(&t, true, vec![], false, async |t| client::pull(t, a, json).await).await?,
+        Command::Delete { model } => {
+            with_server(&t, true, vec![], false, async |t| client::delete(t, model, json).await).await?
+        }
         Command::Load { model, load } => client::load(&t, &model, &load, json).await?,
         Command::Unload { model } => client::unload(&t, model, json).await?,
         Command::Status => {
@@ -368,10 +364,11 @@ async fn client_command(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Command::Stop { timeout } => stop(&t, Duration::from_secs(timeout), json)?,
         Command::Recipes { install, uninstall } => {
             let temporary = install.is_some() || uninstall.is_some();
-            with_server(&t, temporary, async |t| client::recipes(t, install, uninstall, json).await).await?
+            with_server(&t, temporary, vec![], false, async |t| client::recipes(t, install, uninstall, json).await)
+                .await?
         }
         Command::SystemInfo { verbose } => {
-            with_server(&t, true, async |t| client::system_info(t, verbose, json).await).await?
+            with_server(&t, true, vec![], false, async |t| client::system_info(t, verbose, json).await).await?
         }
     }
     Ok(std::process::ExitCode::SUCCESS)

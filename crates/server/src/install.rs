@@ -7,9 +7,8 @@
 //! only then swapped in with one `renameat2(RENAME_EXCHANGE)` (or a plain rename when there was
 //! no old install). Leftovers of an interrupted install are removed at start-up.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use api_types::PullProgress;
@@ -86,15 +85,9 @@ pub fn clean_staging(cache_dir: &Path) {
     }
 }
 
-/// One install per backend at a time; a second request waits and then finds it installed.
-fn backend_lock(key: &str) -> Arc<tokio::sync::Mutex<()>> {
-    static LOCKS: Mutex<Option<HashMap<String, Arc<tokio::sync::Mutex<()>>>>> = Mutex::new(None);
-    let mut g = LOCKS.lock().unwrap_or_else(|e| e.into_inner());
-    g.get_or_insert_with(HashMap::new).entry(key.to_string()).or_default().clone()
-}
-
 /// What an install is about: checked request plus the archive and where it goes.
 struct Plan {
+    recipe: String,
     backend: String,
     dir: &'static str,
     exe: &'static str,
@@ -158,22 +151,28 @@ fn plan(rt: &Runtime, recipe: &str, backend: &str) -> Result<Plan, ApiError> {
     let asset = releases::asset(&hw, recipe, backend, &version)
         .ok_or_else(|| unsupported(format!("{recipe}:{backend} has no release archive for this platform")))?;
     let sha256 = pins.sha256(&asset.filename).map(str::to_string);
-    Ok(Plan { backend: backend.into(), dir, exe, version, asset, sha256 })
+    Ok(Plan { recipe: recipe.into(), backend: backend.into(), dir, exe, version, asset, sha256 })
 }
 
 /// Progress callback: `(bytes done, total if known)`; false cancels.
 type Progress<'a> = &'a mut (dyn FnMut(u64, Option<u64>) -> bool + Send);
 
-/// Installs `recipe:backend` unless the pinned version is there; returns the bytes downloaded
-/// (0 when nothing had to be done).
-async fn install(rt: &Runtime, recipe: &str, backend: &str, progress: Progress<'_>) -> Result<(u64, String), ApiError> {
-    let p = plan(rt, recipe, backend)?;
-    let lock = backend_lock(&format!("{recipe}:{backend}"));
+/// The lock that makes installs and uninstalls of one backend wait for each other (a second
+/// install then finds the backend installed).
+fn backend_lock(rt: &Runtime, recipe: &str, backend: &str) -> Arc<tokio::sync::Mutex<()>> {
+    rt.lock(&format!("backend:{recipe}:{backend}"))
+}
+
+/// Carries out `p` unless the pinned version is there; returns the bytes downloaded (0 when
+/// nothing had to be done) and the version.
+async fn install(rt: &Runtime, p: &Plan, progress: Progress<'_>) -> Result<(u64, String), ApiError> {
+    let (recipe, backend) = (p.recipe.as_str(), p.backend.as_str());
+    let lock = backend_lock(rt, recipe, backend);
     let _guard = lock.lock().await;
     let final_dir = binary::managed_dir(&rt.cfg.cache_dir, p.dir, &p.backend);
     let installed_version = std::fs::read_to_string(final_dir.join("version.txt")).ok().map(|v| v.trim().to_string());
     if installed_version.as_deref() == Some(p.version.as_str()) && binary::find_recursive(&final_dir, p.exe).is_some() {
-        return Ok((0, p.version));
+        return Ok((0, p.version.clone()));
     }
     let t = Instant::now();
     let staging = staging_root(&rt.cfg.cache_dir);
@@ -221,7 +220,7 @@ async fn install(rt: &Runtime, recipe: &str, backend: &str, progress: Progress<'
     swap_in(&tree, &final_dir)?;
     let _ = std::fs::remove_file(&archive);
     tracing::info!(recipe, backend, version = %p.version, secs = t.elapsed().as_secs_f64(), "backend installed");
-    Ok((bytes, p.version))
+    Ok((bytes, p.version.clone()))
 }
 
 fn io_error(path: &Path, e: std::io::Error) -> ApiError {
@@ -351,7 +350,7 @@ async fn uninstall(rt: &Runtime, recipe: &str, backend: &str) -> Result<(), ApiE
             Some("backend"),
         ));
     }
-    let lock = backend_lock(&format!("{recipe}:{backend}"));
+    let lock = backend_lock(rt, recipe, backend);
     let _guard = lock.lock().await;
     for (r, _) in rt.loaded() {
         let uses = r.info.recipe == recipe
@@ -383,11 +382,9 @@ async fn uninstall(rt: &Runtime, recipe: &str, backend: &str) -> Result<(), ApiE
 /// Installs the backend a load needs when it is missing and this platform has a release for
 /// it. `Ok(false)`: nothing can be installed (the caller reports the missing binary).
 pub async fn auto_install(rt: &Runtime, recipe: &str, backend: &str) -> Result<bool, String> {
-    if plan(rt, recipe, backend).is_err() {
-        return Ok(false);
-    }
+    let Ok(p) = plan(rt, recipe, backend) else { return Ok(false) };
     tracing::info!(recipe, backend, "backend not installed: installing it before loading");
-    install(rt, recipe, backend, &mut |_, _| true).await.map(|_| true).map_err(|e| e.to_string())
+    install(rt, &p, &mut |_, _| true).await.map(|_| true).map_err(|e| e.to_string())
 }
 
 /// Downloads and installs a backend's pinned release.
@@ -407,9 +404,9 @@ pub async fn auto_install(rt: &Runtime, recipe: &str, backend: &str) -> Result<b
 pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallRequest>) -> Result<Response, ApiError> {
     let req = body.value;
     let (recipe, backend) = required(&req)?;
-    let file = plan(&rt, &recipe, &backend)?.asset.filename;
+    let p = plan(&rt, &recipe, &backend)?;
     if req.stream != Some(true) {
-        let (_, version) = install(&rt, &recipe, &backend, &mut |_, _| true).await?;
+        let (_, version) = install(&rt, &p, &mut |_, _| true).await?;
         return Ok(
             Json(InstallResponse { status: "success".into(), recipe, backend, version: Some(version) }).into_response()
         );
@@ -417,11 +414,11 @@ pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallReq
     let (tx, rx) = mpsc::channel::<(&'static str, String)>(64);
     let response = crate::pull::sse_events(&rt, rx);
     tokio::spawn(async move {
-        let mut progress = crate::pull::progress_events(tx.clone(), file.clone(), 1, 1);
-        match install(&rt, &recipe, &backend, &mut progress).await {
+        let mut progress = crate::pull::progress_events(tx.clone(), p.asset.filename.clone(), 1, 1);
+        match install(&rt, &p, &mut progress).await {
             Ok((bytes, _)) => {
                 let done = PullProgress {
-                    file,
+                    file: p.asset.filename,
                     file_index: 1,
                     total_files: 1,
                     bytes_downloaded: bytes,

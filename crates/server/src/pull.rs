@@ -171,7 +171,7 @@ async fn download(
 ) -> Result<(), ApiError> {
     let hub = hub();
     let main = Checkpoint::parse(&m.checkpoint);
-    let lock = rt.repo_lock(&main.repo);
+    let lock = rt.lock(&format!("repo:{}", main.repo));
     let _guard = lock.lock().await;
     let mut repos: Vec<String> = m.checkpoints.values().map(|c| Checkpoint::parse(c).repo).collect();
     repos.sort();

@@ -73,8 +73,8 @@ pub struct Runtime {
     view: RwLock<BTreeMap<String, ModelView>>,
     /// Runtime-only admin load overrides of loaded models.
     overrides: Mutex<HashMap<String, Value>>,
-    /// One download per repository at a time.
-    repo_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// One download per repository, one install per backend at a time (see [`Runtime::lock`]).
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     next_req: AtomicU64,
     seq: AtomicU64,
     epoch: Instant,
@@ -150,7 +150,7 @@ impl Runtime {
             running: Mutex::new(HashMap::new()),
             view: RwLock::new(BTreeMap::new()),
             overrides: Mutex::new(HashMap::new()),
-            repo_locks: Mutex::new(HashMap::new()),
+            locks: Mutex::new(HashMap::new()),
             next_req: AtomicU64::new(1),
             seq: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -181,9 +181,10 @@ impl Runtime {
         Ok(())
     }
 
-    /// The lock that serializes downloads into `repo`.
-    pub fn repo_lock(&self, repo: &str) -> Arc<tokio::sync::Mutex<()>> {
-        self.repo_locks.lock().unwrap_or_else(|e| e.into_inner()).entry(repo.to_string()).or_default().clone()
+    /// The lock that serializes the work on one thing: downloads into a repository
+    /// (`repo:org/name`), installs of a backend (`backend:recipe:backend`).
+    pub fn lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.locks.lock().unwrap_or_else(|e| e.into_inner()).entry(key.to_string()).or_default().clone()
     }
 
     pub fn load_override(&self, name: &str) -> Option<Value> {
@@ -427,12 +428,12 @@ impl Runtime {
                     amd_igpu: false,
                 })
                 .map_err(|e| fatal(e.to_string()))?;
-                (self.backend_binary("llamacpp", &backend_name, "llama-server").await.map_err(fatal)?, args, None)
+                (self.backend_binary("llamacpp", &backend_name).await.map_err(fatal)?, args, None)
             }
             "ryzenai-llm" => {
                 let port = backends::supervisor::free_port().map_err(|e| fatal(format!("no free port: {e}")))?;
                 let args = backends::ryzenai::command_line(&main, port, ctx_size);
-                (self.backend_binary("ryzenai-server", "npu", "ryzenai-server").await.map_err(fatal)?, args, Some(port))
+                (self.backend_binary("ryzenai-llm", "npu").await.map_err(fatal)?, args, Some(port))
             }
             other => return Err(fatal(format!("The '{other}' recipe has no backend adapter in this lemonade build"))),
         };
@@ -500,12 +501,13 @@ impl Runtime {
 
     /// The backend's executable; a missing one is installed first when this platform has a
     /// release for it (v9's auto-install on first load).
-    async fn backend_binary(&self, dir: &str, backend: &str, exe: &str) -> Result<PathBuf, String> {
+    async fn backend_binary(&self, recipe: &str, backend: &str) -> Result<PathBuf, String> {
+        let (dir, exe) = backends::releases::recipe_dir_and_exe(recipe)
+            .ok_or_else(|| format!("The '{recipe}' recipe has no backend binary"))?;
         let resolve = || binary::resolve_from_env(&self.cfg.cache_dir, dir, backend, exe);
         if let Some(r) = resolve() {
             return Ok(r.path);
         }
-        let recipe = if dir == "ryzenai-server" { "ryzenai-llm" } else { dir };
         if crate::install::auto_install(self, recipe, backend).await? {
             if let Some(r) = resolve() {
                 return Ok(r.path);
