@@ -35,12 +35,9 @@ impl Access {
     }
 }
 
-/// llama-server's own routes, also served at the root.
-const NATIVE: [&str; 8] =
-    ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill", "/props", "/slots", "/metrics"];
-
 fn protected(path: &str) -> bool {
-    let api = ["/api/", "/v0/", "/v1/"].iter().any(|p| path.starts_with(p)) || NATIVE.contains(&path);
+    let native = crate::NATIVE_POST.iter().chain(&crate::NATIVE_GET).any(|n| *n == path);
+    let api = ["/api/", "/v0/", "/v1/"].iter().any(|p| path.starts_with(p)) || native;
     let public =
         crate::PREFIXES.iter().any(|p| path.strip_prefix(p) == Some("/health")) || path == "/api/v1/openapi.json";
     api && !public

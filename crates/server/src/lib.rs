@@ -55,18 +55,21 @@ fn get_only<H: axum::handler::Handler<T, AppState>, T: 'static>(h: H) -> MethodR
     get(h).fallback(method_not_allowed("GET"))
 }
 
+/// llama-server's own routes, forwarded to the model's backend under every prefix and at the
+/// root: POST ones, then GET ones.
+pub(crate) const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
+pub(crate) const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
+
 /// The application router.
 pub fn app(rt: Arc<Runtime>) -> Router {
     BODY_LIMIT.store(rt.cfg.body_limit, Ordering::Relaxed);
-    let native = Router::new()
-        .route("/completion", post_only(native_post))
-        .route("/tokenize", post_only(native_post))
-        .route("/detokenize", post_only(native_post))
-        .route("/apply-template", post_only(native_post))
-        .route("/infill", post_only(native_post))
-        .route("/props", get_only(native_get))
-        .route("/slots", get_only(native_get))
-        .route("/metrics", get_only(native_get));
+    let mut native = Router::new();
+    for path in NATIVE_POST {
+        native = native.route(path, post_only(native_post));
+    }
+    for path in NATIVE_GET {
+        native = native.route(path, get_only(native_get));
+    }
     let api = Router::new()
         .route("/chat/completions", post_only(chat_completions))
         .route("/completions", post_only(completions))
