@@ -114,7 +114,7 @@ fn sha256_of(s: &Shared, p: &Path) -> String {
     if let Some(h) = s.inner.lock().unwrap().hashes.get(p) {
         return h.clone();
     }
-    let h = registry::hub::sha256_file(p).unwrap();
+    let h = host::download::sha256_file(p).unwrap();
     s.inner.lock().unwrap().hashes.insert(p.to_path_buf(), h.clone());
     h
 }

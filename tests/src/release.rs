@@ -30,7 +30,7 @@ pub fn write_archive(root: &Path, version: &str, pad: u64) -> (PathBuf, String) 
     let mut gz = ar.into_inner().unwrap();
     gz.flush().unwrap();
     gz.finish().unwrap().sync_all().unwrap();
-    let sha = registry::hub::sha256_file(&path).unwrap();
+    let sha = host::download::sha256_file(&path).unwrap();
     (path, sha)
 }
 

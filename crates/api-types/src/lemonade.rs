@@ -158,7 +158,7 @@ pub struct Live {
 }
 
 /// `POST /v1/load`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[schema(example = json!({"model_name": "Qwen3-0.6B-GGUF", "ctx_size": 8192, "save_options": true}))]
 pub struct LoadRequest {
     pub model_name: String,

@@ -11,8 +11,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
+mod admin;
 mod lemonade;
+mod system;
+pub use admin::*;
 pub use lemonade::*;
+pub use system::*;
 
 /// Fields a request carries that lemonade does not model; forwarded verbatim.
 pub type Extra = Map<String, Value>;
@@ -84,7 +88,7 @@ impl ErrorResponse {
 // ---------------------------------------------------------------------------------------------
 
 /// `POST /v1/chat/completions`. Fields not listed are forwarded to the backend unchanged.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[schema(example = json!({"model": "SmolLM2-135M-Instruct-GGUF", "messages": [{"role": "user", "content": "Hello"}], "stream": false}))]
 pub struct ChatCompletionRequest {
     /// Model name as listed by `GET /v1/models`. Loaded on demand.
@@ -114,7 +118,7 @@ pub struct ChatCompletionRequest {
     pub extra: Extra,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ChatMessage {
     /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
@@ -125,6 +129,13 @@ pub struct ChatMessage {
     #[serde(flatten)]
     #[schema(ignore)]
     pub extra: Extra,
+}
+
+impl ChatMessage {
+    /// A message with plain text content.
+    pub fn text(role: &str, content: impl Into<String>) -> ChatMessage {
+        ChatMessage { role: role.to_string(), content: Some(Value::String(content.into())), extra: Extra::new() }
+    }
 }
 
 /// A string or an array of strings (OpenAI's `stop`).

@@ -1,15 +1,217 @@
-//! Backend adapters and the process supervisor.
+//! Backend adapters (pure: no processes, no files, no network).
 //!
-//! * [`llamacpp`]: the `llama-server` command line for a model (pure).
-//! * [`ryzenai`]: the `ryzenai-server` command line (pure).
-//! * [`binary`]: where a backend's executable comes from.
-//! * [`releases`]: the backend table, version pins, release archives and install states (pure).
-//! * [`supervisor`]: runs a backend process, reports readiness and exit, stops it.
+//! * [`Recipe`]: the recipes lemonade knows and the one list of those it runs.
+//! * [`launch`]: per recipe, (model, resolved options, hardware facts) → [`Launch`]: the
+//!   arguments, environment, readiness rule and served API paths of its backend process.
+//! * [`llamacpp`], [`ryzenai`]: the adapters.
+//! * [`releases`]: the backend table, version pins, release archives and install states.
+//!
+//! The process supervisor and binary resolution that act on these values live in `host`.
 
-pub mod binary;
 pub mod llamacpp;
+pub mod recipe;
 pub mod releases;
 pub mod ryzenai;
-pub mod supervisor;
 
-pub use supervisor::{Backend, ExitInfo, SpawnSpec, StartError};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use api_types::{ModelType, RecipeOptions};
+
+pub use recipe::{Device, Recipe};
+pub use releases::Hardware;
+
+/// The errors of this crate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    #[error("Unknown recipe '{0}'")]
+    UnknownRecipe(String),
+    #[error("The '{0}' recipe has no backend adapter in this lemonade build (supported: {runnable})", runnable = Recipe::runnable_names())]
+    NotRunnable(Recipe),
+    #[error(transparent)]
+    Args(#[from] llamacpp::ArgsError),
+    #[error("{0}")]
+    InvalidOverride(String),
+    #[error("the {0} adapter needs a port chosen before the start")]
+    NeedsPort(Recipe),
+}
+
+/// How the supervisor learns that a started backend listens, and where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// The process binds port 0 itself and prints `listening on http://HOST:PORT`.
+    ListeningLine,
+    /// The process was told this port.
+    FixedPort(u16),
+}
+
+/// What a recipe's adapter decides about one backend process.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Launch {
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub readiness: Readiness,
+    /// Readiness endpoint, probed until it answers 200.
+    pub health_path: &'static str,
+    /// The API paths (under `/v1`, and llama.cpp's own at the root) the backend serves.
+    pub served_paths: &'static [&'static str],
+}
+
+/// What an adapter needs to know about the model and the machine.
+#[derive(Debug, Clone)]
+pub struct LaunchInput<'a> {
+    /// The name clients use; backends that report a model name report this one.
+    pub name: &'a str,
+    pub main_path: &'a Path,
+    pub mmproj_path: Option<&'a Path>,
+    pub model_type: ModelType,
+    /// Effective options (request > saved > CLI > defaults), already filtered to the recipe.
+    pub options: &'a RecipeOptions,
+    pub hardware: &'a Hardware,
+    /// A port chosen by the caller, for recipes whose backend cannot bind port 0 and report it.
+    pub port: Option<u16>,
+}
+
+impl Recipe {
+    /// Whether the caller must choose a port before [`launch`] (the backend cannot report one).
+    pub fn needs_port(self) -> bool {
+        self == Recipe::RyzenAiLlm
+    }
+}
+
+/// The backend a model runs on: the recipe's backend option, else its default.
+pub fn backend_of(recipe: Recipe, options: &RecipeOptions) -> String {
+    recipe
+        .backend_option()
+        .and_then(|k| options.get(k))
+        .and_then(|v| v.as_str())
+        .unwrap_or(recipe.default_backend())
+        .to_string()
+}
+
+fn ctx_size(options: &RecipeOptions) -> u32 {
+    options.get("ctx_size").and_then(|v| v.as_u64()).map(|v| v as u32).unwrap_or(llamacpp::DEFAULT_CTX_SIZE)
+}
+
+/// The launch of `recipe`'s backend for one model.
+pub fn launch(recipe: Recipe, input: &LaunchInput) -> Result<Launch, BackendError> {
+    match recipe {
+        Recipe::LlamaCpp => {
+            let args = llamacpp::command_line(&llamacpp::LlamaServerConfig {
+                model_path: input.main_path.to_path_buf(),
+                mmproj_path: input.mmproj_path.map(Path::to_path_buf),
+                model_type: input.model_type,
+                ctx_size: ctx_size(input.options),
+                backend: backend_of(recipe, input.options),
+                user_args: input.options.get("llamacpp_args").and_then(|v| v.as_str()).unwrap_or_default().to_string(),
+                amd_igpu: input.hardware.amd_igpu.is_some(),
+                alias: input.name.to_string(),
+            })?;
+            Ok(Launch {
+                args,
+                env: vec![],
+                readiness: Readiness::ListeningLine,
+                health_path: "/health",
+                served_paths: llamacpp::SERVED_PATHS,
+            })
+        }
+        Recipe::RyzenAiLlm => {
+            let port = input.port.ok_or(BackendError::NeedsPort(recipe))?;
+            Ok(Launch {
+                args: ryzenai::command_line(input.main_path, port, ctx_size(input.options)),
+                env: vec![],
+                readiness: Readiness::FixedPort(port),
+                health_path: "/health",
+                served_paths: ryzenai::SERVED_PATHS,
+            })
+        }
+        other => Err(BackendError::NotRunnable(other)),
+    }
+}
+
+/// Everything the supervisor needs to start one backend process.
+#[derive(Debug, Clone)]
+pub struct SpawnSpec {
+    /// Used in logs and errors (the model name).
+    pub label: String,
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Readiness endpoint, e.g. `/health`.
+    pub health_path: String,
+    /// How long loading may take before the start is abandoned.
+    pub ready_timeout: Duration,
+    /// The port the process was told to use; None: it binds port 0 and logs the real one.
+    pub port: Option<u16>,
+}
+
+impl SpawnSpec {
+    /// The spec of `launch` run with `program`.
+    pub fn new(label: &str, program: PathBuf, launch: Launch, ready_timeout: Duration) -> SpawnSpec {
+        SpawnSpec {
+            label: label.to_string(),
+            program,
+            args: launch.args,
+            env: launch.env,
+            health_path: launch.health_path.to_string(),
+            ready_timeout,
+            port: match launch.readiness {
+                Readiness::FixedPort(p) => Some(p),
+                Readiness::ListeningLine => None,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input<'a>(opts: &'a RecipeOptions, hw: &'a Hardware, port: Option<u16>) -> LaunchInput<'a> {
+        LaunchInput {
+            name: "user.M",
+            main_path: Path::new("/hub/m.gguf"),
+            mmproj_path: None,
+            model_type: ModelType::Llm,
+            options: opts,
+            hardware: hw,
+            port,
+        }
+    }
+
+    #[test]
+    fn each_runnable_recipe_has_an_adapter_and_the_others_say_so() {
+        let mut opts = RecipeOptions::new();
+        opts.insert("ctx_size".into(), 2048.into());
+        opts.insert("llamacpp_backend".into(), "vulkan".into());
+        let hw = Hardware::default();
+        let l = launch(Recipe::LlamaCpp, &input(&opts, &hw, None)).unwrap();
+        assert_eq!(l.readiness, Readiness::ListeningLine);
+        assert!(l.args.windows(2).any(|w| w == ["--ctx-size", "2048"]), "{:?}", l.args);
+        assert!(l.args.windows(2).any(|w| w == ["-ngl", "99"]), "vulkan offloads: {:?}", l.args);
+        assert!(l.args.windows(2).any(|w| w == ["--alias", "user.M"]), "{:?}", l.args);
+        assert!(l.served_paths.contains(&"/v1/chat/completions"));
+
+        assert_eq!(
+            launch(Recipe::RyzenAiLlm, &input(&opts, &hw, None)),
+            Err(BackendError::NeedsPort(Recipe::RyzenAiLlm))
+        );
+        let r = launch(Recipe::RyzenAiLlm, &input(&opts, &hw, Some(9000))).unwrap();
+        assert_eq!(r.readiness, Readiness::FixedPort(9000));
+        assert_eq!(SpawnSpec::new("x", "/bin/x".into(), r, Duration::from_secs(1)).port, Some(9000));
+
+        for recipe in Recipe::ALL {
+            let got = launch(recipe, &input(&opts, &hw, Some(1)));
+            assert_eq!(got.is_ok(), recipe.runnable(), "{recipe}: {got:?}");
+        }
+    }
+
+    #[test]
+    fn backend_option_or_default() {
+        let mut o = RecipeOptions::new();
+        assert_eq!(backend_of(Recipe::LlamaCpp, &o), "cpu");
+        assert_eq!(backend_of(Recipe::RyzenAiLlm, &o), "npu");
+        o.insert("llamacpp_backend".into(), "rocm".into());
+        assert_eq!(backend_of(Recipe::LlamaCpp, &o), "rocm");
+    }
+}

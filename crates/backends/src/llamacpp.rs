@@ -31,7 +31,55 @@ pub const RESERVED_FLAGS: &[&str] = &[
     "-ngl",
     "--gpu-layers",
     "--n-gpu-layers",
+    "-a",
+    "--alias",
 ];
+
+/// The API paths llama-server serves: OpenAI's under `/v1`, llama.cpp's own at the root.
+pub const SERVED_PATHS: &[&str] = &[
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/embeddings",
+    "/v1/rerank",
+    "/completion",
+    "/tokenize",
+    "/detokenize",
+    "/apply-template",
+    "/infill",
+    "/props",
+    "/slots",
+    "/metrics",
+];
+
+/// KV-cache types llama-server accepts for `--cache-type-k` / `--cache-type-v`.
+pub const CACHE_TYPES: &[&str] = &["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"];
+
+/// The runtime admin API's overrides as llama-server flags (`--flash-attn`, `--cache-type-k`,
+/// `--cache-type-v`); an invalid value is an error naming the field.
+pub fn override_args(
+    flash_attn: Option<&str>,
+    type_k: Option<&str>,
+    type_v: Option<&str>,
+) -> Result<Vec<String>, crate::BackendError> {
+    let invalid = crate::BackendError::InvalidOverride;
+    let mut args = Vec::new();
+    if let Some(fa) = flash_attn {
+        if !["on", "off", "auto"].contains(&fa) {
+            return Err(invalid(format!("gguf_flash_attn must be on, off or auto, got '{fa}'")));
+        }
+        args.push(format!("--flash-attn {fa}"));
+    }
+    for (field, flag, v) in [("gguf_type_k", "--cache-type-k", type_k), ("gguf_type_v", "--cache-type-v", type_v)] {
+        if let Some(t) = v {
+            if !CACHE_TYPES.contains(&t) {
+                return Err(invalid(format!("{field} must be one of {}, got '{t}'", CACHE_TYPES.join(", "))));
+            }
+            args.push(format!("{flag} {t}"));
+        }
+    }
+    Ok(args)
+}
 
 pub const DEFAULT_CTX_SIZE: u32 = 4096;
 /// Embedding models get at least this context (as Lemonade v9).
@@ -50,6 +98,9 @@ pub struct LlamaServerConfig {
     pub user_args: String,
     /// The host has an AMD iGPU (then mmap is off by default, as v9).
     pub amd_igpu: bool,
+    /// The model name clients use (`--alias`): llama-server reports it as `model` in every
+    /// answer, instead of the GGUF's path.
+    pub alias: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -144,6 +195,8 @@ pub fn command_line(cfg: &LlamaServerConfig) -> Result<Vec<String>, ArgsError> {
     push("--port");
     push("0");
     push("--jinja");
+    push("--alias");
+    push(&cfg.alias);
     if let Some(mm) = &cfg.mmproj_path {
         push("--mmproj");
         push(&mm.display().to_string());
@@ -200,6 +253,7 @@ mod tests {
             backend: backend.into(),
             user_args: user_args.into(),
             amd_igpu: false,
+            alias: "user.M".into(),
         }
     }
 
@@ -245,7 +299,7 @@ mod tests {
         let c = cfg(
             ModelType::Llm,
             "vulkan",
-            "--keep=4 --no-context-shift --webui -t 2 --reasoning-format none --alias 'my model'",
+            "--keep=4 --no-context-shift --webui -t 2 --reasoning-format none --slot-save-path '/tmp/my slots'",
         );
         insta::assert_snapshot!(line(&c));
     }
@@ -262,7 +316,7 @@ mod tests {
             assert_eq!(err, ArgsError::Reserved { flag: flag.into(), reserved: err_reserved(&err) });
             let msg = err.to_string();
             assert!(msg.contains(&format!("argument '{flag}' is managed by lemonade")), "{msg}");
-            assert!(msg.contains("Reserved arguments: --ctx-size, --embedding"), "{msg}");
+            assert!(msg.contains("Reserved arguments: --alias, --ctx-size, --embedding"), "{msg}");
         }
     }
 

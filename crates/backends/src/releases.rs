@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::Recipe;
+
 /// v9.4.1's pins, used unless `<cache>/backend_versions.json` exists.
 pub const DEFAULT_PINS: &str = include_str!("backend_versions.json");
 
@@ -42,29 +44,8 @@ impl Hardware {
 }
 
 /// A recipe's backends in preference order (v9's table, plus `llamacpp:system`).
-pub const RECIPES: &[(&str, &[&str])] = &[
-    ("llamacpp", &["metal", "vulkan", "rocm", "cpu", "system"]),
-    ("whispercpp", &["npu", "cpu", "vulkan"]),
-    ("kokoro", &["cpu"]),
-    ("sd-cpp", &["rocm", "cpu"]),
-    ("flm", &["npu"]),
-    ("ryzenai-llm", &["npu"]),
-];
-
-/// Recipes this lemonade runs; the others are listed but cannot be installed yet.
-pub const RUNNABLE: &[&str] = &["llamacpp", "ryzenai-llm"];
-
-/// The directory name and executable of a recipe (reference §7.1).
-pub fn recipe_dir_and_exe(recipe: &str) -> Option<(&'static str, &'static str)> {
-    Some(match recipe {
-        "llamacpp" => ("llamacpp", "llama-server"),
-        "whispercpp" => ("whispercpp", "whisper-server"),
-        "sd-cpp" => ("sd-cpp", "sd-server"),
-        "kokoro" => ("kokoro", "koko"),
-        "ryzenai-llm" => ("ryzenai-server", "ryzenai-server"),
-        "flm" => ("flm", "flm"),
-        _ => return None,
-    })
+pub fn recipes() -> impl Iterator<Item = (Recipe, &'static [&'static str])> {
+    Recipe::ALL.into_iter().map(|r| (r, r.backends()))
 }
 
 /// Whether `recipe:backend` can run here: `Ok(devices)` or `Err(why not)`.
@@ -147,6 +128,84 @@ pub fn support(hw: &Hardware, recipe: &str, backend: &str) -> Result<Vec<&'stati
         ("kokoro", "cpu") | ("sd-cpp", "cpu") => Ok(vec!["cpu"]),
         _ => Err(format!("Unknown backend {recipe}:{backend}")),
     }
+}
+
+/// Why a backend cannot be installed; each names the field at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InstallPlanError {
+    #[error("Unknown recipe: {0}. Recipes: {recipes}", recipes = Recipe::ALL.map(Recipe::as_str).join(", "))]
+    UnknownRecipe(String),
+    #[error("Unknown backend '{backend}' for {recipe}. Backends: {}", .recipe.backends().join(", "))]
+    UnknownBackend { recipe: Recipe, backend: String },
+    #[error("{0}")]
+    NotInstallable(String),
+}
+
+/// What installing `recipe:backend` means here: the checked names, where it goes, the pinned
+/// version and its archive.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstallPlan {
+    pub recipe: Recipe,
+    pub backend: String,
+    pub dir: &'static str,
+    pub exe: &'static str,
+    pub version: String,
+    pub asset: Asset,
+    pub sha256: Option<String>,
+}
+
+/// A known recipe and one of its backends.
+pub fn known(recipe: &str, backend: &str) -> Result<Recipe, InstallPlanError> {
+    let r = Recipe::parse(recipe).ok_or_else(|| InstallPlanError::UnknownRecipe(recipe.to_string()))?;
+    if !r.backends().contains(&backend) {
+        return Err(InstallPlanError::UnknownBackend { recipe: r, backend: backend.to_string() });
+    }
+    Ok(r)
+}
+
+/// Decides the install of `recipe:backend` on `hw` with `pins`.
+pub fn plan_install(hw: &Hardware, pins: &Pins, recipe: &str, backend: &str) -> Result<InstallPlan, InstallPlanError> {
+    let r = known(recipe, backend)?;
+    let (dir, exe) = r.dir_and_exe();
+    let unsupported = InstallPlanError::NotInstallable;
+    if let Err(why) = support(hw, recipe, backend) {
+        return Err(unsupported(format!("{recipe}:{backend} cannot run on this machine: {why}")));
+    }
+    if backend == "system" {
+        return Err(unsupported(format!(
+            "{recipe}:system is the {exe} found on PATH; install llama.cpp with your package manager instead"
+        )));
+    }
+    if !r.runnable() {
+        return Err(unsupported(format!("This lemonade does not run {recipe} models yet")));
+    }
+    let version = pins
+        .version(recipe, backend)
+        .ok_or_else(|| unsupported(format!("No version of {recipe}:{backend} is pinned")))?
+        .to_string();
+    let asset = asset(hw, recipe, backend, &version)
+        .ok_or_else(|| unsupported(format!("{recipe}:{backend} has no release archive for this platform")))?;
+    let sha256 = pins.sha256(&asset.filename).map(str::to_string);
+    Ok(InstallPlan { recipe: r, backend: backend.into(), dir, exe, version, asset, sha256 })
+}
+
+/// The GitHub repository whose releases a recipe's backend comes from, where it has one.
+pub fn release_repo(recipe: Recipe, backend: &str) -> Option<&'static str> {
+    Some(match (recipe, backend) {
+        (Recipe::LlamaCpp, "rocm") => "lemonade-sdk/llamacpp-rocm",
+        (Recipe::LlamaCpp, "system") => return None,
+        (Recipe::LlamaCpp, _) => "ggml-org/llama.cpp",
+        (Recipe::WhisperCpp, _) => "ggml-org/whisper.cpp",
+        (Recipe::SdCpp, _) => "leejet/stable-diffusion.cpp",
+        (Recipe::Flm, _) => "FastFlowLM/FastFlowLM",
+        _ => return None,
+    })
+}
+
+/// The release page of `recipe:backend` at `version` (any platform), where one exists.
+pub fn release_url(recipe: Recipe, backend: &str, version: &str) -> Option<String> {
+    let repo = release_repo(recipe, backend)?;
+    (!version.is_empty()).then(|| format!("https://github.com/{repo}/releases/tag/{version}"))
 }
 
 /// A downloadable release archive.
@@ -282,7 +341,7 @@ pub fn state(
         }
         Ok(d) => d,
     };
-    if !RUNNABLE.contains(&recipe) {
+    if !Recipe::parse(recipe).is_some_and(Recipe::runnable) {
         let message = format!("This lemonade does not run {recipe} models yet.");
         return (devices, BackendState { state: "unsupported", message, action: String::new(), version: pinned });
     }

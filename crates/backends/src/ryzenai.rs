@@ -3,6 +3,9 @@
 
 use std::path::Path;
 
+/// The OpenAI paths ryzenai-server serves.
+pub const SERVED_PATHS: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/responses"];
+
 /// `ryzenai-server -m <model dir> --port <P> --ctx-size <N>`. The model directory is the one
 /// holding `genai_config.json`. ryzenai-server cannot bind port 0 and report it, so the port is
 /// chosen by the caller.

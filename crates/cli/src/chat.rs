@@ -6,8 +6,9 @@
 use std::io::Write;
 
 use anyhow::{Context, Result};
+use api_types::{ChatCompletionRequest, ChatMessage};
 use futures_util::{FutureExt, StreamExt};
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::client::{error_text, Target};
@@ -38,7 +39,7 @@ pub async fn run(t: &Target, model: &str, max_tokens: Option<u32>) -> Result<()>
     let editor = rustyline::DefaultEditor::new().context("cannot open the terminal")?;
     let editor = std::sync::Arc::new(std::sync::Mutex::new(editor));
     println!("Chatting with {model}. {HELP}");
-    let mut history: Vec<Value> = Vec::new();
+    let mut history: Vec<ChatMessage> = Vec::new();
     loop {
         let ed = editor.clone();
         let input = tokio::task::spawn_blocking(move || read_line(&mut ed.lock().unwrap_or_else(|e| e.into_inner())))
@@ -66,7 +67,7 @@ pub async fn run(t: &Target, model: &str, max_tokens: Option<u32>) -> Result<()>
             }
             _ => {}
         }
-        history.push(json!({"role": "user", "content": line}));
+        history.push(ChatMessage::text("user", line));
         // A Ctrl-C typed while at the prompt must not stop the next answer.
         while sigint.recv().now_or_never().is_some() {}
         let (answer, stopped) = tokio::select! {
@@ -88,18 +89,26 @@ pub async fn run(t: &Target, model: &str, max_tokens: Option<u32>) -> Result<()>
             continue;
         }
         println!();
-        history.push(json!({"role": "assistant", "content": answer.unwrap_or_default()}));
+        history.push(ChatMessage::text("assistant", answer.unwrap_or_default()));
     }
     Ok(())
 }
 
 /// Streams one answer to stdout; returns its text.
-async fn stream_answer(t: &Target, model: &str, history: &[Value], max_tokens: Option<u32>) -> Result<Option<String>> {
-    let mut body = json!({"model": model, "messages": history, "stream": true});
-    if let Some(n) = max_tokens {
-        body["max_tokens"] = n.into();
-    }
-    let r = t.post_stream("/chat/completions", &body).await?;
+async fn stream_answer(
+    t: &Target,
+    model: &str,
+    history: &[ChatMessage],
+    max_tokens: Option<u32>,
+) -> Result<Option<String>> {
+    let body = ChatCompletionRequest {
+        model: Some(model.to_string()),
+        messages: history.to_vec(),
+        stream: Some(true),
+        max_tokens: max_tokens.map(u64::from),
+        ..Default::default()
+    };
+    let r = t.client(None).post_stream("/chat/completions", &body).await?;
     let mut stream = r.bytes_stream();
     let mut buf = String::new();
     let mut text = String::new();

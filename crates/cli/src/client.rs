@@ -4,6 +4,11 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use api_types::{
+    DeleteRequest, Health, InstallRequest, LoadRequest, ModelList, PullProgress, PullRequest, SystemInfo, UnloadRequest,
+};
+pub use client::error_text;
+use client::Client;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
@@ -16,82 +21,25 @@ pub struct Target {
 }
 
 impl Target {
-    pub fn url(&self, path: &str) -> String {
-        format!("http://{}:{}/api/v1{path}", self.host, self.port)
-    }
-
-    fn http(&self, timeout: Option<Duration>) -> reqwest::Client {
-        let mut b = reqwest::Client::builder().no_proxy().connect_timeout(Duration::from_secs(5));
-        if let Some(t) = timeout {
-            b = b.timeout(t);
+    /// The typed client of this server; `timeout` bounds each call (None: loads and pulls may
+    /// take long).
+    pub fn client(&self, timeout: Option<Duration>) -> Client {
+        let c = Client::new(&format!("http://{}:{}", self.host, self.port), self.api_key.clone());
+        match timeout {
+            Some(t) => c.with_timeout(t),
+            None => c,
         }
-        b.build().expect("HTTP client")
-    }
-
-    fn auth(&self, r: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        match &self.api_key {
-            Some(k) if !k.is_empty() => r.bearer_auth(k),
-            _ => r,
-        }
-    }
-
-    fn unreachable(&self) -> String {
-        format!("Lemonade Server is not running on {}:{} (start it with `lemonade serve`)", self.host, self.port)
-    }
-
-    /// Sends `r` (with the key), naming the server when it cannot be reached.
-    async fn send(&self, r: reqwest::RequestBuilder) -> Result<reqwest::Response> {
-        self.auth(r).send().await.with_context(|| self.unreachable())
-    }
-
-    /// GET, with the server's error text on failure.
-    pub async fn get(&self, path: &str, timeout: Duration) -> Result<Value> {
-        answer(self.send(self.http(Some(timeout)).get(self.url(path))).await?).await
-    }
-
-    /// POST a JSON body (no overall timeout: loads and pulls may take long).
-    pub async fn post(&self, path: &str, body: &Value) -> Result<Value> {
-        answer(self.send(self.http(None).post(self.url(path)).json(body)).await?).await
-    }
-
-    /// POST and return the raw streaming response (SSE).
-    pub async fn post_stream(&self, path: &str, body: &Value) -> Result<reqwest::Response> {
-        let r = self.send(self.http(None).post(self.url(path)).json(body)).await?;
-        if !r.status().is_success() {
-            return Err(answer(r).await.unwrap_err());
-        }
-        Ok(r)
     }
 
     /// The server's health document, if a lemonade answers within `timeout`.
-    pub async fn health(&self, timeout: Duration) -> Option<Value> {
-        let r = self.auth(self.http(Some(timeout)).get(self.url("/health"))).send().await.ok()?;
-        if !r.status().is_success() {
-            return None;
-        }
-        r.json::<Value>().await.ok().filter(|v| v["status"] == "ok")
+    pub async fn health(&self, timeout: Duration) -> Option<Health> {
+        self.client(Some(timeout)).health().await.ok().filter(|h| h.status == "ok")
     }
 }
 
-/// The JSON body of a successful answer, or the server's error text.
-async fn answer(r: reqwest::Response) -> Result<Value> {
-    let status = r.status();
-    let text = r.text().await.unwrap_or_default();
-    let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    if !status.is_success() {
-        bail!("{} (HTTP {})", error_text(&v), status.as_u16());
-    }
-    Ok(v)
-}
-
-/// The server's error message, from an OpenAI-style or flat error body.
-pub fn error_text(v: &Value) -> String {
-    v["error"]["message"]
-        .as_str()
-        .or_else(|| v["error"].as_str())
-        .or_else(|| v.as_str())
-        .map(str::to_string)
-        .unwrap_or_else(|| v.to_string())
+/// `v` as JSON for `--json` output.
+fn json_of(v: &impl serde::Serialize) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
 }
 
 /// Prints `v` when `--json`, else `text`.
@@ -132,7 +80,7 @@ pub struct PullArgs {
 
 /// Renders a pull-style SSE stream (`progress`, `complete`, `error`) as a progress bar.
 /// Returns the `complete` event's data.
-async fn progress_stream(r: reqwest::Response, json_out: bool, what: &str) -> Result<Value> {
+async fn progress_stream(r: reqwest::Response, json_out: bool, what: &str) -> Result<PullProgress> {
     let bar = indicatif::ProgressBar::new(0);
     if json_out {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
@@ -150,36 +98,29 @@ async fn progress_stream(r: reqwest::Response, json_out: bool, what: &str) -> Re
         while let Some(end) = buf.find("\n\n") {
             let event: String = buf.drain(..end + 2).collect();
             let kind = event.lines().find_map(|l| l.strip_prefix("event: ")).unwrap_or("");
-            let data: Value = event
-                .lines()
-                .find_map(|l| l.strip_prefix("data: "))
-                .and_then(|d| serde_json::from_str(d).ok())
-                .unwrap_or(Value::Null);
+            let data = event.lines().find_map(|l| l.strip_prefix("data: ")).unwrap_or("null");
+            let progress = || serde_json::from_str::<PullProgress>(data).context("a progress event of another shape");
             match kind {
                 "progress" => {
-                    let idx = data["file_index"].as_u64().unwrap_or(0);
-                    if idx != current {
-                        current = idx;
-                        bar.set_length(data["bytes_total"].as_u64().unwrap_or(0));
+                    let p = progress()?;
+                    if p.file_index as u64 != current {
+                        current = p.file_index as u64;
+                        bar.set_length(p.bytes_total);
                         bar.reset();
-                        bar.set_message(format!(
-                            "[{idx}/{}] {}",
-                            data["total_files"],
-                            data["file"].as_str().unwrap_or("")
-                        ));
+                        bar.set_message(format!("[{}/{}] {}", p.file_index, p.total_files, p.file));
                     }
-                    if let Some(t) = data["bytes_total"].as_u64().filter(|t| *t > 0) {
-                        bar.set_length(t);
+                    if p.bytes_total > 0 {
+                        bar.set_length(p.bytes_total);
                     }
-                    bar.set_position(data["bytes_downloaded"].as_u64().unwrap_or(0));
+                    bar.set_position(p.bytes_downloaded);
                 }
                 "complete" => {
                     bar.finish_and_clear();
-                    return Ok(data);
+                    return progress();
                 }
                 "error" => {
                     bar.abandon();
-                    bail!("Error {what}: {}", error_text(&data));
+                    bail!("Error {what}: {}", error_text(&serde_json::from_str(data).unwrap_or(Value::Null)));
                 }
                 _ => {}
             }
@@ -191,20 +132,20 @@ async fn progress_stream(r: reqwest::Response, json_out: bool, what: &str) -> Re
 
 /// `lemonade pull`: streams the server's progress events into a progress bar.
 pub async fn pull(t: &Target, a: PullArgs, json_out: bool) -> Result<()> {
-    let mut body = json!({"model": a.model, "stream": true});
-    for (k, v) in [("checkpoint", &a.checkpoint), ("recipe", &a.recipe), ("mmproj", &a.mmproj)] {
-        if let Some(v) = v {
-            body[k] = json!(v);
-        }
-    }
-    for (k, on) in
-        [("reasoning", a.reasoning), ("vision", a.vision), ("embedding", a.embedding), ("reranking", a.reranking)]
-    {
-        if on {
-            body[k] = json!(true);
-        }
-    }
-    let r = t.post_stream("/pull", &body).await.context("Error pulling model")?;
+    let flag = |on: bool| on.then_some(true);
+    let body = PullRequest {
+        model: Some(a.model.clone()),
+        checkpoint: a.checkpoint,
+        recipe: a.recipe,
+        mmproj: a.mmproj,
+        reasoning: flag(a.reasoning),
+        vision: flag(a.vision),
+        embedding: flag(a.embedding),
+        reranking: flag(a.reranking),
+        stream: Some(true),
+        ..Default::default()
+    };
+    let r = t.client(None).post_stream("/pull", &body).await.context("Error pulling model")?;
     progress_stream(r, json_out, "pulling model").await?;
     out(json_out, &json!({"status": "success", "model_name": a.model}), || {
         format!("Model pulled successfully: {}", a.model)
@@ -214,28 +155,27 @@ pub async fn pull(t: &Target, a: PullArgs, json_out: bool) -> Result<()> {
 
 /// `lemonade delete`.
 pub async fn delete(t: &Target, model: String, json_out: bool) -> Result<()> {
-    let v = t.post("/delete", &json!({"model": model})).await.context("Error deleting model")?;
-    out(json_out, &v, || format!("Model deleted successfully: {model}"));
+    let req = DeleteRequest { model: Some(model.clone()), ..Default::default() };
+    let v = t.client(None).delete(&req).await.context("Error deleting model")?;
+    out(json_out, &json_of(&v), || format!("Model deleted successfully: {model}"));
     Ok(())
 }
 
 /// `lemonade list`: every model of the catalogue usable here, as a table.
 pub async fn list(t: &Target, json_out: bool) -> Result<()> {
-    let v = t.get("/models?show_all=true", Duration::from_secs(30)).await?;
-    out(json_out, &v, || {
+    let v: ModelList = t.client(Some(Duration::from_secs(30))).models(true).await?;
+    out(json_out, &json_of(&v), || {
         let mut s = format!("{:<44} {:<11} {:<10} {:>8}  Labels\n", "Model Name", "Downloaded", "Recipe", "Size");
         s += &"-".repeat(100);
-        for m in v["data"].as_array().map(Vec::as_slice).unwrap_or_default() {
-            let size = m["size"].as_f64().map(|s| format!("{s:.2} GB")).unwrap_or_default();
-            let labels: Vec<&str> =
-                m["labels"].as_array().map(|l| l.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+        for m in &v.data {
+            let size = m.size.map(|s| format!("{s:.2} GB")).unwrap_or_default();
             s += &format!(
                 "\n{:<44} {:<11} {:<10} {:>8}  {}",
-                m["id"].as_str().unwrap_or(""),
-                if m["downloaded"] == true { "Yes" } else { "No" },
-                m["recipe"].as_str().unwrap_or(""),
+                m.id,
+                if m.downloaded { "Yes" } else { "No" },
+                m.recipe,
                 size,
-                labels.join(", ")
+                m.labels.join(", ")
             );
         }
         s + "\n" + &"-".repeat(100)
@@ -261,39 +201,29 @@ pub struct LoadArgs {
 }
 
 impl LoadArgs {
-    pub fn body(&self, model: &str) -> Value {
-        let mut b = json!({"model_name": model});
-        if let Some(c) = self.ctx_size {
-            b["ctx_size"] = json!(c);
+    pub fn body(&self, model: &str) -> LoadRequest {
+        LoadRequest {
+            model_name: model.to_string(),
+            ctx_size: self.ctx_size,
+            llamacpp_backend: self.llamacpp.clone(),
+            llamacpp_args: self.llamacpp_args.clone(),
+            save_options: self.save_options.then_some(true),
         }
-        if let Some(l) = &self.llamacpp {
-            b["llamacpp_backend"] = json!(l);
-        }
-        if let Some(a) = &self.llamacpp_args {
-            b["llamacpp_args"] = json!(a);
-        }
-        if self.save_options {
-            b["save_options"] = json!(true);
-        }
-        b
     }
 }
 
 /// `lemonade load`.
 pub async fn load(t: &Target, model: &str, a: &LoadArgs, json_out: bool) -> Result<()> {
-    let v = t.post("/load", &a.body(model)).await.context("Failed to load model")?;
-    out(json_out, &v, || format!("Model loaded successfully: {model}"));
+    let v = t.client(None).load(&a.body(model)).await.context("Failed to load model")?;
+    out(json_out, &json_of(&v), || format!("Model loaded successfully: {model}"));
     Ok(())
 }
 
 /// `lemonade unload [MODEL]`.
 pub async fn unload(t: &Target, model: Option<String>, json_out: bool) -> Result<()> {
-    let body = match &model {
-        Some(m) => json!({"model_name": m}),
-        None => json!({}),
-    };
-    let v = t.post("/unload", &body).await.context("Failed to unload")?;
-    out(json_out, &v, || match &model {
+    let body = UnloadRequest { model_name: model.clone(), ..Default::default() };
+    let v = t.client(None).unload(&body).await.context("Failed to unload")?;
+    out(json_out, &json_of(&v), || match &model {
         Some(m) => format!("Model unloaded successfully: {m}"),
         None => "All models unloaded.".into(),
     });
@@ -304,13 +234,9 @@ pub async fn unload(t: &Target, model: Option<String>, json_out: bool) -> Result
 pub async fn status(t: &Target, pid: Option<u32>, json_out: bool) -> Result<bool> {
     let health = t.health(Duration::from_secs(3)).await;
     let loaded: Vec<Value> = health
-        .as_ref()
-        .and_then(|h| h["all_models_loaded"].as_array().cloned())
-        .unwrap_or_default()
         .iter()
-        .map(
-            |m| json!({"model_name": m["model_name"], "type": m["type"], "recipe": m["recipe"], "device": m["device"]}),
-        )
+        .flat_map(|h| &h.all_models_loaded)
+        .map(|m| json!({"model_name": m.model_name, "type": m.model_type, "recipe": m.recipe, "device": m.device}))
         .collect();
     let running = health.is_some();
     let v = json!({
@@ -318,7 +244,7 @@ pub async fn status(t: &Target, pid: Option<u32>, json_out: bool) -> Result<bool
         "host": t.host,
         "port": t.port,
         "pid": pid,
-        "version": health.as_ref().map(|h| h["version"].clone()),
+        "version": health.as_ref().map(|h| h.version.clone()),
         "loaded_models": loaded,
     });
     out(json_out, &v, || match (&health, pid) {
@@ -350,8 +276,8 @@ pub async fn status(t: &Target, pid: Option<u32>, json_out: bool) -> Result<bool
 
 /// `lemonade system-info`.
 pub async fn system_info(t: &Target, verbose: bool, json_out: bool) -> Result<()> {
-    let path = if verbose { "/system-info?verbose=true" } else { "/system-info" };
-    let v = t.get(path, Duration::from_secs(60)).await?;
+    let info: SystemInfo = t.client(Some(Duration::from_secs(60))).system_info(verbose).await?;
+    let v = json_of(&info);
     out(json_out, &v, || {
         let mut s = String::new();
         for k in ["OS Version", "Processor", "Physical Memory"] {
@@ -403,12 +329,11 @@ fn recipes_table(v: &Value) -> String {
     if let Some(recipes) = v["recipes"].as_object() {
         // In v9's preference order (the JSON object's keys come sorted).
         let order = |name: &str, list: &[&str]| list.iter().position(|x| *x == name).unwrap_or(usize::MAX);
-        let recipe_names: Vec<&str> = backends::releases::RECIPES.iter().map(|(r, _)| *r).collect();
+        let recipe_names: Vec<&str> = backends::Recipe::ALL.iter().map(|r| r.as_str()).collect();
         let mut recipes: Vec<_> = recipes.iter().collect();
         recipes.sort_by_key(|(r, _)| order(r, &recipe_names));
         for (recipe, r) in recipes {
-            let preferred =
-                backends::releases::RECIPES.iter().find(|(x, _)| x == recipe).map(|(_, l)| *l).unwrap_or(&[]);
+            let preferred = backends::Recipe::parse(recipe).map(backends::Recipe::backends).unwrap_or(&[]);
             if let Some(backends) = r["backends"].as_object() {
                 let mut backends: Vec<_> = backends.iter().collect();
                 backends.sort_by_key(|(b, _)| order(b, preferred));
@@ -449,25 +374,24 @@ fn recipe_backend(s: &str, flag: &str) -> Result<(String, String)> {
 pub async fn recipes(t: &Target, install: Option<String>, uninstall: Option<String>, json_out: bool) -> Result<()> {
     if let Some(spec) = install {
         let (recipe, backend) = recipe_backend(&spec, "--install")?;
-        let r = t
-            .post_stream("/install", &json!({"recipe": recipe, "backend": backend, "stream": true}))
-            .await
-            .context("Error installing backend")?;
+        let req = InstallRequest { recipe: Some(recipe.clone()), backend: Some(backend.clone()), stream: Some(true) };
+        let r = t.client(None).post_stream("/install", &req).await.context("Error installing backend")?;
         let done = progress_stream(r, json_out, "installing backend").await?;
-        let v = json!({"status": "success", "recipe": recipe, "backend": backend, "bytes": done["bytes_downloaded"]});
+        let v = json!({"status": "success", "recipe": recipe, "backend": backend, "bytes": done.bytes_downloaded});
         out(json_out, &v, || format!("Backend installed successfully: {recipe}:{backend}"));
         return Ok(());
     }
     if let Some(spec) = uninstall {
         let (recipe, backend) = recipe_backend(&spec, "--uninstall")?;
-        let v = t
-            .post("/uninstall", &json!({"recipe": recipe, "backend": backend}))
-            .await
-            .context("Error uninstalling backend")?;
-        out(json_out, &v, || format!("Backend uninstalled successfully: {recipe}:{backend}"));
+        let req = InstallRequest { recipe: Some(recipe.clone()), backend: Some(backend.clone()), stream: None };
+        let v = t.client(None).uninstall(&req).await.context("Error uninstalling backend")?;
+        out(json_out, &json_of(&v), || match v.message {
+            Some(m) => m,
+            None => format!("Backend uninstalled successfully: {recipe}:{backend}"),
+        });
         return Ok(());
     }
-    let v = t.get("/system-info", Duration::from_secs(60)).await?;
+    let v = json_of(&t.client(Some(Duration::from_secs(60))).system_info(false).await?);
     out(json_out, &v["recipes"], || recipes_table(&v));
     Ok(())
 }

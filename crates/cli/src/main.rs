@@ -220,7 +220,13 @@ fn truthy(var: &str) -> bool {
     matches!(std::env::var(var).as_deref(), Ok("1" | "true" | "TRUE" | "yes"))
 }
 
-async fn serve(args: ServeArgs, host: String, port: u16, api_key: Option<String>) -> anyhow::Result<()> {
+async fn serve(
+    args: ServeArgs,
+    host: String,
+    port: u16,
+    api_key: Option<String>,
+    logs: std::sync::Arc<server::logging::LogHub>,
+) -> anyhow::Result<()> {
     let backend = match args.llamacpp {
         LlamaBackend::Cpu => "cpu",
         LlamaBackend::Vulkan => "vulkan",
@@ -233,8 +239,7 @@ async fn serve(args: ServeArgs, host: String, port: u16, api_key: Option<String>
         backends::llamacpp::validate_user_args(&tokens).context("--llamacpp-args")?;
     }
     let cache = cache_dir();
-    let mut cfg =
-        server::Config::new(cache.clone(), registry::hf_cache::cache_root_from_env(|k| std::env::var(k).ok()));
+    let mut cfg = server::Config::new(cache.clone(), host::hf_cache::cache_root_from_env(|k| std::env::var(k).ok()));
     cfg.host = host.clone();
     cfg.port = port;
     cfg.extra_models_dir = args.extra_models_dir;
@@ -249,6 +254,7 @@ async fn serve(args: ServeArgs, host: String, port: u16, api_key: Option<String>
     cfg.pull_timeout = Duration::from_secs(args.pull_timeout);
     cfg.watchdog_interval = (args.watchdog_interval_ms > 0).then(|| Duration::from_millis(args.watchdog_interval_ms));
     cfg.access.api_key = api_key.filter(|k| !k.is_empty());
+    cfg.logs = Some(logs);
     cfg.access.allowed_origins =
         server::access::Access::origins_from(std::env::var("LEMONADE_ALLOWED_ORIGINS").ok().as_deref());
 
@@ -330,9 +336,9 @@ async fn run(
     }
     with_server(t, true, extra, true, async |t| {
         eprintln!("Loading {model}…");
-        let body = load.body(model);
+        let (body, client) = (load.body(model), t.client(None));
         tokio::select! {
-            r = t.post("/load", &body) => { r.context("Failed to load model")?; }
+            r = client.load(&body) => { r.context("Failed to load model")?; }
             _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted while loading {model}"),
         }
         chat::run(t, model, max_tokens).await
@@ -400,9 +406,9 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
-            server::logging::init(args.log_level.name());
+            let logs = server::logging::init(args.log_level.name());
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-            match rt.block_on(serve(args, cli.host, cli.port, cli.api_key)) {
+            match rt.block_on(serve(args, cli.host, cli.port, cli.api_key, logs)) {
                 Ok(()) => std::process::ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("Error: {e:#}");

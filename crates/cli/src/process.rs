@@ -19,7 +19,7 @@ pub fn pid_file(cache_dir: &Path, port: u16) -> PathBuf {
 /// Writes the PID file atomically.
 pub fn write_pid_file(cache_dir: &Path, port: u16) -> Result<PathBuf> {
     let path = pid_file(cache_dir, port);
-    registry::write_atomic(&path, format!("{}\n{port}\n", std::process::id()).as_bytes())
+    host::files::write_atomic(&path, format!("{}\n{port}\n", std::process::id()).as_bytes())
         .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(path)
 }

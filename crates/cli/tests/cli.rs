@@ -76,6 +76,19 @@ async fn load_status_unload_list_and_system_info() {
     assert!(v["devices"]["cpu"]["threads"].as_u64().unwrap() >= 1);
     // No GPU here: lists, never an error status.
     assert!(v["devices"]["amd_dgpu"].is_array() && v["devices"]["nvidia_dgpu"].is_array(), "{v}");
+    // Every device key Lemonade returns is present; one that is absent says so.
+    assert_eq!(v["devices"]["amd_igpu"]["available"], false, "{v}");
+    assert_eq!(v["devices"]["amd_npu"]["available"], false, "{v}");
+    // Release pages where the backend has releases (any platform), none for `system`.
+    let b = &v["recipes"]["llamacpp"]["backends"];
+    assert_eq!(b["vulkan"]["release_url"], "https://github.com/ggml-org/llama.cpp/releases/tag/b8175", "{b}");
+    assert_eq!(b["metal"]["release_url"], "https://github.com/ggml-org/llama.cpp/releases/tag/b8175", "{b}");
+    assert_eq!(b["system"]["release_url"], "", "{b}");
+    assert_eq!(
+        v["recipes"]["whispercpp"]["release_url"],
+        "https://github.com/ggml-org/whisper.cpp/releases/tag/v1.8.2"
+    );
+    assert_eq!(v["recipes"]["llamacpp"]["release_url"], b["cpu"]["release_url"], "the default backend's");
     let cpu = &v["recipes"]["llamacpp"]["backends"]["cpu"];
     assert_eq!(cpu["state"], "installed", "the test points LEMONADE_LLAMACPP_CPU_BIN at llama-server: {cpu}");
     assert_eq!(v["recipes"]["llamacpp"]["backends"]["metal"]["state"], "unsupported");

@@ -32,8 +32,12 @@ async fn chat_non_streaming_autoloads_and_records_stats() {
     assert_eq!(s, 200);
     assert_eq!(h["all_models_loaded"], json!([]));
     assert_eq!(h["model_loaded"], Value::Null);
-    let (s, _) = l.get("/api/v1/stats").await;
-    assert_eq!(s, 404, "no model loaded yet");
+    // Before any request: 200 with every figure 0 (as Lemonade), not a 404 that reads as
+    // "route not registered".
+    let (s, st) = l.get("/api/v1/stats").await;
+    assert_eq!(s, 200, "{st}");
+    assert_eq!((st["input_tokens"].as_u64(), st["output_tokens"].as_u64()), (Some(0), Some(0)), "{st}");
+    assert_eq!(st["tokens_per_second"].as_f64(), Some(0.0), "{st}");
 
     let (s, v) = l.post("/api/v1/chat/completions", &chat(SMOL, "Which city is the capital of France?", 16)).await;
     assert_eq!(s, 200, "{v}");
@@ -42,6 +46,9 @@ async fn chat_non_streaming_autoloads_and_records_stats() {
     assert!(text.contains("Paris"), "SmolLM2 should know this: {text}");
     let completion_tokens = v["usage"]["completion_tokens"].as_u64().unwrap();
     assert!(completion_tokens > 0 && completion_tokens <= 16);
+    // The answer names the model the client asked for, never the GGUF's path.
+    assert_eq!(v["model"], SMOL, "{v}");
+    assert!(!v.to_string().contains(".cache"), "a local path leaked: {v}");
 
     let (_, h) = l.get("/v1/health").await;
     assert_eq!(loaded_names(&h), [SMOL]);
@@ -73,6 +80,13 @@ async fn chat_streaming_relays_chunks_and_ends_with_one_done() {
     let data = sse_data(&text);
     assert_eq!(data.iter().filter(|d| *d == "[DONE]").count(), 1, "{text}");
     assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> =
+        data.iter().filter(|d| *d != "[DONE]").filter_map(|d| serde_json::from_str(d).ok()).collect();
+    assert!(!chunks.is_empty(), "{text}");
+    for c in &chunks {
+        assert_eq!(c["model"], SMOL, "every chunk names the requested model: {c}");
+    }
+    assert!(!text.contains(".cache"), "a local path leaked: {text}");
     let content: String = data
         .iter()
         .filter(|d| *d != "[DONE]")
@@ -176,8 +190,16 @@ async fn responses_streaming_and_not() {
     let (s, v) =
         l.post("/api/v1/responses", &json!({"model": SMOL, "input": "Say hello.", "max_output_tokens": 12})).await;
     assert_eq!(s, 200, "{v}");
-    let text = v.to_string();
-    assert!(text.contains("output_text"), "{v}");
+    assert_eq!(v["model"], SMOL, "{v}");
+    let said: String = v["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|o| o["content"].as_array().cloned().unwrap_or_default())
+        .filter(|c| c["type"] == "output_text")
+        .filter_map(|c| c["text"].as_str().map(str::to_string))
+        .collect();
+    assert!(!said.trim().is_empty(), "output_text with text: {v}");
     let (s, ct, body) = stream_text(
         &l,
         "/api/v1/responses",
@@ -188,6 +210,7 @@ async fn responses_streaming_and_not() {
     assert!(ct.starts_with("text/event-stream"));
     assert!(body.contains("response.output_text.delta"), "{body}");
     assert!(body.contains("response.completed"), "{body}");
+    assert!(!body.contains(".cache"), "a local path leaked: {body}");
 }
 
 #[tokio::test]

@@ -192,8 +192,13 @@ async fn unloading_a_loading_model_cancels_the_load() {
     })
     .await;
     assert!(loading.is_some());
-    let children = child_pids(l.pid());
-    assert_eq!(children.len(), 1, "the backend is starting");
+    // `loading` is published before the process is spawned: wait for the child itself.
+    let children = wait_for(Duration::from_secs(5), || async {
+        let c = child_pids(l.pid());
+        (c.len() == 1).then_some(c)
+    })
+    .await;
+    let children = children.expect("the backend is starting");
     let t = Instant::now();
     let (s, _) = l.post("/api/v1/unload", &json!({"model_name": x("slow")})).await;
     assert_eq!(s, 200);

@@ -121,9 +121,11 @@ async fn install_runs_a_model_then_uninstall_removes_it() {
     assert!(loaded_names(&l.get("/api/v1/health").await.1).is_empty());
     assert!(!alive(backend[0]), "the backend process stopped");
     assert_eq!(cpu_state(&l).await["state"], "installable");
+    // Uninstall is idempotent (as Lemonade): nothing to remove is 200, with a message.
     let (s2, v) = l.post("/api/v1/uninstall", &json!({"recipe": "llamacpp", "backend": "cpu"})).await;
-    assert_eq!(s2, 400);
-    assert_eq!(v["error"]["code"], "backend_not_installed");
+    assert_eq!(s2, 200, "{v}");
+    assert_eq!(v["status"], "success", "{v}");
+    assert_eq!(v["message"], "llamacpp:cpu is not installed; nothing to remove", "{v}");
 
     // Bad requests are 400 with precise messages.
     for (body, needle) in [

@@ -1,4 +1,6 @@
-//! Checkpoint strings (`org/repo[:VARIANT]`) and the variant rules that pick GGUF files.
+//! Checkpoint strings (`org/repo[:VARIANT]`) and the one variant resolver that picks files.
+
+use crate::plan::PlanError;
 
 /// A parsed checkpoint: the Hugging Face repo id and the variant after the first `:`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,7 +28,7 @@ impl Checkpoint {
 /// characters (letters, digits, `-`, `_`, `.`; at most 96 per part; no `..`, `--`, or leading or
 /// trailing `-` or `.`), and a variant without control characters, `\\`, `..` or a leading `/`.
 /// Checked before anything is registered or any path is built from it.
-pub fn validate(s: &str) -> Result<(), String> {
+pub fn validate(s: &str) -> Result<(), crate::RegistryError> {
     let c = Checkpoint::parse(s);
     let part_ok = |p: &str| {
         !p.is_empty()
@@ -40,16 +42,20 @@ pub fn validate(s: &str) -> Result<(), String> {
     match c.repo.split_once('/') {
         Some((org, name)) if part_ok(org) && part_ok(name) => {}
         _ => {
-            return Err(format!(
+            return Err(crate::RegistryError::Invalid(format!(
                 "Invalid checkpoint '{}': expected `org/name[:VARIANT]` with a Hugging Face repository id (letters, digits, '-', '_', '.')",
                 s.escape_debug()
-            ))
+            )))
         }
     }
     let v = &c.variant;
     if v.chars().any(char::is_control) || v.contains('\\') || v.split('/').any(|seg| seg == "..") || v.starts_with('/')
     {
-        return Err(format!("Invalid variant '{}' in checkpoint '{}'", v.escape_debug(), c.repo));
+        return Err(crate::RegistryError::Invalid(format!(
+            "Invalid variant '{}' in checkpoint '{}'",
+            v.escape_debug(),
+            c.repo
+        )));
     }
     Ok(())
 }
@@ -71,55 +77,118 @@ fn file_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 
-/// Picks the main GGUF of a llamacpp checkpoint among `files` (paths relative to a snapshot,
-/// `/`-separated), following Lemonade v9's resolution rules (reference §6.4):
+/// The one variant resolver (reference §6.2 and §6.4): the files of `variant` among `paths`
+/// (relative, `/`-separated), the first being what the backend loads. Used on a Hub listing to
+/// plan a pull ([`crate::plan`]) and on a cache snapshot to find the file to load
+/// ([`resolve_main`]), so the two cannot disagree.
 ///
-/// * candidates are files whose name contains `.gguf` and not `mmproj`, sorted;
-/// * `*` or empty variant → the first candidate;
-/// * a variant containing `.gguf` → the candidate whose path equals it;
-/// * otherwise the first candidate whose name ends with `<variant>.gguf` (case-insensitive),
-///   then the first root-level shard `*<variant>-NNNNN-of-NNNNN.gguf` (beyond v9), then the
-///   first whose path contains `<variant>/` (a folder of shards: the first shard);
-/// * otherwise the first candidate.
-///
-/// Unlike v9, partial downloads (`*.partial`, `*.incomplete`) are never candidates.
-pub fn resolve_gguf<'a>(files: &'a [String], variant: &str) -> Option<&'a str> {
-    let mut cands: Vec<&str> = files
-        .iter()
-        .map(String::as_str)
-        .filter(|f| {
-            let name = lower(file_name(f));
-            name.contains(".gguf") && !is_mmproj(f) && !name.ends_with(".partial") && !name.ends_with(".incomplete")
-        })
-        .collect();
-    cands.sort_unstable();
-    if cands.is_empty() {
-        return None;
+/// * GGUF files are those whose name ends with `.gguf` (any case); partial downloads never are;
+/// * `*.safetensors`, `*.gguf` and `*.bin` variants name one file: its path, or else its name;
+/// * `*` → every GGUF, mmproj files last;
+/// * otherwise the one non-mmproj GGUF whose name ends with `<variant>.gguf` (any case; two are
+///   ambiguous), then the shards `*<variant>-NNNNN-of-NNNNN.gguf` at the root (beyond v9),
+///   then every GGUF in the folder `<variant>/` (shards).
+pub fn select<'a>(repo: &str, variant: &str, paths: &[&'a str]) -> Result<Vec<&'a str>, PlanError> {
+    let lower = variant.to_ascii_lowercase();
+    let mut ggufs: Vec<&str> = paths.iter().copied().filter(|p| is_gguf(p)).collect();
+    ggufs.sort_unstable();
+    let exact = |err: PlanError| {
+        let by_path = paths.iter().copied().find(|p| *p == variant);
+        by_path.or_else(|| paths.iter().copied().find(|p| file_name(p) == variant)).map(|p| vec![p]).ok_or(err)
+    };
+    if lower.ends_with(".safetensors") {
+        return exact(PlanError::SafetensorsNotFound(variant.into()));
     }
-    if variant.is_empty() || variant == "*" {
-        return Some(cands[0]);
+    if variant == "*" {
+        if ggufs.is_empty() {
+            return Err(PlanError::NoGguf(repo.into()));
+        }
+        ggufs.sort_by_key(|p| is_mmproj(p));
+        return Ok(ggufs);
     }
-    if variant.to_ascii_lowercase().contains(".gguf") {
-        return cands.iter().copied().find(|f| *f == variant || file_name(f) == variant);
+    if lower.ends_with(".gguf") || lower.ends_with(".bin") {
+        return exact(PlanError::FileNotFound { repo: repo.into(), file: variant.into() });
     }
-    let suffix = format!("{}.gguf", lower(variant));
-    if let Some(f) = cands.iter().copied().find(|f| lower(file_name(f)).ends_with(&suffix)) {
-        return Some(f);
+    let models: Vec<&str> = ggufs.iter().copied().filter(|p| !is_mmproj(p)).collect();
+    let suffix = format!("{lower}.gguf");
+    let by_suffix: Vec<&str> = models.iter().copied().filter(|p| lower_name(p).ends_with(&suffix)).collect();
+    match by_suffix.len() {
+        1 => return Ok(by_suffix),
+        n if n > 1 => {
+            return Err(PlanError::Ambiguous {
+                variant: variant.into(),
+                matches: by_suffix.iter().map(|p| p.to_string()).collect(),
+            })
+        }
+        _ => {}
     }
-    // Shards at the repo root: the first shard of `*<variant>-NNNNN-of-NNNNN.gguf`.
-    let lv = lower(variant);
-    if let Some(f) = cands
+    // Shards at the root: every `*<variant>-NNNNN-of-NNNNN.gguf` of one stem.
+    let shards: Vec<&str> = models
         .iter()
         .copied()
-        .find(|f| !f.contains('/') && crate::plan::shard_stem(f).is_some_and(|s| lower(s).ends_with(&lv)))
-    {
-        return Some(f);
+        .filter(|p| !p.contains('/') && shard_stem(p).is_some_and(|s| s.to_ascii_lowercase().ends_with(&lower)))
+        .collect();
+    let stems: std::collections::BTreeSet<&str> = shards.iter().filter_map(|p| shard_stem(p)).collect();
+    match stems.len() {
+        1 => return Ok(shards),
+        n if n > 1 => {
+            return Err(PlanError::Ambiguous {
+                variant: variant.into(),
+                matches: stems.iter().map(|s| s.to_string()).collect(),
+            })
+        }
+        _ => {}
     }
-    let folder = format!("{}/", lower(variant));
-    if let Some(f) = cands.iter().copied().find(|f| lower(f).contains(&folder)) {
-        return Some(f);
+    // Folder mode: every GGUF under `<variant>/`.
+    let prefix = format!("{lower}/");
+    let folder: Vec<&str> = ggufs.iter().copied().filter(|p| p.to_ascii_lowercase().starts_with(&prefix)).collect();
+    if folder.is_empty() {
+        return Err(PlanError::NoVariant(variant.into()));
     }
-    Some(cands[0])
+    Ok(folder)
+}
+
+/// The main GGUF of a llamacpp checkpoint in a cache snapshot: the first file of [`select`]
+/// (an empty variant counts as `*`; of ambiguous matches, the first). As Lemonade v9, a variant
+/// that matches nothing falls back to the first GGUF, except a variant that names a file.
+pub fn resolve_main<'a>(files: &'a [String], variant: &str) -> Option<&'a str> {
+    let paths: Vec<&str> = files.iter().map(String::as_str).collect();
+    let variant = if variant.is_empty() { "*" } else { variant };
+    match select("", variant, &paths) {
+        Ok(v) => v.first().copied(),
+        Err(PlanError::Ambiguous { matches, .. }) => {
+            let first = matches.first()?;
+            paths
+                .iter()
+                .copied()
+                .filter(|p| is_gguf(p) && !is_mmproj(p))
+                .find(|p| *p == first || shard_stem(p) == Some(first.as_str()))
+                .or_else(|| paths.iter().copied().find(|p| p == first))
+        }
+        Err(PlanError::FileNotFound { .. } | PlanError::SafetensorsNotFound(_) | PlanError::NoGguf(_)) => None,
+        Err(_) => {
+            let mut models: Vec<&str> = paths.iter().copied().filter(|p| is_gguf(p) && !is_mmproj(p)).collect();
+            models.sort_unstable();
+            models.first().copied()
+        }
+    }
+}
+
+fn is_gguf(path: &str) -> bool {
+    lower_name(path).ends_with(".gguf")
+}
+
+fn lower_name(path: &str) -> String {
+    lower(file_name(path))
+}
+
+/// `<stem>-00001-of-00003.gguf` → Some(stem).
+pub(crate) fn shard_stem(path: &str) -> Option<&str> {
+    let n = file_name(path);
+    let base = n.get(..n.len().checked_sub(5)?)?; // without ".gguf"
+    let (stem, tail) = base.rsplit_once("-of-")?;
+    let (stem, idx) = stem.rsplit_once('-')?;
+    (idx.len() == 5 && tail.len() == 5 && idx.bytes().chain(tail.bytes()).all(|b| b.is_ascii_digit())).then_some(stem)
 }
 
 /// Secondary checkpoints (mmproj, …) name an exact file: the first file whose name or
@@ -153,28 +222,28 @@ mod tests {
     #[test]
     fn quant_suffix_picks_matching_file_case_insensitively() {
         let f = files(&["model-Q8_0.gguf", "model-q4_k_m.gguf", "README.md", "mmproj-Q4_K_M.gguf"]);
-        assert_eq!(resolve_gguf(&f, "Q4_K_M"), Some("model-q4_k_m.gguf"));
-        assert_eq!(resolve_gguf(&f, "Q8_0"), Some("model-Q8_0.gguf"));
+        assert_eq!(resolve_main(&f, "Q4_K_M"), Some("model-q4_k_m.gguf"));
+        assert_eq!(resolve_main(&f, "Q8_0"), Some("model-Q8_0.gguf"));
     }
 
     #[test]
     fn dotted_quant_suffix_matches() {
         let f = files(&["SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct.Q8_0.gguf"]);
-        assert_eq!(resolve_gguf(&f, "Q4_1"), Some("SmolLM2-135M-Instruct.Q4_1.gguf"));
+        assert_eq!(resolve_main(&f, "Q4_1"), Some("SmolLM2-135M-Instruct.Q4_1.gguf"));
     }
 
     #[test]
     fn star_and_empty_pick_first_sorted_non_mmproj() {
         let f = files(&["b.gguf", "a-mmproj.gguf", "c.gguf", "a.gguf"]);
-        assert_eq!(resolve_gguf(&f, "*"), Some("a.gguf"));
-        assert_eq!(resolve_gguf(&f, ""), Some("a.gguf"));
+        assert_eq!(resolve_main(&f, "*"), Some("a.gguf"));
+        assert_eq!(resolve_main(&f, ""), Some("a.gguf"));
     }
 
     #[test]
     fn exact_file_variant_must_match_exactly() {
         let f = files(&["gemma-3-270m-it-UD-IQ2_M.gguf", "other.gguf"]);
-        assert_eq!(resolve_gguf(&f, "gemma-3-270m-it-UD-IQ2_M.gguf"), Some("gemma-3-270m-it-UD-IQ2_M.gguf"));
-        assert_eq!(resolve_gguf(&f, "missing.gguf"), None);
+        assert_eq!(resolve_main(&f, "gemma-3-270m-it-UD-IQ2_M.gguf"), Some("gemma-3-270m-it-UD-IQ2_M.gguf"));
+        assert_eq!(resolve_main(&f, "missing.gguf"), None);
     }
 
     #[test]
@@ -185,26 +254,26 @@ mod tests {
             "Q8_0/model-Q8_0-00001-of-00002.gguf",
         ]);
         // No file name ends with "Q4_K_M.gguf", so folder mode applies.
-        assert_eq!(resolve_gguf(&f, "Q4_K_M"), Some("Q4_K_M/model-Q4_K_M-00001-of-00002.gguf"));
+        assert_eq!(resolve_main(&f, "Q4_K_M"), Some("Q4_K_M/model-Q4_K_M-00001-of-00002.gguf"));
     }
 
     #[test]
     fn root_shards_resolve_to_their_first_shard() {
         let f = files(&["a-Q8_0.gguf", "m-Q4_K_M-00002-of-00002.gguf", "m-Q4_K_M-00001-of-00002.gguf"]);
-        assert_eq!(resolve_gguf(&f, "Q4_K_M"), Some("m-Q4_K_M-00001-of-00002.gguf"));
+        assert_eq!(resolve_main(&f, "Q4_K_M"), Some("m-Q4_K_M-00001-of-00002.gguf"));
     }
 
     #[test]
     fn unmatched_variant_falls_back_to_first_candidate() {
         let f = files(&["x-Q8_0.gguf", "y-Q8_0.gguf"]);
-        assert_eq!(resolve_gguf(&f, "Q2_K"), Some("x-Q8_0.gguf"));
+        assert_eq!(resolve_main(&f, "Q2_K"), Some("x-Q8_0.gguf"));
     }
 
     #[test]
     fn partial_downloads_and_non_gguf_are_never_candidates() {
         let f = files(&["m-Q4_0.gguf.partial", "config.json"]);
-        assert_eq!(resolve_gguf(&f, "Q4_0"), None);
-        assert_eq!(resolve_gguf(&f, "*"), None);
+        assert_eq!(resolve_main(&f, "Q4_0"), None);
+        assert_eq!(resolve_main(&f, "*"), None);
     }
 
     #[test]

@@ -3,8 +3,7 @@
 //! chat template. Tensor data is never read.
 
 use std::collections::HashMap;
-use std::io::{self, BufReader, Read, Seek, SeekFrom};
-use std::path::Path;
+use std::io::{self, Read, Seek, SeekFrom};
 
 use api_types::ModelType;
 
@@ -75,12 +74,6 @@ pub enum GgufError {
     Corrupt(&'static str),
     #[error(transparent)]
     Io(#[from] io::Error),
-}
-
-/// Reads the metadata of the GGUF file at `path`.
-pub fn read_metadata(path: &Path) -> Result<GgufMeta, GgufError> {
-    let f = std::fs::File::open(path)?;
-    read_from(BufReader::with_capacity(64 * 1024, f))
 }
 
 /// Upper bounds that reject garbage before it allocates.
@@ -191,48 +184,50 @@ fn string<R: Read>(r: &mut R) -> Result<String, GgufError> {
     String::from_utf8(buf).map_err(|_| GgufError::Corrupt("string is not UTF-8"))
 }
 
+/// Builds a small GGUF header with the given string / u32 / bool entries and a string array
+/// (for tests of the code that reads headers).
+pub fn build_header(entries: &[(&str, MetaValue)]) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(MAGIC);
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b.extend_from_slice(&(entries.len() as u64 + 1).to_le_bytes());
+    let s = |b: &mut Vec<u8>, s: &str| {
+        b.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        b.extend_from_slice(s.as_bytes());
+    };
+    for (k, v) in entries {
+        s(&mut b, k);
+        match v {
+            MetaValue::Str(v) => {
+                b.extend_from_slice(&8u32.to_le_bytes());
+                s(&mut b, v);
+            }
+            MetaValue::Int(i) => {
+                b.extend_from_slice(&4u32.to_le_bytes());
+                b.extend_from_slice(&(*i as u32).to_le_bytes());
+            }
+            MetaValue::Bool(x) => {
+                b.extend_from_slice(&7u32.to_le_bytes());
+                b.push(*x as u8);
+            }
+            _ => {}
+        }
+    }
+    s(&mut b, "tokenizer.ggml.tokens");
+    b.extend_from_slice(&9u32.to_le_bytes());
+    b.extend_from_slice(&8u32.to_le_bytes());
+    b.extend_from_slice(&2u64.to_le_bytes());
+    s(&mut b, "[CLS]");
+    s(&mut b, "hello");
+    b
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
+    pub use super::build_header as build;
     use super::*;
     use std::io::Cursor;
-
-    /// Builds a small GGUF header with the given string / u32 / bool entries and a string array.
-    pub fn build(entries: &[(&str, MetaValue)]) -> Vec<u8> {
-        let mut b = Vec::new();
-        b.extend_from_slice(MAGIC);
-        b.extend_from_slice(&3u32.to_le_bytes());
-        b.extend_from_slice(&0u64.to_le_bytes());
-        b.extend_from_slice(&(entries.len() as u64 + 1).to_le_bytes());
-        let s = |b: &mut Vec<u8>, s: &str| {
-            b.extend_from_slice(&(s.len() as u64).to_le_bytes());
-            b.extend_from_slice(s.as_bytes());
-        };
-        for (k, v) in entries {
-            s(&mut b, k);
-            match v {
-                MetaValue::Str(v) => {
-                    b.extend_from_slice(&8u32.to_le_bytes());
-                    s(&mut b, v);
-                }
-                MetaValue::Int(i) => {
-                    b.extend_from_slice(&4u32.to_le_bytes());
-                    b.extend_from_slice(&(*i as u32).to_le_bytes());
-                }
-                MetaValue::Bool(x) => {
-                    b.extend_from_slice(&7u32.to_le_bytes());
-                    b.push(*x as u8);
-                }
-                _ => unreachable!(),
-            }
-        }
-        s(&mut b, "tokenizer.ggml.tokens");
-        b.extend_from_slice(&9u32.to_le_bytes());
-        b.extend_from_slice(&8u32.to_le_bytes());
-        b.extend_from_slice(&2u64.to_le_bytes());
-        s(&mut b, "[CLS]");
-        s(&mut b, "hello");
-        b
-    }
 
     #[test]
     fn reads_arch_pooling_and_skips_arrays() {

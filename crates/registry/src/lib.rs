@@ -1,19 +1,19 @@
 //! The model catalogue: built-in models, the user's `user.*` registrations, loose GGUF files
 //! from the extra models dir, and where each model's files are in the Hugging Face cache.
 //!
-//! Building a [`Registry`] reads files (catalogue, JSON files, cache listings, GGUF headers);
-//! everything after that is pure lookups.
+//! Pure: a [`Registry`] is built from values (the parsed JSON files, a listing of the extra
+//! models dir) and a [`ModelFiles`] view of the cache that the caller implements (`host` does,
+//! over the real file system; tests do, in memory). Nothing here opens a file.
 
 pub mod checkpoint;
 pub mod gguf;
-pub mod hf_cache;
-pub mod hub;
 pub mod plan;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use api_types::{Model, ModelType, RecipeOptions};
+use backends::Recipe;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -29,10 +29,45 @@ pub const EXTRA_PREFIX: &str = "extra.";
 pub const USER_MODELS_FILE: &str = "user_models.json";
 pub const RECIPE_OPTIONS_FILE: &str = "recipe_options.json";
 
-/// Recipes this build can serve. Models of other recipes are filtered out (see [`Registry`]).
-pub const IMPLEMENTED_RECIPES: &[&str] = &["llamacpp", "ryzenai-llm"];
-/// Recipes that run on the AMD NPU (Windows only, as in Lemonade v9).
-pub const NPU_RECIPES: &[&str] = &["ryzenai-llm", "flm"];
+/// Name of the manifest Lemonade v9 keeps in a snapshot while a download is in progress.
+pub const DOWNLOAD_MANIFEST: &str = ".download_manifest.json";
+
+/// One snapshot of a repo in the cache, with its files (relative, `/`-separated, sorted).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    pub dir: PathBuf,
+    pub files: Vec<String>,
+}
+
+/// What the registry needs to know of the files on disk. `host` implements it over the file
+/// system; the registry only asks.
+pub trait ModelFiles {
+    /// The snapshots of `repo` in the Hugging Face cache: the one `refs/main` names first.
+    fn snapshots(&self, repo: &str) -> Vec<Snapshot>;
+    /// Whether a resolved file counts as downloaded: it exists, and no partial download or
+    /// download manifest sits beside it.
+    fn is_complete(&self, file: &Path) -> bool;
+    /// The GGUF metadata of a file (None when it cannot be read; the implementor logs why).
+    fn gguf_meta(&self, file: &Path) -> Option<gguf::GgufMeta>;
+}
+
+/// A `*.gguf` file found under the extra models dir, with its size in bytes.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ExtraFile {
+    pub path: PathBuf,
+    pub bytes: u64,
+}
+
+/// The inputs of [`Registry::build`] that come from lemonade's own files.
+#[derive(Debug, Clone, Default)]
+pub struct UserFiles {
+    /// `user_models.json`: registrations by key (without `user.`).
+    pub user_models: BTreeMap<String, CatalogueEntry>,
+    /// `recipe_options.json`: saved options by full model name.
+    pub recipe_options: BTreeMap<String, RecipeOptions>,
+    /// Every `*.gguf` under the extra models dir (recursively), when one is set.
+    pub extra_files: Vec<ExtraFile>,
+}
 
 /// One entry of a catalogue file (`server_models.json`, `user_models.json`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -71,7 +106,7 @@ pub struct ModelInfo {
     /// `checkpoints["main"]`.
     pub checkpoint: String,
     pub checkpoints: BTreeMap<String, String>,
-    pub recipe: String,
+    pub recipe: Recipe,
     pub suggested: bool,
     pub labels: Vec<String>,
     pub size: Option<f64>,
@@ -87,7 +122,7 @@ pub struct ModelInfo {
 impl ModelInfo {
     /// Device class of the recipe, as Lemonade reports it in `health`.
     pub fn device(&self) -> &'static str {
-        device_for_recipe(&self.recipe)
+        self.recipe.device().as_str()
     }
 }
 
@@ -106,30 +141,9 @@ pub fn type_from_labels(labels: &[String]) -> ModelType {
     ModelType::Llm
 }
 
-/// Recipe → device (a llamacpp model is "gpu" even on the cpu backend, as in v9).
-pub fn device_for_recipe(recipe: &str) -> &'static str {
-    match recipe {
-        "llamacpp" => "gpu",
-        "ryzenai-llm" | "flm" => "npu",
-        "whispercpp" | "sd-cpp" | "kokoro" => "cpu",
-        _ => "none",
-    }
-}
-
-/// The option keys each recipe accepts (reference §2.9).
-pub fn recipe_option_keys(recipe: &str) -> &'static [&'static str] {
-    match recipe {
-        "llamacpp" => &["ctx_size", "llamacpp_backend", "llamacpp_args"],
-        "flm" | "ryzenai-llm" => &["ctx_size"],
-        "whispercpp" => &["whispercpp_backend"],
-        "sd-cpp" => &["sd-cpp_backend", "steps", "cfg_scale", "width", "height"],
-        _ => &[],
-    }
-}
-
 /// Keeps the keys of `opts` that belong to `recipe`, dropping "unset" values (-1 and "").
-pub fn filter_recipe_options(recipe: &str, opts: &RecipeOptions) -> RecipeOptions {
-    let keys = recipe_option_keys(recipe);
+pub fn filter_recipe_options(recipe: Recipe, opts: &RecipeOptions) -> RecipeOptions {
+    let keys = recipe.option_keys();
     opts.iter()
         .filter(|(k, _)| keys.contains(&k.as_str()))
         .filter(|(_, v)| !(v.as_i64() == Some(-1) || v.as_str() == Some("")))
@@ -137,13 +151,9 @@ pub fn filter_recipe_options(recipe: &str, opts: &RecipeOptions) -> RecipeOption
         .collect()
 }
 
-/// Where the registry reads from.
-#[derive(Debug, Clone)]
+/// How the registry filters and names what it finds.
+#[derive(Debug, Clone, Default)]
 pub struct RegistryConfig {
-    /// Lemonade's own cache dir (`user_models.json`, `recipe_options.json`).
-    pub cache_dir: PathBuf,
-    /// The Hugging Face hub cache root.
-    pub hf_cache: PathBuf,
     pub extra_models_dir: Option<PathBuf>,
     /// Total RAM in GB, for the size filter; None disables it.
     pub physical_memory_gb: Option<f64>,
@@ -151,12 +161,17 @@ pub struct RegistryConfig {
     pub disable_filtering: bool,
 }
 
+/// The errors of this crate.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     #[error("{path}: {source}")]
     Json { path: String, source: serde_json::Error },
-    #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
+    #[error(transparent)]
+    Plan(#[from] plan::PlanError),
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// Why a name did not resolve to a usable model.
@@ -178,23 +193,20 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// Reads the catalogue, the user's files, the extra models dir and the HF cache.
-    pub fn load(cfg: &RegistryConfig) -> Result<Registry, RegistryError> {
+    /// Builds the registry from the built-in catalogue, the user's files and what `files`
+    /// reports of the cache.
+    pub fn build(cfg: &RegistryConfig, user: UserFiles, files: &dyn ModelFiles) -> Result<Registry, RegistryError> {
         let builtin: BTreeMap<String, CatalogueEntry> = serde_json::from_str(BUILTIN_CATALOGUE)
             .map_err(|e| RegistryError::Json { path: "built-in catalogue".into(), source: e })?;
-        let user: BTreeMap<String, CatalogueEntry> = read_json_or_default(&cfg.cache_dir.join(USER_MODELS_FILE))?;
-        let recipe_options: BTreeMap<String, RecipeOptions> =
-            read_json_or_default(&cfg.cache_dir.join(RECIPE_OPTIONS_FILE))?;
-
-        let mut reg = Registry { recipe_options, ..Default::default() };
+        let mut reg = Registry { recipe_options: user.recipe_options, ..Default::default() };
         for (name, e) in builtin {
-            reg.add(name, e, Source::BuiltIn, cfg);
+            reg.add(name, e, Source::BuiltIn, cfg, files);
         }
-        for (key, e) in user {
-            reg.add(format!("{USER_PREFIX}{key}"), e, Source::User, cfg);
+        for (key, e) in user.user_models {
+            reg.add(format!("{USER_PREFIX}{key}"), e, Source::User, cfg, files);
         }
         if let Some(dir) = &cfg.extra_models_dir {
-            for (name, info) in scan_extra_models_dir(dir) {
+            for (name, info) in extra_models(dir, user.extra_files, files) {
                 if reg.models.contains_key(&name) || reg.filtered.contains_key(&name) {
                     tracing::warn!(model = %name, "extra model skipped: the name is already registered");
                     continue;
@@ -205,13 +217,25 @@ impl Registry {
         Ok(reg)
     }
 
-    fn add(&mut self, name: String, e: CatalogueEntry, source: Source, cfg: &RegistryConfig) {
-        let mut info = entry_to_info(&name, e, source);
+    fn add(&mut self, name: String, e: CatalogueEntry, source: Source, cfg: &RegistryConfig, files: &dyn ModelFiles) {
+        let recipe = match Recipe::parse(&e.recipe) {
+            Some(r) => r,
+            None => {
+                let reason = format!(
+                    "The '{}' recipe is not supported by this lemonade build (supported: {}).",
+                    e.recipe,
+                    Recipe::runnable_names()
+                );
+                self.filtered.insert(name, reason);
+                return;
+            }
+        };
+        let mut info = entry_to_info(&name, e, recipe, source);
         if let Some(reason) = filter_reason(&info, cfg) {
             self.filtered.insert(name, reason);
             return;
         }
-        resolve_files(&mut info, &cfg.hf_cache);
+        resolve_files(&mut info, files);
         self.models.insert(name, info);
     }
 
@@ -244,7 +268,7 @@ impl Registry {
 
     /// Saved options of a model (`recipe_options.json`), filtered to its recipe's keys.
     pub fn saved_options(&self, m: &ModelInfo) -> RecipeOptions {
-        self.recipe_options.get(&m.name).map(|o| filter_recipe_options(&m.recipe, o)).unwrap_or_default()
+        self.recipe_options.get(&m.name).map(|o| filter_recipe_options(m.recipe, o)).unwrap_or_default()
     }
 
     /// The API view of a model.
@@ -256,7 +280,7 @@ impl Registry {
             owned_by: "lemonade".into(),
             checkpoint: m.checkpoint.clone(),
             checkpoints: m.checkpoints.clone(),
-            recipe: m.recipe.clone(),
+            recipe: m.recipe.to_string(),
             downloaded: m.downloaded,
             suggested: m.suggested,
             labels: m.labels.clone(),
@@ -268,16 +292,7 @@ impl Registry {
     }
 }
 
-fn read_json_or_default<T: serde::de::DeserializeOwned + Default>(path: &Path) -> Result<T, RegistryError> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| RegistryError::Json { path: path.display().to_string(), source: e }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(T::default()),
-        Err(e) => Err(RegistryError::Io { path: path.display().to_string(), source: e }),
-    }
-}
-
-fn entry_to_info(name: &str, e: CatalogueEntry, source: Source) -> ModelInfo {
+fn entry_to_info(name: &str, e: CatalogueEntry, recipe: Recipe, source: Source) -> ModelInfo {
     let mut checkpoints = e.checkpoints.clone();
     if !e.checkpoint.is_empty() {
         checkpoints.entry("main".into()).or_insert_with(|| e.checkpoint.clone());
@@ -292,7 +307,7 @@ fn entry_to_info(name: &str, e: CatalogueEntry, source: Source) -> ModelInfo {
         checkpoint: main,
         checkpoints,
         model_type: type_from_labels(&e.labels),
-        recipe: e.recipe,
+        recipe,
         // Built-in entries default to not suggested; user entries to suggested.
         suggested: e.suggested.unwrap_or(source == Source::User),
         labels: e.labels,
@@ -311,14 +326,14 @@ fn filter_reason(m: &ModelInfo, cfg: &RegistryConfig) -> Option<String> {
     if cfg.disable_filtering {
         return None;
     }
-    if !IMPLEMENTED_RECIPES.contains(&m.recipe.as_str()) {
+    if !m.recipe.runnable() {
         return Some(format!(
             "The '{}' recipe is not supported by this lemonade build (supported: {}).",
             m.recipe,
-            IMPLEMENTED_RECIPES.join(", ")
+            Recipe::runnable_names()
         ));
     }
-    if NPU_RECIPES.contains(&m.recipe.as_str()) && !cfg!(windows) {
+    if m.recipe.npu() && !cfg!(windows) {
         return Some(format!("The '{}' recipe requires an AMD XDNA 2 NPU on Windows.", m.recipe));
     }
     if let (Some(ram), Some(size)) = (cfg.physical_memory_gb, m.size) {
@@ -335,31 +350,31 @@ fn filter_reason(m: &ModelInfo, cfg: &RegistryConfig) -> Option<String> {
 
 /// Finds the model's files in the HF cache and decides `downloaded`; for GGUF models, reads
 /// the header so embedding and reranking GGUFs are served as such even without labels.
-fn resolve_files(m: &mut ModelInfo, hf_cache: &Path) {
+fn resolve_files(m: &mut ModelInfo, files: &dyn ModelFiles) {
     let main = Checkpoint::parse(&m.checkpoint);
     if main.repo.is_empty() {
         return;
     }
-    for snap in hf_cache::snapshots(hf_cache, &main.repo) {
-        if m.recipe == "ryzenai-llm" {
+    for snap in files.snapshots(&main.repo) {
+        if m.recipe == Recipe::RyzenAiLlm {
             // The model is the directory holding genai_config.json.
             let cfg = snap.files.iter().find(|f| f.rsplit('/').next() == Some("genai_config.json"));
             if let Some(rel) = cfg {
                 let file = snap.dir.join(rel);
-                m.downloaded = hf_cache::is_complete(&file);
+                m.downloaded = files.is_complete(&file);
                 m.main_path = file.parent().map(Path::to_path_buf);
                 break;
             }
             continue;
         }
-        let found = if m.recipe == "llamacpp" {
-            checkpoint::resolve_gguf(&snap.files, &main.variant)
+        let found = if m.recipe == Recipe::LlamaCpp {
+            checkpoint::resolve_main(&snap.files, &main.variant)
         } else {
             checkpoint::resolve_exact(&snap.files, &main.variant)
         };
         if let Some(rel) = found {
             let path = snap.dir.join(rel);
-            m.downloaded = hf_cache::is_complete(&path);
+            m.downloaded = files.is_complete(&path);
             if let Some(mm) = m.checkpoints.get("mmproj") {
                 let v = Checkpoint::parse(mm).variant;
                 m.mmproj_path = checkpoint::resolve_exact(&snap.files, &v).map(|r| snap.dir.join(r));
@@ -369,65 +384,58 @@ fn resolve_files(m: &mut ModelInfo, hf_cache: &Path) {
         }
     }
     if m.downloaded {
-        apply_gguf_type(m);
+        apply_gguf_type(m, files);
     }
 }
 
-fn apply_gguf_type(m: &mut ModelInfo) {
-    if m.recipe != "llamacpp" || m.model_type != ModelType::Llm {
+fn apply_gguf_type(m: &mut ModelInfo, files: &dyn ModelFiles) {
+    if m.recipe != Recipe::LlamaCpp || m.model_type != ModelType::Llm {
         return;
     }
     let Some(path) = &m.main_path else { return };
-    match gguf::read_metadata(path) {
-        Ok(meta) => {
-            if let Some(t) = meta.model_type() {
-                m.model_type = t;
-                let label = if t == ModelType::Reranking { "reranking" } else { "embeddings" };
-                if !m.labels.iter().any(|l| l == label) {
-                    m.labels.push(label.into());
-                }
-            }
-        }
-        Err(e) => {
-            tracing::warn!(model = %m.name, path = %path.display(), error = %e, "cannot read GGUF metadata")
+    if let Some(t) = files.gguf_meta(path).and_then(|meta| meta.model_type()) {
+        m.model_type = t;
+        let label = if t == ModelType::Reranking { "reranking" } else { "embeddings" };
+        if !m.labels.iter().any(|l| l == label) {
+            m.labels.push(label.into());
         }
     }
 }
 
-/// Scans `dir` recursively for `*.gguf` (case-insensitive), as Lemonade v9 does:
-/// files directly in `dir` become `extra.<file name>`; files in a subfolder are grouped by
-/// their immediate parent folder into `extra.<folder>` (main file: the smallest non-mmproj
-/// path, i.e. the first shard; an mmproj file adds `checkpoints.mmproj` and the `vision` label).
-pub fn scan_extra_models_dir(dir: &Path) -> Vec<(String, ModelInfo)> {
-    let mut files = Vec::new();
-    collect_ggufs(dir, &mut files);
-    files.sort();
-    let mut groups: BTreeMap<PathBuf, Vec<PathBuf>> = BTreeMap::new();
+/// The extra models dir's GGUFs as models, as Lemonade v9 names them: files directly in `dir`
+/// become `extra.<file name>`; files in a subfolder are grouped by their immediate parent folder
+/// into `extra.<folder>` (main file: the smallest non-mmproj path, i.e. the first shard; an
+/// mmproj file adds `checkpoints.mmproj` and the `vision` label). `found` is every `*.gguf`
+/// under `dir` (any case), recursively.
+pub fn extra_models(dir: &Path, mut found: Vec<ExtraFile>, files: &dyn ModelFiles) -> Vec<(String, ModelInfo)> {
+    found.sort();
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let mut groups: BTreeMap<PathBuf, Vec<ExtraFile>> = BTreeMap::new();
     let mut out = Vec::new();
-    for f in files {
-        let parent = f.parent().map(Path::to_path_buf).unwrap_or_default();
+    for f in found {
+        let parent = f.path.parent().map(Path::to_path_buf).unwrap_or_default();
         if parent == dir {
-            let name = f.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+            let name = f.path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
             if name.contains("mmproj") {
                 continue;
             }
-            let size = file_gib(&f);
-            out.push((format!("{EXTRA_PREFIX}{name}"), extra_info(&name, f.clone(), None, size)));
+            out.push((format!("{EXTRA_PREFIX}{name}"), extra_info(&name, f.path.clone(), None, gib(f.bytes), files)));
         } else {
             groups.entry(parent).or_default().push(f);
         }
     }
-    for (folder, files) in groups {
-        let (mmproj, main): (Vec<_>, Vec<_>) =
-            files.iter().partition(|f| f.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.contains("mmproj")));
-        let Some(main_file) = main.first() else {
+    for (folder, group) in groups {
+        let is_mmproj =
+            |f: &&ExtraFile| f.path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.contains("mmproj"));
+        let mmproj = group.iter().find(is_mmproj);
+        let Some(main_file) = group.iter().find(|f| !is_mmproj(f)) else {
             continue;
         };
         let name = folder.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
-        let size = files.iter().map(|f| file_gib(f)).sum();
-        let mut info = extra_info(&name, (*main_file).clone(), mmproj.first().map(|p| (*p).clone()), size);
-        if let Some(mm) = mmproj.first() {
-            let mm_name = mm.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let size = group.iter().map(|f| gib(f.bytes)).sum();
+        let mut info = extra_info(&name, main_file.path.clone(), mmproj.map(|p| p.path.clone()), size, files);
+        if let Some(mm) = mmproj {
+            let mm_name = mm.path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
             info.checkpoints.insert("mmproj".into(), mm_name.into());
             info.labels.push("vision".into());
         }
@@ -436,107 +444,56 @@ pub fn scan_extra_models_dir(dir: &Path) -> Vec<(String, ModelInfo)> {
     out
 }
 
-fn extra_info(name: &str, main: PathBuf, mmproj: Option<PathBuf>, size_gib: f64) -> ModelInfo {
+fn extra_info(name: &str, main: PathBuf, mmproj: Option<PathBuf>, size_gib: f64, files: &dyn ModelFiles) -> ModelInfo {
     let checkpoint = main.display().to_string();
     let mut info = ModelInfo {
         name: format!("{EXTRA_PREFIX}{name}"),
         checkpoints: BTreeMap::from([("main".to_string(), checkpoint.clone())]),
         checkpoint,
-        recipe: "llamacpp".into(),
+        recipe: Recipe::LlamaCpp,
         suggested: true,
         labels: vec!["custom".into()],
         size: Some((size_gib * 100.0).round() / 100.0),
         image_defaults: None,
         model_type: ModelType::Llm,
         source: Source::ExtraModelsDir,
-        downloaded: hf_cache::is_complete(&main),
+        downloaded: files.is_complete(&main),
         main_path: Some(main),
         mmproj_path: mmproj,
     };
     if info.downloaded {
-        apply_gguf_type(&mut info);
+        apply_gguf_type(&mut info, files);
     }
     info
-}
-
-fn collect_ggufs(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.filter_map(|e| e.ok()) {
-        let p = e.path();
-        match std::fs::metadata(&p) {
-            Ok(m) if m.is_dir() => collect_ggufs(&p, out),
-            Ok(_) if p.extension().and_then(|x| x.to_str()).is_some_and(|x| x.eq_ignore_ascii_case("gguf")) => {
-                out.push(p)
-            }
-            _ => {}
-        }
-    }
-}
-
-fn file_gib(p: &Path) -> f64 {
-    std::fs::metadata(p).map(|m| m.len() as f64 / (1u64 << 30) as f64).unwrap_or(0.0)
 }
 
 #[cfg(test)]
 mod tests;
 
-/// Replaces `name`'s saved options in `<cache_dir>/recipe_options.json` (None removes them).
-/// The file is written atomically: temp file, fsync, rename, fsync of the directory, so a
-/// crash at any point leaves either the old or the new file.
-pub fn save_recipe_options(cache_dir: &Path, name: &str, options: Option<&RecipeOptions>) -> Result<(), RegistryError> {
-    update_json_map(&cache_dir.join(RECIPE_OPTIONS_FILE), name, options)
-}
-
-/// Sets (or with None removes) `key` in the JSON object file at `path`: one writer at a time,
-/// atomic replacement.
-fn update_json_map<T: Serialize + serde::de::DeserializeOwned + Clone>(
-    path: &Path,
+/// `map` with `key` set to `value` (None removes it): the read-modify-write step of the JSON
+/// files lemonade owns (`user_models.json`, `recipe_options.json`), as bytes to write.
+pub fn updated_json_map<T: Serialize + serde::de::DeserializeOwned>(
+    current: Option<&[u8]>,
+    path: &str,
     key: &str,
-    value: Option<&T>,
-) -> Result<(), RegistryError> {
-    let _one_writer = FILES.lock().unwrap_or_else(|e| e.into_inner());
-    let mut all: BTreeMap<String, T> = read_json_or_default(path)?;
+    value: Option<T>,
+) -> Result<Vec<u8>, RegistryError> {
+    let json = |source| RegistryError::Json { path: path.to_string(), source };
+    let mut all: BTreeMap<String, T> = match current {
+        Some(bytes) => serde_json::from_slice(bytes).map_err(json)?,
+        None => BTreeMap::new(),
+    };
     match value {
-        Some(v) => all.insert(key.to_string(), v.clone()),
+        Some(v) => all.insert(key.to_string(), v),
         None => all.remove(key),
     };
-    let bytes = serde_json::to_vec_pretty(&all)
-        .map_err(|e| RegistryError::Json { path: path.display().to_string(), source: e })?;
-    write_atomic(path, &bytes).map_err(|e| RegistryError::Io { path: path.display().to_string(), source: e })
-}
-
-/// Serializes the read-modify-write of the files we own, so concurrent updates are not lost.
-static FILES: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Writes `bytes` to `path` atomically (same-directory temp file, fsync, rename, fsync dir).
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = dir.join(format!(".{name}.{}.{seq}.tmp", std::process::id()));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
-}
-
-/// Adds or replaces `user.<key>` in `<cache_dir>/user_models.json` (atomically), or removes it
-/// when `entry` is None.
-pub fn save_user_model(cache_dir: &Path, key: &str, entry: Option<&CatalogueEntry>) -> Result<(), RegistryError> {
-    update_json_map(&cache_dir.join(USER_MODELS_FILE), key, entry)
+    serde_json::to_vec_pretty(&all).map_err(json)
 }
 
 /// Why `user.<name>` cannot be registered: `name` must be 1–200 characters with no control
 /// characters, no `/` or `\\`, and no `..` (it becomes a key in `user_models.json` and is shown
 /// in tables and logs).
-pub fn validate_user_name(name: &str) -> Result<(), String> {
+pub fn validate_user_name(name: &str) -> Result<(), RegistryError> {
     let key = name.strip_prefix(USER_PREFIX).unwrap_or(name);
     let bad = key.is_empty()
         || key.chars().count() > 200
@@ -544,10 +501,10 @@ pub fn validate_user_name(name: &str) -> Result<(), String> {
         || key.contains("..")
         || key.trim() != key;
     if bad {
-        return Err(format!(
+        return Err(RegistryError::Invalid(format!(
             "Invalid model name '{}': after `user.` use 1 to 200 characters without control characters, '/', '\\', '..' or surrounding spaces",
             name.escape_debug()
-        ));
+        )));
     }
     Ok(())
 }
@@ -560,7 +517,7 @@ pub fn registration_labels(
     vision: bool,
     embedding: bool,
     reranking: bool,
-    recipe: &str,
+    recipe: Option<Recipe>,
 ) -> Vec<String> {
     let mut set: std::collections::BTreeSet<String> = labels.iter().cloned().collect();
     set.insert("custom".into());
@@ -569,8 +526,8 @@ pub fn registration_labels(
         (vision, "vision"),
         (embedding, "embeddings"),
         (reranking, "reranking"),
-        (recipe == "sd-cpp", "image"),
-        (recipe == "whispercpp", "audio"),
+        (recipe == Some(Recipe::SdCpp), "image"),
+        (recipe == Some(Recipe::WhisperCpp), "audio"),
     ] {
         if on {
             set.insert(l.into());

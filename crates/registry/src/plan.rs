@@ -54,93 +54,11 @@ pub enum PlanError {
     NoListing(String),
 }
 
-fn is_gguf(path: &str) -> bool {
-    path.to_ascii_lowercase().ends_with(".gguf")
-}
-
-fn name(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or(path)
-}
-
-/// `<stem>-00001-of-00003.gguf` → Some(stem).
-pub(crate) fn shard_stem(path: &str) -> Option<&str> {
-    let n = name(path);
-    let base = n.get(..n.len().checked_sub(5)?)?; // without ".gguf"
-    let (stem, tail) = base.rsplit_once("-of-")?;
-    let (stem, idx) = stem.rsplit_once('-')?;
-    (idx.len() == 5 && tail.len() == 5 && idx.bytes().chain(tail.bytes()).all(|b| b.is_ascii_digit())).then_some(stem)
-}
-
-/// The files of the main checkpoint's variant (reference §6.2, cases safetensors/0/1/3/4,
-/// plus root-level shards), sorted, the first being what the backend loads.
+/// The files of the main checkpoint's variant, by the one resolver ([`crate::checkpoint::select`]).
 pub fn select_variant<'a>(repo: &str, variant: &str, files: &'a [RepoFile]) -> Result<Vec<&'a RepoFile>, PlanError> {
-    let lower = variant.to_ascii_lowercase();
-    let mut ggufs: Vec<&RepoFile> = files.iter().filter(|f| is_gguf(&f.path)).collect();
-    ggufs.sort_by(|a, b| a.path.cmp(&b.path));
-    let not_mmproj = |f: &&&RepoFile| !name(&f.path).contains("mmproj");
-
-    if lower.ends_with(".safetensors") {
-        return files
-            .iter()
-            .find(|f| f.path == variant)
-            .map(|f| vec![f])
-            .ok_or_else(|| PlanError::SafetensorsNotFound(variant.into()));
-    }
-    if variant == "*" {
-        return if ggufs.is_empty() { Err(PlanError::NoGguf(repo.into())) } else { Ok(ggufs) };
-    }
-    if lower.ends_with(".gguf") || lower.ends_with(".bin") {
-        return files
-            .iter()
-            .find(|f| f.path == variant)
-            .map(|f| vec![f])
-            .ok_or_else(|| PlanError::FileNotFound { repo: repo.into(), file: variant.into() });
-    }
-    let suffix = format!("{lower}.gguf");
-    let exact: Vec<&RepoFile> = ggufs
-        .iter()
-        .filter(not_mmproj)
-        .filter(|f| name(&f.path).to_ascii_lowercase().ends_with(&suffix))
-        .copied()
-        .collect();
-    match exact.len() {
-        1 => return Ok(exact),
-        n if n > 1 => {
-            return Err(PlanError::Ambiguous {
-                variant: variant.into(),
-                matches: exact.iter().map(|f| f.path.clone()).collect(),
-            })
-        }
-        _ => {}
-    }
-    // Shards at the root: every `*<variant>-NNNNN-of-NNNNN.gguf` of one stem.
-    let shards: Vec<&RepoFile> = ggufs
-        .iter()
-        .filter(not_mmproj)
-        .filter(|f| {
-            !f.path.contains('/') && shard_stem(&f.path).is_some_and(|s| s.to_ascii_lowercase().ends_with(&lower))
-        })
-        .copied()
-        .collect();
-    let stems: std::collections::BTreeSet<&str> = shards.iter().filter_map(|f| shard_stem(&f.path)).collect();
-    match stems.len() {
-        1 => return Ok(shards),
-        n if n > 1 => {
-            return Err(PlanError::Ambiguous {
-                variant: variant.into(),
-                matches: stems.iter().map(|s| s.to_string()).collect(),
-            })
-        }
-        _ => {}
-    }
-    // Folder mode: every GGUF under `<variant>/`.
-    let prefix = format!("{lower}/");
-    let folder: Vec<&RepoFile> =
-        ggufs.iter().filter(|f| f.path.to_ascii_lowercase().starts_with(&prefix)).copied().collect();
-    if folder.is_empty() {
-        return Err(PlanError::NoVariant(variant.into()));
-    }
-    Ok(folder)
+    let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
+    let chosen = crate::checkpoint::select(repo, variant, &paths)?;
+    Ok(chosen.into_iter().filter_map(|p| files.iter().find(|f| f.path == p)).collect())
 }
 
 /// Plans the pull of a model: the main checkpoint's files (its variant plus companion files,
@@ -195,6 +113,7 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::shard_stem;
 
     fn listing(paths: &[&str]) -> Vec<RepoFile> {
         paths.iter().map(|p| RepoFile { path: p.to_string(), size: Some(1), sha256: None, blob: None }).collect()
@@ -284,6 +203,29 @@ mod tests {
         assert!(matches!(plan(&bad, &listings), Err(PlanError::SecondaryWithoutVariant(_))));
         let missing = BTreeMap::from([("main".to_string(), "org/absent:Q4_0".to_string())]);
         assert!(matches!(plan(&missing, &listings), Err(PlanError::NoListing(_))));
+    }
+
+    #[test]
+    fn the_cache_and_the_planner_resolve_alike() {
+        // The one resolver: what a pull fetches is what a load then finds in the cache.
+        let cases: &[(&str, &[&str])] = &[
+            ("Q4_K_M", &["m-Q4_K_M.gguf", "m-Q8_0.gguf", "mmproj-Q4_K_M.gguf"]),
+            ("Q4_K_M", &["m-Q4_K_M-00002-of-00002.gguf", "m-Q4_K_M-00001-of-00002.gguf"]),
+            ("Q4_K_M", &["Q4_K_M/m-00002-of-00002.gguf", "Q4_K_M/m-00001-of-00002.gguf"]),
+            ("*", &["mmproj.gguf", "b.gguf", "a.gguf"]),
+            ("sub/x.gguf", &["sub/x.gguf", "x.gguf"]),
+            ("Q4_0", &["notes.gguf.txt", "m-Q4_0.gguf"]),
+        ];
+        for (variant, paths) in cases {
+            let l = listing(paths);
+            let planned = select_variant("org/repo", variant, &l).unwrap();
+            let files: Vec<String> = paths.iter().map(|p| p.to_string()).collect();
+            assert_eq!(
+                crate::checkpoint::resolve_main(&files, variant),
+                Some(planned[0].path.as_str()),
+                "{variant} in {paths:?}"
+            );
+        }
     }
 
     #[test]

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use api_types::ModelType;
 
 pub mod machine;
-pub use machine::{Effect, Entry, Event, LoadError, Machine, ModelRef, Rejection, ReqId, State, LOAD_CANCELLED};
+pub use machine::{
+    Effect, Entry, Event, LoadError, LoadOutcome, Machine, ModelRef, Rejection, ReqId, SchedulerError, State,
+};
 
 /// Slot limits per model type; a missing type or a negative limit means unlimited.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

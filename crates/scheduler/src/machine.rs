@@ -135,17 +135,31 @@ pub enum Effect<O> {
     LoadDone {
         req: ReqId,
         model: String,
-        result: Result<(), String>,
+        result: LoadOutcome,
     },
     /// Answer to `Unload`: the models that were unloaded, or `NotLoaded`.
     UnloadDone {
         req: ReqId,
-        result: Result<Vec<String>, String>,
+        result: Result<Vec<String>, SchedulerError>,
     },
 }
 
-/// The error of a load that an unload cancelled (the server answers it with 409, not 500).
-pub const LOAD_CANCELLED: &str = "the model was unloaded while it was loading";
+/// How an explicit load ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadOutcome {
+    Loaded,
+    /// An unload cancelled it (the server answers 409, not 500).
+    Cancelled,
+    /// The backend did not start; the reason (exit status, log tail, …).
+    Failed(String),
+}
+
+/// The errors of this crate's answers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchedulerError {
+    #[error("Model not loaded: {0}")]
+    NotLoaded(String),
+}
 
 /// Back-off after the first crash; doubles per crash, capped.
 pub const CRASH_BACKOFF_MS: u64 = 500;
@@ -380,7 +394,7 @@ impl<O: Clone + PartialEq> Machine<O> {
         match e.state {
             State::Loaded if e.options.as_ref() == Some(&options) && e.pending.is_none() => {
                 e.last_use = now;
-                self.out.push(Effect::LoadDone { req, model: name, result: Ok(()) });
+                self.out.push(Effect::LoadDone { req, model: name, result: LoadOutcome::Loaded });
             }
             State::Loaded => {
                 // Reload in place: the same model gives up its slot and takes it back.
@@ -416,7 +430,7 @@ impl<O: Clone + PartialEq> Machine<O> {
         if let Some(n) = &model {
             let loaded = self.models.get(n).is_some_and(|e| e.occupies()) || self.queued(n);
             if !loaded {
-                self.out.push(Effect::UnloadDone { req, result: Err(format!("Model not loaded: {n}")) });
+                self.out.push(Effect::UnloadDone { req, result: Err(SchedulerError::NotLoaded(n.clone())) });
                 return;
             }
         }
@@ -432,7 +446,7 @@ impl<O: Clone + PartialEq> Machine<O> {
                 self.reject(r, n, Rejection::Unloading);
             }
             for r in load_waiters {
-                self.out.push(Effect::LoadDone { req: r, model: n.clone(), result: Err(LOAD_CANCELLED.into()) });
+                self.out.push(Effect::LoadDone { req: r, model: n.clone(), result: LoadOutcome::Cancelled });
             }
             if self.current.as_deref() != Some(n.as_str()) {
                 self.queue.retain(|q| q != n);
@@ -514,7 +528,7 @@ impl<O: Clone + PartialEq> Machine<O> {
                     self.grant(r, name);
                 }
                 for r in load_waiters {
-                    self.out.push(Effect::LoadDone { req: r, model: name.to_string(), result: Ok(()) });
+                    self.out.push(Effect::LoadDone { req: r, model: name.to_string(), result: LoadOutcome::Loaded });
                 }
                 // A reload with other options was asked for while loading.
                 if let Some(p) = self.get(name).pending.clone() {
@@ -560,7 +574,7 @@ impl<O: Clone + PartialEq> Machine<O> {
                     self.out.push(Effect::LoadDone {
                         req: r,
                         model: name.to_string(),
-                        result: Err(err.message.clone()),
+                        result: LoadOutcome::Failed(err.message.clone()),
                     });
                 }
             }

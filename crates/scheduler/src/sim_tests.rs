@@ -457,7 +457,7 @@ fn load_with_same_options_is_a_noop_and_other_options_reload_in_place() {
     d.ev(Event::Release { req: r });
     let req = d.req();
     let fx = d.ev(Event::Load { req, model: llm("a"), options: 0 });
-    assert_eq!(fx, vec![Effect::LoadDone { req, model: "a".into(), result: Ok(()) }]);
+    assert_eq!(fx, vec![Effect::LoadDone { req, model: "a".into(), result: LoadOutcome::Loaded }]);
     let req = d.req();
     let fx = d.ev(Event::Load { req, model: llm("a"), options: 5 });
     assert_eq!(fx, vec![Effect::Stop { model: "a".into() }]);

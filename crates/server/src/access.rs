@@ -36,7 +36,7 @@ impl Access {
 }
 
 fn protected(path: &str) -> bool {
-    let native = crate::NATIVE_POST.iter().chain(&crate::NATIVE_GET).any(|n| *n == path);
+    let native = crate::routes::NATIVE_POST.iter().chain(&crate::routes::NATIVE_GET).any(|n| *n == path);
     let api = ["/api/", "/v0/", "/v1/"].iter().any(|p| path.starts_with(p)) || native;
     let public =
         crate::PREFIXES.iter().any(|p| path.strip_prefix(p) == Some("/health")) || path == "/api/v1/openapi.json";

@@ -36,6 +36,9 @@ pub struct Config {
     pub body_limit: usize,
     /// `LEMONADE_API_KEY` and `LEMONADE_ALLOWED_ORIGINS`.
     pub access: crate::access::Access,
+    /// The process's log (tail and live lines), when the binary set one up; `logs/stream`
+    /// and `log-level` use it.
+    pub logs: Option<std::sync::Arc<crate::logging::LogHub>>,
 }
 
 impl Config {
@@ -59,6 +62,7 @@ impl Config {
             pull_timeout: Duration::from_secs(3600),
             body_limit: 64 << 20,
             access: crate::access::Access::default(),
+            logs: None,
         }
     }
 }

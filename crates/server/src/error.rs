@@ -1,5 +1,6 @@
 //! One error type for the HTTP layer; `IntoResponse` is the single place that maps errors to
-//! status codes and OpenAI-style bodies.
+//! status codes and OpenAI-style bodies, and the `From` impls below are the single place where
+//! the layers' own errors (registry, backends, host, scheduler) become HTTP errors.
 
 use api_types::ErrorResponse;
 use axum::http::StatusCode;
@@ -67,12 +68,15 @@ impl ApiError {
         }
     }
 
-    /// A failed load: a conflict when an unload cancelled it, else a load error.
-    pub fn load_failed(model: &str, message: String) -> ApiError {
-        if message == scheduler::LOAD_CANCELLED {
-            return ApiError::Conflict(format!("Model '{model}' was unloaded while it was loading"));
+    /// A load's outcome: Ok when loaded, a conflict when an unload cancelled it, else a load error.
+    pub fn from_load(model: &str, outcome: scheduler::LoadOutcome) -> Result<(), ApiError> {
+        match outcome {
+            scheduler::LoadOutcome::Loaded => Ok(()),
+            scheduler::LoadOutcome::Cancelled => {
+                Err(ApiError::Conflict(format!("Model '{model}' was unloaded while it was loading")))
+            }
+            scheduler::LoadOutcome::Failed(message) => Err(ApiError::LoadFailed { model: model.to_string(), message }),
         }
-        ApiError::LoadFailed { model: model.to_string(), message }
     }
 
     pub fn status(&self) -> StatusCode {
@@ -148,6 +152,62 @@ impl ApiError {
                 ErrorResponse::new("insufficient_storage", msg).code("insufficient_storage")
             }
         }
+    }
+}
+
+impl From<registry::RegistryError> for ApiError {
+    fn from(e: registry::RegistryError) -> ApiError {
+        match e {
+            registry::RegistryError::Lookup(l) => ApiError::Lookup(l),
+            registry::RegistryError::Invalid(m) => ApiError::bad_request(m, Some("model")),
+            e @ registry::RegistryError::Plan(_) => ApiError::bad_request(e.to_string(), Some("checkpoint")),
+            e @ registry::RegistryError::Json { .. } => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
+impl From<host::HostError> for ApiError {
+    fn from(e: host::HostError) -> ApiError {
+        match e {
+            host::HostError::Registry(r) => r.into(),
+            host::HostError::Io { ref source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
+                ApiError::InsufficientStorage(e.to_string())
+            }
+            e => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
+impl From<host::install::InstallError> for ApiError {
+    fn from(e: host::install::InstallError) -> ApiError {
+        use host::install::InstallError as E;
+        match e {
+            E::NotInstalled(..) => ApiError::BadRequest {
+                message: e.to_string(),
+                param: Some("backend".into()),
+                code: Some("backend_not_installed"),
+            },
+            E::Io { .. } | E::Task(_) => ApiError::Internal(e.to_string()),
+            e => ApiError::BackendUnavailable(e.to_string()),
+        }
+    }
+}
+
+impl From<backends::releases::InstallPlanError> for ApiError {
+    fn from(e: backends::releases::InstallPlanError) -> ApiError {
+        use backends::releases::InstallPlanError as E;
+        let (param, code) = match &e {
+            E::UnknownRecipe(_) => ("recipe", "unknown_recipe"),
+            E::UnknownBackend { .. } => ("backend", "unknown_backend"),
+            E::NotInstallable(_) => ("backend", "backend_not_installable"),
+        };
+        ApiError::BadRequest { message: e.to_string(), param: Some(param.into()), code: Some(code) }
+    }
+}
+
+impl From<scheduler::SchedulerError> for ApiError {
+    fn from(e: scheduler::SchedulerError) -> ApiError {
+        ApiError::NotLoaded { message: e.to_string() }
     }
 }
 

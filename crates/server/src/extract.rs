@@ -6,6 +6,7 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// A parsed JSON body together with its raw bytes (forwarded unchanged when not rewritten).
 pub struct JsonBody<T> {
@@ -13,13 +14,13 @@ pub struct JsonBody<T> {
     pub raw: Bytes,
 }
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
         let raw = Bytes::from_request(req, state).await.map_err(|e| {
             if e.status() == http::StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge { limit: crate::body_limit() }
+                ApiError::PayloadTooLarge { limit: state.cfg.body_limit }
             } else {
                 ApiError::bad_request(format!("Cannot read request body: {}", e.body_text()), None)
             }

@@ -2,128 +2,65 @@
 //! through the [`proxy`]. See docs/ARCHITECTURE.md for the map.
 
 pub mod access;
-pub mod admin;
+pub mod api;
 pub mod config;
 pub mod error;
 pub mod extract;
-pub mod install;
+pub mod installs;
 pub mod logging;
 pub mod openapi;
 pub mod proxy;
-pub mod pull;
+pub mod pulls;
 pub mod routes;
 pub mod runtime;
-pub mod system_info;
+pub mod sse;
+pub mod state;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post, MethodRouter};
 use axum::Router;
-use registry::{Registry, RegistryConfig};
+use host::catalogue::CatalogueConfig;
 use tokio::net::TcpListener;
 use utoipa_swagger_ui::SwaggerUi;
 
 pub use config::Config;
-use routes::*;
+pub use routes::PREFIXES;
 pub use runtime::Runtime;
+pub use state::AppState;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// The API route prefixes; every API endpoint answers identically under each.
-pub const PREFIXES: [&str; 4] = ["/api/v0", "/api/v1", "/v0", "/v1"];
-
-static BODY_LIMIT: AtomicUsize = AtomicUsize::new(64 << 20);
-
-/// The request body limit in force (for error messages).
-pub fn body_limit() -> usize {
-    BODY_LIMIT.load(Ordering::Relaxed)
-}
-
-/// A POST route; other methods get a JSON 405 naming POST.
-fn post_only<H: axum::handler::Handler<T, AppState>, T: 'static>(h: H) -> MethodRouter<AppState> {
-    post(h).fallback(method_not_allowed("POST"))
-}
-
-/// A GET (and HEAD) route; other methods get a JSON 405 naming GET.
-fn get_only<H: axum::handler::Handler<T, AppState>, T: 'static>(h: H) -> MethodRouter<AppState> {
-    get(h).fallback(method_not_allowed("GET"))
-}
-
-/// llama-server's own routes, forwarded to the model's backend under every prefix and at the
-/// root: POST ones, then GET ones.
-pub(crate) const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub(crate) const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
-/// The application router.
+/// The application: the route table, Swagger UI, the body limit and access control.
 pub fn app(rt: Arc<Runtime>) -> Router {
-    BODY_LIMIT.store(rt.cfg.body_limit, Ordering::Relaxed);
-    let mut native = Router::new();
-    for path in NATIVE_POST {
-        native = native.route(path, post_only(native_post));
-    }
-    for path in NATIVE_GET {
-        native = native.route(path, get_only(native_get));
-    }
-    let api = Router::new()
-        .route("/chat/completions", post_only(chat_completions))
-        .route("/completions", post_only(completions))
-        .route("/responses", post_only(responses))
-        .route("/embeddings", post_only(embeddings))
-        .route("/reranking", post_only(reranking))
-        .route("/rerank", post_only(reranking))
-        .route("/models", get_only(list_models))
-        .route("/models/{*id}", get_only(get_model))
-        .route("/health", get_only(health))
-        .route("/stats", get_only(stats))
-        .route("/load", post_only(load))
-        .route("/unload", post_only(unload))
-        .route("/pull", post_only(pull::pull))
-        .route("/delete", post_only(pull::delete))
-        .route("/install", post_only(install::install_route))
-        .route("/uninstall", post_only(install::uninstall_route))
-        .route("/system-info", get_only(system_info::system_info))
-        .route("/system-stats", get_only(system_info::system_stats))
-        .route("/log-level", post_only(logging::set_level))
-        .route("/logs/stream", get_only(logging::stream))
-        .route("/admin/models", get_only(admin::models))
-        .route("/admin/models/{model_name}/load", post_only(admin::load))
-        .route("/admin/models/{model_name}/unload", post_only(admin::unload))
-        .route("/admin/gpu-memory", get_only(admin::gpu_memory))
-        .merge(native.clone());
-    let mut router = Router::new();
-    for prefix in PREFIXES {
-        router = router.nest(prefix, api.clone());
-    }
-    router
-        .merge(native)
-        .route("/live", get_only(live))
+    routes::router()
         .merge(SwaggerUi::new("/docs").url("/api/v1/openapi.json", openapi::document()))
-        .fallback(unknown_path)
         .layer(DefaultBodyLimit::max(rt.cfg.body_limit))
         .layer(axum::middleware::from_fn_with_state(Arc::new(rt.cfg.access.clone()), access::layer))
         .with_state(rt)
 }
 
-/// Where the registry reads from, for `cfg`.
-pub fn registry_config(cfg: &Config) -> RegistryConfig {
-    RegistryConfig {
+/// Where the catalogue is read from, for `cfg`.
+pub fn catalogue_config(cfg: &Config) -> CatalogueConfig {
+    CatalogueConfig {
         cache_dir: cfg.cache_dir.clone(),
         hf_cache: cfg.hf_cache.clone(),
         extra_models_dir: cfg.extra_models_dir.clone(),
-        physical_memory_gb: physical_memory_gb(),
+        physical_memory_gb: host::hardware::physical_memory_gb(),
         disable_filtering: cfg.disable_filtering,
     }
 }
 
 /// Builds the registry and runtime from `cfg`.
 pub fn runtime(cfg: Config) -> anyhow::Result<Arc<Runtime>> {
-    let registry = Registry::load(&registry_config(&cfg)).context("cannot read the model catalogue")?;
+    // Hardware is detected once, here, so no load waits for it.
+    let hw = host::hardware::detected();
+    tracing::debug!(igpu = ?hw.hw.amd_igpu, nvidia = hw.hw.nvidia_gpus, "hardware detected");
+    let registry = host::catalogue::load(&catalogue_config(&cfg)).context("cannot read the model catalogue")?;
     Ok(Runtime::new(cfg, registry))
 }
 
@@ -201,11 +138,4 @@ pub async fn serve(
         tracing::warn!("connections still open after 10 s; exiting anyway");
     }
     Ok(())
-}
-
-/// Total RAM in GB from /proc/meminfo (Linux), for the catalogue's size filter.
-fn physical_memory_gb() -> Option<f64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb: f64 = s.lines().find(|l| l.starts_with("MemTotal:"))?.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb / 1024.0 / 1024.0)
 }

@@ -8,22 +8,14 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::response::Response;
-use axum::Json;
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, reload, EnvFilter};
-use utoipa::ToSchema;
-
-use crate::error::ApiError;
-use crate::extract::JsonBody;
 
 /// Lines kept for a new `logs/stream` client.
 const TAIL_LINES: usize = 2000;
@@ -55,17 +47,16 @@ pub struct LogHub {
     reload: Reload,
 }
 
-static HUB: OnceLock<Arc<LogHub>> = OnceLock::new();
-
 struct Tail {
     /// Sequence number of `lines[0]`.
     first: u64,
     lines: VecDeque<Arc<str>>,
 }
 
-/// The process's log hub, when [`init`] ran (the `lemonade serve` binary; not embedded uses).
-pub fn hub() -> Option<&'static Arc<LogHub>> {
-    HUB.get()
+impl std::fmt::Debug for LogHub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogHub").field("level", &self.level()).finish()
+    }
 }
 
 impl LogHub {
@@ -101,6 +92,53 @@ impl LogHub {
 
     pub fn level(&self) -> String {
         self.level.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The log as SSE bytes: the kept lines, a few at a time, then each new line, with a
+    /// heartbeat comment after [`HEARTBEAT`] without one.
+    pub fn stream(self: &Arc<Self>) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
+        let (mut next, end, mut rx) = self.subscribe();
+        let (tx, body_rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+        let hub = self.clone();
+        tokio::spawn(async move {
+            // The kept lines, a few at a time: a slow reader holds a few lines, not a copy of the tail.
+            while next < end {
+                let (after, lines) = hub.past(next, end, 32);
+                if lines.is_empty() {
+                    break;
+                }
+                next = after;
+                let mut chunk = Vec::new();
+                for l in &lines {
+                    chunk.extend_from_slice(&event(l));
+                }
+                if tx.send(Bytes::from(chunk)).await.is_err() {
+                    return;
+                }
+            }
+            loop {
+                let next = tokio::select! {
+                    r = rx.recv() => r,
+                    _ = tx.closed() => return,
+                    _ = tokio::time::sleep(HEARTBEAT) => {
+                        if tx.send(Bytes::from_static(b": heartbeat\n\n")).await.is_err() { return; }
+                        continue;
+                    }
+                };
+                let chunk = match next {
+                    Ok(line) => event(&line),
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        Bytes::from(format!(": {n} lines skipped (slow reader)\n\n"))
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                if tx.send(chunk).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let mut body_rx = body_rx;
+        futures_util::stream::poll_fn(move |cx| body_rx.poll_recv(cx).map(|o| o.map(Ok::<_, Infallible>)))
     }
 
     pub fn set_level(&self, level: &str) -> Result<(), String> {
@@ -143,44 +181,7 @@ pub fn init(level: &str) -> Arc<LogHub> {
         .with(fmt::layer().with_writer(std::io::stderr))
         .with(fmt::layer().with_ansi(false).with_writer(move || w.clone()))
         .init();
-    let _ = HUB.set(hub.clone());
     hub
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
-pub struct LogLevelRequest {
-    /// One of critical, error, warning, info, debug, trace.
-    pub level: String,
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
-pub struct LogLevelResponse {
-    pub status: String,
-    pub level: String,
-}
-
-/// Changes what the server logs, at once.
-#[utoipa::path(post, path = "/api/v1/log-level", tag = "System",
-    description = "Also under /api/v0, /v0 and /v1. Unlike v9 (which only stores the value), the level takes effect \
-        at once, for stderr and `logs/stream`.",
-    request_body = LogLevelRequest,
-    responses(
-        (status = 200, description = "Level set", body = LogLevelResponse),
-        (status = 400, description = "Missing or unknown level", body = api_types::ErrorResponse),
-    ))]
-pub async fn set_level(body: JsonBody<LogLevelRequest>) -> Result<Json<LogLevelResponse>, ApiError> {
-    let level = body.value.level.trim().to_ascii_lowercase();
-    if filter_for(&level).is_none() {
-        return Err(ApiError::bad_request(
-            format!("Unknown log level '{}'; use one of: {}", body.value.level, LEVELS.join(", ")),
-            Some("level"),
-        ));
-    }
-    if let Some(h) = hub() {
-        h.set_level(&level).map_err(ApiError::Internal)?;
-    }
-    tracing::info!(level = %level, "log level changed");
-    Ok(Json(LogLevelResponse { status: "success".into(), level }))
 }
 
 fn event(line: &str) -> Bytes {
@@ -192,64 +193,6 @@ fn event(line: &str) -> Bytes {
     }
     s.push('\n');
     Bytes::from(s)
-}
-
-/// Server-Sent Events of the server log: the last lines kept, then each new line.
-#[utoipa::path(get, path = "/api/v1/logs/stream", tag = "System",
-    description = "Also under /api/v0, /v0 and /v1. Each log entry is one SSE event (`data: <line>`), first the last \
-        2,000 entries kept in memory, then new ones as they are logged. A `: heartbeat` comment is sent after 10 s \
-        without a line.",
-    responses(
-        (status = 200, description = "text/event-stream of log lines"),
-        (status = 400, description = "Log streaming is not enabled in this process (embedded use)", body = api_types::ErrorResponse),
-    ))]
-pub async fn stream(State(rt): State<crate::AppState>) -> Result<Response, ApiError> {
-    let Some(h) = hub() else {
-        return Err(ApiError::bad_request("Log streaming is not enabled in this process", None));
-    };
-    let (mut next, end, mut rx) = h.subscribe();
-    let (tx, body_rx) = tokio::sync::mpsc::channel::<Bytes>(16);
-    let hub = h.clone();
-    tokio::spawn(async move {
-        // The kept lines, a few at a time: a slow reader holds a few lines, not a copy of the tail.
-        while next < end {
-            let (after, lines) = hub.past(next, end, 32);
-            if lines.is_empty() {
-                break;
-            }
-            next = after;
-            let mut chunk = Vec::new();
-            for l in &lines {
-                chunk.extend_from_slice(&event(l));
-            }
-            if tx.send(Bytes::from(chunk)).await.is_err() {
-                return;
-            }
-        }
-        loop {
-            let next = tokio::select! {
-                r = rx.recv() => r,
-                _ = tx.closed() => return,
-                _ = tokio::time::sleep(HEARTBEAT) => {
-                    if tx.send(Bytes::from_static(b": heartbeat\n\n")).await.is_err() { return; }
-                    continue;
-                }
-            };
-            let chunk = match next {
-                Ok(line) => event(&line),
-                Err(broadcast::error::RecvError::Lagged(n)) => {
-                    Bytes::from(format!(": {n} lines skipped (slow reader)\n\n"))
-                }
-                Err(broadcast::error::RecvError::Closed) => return,
-            };
-            if tx.send(chunk).await.is_err() {
-                return;
-            }
-        }
-    });
-    let mut body_rx = body_rx;
-    let body = futures_util::stream::poll_fn(move |cx| body_rx.poll_recv(cx).map(|o| o.map(Ok::<_, Infallible>)));
-    Ok(crate::pull::sse_response(&rt, body))
 }
 
 #[cfg(test)]

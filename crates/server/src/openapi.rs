@@ -4,7 +4,7 @@
 
 use utoipa::OpenApi;
 
-use crate::routes;
+use crate::routes::RoutePaths;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -15,34 +15,6 @@ use crate::routes;
                        LEMONADE_API_KEY set, every API path except health needs `Authorization: Bearer <key>` (else \
                        401 `{\"error\": \"Invalid or missing API key\"}`).",
         license(name = "Apache-2.0")
-    ),
-    paths(
-        routes::chat_completions,
-        routes::completions,
-        routes::responses,
-        routes::embeddings,
-        routes::reranking,
-        routes::list_models,
-        routes::get_model,
-        routes::health,
-        routes::stats,
-        routes::load,
-        routes::unload,
-        crate::pull::pull,
-        crate::pull::delete,
-        crate::admin::models,
-        crate::admin::load,
-        crate::admin::unload,
-        crate::admin::gpu_memory,
-        crate::install::install_route,
-        crate::install::uninstall_route,
-        crate::system_info::system_info,
-        crate::system_info::system_stats,
-        crate::logging::set_level,
-        crate::logging::stream,
-        routes::live,
-        routes::native_post,
-        routes::native_get,
     ),
     tags(
         (name = "OpenAI", description = "OpenAI-compatible endpoints"),
@@ -55,8 +27,11 @@ use crate::routes;
 )]
 pub struct ApiDoc;
 
+/// The document: the title and tags here, the paths from the route table.
 pub fn document() -> utoipa::openapi::OpenApi {
-    ApiDoc::openapi()
+    let mut doc = ApiDoc::openapi();
+    doc.merge(RoutePaths::openapi());
+    doc
 }
 
 /// The document as pretty JSON with a trailing newline (the checked-in form).

@@ -18,15 +18,17 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use api_types::{LoadedModel, ModelType, RecipeOptions, Stats};
-use backends::llamacpp::{self, LlamaServerConfig};
-use backends::{binary, Backend, SpawnSpec};
+use backends::{LaunchInput, Recipe, SpawnSpec};
+use host::{binary, Backend};
 use registry::{ModelInfo, Registry};
-use scheduler::{Effect, Event, LoadError, Machine, ModelRef, Rejection, ReqId, State};
+use scheduler::{Effect, Event, LoadError, LoadOutcome, Machine, ModelRef, Rejection, ReqId, SchedulerError, State};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::Config;
 use crate::error::ApiError;
+use crate::installs;
+use crate::state::Locks;
 
 /// Failed health probes in a row after which a backend counts as wedged and is killed.
 const WATCHDOG_STRIKES: u32 = 3;
@@ -37,8 +39,8 @@ type Opts = RecipeOptions;
 enum Answer {
     Granted,
     Rejected(Rejection),
-    Load(Result<(), String>),
-    Unload(Result<Vec<String>, String>),
+    Load(LoadOutcome),
+    Unload(Result<Vec<String>, SchedulerError>),
 }
 
 /// A running (or starting) backend and its bookkeeping.
@@ -73,8 +75,8 @@ pub struct Runtime {
     view: RwLock<BTreeMap<String, ModelView>>,
     /// Runtime-only admin load overrides of loaded models.
     overrides: Mutex<HashMap<String, Value>>,
-    /// One download per repository, one install per backend at a time (see [`Runtime::lock`]).
-    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// One download per repository, one install per backend at a time.
+    pub locks: Locks,
     next_req: AtomicU64,
     seq: AtomicU64,
     epoch: Instant,
@@ -138,7 +140,7 @@ impl Runtime {
             .no_proxy()
             .build()
             .expect("reqwest client");
-        crate::install::clean_staging(&cfg.cache_dir);
+        host::install::clean_staging(&cfg.cache_dir);
         let (tx, rx) = mpsc::unbounded_channel();
         let machine = Machine::new(cfg.max_loaded_models.clone());
         let rt = Arc::new(Runtime {
@@ -150,7 +152,7 @@ impl Runtime {
             running: Mutex::new(HashMap::new()),
             view: RwLock::new(BTreeMap::new()),
             overrides: Mutex::new(HashMap::new()),
-            locks: Mutex::new(HashMap::new()),
+            locks: Locks::default(),
             next_req: AtomicU64::new(1),
             seq: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -175,8 +177,8 @@ impl Runtime {
     }
 
     /// Reads the catalogue and the user's files again (after they changed).
-    pub fn reload_registry(&self) -> Result<(), registry::RegistryError> {
-        let reg = Registry::load(&crate::registry_config(&self.cfg))?;
+    pub fn reload_registry(&self) -> Result<(), host::HostError> {
+        let reg = host::catalogue::load(&crate::catalogue_config(&self.cfg))?;
         self.set_registry(reg);
         Ok(())
     }
@@ -184,7 +186,7 @@ impl Runtime {
     /// The lock that serializes the work on one thing: downloads into a repository
     /// (`repo:org/name`), installs of a backend (`backend:recipe:backend`).
     pub fn lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
-        self.locks.lock().unwrap_or_else(|e| e.into_inner()).entry(key.to_string()).or_default().clone()
+        self.locks.get(key)
     }
 
     pub fn load_override(&self, name: &str) -> Option<Value> {
@@ -233,7 +235,7 @@ impl Runtime {
             model_type: r.info.model_type,
             device: r.info.device().to_string(),
             backend_url: format!("{}/v1", r.backend.base_url()),
-            recipe: r.info.recipe.clone(),
+            recipe: r.info.recipe.to_string(),
             recipe_options: r.options.clone(),
             last_use: v.last_use,
         }
@@ -254,9 +256,8 @@ impl Runtime {
         answer.unwrap_or(Answer::Rejected(Rejection::Unloading))
     }
 
-    /// A lease on `name`, loading it first when auto-load is on. `want` is the model type
-    /// the endpoint serves; a model of another type is rejected before anything is loaded.
-    pub async fn acquire(self: &Arc<Self>, name: &str, want: &[ModelType], endpoint: &str) -> Result<Lease, ApiError> {
+    /// The model `name`, if it is of a type `endpoint` serves (a 400 naming both otherwise).
+    pub fn model_for(&self, name: &str, want: &[ModelType], endpoint: &str) -> Result<ModelInfo, ApiError> {
         let info = self.registry().get(name)?.clone();
         if !want.contains(&info.model_type) {
             return Err(ApiError::WrongModelType(format!(
@@ -266,14 +267,15 @@ impl Runtime {
                 want.iter().map(|t| format!("an {}", t.as_str())).collect::<Vec<_>>().join(" or "),
             )));
         }
-        let info = match (info.downloaded, self.cfg.auto_load) {
-            (true, _) => info,
-            (false, true) => crate::pull::ensure_downloaded(self, &info).await?,
-            (false, false) => return Err(ApiError::not_downloaded(name)),
-        };
-        let auto_load = self.cfg.auto_load.then(|| self.effective_options(&info, &RecipeOptions::new()));
+        Ok(info)
+    }
+
+    /// A lease on a downloaded model, loading it first when auto-load is on.
+    pub async fn acquire(self: &Arc<Self>, info: &ModelInfo) -> Result<Lease, ApiError> {
+        let name = info.name.as_str();
+        let auto_load = self.cfg.auto_load.then(|| self.effective_options(info, &RecipeOptions::new()));
         let (req, rx) = self.request();
-        match self.ask(req, rx, Event::Acquire { req, model: model_ref(&info), auto_load }).await {
+        match self.ask(req, rx, Event::Acquire { req, model: model_ref(info), auto_load }).await {
             Answer::Granted => match self.running_model(name) {
                 Some(model) => Ok(Lease { model, req, rt: self.clone() }),
                 None => {
@@ -282,25 +284,25 @@ impl Runtime {
                 }
             },
             Answer::Rejected(why) => Err(ApiError::Rejected { model: name.to_string(), why }),
-            _ => Err(ApiError::Internal("unexpected answer".into())),
+            _ => Err(ApiError::Rejected { model: name.to_string(), why: Rejection::Unloading }),
         }
     }
 
     /// Loads `info` with `options` (reloading it when loaded with other options).
-    pub async fn load(&self, info: &ModelInfo, options: Opts) -> Result<(), String> {
+    pub async fn load(&self, info: &ModelInfo, options: Opts) -> LoadOutcome {
         let (req, rx) = self.request();
         match self.ask(req, rx, Event::Load { req, model: model_ref(info), options }).await {
             Answer::Load(r) => r,
-            _ => Err("the load was abandoned".into()),
+            _ => LoadOutcome::Cancelled,
         }
     }
 
     /// Unloads one model, or all (None). Err when the named model is not loaded.
-    pub async fn unload(&self, name: Option<&str>) -> Result<Vec<String>, String> {
+    pub async fn unload(&self, name: Option<&str>) -> Result<Vec<String>, SchedulerError> {
         let (req, rx) = self.request();
         match self.ask(req, rx, Event::Unload { req, model: name.map(str::to_string) }).await {
             Answer::Unload(r) => r,
-            _ => Err("the unload was abandoned".into()),
+            _ => Ok(Vec::new()),
         }
     }
 
@@ -335,7 +337,7 @@ impl Runtime {
         for (k, v) in self.registry().saved_options(info).into_iter().chain(request.clone()) {
             o.insert(k, v);
         }
-        registry::filter_recipe_options(&info.recipe, &o)
+        registry::filter_recipe_options(info.recipe, &o)
     }
 
     fn answer(&self, req: ReqId, a: Answer) -> bool {
@@ -412,40 +414,24 @@ impl Runtime {
             .clone()
             .filter(|p| p.exists())
             .ok_or_else(|| fatal(format!("Model file not found for checkpoint: {}", info.checkpoint)))?;
-        let ctx_size =
-            options.get("ctx_size").and_then(Value::as_u64).map(|v| v as u32).unwrap_or(llamacpp::DEFAULT_CTX_SIZE);
-        let (program, args, port) = match info.recipe.as_str() {
-            "llamacpp" => {
-                let backend_name = options.get("llamacpp_backend").and_then(Value::as_str).unwrap_or("cpu").to_string();
-                let user_args = options.get("llamacpp_args").and_then(Value::as_str).unwrap_or_default().to_string();
-                let args = llamacpp::command_line(&LlamaServerConfig {
-                    model_path: main,
-                    mmproj_path: info.mmproj_path.clone(),
-                    model_type: info.model_type,
-                    ctx_size,
-                    backend: backend_name.clone(),
-                    user_args,
-                    amd_igpu: false,
-                })
-                .map_err(|e| fatal(e.to_string()))?;
-                (self.backend_binary("llamacpp", &backend_name).await.map_err(fatal)?, args, None)
-            }
-            "ryzenai-llm" => {
-                let port = backends::supervisor::free_port().map_err(|e| fatal(format!("no free port: {e}")))?;
-                let args = backends::ryzenai::command_line(&main, port, ctx_size);
-                (self.backend_binary("ryzenai-llm", "npu").await.map_err(fatal)?, args, Some(port))
-            }
-            other => return Err(fatal(format!("The '{other}' recipe has no backend adapter in this lemonade build"))),
+        let port = match info.recipe.needs_port() {
+            true => Some(host::supervisor::free_port().map_err(|e| fatal(format!("no free port: {e}")))?),
+            false => None,
         };
-        let spec = SpawnSpec {
-            label: name.to_string(),
-            program,
-            args,
-            env: vec![],
-            health_path: "/health".into(),
-            ready_timeout: self.cfg.ready_timeout,
+        let hardware = host::hardware::hardware();
+        let input = LaunchInput {
+            name,
+            main_path: &main,
+            mmproj_path: info.mmproj_path.as_deref(),
+            model_type: info.model_type,
+            options: &options,
+            hardware: &hardware,
             port,
         };
+        let launch = backends::launch(info.recipe, &input).map_err(|e| fatal(e.to_string()))?;
+        let program =
+            self.backend_binary(info.recipe, &backends::backend_of(info.recipe, &options)).await.map_err(fatal)?;
+        let spec = SpawnSpec::new(name, program, launch, self.cfg.ready_timeout);
         let started = Instant::now();
         let backend = Backend::spawn(spec).map_err(|e| fatal(e.to_string()))?;
         let running = Arc::new(Running {
@@ -501,14 +487,14 @@ impl Runtime {
 
     /// The backend's executable; a missing one is installed first when this platform has a
     /// release for it (v9's auto-install on first load).
-    async fn backend_binary(&self, recipe: &str, backend: &str) -> Result<PathBuf, String> {
-        let (dir, exe) = backends::releases::recipe_dir_and_exe(recipe)
-            .ok_or_else(|| format!("The '{recipe}' recipe has no backend binary"))?;
+    async fn backend_binary(&self, recipe: Recipe, backend: &str) -> Result<PathBuf, String> {
+        let (dir, exe) = recipe.dir_and_exe();
         let resolve = || binary::resolve_from_env(&self.cfg.cache_dir, dir, backend, exe);
         if let Some(r) = resolve() {
             return Ok(r.path);
         }
-        if crate::install::auto_install(self, recipe, backend).await? {
+        let installed = installs::auto_install(&self.cfg, &self.locks, recipe.as_str(), backend).await;
+        if installed.map_err(|e| e.to_string())? {
             if let Some(r) = resolve() {
                 return Ok(r.path);
             }

@@ -191,6 +191,7 @@ fn llama_command_line(model: &std::path::Path) -> anyhow::Result<Vec<String>> {
         backend: "cpu".into(),
         user_args: LLAMA_ARGS.into(),
         amd_igpu: false,
+        alias: "bench".into(),
     })?)
 }
 
@@ -208,7 +209,7 @@ async fn start_by_hand(http: &reqwest::Client, model: &std::path::Path) -> anyho
     let stderr = child.stderr.take().unwrap();
     let port = tokio::task::spawn_blocking(move || {
         let mut lines = std::io::BufReader::new(stderr).lines();
-        let port = lines.by_ref().map_while(Result::ok).find_map(|l| backends::supervisor::parse_listening_port(&l));
+        let port = lines.by_ref().map_while(Result::ok).find_map(|l| host::supervisor::parse_listening_port(&l));
         // Keep draining so the child never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
         port

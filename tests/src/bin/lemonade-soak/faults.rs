@@ -368,7 +368,7 @@ async fn disk_full(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
 }
 
 fn sha256_file(p: &Path) -> String {
-    registry::hub::sha256_file(p).unwrap_or_default()
+    host::download::sha256_file(p).unwrap_or_default()
 }
 
 /// SIGKILL lemonade while it downloads; restart on the same files: the model is not counted as

@@ -11,7 +11,6 @@
 //! * Stop: SIGTERM to the group, then SIGKILL after a grace period.
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,25 +19,12 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
 use tokio::sync::{oneshot, watch};
 
+pub use backends::SpawnSpec;
+
 /// Lines kept for error messages.
 const LOG_TAIL: usize = 40;
 /// Health probe interval while waiting for readiness.
 const PROBE_INTERVAL: Duration = Duration::from_millis(10);
-
-#[derive(Debug, Clone)]
-pub struct SpawnSpec {
-    /// Used in logs and errors (the model name).
-    pub label: String,
-    pub program: PathBuf,
-    pub args: Vec<String>,
-    pub env: Vec<(String, String)>,
-    /// Readiness endpoint, e.g. `/health`.
-    pub health_path: String,
-    /// How long loading may take before the start is abandoned.
-    pub ready_timeout: Duration,
-    /// The port the process was told to use; None: it binds port 0 and logs the real one.
-    pub port: Option<u16>,
-}
 
 /// How a child ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,10 +10,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::checkpoint::repo_folder_name;
-
-/// Name of the manifest Lemonade v9 keeps in a snapshot while a download is in progress.
-pub const DOWNLOAD_MANIFEST: &str = ".download_manifest.json";
+use registry::checkpoint::repo_folder_name;
+pub use registry::{Snapshot, DOWNLOAD_MANIFEST};
 
 /// Cache root: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`.
 pub fn cache_root_from_env(get: impl Fn(&str) -> Option<String>) -> PathBuf {
@@ -25,13 +23,6 @@ pub fn cache_root_from_env(get: impl Fn(&str) -> Option<String>) -> PathBuf {
     }
     let home = get("HOME").unwrap_or_else(|| ".".into());
     PathBuf::from(home).join(".cache").join("huggingface").join("hub")
-}
-
-/// One snapshot of a repo in the cache, with its files (relative, `/`-separated, sorted).
-#[derive(Debug, Clone)]
-pub struct Snapshot {
-    pub dir: PathBuf,
-    pub files: Vec<String>,
 }
 
 /// The snapshots of `repo` under `root`: the one `refs/main` names first, then the others
@@ -104,6 +95,15 @@ pub fn is_complete(file: &Path) -> bool {
     }
     let name = file.file_name().and_then(|n| n.to_str()).unwrap_or_default();
     !parent.join(format!("{name}.partial")).exists() && !parent.join(format!("{name}.incomplete")).exists()
+}
+
+/// Removes `repo`'s whole folder from the cache (every variant); a missing folder is fine.
+pub async fn remove_repo(root: &Path, repo: &str) -> Result<(), crate::HostError> {
+    let dir = root.join(repo_folder_name(repo));
+    match tokio::fs::remove_dir_all(&dir).await {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(crate::HostError::io(&dir)(e)),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

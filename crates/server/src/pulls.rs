@@ -1,34 +1,28 @@
-//! `pull` and `delete`: download models from the Hub into the huggingface_hub cache (with
-//! `user.*` registration), and remove them.
+//! Pulling models: resolve a pull request (registering a `user.*` model), download a model's
+//! files from the Hub into the huggingface_hub cache with progress, and make sure a model is
+//! downloaded before it loads.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
 use api_types::*;
-use axum::body::Body;
-use axum::extract::State;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
-use bytes::Bytes;
-use http::{header, HeaderValue};
-use registry::hub::{Download, Hub, HubError};
+use host::hub::{Download, Hub, HubError};
 use registry::{CatalogueEntry, Checkpoint, LookupError, ModelInfo, USER_PREFIX};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
-use crate::extract::JsonBody;
-use crate::routes::AppState;
+use crate::runtime::Lease;
+use crate::state::AppState;
 
 /// Progress events per file are sent at most this often (plus the first and the last).
-const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+pub(crate) const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
 fn hub() -> Hub {
     Hub::from_env()
 }
 
 /// Validates the request and registers a new `user.*` model; returns the model to download.
-fn resolve(rt: &AppState, req: &PullRequest) -> Result<ModelInfo, ApiError> {
+pub fn resolve(rt: &AppState, req: &PullRequest) -> Result<ModelInfo, ApiError> {
     let name = req.model.clone().or_else(|| req.model_name.clone()).filter(|n| !n.is_empty());
     let name = name.ok_or_else(|| ApiError::bad_request("Missing required field 'model'", Some("model")))?;
     let checkpoint = req
@@ -71,9 +65,9 @@ fn resolve(rt: &AppState, req: &PullRequest) -> Result<ModelInfo, ApiError> {
         param: Some(param.into()),
         code: Some("invalid_request"),
     };
-    registry::validate_user_name(&name).map_err(|m| invalid(m, "model"))?;
+    registry::validate_user_name(&name).map_err(|e| invalid(e.to_string(), "model"))?;
     for c in checkpoint.iter().chain(req.checkpoints.iter().flat_map(|m| m.values())) {
-        registry::checkpoint::validate(c).map_err(|m| invalid(m, "checkpoint"))?;
+        registry::checkpoint::validate(c).map_err(|e| invalid(e.to_string(), "checkpoint"))?;
     }
     if let Some(mm) = &req.mmproj {
         if mm.chars().any(char::is_control)
@@ -109,14 +103,13 @@ fn resolve(rt: &AppState, req: &PullRequest) -> Result<ModelInfo, ApiError> {
             flag(req.vision),
             flag(req.embedding),
             flag(req.reranking),
-            &recipe,
+            backends::Recipe::parse(&recipe),
         ),
         ..Default::default()
     };
     // Registered before the download, so a failed download can be resumed by name.
-    registry::save_user_model(&rt.cfg.cache_dir, &name[USER_PREFIX.len()..], Some(&entry))
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
-    rt.reload_registry().map_err(|e| ApiError::Internal(e.to_string()))?;
+    host::files::save_user_model(&rt.cfg.cache_dir, &name[USER_PREFIX.len()..], Some(&entry))?;
+    rt.reload_registry()?;
     Ok(rt.registry().get(&name)?.clone())
 }
 
@@ -152,7 +145,7 @@ pub async fn ensure_downloaded(rt: &AppState, m: &ModelInfo) -> Result<ModelInfo
             rt.cfg.pull_timeout.as_secs()
         ))
     })??;
-    rt.reload_registry().map_err(|e| ApiError::Internal(e.to_string()))?;
+    rt.reload_registry()?;
     tracing::info!(model = %m.name, secs = t.elapsed().as_secs_f64(), "pulled");
     let pulled = rt.registry().get(&m.name)?.clone();
     if !pulled.downloaded {
@@ -164,7 +157,7 @@ pub async fn ensure_downloaded(rt: &AppState, m: &ModelInfo) -> Result<ModelInfo
 /// Lists, plans and downloads every file of `m`, reporting progress to `events` (None: no
 /// progress). A closed channel cancels the download. One download per repository at a time:
 /// a concurrent pull of the same model waits, then finds the verified files and fetches none.
-async fn download(
+pub async fn download(
     rt: &AppState,
     m: &ModelInfo,
     events: Option<&mpsc::Sender<(&'static str, String)>>,
@@ -192,7 +185,7 @@ async fn download(
     for (i, p) in planned.iter().enumerate() {
         let file = listings[&p.repo].iter().find(|f| f.path == p.path).expect("planned from the listing");
         let job = Download { repo: &p.repo, commit: &commits[&p.repo], file, dest_repo: &main.repo, dest: &p.dest };
-        let mut report = events.map(|tx| progress_events(tx.clone(), p.dest.clone(), i + 1, total));
+        let mut report = events.map(|tx| crate::sse::progress_events(tx.clone(), p.dest.clone(), i + 1, total));
         let mut progress = |done: u64, size: Option<u64>| report.as_mut().is_none_or(|r| r(done, size));
         progress(0, file.size);
         hub.download(&rt.cfg.hf_cache, &job, &mut progress).await.map_err(hub_error)?;
@@ -211,142 +204,14 @@ async fn download(
     Ok(())
 }
 
-/// Downloads a model (registering a `user.*` model first when `checkpoint` and `recipe` are given).
-#[utoipa::path(post, path = "/api/v1/pull", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1. Files go to the Hugging Face cache in huggingface_hub's layout; a \
-                   partial download resumes. With `stream: true` the answer is SSE: `event: progress` (PullProgress), \
-                   one `event: complete`, or `event: error` with `{\"error\": message}`. A client that disconnects \
-                   cancels the download (the partial file stays for a later pull).",
-    request_body = PullRequest,
-    responses(
-        (status = 200, description = "Downloaded (or SSE events)", body = StatusResponse),
-        (status = 400, description = "Invalid name, checkpoint or variant", body = ErrorResponse),
-        (status = 404, description = "Not available on this system", body = ErrorResponse),
-        (status = 502, description = "The download failed", body = ErrorResponse),
-        (status = 507, description = "The disk is full (the partial download is kept)", body = ErrorResponse),
-    ))]
-pub async fn pull(State(rt): State<AppState>, body: JsonBody<PullRequest>) -> Result<Response, ApiError> {
-    let req = body.value;
-    let m = resolve(&rt, &req)?;
-    if req.do_not_upgrade == Some(true) && m.downloaded {
-        return Ok(
-            Json(StatusResponse { status: "success".into(), model_name: Some(m.name), message: None }).into_response()
-        );
-    }
-    if req.stream != Some(true) {
-        download(&rt, &m, None).await?;
-        rt.reload_registry().map_err(|e| ApiError::Internal(e.to_string()))?;
-        return Ok(
-            Json(StatusResponse { status: "success".into(), model_name: Some(m.name), message: None }).into_response()
-        );
-    }
-    let (tx, rx) = mpsc::channel::<(&'static str, String)>(64);
-    let response = sse_events(&rt, rx);
-    tokio::spawn(async move {
-        let result = download(&rt, &m, Some(&tx)).await;
-        let _ = rt.reload_registry();
-        if let Err(e) = result {
-            let _ = tx.send(("error", serde_json::json!({"error": e.to_string()}).to_string())).await;
-        }
-    });
-    Ok(response)
-}
-
-/// `progress` events for one file of `total` (number `index`) into `tx`, at most every
-/// [`PROGRESS_EVERY`] (plus the last); returns false, cancelling the download, once the client
-/// is gone.
-pub(crate) fn progress_events(
-    tx: mpsc::Sender<(&'static str, String)>,
-    file: String,
-    index: usize,
-    total: usize,
-) -> impl FnMut(u64, Option<u64>) -> bool + Send {
-    let mut last = None::<Instant>;
-    move |done, size| {
-        if tx.is_closed() {
-            return false;
-        }
-        let finished = size.is_some_and(|s| done >= s);
-        if last.is_some_and(|t| t.elapsed() < PROGRESS_EVERY) && !finished {
-            return true;
-        }
-        last = Some(Instant::now());
-        let bytes_total = size.unwrap_or(0);
-        let ev = PullProgress {
-            file: file.clone(),
-            file_index: index,
-            total_files: total,
-            bytes_downloaded: done,
-            bytes_total,
-            percent: (done * 100).checked_div(bytes_total).unwrap_or(0),
-        };
-        tx.try_send(("progress", serde_json::to_string(&ev).unwrap_or_default())).is_ok() || !tx.is_closed()
-    }
-}
-
-/// An SSE response of `(event, data)` pairs, ending when every sender is gone.
-pub(crate) fn sse_events(rt: &AppState, mut rx: mpsc::Receiver<(&'static str, String)>) -> Response {
-    let body = futures_util::stream::poll_fn(move |cx| {
-        rx.poll_recv(cx).map(|o| {
-            o.map(|(event, data)| Ok::<_, Infallible>(Bytes::from(format!("event: {event}\ndata: {data}\n\n"))))
-        })
-    });
-    sse_response(rt, body)
-}
-
-/// `body` as an SSE response (no caching, no proxy buffering) that also ends when the server
-/// shuts down, so an open stream does not hold the shutdown up.
-pub(crate) fn sse_response(
-    rt: &AppState,
-    body: impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
-) -> Response {
-    use futures_util::StreamExt;
-    let mut r = Response::new(Body::from_stream(body.take_until(rt.closed())));
-    let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    r
-}
-
-/// Removes a model's files (and a `user.*` registration), unloading it first.
-#[utoipa::path(post, path = "/api/v1/delete", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1. Removes the model's whole `models--org--repo` folder from the \
-                   Hugging Face cache (every variant of that repository), and a `user.*` model's registration.",
-    request_body = DeleteRequest,
-    responses(
-        (status = 200, description = "Deleted", body = StatusResponse),
-        (status = 400, description = "No name, or an extra.* model (files in the extra models dir are not deleted)", body = ErrorResponse),
-        (status = 422, description = "Unknown model", body = ErrorResponse),
-    ))]
-pub async fn delete(
-    State(rt): State<AppState>,
-    body: JsonBody<DeleteRequest>,
-) -> Result<Json<StatusResponse>, ApiError> {
-    let name = body.value.model.or(body.value.model_name).filter(|n| !n.is_empty());
-    let name = name.ok_or_else(|| ApiError::bad_request("Missing required field 'model'", Some("model")))?;
-    let m = rt.registry().get(&name).map_err(|_| ApiError::Unprocessable(format!("Model not found: {name}")))?.clone();
-    if m.source == registry::Source::ExtraModelsDir {
-        return Err(ApiError::bad_request(
-            format!("Cannot delete extra models via the API; remove {} instead", m.checkpoint),
-            Some("model"),
-        ));
-    }
-    let _ = rt.unload(Some(&name)).await;
-    let repo = Checkpoint::parse(&m.checkpoint).repo;
-    let dir = rt.cfg.hf_cache.join(registry::checkpoint::repo_folder_name(&repo));
-    match tokio::fs::remove_dir_all(&dir).await {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(ApiError::Internal(format!("cannot remove {}: {e}", dir.display()))),
-    }
-    if let Some(key) = name.strip_prefix(USER_PREFIX) {
-        registry::save_user_model(&rt.cfg.cache_dir, key, None).map_err(|e| ApiError::Internal(e.to_string()))?;
-    }
-    rt.reload_registry().map_err(|e| ApiError::Internal(e.to_string()))?;
-    Ok(Json(StatusResponse {
-        status: "success".into(),
-        model_name: None,
-        message: Some(format!("Deleted model: {name}")),
-    }))
+/// A lease on `name` for `endpoint` (which serves the model types `want`): the model is pulled
+/// first when it is registered but not downloaded and auto-load is on, then loaded if needed.
+pub async fn lease(rt: &AppState, name: &str, want: &[ModelType], endpoint: &str) -> Result<Lease, ApiError> {
+    let info = rt.model_for(name, want, endpoint)?;
+    let info = match (info.downloaded, rt.cfg.auto_load) {
+        (true, _) => info,
+        (false, true) => ensure_downloaded(rt, &info).await?,
+        (false, false) => return Err(ApiError::not_downloaded(name)),
+    };
+    rt.acquire(&info).await
 }

@@ -7,111 +7,21 @@
 //! ones finish, then the backend stops), `failed` (the last load failed or the backend died;
 //! `last_error` says why; loading again is allowed).
 
-use std::sync::OnceLock;
-
+use api_types::{AdminLoadRequest, AdminModel, AdminModels, GpuMemory, GpuModel};
 use axum::extract::{Path, State};
 use axum::Json;
 use bytes::Bytes;
 use registry::ModelInfo;
 use scheduler::State as RtState;
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-use utoipa::ToSchema;
 
 use crate::error::ApiError;
-use crate::routes::AppState;
 use crate::runtime::ModelView;
+use crate::state::AppState;
 
-const CACHE_TYPES: &[&str] = &["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"];
+use backends::llamacpp::CACHE_TYPES;
 /// Fields of other backends: a 400 when sent to a llama.cpp model.
 const FOREIGN_PREFIXES: &[&str] = &["exllama_", "vllm_", "llama_server_"];
-
-/// A configured model with its live runtime state.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct AdminModel {
-    pub name: String,
-    pub resolved_backend: String,
-    pub configured_enabled: bool,
-    /// `unloaded`, `loading`, `loaded`, `unloading` or `failed`.
-    pub runtime_state: String,
-    pub is_loaded: bool,
-    pub replicas: u32,
-    pub replica_max: u32,
-    pub loaded_replicas: u32,
-    pub inflight_requests: usize,
-    pub queue_depth: usize,
-    pub runtime_inflight: usize,
-    pub configured_target_inflight: u32,
-    pub effective_target_inflight: u32,
-    pub last_error: Option<String>,
-    pub vram_estimate_mib: Option<u64>,
-    pub vram_estimate_replica_count: u32,
-    /// `model_artifact_size` or `unavailable`.
-    pub vram_estimate_source: String,
-    #[schema(value_type = Object)]
-    pub load_constraints: Value,
-    #[schema(value_type = Object)]
-    pub load_recommendations: Value,
-    /// The runtime-only override active on the loaded model.
-    #[schema(value_type = Object)]
-    pub load_override: Value,
-    #[schema(value_type = Object)]
-    pub capabilities: Value,
-    #[schema(value_type = Object)]
-    pub definition: Value,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct AdminModels {
-    pub models: Vec<AdminModel>,
-}
-
-/// Body of `POST /v1/admin/models/{name}/load` (all optional).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
-pub struct AdminLoadRequest {
-    /// Context size for this load (≥ 1).
-    pub gguf_n_ctx: Option<u64>,
-    /// `on`, `off` or `auto`.
-    pub gguf_flash_attn: Option<String>,
-    /// K cache type (GGML type name); null uses the default (f16).
-    pub gguf_type_k: Option<String>,
-    /// V cache type (GGML type name); null uses the default (f16).
-    pub gguf_type_v: Option<String>,
-    /// Only 1 is supported.
-    pub replicas: Option<u32>,
-    #[serde(flatten)]
-    #[schema(ignore)]
-    pub other: Map<String, Value>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct GpuInfo {
-    pub index: u32,
-    pub name: String,
-    pub used_mib: u64,
-    pub total_mib: u64,
-    pub used_over_total: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct GpuModel {
-    pub name: String,
-    pub runtime_state: String,
-    pub is_loaded: bool,
-    pub configured_target_inflight: u32,
-    pub effective_target_inflight: u32,
-    pub vram_estimate_mib: Option<u64>,
-    pub vram_estimate_replica_count: u32,
-    pub vram_estimate_source: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct GpuMemory {
-    pub gpus: Vec<GpuInfo>,
-    pub models: Vec<GpuModel>,
-    /// Why `gpus` is empty when NVML is unavailable.
-    pub error: Option<String>,
-}
 
 fn constraints() -> Value {
     json!({
@@ -152,7 +62,7 @@ fn admin_model(rt: &AppState, info: &ModelInfo, v: Option<&ModelView>) -> AdminM
     }
     AdminModel {
         name: info.name.clone(),
-        resolved_backend: info.recipe.clone(),
+        resolved_backend: info.recipe.to_string(),
         configured_enabled: info.downloaded,
         runtime_state: state.as_str().into(),
         is_loaded,
@@ -234,23 +144,12 @@ fn overrides(body: &Bytes) -> Result<(AdminLoadRequest, Map<String, Value>), Api
     if req.replicas.is_some_and(|r| r != 1) {
         return Err(invalid("replicas: only 1 replica per model is supported".into()));
     }
-    let mut args = Vec::new();
-    if let Some(fa) = &req.gguf_flash_attn {
-        if !["on", "off", "auto"].contains(&fa.as_str()) {
-            return Err(invalid(format!("gguf_flash_attn must be on, off or auto, got '{fa}'")));
-        }
-        args.push(format!("--flash-attn {fa}"));
-    }
-    for (field, flag, v) in
-        [("gguf_type_k", "--cache-type-k", &req.gguf_type_k), ("gguf_type_v", "--cache-type-v", &req.gguf_type_v)]
-    {
-        if let Some(t) = v {
-            if !CACHE_TYPES.contains(&t.as_str()) {
-                return Err(invalid(format!("{field} must be one of {}, got '{t}'", CACHE_TYPES.join(", "))));
-            }
-            args.push(format!("{flag} {t}"));
-        }
-    }
+    let args = backends::llamacpp::override_args(
+        req.gguf_flash_attn.as_deref(),
+        req.gguf_type_k.as_deref(),
+        req.gguf_type_v.as_deref(),
+    )
+    .map_err(|e| invalid(e.to_string()))?;
     let mut opts = Map::new();
     if let Some(n) = req.gguf_n_ctx {
         opts.insert("ctx_size".into(), n.into());
@@ -284,29 +183,32 @@ pub async fn load(
     let info = lookup(&rt, &name)?;
     let (req, opts) = overrides(&body)?;
     let state = rt.view().get(&name).map(|v| v.state).unwrap_or(RtState::Unloaded);
-    let has_overrides = !opts.is_empty();
+    if may_load(&name, state, !opts.is_empty(), info.downloaded)? {
+        let effective = with_overrides(rt.effective_options(&info, &Map::new()), &opts);
+        rt.set_load_override(&name, (!opts.is_empty()).then(|| override_value(req)));
+        ApiError::from_load(&name, rt.load(&info, effective).await)?;
+    }
+    Ok(Json(admin_model(&rt, &info, rt.view().get(&name))))
+}
+
+/// Whether a load must run (false: already loaded), or why it may not.
+fn may_load(name: &str, state: RtState, has_overrides: bool, downloaded: bool) -> Result<bool, ApiError> {
+    let invalid = |message: String| ApiError::BadRequest { message, param: None, code: Some("invalid_load_request") };
     match state {
         RtState::Unloading => {
-            return Err(ApiError::Conflict(format!("Model '{name}' is unloading; load it again once it is unloaded")))
+            Err(ApiError::Conflict(format!("Model '{name}' is unloading; load it again once it is unloaded")))
         }
         RtState::Loaded | RtState::Loading if has_overrides => {
-            return Err(ApiError::BadRequest {
-                message: format!("Model '{name}' is {}: unload it before loading with overrides", state.as_str()),
-                param: None,
-                code: Some("invalid_load_request"),
-            })
+            Err(invalid(format!("Model '{name}' is {}: unload it before loading with overrides", state.as_str())))
         }
-        RtState::Loaded => return Ok(Json(admin_model(&rt, &info, rt.view().get(&name)))),
-        _ => {}
+        RtState::Loaded => Ok(false),
+        _ if !downloaded => Err(invalid(format!("Model '{name}' is not downloaded"))),
+        _ => Ok(true),
     }
-    if !info.downloaded {
-        return Err(ApiError::BadRequest {
-            message: format!("Model '{name}' is not downloaded"),
-            param: None,
-            code: Some("invalid_load_request"),
-        });
-    }
-    let mut effective = rt.effective_options(&info, &Map::new());
+}
+
+/// The effective options with the admin overrides applied (flags appended to `llamacpp_args`).
+fn with_overrides(mut effective: Map<String, Value>, opts: &Map<String, Value>) -> Map<String, Value> {
     if let Some(n) = opts.get("ctx_size") {
         effective.insert("ctx_size".into(), n.clone());
     }
@@ -314,16 +216,18 @@ pub async fn load(
         let base = effective.get("llamacpp_args").and_then(Value::as_str).unwrap_or_default();
         effective.insert("llamacpp_args".into(), format!("{base} {extra}").trim().to_string().into());
     }
-    let override_value = serde_json::to_value(AdminLoadRequest { other: Map::new(), ..req })
+    effective
+}
+
+/// The override as the admin API reports it (`load_override`): the fields that were set.
+fn override_value(req: AdminLoadRequest) -> Value {
+    serde_json::to_value(AdminLoadRequest { other: Map::new(), ..req })
         .map(|v| {
             Value::Object(
                 v.as_object().cloned().unwrap_or_default().into_iter().filter(|(_, v)| !v.is_null()).collect(),
             )
         })
-        .unwrap_or_else(|_| json!({}));
-    rt.set_load_override(&name, has_overrides.then_some(override_value));
-    rt.load(&info, effective).await.map_err(|message| ApiError::load_failed(&name, message))?;
-    Ok(Json(admin_model(&rt, &info, rt.view().get(&name))))
+        .unwrap_or_else(|_| json!({}))
 }
 
 /// Unloads a model gracefully: no new requests, in-flight ones finish, then the backend stops.
@@ -342,46 +246,14 @@ pub async fn unload(State(rt): State<AppState>, Path(name): Path<String>) -> Res
     Ok(Json(admin_model(&rt, &info, rt.view().get(&name))))
 }
 
-static NVML: OnceLock<Result<nvml_wrapper::Nvml, String>> = OnceLock::new();
-
-/// The NVML library, loaded once; the error says why it is unavailable (no driver here).
-pub(crate) fn nvml() -> Result<&'static nvml_wrapper::Nvml, String> {
-    NVML.get_or_init(|| nvml_wrapper::Nvml::init().map_err(|e| format!("NVML is unavailable: {e}")))
-        .as_ref()
-        .map_err(Clone::clone)
-}
-
-fn gpus() -> (Vec<GpuInfo>, Option<String>) {
-    let nvml = match nvml() {
-        Ok(n) => n,
-        Err(e) => return (Vec::new(), Some(e)),
-    };
-    let count = match nvml.device_count() {
-        Ok(c) => c,
-        Err(e) => return (Vec::new(), Some(format!("NVML device count failed: {e}"))),
-    };
-    let mut out = Vec::new();
-    for i in 0..count {
-        let Ok(d) = nvml.device_by_index(i) else { continue };
-        let (Ok(name), Ok(mem)) = (d.name(), d.memory_info()) else { continue };
-        let (used, total) = (mem.used >> 20, mem.total >> 20);
-        out.push(GpuInfo {
-            index: i,
-            name,
-            used_mib: used,
-            total_mib: total,
-            used_over_total: format!("{used}MiB / {total}MiB"),
-        });
-    }
-    (out, None)
-}
-
 /// GPU memory (NVML) and per-model VRAM estimates.
 #[utoipa::path(get, path = "/v1/admin/gpu-memory", tag = "Admin",
     description = "On a machine without NVIDIA GPUs (or without the driver), `gpus` is empty and `error` says why.",
     responses((status = 200, description = "GPU memory", body = GpuMemory)))]
 pub async fn gpu_memory(State(rt): State<AppState>) -> Json<GpuMemory> {
-    let (gpus, error) = tokio::task::spawn_blocking(gpus).await.unwrap_or_else(|e| (Vec::new(), Some(e.to_string())));
+    let (gpus, error) = tokio::task::spawn_blocking(host::hardware::gpu_memory)
+        .await
+        .unwrap_or_else(|e| (Vec::new(), Some(e.to_string())));
     let Json(AdminModels { models }) = models(State(rt)).await;
     let models = models
         .into_iter()

@@ -4,13 +4,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lemonade_registry::hub::{Download, Hub, HubError, RetryPolicy};
-use lemonade_registry::plan::plan;
-use lemonade_registry::{Registry, RegistryConfig};
+use lemonade_host::catalogue::{self, CatalogueConfig};
+use lemonade_host::hub::{Download, Hub, HubError, RetryPolicy};
+use registry::plan::plan;
 use test_support::hub::{HubDouble, Knobs, COMMIT};
 
 fn fast(hub: &mut Hub) {
-    hub.policy = RetryPolicy {
+    *hub.policy_mut() = RetryPolicy {
         attempts: 4,
         first_backoff: Duration::from_millis(10),
         max_backoff: Duration::from_millis(50),
@@ -80,14 +80,14 @@ async fn a_real_gguf_lands_in_the_huggingface_hub_layout_and_the_registry_sees_i
         r#"{"Smol": {"checkpoint": "HuggingFaceTB/SmolLM2-GGUF:Q4_1", "recipe": "llamacpp"}}"#,
     )
     .unwrap();
-    let cfg = RegistryConfig {
+    let cfg = CatalogueConfig {
         cache_dir: lemonade_dir,
         hf_cache: cache,
         extra_models_dir: None,
         physical_memory_gb: None,
         disable_filtering: false,
     };
-    let reg = Registry::load(&cfg).unwrap();
+    let reg = catalogue::load(&cfg).unwrap();
     assert!(reg.get("user.Smol").unwrap().downloaded);
 
     // huggingface_hub itself finds the file and reads the cache without warnings.
@@ -198,7 +198,7 @@ async fn a_restart_resumes_from_the_partial_file() {
     let cache = tmp.path().join("cache");
     // First process: gives up after one attempt, as if killed mid-download.
     let mut first = Hub::new(&double.url, None);
-    first.policy = RetryPolicy { attempts: 1, ..RetryPolicy::default() };
+    *first.policy_mut() = RetryPolicy { attempts: 1, ..RetryPolicy::default() };
     assert!(pull(&first, &cache, "org/m", "Q4_0").await.is_err());
     let sha = double.sha256("org/m", "m-Q4_0.gguf");
     let partial = cache.join("models--org--m/blobs").join(format!("{sha}.incomplete"));

@@ -1,15 +1,10 @@
-//! The Hugging Face Hub client and downloader, at the edge of the registry (the rest of the
-//! crate does no network I/O).
-//!
-//! Files are written in huggingface_hub's cache layout, so caches are shared with Python
-//! tools: the bytes go to `blobs/<etag>.incomplete` (huggingface_hub's own partial name, so
-//! either tool resumes the other's download), are verified (size, and sha256 for LFS files)
-//! while they stream, then renamed to `blobs/<etag>`; `snapshots/<commit>/<path>` is a relative
-//! symlink to the blob and `refs/main` holds the commit.
+//! A general resumable, verified HTTP downloader: the bytes go to `<dest>.incomplete`, are
+//! hashed while they stream, and are renamed to `<dest>` only after the size and sha256 match.
 //!
 //! Resume: an existing partial file is continued with `Range: bytes=<len>-`. Retry: dropped
 //! connections, timeouts, stalls and 5xx/429 are retried with exponential back-off, keeping the
-//! partial file; other 4xx fail at once (a 404 or 401 will not fix itself).
+//! partial file; other 4xx fail at once (a 404 or 401 will not fix itself). The Hugging Face
+//! client ([`crate::hub`]) and backend installs ([`crate::install`]) both download through it.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -17,11 +12,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
-use crate::checkpoint::repo_folder_name;
-use crate::plan::RepoFile;
-
 #[derive(Debug, thiserror::Error)]
-pub enum HubError {
+pub enum DownloadError {
     #[error("{url}: HTTP {status}{}", if *status == 401 || *status == 403 { " (set HF_TOKEN for gated or private repositories)" } else { "" })]
     Status { url: String, status: u16 },
     #[error("{url}: {message} (gave up after {attempts} attempts)")]
@@ -36,10 +28,6 @@ pub enum HubError {
     Io { path: String, source: std::io::Error },
     #[error("{url}: unexpected answer: {message}")]
     Protocol { url: String, message: String },
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> HubError + '_ {
-    move |source| HubError::Io { path: path.display().to_string(), source }
 }
 
 /// How hard to try.
@@ -63,37 +51,34 @@ impl Default for RetryPolicy {
     }
 }
 
+/// What a downloaded file must be.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Target {
+    /// The name used in errors and cancellation (a repo path, an archive name).
+    pub name: String,
+    pub size: Option<u64>,
+    pub sha256: Option<String>,
+}
+
+/// An HTTP client with a retry policy and an optional bearer token.
 #[derive(Debug, Clone)]
-pub struct Hub {
+pub struct Downloader {
     http: reqwest::Client,
-    /// `HF_ENDPOINT`, default https://huggingface.co.
-    pub endpoint: String,
     token: Option<String>,
     pub policy: RetryPolicy,
 }
 
-impl Hub {
-    pub fn new(endpoint: &str, token: Option<String>) -> Hub {
+impl Downloader {
+    pub fn new(token: Option<String>) -> Downloader {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(30))
             .user_agent(concat!("lemonade/", env!("CARGO_PKG_VERSION")))
             .build()
             .expect("reqwest client");
-        Hub {
-            http,
-            endpoint: endpoint.trim_end_matches('/').to_string(),
-            token: token.filter(|t| !t.is_empty()),
-            policy: RetryPolicy::default(),
-        }
+        Downloader { http, token: token.filter(|t| !t.is_empty()), policy: RetryPolicy::default() }
     }
 
-    /// From `HF_ENDPOINT` and `HF_TOKEN`.
-    pub fn from_env() -> Hub {
-        let endpoint = std::env::var("HF_ENDPOINT").unwrap_or_else(|_| "https://huggingface.co".into());
-        Hub::new(&endpoint, std::env::var("HF_TOKEN").ok())
-    }
-
-    fn get(&self, url: &str) -> reqwest::RequestBuilder {
+    pub(crate) fn get(&self, url: &str) -> reqwest::RequestBuilder {
         let r = self.http.get(url);
         match &self.token {
             Some(t) => r.bearer_auth(t),
@@ -101,93 +86,15 @@ impl Hub {
         }
     }
 
-    async fn json(&self, url: &str) -> Result<serde_json::Value, HubError> {
-        let resp = self.get(url).timeout(Duration::from_secs(60)).send().await.map_err(|e| HubError::GaveUp {
-            url: url.into(),
-            message: e.to_string(),
-            attempts: 1,
-        })?;
-        if !resp.status().is_success() {
-            return Err(HubError::Status { url: url.into(), status: resp.status().as_u16() });
-        }
-        resp.json().await.map_err(|e| HubError::Protocol { url: url.into(), message: e.to_string() })
-    }
-
-    /// The commit `rev` points to, and every file of the repo at it (recursive, with sizes and
-    /// LFS sha256s).
-    pub async fn list(&self, repo: &str, rev: &str) -> Result<(String, Vec<RepoFile>), HubError> {
-        let info_url = format!("{}/api/models/{repo}/revision/{rev}", self.endpoint);
-        let info = match self.json(&info_url).await {
-            Ok(v) => v,
-            // Older endpoints (and the test double) only know /api/models/{repo}.
-            Err(HubError::Status { status: 404, .. }) => {
-                self.json(&format!("{}/api/models/{repo}", self.endpoint)).await?
-            }
-            Err(e) => return Err(e),
-        };
-        let commit = info["sha"].as_str().unwrap_or(rev).to_string();
-        let tree_url = format!("{}/api/models/{repo}/tree/{commit}?recursive=true", self.endpoint);
-        let tree = self.json(&tree_url).await?;
-        let entries = tree
-            .as_array()
-            .ok_or_else(|| HubError::Protocol { url: tree_url.clone(), message: "not a list".into() })?;
-        let files = entries
-            .iter()
-            .filter(|e| e["type"] == "file")
-            .filter_map(|e| {
-                let lfs = e.get("lfs").filter(|l| l.is_object());
-                Some(RepoFile {
-                    path: e["path"].as_str()?.to_string(),
-                    size: lfs.and_then(|l| l["size"].as_u64()).or_else(|| e["size"].as_u64()),
-                    sha256: lfs.and_then(|l| l["oid"].as_str()).map(str::to_string),
-                    blob: lfs.and_then(|l| l["oid"].as_str()).or_else(|| e["oid"].as_str()).map(str::to_string),
-                })
-            })
-            .collect();
-        Ok((commit, files))
-    }
-
-    pub fn resolve_url(&self, repo: &str, rev: &str, path: &str) -> String {
-        format!("{}/{repo}/resolve/{rev}/{path}", self.endpoint)
-    }
-
-    /// Downloads one file into the cache (see [`Download`]). `progress(done, total)` is called
-    /// as bytes arrive; returning false cancels (the partial file stays for a later resume).
-    /// Returns the snapshot path.
-    pub async fn download(
-        &self,
-        hf_cache: &Path,
-        job: &Download<'_>,
-        progress: &mut (dyn FnMut(u64, Option<u64>) -> bool + Send),
-    ) -> Result<PathBuf, HubError> {
-        let Download { repo, commit, file, dest_repo, dest } = *job;
-        let repo_dir = hf_cache.join(repo_folder_name(dest_repo));
-        let blob_name = file.blob.clone().unwrap_or_else(|| format!("{commit}-{}", dest.replace('/', "--")));
-        let blobs = repo_dir.join("blobs");
-        tokio::fs::create_dir_all(&blobs).await.map_err(io(&blobs))?;
-        let blob = blobs.join(&blob_name);
-        let done = tokio::fs::metadata(&blob).await.is_ok_and(|m| file.size.is_none_or(|s| m.len() == s));
-        if !done {
-            let url = self.resolve_url(repo, commit, &file.path);
-            self.fetch(&url, &blob, file, progress).await?;
-        } else {
-            progress(file.size.unwrap_or(0), file.size);
-        }
-        let link = link_snapshot(&repo_dir, commit, dest, &blob_name)?;
-        write_ref(&repo_dir, commit)?;
-        Ok(link)
-    }
-
-    /// Downloads `url` to `dest` through `dest.incomplete` (resumed, retried, verified against
-    /// `file.size` and `file.sha256` when known, fsynced, renamed). Also used for backend
-    /// release archives.
+    /// Downloads `url` to `blob` through `blob.incomplete` (resumed, retried, verified against
+    /// `file.size` and `file.sha256` when known, fsynced, renamed).
     pub async fn fetch(
         &self,
         url: &str,
         blob: &Path,
-        file: &RepoFile,
+        file: &Target,
         progress: &mut (dyn FnMut(u64, Option<u64>) -> bool + Send),
-    ) -> Result<(), HubError> {
+    ) -> Result<(), DownloadError> {
         let partial = PathBuf::from(format!("{}.incomplete", blob.display()));
         let p = &self.policy;
         let mut backoff = p.first_backoff;
@@ -208,7 +115,7 @@ impl Hub {
                 Err(Attempt::Fatal(e)) => return Err(e),
             }
         }
-        Err(HubError::GaveUp { url: url.into(), message: last_error, attempts: p.attempts })
+        Err(DownloadError::GaveUp { url: url.into(), message: last_error, attempts: p.attempts })
     }
 
     /// One request: continues the partial file from its length. Returns the sha256 of the
@@ -217,7 +124,7 @@ impl Hub {
         &self,
         url: &str,
         partial: &Path,
-        file: &RepoFile,
+        file: &Target,
         progress: &mut (dyn FnMut(u64, Option<u64>) -> bool + Send),
     ) -> Result<Option<String>, Attempt> {
         let have = tokio::fs::metadata(partial).await.map(|m| m.len()).unwrap_or(0);
@@ -235,7 +142,7 @@ impl Hub {
             200 => false, // the server ignored the range: start over
             416 => return Ok(None),
             429 | 500..=599 => return Err(Attempt::Retry(format!("HTTP {status}"))),
-            _ => return Err(Attempt::Fatal(HubError::Status { url: url.into(), status })),
+            _ => return Err(Attempt::Fatal(DownloadError::Status { url: url.into(), status })),
         };
         let mut done = if append { have } else { 0 };
         // Disk writes and hashing run on a writer thread fed through a bounded channel, so they
@@ -285,7 +192,7 @@ impl Hub {
                 break; // the writer failed; its error is reported below
             }
             if !progress(done, file.size) {
-                failure = Some(Attempt::Fatal(HubError::Cancelled(file.path.clone())));
+                failure = Some(Attempt::Fatal(DownloadError::Cancelled(file.name.clone())));
                 break;
             }
         }
@@ -303,30 +210,19 @@ impl Hub {
     }
 }
 
-/// One file to fetch: `file` of `repo` at `commit`, stored under `dest_repo` (the model's main
-/// repo; secondary files live in its snapshot too) as `dest`.
-#[derive(Debug, Clone, Copy)]
-pub struct Download<'a> {
-    pub repo: &'a str,
-    pub commit: &'a str,
-    pub file: &'a RepoFile,
-    pub dest_repo: &'a str,
-    pub dest: &'a str,
-}
-
 enum Attempt {
     Retry(String),
-    Fatal(HubError),
+    Fatal(DownloadError),
 }
 
 /// Size, then sha256 for LFS files (computed while streaming when `digest` is given, else by
 /// reading the file); a corrupt partial file is removed.
-async fn verify(partial: &Path, file: &RepoFile, digest: Option<String>) -> Result<(), HubError> {
+async fn verify(partial: &Path, file: &Target, digest: Option<String>) -> Result<(), DownloadError> {
     let len = tokio::fs::metadata(partial).await.map_err(io(partial))?.len();
     if let Some(expected) = file.size {
         if len != expected {
             let _ = tokio::fs::remove_file(partial).await;
-            return Err(HubError::Size { path: file.path.clone(), got: len, expected });
+            return Err(DownloadError::Size { path: file.name.clone(), got: len, expected });
         }
     }
     if let Some(expected) = &file.sha256 {
@@ -335,12 +231,12 @@ async fn verify(partial: &Path, file: &RepoFile, digest: Option<String>) -> Resu
             Some(d) => d,
             None => tokio::task::spawn_blocking(move || sha256_file(&p))
                 .await
-                .map_err(|e| HubError::Protocol { url: file.path.clone(), message: e.to_string() })?
+                .map_err(|e| DownloadError::Protocol { url: file.name.clone(), message: e.to_string() })?
                 .map_err(io(partial))?,
         };
         if &got != expected {
             let _ = tokio::fs::remove_file(partial).await;
-            return Err(HubError::Sha256 { path: file.path.clone(), got, expected: expected.clone() });
+            return Err(DownloadError::Sha256 { path: file.name.clone(), got, expected: expected.clone() });
         }
     }
     Ok(())
@@ -353,25 +249,8 @@ pub fn sha256_file(path: &Path) -> std::io::Result<String> {
     Ok(format!("{:x}", h.finalize()))
 }
 
-/// `snapshots/<commit>/<dest>` → `../../blobs/<blob>` (one more `..` per folder level).
-fn link_snapshot(repo_dir: &Path, commit: &str, dest: &str, blob: &str) -> Result<PathBuf, HubError> {
-    let link = repo_dir.join("snapshots").join(commit).join(dest);
-    let parent = link.parent().expect("has parent");
-    std::fs::create_dir_all(parent).map_err(io(parent))?;
-    let depth = dest.matches('/').count() + 2;
-    let target = PathBuf::from("../".repeat(depth)).join("blobs").join(blob);
-    match std::fs::symlink_metadata(&link) {
-        Ok(_) if std::fs::read_link(&link).is_ok_and(|t| t == target) => return Ok(link),
-        Ok(_) => std::fs::remove_file(&link).map_err(io(&link))?,
-        Err(_) => {}
-    }
-    std::os::unix::fs::symlink(&target, &link).map_err(io(&link))?;
-    Ok(link)
-}
-
-fn write_ref(repo_dir: &Path, commit: &str) -> Result<(), HubError> {
-    let path = repo_dir.join("refs").join("main");
-    crate::write_atomic(&path, commit.as_bytes()).map_err(io(&path))
+pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DownloadError + '_ {
+    move |source| DownloadError::Io { path: path.display().to_string(), source }
 }
 
 /// Starts writing a download to disk while it arrives, so the `fsync` at its end has little

@@ -1,0 +1,92 @@
+//! The runtime admin API's types (`/v1/admin/…`).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+
+/// A configured model with its live runtime state.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AdminModel {
+    pub name: String,
+    pub resolved_backend: String,
+    pub configured_enabled: bool,
+    /// `unloaded`, `loading`, `loaded`, `unloading` or `failed`.
+    pub runtime_state: String,
+    pub is_loaded: bool,
+    pub replicas: u32,
+    pub replica_max: u32,
+    pub loaded_replicas: u32,
+    pub inflight_requests: usize,
+    pub queue_depth: usize,
+    pub runtime_inflight: usize,
+    pub configured_target_inflight: u32,
+    pub effective_target_inflight: u32,
+    pub last_error: Option<String>,
+    pub vram_estimate_mib: Option<u64>,
+    pub vram_estimate_replica_count: u32,
+    /// `model_artifact_size` or `unavailable`.
+    pub vram_estimate_source: String,
+    #[schema(value_type = Object)]
+    pub load_constraints: Value,
+    #[schema(value_type = Object)]
+    pub load_recommendations: Value,
+    /// The runtime-only override active on the loaded model.
+    #[schema(value_type = Object)]
+    pub load_override: Value,
+    #[schema(value_type = Object)]
+    pub capabilities: Value,
+    #[schema(value_type = Object)]
+    pub definition: Value,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AdminModels {
+    pub models: Vec<AdminModel>,
+}
+
+/// Body of `POST /v1/admin/models/{name}/load` (all optional).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct AdminLoadRequest {
+    /// Context size for this load (≥ 1).
+    pub gguf_n_ctx: Option<u64>,
+    /// `on`, `off` or `auto`.
+    pub gguf_flash_attn: Option<String>,
+    /// K cache type (GGML type name); null uses the default (f16).
+    pub gguf_type_k: Option<String>,
+    /// V cache type (GGML type name); null uses the default (f16).
+    pub gguf_type_v: Option<String>,
+    /// Only 1 is supported.
+    pub replicas: Option<u32>,
+    #[serde(flatten)]
+    #[schema(ignore)]
+    pub other: Map<String, Value>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub name: String,
+    pub used_mib: u64,
+    pub total_mib: u64,
+    pub used_over_total: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct GpuModel {
+    pub name: String,
+    pub runtime_state: String,
+    pub is_loaded: bool,
+    pub configured_target_inflight: u32,
+    pub effective_target_inflight: u32,
+    pub vram_estimate_mib: Option<u64>,
+    pub vram_estimate_replica_count: u32,
+    pub vram_estimate_source: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct GpuMemory {
+    pub gpus: Vec<GpuInfo>,
+    pub models: Vec<GpuModel>,
+    /// Why `gpus` is empty when NVML is unavailable.
+    pub error: Option<String>,
+}

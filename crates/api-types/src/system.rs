@@ -1,0 +1,165 @@
+//! `system-info`, `system-stats`, `install`/`uninstall` and `log-level`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// `GET system-info`: the machine and every recipe's backends (Lemonade v9's keys).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SystemInfo {
+    #[serde(rename = "OS Version")]
+    pub os_version: String,
+    #[serde(rename = "Processor")]
+    pub processor: String,
+    #[serde(rename = "Physical Memory")]
+    pub physical_memory: String,
+    pub devices: Devices,
+    /// By recipe name (`llamacpp`, `whispercpp`, `sd-cpp`, `kokoro`, `flm`, `ryzenai-llm`).
+    pub recipes: BTreeMap<String, RecipeInfo>,
+    /// With `?verbose=true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<SystemDetails>,
+}
+
+/// The devices lemonade looks for. A device that is absent has `available: false`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Devices {
+    pub cpu: CpuDevice,
+    pub amd_igpu: GpuDevice,
+    pub amd_dgpu: Vec<GpuDevice>,
+    pub nvidia_dgpu: Vec<GpuDevice>,
+    /// Why NVIDIA GPUs could not be listed (no driver), when they could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvidia_dgpu_error: Option<String>,
+    pub amd_npu: NpuDevice,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CpuDevice {
+    pub name: String,
+    pub cores: usize,
+    pub threads: usize,
+    pub available: bool,
+    /// `x86_64` or `arm64`.
+    pub family: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct GpuDevice {
+    pub name: String,
+    pub available: bool,
+    pub vram_gb: f64,
+    /// `gfx1151`, `gfx110X`, … for AMD GPUs; empty when unknown or absent.
+    #[serde(default)]
+    pub family: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct NpuDevice {
+    pub name: String,
+    pub available: bool,
+    /// `XDNA2`, `XDNA`, or empty.
+    pub family: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One recipe's backends.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct RecipeInfo {
+    pub default_backend: String,
+    /// The release page of the default backend's pinned version, where the recipe has releases.
+    #[serde(default)]
+    pub release_url: String,
+    pub backends: BTreeMap<String, BackendInfo>,
+}
+
+/// One backend's state on this machine.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct BackendInfo {
+    /// Devices it would run on here (`cpu`, `amd_igpu`, `amd_dgpu`, `amd_npu`, `metal`).
+    pub devices: Vec<String>,
+    /// `unsupported`, `installable`, `update_required` or `installed`.
+    pub state: String,
+    pub message: String,
+    /// The command that makes it usable, if any.
+    pub action: String,
+    /// The pinned version.
+    pub version: String,
+    /// The release page of the pinned version (empty where the backend has no releases).
+    pub release_url: String,
+    /// The archive an install downloads on this platform (empty if none).
+    pub download_filename: String,
+    pub can_uninstall: bool,
+}
+
+/// `system-info?verbose=true` details.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SystemDetails {
+    pub lemonade_version: String,
+    pub kernel: Option<String>,
+    pub host_name: Option<String>,
+    pub cpu_arch: String,
+    pub available_memory_gb: Option<f64>,
+    pub cache_dir: String,
+    pub hf_cache: String,
+    pub releases_url: String,
+    /// `recipe:backend` → the executable in use.
+    pub backend_binaries: BTreeMap<String, String>,
+    pub llamacpp_backend: String,
+}
+
+/// `GET system-stats`. GPU figures are null where no GPU reports them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SystemStats {
+    /// CPU use since the previous call (0 on the first).
+    pub cpu_percent: Option<f64>,
+    pub memory_gb: Option<f64>,
+    pub gpu_percent: Option<f64>,
+    pub vram_gb: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Body of `install` and `uninstall`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct InstallRequest {
+    /// Recipe, e.g. `llamacpp`.
+    pub recipe: Option<String>,
+    /// Backend of the recipe, e.g. `cpu`.
+    pub backend: Option<String>,
+    /// Answer with SSE progress events (`progress`, `complete`, `error`), as `pull` does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct InstallResponse {
+    pub status: String,
+    pub recipe: String,
+    pub backend: String,
+    /// The version now installed (install only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// What happened, when it is worth saying (an uninstall with nothing to remove).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Body of `log-level`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct LogLevelRequest {
+    /// critical, error, warning, info, debug or trace.
+    pub level: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct LogLevelResponse {
+    pub status: String,
+    pub level: String,
+}

@@ -1,0 +1,105 @@
+//! Builds the pure [`Registry`] from disk: lemonade's JSON files, a listing of the extra models
+//! dir, and a [`ModelFiles`] view of the Hugging Face cache.
+
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+
+use registry::gguf::{self, GgufMeta};
+use registry::{ExtraFile, ModelFiles, Registry, RegistryConfig, Snapshot, UserFiles};
+use registry::{RECIPE_OPTIONS_FILE, USER_MODELS_FILE};
+
+use crate::files::read_if_exists;
+use crate::{hf_cache, HostError};
+
+/// Where the catalogue is read from, and how it is filtered.
+#[derive(Debug, Clone)]
+pub struct CatalogueConfig {
+    /// Lemonade's own cache dir (`user_models.json`, `recipe_options.json`).
+    pub cache_dir: PathBuf,
+    /// The Hugging Face hub cache root.
+    pub hf_cache: PathBuf,
+    pub extra_models_dir: Option<PathBuf>,
+    /// Total RAM in GB, for the size filter; None disables it.
+    pub physical_memory_gb: Option<f64>,
+    /// `LEMONADE_DISABLE_MODEL_FILTERING`.
+    pub disable_filtering: bool,
+}
+
+/// The cache on disk, as the registry asks about it.
+pub struct CacheFiles<'a> {
+    pub hf_cache: &'a Path,
+}
+
+impl ModelFiles for CacheFiles<'_> {
+    fn snapshots(&self, repo: &str) -> Vec<Snapshot> {
+        hf_cache::snapshots(self.hf_cache, repo)
+    }
+    fn is_complete(&self, file: &Path) -> bool {
+        hf_cache::is_complete(file)
+    }
+    fn gguf_meta(&self, file: &Path) -> Option<GgufMeta> {
+        match read_gguf(file) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::warn!(path = %file.display(), error = %e, "cannot read GGUF metadata");
+                None
+            }
+        }
+    }
+}
+
+/// Reads the metadata of the GGUF file at `path`.
+pub fn read_gguf(path: &Path) -> Result<GgufMeta, gguf::GgufError> {
+    let f = std::fs::File::open(path)?;
+    gguf::read_from(BufReader::with_capacity(64 * 1024, f))
+}
+
+fn json_file<T: serde::de::DeserializeOwned + Default>(path: &Path) -> Result<T, HostError> {
+    match read_if_exists(path)? {
+        Some(bytes) => serde_json::from_slice(&bytes).map_err(|source| {
+            HostError::Registry(registry::RegistryError::Json { path: path.display().to_string(), source })
+        }),
+        None => Ok(T::default()),
+    }
+}
+
+/// Reads the catalogue, the user's files, the extra models dir and the HF cache.
+pub fn load(cfg: &CatalogueConfig) -> Result<Registry, HostError> {
+    let user = UserFiles {
+        user_models: json_file(&cfg.cache_dir.join(USER_MODELS_FILE))?,
+        recipe_options: json_file(&cfg.cache_dir.join(RECIPE_OPTIONS_FILE))?,
+        extra_files: cfg.extra_models_dir.as_deref().map(list_ggufs).unwrap_or_default(),
+    };
+    let rcfg = RegistryConfig {
+        extra_models_dir: cfg.extra_models_dir.clone(),
+        physical_memory_gb: cfg.physical_memory_gb,
+        disable_filtering: cfg.disable_filtering,
+    };
+    Ok(Registry::build(&rcfg, user, &CacheFiles { hf_cache: &cfg.hf_cache })?)
+}
+
+/// Every `*.gguf` (any case) under `dir`, recursively, with its size.
+pub fn list_ggufs(dir: &Path) -> Vec<ExtraFile> {
+    let mut out = Vec::new();
+    collect_ggufs(dir, &mut out);
+    out
+}
+
+fn collect_ggufs(dir: &Path, out: &mut Vec<ExtraFile>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.filter_map(|e| e.ok()) {
+        let p = e.path();
+        match std::fs::metadata(&p) {
+            Ok(m) if m.is_dir() => collect_ggufs(&p, out),
+            Ok(m) if p.extension().and_then(|x| x.to_str()).is_some_and(|x| x.eq_ignore_ascii_case("gguf")) => {
+                out.push(ExtraFile { path: p, bytes: m.len() })
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

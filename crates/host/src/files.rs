@@ -1,0 +1,64 @@
+//! lemonade's own files: written atomically (same-directory temp file, fsync, rename, fsync of
+//! the directory), so a crash at any point leaves either the old or the new file; JSON maps
+//! are updated under one lock, so concurrent updates are not lost.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use api_types::RecipeOptions;
+use registry::{CatalogueEntry, RECIPE_OPTIONS_FILE, USER_MODELS_FILE};
+use serde::Serialize;
+
+use crate::HostError;
+
+/// Serializes the read-modify-write of the files we own.
+static FILES: Mutex<()> = Mutex::new(());
+
+/// Writes `bytes` to `path` atomically (same-directory temp file, fsync, rename, fsync dir).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{}.{seq}.tmp", std::process::id()));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// The bytes of `path`, or None when it does not exist.
+pub fn read_if_exists(path: &Path) -> Result<Option<Vec<u8>>, HostError> {
+    match std::fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(HostError::io(path)(e)),
+    }
+}
+
+/// Sets (or with None removes) `key` in the JSON object file at `path`: one writer at a time,
+/// atomic replacement.
+fn update_json_map<T: Serialize + serde::de::DeserializeOwned>(
+    path: &Path,
+    key: &str,
+    value: Option<T>,
+) -> Result<(), HostError> {
+    let _one_writer = FILES.lock().unwrap_or_else(|e| e.into_inner());
+    let current = read_if_exists(path)?;
+    let bytes = registry::updated_json_map(current.as_deref(), &path.display().to_string(), key, value)?;
+    write_atomic(path, &bytes).map_err(HostError::io(path))
+}
+
+/// Replaces `name`'s saved options in `<cache_dir>/recipe_options.json` (None removes them).
+pub fn save_recipe_options(cache_dir: &Path, name: &str, options: Option<&RecipeOptions>) -> Result<(), HostError> {
+    update_json_map(&cache_dir.join(RECIPE_OPTIONS_FILE), name, options.cloned())
+}
+
+/// Adds or replaces `user.<key>` in `<cache_dir>/user_models.json`, or removes it (None).
+pub fn save_user_model(cache_dir: &Path, key: &str, entry: Option<&CatalogueEntry>) -> Result<(), HostError> {
+    update_json_map(&cache_dir.join(USER_MODELS_FILE), key, entry.cloned())
+}

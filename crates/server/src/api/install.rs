@@ -1,0 +1,103 @@
+//! `install` / `uninstall`: backend release archives into `<cache>/bin/<dir>/<backend>/`
+//! (the transaction is `host::install`; see crate::installs).
+
+use api_types::{InstallRequest, InstallResponse};
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use tokio::sync::mpsc;
+
+use crate::error::ApiError;
+use crate::extract::JsonBody;
+use crate::installs;
+use crate::runtime::Runtime;
+use crate::sse;
+use crate::state::AppState;
+
+fn required(req: &InstallRequest) -> Result<(String, String), ApiError> {
+    match (req.recipe.as_deref().filter(|s| !s.is_empty()), req.backend.as_deref().filter(|s| !s.is_empty())) {
+        (Some(r), Some(b)) => Ok((r.to_string(), b.to_string())),
+        _ => Err(ApiError::bad_request("Both 'recipe' and 'backend' are required", Some("recipe"))),
+    }
+}
+
+/// Downloads and installs a backend's pinned release.
+#[utoipa::path(post, path = "/api/v1/install", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1. Downloads the pinned release archive of `recipe:backend` for \
+        this platform from `LEMONADE_RELEASES_URL` (default https://github.com), verifies it (the pinned sha256 \
+        when `<cache>/backend_versions.json` carries one; the executable must run `--version`), and swaps it \
+        into `<cache>/bin/<dir>/<backend>/` atomically: an interrupted install leaves the old backend. With \
+        `stream: true` the answer is SSE like `pull` (one file); an installed pinned version answers one \
+        `complete` event with 0 bytes.",
+    request_body = InstallRequest,
+    responses(
+        (status = 200, description = "Installed (or SSE events)", body = InstallResponse),
+        (status = 400, description = "Missing or unknown recipe/backend, or not installable here", body = api_types::ErrorResponse),
+        (status = 502, description = "Download or verification failed; the old backend is unchanged", body = api_types::ErrorResponse),
+    ))]
+pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallRequest>) -> Result<Response, ApiError> {
+    let req = body.value;
+    let (recipe, backend) = required(&req)?;
+    let p = installs::plan(&rt.cfg, &recipe, &backend)?;
+    if req.stream != Some(true) {
+        let (_, version) = installs::install(&rt.cfg, &rt.locks, &p, &mut |_, _| true).await?;
+        let version = Some(version);
+        return Ok(
+            Json(InstallResponse { status: "success".into(), recipe, backend, version, message: None }).into_response()
+        );
+    }
+    let (tx, rx) = mpsc::channel::<(&'static str, String)>(64);
+    let response = sse::events(&rt, rx);
+    tokio::spawn(async move {
+        let mut progress = sse::progress_events(tx.clone(), p.asset.filename.clone(), 1, 1);
+        let result = installs::install(&rt.cfg, &rt.locks, &p, &mut progress).await;
+        let bytes = result.as_ref().map(|(b, _)| *b);
+        sse::finish(&tx, &p.asset.filename, bytes.map_err(|e| e.to_string())).await;
+    });
+    Ok(response)
+}
+
+/// Removes a managed backend, unloading the models that use it first.
+#[utoipa::path(post, path = "/api/v1/uninstall", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1. Idempotent, as in Lemonade: a backend that is not installed \
+        answers 200 with a `message` saying there was nothing to remove.",
+    request_body = InstallRequest,
+    responses(
+        (status = 200, description = "Uninstalled, or nothing to remove", body = InstallResponse),
+        (status = 400, description = "Missing or unknown recipe/backend, or the `system` backend", body = api_types::ErrorResponse),
+    ))]
+pub async fn uninstall_route(
+    State(rt): State<AppState>,
+    body: JsonBody<InstallRequest>,
+) -> Result<Json<InstallResponse>, ApiError> {
+    let (recipe, backend) = required(&body.value)?;
+    let message = uninstall(&rt, &recipe, &backend).await?;
+    Ok(Json(InstallResponse { status: "success".into(), recipe, backend, version: None, message }))
+}
+
+/// Removes `recipe:backend` after unloading the models that run on it. `Ok(Some(message))`
+/// when there was nothing to remove (uninstall is idempotent, as in Lemonade).
+async fn uninstall(rt: &Runtime, recipe: &str, backend: &str) -> Result<Option<String>, ApiError> {
+    let r = backends::releases::known(recipe, backend)?;
+    if backend == "system" {
+        return Err(ApiError::bad_request(
+            format!("{recipe}:system is the llama-server on PATH; lemonade does not remove it"),
+            Some("backend"),
+        ));
+    }
+    let lock = installs::backend_lock(&rt.locks, recipe, backend);
+    let _guard = lock.lock().await;
+    for (m, _) in rt.loaded() {
+        if m.info.recipe == r && backends::backend_of(r, &m.options) == backend {
+            tracing::info!(model = %m.info.name, "unloading: its backend is being uninstalled");
+            let _ = rt.unload(Some(&m.info.name)).await;
+        }
+    }
+    match host::install::uninstall(&rt.cfg.cache_dir, r, backend).await {
+        Ok(()) => Ok(None),
+        Err(host::install::InstallError::NotInstalled(..)) => {
+            Ok(Some(format!("{recipe}:{backend} is not installed; nothing to remove")))
+        }
+        Err(e) => Err(e.into()),
+    }
+}

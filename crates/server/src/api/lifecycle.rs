@@ -1,0 +1,143 @@
+//! Lemonade's model lifecycle: health, stats, load, unload, and `/live`.
+
+use std::collections::BTreeMap;
+
+use api_types::*;
+use axum::extract::State;
+use axum::Json;
+use bytes::Bytes;
+
+use crate::error::ApiError;
+use crate::extract::JsonBody;
+use crate::pulls;
+use crate::state::AppState;
+
+/// Server status and loaded models.
+#[utoipa::path(get, path = "/api/v1/health", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1.",
+    responses((status = 200, description = "Status", body = Health)))]
+pub async fn health(State(rt): State<AppState>) -> Json<Health> {
+    let loaded = rt.loaded();
+    let max_models: BTreeMap<String, i64> =
+        ModelType::ALL.iter().map(|t| (t.as_str().to_string(), rt.cfg.max_loaded_models.get(*t))).collect();
+    Json(Health {
+        status: "ok".into(),
+        version: crate::VERSION.into(),
+        model_loaded: rt.most_recent().map(|m| m.info.name.clone()),
+        all_models_loaded: loaded.iter().map(|(r, v)| rt.health_entry(r, v)).collect(),
+        max_models,
+        log_streaming: LogStreaming { sse: rt.cfg.logs.is_some(), websocket: false },
+    })
+}
+
+/// Telemetry of the last request of the most recently used model.
+#[utoipa::path(get, path = "/api/v1/stats", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1. Input/output tokens, time to first token (s) and decode tokens/s, \
+                   from the usage/timings of the last completed request. Before any request has run (or with no model \
+                   loaded) every figure is 0, as in Lemonade.",
+    responses((status = 200, description = "Telemetry", body = Stats)))]
+pub async fn stats(State(rt): State<AppState>) -> Json<Stats> {
+    let last = rt.most_recent().map(|m| m.stats.lock().unwrap_or_else(|e| e.into_inner()).clone());
+    Json(last.unwrap_or_default())
+}
+
+/// The request's recipe options, validated (400 naming the field).
+fn request_options(req: &LoadRequest) -> Result<RecipeOptions, ApiError> {
+    let mut o = RecipeOptions::new();
+    if let Some(c) = req.ctx_size {
+        if c == 0 {
+            return Err(ApiError::bad_request("ctx_size must be at least 1", Some("ctx_size")));
+        }
+        o.insert("ctx_size".into(), c.into());
+    }
+    if let Some(b) = &req.llamacpp_backend {
+        if !backends::Recipe::LlamaCpp.backends().contains(&b.as_str()) {
+            return Err(ApiError::bad_request(
+                format!(
+                    "llamacpp_backend must be one of {}, got '{b}'",
+                    backends::Recipe::LlamaCpp.backends().join(", ")
+                ),
+                Some("llamacpp_backend"),
+            ));
+        }
+        o.insert("llamacpp_backend".into(), b.clone().into());
+    }
+    if let Some(a) = &req.llamacpp_args {
+        let check = backends::llamacpp::tokenize(a).and_then(|t| backends::llamacpp::validate_user_args(&t));
+        if let Err(e) = check {
+            return Err(ApiError::BadRequest {
+                message: e.to_string(),
+                param: Some("llamacpp_args".into()),
+                code: Some("invalid_llamacpp_args"),
+            });
+        }
+        o.insert("llamacpp_args".into(), a.clone().into());
+    }
+    Ok(o)
+}
+
+/// Loads a model (or reloads it with other options; the same options are a no-op).
+#[utoipa::path(post, path = "/api/v1/load", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1. Options take precedence over saved per-model options, which take \
+                   precedence over the server's flags. A loaded model with other options is restarted in place (it \
+                   never takes a second slot). `save_options` stores the request's options as the model's defaults.",
+    request_body = LoadRequest,
+    responses(
+        (status = 200, description = "Loaded", body = LoadResponse),
+        (status = 400, description = "Invalid body or option (e.g. a reserved llama-server flag), or the model is not downloaded", body = ErrorResponse),
+        (status = 404, description = "Unknown model", body = ErrorResponse),
+        (status = 500, description = "The load failed (`model_load_error`)", body = ErrorResponse),
+    ))]
+pub async fn load(State(rt): State<AppState>, body: JsonBody<LoadRequest>) -> Result<Json<LoadResponse>, ApiError> {
+    let req = body.value;
+    let info = rt.registry().get(&req.model_name)?.clone();
+    let opts = request_options(&req)?;
+    let info = pulls::ensure_downloaded(&rt, &info).await?;
+    if req.save_options == Some(true) {
+        host::files::save_recipe_options(&rt.cfg.cache_dir, &info.name, Some(&opts))?;
+        rt.reload_registry()?;
+    }
+    let effective = rt.effective_options(&info, &opts);
+    ApiError::from_load(&info.name, rt.load(&info, effective).await)?;
+    Ok(Json(LoadResponse {
+        status: "success".into(),
+        model_name: info.name.clone(),
+        checkpoint: info.checkpoint.clone(),
+        recipe: info.recipe.to_string(),
+    }))
+}
+
+/// Unloads one model (after its in-flight requests finish), or every model.
+#[utoipa::path(post, path = "/api/v1/unload", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1. An empty body, or one without a name, unloads every model. \
+                   New requests for the model are not admitted once the unload starts; requests in flight finish first.",
+    request_body(content = UnloadRequest, description = "Optional"),
+    responses(
+        (status = 200, description = "Unloaded", body = UnloadResponse),
+        (status = 400, description = "Malformed body", body = ErrorResponse),
+        (status = 404, description = "The named model is not loaded (`model_not_loaded`)", body = ErrorResponse),
+    ))]
+pub async fn unload(State(rt): State<AppState>, body: Bytes) -> Result<Json<UnloadResponse>, ApiError> {
+    let req: UnloadRequest =
+        if body.iter().all(u8::is_ascii_whitespace) { UnloadRequest::default() } else { crate::extract::parse(&body)? };
+    let name = req.model_name.or(req.model).filter(|n| !n.is_empty());
+    rt.unload(name.as_deref()).await?;
+    Ok(Json(match name {
+        Some(n) => UnloadResponse {
+            status: "success".into(),
+            message: "Model unloaded successfully".into(),
+            model_name: Some(n),
+        },
+        None => UnloadResponse {
+            status: "success".into(),
+            message: "All models unloaded successfully".into(),
+            model_name: None,
+        },
+    }))
+}
+
+/// Liveness probe; answers as long as the process serves HTTP.
+#[utoipa::path(get, path = "/live", tag = "Lemonade", responses((status = 200, description = "Alive", body = Live)))]
+pub async fn live() -> Json<Live> {
+    Json(Live { status: "ok".into() })
+}

@@ -1,0 +1,11 @@
+//! The HTTP handlers, one module per API area, each with its `#[utoipa::path]` documentation.
+//! Handlers are thin: parse, call down (runtime, pulls, installs, proxy, host), answer.
+
+pub mod admin;
+pub mod install;
+pub mod lifecycle;
+pub mod logs;
+pub mod native;
+pub mod openai;
+pub mod pull;
+pub mod system;

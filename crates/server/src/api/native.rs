@@ -1,0 +1,111 @@
+//! llama-server's own routes (forwarded to the model's backend), the fallback for unknown
+//! paths, and the JSON 405.
+
+use api_types::*;
+use axum::extract::{RawQuery, State};
+use axum::response::{IntoResponse, Response};
+use http::Method;
+
+use crate::error::ApiError;
+use crate::extract::JsonBody;
+use crate::proxy;
+use crate::pulls;
+use crate::state::AppState;
+
+/// Body of llama-server's own POST endpoints: the model plus whatever llama-server reads.
+#[derive(serde::Deserialize)]
+pub struct NativeRequest {
+    pub model: String,
+    #[serde(default)]
+    pub stream: Option<bool>,
+}
+
+/// llama-server's own POST endpoints (`/completion`, `/tokenize`, `/detokenize`,
+/// `/apply-template`, `/infill`), routed by the `model` field of the body.
+#[utoipa::path(post, path = "/tokenize", tag = "llama.cpp",
+    description = "The same for /completion, /detokenize, /apply-template and /infill (also under the four API prefixes): \
+                   the body is llama-server's, plus `model` naming the model. The answer is llama-server's.",
+    request_body(content = Object, description = "llama-server request with a `model` field"),
+    responses(
+        (status = 200, description = "llama-server's answer"),
+        (status = 400, description = "Invalid request (e.g. no `model`)", body = ErrorResponse),
+        (status = 404, description = "Unknown model", body = ErrorResponse),
+    ))]
+pub async fn native_post(
+    State(rt): State<AppState>,
+    uri: http::Uri,
+    body: JsonBody<NativeRequest>,
+) -> Result<Response, ApiError> {
+    let path = native_path(uri.path());
+    let lease = pulls::lease(&rt, &body.value.model, &ModelType::ALL, path).await?;
+    if body.value.stream == Some(true) {
+        proxy::forward_stream(lease, path, body.raw).await
+    } else {
+        proxy::forward(lease, Method::POST, path, Some(body.raw), path == "/completion").await
+    }
+}
+
+/// llama-server's own GET endpoints (`/props`, `/slots`, `/metrics`), routed by `?model=`.
+#[utoipa::path(get, path = "/slots", tag = "llama.cpp",
+    description = "The same for /props and /metrics (also under the four API prefixes). Other query parameters are passed on.",
+    params(("model" = String, Query, description = "Model whose backend answers")),
+    responses(
+        (status = 200, description = "llama-server's answer"),
+        (status = 400, description = "No `model` query parameter", body = ErrorResponse),
+        (status = 404, description = "Unknown model", body = ErrorResponse),
+    ))]
+pub async fn native_get(
+    State(rt): State<AppState>,
+    uri: http::Uri,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let path = native_path(uri.path());
+    let mut model = None;
+    let rest = {
+        let mut rest = form_urlencoded::Serializer::new(String::new());
+        for (k, v) in form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes()) {
+            if k == "model" {
+                model = Some(v.into_owned());
+            } else {
+                rest.append_pair(&k, &v);
+            }
+        }
+        rest.finish()
+    };
+    let model = model.filter(|m| !m.is_empty()).ok_or_else(|| {
+        ApiError::bad_request(format!("Missing required query parameter 'model' for {path}"), Some("model"))
+    })?;
+    let lease = pulls::lease(&rt, &model, &ModelType::ALL, path).await?;
+    let target = if rest.is_empty() { path.to_string() } else { format!("{path}?{rest}") };
+    proxy::forward(lease, Method::GET, &target, None, false).await
+}
+
+/// `/api/v1/tokenize` → `/tokenize`.
+fn native_path(p: &str) -> &str {
+    for prefix in ["/api/v0", "/api/v1", "/v0", "/v1"] {
+        if let Some(rest) = p.strip_prefix(prefix) {
+            return rest;
+        }
+    }
+    p
+}
+
+pub async fn unknown_path(uri: http::Uri) -> ApiError {
+    ApiError::UnknownPath(uri.path().to_string())
+}
+
+pub fn method_not_allowed(allowed: &'static str) -> impl Fn() -> std::future::Ready<Response> + Clone + Send + 'static {
+    move || std::future::ready(ApiError::MethodNotAllowed { allowed: allowed.into() }.into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn native_paths() {
+        assert_eq!(native_path("/api/v1/tokenize"), "/tokenize");
+        assert_eq!(native_path("/v1/slots"), "/slots");
+        assert_eq!(native_path("/metrics"), "/metrics");
+    }
+}

@@ -1,0 +1,226 @@
+//! The OpenAI endpoints: chat/completions, completions, responses, embeddings, reranking and
+//! models. Each handler parses, takes a lease on the model (loading it if needed) and forwards.
+
+use api_types::*;
+use axum::extract::{Path, Query, State};
+use axum::response::Response;
+use axum::Json;
+use bytes::Bytes;
+use http::Method;
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::extract::JsonBody;
+use crate::proxy;
+use crate::pulls;
+use crate::runtime::Runtime;
+use crate::state::AppState;
+
+const LLM: &[ModelType] = &[ModelType::Llm];
+const EMBEDDING: &[ModelType] = &[ModelType::Embedding];
+const RERANKING: &[ModelType] = &[ModelType::Reranking];
+
+/// The model a request names; v9's messages when it names none.
+fn require_model<'a>(rt: &Runtime, model: Option<&'a str>) -> Result<&'a str, ApiError> {
+    match model {
+        Some(m) if !m.is_empty() => Ok(m),
+        _ if rt.loaded().is_empty() => {
+            Err(ApiError::bad_request("No model loaded and no model specified in request", Some("model")))
+        }
+        _ => Err(ApiError::bad_request("No model specified in request", Some("model"))),
+    }
+}
+
+/// `enable_thinking: false` → `/no_think\n` before the last user message whose content is a
+/// string; `max_completion_tokens` → `max_tokens` when absent. Returns the original bytes
+/// when nothing changed.
+fn rewrite_chat(mut req: ChatCompletionRequest, raw: Bytes) -> Result<Bytes, ApiError> {
+    let mut changed = false;
+    if req.enable_thinking == Some(false) {
+        if let Some(msg) =
+            req.messages.iter_mut().rev().find(|m| m.role == "user" && matches!(m.content, Some(Value::String(_))))
+        {
+            if let Some(Value::String(s)) = &mut msg.content {
+                s.insert_str(0, "/no_think\n");
+                changed = true;
+            }
+        }
+    }
+    if req.max_tokens.is_none() && req.max_completion_tokens.is_some() {
+        req.max_tokens = req.max_completion_tokens;
+        changed = true;
+    }
+    if !changed {
+        return Ok(raw);
+    }
+    serde_json::to_vec(&req).map(Bytes::from).map_err(|e| ApiError::Internal(e.to_string()))
+}
+
+async fn dispatch(
+    rt: &AppState,
+    model: &str,
+    want: &[ModelType],
+    endpoint: &str,
+    path: &str,
+    body: Bytes,
+    stream: bool,
+) -> Result<Response, ApiError> {
+    let lease = pulls::lease(rt, model, want, endpoint).await?;
+    if stream {
+        proxy::forward_stream(lease, path, body).await
+    } else {
+        proxy::forward(lease, Method::POST, path, Some(body), true).await
+    }
+}
+
+/// Chat completion (OpenAI). Streams SSE when `stream` is true.
+#[utoipa::path(post, path = "/api/v1/chat/completions", tag = "OpenAI",
+    description = "Also under /api/v0, /v0 and /v1. Loads the model on demand. Fields not listed in the schema \
+                   (top_k, min_p, tools, response_format, …) are passed to llama-server unchanged. With `stream: true` \
+                   the answer is `text/event-stream`, ending with `data: [DONE]`; a backend failure mid-stream becomes a \
+                   `data: {\"error\": …}` frame.",
+    request_body = ChatCompletionRequest,
+    responses(
+        (status = 200, description = "Completion (JSON), or SSE chunks when streaming", body = ChatCompletionResponse),
+        (status = 400, description = "Malformed body, missing or wrong-typed field, no model, or a model that is not an LLM", body = ErrorResponse),
+        (status = 404, description = "Unknown model (`model_not_found`) or not available on this system (`model_not_supported`)", body = ErrorResponse),
+        (status = 413, description = "Body larger than the limit", body = ErrorResponse),
+        (status = 500, description = "The model failed to load (`model_load_error`)", body = ErrorResponse),
+        (status = 502, description = "The backend died or could not be reached", body = ErrorResponse),
+    ))]
+pub async fn chat_completions(
+    State(rt): State<AppState>,
+    body: JsonBody<ChatCompletionRequest>,
+) -> Result<Response, ApiError> {
+    let req = body.value;
+    let model = require_model(&rt, req.model.as_deref())?.to_string();
+    let stream = req.stream.unwrap_or(false);
+    let bytes = rewrite_chat(req, body.raw)?;
+    dispatch(&rt, &model, LLM, "chat/completions", "/v1/chat/completions", bytes, stream).await
+}
+
+/// Text completion (OpenAI legacy).
+#[utoipa::path(post, path = "/api/v1/completions", tag = "OpenAI",
+    description = "Also under /api/v0, /v0 and /v1. As chat/completions, for a raw prompt.",
+    request_body = CompletionRequest,
+    responses(
+        (status = 200, description = "Completion, or SSE chunks when streaming"),
+        (status = 400, description = "Invalid request or not an LLM", body = ErrorResponse),
+        (status = 404, description = "Unknown model", body = ErrorResponse),
+        (status = 500, description = "Model failed to load", body = ErrorResponse),
+        (status = 502, description = "Backend failure", body = ErrorResponse),
+    ))]
+pub async fn completions(State(rt): State<AppState>, body: JsonBody<CompletionRequest>) -> Result<Response, ApiError> {
+    let mut req = body.value;
+    let model = require_model(&rt, req.model.as_deref())?.to_string();
+    let stream = req.stream.unwrap_or(false);
+    let bytes = if req.max_tokens.is_none() && req.max_completion_tokens.is_some() {
+        req.max_tokens = req.max_completion_tokens;
+        Bytes::from(serde_json::to_vec(&req).map_err(|e| ApiError::Internal(e.to_string()))?)
+    } else {
+        body.raw
+    };
+    dispatch(&rt, &model, LLM, "completions", "/v1/completions", bytes, stream).await
+}
+
+/// Responses API (OpenAI), as llama-server implements it.
+#[utoipa::path(post, path = "/api/v1/responses", tag = "OpenAI",
+    description = "Also under /api/v0, /v0 and /v1.",
+    request_body = ResponsesRequest,
+    responses(
+        (status = 200, description = "Response object, or SSE events when streaming"),
+        (status = 400, description = "Invalid request or not an LLM", body = ErrorResponse),
+        (status = 404, description = "Unknown model", body = ErrorResponse),
+        (status = 500, description = "Model failed to load", body = ErrorResponse),
+        (status = 502, description = "Backend failure", body = ErrorResponse),
+    ))]
+pub async fn responses(State(rt): State<AppState>, body: JsonBody<ResponsesRequest>) -> Result<Response, ApiError> {
+    let model = require_model(&rt, body.value.model.as_deref())?.to_string();
+    let stream = body.value.stream.unwrap_or(false);
+    dispatch(&rt, &model, LLM, "responses", "/v1/responses", body.raw, stream).await
+}
+
+/// Embeddings (OpenAI). `encoding_format: "base64"` returns little-endian f32 in base64.
+#[utoipa::path(post, path = "/api/v1/embeddings", tag = "OpenAI",
+    description = "Also under /api/v0, /v0 and /v1. The model must be an embedding model.",
+    request_body = EmbeddingRequest,
+    responses(
+        (status = 200, description = "Embedding list", body = EmbeddingResponse),
+        (status = 400, description = "Invalid request or not an embedding model", body = ErrorResponse),
+        (status = 404, description = "Unknown model", body = ErrorResponse),
+        (status = 500, description = "Model failed to load", body = ErrorResponse),
+        (status = 502, description = "Backend failure", body = ErrorResponse),
+    ))]
+pub async fn embeddings(State(rt): State<AppState>, body: JsonBody<EmbeddingRequest>) -> Result<Response, ApiError> {
+    let model = require_model(&rt, body.value.model.as_deref())?.to_string();
+    dispatch(&rt, &model, EMBEDDING, "embeddings", "/v1/embeddings", body.raw, false).await
+}
+
+/// Reranking: scores `documents` against `query`.
+#[utoipa::path(post, path = "/api/v1/reranking", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1, and as /v1/rerank. The model must be a reranking model.",
+    request_body = RerankRequest,
+    responses(
+        (status = 200, description = "Scores per document", body = RerankResponse),
+        (status = 400, description = "Invalid request or not a reranking model", body = ErrorResponse),
+        (status = 404, description = "Unknown model", body = ErrorResponse),
+        (status = 500, description = "Model failed to load", body = ErrorResponse),
+        (status = 502, description = "Backend failure", body = ErrorResponse),
+    ))]
+pub async fn reranking(State(rt): State<AppState>, body: JsonBody<RerankRequest>) -> Result<Response, ApiError> {
+    let model = require_model(&rt, body.value.model.as_deref())?.to_string();
+    dispatch(&rt, &model, RERANKING, "reranking", "/v1/rerank", body.raw, false).await
+}
+
+/// Models available on this host; downloaded ones only unless `show_all=true`.
+#[utoipa::path(get, path = "/api/v1/models", tag = "OpenAI",
+    description = "Also under /api/v0, /v0 and /v1. Sorted by id.",
+    params(ModelsQuery),
+    responses((status = 200, description = "Model list", body = ModelList)))]
+pub async fn list_models(State(rt): State<AppState>, Query(q): Query<ModelsQuery>) -> Json<ModelList> {
+    let show_all = q.show_all.as_deref() == Some("true");
+    let reg = rt.registry();
+    let data = reg.models().filter(|m| show_all || m.downloaded).map(|m| reg.to_api(m)).collect();
+    Json(ModelList { object: "list".into(), data })
+}
+
+/// One model by id (the id may contain `/` and `.`).
+#[utoipa::path(get, path = "/api/v1/models/{id}", tag = "OpenAI",
+    description = "Also under /api/v0, /v0 and /v1.",
+    params(("id" = String, Path, description = "Model id")),
+    responses(
+        (status = 200, description = "The model", body = Model),
+        (status = 404, description = "Unknown (`model_not_found`) or not available here (`model_not_supported`)", body = ErrorResponse),
+    ))]
+pub async fn get_model(State(rt): State<AppState>, Path(id): Path<String>) -> Result<Json<Model>, ApiError> {
+    let reg = rt.registry();
+    let m = reg.get(&id)?;
+    Ok(Json(reg.to_api(m)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_rewrites() {
+        let raw = br#"{"model":"m","messages":[{"role":"user","content":"a"},{"role":"user","content":[{"type":"text","text":"b"}]}],"enable_thinking":false,"max_completion_tokens":5,"top_k":3}"#;
+        let req: ChatCompletionRequest = serde_json::from_slice(raw).unwrap();
+        let out = rewrite_chat(req, Bytes::from_static(raw)).unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        // The last user message with string content is the first one (the second is an array).
+        assert_eq!(v["messages"][0]["content"], "/no_think\na");
+        assert_eq!(v["messages"][1]["content"][0]["text"], "b");
+        assert_eq!(v["max_tokens"], 5);
+        assert_eq!(v["max_completion_tokens"], 5);
+        assert_eq!(v["top_k"], 3);
+        assert_eq!(v["enable_thinking"], false);
+    }
+
+    #[test]
+    fn unchanged_body_is_forwarded_byte_for_byte() {
+        let raw = br#"{"model":"m",  "messages":[{"role":"user","content":"a"}], "max_tokens": 3}"#;
+        let req: ChatCompletionRequest = serde_json::from_slice(raw).unwrap();
+        assert_eq!(&rewrite_chat(req, Bytes::from_static(raw)).unwrap()[..], &raw[..]);
+    }
+}

@@ -1,0 +1,91 @@
+//! `pull` and `delete`: download models from the Hub into the huggingface_hub cache (with
+//! `user.*` registration), and remove them.
+
+use api_types::*;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use registry::{Checkpoint, USER_PREFIX};
+use tokio::sync::mpsc;
+
+use crate::error::ApiError;
+use crate::extract::JsonBody;
+use crate::state::AppState;
+use crate::{pulls, sse};
+
+/// Downloads a model (registering a `user.*` model first when `checkpoint` and `recipe` are given).
+#[utoipa::path(post, path = "/api/v1/pull", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1. Files go to the Hugging Face cache in huggingface_hub's layout; a \
+                   partial download resumes. With `stream: true` the answer is SSE: `event: progress` (PullProgress), \
+                   one `event: complete`, or `event: error` with `{\"error\": message}`. A client that disconnects \
+                   cancels the download (the partial file stays for a later pull).",
+    request_body = PullRequest,
+    responses(
+        (status = 200, description = "Downloaded (or SSE events)", body = StatusResponse),
+        (status = 400, description = "Invalid name, checkpoint or variant", body = ErrorResponse),
+        (status = 404, description = "Not available on this system", body = ErrorResponse),
+        (status = 502, description = "The download failed", body = ErrorResponse),
+        (status = 507, description = "The disk is full (the partial download is kept)", body = ErrorResponse),
+    ))]
+pub async fn pull(State(rt): State<AppState>, body: JsonBody<PullRequest>) -> Result<Response, ApiError> {
+    let req = body.value;
+    let m = pulls::resolve(&rt, &req)?;
+    if req.do_not_upgrade == Some(true) && m.downloaded {
+        return Ok(
+            Json(StatusResponse { status: "success".into(), model_name: Some(m.name), message: None }).into_response()
+        );
+    }
+    if req.stream != Some(true) {
+        pulls::download(&rt, &m, None).await?;
+        rt.reload_registry()?;
+        return Ok(
+            Json(StatusResponse { status: "success".into(), model_name: Some(m.name), message: None }).into_response()
+        );
+    }
+    let (tx, rx) = mpsc::channel::<(&'static str, String)>(64);
+    let response = sse::events(&rt, rx);
+    tokio::spawn(async move {
+        let result = pulls::download(&rt, &m, Some(&tx)).await;
+        let _ = rt.reload_registry();
+        if let Err(e) = result {
+            let _ = tx.send(("error", serde_json::json!({"error": e.to_string()}).to_string())).await;
+        }
+    });
+    Ok(response)
+}
+
+/// Removes a model's files (and a `user.*` registration), unloading it first.
+#[utoipa::path(post, path = "/api/v1/delete", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1. Removes the model's whole `models--org--repo` folder from the \
+                   Hugging Face cache (every variant of that repository), and a `user.*` model's registration.",
+    request_body = DeleteRequest,
+    responses(
+        (status = 200, description = "Deleted", body = StatusResponse),
+        (status = 400, description = "No name, or an extra.* model (files in the extra models dir are not deleted)", body = ErrorResponse),
+        (status = 422, description = "Unknown model", body = ErrorResponse),
+    ))]
+pub async fn delete(
+    State(rt): State<AppState>,
+    body: JsonBody<DeleteRequest>,
+) -> Result<Json<StatusResponse>, ApiError> {
+    let name = body.value.model.or(body.value.model_name).filter(|n| !n.is_empty());
+    let name = name.ok_or_else(|| ApiError::bad_request("Missing required field 'model'", Some("model")))?;
+    let m = rt.registry().get(&name).map_err(|_| ApiError::Unprocessable(format!("Model not found: {name}")))?.clone();
+    if m.source == registry::Source::ExtraModelsDir {
+        return Err(ApiError::bad_request(
+            format!("Cannot delete extra models via the API; remove {} instead", m.checkpoint),
+            Some("model"),
+        ));
+    }
+    let _ = rt.unload(Some(&name)).await;
+    host::hf_cache::remove_repo(&rt.cfg.hf_cache, &Checkpoint::parse(&m.checkpoint).repo).await?;
+    if let Some(key) = name.strip_prefix(USER_PREFIX) {
+        host::files::save_user_model(&rt.cfg.cache_dir, key, None)?;
+    }
+    rt.reload_registry()?;
+    Ok(Json(StatusResponse {
+        status: "success".into(),
+        model_name: None,
+        message: Some(format!("Deleted model: {name}")),
+    }))
+}

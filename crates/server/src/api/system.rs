@@ -1,0 +1,135 @@
+//! `GET system-info` and `GET system-stats`: the machine (sysinfo for OS, CPU and memory; NVML
+//! for NVIDIA GPUs; sysfs for AMD GPUs and NPUs) and the state of every recipe's backends.
+//!
+//! The hardware is detected once per process (it does not change while we run); backend states
+//! are computed on every request, so an install or uninstall shows at once.
+
+use std::collections::BTreeMap;
+
+use api_types::{BackendInfo, RecipeInfo, SystemDetails, SystemInfo, SystemStats};
+use axum::extract::{Query, State};
+use axum::Json;
+use backends::releases::{self, Installed};
+use backends::Recipe;
+use host::binary::{self, Found};
+use serde::Deserialize;
+
+use crate::runtime::Runtime;
+use crate::state::AppState;
+
+/// What is installed for `recipe:backend` (override, managed directory or PATH).
+fn installed(rt: &Runtime, recipe: Recipe, backend: &str) -> Installed {
+    let (dir, exe) = recipe.dir_and_exe();
+    match binary::resolve_from_env(&rt.cfg.cache_dir, dir, backend, exe) {
+        None => Installed::Missing,
+        Some(r) => match r.found {
+            Found::Override(var) => Installed::Override(var),
+            Found::Managed { version } => Installed::Managed(version),
+            Found::Path => Installed::System(r.path.display().to_string()),
+        },
+    }
+}
+
+/// The `recipes` section: every recipe with every backend's state.
+fn recipes(rt: &Runtime) -> BTreeMap<String, RecipeInfo> {
+    let hw = host::hardware::hardware();
+    let pins = host::install::pins(&rt.cfg.cache_dir);
+    let mut out = BTreeMap::new();
+    for (recipe, list) in releases::recipes() {
+        let mut info = RecipeInfo::default();
+        for backend in list {
+            let inst = installed(rt, recipe, backend);
+            let (devices, st) = releases::state(&hw, &pins, recipe.as_str(), backend, &inst);
+            if st.state != "unsupported" && info.default_backend.is_empty() {
+                info.default_backend = backend.to_string();
+            }
+            let asset = releases::asset(&hw, recipe.as_str(), backend, &st.version);
+            let b = BackendInfo {
+                devices: devices.iter().map(|d| d.to_string()).collect(),
+                state: st.state.to_string(),
+                message: st.message,
+                action: st.action,
+                release_url: releases::release_url(recipe, backend, &st.version).unwrap_or_default(),
+                version: st.version,
+                download_filename: asset.map(|a| a.filename).unwrap_or_default(),
+                can_uninstall: matches!(inst, Installed::Managed(_)),
+            };
+            info.backends.insert(backend.to_string(), b);
+        }
+        // llama.cpp models run on the configured backend, so that is the default we report.
+        if recipe == Recipe::LlamaCpp {
+            info.default_backend = rt.cfg.llamacpp_backend.clone();
+        }
+        let default = info.backends.get(&info.default_backend).or_else(|| info.backends.values().next());
+        info.release_url = default.map(|b| b.release_url.clone()).unwrap_or_default();
+        out.insert(recipe.to_string(), info);
+    }
+    out
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct SystemInfoQuery {
+    /// Add details: versions, paths, the backend binaries in use, free memory.
+    #[serde(default)]
+    pub verbose: Option<String>,
+}
+
+/// Hardware and backend states.
+#[utoipa::path(get, path = "/api/v1/system-info", tag = "System", params(SystemInfoQuery),
+    description = "`OS Version`, `Processor`, `Physical Memory`, `devices` (cpu, amd_igpu, amd_dgpu, nvidia_dgpu, \
+        amd_npu, each with `available`; an absent device has `available: false`) and `recipes` (each backend's \
+        `state`: unsupported, installable, update_required or installed, and its `release_url` where the backend \
+        has releases). A machine without GPUs answers 200 with empty lists.",
+    responses((status = 200, description = "System information", body = SystemInfo)))]
+pub async fn system_info(State(rt): State<AppState>, Query(q): Query<SystemInfoQuery>) -> Json<SystemInfo> {
+    let verbose = q.verbose.as_deref().is_some_and(|s| matches!(s, "true" | "1" | "yes"));
+    let info = tokio::task::spawn_blocking(move || system_info_now(&rt, verbose)).await;
+    Json(info.unwrap_or_default())
+}
+
+fn system_info_now(rt: &Runtime, verbose: bool) -> SystemInfo {
+    let d = host::hardware::detected();
+    SystemInfo {
+        os_version: d.os_version.clone(),
+        processor: d.processor.clone(),
+        physical_memory: d.memory.clone(),
+        devices: d.devices.clone(),
+        recipes: recipes(rt),
+        details: verbose.then(|| details(rt)),
+    }
+}
+
+fn details(rt: &Runtime) -> SystemDetails {
+    let mut backend_binaries = BTreeMap::new();
+    for (recipe, list) in releases::recipes() {
+        let (dir, exe) = recipe.dir_and_exe();
+        for backend in list {
+            if let Some(r) = binary::resolve_from_env(&rt.cfg.cache_dir, dir, backend, exe) {
+                backend_binaries.insert(format!("{recipe}:{backend}"), r.path.display().to_string());
+            }
+        }
+    }
+    let (kernel, host_name, cpu_arch, available_memory_gb) = host::hardware::details();
+    SystemDetails {
+        lemonade_version: crate::VERSION.into(),
+        kernel,
+        host_name,
+        cpu_arch,
+        available_memory_gb,
+        cache_dir: rt.cfg.cache_dir.display().to_string(),
+        hf_cache: rt.cfg.hf_cache.display().to_string(),
+        releases_url: host::install::releases_url(),
+        backend_binaries,
+        llamacpp_backend: rt.cfg.llamacpp_backend.clone(),
+    }
+}
+
+/// CPU (since the previous call) and memory use.
+#[utoipa::path(get, path = "/api/v1/system-stats", tag = "System",
+    description = "`cpu_percent` is the use since the previous call (0 on the first). GPU figures are null \
+        where no AMD GPU reports them.",
+    responses((status = 200, description = "Usage", body = SystemStats)))]
+pub async fn system_stats() -> Json<SystemStats> {
+    let stats = tokio::task::spawn_blocking(host::hardware::usage).await;
+    Json(stats.unwrap_or_else(|e| SystemStats { error: Some(e.to_string()), ..Default::default() }))
+}

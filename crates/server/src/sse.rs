@@ -1,0 +1,94 @@
+//! Server-sent events: progress of pulls and installs, and SSE responses that end when
+//! shutdown begins.
+
+use std::convert::Infallible;
+use std::time::Instant;
+
+use api_types::PullProgress;
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use http::{header, HeaderValue};
+use tokio::sync::mpsc;
+
+use crate::pulls::PROGRESS_EVERY;
+use crate::runtime::Runtime;
+
+/// The sending half of an SSE response: `(event, data)` pairs.
+pub type Events = mpsc::Sender<(&'static str, String)>;
+
+/// `progress` events for one file of `total` (number `index`) into `tx`, at most every
+/// [`PROGRESS_EVERY`] (plus the last); returns false, cancelling the download, once the client
+/// is gone.
+pub fn progress_events(
+    tx: Events,
+    file: String,
+    index: usize,
+    total: usize,
+) -> impl FnMut(u64, Option<u64>) -> bool + Send {
+    let mut last = None::<Instant>;
+    move |done, size| {
+        if tx.is_closed() {
+            return false;
+        }
+        let finished = size.is_some_and(|s| done >= s);
+        if last.is_some_and(|t| t.elapsed() < PROGRESS_EVERY) && !finished {
+            return true;
+        }
+        last = Some(Instant::now());
+        let bytes_total = size.unwrap_or(0);
+        let ev = PullProgress {
+            file: file.clone(),
+            file_index: index,
+            total_files: total,
+            bytes_downloaded: done,
+            bytes_total,
+            percent: (done * 100).checked_div(bytes_total).unwrap_or(0),
+        };
+        tx.try_send(("progress", serde_json::to_string(&ev).unwrap_or_default())).is_ok() || !tx.is_closed()
+    }
+}
+
+/// An SSE response of `(event, data)` pairs, ending when every sender is gone.
+pub fn events(rt: &Runtime, mut rx: mpsc::Receiver<(&'static str, String)>) -> Response {
+    let body = futures_util::stream::poll_fn(move |cx| {
+        rx.poll_recv(cx).map(|o| {
+            o.map(|(event, data)| Ok::<_, Infallible>(Bytes::from(format!("event: {event}\ndata: {data}\n\n"))))
+        })
+    });
+    response(rt, body)
+}
+
+/// `body` as an SSE response (no caching, no proxy buffering) that also ends when the server
+/// shuts down, so an open stream does not hold the shutdown up.
+pub fn response(
+    rt: &Runtime,
+    body: impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
+) -> Response {
+    use futures_util::StreamExt;
+    let mut r = Response::new(Body::from_stream(body.take_until(rt.closed())));
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    r
+}
+
+/// The last event of a one-file progress stream: `complete` with the bytes, or `error`.
+pub async fn finish(tx: &Events, file: &str, result: Result<u64, String>) {
+    let event = match result {
+        Ok(bytes) => {
+            let done = PullProgress {
+                file: file.to_string(),
+                file_index: 1,
+                total_files: 1,
+                bytes_downloaded: bytes,
+                bytes_total: bytes,
+                percent: 100,
+            };
+            ("complete", serde_json::to_string(&done).unwrap_or_default())
+        }
+        Err(e) => ("error", serde_json::json!({"error": e}).to_string()),
+    };
+    let _ = tx.send(event).await;
+}
