@@ -180,3 +180,73 @@ fn handlers_are_short() {
     }
     assert!(long.is_empty(), "handlers over 30 lines:\n{}", long.join("\n"));
 }
+
+/// The server's modules form layers: no module imports (through `crate::…`) a module that
+/// imports it back, directly or through others. `api` counts as one module.
+#[test]
+fn server_modules_do_not_import_in_a_circle() {
+    let src = root().join("crates/server/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let module_of = |f: &Path| -> String {
+        let rel = f.strip_prefix(&src).unwrap();
+        let first = rel.components().next().unwrap().as_os_str().to_string_lossy().to_string();
+        first.trim_end_matches(".rs").to_string()
+    };
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in &files {
+        let m = module_of(f);
+        let text = std::fs::read_to_string(f).unwrap();
+        // Imports in test modules do not count: tests may reach anywhere.
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        for (_, line) in code_lines(code) {
+            for part in line.split("crate::").skip(1) {
+                let target: String = part.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                let target = if target == "api" { "api".to_string() } else { target };
+                let is_module = files.iter().any(|g| module_of(g) == target);
+                if is_module && target != m && target != "lib" {
+                    edges.entry(m.clone()).or_default().insert(target);
+                }
+            }
+            // `use crate::{a, b}` groups.
+            if let Some(group) = line.split("crate::{").nth(1) {
+                for name in group.split(['}', ',']).map(|s| s.trim().split("::").next().unwrap_or("").to_string()) {
+                    if files.iter().any(|g| module_of(g) == name) && name != m {
+                        edges.entry(m.clone()).or_default().insert(name);
+                    }
+                }
+            }
+        }
+    }
+    // Depth-first search for a cycle.
+    fn visit(
+        n: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == n) {
+            let mut cycle = path[i..].to_vec();
+            cycle.push(n.to_string());
+            return Some(cycle);
+        }
+        if done.contains(n) {
+            return None;
+        }
+        path.push(n.to_string());
+        for next in edges.get(n).into_iter().flatten() {
+            if let Some(c) = visit(next, edges, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(n.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    for n in edges.keys() {
+        if let Some(cycle) = visit(n, &edges, &mut Vec::new(), &mut done) {
+            panic!("server modules import in a circle: {}\nall imports: {edges:#?}", cycle.join(" → "));
+        }
+    }
+}

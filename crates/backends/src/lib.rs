@@ -34,6 +34,8 @@ pub enum BackendError {
     InvalidOverride(String),
     #[error("the {0} adapter needs a port chosen before the start")]
     NeedsPort(Recipe),
+    #[error("backend versions: {0}")]
+    Pins(String),
 }
 
 /// How the supervisor learns that a started backend listens, and where.

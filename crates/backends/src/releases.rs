@@ -270,15 +270,16 @@ pub struct Pins {
 }
 
 impl Pins {
-    pub fn parse(text: &str) -> Result<Pins, String> {
-        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
-        let obj = v.as_object().ok_or("backend versions must be a JSON object")?;
+    pub fn parse(text: &str) -> Result<Pins, crate::BackendError> {
+        let bad = crate::BackendError::Pins;
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let obj = v.as_object().ok_or_else(|| bad("backend versions must be a JSON object".into()))?;
         let mut pins = Pins::default();
         for (k, v) in obj {
             match (k.as_str(), v) {
                 ("sha256", serde_json::Value::Object(m)) => {
                     for (file, h) in m {
-                        let h = h.as_str().ok_or_else(|| format!("sha256.{file} must be a string"))?;
+                        let h = h.as_str().ok_or_else(|| bad(format!("sha256.{file} must be a string")))?;
                         pins.sha256.insert(file.clone(), h.to_ascii_lowercase());
                     }
                 }

@@ -17,23 +17,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderValue, Method, StatusCode};
 
-/// Who may call: the key and the allowed origins (None = every origin).
-#[derive(Debug, Clone, Default)]
-pub struct Access {
-    pub api_key: Option<String>,
-    pub allowed_origins: Option<Vec<String>>,
-}
-
-impl Access {
-    /// Parses `LEMONADE_ALLOWED_ORIGINS`: comma-separated origins; empty or `*` = all.
-    pub fn origins_from(list: Option<&str>) -> Option<Vec<String>> {
-        let list = list?.trim();
-        if list.is_empty() || list == "*" {
-            return None;
-        }
-        Some(list.split(',').map(|o| o.trim().trim_end_matches('/').to_string()).filter(|o| !o.is_empty()).collect())
-    }
-}
+pub use crate::config::Access;
 
 fn protected(path: &str) -> bool {
     let native = crate::routes::NATIVE_POST.iter().chain(&crate::routes::NATIVE_GET).any(|n| *n == path);

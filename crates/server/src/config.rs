@@ -35,7 +35,7 @@ pub struct Config {
     /// Largest accepted request body.
     pub body_limit: usize,
     /// `LEMONADE_API_KEY` and `LEMONADE_ALLOWED_ORIGINS`.
-    pub access: crate::access::Access,
+    pub access: Access,
     /// The process's log (tail and live lines), when the binary set one up; `logs/stream`
     /// and `log-level` use it.
     pub logs: Option<std::sync::Arc<crate::logging::LogHub>>,
@@ -61,8 +61,26 @@ impl Config {
             watchdog_interval: Some(Duration::from_secs(5)),
             pull_timeout: Duration::from_secs(3600),
             body_limit: 64 << 20,
-            access: crate::access::Access::default(),
+            access: Access::default(),
             logs: None,
         }
+    }
+}
+
+/// Who may call: the key and the allowed origins (None = every origin).
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    pub api_key: Option<String>,
+    pub allowed_origins: Option<Vec<String>>,
+}
+
+impl Access {
+    /// Parses `LEMONADE_ALLOWED_ORIGINS`: comma-separated origins; empty or `*` = all.
+    pub fn origins_from(list: Option<&str>) -> Option<Vec<String>> {
+        let list = list?.trim();
+        if list.is_empty() || list == "*" {
+            return None;
+        }
+        Some(list.split(',').map(|o| o.trim().trim_end_matches('/').to_string()).filter(|o| !o.is_empty()).collect())
     }
 }

@@ -155,6 +155,13 @@ impl ApiError {
     }
 }
 
+impl From<serde_json::Error> for ApiError {
+    /// Serializing a body we built: a bug, not bad input.
+    fn from(e: serde_json::Error) -> ApiError {
+        ApiError::Internal(e.to_string())
+    }
+}
+
 impl From<registry::RegistryError> for ApiError {
     fn from(e: registry::RegistryError) -> ApiError {
         match e {

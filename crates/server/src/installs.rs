@@ -9,7 +9,7 @@ use host::install::{InstallError, Progress};
 
 use crate::config::Config;
 use crate::error::ApiError;
-use crate::state::Locks;
+use crate::locks::Locks;
 
 /// What installing `recipe:backend` means on this machine.
 pub fn plan(cfg: &Config, recipe: &str, backend: &str) -> Result<InstallPlan, InstallPlanError> {

@@ -7,6 +7,7 @@ pub mod config;
 pub mod error;
 pub mod extract;
 pub mod installs;
+pub mod locks;
 pub mod logging;
 pub mod openapi;
 pub mod proxy;

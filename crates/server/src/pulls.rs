@@ -3,7 +3,7 @@
 //! downloaded before it loads.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use api_types::*;
 use host::hub::{Download, Hub, HubError};
@@ -13,9 +13,6 @@ use tokio::sync::mpsc;
 use crate::error::ApiError;
 use crate::runtime::Lease;
 use crate::state::AppState;
-
-/// Progress events per file are sent at most this often (plus the first and the last).
-pub(crate) const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
 fn hub() -> Hub {
     Hub::from_env()

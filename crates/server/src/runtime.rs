@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::installs;
-use crate::state::Locks;
+use crate::locks::Locks;
 
 /// Failed health probes in a row after which a backend counts as wedged and is killed.
 const WATCHDOG_STRIKES: u32 = 3;

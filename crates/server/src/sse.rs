@@ -2,7 +2,7 @@
 //! shutdown begins.
 
 use std::convert::Infallible;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use api_types::PullProgress;
 use axum::body::Body;
@@ -11,8 +11,10 @@ use bytes::Bytes;
 use http::{header, HeaderValue};
 use tokio::sync::mpsc;
 
-use crate::pulls::PROGRESS_EVERY;
 use crate::runtime::Runtime;
+
+/// Progress events per file are sent at most this often (plus the first and the last).
+pub const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
 /// The sending half of an SSE response: `(event, data)` pairs.
 pub type Events = mpsc::Sender<(&'static str, String)>;

@@ -53,7 +53,7 @@ fn rewrite_chat(mut req: ChatCompletionRequest, raw: Bytes) -> Result<Bytes, Api
     if !changed {
         return Ok(raw);
     }
-    serde_json::to_vec(&req).map(Bytes::from).map_err(|e| ApiError::Internal(e.to_string()))
+    Ok(serde_json::to_vec(&req).map(Bytes::from)?)
 }
 
 async fn dispatch(
@@ -116,7 +116,7 @@ pub async fn completions(State(rt): State<AppState>, body: JsonBody<CompletionRe
     let stream = req.stream.unwrap_or(false);
     let bytes = if req.max_tokens.is_none() && req.max_completion_tokens.is_some() {
         req.max_tokens = req.max_completion_tokens;
-        Bytes::from(serde_json::to_vec(&req).map_err(|e| ApiError::Internal(e.to_string()))?)
+        Bytes::from(serde_json::to_vec(&req)?)
     } else {
         body.raw
     };
