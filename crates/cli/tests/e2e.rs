@@ -18,6 +18,14 @@ fn chat(model: &str, content: &str, max_tokens: u32) -> Value {
     json!({"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0})
 }
 
+/// No path of this machine in `text`: neither the sandbox (caches, extra models dir) nor the
+/// provisioned models the sandbox links to.
+fn assert_no_local_paths(l: &Lemonade, text: &str) {
+    let sandbox = l.sandbox.dir.path().display().to_string();
+    assert!(!text.contains(&sandbox), "{sandbox} leaked: {text}");
+    assert!(!text.contains(".cache/"), "a cache path leaked: {text}");
+}
+
 async fn stream_text(l: &Lemonade, path: &str, body: &Value) -> (u16, String, String) {
     let r = l.http.post(l.url(path)).json(body).send().await.unwrap();
     let status = r.status().as_u16();
@@ -48,7 +56,7 @@ async fn chat_non_streaming_autoloads_and_records_stats() {
     assert!(completion_tokens > 0 && completion_tokens <= 16);
     // The answer names the model the client asked for, never the GGUF's path.
     assert_eq!(v["model"], SMOL, "{v}");
-    assert!(!v.to_string().contains(".cache"), "a local path leaked: {v}");
+    assert_no_local_paths(&l, &v.to_string());
 
     let (_, h) = l.get("/v1/health").await;
     assert_eq!(loaded_names(&h), [SMOL]);
@@ -86,7 +94,7 @@ async fn chat_streaming_relays_chunks_and_ends_with_one_done() {
     for c in &chunks {
         assert_eq!(c["model"], SMOL, "every chunk names the requested model: {c}");
     }
-    assert!(!text.contains(".cache"), "a local path leaked: {text}");
+    assert_no_local_paths(&l, &text);
     let content: String = data
         .iter()
         .filter(|d| *d != "[DONE]")
@@ -210,7 +218,7 @@ async fn responses_streaming_and_not() {
     assert!(ct.starts_with("text/event-stream"));
     assert!(body.contains("response.output_text.delta"), "{body}");
     assert!(body.contains("response.completed"), "{body}");
-    assert!(!body.contains(".cache"), "a local path leaked: {body}");
+    assert_no_local_paths(&l, &body);
 }
 
 #[tokio::test]
@@ -242,6 +250,9 @@ async fn models_list_retrieve_and_lookup_errors() {
     let (s, m) = l.get(&format!("/api/v1/models/{MINILM}")).await;
     assert_eq!(s, 200);
     assert_eq!(m["type"], "embedding", "type read from the GGUF metadata: {m}");
+    // An extra model's checkpoint is its file in the extra models dir, not a path of this machine.
+    assert_eq!(m["checkpoint"], "all-MiniLM-L6-v2-F32.gguf", "{m}");
+    assert_no_local_paths(&l, &all.to_string());
     let (_, r) = l.get(&format!("/v1/models/{RERANKER}")).await;
     assert_eq!(r["type"], "reranking");
 
@@ -317,7 +328,8 @@ async fn llama_cpp_native_endpoints_are_routed_by_model() {
     assert!(slots.as_array().is_some_and(|a| !a.is_empty()), "{slots}");
     let (s, props) = l.get(&format!("/v1/props?model={SMOL}")).await;
     assert_eq!(s, 200);
-    assert!(props["model_path"].as_str().unwrap().ends_with(".gguf"), "{props}");
+    assert_eq!(props["model_path"], SMOL, "the model's name, not a path of this machine: {props}");
+    assert_no_local_paths(&l, &props.to_string());
     let r = l.http.get(l.url(&format!("/metrics?model={SMOL}"))).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert!(r.text().await.unwrap().contains("llamacpp:"));

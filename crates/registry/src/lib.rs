@@ -419,7 +419,8 @@ pub fn extra_models(dir: &Path, mut found: Vec<ExtraFile>, files: &dyn ModelFile
             if name.contains("mmproj") {
                 continue;
             }
-            out.push((format!("{EXTRA_PREFIX}{name}"), extra_info(&name, f.path.clone(), None, gib(f.bytes), files)));
+            let info = extra_info(dir, &name, f.path.clone(), None, gib(f.bytes), files);
+            out.push((format!("{EXTRA_PREFIX}{name}"), info));
         } else {
             groups.entry(parent).or_default().push(f);
         }
@@ -433,7 +434,7 @@ pub fn extra_models(dir: &Path, mut found: Vec<ExtraFile>, files: &dyn ModelFile
         };
         let name = folder.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
         let size = group.iter().map(|f| gib(f.bytes)).sum();
-        let mut info = extra_info(&name, main_file.path.clone(), mmproj.map(|p| p.path.clone()), size, files);
+        let mut info = extra_info(dir, &name, main_file.path.clone(), mmproj.map(|p| p.path.clone()), size, files);
         if let Some(mm) = mmproj {
             let mm_name = mm.path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
             info.checkpoints.insert("mmproj".into(), mm_name.into());
@@ -444,8 +445,16 @@ pub fn extra_models(dir: &Path, mut found: Vec<ExtraFile>, files: &dyn ModelFile
     out
 }
 
-fn extra_info(name: &str, main: PathBuf, mmproj: Option<PathBuf>, size_gib: f64, files: &dyn ModelFiles) -> ModelInfo {
-    let checkpoint = main.display().to_string();
+fn extra_info(
+    dir: &Path,
+    name: &str,
+    main: PathBuf,
+    mmproj: Option<PathBuf>,
+    size_gib: f64,
+    files: &dyn ModelFiles,
+) -> ModelInfo {
+    // The file relative to the extra models dir: API answers never carry a local path.
+    let checkpoint = main.strip_prefix(dir).unwrap_or(&main).display().to_string();
     let mut info = ModelInfo {
         name: format!("{EXTRA_PREFIX}{name}"),
         checkpoints: BTreeMap::from([("main".to_string(), checkpoint.clone())]),

@@ -87,6 +87,8 @@ fn extra_models_are_grouped_from_a_listing() {
     .unwrap();
     let big = reg.get("extra.Big").unwrap();
     assert_eq!(big.main_path.as_deref(), Some(dir.join("Big/b-00001-of-00002.gguf").as_path()));
+    assert_eq!(big.checkpoint, "Big/b-00001-of-00002.gguf", "relative to the dir: answers carry no local path");
+    assert_eq!(reg.to_api(big).checkpoint, "Big/b-00001-of-00002.gguf");
     assert_eq!(big.size, Some(1.0));
     assert!(reg.get("extra.a.gguf").unwrap().downloaded);
     assert!(reg.get("extra.mmproj-x.gguf").is_err());

@@ -42,6 +42,24 @@ pub struct Config {
 }
 
 impl Config {
+    /// `text` (an error an API client will read) without this machine's paths: the caches, the
+    /// extra models dir and the home directory become placeholders. The server log keeps them.
+    pub fn redact(&self, text: &str, home: Option<&str>) -> String {
+        let mut paths: Vec<(String, &str)> = vec![
+            (self.hf_cache.display().to_string(), "<hf-cache>"),
+            (self.cache_dir.display().to_string(), "<lemonade-cache>"),
+        ];
+        if let Some(d) = &self.extra_models_dir {
+            paths.push((d.display().to_string(), "<extra-models-dir>"));
+        }
+        if let Some(h) = home {
+            paths.push((h.trim_end_matches('/').to_string(), "~"));
+        }
+        // Longest first, so a cache inside the home directory keeps its own name.
+        paths.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
+        paths.iter().filter(|(p, _)| p.len() > 1).fold(text.to_string(), |t, (p, label)| t.replace(p.as_str(), label))
+    }
+
     /// Defaults for tests and embedding; the CLI fills every field from flags/env.
     pub fn new(cache_dir: PathBuf, hf_cache: PathBuf) -> Config {
         Config {
@@ -82,5 +100,24 @@ impl Access {
             return None;
         }
         Some(list.split(',').map(|o| o.trim().trim_end_matches('/').to_string()).filter(|o| !o.is_empty()).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_for_clients_carry_no_local_paths() {
+        let mut cfg = Config::new("/home/u/.cache/lemonade".into(), "/home/u/.cache/huggingface/hub".into());
+        cfg.extra_models_dir = Some("/data/models".into());
+        let text = "llama_model_load: failed to load /home/u/.cache/huggingface/hub/models--a--b/x.gguf; \
+                    see /home/u/.cache/lemonade/logs and /data/models/y.gguf, or /home/u/notes";
+        assert_eq!(
+            cfg.redact(text, Some("/home/u")),
+            "llama_model_load: failed to load <hf-cache>/models--a--b/x.gguf; \
+                    see <lemonade-cache>/logs and <extra-models-dir>/y.gguf, or ~/notes"
+        );
+        assert_eq!(cfg.redact("no paths here", Some("/")), "no paths here", "a root home is left alone");
     }
 }

@@ -90,7 +90,25 @@ pub async fn forward(
         }
     }
     let ct = content_type.unwrap_or_else(|| "application/json".into());
-    Ok((status, [(header::CONTENT_TYPE, ct)], bytes).into_response())
+    Ok((status, [(header::CONTENT_TYPE, ct)], without_model_paths(&lease, bytes)).into_response())
+}
+
+/// `bytes` with the model's local file paths replaced by its name (llama-server's `/props`
+/// reports `model_path`): no answer to an API client carries a path of this machine. Answers
+/// that do not mention the path (every inference answer: `--alias` names the model) are
+/// returned as they are, without a copy.
+fn without_model_paths(lease: &Lease, bytes: Bytes) -> Bytes {
+    let info = &lease.model.info;
+    let mut out: Option<String> = None;
+    for path in info.main_path.iter().chain(&info.mmproj_path) {
+        let p = path.display().to_string();
+        let text = out.as_deref().map(str::as_bytes).unwrap_or(&bytes);
+        if p.len() > 1 && text.windows(p.len()).any(|w| w == p.as_bytes()) {
+            let replaced = String::from_utf8_lossy(text).replace(&p, &info.name);
+            out = Some(replaced);
+        }
+    }
+    out.map(Bytes::from).unwrap_or(bytes)
 }
 
 /// Forwards a streaming request. A backend error before the first byte keeps its status;

@@ -162,6 +162,11 @@ impl Runtime {
         rt
     }
 
+    /// `text` without this machine's paths (see [`Config::redact`]).
+    pub fn redact(&self, text: &str) -> String {
+        self.cfg.redact(text, std::env::var("HOME").ok().as_deref())
+    }
+
     /// Milliseconds of a monotonic clock (since the server started).
     pub fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
@@ -406,7 +411,7 @@ impl Runtime {
     /// Starts the backend of `name`; the process is registered as soon as it exists so a
     /// stop can cancel the start.
     async fn start(self: &Arc<Self>, name: &str, options: Opts) -> Result<(), LoadError> {
-        let fatal = |message: String| LoadError { message, missing_file: true };
+        let fatal = |message: String| LoadError { message: self.redact(&message), missing_file: true };
         let reg = self.registry();
         let info = reg.get(name).map_err(|e| fatal(e.to_string()))?.clone();
         let main = info
@@ -445,7 +450,7 @@ impl Runtime {
         self.running.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string(), running.clone());
         if let Err(e) = backend.ready(&self.http).await {
             self.unregister(name, &running);
-            return Err(LoadError { message: e.to_string(), missing_file: false });
+            return Err(LoadError { message: self.redact(&e.to_string()), missing_file: false });
         }
         tracing::info!(model = %name, ms = started.elapsed().as_millis() as u64, port = backend.port(), "model loaded");
         self.watch(name.to_string(), running);
@@ -480,7 +485,7 @@ impl Runtime {
                 } else {
                     format!("llama-server exited unexpectedly ({exit}). Last log lines:\n{tail}")
                 };
-                let _ = rt.tx.send(Event::Exited { model: name, error });
+                let _ = rt.tx.send(Event::Exited { model: name, error: rt.redact(&error) });
             }
         });
     }
