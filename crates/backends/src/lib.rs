@@ -74,10 +74,22 @@ pub struct LaunchInput<'a> {
     pub port: Option<u16>,
 }
 
+/// A recipe's adapter: what to run for one model. Pure: it decides, `host` acts.
+pub trait Adapter: Sync {
+    /// Whether the caller must choose a port before [`Adapter::launch`] (the backend cannot
+    /// bind port 0 and report the port it got).
+    fn needs_port(&self) -> bool {
+        false
+    }
+
+    /// The launch of the backend for one model.
+    fn launch(&self, input: &LaunchInput) -> Result<Launch, BackendError>;
+}
+
 impl Recipe {
-    /// Whether the caller must choose a port before [`launch`] (the backend cannot report one).
+    /// Whether the caller must choose a port before [`launch`].
     pub fn needs_port(self) -> bool {
-        self == Recipe::RyzenAiLlm
+        self.adapter().is_some_and(|a| a.needs_port())
     }
 }
 
@@ -91,44 +103,13 @@ pub fn backend_of(recipe: Recipe, options: &RecipeOptions) -> String {
         .to_string()
 }
 
-fn ctx_size(options: &RecipeOptions) -> u32 {
+pub(crate) fn ctx_size(options: &RecipeOptions) -> u32 {
     options.get("ctx_size").and_then(|v| v.as_u64()).map(|v| v as u32).unwrap_or(llamacpp::DEFAULT_CTX_SIZE)
 }
 
 /// The launch of `recipe`'s backend for one model.
 pub fn launch(recipe: Recipe, input: &LaunchInput) -> Result<Launch, BackendError> {
-    match recipe {
-        Recipe::LlamaCpp => {
-            let args = llamacpp::command_line(&llamacpp::LlamaServerConfig {
-                model_path: input.main_path.to_path_buf(),
-                mmproj_path: input.mmproj_path.map(Path::to_path_buf),
-                model_type: input.model_type,
-                ctx_size: ctx_size(input.options),
-                backend: backend_of(recipe, input.options),
-                user_args: input.options.get("llamacpp_args").and_then(|v| v.as_str()).unwrap_or_default().to_string(),
-                amd_igpu: input.hardware.amd_igpu.is_some(),
-                alias: input.name.to_string(),
-            })?;
-            Ok(Launch {
-                args,
-                env: vec![],
-                readiness: Readiness::ListeningLine,
-                health_path: "/health",
-                served_paths: llamacpp::SERVED_PATHS,
-            })
-        }
-        Recipe::RyzenAiLlm => {
-            let port = input.port.ok_or(BackendError::NeedsPort(recipe))?;
-            Ok(Launch {
-                args: ryzenai::command_line(input.main_path, port, ctx_size(input.options)),
-                env: vec![],
-                readiness: Readiness::FixedPort(port),
-                health_path: "/health",
-                served_paths: ryzenai::SERVED_PATHS,
-            })
-        }
-        other => Err(BackendError::NotRunnable(other)),
-    }
+    recipe.adapter().ok_or(BackendError::NotRunnable(recipe))?.launch(input)
 }
 
 /// Everything the supervisor needs to start one backend process.

@@ -52,6 +52,32 @@ pub const SERVED_PATHS: &[&str] = &[
     "/metrics",
 ];
 
+/// The llama.cpp adapter: `llama-server`, which binds port 0 and prints the port it got.
+pub struct LlamaCpp;
+
+impl crate::Adapter for LlamaCpp {
+    fn launch(&self, input: &crate::LaunchInput) -> Result<crate::Launch, crate::BackendError> {
+        let recipe = crate::Recipe::LlamaCpp;
+        let args = command_line(&LlamaServerConfig {
+            model_path: input.main_path.to_path_buf(),
+            mmproj_path: input.mmproj_path.map(std::path::Path::to_path_buf),
+            model_type: input.model_type,
+            ctx_size: crate::ctx_size(input.options),
+            backend: crate::backend_of(recipe, input.options),
+            user_args: input.options.get("llamacpp_args").and_then(|v| v.as_str()).unwrap_or_default().to_string(),
+            amd_igpu: input.hardware.amd_igpu.is_some(),
+            alias: input.name.to_string(),
+        })?;
+        Ok(crate::Launch {
+            args,
+            env: vec![],
+            readiness: crate::Readiness::ListeningLine,
+            health_path: "/health",
+            served_paths: SERVED_PATHS,
+        })
+    }
+}
+
 /// KV-cache types llama-server accepts for `--cache-type-k` / `--cache-type-v`.
 pub const CACHE_TYPES: &[&str] = &["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"];
 

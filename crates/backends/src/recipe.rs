@@ -1,8 +1,8 @@
 //! The recipes (kinds of backend) lemonade knows, and the one list of those this build runs.
 //!
-//! Adding a recipe: a variant here, its row in [`Recipe::ALL`] and the match arms below, an
-//! adapter module beside this file (model + options + hardware → [`crate::Launch`]), its test,
-//! and its name in [`Recipe::RUNNABLE`] once the adapter exists.
+//! Every recipe Lemonade knows is a variant here already. Making one runnable is an adapter
+//! module beside this file (an [`crate::Adapter`]: model + options + hardware →
+//! [`crate::Launch`]) with its test, and one line in [`Recipe::adapter`].
 
 use std::fmt;
 
@@ -48,9 +48,6 @@ impl Recipe {
     pub const ALL: [Recipe; 6] =
         [Recipe::LlamaCpp, Recipe::WhisperCpp, Recipe::Kokoro, Recipe::SdCpp, Recipe::Flm, Recipe::RyzenAiLlm];
 
-    /// The recipes this build has an adapter for: the one list of what lemonade can run.
-    pub const RUNNABLE: [Recipe; 2] = [Recipe::LlamaCpp, Recipe::RyzenAiLlm];
-
     pub fn as_str(self) -> &'static str {
         match self {
             Recipe::LlamaCpp => "llamacpp",
@@ -67,13 +64,27 @@ impl Recipe {
         Recipe::ALL.into_iter().find(|r| r.as_str() == s)
     }
 
+    /// The recipe's adapter: the one list of what this build can run.
+    pub fn adapter(self) -> Option<&'static dyn crate::Adapter> {
+        match self {
+            Recipe::LlamaCpp => Some(&crate::llamacpp::LlamaCpp),
+            Recipe::RyzenAiLlm => Some(&crate::ryzenai::RyzenAi),
+            Recipe::WhisperCpp | Recipe::Kokoro | Recipe::SdCpp | Recipe::Flm => None,
+        }
+    }
+
     pub fn runnable(self) -> bool {
-        Recipe::RUNNABLE.contains(&self)
+        self.adapter().is_some()
+    }
+
+    /// The runnable recipes, in table order.
+    pub fn runnable_recipes() -> impl Iterator<Item = Recipe> {
+        Recipe::ALL.into_iter().filter(|r| r.runnable())
     }
 
     /// The names of the runnable recipes, for messages.
     pub fn runnable_names() -> String {
-        Recipe::RUNNABLE.map(Recipe::as_str).join(", ")
+        Recipe::runnable_recipes().map(Recipe::as_str).collect::<Vec<_>>().join(", ")
     }
 
     /// A llamacpp model is "gpu" even on the cpu backend, as in v9.

@@ -3,6 +3,26 @@
 
 use std::path::Path;
 
+/// The Ryzen AI adapter: `ryzenai-server`, told its port.
+pub struct RyzenAi;
+
+impl crate::Adapter for RyzenAi {
+    fn needs_port(&self) -> bool {
+        true
+    }
+
+    fn launch(&self, input: &crate::LaunchInput) -> Result<crate::Launch, crate::BackendError> {
+        let port = input.port.ok_or(crate::BackendError::NeedsPort(crate::Recipe::RyzenAiLlm))?;
+        Ok(crate::Launch {
+            args: command_line(input.main_path, port, crate::ctx_size(input.options)),
+            env: vec![],
+            readiness: crate::Readiness::FixedPort(port),
+            health_path: "/health",
+            served_paths: SERVED_PATHS,
+        })
+    }
+}
+
 /// The OpenAI paths ryzenai-server serves.
 pub const SERVED_PATHS: &[&str] = &["/v1/chat/completions", "/v1/completions", "/v1/responses"];
 
