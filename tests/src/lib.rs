@@ -110,7 +110,8 @@ impl Sandbox {
     }
 
     /// Gives `cmd` (lemonade, serving or as the CLI) this sandbox's environment and nothing of
-    /// the caller's but PATH: its home, cache and Hub cache, a closed loopback port as the Hub,
+    /// the caller's but PATH: its home, cache and Hub cache, a closed loopback port as the Hub
+    /// and as the release site,
     /// and one compute thread per llama-server (`LLAMA_ARG_THREADS`, read by llama-server
     /// itself). The suite runs two tests at once on two cores; llama.cpp's threads spin while
     /// they wait for each other, so two 2-thread backends on two cores slow to a crawl (3 tokens/s
@@ -122,6 +123,8 @@ impl Sandbox {
             .env("LEMONADE_CACHE_DIR", self.cache())
             .env("HF_HUB_CACHE", self.hf_cache())
             .env("HF_ENDPOINT", "http://127.0.0.1:9")
+            // Release archives too: a test that installs names a release double.
+            .env("LEMONADE_RELEASES_URL", "http://127.0.0.1:9")
             .env("LLAMA_ARG_THREADS", "1");
     }
 }

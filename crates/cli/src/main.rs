@@ -32,7 +32,8 @@ struct Cli {
     /// Port of the server (to listen on, for serve; to connect to, for the other commands).
     #[arg(long, global = true, env = "LEMONADE_PORT", default_value_t = 8000)]
     port: u16,
-    /// API key: serve requires it as `Authorization: Bearer <key>`; the other commands send it.
+    /// API key: serve requires it as `Authorization: Bearer <key>`; the other commands send it
+    /// (or `LEMONADE_ADMIN_API_KEY` when that is set: it is accepted everywhere).
     #[arg(long, global = true, env = "LEMONADE_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
     /// Print machine-readable JSON (one document on stdout) instead of text.
@@ -255,8 +256,11 @@ async fn serve(
     cfg.watchdog_interval = (args.watchdog_interval_ms > 0).then(|| Duration::from_millis(args.watchdog_interval_ms));
     cfg.access.api_key = api_key.filter(|k| !k.is_empty());
     cfg.logs = Some(logs);
-    cfg.access.allowed_origins =
-        server::access::Access::origins_from(std::env::var("LEMONADE_ALLOWED_ORIGINS").ok().as_deref());
+    let env = |k: &str| std::env::var(k).ok();
+    cfg.access.admin_key = env("LEMONADE_ADMIN_API_KEY").filter(|k| !k.is_empty());
+    cfg.access.allowed_origins = server::access::Access::origins_from(env("LEMONADE_ALLOWED_ORIGINS").as_deref());
+    cfg.access.allowed_hosts = server::access::Access::hosts_from(env("LEMONADE_ALLOWED_HOSTS").as_deref());
+    cfg.access.listen_host = host.clone();
 
     let rt = server::runtime(cfg)?;
     let listeners = server::bind(&host, port).await?;
@@ -347,7 +351,9 @@ async fn run(
 }
 
 async fn client_command(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
-    let t = Target { host: cli.host, port: cli.port, api_key: cli.api_key.filter(|k| !k.is_empty()) };
+    // The admin key is accepted on every endpoint, so a client command sends it when it is set.
+    let admin = std::env::var("LEMONADE_ADMIN_API_KEY").ok().filter(|k| !k.is_empty());
+    let t = Target { host: cli.host, port: cli.port, api_key: admin.or(cli.api_key.filter(|k| !k.is_empty())) };
     let json = cli.json;
     match cli.command {
         Command::Serve(_) | Command::Completions { .. } => unreachable!("handled in main"),

@@ -121,23 +121,26 @@ async fn every_route_family_needs_the_key() {
 }
 
 #[tokio::test]
-async fn cors_allows_every_origin_by_default_or_only_the_listed_ones() {
+async fn cors_echoes_allowed_origins_and_refuses_others() {
+    // The rest of the origin rules are in tests/security.rs.
     let l = Lemonade::start_in(bin(), Sandbox::empty(), &[], &[]).await;
-    let r = l.http.get(l.url("/api/v1/models")).header("origin", "http://app.test").send().await.unwrap();
+    let r = l.http.get(l.url("/api/v1/models")).header("origin", "http://localhost:3000").send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
     let h = r.headers();
-    assert_eq!(h["access-control-allow-origin"], "*");
+    assert_eq!(h["access-control-allow-origin"], "http://localhost:3000", "echoed, never *");
     assert_eq!(h["access-control-allow-headers"], "Content-Type, Authorization");
     assert_eq!(h["access-control-allow-methods"], "GET, POST, PUT, DELETE, OPTIONS");
+    assert_eq!(h["vary"], "Origin");
     let r = l
         .http
         .request(reqwest::Method::OPTIONS, l.url("/anything/at/all"))
-        .header("origin", "http://app.test")
+        .header("origin", "http://127.0.0.1:8080")
         .header("access-control-request-method", "POST")
         .send()
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 204);
-    assert_eq!(r.headers()["access-control-allow-origin"], "*");
+    assert_eq!(r.headers()["access-control-allow-origin"], "http://127.0.0.1:8080");
     assert_eq!(r.text().await.unwrap(), "");
     drop(l);
 
@@ -150,7 +153,7 @@ async fn cors_allows_every_origin_by_default_or_only_the_listed_ones() {
     .await;
     for (origin, allowed) in [("http://app.test", true), ("https://ui.example", true), ("http://evil.test", false)] {
         let r = l.http.get(l.url("/api/v1/models")).header("origin", origin).send().await.unwrap();
-        assert_eq!(r.status().as_u16(), 200);
+        assert_eq!(r.status().as_u16(), if allowed { 200 } else { 403 }, "{origin}");
         let h = r.headers();
         assert_eq!(
             h.get("access-control-allow-origin").map(|v| v.to_str().unwrap()),

@@ -38,10 +38,15 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The application: the route table, Swagger UI, the body limit and access control.
 pub fn app(rt: Arc<Runtime>) -> Router {
+    let access = rt.cfg.access.clone();
+    app_with(rt, access)
+}
+
+fn app_with(rt: Arc<Runtime>, access: access::Access) -> Router {
     routes::router()
         .merge(SwaggerUi::new("/docs").url("/api/v1/openapi.json", openapi::document()))
         .layer(DefaultBodyLimit::max(rt.cfg.body_limit))
-        .layer(axum::middleware::from_fn_with_state(Arc::new(rt.cfg.access.clone()), access::layer))
+        .layer(axum::middleware::from_fn_with_state(Arc::new(access), access::layer))
         .with_state(rt)
 }
 
@@ -96,14 +101,24 @@ pub async fn serve(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let app = app(rt.clone());
+    // Only loopback names are served when every listener is a loopback one (DNS rebinding).
+    let mut access = rt.cfg.access.clone();
+    access.loopback_only = listeners.iter().all(|l| l.local_addr().is_ok_and(|a| a.ip().is_loopback()));
+    let keyless = access.api_key.is_none() && access.admin_key.is_none();
+    if access.allowed_origins == access::Origins::Any && keyless {
+        tracing::warn!(
+            "LEMONADE_ALLOWED_ORIGINS=* with no API key: any web page you visit can use and manage this server. \
+             Set LEMONADE_API_KEY, or list the origins that need access"
+        );
+    }
+    let app = app_with(rt.clone(), access);
     let mut servers = tokio::task::JoinSet::new();
     for l in listeners {
         let addr = l.local_addr()?;
-        if !addr.ip().is_loopback() && rt.cfg.access.api_key.is_none() {
+        if !addr.ip().is_loopback() && keyless {
             tracing::warn!(
                 "listening on {addr}, which other machines can reach, with no API key: anyone on the network can use \
-                 and manage this server. Set LEMONADE_API_KEY, or use --host 127.0.0.1"
+                 and manage this server. Set LEMONADE_API_KEY (and LEMONADE_ADMIN_API_KEY), or use --host 127.0.0.1"
             );
         }
         tracing::info!("lemonade {VERSION} listening on http://{addr}");

@@ -144,6 +144,8 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
         ],
     )
     .await;
+    // First, while nothing is loaded or registered: forged headers must change nothing.
+    forged_origins_and_hosts(&l, report).await;
     let names = odd_names();
     let bodies = bodies(&names);
     let (mut sent, mut bad) = (0usize, Vec::<String>::new());
@@ -216,6 +218,66 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
         report.add("bad input", "no process left after the bad-input run", 1, 0, format!("{left:?}"));
     }
     Ok(())
+}
+
+/// Forged `Origin` and `Host` headers on every POST endpoint with a body its handler would
+/// accept: each must be a JSON 403 before routing, so no handler runs (nothing is loaded,
+/// registered or installed afterwards).
+async fn forged_origins_and_hosts(l: &Lemonade, report: &mut Report) {
+    let port = l.base.rsplit(':').next().unwrap_or_default().to_string();
+    let body = json!({
+        "model": "extra.m.gguf", "model_name": "extra.m.gguf", "messages": [{"role": "user", "content": "hi"}],
+        "prompt": "hi", "input": "hi", "query": "q", "documents": ["a"], "content": "hi",
+        "checkpoint": "org/forged-GGUF:Q4_0", "recipe": "llamacpp", "backend": "cpu", "level": "trace"
+    });
+    let origins =
+        ["http://evil.example", "null", "https://localhost.evil.example", "http://127.0.0.1.evil.example", "file://"];
+    let hosts = ["attacker.example", "localhost.attacker.example", "127.0.0.1.nip.io", "[2001:db8::1]"];
+    let (mut sent, mut bad) = (0usize, Vec::<String>::new());
+    for prefix in ["/api/v1", "/v1"] {
+        for path in POSTS {
+            let url = l.url(&format!("{prefix}{path}"));
+            let mut forged: Vec<(&str, String)> = origins.iter().map(|o| ("origin", o.to_string())).collect();
+            forged.extend(hosts.iter().map(|h| ("host", format!("{h}:{port}"))));
+            for (header, value) in forged {
+                let r = l
+                    .http
+                    .post(&url)
+                    .header(header, &value)
+                    .header("content-type", "text/plain")
+                    .body(body.to_string());
+                let (status, text) = send(r).await;
+                sent += 1;
+                let coded = serde_json::from_str::<Value>(&text).is_ok_and(|v| {
+                    matches!(v["error"]["code"].as_str(), Some("origin_not_allowed" | "host_not_allowed"))
+                });
+                if status != 403 || !coded {
+                    bad.push(format!(
+                        "POST {prefix}{path} {header}: {value}: {status} {}",
+                        text.chars().take(120).collect::<String>()
+                    ));
+                }
+            }
+        }
+    }
+    let (_, h) = l.get("/api/v1/health").await;
+    let nothing_loaded = h["all_models_loaded"].as_array().is_some_and(|a| a.is_empty());
+    let users = std::fs::read_to_string(l.sandbox.cache().join("user_models.json")).unwrap_or_default();
+    let nothing_registered = !users.contains("forged");
+    let nothing_installed = !l.sandbox.cache().join("bin/llamacpp").exists();
+    let unchanged = nothing_loaded && nothing_registered && nothing_installed;
+    report.add(
+        "bad input",
+        "forged Origin (foreign, null, look-alike) and Host (DNS rebinding) on every POST endpoint",
+        sent,
+        if unchanged { sent - bad.len() } else { 0 },
+        format!(
+            "403 before any handler required; nothing loaded {nothing_loaded}, registered {}, installed {}. Failures: {:?}",
+            !nothing_registered,
+            !nothing_installed,
+            bad.iter().take(5).collect::<Vec<_>>()
+        ),
+    );
 }
 
 /// Sends a JSON request (30 s deadline): (status, body), or (0, the error) when no answer came.
