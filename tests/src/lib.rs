@@ -455,6 +455,11 @@ impl Lemonade {
     }
 }
 
+/// Headless Chromium: `LEMONADE_TEST_CHROMIUM` (set by `cargo xtask test`), else `chromium`.
+pub fn chromium() -> PathBuf {
+    std::env::var_os("LEMONADE_TEST_CHROMIUM").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("chromium"))
+}
+
 /// The provisioned Python (numpy, gguf, huggingface_hub): `LEMONADE_TEST_PYTHON`, else the
 /// dev cache's venv.
 pub fn python() -> PathBuf {

@@ -121,6 +121,8 @@ pub struct Provisioned {
     pub python: PathBuf,
     /// Holds `serve/` (demo models) and `plumbing/` (test-only models).
     pub models_dir: PathBuf,
+    /// Headless Chromium (Debian's `chromium`) for the browser tests.
+    pub chromium: PathBuf,
 }
 
 fn home() -> PathBuf {
@@ -147,8 +149,20 @@ pub fn setup() -> Result<Provisioned> {
     install_managed(&llama_server)?;
     let models_dir = models(&dev)?;
     let python = python_venv(&dev)?;
+    let chromium = chromium()?;
     eprintln!("setup: ready in {:.1} s (cache: {})", t.elapsed().as_secs_f64(), dev.display());
-    Ok(Provisioned { llama_server, python, models_dir })
+    Ok(Provisioned { llama_server, python, models_dir, chromium })
+}
+
+/// Debian's `chromium` (the distribution pins its version), installed once.
+fn chromium() -> Result<PathBuf> {
+    if !have("chromium", "--version") {
+        eprintln!("setup: installing chromium (for the browser tests)");
+        apt_install(&["chromium"])?;
+    }
+    let out = Command::new("chromium").arg("--version").output().context("chromium --version")?;
+    anyhow::ensure!(out.status.success(), "chromium does not run: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(PathBuf::from("chromium"))
 }
 
 fn have(cmd: &str, arg: &str) -> bool {

@@ -13,7 +13,12 @@ use crate::routes::RoutePaths;
         description = "A local LLM server: OpenAI-compatible APIs for many models at once, each served by a managed \
                        llama-server process. Every API path is also served under /api/v0, /v0 and /v1. With \
                        LEMONADE_API_KEY set, every API path except health needs `Authorization: Bearer <key>` (else \
-                       401 `{\"error\": \"Invalid or missing API key\"}`).",
+                       401 `{\"error\": \"Invalid or missing API key\"}`); with LEMONADE_ADMIN_API_KEY set, pull, \
+                       delete, install, uninstall, load, unload, log-level and the admin load/unload need that key (the \
+                       API key there is a 403 `admin_key_required`). Before routing, a browser `Origin` that is not \
+                       allowed (loopback, the server's own, desktop-app schemes, LEMONADE_ALLOWED_ORIGINS) is a 403 \
+                       `origin_not_allowed`, and on a loopback bind a `Host` that is not a loopback name (or in \
+                       LEMONADE_ALLOWED_HOSTS) is a 403 `host_not_allowed`.",
         license(name = "Apache-2.0")
     ),
     tags(
