@@ -6,6 +6,7 @@ use std::path::Path;
 
 use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::{json, Value};
+use test_support::hub::{HubDouble, Knobs};
 use test_support::*;
 
 fn bin() -> &'static Path {
@@ -49,7 +50,7 @@ fn user_models(l: &Lemonade) -> String {
 fn control_requests() -> Vec<(&'static str, Value)> {
     vec![
         ("/api/v1/load", json!({"model_name": M})),
-        ("/api/v1/pull", json!({"model": "user.Evil", "checkpoint": "org/evil-GGUF:Q4_0", "recipe": "llamacpp"})),
+        ("/api/v1/pull", json!({"model": "user.Evil", "checkpoint": "org/other-GGUF:Q4_0", "recipe": "llamacpp"})),
         ("/api/v1/delete", json!({"model": "user.Kept"})),
         ("/api/v1/install", json!({"recipe": "llamacpp", "backend": "cpu"})),
     ]
@@ -57,12 +58,22 @@ fn control_requests() -> Vec<(&'static str, Value)> {
 
 #[tokio::test]
 async fn a_foreign_page_can_change_nothing_and_read_nothing() {
-    let l = server(&[]).await;
-    // A registration made by a local tool (no Origin) that the page will try to delete.
-    let kept = json!({"model": "user.Kept", "checkpoint": "org/kept-GGUF:Q4_0", "recipe": "llamacpp"});
-    let (s, _) = l.post("/api/v1/pull", &kept).await;
-    assert_eq!(s, 502, "the Hub is unreachable here, but the registration is written");
+    // A Hub double with one small model, so pulls really download.
+    let hub = tempfile::tempdir().unwrap();
+    for (repo, file) in [("org/tiny-GGUF", "tiny-Q4_0.gguf"), ("org/other-GGUF", "other-Q4_0.gguf")] {
+        std::fs::create_dir_all(hub.path().join(repo)).unwrap();
+        let bytes: Vec<u8> = (0..64u32 << 10).map(|i| (i % 251) as u8).collect();
+        std::fs::write(hub.path().join(repo).join(file), bytes).unwrap();
+    }
+    let double = HubDouble::start(hub.path(), Knobs::default()).await;
+    let l = server(&[("HF_ENDPOINT", &double.url)]).await;
+    // A model pulled by a local tool (no Origin) that the page will try to delete.
+    let kept = json!({"model": "user.Kept", "checkpoint": "org/tiny-GGUF:Q4_0", "recipe": "llamacpp"});
+    let (s, v) = l.post("/api/v1/pull", &kept).await;
+    assert_eq!(s, 200, "{v}");
     assert!(user_models(&l).contains("Kept"));
+    let hf_repo = l.sandbox.hf_cache().join("models--org--tiny-GGUF");
+    assert!(hf_repo.exists());
 
     for (path, body) in control_requests() {
         let (s, h, text) = simple_post(&l, EVIL, path, &body).await;
@@ -74,6 +85,8 @@ async fn a_foreign_page_can_change_nothing_and_read_nothing() {
     assert_eq!(loaded(&l.get("/api/v1/health").await.1), 0, "nothing loaded");
     let users = user_models(&l);
     assert!(!users.contains("Evil") && users.contains("Kept"), "nothing registered or removed: {users}");
+    assert!(hf_repo.exists(), "the downloaded files are still there");
+    assert!(!l.sandbox.hf_cache().join("models--org--other-GGUF").exists(), "nothing downloaded");
     assert!(!l.sandbox.cache().join("bin/llamacpp").exists(), "nothing installed");
     // Reads too: the answer is a 403, never the data.
     let r = l.http.get(l.url("/api/v1/models")).header("origin", EVIL).send().await.unwrap();
@@ -105,9 +118,9 @@ async fn a_foreign_page_can_change_nothing_and_read_nothing() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 204);
     assert_eq!(r.headers()["access-control-allow-origin"], DEV);
-    // Loaded; the Hub is unreachable; deleted; the release site is unreachable (a closed
-    // loopback port): each answer comes from its handler.
-    let expected = [200, 502, 200, 502];
+    // Loaded; pulled; deleted; the install reaches its handler, which finds the release site
+    // unreachable (a closed loopback port: tests never leave the machine).
+    let expected = [200, 200, 200, 502];
     for ((path, body), want) in control_requests().into_iter().zip(expected) {
         let (s, h, text) = simple_post(&l, DEV, path, &body).await;
         assert_eq!(s, want, "{path}: {text}");
@@ -115,7 +128,9 @@ async fn a_foreign_page_can_change_nothing_and_read_nothing() {
         assert_eq!(h["vary"], "Origin", "{path}");
     }
     assert_eq!(loaded(&l.get("/api/v1/health").await.1), 1, "the allowed origin loaded the model");
-    assert!(!user_models(&l).contains("Kept"), "the allowed origin deleted the registration");
+    let users = user_models(&l);
+    assert!(users.contains("Evil") && !users.contains("Kept"), "the allowed origin pulled and deleted: {users}");
+    assert_eq!(l.get("/api/v1/models/user.Evil").await.1["downloaded"], true);
 }
 
 #[tokio::test]

@@ -8,7 +8,7 @@
 //!   name). Anything else: 403 `host_not_allowed`.
 //! * **Origin.** A request without `Origin` (curl, SDKs, the CLI) passes. A browser origin
 //!   passes when it is loopback (`http(s)://localhost`, `127.0.0.1`, `[::1]`, `*.localhost`,
-//!   any port), the server's own (`http://<Host>`), a desktop-app scheme (`app://`,
+//!   any port), the server's own (`http(s)://<Host>`), a desktop-app scheme (`app://`,
 //!   `tauri://`, `vscode-webview://`, `vscode-file://`), or listed in
 //!   `LEMONADE_ALLOWED_ORIGINS` (`*`: every origin). Anything else, `null` included, is a
 //!   403 `origin_not_allowed` for every method: simple requests (a `text/plain` POST needs no
@@ -30,21 +30,10 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 
-pub use crate::config::{Access, Origins};
+pub use crate::config::{host_name, Access, Origins};
 
 /// Schemes of desktop apps that embed a web view (as Lemonade allows them).
 const APP_SCHEMES: [&str; 4] = ["app", "tauri", "vscode-webview", "vscode-file"];
-
-/// `name[:port]` or `[v6]:port` → the name (lower case, IPv6 without brackets).
-pub fn host_name(host: &str) -> &str {
-    if let Some(rest) = host.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or(rest);
-    }
-    match host.rsplit_once(':') {
-        Some((name, port)) if port.chars().all(|c| c.is_ascii_digit()) && !name.contains(':') => name,
-        _ => host,
-    }
-}
 
 /// `localhost`, `*.localhost`, or a loopback address.
 pub fn is_loopback_name(name: &str) -> bool {
@@ -79,7 +68,8 @@ pub fn origin_allowed(a: &Access, origin: &str, host: Option<&str>) -> bool {
     if scheme != "http" && scheme != "https" {
         return false;
     }
-    is_loopback_name(host_name(rest)) || host.is_some_and(|h| scheme == "http" && rest.eq_ignore_ascii_case(h))
+    // The server's own origin: a page it served itself (behind a TLS proxy, https).
+    is_loopback_name(host_name(rest)) || host.is_some_and(|h| rest.eq_ignore_ascii_case(h))
 }
 
 fn protected(path: &str) -> bool {
@@ -321,6 +311,7 @@ mod tests {
         }
         // The server's own origin, when reached by another name that the host check allowed.
         assert!(origin_allowed(&a, "http://lemon.lan:8000", Some("lemon.lan:8000")));
+        assert!(origin_allowed(&a, "https://lemon.lan", Some("lemon.lan")), "behind a TLS proxy");
         assert!(!origin_allowed(&a, "https://evil.example", Some("lemon.lan:8000")));
         a.allowed_origins = Access::origins_from(Some("https://ui.example/, null"));
         assert!(origin_allowed(&a, "https://ui.example", host) && origin_allowed(&a, "null", host));

@@ -85,6 +85,17 @@ impl Config {
     }
 }
 
+/// `name[:port]` or `[v6]:port` → the name (lower case, IPv6 without brackets).
+pub fn host_name(host: &str) -> &str {
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.chars().all(|c| c.is_ascii_digit()) && !name.contains(':') => name,
+        _ => host,
+    }
+}
+
 /// Who may call, and from where (see crate::access for the rules).
 #[derive(Debug, Clone, Default)]
 pub struct Access {
@@ -138,7 +149,7 @@ impl Access {
             .split(',')
             .map(|h| h.trim().to_ascii_lowercase())
             .filter(|h| !h.is_empty())
-            .map(|h| if h == "*" { h } else { crate::access::host_name(&h).to_string() })
+            .map(|h| if h == "*" { h } else { host_name(&h).to_string() })
             .collect()
     }
 
