@@ -139,48 +139,27 @@ pub fn check(a: &Access, method: &Method, path: &str, headers: &HeaderMap) -> Re
     }
 }
 
-trait Json {
-    fn json(&self) -> String;
-}
-
-impl Json for api_types::ErrorResponse {
-    fn json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_default()
-    }
-}
-
 fn refusal(r: &Refusal) -> Response {
+    let forbidden = |code: &str, message: String| {
+        let e = api_types::ErrorResponse::new("forbidden", message).code(code);
+        (StatusCode::FORBIDDEN, serde_json::to_string(&e).unwrap_or_default())
+    };
     let (status, body) = match r {
         Refusal::Key => (StatusCode::UNAUTHORIZED, r#"{"error": "Invalid or missing API key"}"#.to_string()),
-        Refusal::AdminKey => (
-            StatusCode::FORBIDDEN,
-            api_types::ErrorResponse::new(
-                "forbidden",
-                "This endpoint changes the server: it needs LEMONADE_ADMIN_API_KEY, not the API key",
-            )
-            .code("admin_key_required")
-            .json(),
+        Refusal::AdminKey => forbidden(
+            "admin_key_required",
+            "This endpoint changes the server: it needs LEMONADE_ADMIN_API_KEY, not the API key".into(),
         ),
-        Refusal::Host(h) => (
-            StatusCode::FORBIDDEN,
-            api_types::ErrorResponse::new(
-                "forbidden",
-                format!("Host '{}' is not served here; add it to LEMONADE_ALLOWED_HOSTS to allow it", h.escape_debug()),
-            )
-            .code("host_not_allowed")
-            .json(),
+        Refusal::Host(h) => forbidden(
+            "host_not_allowed",
+            format!("Host '{}' is not served here; add it to LEMONADE_ALLOWED_HOSTS to allow it", h.escape_debug()),
         ),
-        Refusal::Origin(o) => (
-            StatusCode::FORBIDDEN,
-            api_types::ErrorResponse::new(
-                "forbidden",
-                format!(
-                    "Origin '{}' may not use this server; add it to LEMONADE_ALLOWED_ORIGINS to allow it",
-                    o.escape_debug()
-                ),
-            )
-            .code("origin_not_allowed")
-            .json(),
+        Refusal::Origin(o) => forbidden(
+            "origin_not_allowed",
+            format!(
+                "Origin '{}' may not use this server; add it to LEMONADE_ALLOWED_ORIGINS to allow it",
+                o.escape_debug()
+            ),
         ),
     };
     let mut resp = (status, Body::from(body)).into_response();
