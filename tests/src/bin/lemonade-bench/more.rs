@@ -234,7 +234,7 @@ pub async fn footprint(bin: &Path) -> anyhow::Result<Value> {
     let mut conns = Vec::with_capacity(CONNS);
     for _ in 0..CONNS {
         let mut s = tokio::net::TcpStream::connect(&addr).await?;
-        s.write_all(b"GET /api/v1/logs/stream HTTP/1.1\r\nHost: bench\r\n\r\n").await?;
+        s.write_all(b"GET /api/v1/logs/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await?;
         conns.push(s);
     }
     // Every stream answered (its headers and the first lines arrived).
