@@ -292,7 +292,9 @@ async fn send(r: reqwest::RequestBuilder) -> (u16, String) {
 async fn raw_get(base: &str, path: &str) -> u16 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let Ok(mut s) = tokio::net::TcpStream::connect(base.trim_start_matches("http://")).await else { return 0 };
-    if s.write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes()).await.is_err()
+    if s.write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .is_err()
     {
         return 0;
     }
