@@ -370,8 +370,15 @@ mod tests {
         let http = reqwest::Client::new();
         let mut spec = sh("m", "exec sleep 30");
         spec.ready_timeout = Duration::from_millis(200);
-        let err = Backend::start(spec, &http).await.unwrap_err();
+        let b = Backend::spawn(spec).unwrap();
+        let pid = b.pid() as libc::pid_t;
+        let err = b.ready(&http).await.unwrap_err();
         assert!(matches!(err, StartError::Timeout { .. }), "{err}");
+        // The child is gone by the time the timeout is reported: SIGTERMed, waited for, reaped.
+        assert_eq!(b.exit_status(), Some(ExitInfo { code: None, signal: Some(libc::SIGTERM) }));
+        // SAFETY: signal 0 only checks whether the process exists.
+        let exists = unsafe { libc::kill(pid, 0) } == 0;
+        assert!(!exists, "pid {pid} still exists after the timeout");
     }
 
     #[tokio::test]
