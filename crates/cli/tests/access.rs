@@ -244,4 +244,23 @@ async fn the_key_guards_real_inference() {
     assert_eq!(r.status().as_u16(), 200);
     let v: Value = r.json().await.unwrap();
     assert!(v["choices"][0]["message"]["content"].as_str().is_some_and(|c| !c.is_empty()), "{v}");
+    drop(l);
+
+    // With an admin key too, against real llama-server: the API key answers inference but may
+    // not unload the model it serves; the admin key may, and the backend process goes.
+    const ADMIN: &str = "adm1n";
+    let l =
+        Lemonade::start_in(bin(), Sandbox::new(), &[], &[("LEMONADE_API_KEY", KEY), ("LEMONADE_ADMIN_API_KEY", ADMIN)])
+            .await;
+    for key in [KEY, ADMIN] {
+        let r = l.http.post(l.url("/v1/chat/completions")).bearer_auth(key).json(&body).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{key}");
+    }
+    let unload = json!({"model_name": SMOL});
+    let r = l.http.post(l.url("/api/v1/unload")).bearer_auth(KEY).json(&unload).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    assert_eq!(child_pids(l.pid()).len(), 1, "the model is still loaded");
+    let r = l.http.post(l.url("/api/v1/unload")).bearer_auth(ADMIN).json(&unload).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(child_pids(l.pid()).is_empty(), "the admin key unloaded it");
 }

@@ -482,3 +482,24 @@ async fn backend_errors_keep_their_status_and_message() {
     // The model stays loaded and healthy.
     assert_eq!(l.post("/api/v1/chat/completions", &chat(SMOL, "hi", 2)).await.0, 200);
 }
+
+#[tokio::test]
+async fn a_corrupt_gguf_fails_with_the_backend_log_and_no_local_path() {
+    // Real llama-server on a truncated GGUF: the load fails with its exit status and last log
+    // lines, and the paths in them are placeholders, not this machine's.
+    let s = Sandbox::new();
+    let mut bytes = b"GGUF".to_vec();
+    bytes.extend_from_slice(&3u32.to_le_bytes());
+    bytes.extend_from_slice(&[0xff; 64]);
+    std::fs::write(s.extra().join("broken.gguf"), bytes).unwrap();
+    let l = Lemonade::start_in(bin(), s, &[], &[]).await;
+    let (s, e) = l.post("/api/v1/load", &json!({"model_name": "extra.broken.gguf"})).await;
+    assert_eq!(s, 500, "{e}");
+    assert_eq!(e["error"]["code"], "model_load_error", "{e}");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("exit"), "the exit status: {msg}");
+    assert!(msg.contains("<extra-models-dir>/broken.gguf"), "the file, by placeholder: {msg}");
+    assert_no_local_paths(&l, &e.to_string());
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(h["all_models_loaded"], json!([]));
+}

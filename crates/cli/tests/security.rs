@@ -7,6 +7,7 @@ use std::path::Path;
 use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::{json, Value};
 use test_support::hub::{HubDouble, Knobs};
+use test_support::release;
 use test_support::*;
 
 fn bin() -> &'static Path {
@@ -65,8 +66,11 @@ async fn a_foreign_page_can_change_nothing_and_read_nothing() {
         let bytes: Vec<u8> = (0..64u32 << 10).map(|i| (i % 251) as u8).collect();
         std::fs::write(hub.path().join(repo).join(file), bytes).unwrap();
     }
+    // The same double serves a llama.cpp release archive (holding the provisioned llama-server).
+    release::write_archive(hub.path(), "b9999", 0);
     let double = HubDouble::start(hub.path(), Knobs::default()).await;
-    let l = server(&[("HF_ENDPOINT", &double.url)]).await;
+    let l = server(&[("HF_ENDPOINT", &double.url), ("LEMONADE_RELEASES_URL", &double.url)]).await;
+    release::pin(&l.sandbox.cache(), "b9999", None);
     // A model pulled by a local tool (no Origin) that the page will try to delete.
     let kept = json!({"model": "user.Kept", "checkpoint": "org/tiny-GGUF:Q4_0", "recipe": "llamacpp"});
     let (s, v) = l.post("/api/v1/pull", &kept).await;
@@ -118,9 +122,8 @@ async fn a_foreign_page_can_change_nothing_and_read_nothing() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 204);
     assert_eq!(r.headers()["access-control-allow-origin"], DEV);
-    // Loaded; pulled; deleted; the install reaches its handler, which finds the release site
-    // unreachable (a closed loopback port: tests never leave the machine).
-    let expected = [200, 200, 200, 502];
+    // Loaded, pulled, deleted, installed.
+    let expected = [200, 200, 200, 200];
     for ((path, body), want) in control_requests().into_iter().zip(expected) {
         let (s, h, text) = simple_post(&l, DEV, path, &body).await;
         assert_eq!(s, want, "{path}: {text}");
@@ -131,6 +134,8 @@ async fn a_foreign_page_can_change_nothing_and_read_nothing() {
     let users = user_models(&l);
     assert!(users.contains("Evil") && !users.contains("Kept"), "the allowed origin pulled and deleted: {users}");
     assert_eq!(l.get("/api/v1/models/user.Evil").await.1["downloaded"], true);
+    let installed = std::fs::read_to_string(l.sandbox.cache().join("bin/llamacpp/cpu/version.txt")).unwrap();
+    assert_eq!(installed.trim(), "b9999", "the allowed origin installed the backend");
 }
 
 #[tokio::test]

@@ -8,7 +8,6 @@ use backends::releases::{self, InstallPlan, InstallPlanError};
 use host::install::{InstallError, Progress};
 
 use crate::config::Config;
-use crate::error::ApiError;
 use crate::locks::Locks;
 
 /// What installing `recipe:backend` means on this machine.
@@ -30,10 +29,10 @@ pub async fn install(
     locks: &Locks,
     p: &InstallPlan,
     progress: Progress<'_>,
-) -> Result<(u64, String), ApiError> {
+) -> Result<(u64, String), InstallError> {
     let lock = backend_lock(locks, p.recipe.as_str(), &p.backend);
     let _guard = lock.lock().await;
-    Ok(host::install::install(&cfg.cache_dir, p, progress).await?)
+    host::install::install(&cfg.cache_dir, p, progress).await
 }
 
 /// Installs the backend a load needs when it is missing and this platform has a release for
@@ -41,7 +40,5 @@ pub async fn install(
 pub async fn auto_install(cfg: &Config, locks: &Locks, recipe: &str, backend: &str) -> Result<bool, InstallError> {
     let Ok(p) = plan(cfg, recipe, backend) else { return Ok(false) };
     tracing::info!(recipe, backend, "backend not installed: installing it before loading");
-    let lock = backend_lock(locks, recipe, backend);
-    let _guard = lock.lock().await;
-    host::install::install(&cfg.cache_dir, &p, &mut |_, _| true).await.map(|_| true)
+    install(cfg, locks, &p, &mut |_, _| true).await.map(|_| true)
 }

@@ -77,6 +77,31 @@ pub async fn forward(
     body: Option<Bytes>,
     record_stats: bool,
 ) -> Result<Response, ApiError> {
+    forward_with(lease, method, path_and_query, body, record_stats, |_, b| b).await
+}
+
+/// [`forward`] for llama-server's own endpoints, whose answers may name the model's local files
+/// (`/props` reports `model_path`): those paths become the model's name, so no answer to an
+/// API client carries a path of this machine. Inference answers never name them (`--alias`
+/// names the model), so only these routes pay for the search.
+pub async fn forward_native(
+    lease: Lease,
+    method: http::Method,
+    path_and_query: &str,
+    body: Option<Bytes>,
+    record_stats: bool,
+) -> Result<Response, ApiError> {
+    forward_with(lease, method, path_and_query, body, record_stats, without_model_paths).await
+}
+
+async fn forward_with(
+    lease: Lease,
+    method: http::Method,
+    path_and_query: &str,
+    body: Option<Bytes>,
+    record_stats: bool,
+    rewrite: fn(&Lease, Bytes) -> Bytes,
+) -> Result<Response, ApiError> {
     let resp = send(&lease, method, path_and_query, body, false).await?;
     let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let content_type = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
@@ -90,13 +115,11 @@ pub async fn forward(
         }
     }
     let ct = content_type.unwrap_or_else(|| "application/json".into());
-    Ok((status, [(header::CONTENT_TYPE, ct)], without_model_paths(&lease, bytes)).into_response())
+    Ok((status, [(header::CONTENT_TYPE, ct)], rewrite(&lease, bytes)).into_response())
 }
 
-/// `bytes` with the model's local file paths replaced by its name (llama-server's `/props`
-/// reports `model_path`): no answer to an API client carries a path of this machine. Answers
-/// that do not mention the path (every inference answer: `--alias` names the model) are
-/// returned as they are, without a copy.
+/// `bytes` with the model's local file paths replaced by its name; unchanged (no copy) when
+/// they mention none.
 fn without_model_paths(lease: &Lease, bytes: Bytes) -> Bytes {
     let info = &lease.model.info;
     let mut out: Option<String> = None;

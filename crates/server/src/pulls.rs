@@ -161,7 +161,7 @@ pub async fn download(
 ) -> Result<(), ApiError> {
     let hub = hub();
     let main = Checkpoint::parse(&m.checkpoint);
-    let lock = rt.lock(&format!("repo:{}", main.repo));
+    let lock = rt.locks.get(&format!("repo:{}", main.repo));
     let _guard = lock.lock().await;
     let mut repos: Vec<String> = m.checkpoints.values().map(|c| Checkpoint::parse(c).repo).collect();
     repos.sort();
@@ -188,15 +188,7 @@ pub async fn download(
         hub.download(&rt.cfg.hf_cache, &job, &mut progress).await.map_err(hub_error)?;
     }
     if let Some(tx) = events {
-        let done = PullProgress {
-            file: String::new(),
-            file_index: total,
-            total_files: total,
-            bytes_downloaded: 0,
-            bytes_total: 0,
-            percent: 100,
-        };
-        let _ = tx.send(("complete", serde_json::to_string(&done).unwrap_or_default())).await;
+        crate::sse::finish(tx, "", total, total, Ok(0)).await;
     }
     Ok(())
 }

@@ -188,12 +188,6 @@ impl Runtime {
         Ok(())
     }
 
-    /// The lock that serializes the work on one thing: downloads into a repository
-    /// (`repo:org/name`), installs of a backend (`backend:recipe:backend`).
-    pub fn lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
-        self.locks.get(key)
-    }
-
     pub fn load_override(&self, name: &str) -> Option<Value> {
         self.overrides.lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned()
     }

@@ -76,14 +76,15 @@ pub fn response(
     r
 }
 
-/// The last event of a one-file progress stream: `complete` with the bytes, or `error`.
-pub async fn finish(tx: &Events, file: &str, result: Result<u64, String>) {
+/// The last event of a progress stream: `complete` (file `index` of `total`, with its bytes),
+/// or `error`.
+pub async fn finish(tx: &Events, file: &str, index: usize, total: usize, result: Result<u64, String>) {
     let event = match result {
         Ok(bytes) => {
             let done = PullProgress {
                 file: file.to_string(),
-                file_index: 1,
-                total_files: 1,
+                file_index: index,
+                total_files: total,
                 bytes_downloaded: bytes,
                 bytes_total: bytes,
                 percent: 100,

@@ -52,7 +52,7 @@ pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallReq
         let mut progress = sse::progress_events(tx.clone(), p.asset.filename.clone(), 1, 1);
         let result = installs::install(&rt.cfg, &rt.locks, &p, &mut progress).await;
         let bytes = result.as_ref().map(|(b, _)| *b);
-        sse::finish(&tx, &p.asset.filename, bytes.map_err(|e| e.to_string())).await;
+        sse::finish(&tx, &p.asset.filename, 1, 1, bytes.map_err(|e| e.to_string())).await;
     });
     Ok(response)
 }

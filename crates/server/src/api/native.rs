@@ -41,7 +41,7 @@ pub async fn native_post(
     if body.value.stream == Some(true) {
         proxy::forward_stream(lease, path, body.raw).await
     } else {
-        proxy::forward(lease, Method::POST, path, Some(body.raw), path == "/completion").await
+        proxy::forward_native(lease, Method::POST, path, Some(body.raw), path == "/completion").await
     }
 }
 
@@ -77,7 +77,7 @@ pub async fn native_get(
     })?;
     let lease = pulls::lease(&rt, &model, &ModelType::ALL, path).await?;
     let target = if rest.is_empty() { path.to_string() } else { format!("{path}?{rest}") };
-    proxy::forward(lease, Method::GET, &target, None, false).await
+    proxy::forward_native(lease, Method::GET, &target, None, false).await
 }
 
 /// `/api/v1/tokenize` → `/tokenize`.
