@@ -164,6 +164,15 @@ pub enum SchedulerError {
 /// Back-off after the first crash; doubles per crash, capped.
 pub const CRASH_BACKOFF_MS: u64 = 500;
 pub const CRASH_BACKOFF_MAX_MS: u64 = 30_000;
+/// The pause before a model that crashed `crashes` times in a row loads again: none after the
+/// first crash, then 500 ms doubling per crash up to [`CRASH_BACKOFF_MAX_MS`].
+pub fn crash_backoff_ms(crashes: u32) -> u64 {
+    match crashes {
+        0 | 1 => 0,
+        n => (CRASH_BACKOFF_MS << (n - 2).min(16)).min(CRASH_BACKOFF_MAX_MS),
+    }
+}
+
 /// A backend that ran this long before it crashed starts the count again: the back-off is for
 /// crash loops, not for a crash once in a while.
 pub const CRASH_RESET_MS: u64 = 60_000;
@@ -223,6 +232,8 @@ pub struct Machine<O> {
     unload_waiters: Vec<(ReqId, BTreeSet<String>, Vec<String>)>,
     out: Vec<Effect<O>>,
     now: u64,
+    /// How long a backend must run before a crash no longer counts towards the back-off.
+    crash_reset_ms: u64,
 }
 
 impl<O: Clone + PartialEq> Machine<O> {
@@ -238,7 +249,15 @@ impl<O: Clone + PartialEq> Machine<O> {
             unload_waiters: Vec::new(),
             out: Vec::new(),
             now: 0,
+            crash_reset_ms: CRASH_RESET_MS,
         }
+    }
+
+    /// Sets how long a backend must run before its crash count starts again (default
+    /// [`CRASH_RESET_MS`]; tests shorten it).
+    pub fn with_crash_reset_ms(mut self, ms: u64) -> Machine<O> {
+        self.crash_reset_ms = ms;
+        self
     }
 
     pub fn limits(&self) -> &Limits {
@@ -634,17 +653,16 @@ impl<O: Clone + PartialEq> Machine<O> {
 
     fn exited(&mut self, name: &str, error: String) {
         let now = self.now;
+        let reset = self.crash_reset_ms;
         let Some(e) = self.models.get_mut(name) else { return };
         if e.state != State::Loaded {
             return; // a stop or a failed start explains it
         }
-        if now.saturating_sub(e.loaded_at) >= CRASH_RESET_MS {
+        if now.saturating_sub(e.loaded_at) >= reset {
             e.crashes = 0;
         }
         e.crashes += 1;
-        let backoff = (CRASH_BACKOFF_MS << (e.crashes - 1).min(16)).min(CRASH_BACKOFF_MAX_MS);
-        // The first crash reloads at once; repeated crashes wait.
-        e.retry_after = if e.crashes > 1 { now + backoff } else { now };
+        e.retry_after = now + crash_backoff_ms(e.crashes);
         e.state = State::Failed;
         e.options = None;
         e.last_error = Some(error);

@@ -1,14 +1,27 @@
 //! Randomized tests of the state machine: a simulated executor runs its effects (backend
 //! starts that succeed, fail or find no file; stops; crashes) interleaved with random client
-//! events, and the invariants are checked after every step:
+//! events, over models of every type with per-type limits drawn per seed. After every step:
 //!
 //! 1. per type, live backends (starting or running) never exceed the slot limit;
 //! 2. never two NPU backends alive;
 //! 3. at most one backend starting at a time (loads serialized);
 //! 4. a backend is never stopped while a request holds it;
 //! 5. a request is granted only on a running backend;
-//! 6. once the clients stop and the executor drains, every request, load and unload has been
-//!    answered, and every model can still be loaded and used (no dead ends).
+//! 6. every request, load and unload is answered at most once, and an unload is answered
+//!    only when none of the models it names has a live process;
+//! 7. eviction takes idle models before busy ones, least recently used first, within the type
+//!    that needs the slot;
+//! 8. a first failed start (file present) evicts every other model and retries; the retry's
+//!    failure and a missing file change no other model;
+//! 9. a model that crashed again within the reset window is refused with a back-off exactly
+//!    until its pause is over; a first crash reloads at once;
+//! 10. a load with the options the model already runs with is answered at once and touches
+//!     nothing;
+//! 11. once the clients stop and the executor drains, every request, load and unload has been
+//!     answered, and a last request to every model is granted (no dead ends).
+//!
+//! `SCHEDULER_SIM_SEEDS` (default 1,000) and `SCHEDULER_SIM_STEPS` (default 300) scale the run;
+//! a failure names its seed, and `SCHEDULER_SIM_FIRST_SEED` replays from there.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -40,7 +53,30 @@ enum Proc {
     Running,
 }
 
+/// What the simulation remembers of a model to check the crash back-off (invariant 9).
+#[derive(Debug, Clone, Copy, Default)]
+struct Crashes {
+    count: u32,
+    loaded_at: u64,
+    retry_after: u64,
+}
+
+/// The part of an entry the invariants compare before and after an event.
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    state: State,
+    options: Option<u32>,
+    pending: Option<u32>,
+    busy: bool,
+    last_use: u64,
+}
+
+/// The crash-count reset window the simulation runs the machine with (short, so that random
+/// histories cross it).
+const RESET_MS: u64 = 400;
+
 struct Sim {
+    seed: u64,
     m: Machine<u32>,
     models: Vec<ModelRef>,
     limits: Limits,
@@ -61,19 +97,36 @@ struct Sim {
     open_acquires: BTreeSet<ReqId>,
     open_loads: BTreeSet<ReqId>,
     open_unloads: BTreeSet<ReqId>,
+    /// For each open unload, the backends (model, generation) alive when it was asked.
+    unload_targets: BTreeMap<ReqId, Vec<(String, u64)>>,
+    /// Requests granted at some point.
+    granted: BTreeSet<ReqId>,
+    /// Models whose first start attempt failed and whose retry has not ended yet.
+    retrying: BTreeSet<String>,
+    crashes: BTreeMap<String, Crashes>,
     log: Vec<String>,
 }
 
+/// Per-type limits for one seed: each of 1, 2, 3 or unlimited.
+fn draw_limits(rng: &mut Rng) -> Limits {
+    Limits(ModelType::ALL.iter().map(|t| (*t, [1, 2, 3, -1][rng.below(4)])).collect())
+}
+
 impl Sim {
-    fn new(limits: Limits) -> Sim {
+    fn new(seed: u64, limits: Limits) -> Sim {
         let m = |name: &str, model_type, npu| ModelRef { name: name.into(), model_type, npu };
         Sim {
-            m: Machine::new(limits.clone()),
+            seed,
+            m: Machine::new(limits.clone()).with_crash_reset_ms(RESET_MS),
             models: vec![
                 m("llm-a", ModelType::Llm, false),
                 m("llm-b", ModelType::Llm, false),
                 m("llm-c", ModelType::Llm, false),
-                m("emb", ModelType::Embedding, false),
+                m("llm-d", ModelType::Llm, false),
+                m("emb-a", ModelType::Embedding, false),
+                m("emb-b", ModelType::Embedding, false),
+                m("rerank-a", ModelType::Reranking, false),
+                m("rerank-b", ModelType::Reranking, false),
                 m("npu-llm", ModelType::Llm, true),
                 m("npu-emb", ModelType::Embedding, true),
             ],
@@ -89,20 +142,51 @@ impl Sim {
             open_acquires: BTreeSet::new(),
             open_loads: BTreeSet::new(),
             open_unloads: BTreeSet::new(),
+            unload_targets: BTreeMap::new(),
+            granted: BTreeSet::new(),
+            retrying: BTreeSet::new(),
+            crashes: BTreeMap::new(),
             log: Vec::new(),
         }
     }
 
     fn fail(&self, msg: &str) -> ! {
         let tail: Vec<&String> = self.log.iter().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
-        panic!("{msg}\nlast events:\n{}", tail.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n"));
+        panic!(
+            "seed {} (limits {:?}): {msg}\nreplay: SCHEDULER_SIM_FIRST_SEED={} SCHEDULER_SIM_SEEDS=1\nlast events:\n{}",
+            self.seed,
+            self.limits.0,
+            self.seed,
+            tail.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n")
+        );
+    }
+
+    fn seen(&self) -> BTreeMap<String, Seen> {
+        self.m
+            .entries()
+            .map(|e| {
+                let seen = Seen {
+                    state: e.state,
+                    options: e.options,
+                    pending: e.pending,
+                    busy: !e.in_flight.is_empty(),
+                    last_use: e.last_use,
+                };
+                (e.model.name.clone(), seen)
+            })
+            .collect()
     }
 
     fn send(&mut self, ev: Event<u32>) {
         self.log.push(format!("{} {:?}", self.now, ev));
-        let effects = self.m.handle(ev, self.now);
-        for e in effects {
+        let before = self.seen();
+        let effects = self.m.handle(ev.clone(), self.now);
+        for e in &effects {
             self.log.push(format!("    -> {e:?}"));
+        }
+        let after = self.seen();
+        self.check_rules(&ev, &effects, &before, &after);
+        for e in effects {
             self.apply(e);
         }
         self.check();
@@ -140,6 +224,7 @@ impl Sim {
                 }
                 let gen = self.generation[&model];
                 self.leases.insert(req, (model, gen));
+                self.granted.insert(req);
             }
             Effect::Reject { req, .. } => {
                 if !self.open_acquires.remove(&req) {
@@ -147,10 +232,20 @@ impl Sim {
                 }
             }
             Effect::LoadDone { req, .. } => {
-                self.open_loads.remove(&req);
+                if !self.open_loads.remove(&req) {
+                    self.fail(&format!("load {req} answered twice"));
+                }
             }
-            Effect::UnloadDone { req, .. } => {
-                self.open_unloads.remove(&req);
+            Effect::UnloadDone { req, result } => {
+                if !self.open_unloads.remove(&req) {
+                    self.fail(&format!("unload {req} answered twice"));
+                }
+                let names = result.unwrap_or_default();
+                for (n, gen) in self.unload_targets.remove(&req).unwrap_or_default() {
+                    if names.contains(&n) && self.procs.contains_key(&n) && self.generation[&n] == gen {
+                        self.fail(&format!("unload {req} answered while {n}'s process is alive"));
+                    }
+                }
             }
         }
     }
@@ -169,6 +264,121 @@ impl Sim {
         }
         if self.procs.values().filter(|p| **p == Proc::Starting).count() > 1 {
             self.fail("two backends starting at once");
+        }
+    }
+
+    /// Invariants 7 to 10: what one event may do, judged from the entries before and after it.
+    fn check_rules(
+        &mut self,
+        ev: &Event<u32>,
+        fx: &[Effect<u32>],
+        before: &BTreeMap<String, Seen>,
+        after: &BTreeMap<String, Seen>,
+    ) {
+        let state = |m: &BTreeMap<String, Seen>, n: &str| m.get(n).map(|s| s.state).unwrap_or(State::Unloaded);
+        // Models that stopped admitting requests in this event (Loaded → Unloading).
+        let gave_way: Vec<String> = after
+            .iter()
+            .filter(|(n, s)| s.state == State::Unloading && state(before, n) == State::Loaded)
+            .map(|(n, _)| n.clone())
+            .collect();
+        match ev {
+            Event::Started { model, result: Err(err) } if state(before, model) == State::Loading => {
+                let others: Vec<&String> =
+                    before.iter().filter(|(n, s)| *n != model && s.state == State::Loaded).map(|(n, _)| n).collect();
+                if !err.missing_file && self.retrying.insert(model.clone()) {
+                    // Invariant 8: the first failure evicts every other model and retries.
+                    let retried = fx.iter().any(|e| matches!(e, Effect::Start { model: m, .. } if m == model));
+                    if state(after, model) != State::Unloaded && !retried {
+                        self.fail(&format!("{model}'s first failed start did not queue a retry"));
+                    }
+                    if let Some(n) = others.iter().find(|n| state(after, n) != State::Unloading) {
+                        self.fail(&format!("{model}'s failed start left {n} loaded (evict-all)"));
+                    }
+                } else {
+                    self.retrying.remove(model);
+                    if state(after, model) != State::Failed {
+                        self.fail(&format!("{model}'s final failed start left it {:?}", state(after, model)));
+                    }
+                    // No evict-all: only the next queued load may take a slot, in one type.
+                    let types: BTreeSet<ModelType> =
+                        gave_way.iter().filter(|n| !self.model(n).npu).map(|n| self.model(n).model_type).collect();
+                    if types.len() > 1 {
+                        self.fail(&format!("{model}'s final failed start evicted {gave_way:?}"));
+                    }
+                }
+            }
+            Event::Started { model, result: Ok(()) } => {
+                self.retrying.remove(model);
+                if state(before, model) == State::Loading && state(after, model) != State::Loading {
+                    self.crashes.entry(model.clone()).or_default().loaded_at = self.now;
+                }
+            }
+            Event::Unload { model, .. } => {
+                match model {
+                    Some(n) => {
+                        self.retrying.remove(n);
+                    }
+                    None => self.retrying.clear(),
+                }
+                return; // an unload may take any model it names
+            }
+            Event::Exited { model, .. } if state(before, model) == State::Loaded => {
+                let c = self.crashes.entry(model.clone()).or_default();
+                if self.now.saturating_sub(c.loaded_at) >= RESET_MS {
+                    c.count = 0;
+                }
+                c.count += 1;
+                c.retry_after = self.now + crash_backoff_ms(c.count);
+            }
+            Event::Acquire { req, model, auto_load: Some(_) } if state(before, &model.name) == State::Failed => {
+                // Invariant 9: a back-off exactly while the pause runs.
+                let pause = self.crashes.get(&model.name).map(|c| c.retry_after).unwrap_or(0);
+                let backed_off = fx
+                    .iter()
+                    .any(|e| matches!(e, Effect::Reject { req: r, why: Rejection::Backoff { .. }, .. } if r == req));
+                if backed_off != (self.now < pause) {
+                    self.fail(&format!(
+                        "{} at {} (pause until {pause}): back-off answered {backed_off}",
+                        model.name, self.now
+                    ));
+                }
+            }
+            Event::Load { req, model, options } => {
+                let b = before.get(&model.name);
+                if matches!(state(before, &model.name), State::Unloaded | State::Failed) {
+                    // An explicit load ends any back-off.
+                    self.crashes.entry(model.name.clone()).or_default().retry_after = 0;
+                }
+                if b.is_some_and(|b| b.state == State::Loaded && b.options == Some(*options) && b.pending.is_none()) {
+                    // Invariant 10: same options, nothing to do.
+                    let done = Effect::LoadDone { req: *req, model: model.name.clone(), result: LoadOutcome::Loaded };
+                    if fx != [done] || state(after, &model.name) != State::Loaded {
+                        self.fail(&format!("a same-options load of {} did {fx:?}", model.name));
+                    }
+                    return;
+                }
+            }
+            _ => {}
+        }
+        // Invariant 7: every other model that gave way was an eviction victim.
+        let target = match ev {
+            Event::Load { model, .. } => Some(model.name.as_str()),
+            _ => None,
+        };
+        for v in gave_way.iter().filter(|v| Some(v.as_str()) != target) {
+            let vm = self.model(v).clone();
+            if vm.npu {
+                continue; // NPU models give way to any other NPU model, whatever their age
+            }
+            let key = |s: &Seen| (s.busy, s.last_use);
+            let vk = key(&after[v]);
+            let kept = after
+                .iter()
+                .find(|(n, s)| s.state == State::Loaded && self.model(n).model_type == vm.model_type && key(s) < vk);
+            if let Some((n, s)) = kept {
+                self.fail(&format!("{v} {vk:?} was evicted while {n} {:?} stayed", key(s)));
+            }
         }
     }
 
@@ -215,6 +425,13 @@ impl Sim {
                 self.next_req += 1;
                 self.open_unloads.insert(req);
                 let target = if rng.chance(20) { None } else { Some(model.name.clone()) };
+                let live = self
+                    .procs
+                    .keys()
+                    .filter(|n| target.as_ref().is_none_or(|t| t == *n))
+                    .map(|n| (n.clone(), self.generation[n]))
+                    .collect();
+                self.unload_targets.insert(req, live);
                 self.send(Event::Unload { req, model: target });
             }
             8 | 9 => {
@@ -285,9 +502,10 @@ impl Sim {
     }
 }
 
-fn run(seed: u64, limits: Limits, steps: usize) {
+fn run(seed: u64, steps: usize) {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let mut sim = Sim::new(limits);
+    let limits = draw_limits(&mut rng);
+    let mut sim = Sim::new(seed, limits);
     for _ in 0..steps {
         sim.step(&mut rng);
     }
@@ -298,7 +516,7 @@ fn run(seed: u64, limits: Limits, steps: usize) {
     if !sim.open_loads.is_empty() || !sim.open_unloads.is_empty() {
         sim.fail(&format!("loads {:?} / unloads {:?} never answered", sim.open_loads, sim.open_unloads));
     }
-    // No dead ends: after any history, every model loads and serves again.
+    // No dead ends: after any history, a last request to every model is granted.
     sim.now += 10 * CRASH_BACKOFF_MAX_MS;
     for m in sim.models.clone() {
         let req = sim.next_req;
@@ -306,26 +524,27 @@ fn run(seed: u64, limits: Limits, steps: usize) {
         sim.open_acquires.insert(req);
         sim.send(Event::Acquire { req, model: m.clone(), auto_load: Some(7) });
         sim.drain(&mut rng);
-        if sim.leases.contains_key(&req) || sim.open_acquires.contains(&req) {
-            sim.fail(&format!("{} request still open after draining", m.name));
+        if !sim.granted.contains(&req) {
+            sim.fail(&format!("the last request to {} was not granted", m.name));
         }
         let entry = sim.m.entry(&m.name).expect("entry");
-        if entry.state != State::Unloaded && entry.state != State::Loaded {
-            sim.fail(&format!("{} ended in {:?}", m.name, entry.state));
+        if entry.state != State::Loaded {
+            sim.fail(&format!("{} ended in {:?} after serving", m.name, entry.state));
         }
     }
 }
 
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 #[test]
 fn random_histories_keep_every_invariant() {
-    for seed in 0..400 {
-        run(seed, Limits::uniform(1), 300);
-    }
-    for seed in 400..700 {
-        run(seed, Limits::uniform(2), 300);
-    }
-    for seed in 700..800 {
-        run(seed, Limits::uniform(-1), 300);
+    let first = env_or("SCHEDULER_SIM_FIRST_SEED", 0);
+    let seeds = env_or("SCHEDULER_SIM_SEEDS", 1_000);
+    let steps = env_or("SCHEDULER_SIM_STEPS", 300) as usize;
+    for seed in first..first + seeds {
+        run(seed, steps);
     }
 }
 
