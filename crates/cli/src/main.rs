@@ -192,6 +192,12 @@ struct ServeArgs {
     /// Seconds a model may take to load before the load is abandoned.
     #[arg(long, env = "LEMONADE_LOAD_TIMEOUT", default_value_t = 600)]
     load_timeout: u64,
+    /// The crash back-off's first pause (ms); it doubles with each crash in a row.
+    #[arg(long, env = "LEMONADE_CRASH_BACKOFF_MS", default_value_t = 500, hide = true)]
+    crash_backoff_ms: u64,
+    /// How long (ms) a backend must run before its crashes stop counting towards the back-off.
+    #[arg(long, env = "LEMONADE_CRASH_RESET_MS", default_value_t = 60_000, hide = true)]
+    crash_reset_ms: u64,
 }
 
 fn limits(values: &[i64]) -> anyhow::Result<Limits> {
@@ -253,6 +259,7 @@ async fn serve(
     cfg.auto_load = !args.no_auto_load;
     cfg.stop_grace = Duration::from_secs(args.stop_timeout);
     cfg.pull_timeout = Duration::from_secs(args.pull_timeout);
+    cfg.crash_backoff = (Duration::from_millis(args.crash_backoff_ms), Duration::from_millis(args.crash_reset_ms));
     cfg.watchdog_interval = (args.watchdog_interval_ms > 0).then(|| Duration::from_millis(args.watchdog_interval_ms));
     cfg.access.api_key = api_key.filter(|k| !k.is_empty());
     cfg.logs = Some(logs);

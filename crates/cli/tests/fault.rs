@@ -1,6 +1,14 @@
 //! Scheduling rules and faults, through the real `lemonade` binary with the fake backend
-//! (tests/src/bin/fake-llama-server.rs) for deterministic timing and failures. Every rule here
-//! also runs against real llama-server in lifecycle.rs / e2e.rs where a real model can show it.
+//! (tests/src/bin/fake-llama-server.rs) for deterministic timing and failures.
+//!
+//! These rules also run against real llama-server (lifecycle.rs, e2e.rs): LRU eviction and
+//! per-type limits `3 2 1` with real models, draining a busy model before eviction, an unload
+//! that waits for a stream and then a waiting request that reloads, a failed start's exit status
+//! and log tail (a corrupt GGUF), an unload during a load killing the starting process, a missing
+//! file evicting nothing, a killed backend reloading, the watchdog. Only the fake can show these:
+//! evict-all-and-retry after a first failed start (real llama-server cannot fail once and then
+//! succeed), a backend that ignores SIGTERM, the crash back-off's timing, the NPU exclusion (no
+//! NPU here), a stream without `[DONE]`, and load timeouts.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -45,7 +53,25 @@ async fn slow_stream(l: &Lemonade, model: &str) -> reqwest::Response {
     r
 }
 
-const SLOW: fn() -> Value = || json!({"token_delay_ms": 60, "tokens": 12});
+const TOKEN_MS: u64 = 50;
+const TOKENS: u64 = 30;
+const SLOW: fn() -> Value = || json!({"token_delay_ms": TOKEN_MS, "tokens": TOKENS});
+
+/// Reads a stream up to its first chunk; returns the rest of the stream.
+async fn first_chunk(r: reqwest::Response) -> impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> {
+    let mut s = Box::pin(r.bytes_stream());
+    let first = s.next().await.expect("a first chunk").unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("tok0"), "{first:?}");
+    s
+}
+
+async fn read_rest(mut s: impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin) -> String {
+    let mut body = Vec::new();
+    while let Some(c) = s.next().await {
+        body.extend_from_slice(&c.unwrap());
+    }
+    String::from_utf8_lossy(&body).into_owned()
+}
 
 #[tokio::test]
 async fn lru_order_with_three_models_two_slots_and_per_type_independence() {
@@ -71,14 +97,21 @@ async fn lru_order_with_three_models_two_slots_and_per_type_independence() {
 #[tokio::test]
 async fn a_busy_model_is_not_evicted_until_its_stream_ends() {
     let l = start(&[("a", None, SLOW()), ("b", None, json!({}))], &[]).await;
-    let stream = slow_stream(&l, &x("a")).await;
-    let reader = tokio::spawn(read_stream(stream));
+    // B is sent once A's first token arrived: A has TOKENS - 1 sleeps of TOKEN_MS to go.
+    let rest = first_chunk(slow_stream(&l, &x("a")).await).await;
+    let b_sent = Instant::now();
+    let reader = tokio::spawn(async move { read_rest(Box::pin(rest)).await });
     let (s, _) = l.chat(&x("b")).await;
-    let b_done = Instant::now();
+    let b_waited = b_sent.elapsed();
     assert_eq!(s, 200);
-    let (a_done, text) = reader.await.unwrap();
-    assert!(text.contains("tok11") && text.trim_end().ends_with("data: [DONE]"), "A's stream completed: {text}");
-    assert!(a_done <= b_done, "B was served only after A's stream ended");
+    let text = reader.await.unwrap();
+    assert!(
+        text.contains(&format!("tok{}", TOKENS - 1)) && text.trim_end().ends_with("data: [DONE]"),
+        "A's stream completed: {text}"
+    );
+    // A's stream cannot end before its remaining sleeps; B, which needed A's slot, waited for it.
+    let floor = Duration::from_millis(TOKEN_MS * (TOKENS - 2));
+    assert!(b_waited >= floor, "B was served after {b_waited:?}, before A's stream could end ({floor:?})");
     let (_, h) = l.get("/api/v1/health").await;
     assert_eq!(loaded_names(&h), [x("b")]);
 }
@@ -86,8 +119,9 @@ async fn a_busy_model_is_not_evicted_until_its_stream_ends() {
 #[tokio::test]
 async fn graceful_unload_waits_for_the_stream_and_admits_nothing_new() {
     let l = start(&[("a", None, SLOW())], &[]).await;
-    let stream = slow_stream(&l, &x("a")).await;
-    let reader = tokio::spawn(read_stream(stream));
+    let rest = first_chunk(slow_stream(&l, &x("a")).await).await;
+    let unload_sent = Instant::now();
+    let reader = tokio::spawn(async move { read_rest(Box::pin(rest)).await });
     let unload = {
         let http = l.http.clone();
         let url = l.url("/api/v1/unload");
@@ -97,20 +131,27 @@ async fn graceful_unload_waits_for_the_stream_and_admits_nothing_new() {
             (Instant::now(), r.status().as_u16())
         })
     };
-    let unloading = wait_for(Duration::from_secs(5), || async {
+    // The stream has (TOKENS - 1) × TOKEN_MS = 1.45 s to go: the state is read well inside it.
+    let unloading = wait_for(Duration::from_secs(10), || async {
         (state(&l, &x("a")).await["runtime_state"] == "unloading").then_some(())
     })
     .await;
     assert!(unloading.is_some(), "the model is unloading while the stream runs");
+    assert!(!reader.is_finished(), "the stream still runs while the model is unloading");
     let (s, e) = l.post(&format!("/v1/admin/models/{}/load", x("a")), &json!({})).await;
     assert_eq!((s, e["error"]["code"].as_str()), (409, Some("conflict")), "admin load while unloading: {e}");
     let (s, e) = l.chat(&x("a")).await;
     assert_eq!(s, 200, "an inference request waits for the unload, then loads the model again: {e}");
-    let (_, text) = reader.await.unwrap();
-    assert!(text.trim_end().ends_with("data: [DONE]"), "the stream finished normally: {text}");
+    let text = reader.await.unwrap();
+    assert!(
+        text.contains(&format!("tok{}", TOKENS - 1)) && text.trim_end().ends_with("data: [DONE]"),
+        "the stream finished normally: {text}"
+    );
     let (unloaded_at, status) = unload.await.unwrap();
     assert_eq!(status, 200);
-    assert!(unloaded_at.elapsed() < Duration::from_secs(5));
+    // The unload cannot have been answered before the stream's remaining sleeps were over.
+    let floor = Duration::from_millis(TOKEN_MS * (TOKENS - 2));
+    assert!(unloaded_at - unload_sent >= floor, "the unload answered before the stream could end");
     let (_, h) = l.get("/api/v1/health").await;
     assert_eq!(loaded_names(&h), [x("a")], "loaded again by the request that waited");
 }
@@ -302,4 +343,166 @@ async fn load_with_other_settings_restarts_in_place_and_same_settings_do_nothing
     assert!(first.iter().all(|p| !alive(*p)));
     let (_, h) = l.get("/api/v1/health").await;
     assert_eq!(h["all_models_loaded"][0]["recipe_options"]["ctx_size"], 2048);
+}
+
+/// Streams from `model` (which crashes after its first token) and waits until it is `failed`.
+async fn crash(l: &Lemonade, model: &str) {
+    let (_, text) = read_stream(slow_stream(l, model).await).await;
+    assert!(text.contains("streaming_error"), "{text}");
+    let failed = wait_for(Duration::from_secs(10), || async {
+        (state(l, model).await["runtime_state"] == "failed").then_some(())
+    })
+    .await;
+    assert!(failed.is_some(), "the crash was noticed");
+}
+
+/// A chat that is refused with the back-off: its Retry-After (s) and the pause in its message.
+async fn backed_off(l: &Lemonade, model: &str) -> (u64, f64) {
+    let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let r = l.http.post(l.url("/api/v1/chat/completions")).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    let retry_after: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "model_failed", "{e}");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("keeps failing") && msg.contains("exit code 1"), "{msg}");
+    let secs: f64 = msg.split("loads again in ").nth(1).and_then(|r| r.split(' ').next()).unwrap().parse().unwrap();
+    (retry_after, secs)
+}
+
+/// Chats until the back-off is over (bounded); returns when the model served again.
+async fn until_served(l: &Lemonade, model: &str) -> Instant {
+    wait_for(Duration::from_secs(10), || async { (l.chat(model).await.0 == 200).then(Instant::now) })
+        .await
+        .expect("served again after the back-off")
+}
+
+#[tokio::test]
+async fn repeated_crashes_back_off_with_a_growing_pause_that_resets_after_stable_running() {
+    const RESET: Duration = Duration::from_secs(3);
+    let l = start(
+        &[("c", None, json!({"crash_after_tokens": 1}))],
+        &["--crash-backoff-ms", "1000", "--crash-reset-ms", &RESET.as_millis().to_string()],
+    )
+    .await;
+    let c = x("c");
+    crash(&l, &c).await;
+    assert_eq!(l.chat(&c).await.0, 200, "the first crash reloads at once");
+    crash(&l, &c).await;
+    let (after, secs) = backed_off(&l, &c).await;
+    assert!(after == 1 && secs > 0.0 && secs <= 1.0, "second crash: a 1 s pause, {after} / {secs}");
+    until_served(&l, &c).await;
+    crash(&l, &c).await;
+    let (after, secs) = backed_off(&l, &c).await;
+    assert!(after == 2 && secs > 1.0 && secs <= 2.0, "third crash: the pause doubled, {after} / {secs}");
+    let loaded = until_served(&l, &c).await;
+    // The rule is about time itself: the backend must run RESET before a crash stops counting.
+    tokio::time::sleep_until((loaded + RESET + Duration::from_millis(200)).into()).await;
+    crash(&l, &c).await;
+    assert_eq!(l.chat(&c).await.0, 200, "after stable running the count started again: no pause");
+}
+
+#[tokio::test]
+async fn a_load_that_exceeds_the_load_timeout_fails_and_kills_the_backend() {
+    let l = start(&[("slow", None, json!({"load_delay_ms": 60_000}))], &["--load-timeout", "1"]).await;
+    let t = Instant::now();
+    let (s, e) = l.post("/api/v1/load", &json!({"model_name": x("slow")})).await;
+    assert_eq!((s, e["error"]["code"].as_str()), (500, Some("model_load_error")), "{e}");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("was not ready after 1 s") && msg.contains("loading model"), "the log tail: {msg}");
+    assert!(t.elapsed() < Duration::from_secs(30), "two 1 s attempts, not the 60 s load");
+    assert!(child_pids(l.pid()).is_empty(), "the starting backend was stopped");
+    assert_eq!(state(&l, &x("slow")).await["runtime_state"], "failed");
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_while_its_model_loads_leaves_nothing_held() {
+    let l = start(&[("slow", None, json!({"load_delay_ms": 1500})), ("b", None, json!({}))], &[]).await;
+    let body = json!({"model": x("slow"), "messages": [{"role": "user", "content": "hi"}]});
+    let req = tokio::spawn({
+        let (http, url) = (l.http.clone(), l.url("/api/v1/chat/completions"));
+        async move { http.post(url).json(&body).send().await }
+    });
+    let loading = wait_for(Duration::from_secs(10), || async {
+        (state(&l, &x("slow")).await["runtime_state"] == "loading").then_some(())
+    })
+    .await;
+    assert!(loading.is_some());
+    req.abort();
+    assert!(req.await.unwrap_err().is_cancelled(), "the client hung up before an answer");
+    // The load carries on; nobody holds the model once it is loaded, so it gives way at once.
+    let loaded = wait_for(Duration::from_secs(10), || async {
+        let row = state(&l, &x("slow")).await;
+        (row["runtime_state"] == "loaded").then_some(row)
+    })
+    .await
+    .expect("the load finished");
+    assert_eq!(loaded["inflight_requests"], 0, "{loaded}");
+    let t = Instant::now();
+    assert_eq!(l.chat(&x("b")).await.0, 200, "another model takes the only slot");
+    assert!(t.elapsed() < Duration::from_secs(5), "no wait for a request that will never finish");
+    assert_eq!(loaded_names(&l.get("/api/v1/health").await.1), [x("b")]);
+}
+
+#[tokio::test]
+async fn a_stream_without_done_gets_one_and_stats_come_from_the_tail_of_a_long_stream() {
+    // 300 tokens of 256 bytes: over 64 KiB, more than the tail the proxy keeps (16 to 32 KiB).
+    let l = start(&[("long", None, json!({"omit_done": true, "tokens": 300, "token_bytes": 256}))], &[]).await;
+    let (_, text) = read_stream(slow_stream(&l, &x("long")).await).await;
+    assert!(text.len() > 64 * 1024, "{} bytes", text.len());
+    assert!(text.contains("tok299"), "every token arrived");
+    assert_eq!(text.matches("data: [DONE]").count(), 1, "exactly one [DONE]");
+    assert!(text.trim_end().ends_with("data: [DONE]"), "and it comes last");
+    let (_, st) = l.get("/api/v1/stats").await;
+    assert_eq!((st["output_tokens"].as_u64(), st["input_tokens"].as_u64()), (Some(300), Some(3)), "{st}");
+}
+
+#[tokio::test]
+async fn no_auto_load_answers_loading_unloading_and_failed_with_their_codes() {
+    let l = start(
+        &[
+            ("slow", None, json!({"load_delay_ms": 3000})),
+            ("a", None, SLOW()),
+            ("r", None, json!({"refuse_start": true})),
+        ],
+        &["--no-auto-load", "--max-loaded-models", "-1"],
+    )
+    .await;
+    let code = |e: &Value| e["error"]["code"].as_str().map(str::to_string);
+    // Loading.
+    let load = tokio::spawn({
+        let (http, url) = (l.http.clone(), l.url("/api/v1/load"));
+        async move { http.post(url).json(&json!({"model_name": "extra.slow.gguf"})).send().await.unwrap().status() }
+    });
+    let loading = wait_for(Duration::from_secs(10), || async {
+        (state(&l, &x("slow")).await["runtime_state"] == "loading").then_some(())
+    })
+    .await;
+    assert!(loading.is_some());
+    let (s, e) = l.chat(&x("slow")).await;
+    assert_eq!((s, code(&e).as_deref()), (409, Some("model_loading")), "{e}");
+    assert_eq!(load.await.unwrap(), 200);
+    // Unloading: a stream holds the model while it unloads.
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": x("a")})).await.0, 200);
+    let rest = first_chunk(slow_stream(&l, &x("a")).await).await;
+    let reader = tokio::spawn(async move { read_rest(Box::pin(rest)).await });
+    let unload = tokio::spawn({
+        let (http, url) = (l.http.clone(), l.url("/api/v1/unload"));
+        async move { http.post(url).json(&json!({"model_name": "extra.a.gguf"})).send().await.unwrap().status() }
+    });
+    let unloading = wait_for(Duration::from_secs(10), || async {
+        (state(&l, &x("a")).await["runtime_state"] == "unloading").then_some(())
+    })
+    .await;
+    assert!(unloading.is_some());
+    let (s, e) = l.chat(&x("a")).await;
+    assert_eq!((s, code(&e).as_deref()), (409, Some("model_unloading")), "{e}");
+    assert!(reader.await.unwrap().trim_end().ends_with("data: [DONE]"));
+    assert_eq!(unload.await.unwrap(), 200);
+    // Failed.
+    let (s, _) = l.post("/api/v1/load", &json!({"model_name": x("r")})).await;
+    assert_eq!(s, 500);
+    let (s, e) = l.chat(&x("r")).await;
+    assert_eq!((s, code(&e).as_deref()), (503, Some("model_failed")), "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("refuse_start"), "{e}");
 }

@@ -165,11 +165,11 @@ pub enum SchedulerError {
 pub const CRASH_BACKOFF_MS: u64 = 500;
 pub const CRASH_BACKOFF_MAX_MS: u64 = 30_000;
 /// The pause before a model that crashed `crashes` times in a row loads again: none after the
-/// first crash, then 500 ms doubling per crash up to [`CRASH_BACKOFF_MAX_MS`].
-pub fn crash_backoff_ms(crashes: u32) -> u64 {
+/// first crash, then `base` ms doubling per crash up to [`CRASH_BACKOFF_MAX_MS`].
+pub fn crash_backoff_ms(base: u64, crashes: u32) -> u64 {
     match crashes {
         0 | 1 => 0,
-        n => (CRASH_BACKOFF_MS << (n - 2).min(16)).min(CRASH_BACKOFF_MAX_MS),
+        n => (base << (n - 2).min(16)).min(CRASH_BACKOFF_MAX_MS),
     }
 }
 
@@ -234,6 +234,8 @@ pub struct Machine<O> {
     now: u64,
     /// How long a backend must run before a crash no longer counts towards the back-off.
     crash_reset_ms: u64,
+    /// The first back-off (after the second crash in a row).
+    crash_backoff_ms: u64,
 }
 
 impl<O: Clone + PartialEq> Machine<O> {
@@ -250,13 +252,16 @@ impl<O: Clone + PartialEq> Machine<O> {
             out: Vec::new(),
             now: 0,
             crash_reset_ms: CRASH_RESET_MS,
+            crash_backoff_ms: CRASH_BACKOFF_MS,
         }
     }
 
-    /// Sets how long a backend must run before its crash count starts again (default
-    /// [`CRASH_RESET_MS`]; tests shorten it).
-    pub fn with_crash_reset_ms(mut self, ms: u64) -> Machine<O> {
-        self.crash_reset_ms = ms;
+    /// Sets the crash back-off: its first pause (default [`CRASH_BACKOFF_MS`]) and how long a
+    /// backend must run before its crash count starts again (default [`CRASH_RESET_MS`]).
+    /// Tests shorten the minute.
+    pub fn with_crash_backoff(mut self, first_ms: u64, reset_ms: u64) -> Machine<O> {
+        self.crash_backoff_ms = first_ms;
+        self.crash_reset_ms = reset_ms;
         self
     }
 
@@ -653,7 +658,7 @@ impl<O: Clone + PartialEq> Machine<O> {
 
     fn exited(&mut self, name: &str, error: String) {
         let now = self.now;
-        let reset = self.crash_reset_ms;
+        let (reset, base) = (self.crash_reset_ms, self.crash_backoff_ms);
         let Some(e) = self.models.get_mut(name) else { return };
         if e.state != State::Loaded {
             return; // a stop or a failed start explains it
@@ -662,7 +667,7 @@ impl<O: Clone + PartialEq> Machine<O> {
             e.crashes = 0;
         }
         e.crashes += 1;
-        e.retry_after = now + crash_backoff_ms(e.crashes);
+        e.retry_after = now + crash_backoff_ms(base, e.crashes);
         e.state = State::Failed;
         e.options = None;
         e.last_error = Some(error);

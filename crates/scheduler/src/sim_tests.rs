@@ -117,7 +117,7 @@ impl Sim {
         let m = |name: &str, model_type, npu| ModelRef { name: name.into(), model_type, npu };
         Sim {
             seed,
-            m: Machine::new(limits.clone()).with_crash_reset_ms(RESET_MS),
+            m: Machine::new(limits.clone()).with_crash_backoff(CRASH_BACKOFF_MS, RESET_MS),
             models: vec![
                 m("llm-a", ModelType::Llm, false),
                 m("llm-b", ModelType::Llm, false),
@@ -329,7 +329,7 @@ impl Sim {
                     c.count = 0;
                 }
                 c.count += 1;
-                c.retry_after = self.now + crash_backoff_ms(c.count);
+                c.retry_after = self.now + crash_backoff_ms(CRASH_BACKOFF_MS, c.count);
             }
             Event::Acquire { req, model, auto_load: Some(_) } if state(before, &model.name) == State::Failed => {
                 // Invariant 9: a back-off exactly while the pause runs.

@@ -32,6 +32,9 @@ pub struct Config {
     pub watchdog_interval: Option<Duration>,
     /// How long an automatic pull (inference or `/load` on a model not downloaded) may take.
     pub pull_timeout: Duration,
+    /// The crash back-off's first pause, and how long a backend must run before its crashes
+    /// stop counting towards it.
+    pub crash_backoff: (Duration, Duration),
     /// Largest accepted request body.
     pub body_limit: usize,
     /// `LEMONADE_API_KEY` and `LEMONADE_ALLOWED_ORIGINS`.
@@ -78,6 +81,10 @@ impl Config {
             stop_grace: Duration::from_secs(5),
             watchdog_interval: Some(Duration::from_secs(5)),
             pull_timeout: Duration::from_secs(3600),
+            crash_backoff: (
+                Duration::from_millis(scheduler::machine::CRASH_BACKOFF_MS),
+                Duration::from_millis(scheduler::machine::CRASH_RESET_MS),
+            ),
             body_limit: 64 << 20,
             access: Access { loopback_only: true, listen_host: "127.0.0.1".into(), ..Access::default() },
             logs: None,

@@ -142,7 +142,8 @@ impl Runtime {
             .expect("reqwest client");
         host::install::clean_staging(&cfg.cache_dir);
         let (tx, rx) = mpsc::unbounded_channel();
-        let machine = Machine::new(cfg.max_loaded_models.clone());
+        let machine = Machine::new(cfg.max_loaded_models.clone())
+            .with_crash_backoff(cfg.crash_backoff.0.as_millis() as u64, cfg.crash_backoff.1.as_millis() as u64);
         let rt = Arc::new(Runtime {
             cfg,
             registry: RwLock::new(Arc::new(registry)),
@@ -282,6 +283,11 @@ impl Runtime {
                     Err(ApiError::BackendUnavailable(format!("The backend of model '{name}' exited just now")))
                 }
             },
+            Answer::Rejected(Rejection::Backoff { error, retry_after }) => Err(ApiError::BackingOff {
+                model: name.to_string(),
+                error,
+                retry_in: Duration::from_millis(retry_after.saturating_sub(self.now_ms())),
+            }),
             Answer::Rejected(why) => Err(ApiError::Rejected { model: name.to_string(), why }),
             _ => Err(ApiError::Rejected { model: name.to_string(), why: Rejection::Unloading }),
         }

@@ -8,7 +8,8 @@
 //! `load_delay_ms`, `token_delay_ms`, `tokens` (default 8), `crash_after_tokens` (exit 1 in the
 //! middle of a stream), `refuse_start` (exit `exit_code`, default 1, before listening),
 //! `fail_first_start` (a marker file path: the first start creates it and exits 1),
-//! `ignore_sigterm` (needs SIGKILL to stop).
+//! `ignore_sigterm` (needs SIGKILL to stop), `omit_done` (a stream ends without `data: [DONE]`),
+//! `token_bytes` (each streamed token padded to this many bytes, for long streams).
 //! Never a substitute for the end-to-end tests against real llama-server.
 
 use std::convert::Infallible;
@@ -25,6 +26,8 @@ struct Knobs {
     token_delay_ms: u64,
     tokens: u64,
     crash_after_tokens: Option<u64>,
+    omit_done: bool,
+    token_bytes: usize,
 }
 
 fn arg(args: &[String], flag: &str) -> Option<String> {
@@ -63,6 +66,8 @@ async fn main() {
         token_delay_ms: n("token_delay_ms").unwrap_or(0),
         tokens: n("tokens").unwrap_or(8),
         crash_after_tokens: n("crash_after_tokens"),
+        omit_done: knobs.get("omit_done") == Some(&json!(true)),
+        token_bytes: n("token_bytes").unwrap_or(0) as usize,
     };
     let app = Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
@@ -106,11 +111,13 @@ fn async_stream(k: Knobs, tokens: u64) -> impl futures_util::Stream<Item = Resul
             tokio::time::sleep(Duration::from_millis(k.token_delay_ms)).await;
             let chunk = if i == tokens {
                 format!(
-                    "data: {}\n\ndata: [DONE]\n\n",
-                    json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}], "usage": {"prompt_tokens": 3, "completion_tokens": tokens}})
+                    "data: {}\n\n{}",
+                    json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}], "usage": {"prompt_tokens": 3, "completion_tokens": tokens}}),
+                    if k.omit_done { "" } else { "data: [DONE]\n\n" }
                 )
             } else {
-                format!("data: {}\n\n", json!({"choices": [{"index": 0, "delta": {"content": format!("tok{i} ")}}]}))
+                let text = format!("{:<width$}", format!("tok{i} "), width = k.token_bytes);
+                format!("data: {}\n\n", json!({"choices": [{"index": 0, "delta": {"content": text}}]}))
             };
             Some((Ok(chunk), i + 1))
         }
