@@ -180,7 +180,7 @@ mod tests {
             assert_eq!(back, r);
             assert!(r.backends().contains(&r.default_backend()), "{r}");
         }
-        assert!("oga-cpu".parse::<Recipe>().is_err());
+        assert_eq!("oga-cpu".parse::<Recipe>().unwrap_err().to_string(), "Unknown recipe 'oga-cpu'");
         assert_eq!(Recipe::runnable_names(), "llamacpp, ryzenai-llm");
         assert_eq!(Recipe::LlamaCpp.device().as_str(), "gpu");
         assert_eq!(Recipe::Flm.device().as_str(), "npu");

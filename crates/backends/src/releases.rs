@@ -404,7 +404,8 @@ mod tests {
         assert_eq!(p.sha256("x"), None);
         let p = Pins::parse(r#"{"llamacpp":{"cpu":"b1"},"sha256":{"a.tar.gz":"ABC"}}"#).unwrap();
         assert_eq!(p.sha256("a.tar.gz"), Some("abc"));
-        assert!(Pins::parse("[1]").is_err());
+        let err = Pins::parse("[1]").unwrap_err().to_string();
+        assert_eq!(err, "backend versions: backend versions must be a JSON object");
     }
 
     #[test]

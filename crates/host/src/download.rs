@@ -41,10 +41,13 @@ pub struct RetryPolicy {
 }
 
 impl Default for RetryPolicy {
+    /// 8 attempts, the first retry after 500 ms (`LEMONADE_RETRY_BACKOFF_MS` sets it: tests
+    /// shorten it), doubling up to 30 s.
     fn default() -> Self {
+        let first = std::env::var("LEMONADE_RETRY_BACKOFF_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(500);
         RetryPolicy {
             attempts: 8,
-            first_backoff: Duration::from_millis(500),
+            first_backoff: Duration::from_millis(first),
             max_backoff: Duration::from_secs(30),
             stall: Duration::from_secs(60),
         }

@@ -257,7 +257,8 @@ pub(crate) mod tests {
         assert!(matches!(read_from(Cursor::new(b"NOPE....".to_vec())), Err(GgufError::BadMagic)));
         let mut b = build(&[]);
         b.truncate(30);
-        assert!(read_from(Cursor::new(b)).is_err());
+        let err = read_from(Cursor::new(b)).unwrap_err();
+        assert!(matches!(&err, GgufError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof), "{err:?}");
         let mut v1 = build(&[]);
         v1[4] = 1;
         assert!(matches!(read_from(Cursor::new(v1)), Err(GgufError::Version(1))));

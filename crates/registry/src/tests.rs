@@ -91,7 +91,10 @@ fn extra_models_are_grouped_from_a_listing() {
     assert_eq!(reg.to_api(big).checkpoint, "Big/b-00001-of-00002.gguf");
     assert_eq!(big.size, Some(1.0));
     assert!(reg.get("extra.a.gguf").unwrap().downloaded);
-    assert!(reg.get("extra.mmproj-x.gguf").is_err());
+    // A projector is part of a model, never a model of its own.
+    let e = reg.get("extra.mmproj-x.gguf").unwrap_err().to_string();
+    assert!(e.starts_with("Model 'extra.mmproj-x.gguf' was not found."), "{e}");
+    assert!(reg.models().all(|m| !m.name.contains("mmproj")));
 }
 
 #[test]
@@ -148,13 +151,22 @@ fn registrations_reject_names_and_checkpoints_that_could_escape_or_corrupt() {
         "org/repo:/abs",
         "org/repo:a\\b",
     ] {
-        assert!(validate(bad).is_err(), "{bad:?}");
+        let e = validate(bad).unwrap_err().to_string();
+        let named = match bad.split_once(':') {
+            Some((repo, variant)) if validate(repo).is_ok() => {
+                format!("Invalid variant '{}' in checkpoint '{repo}'", variant.escape_debug())
+            }
+            _ => format!("Invalid checkpoint '{}': expected `org/name[:VARIANT]`", bad.escape_debug()),
+        };
+        assert!(e.starts_with(&named), "{bad:?}: {e}");
     }
     for ok in ["user.Phi-4-Mini-GGUF", "user.ünïcödé-名前-🍋", "user.a b"] {
         assert!(crate::validate_user_name(ok).is_ok(), "{ok}");
     }
     let long = format!("user.{}", "a".repeat(201));
     for bad in ["user.", "user.\0nul", "user.a/b", "user.x\r\nX-Injected: 1", "user...", "user. x", long.as_str()] {
-        assert!(crate::validate_user_name(bad).is_err(), "{bad:?}");
+        let e = crate::validate_user_name(bad).unwrap_err().to_string();
+        let named = format!("Invalid model name '{}': after `user.` use 1 to 200", bad.escape_debug());
+        assert!(e.starts_with(&named), "{bad:?}: {e}");
     }
 }
