@@ -12,16 +12,22 @@ fn bin() -> &'static Path {
 }
 
 async fn setup(knobs: Knobs) -> (tempfile::TempDir, HubDouble, Lemonade) {
+    setup_with(knobs, &[], &[]).await
+}
+
+/// The Hub double's repositories (the real models are symlinked, not copied), and lemonade
+/// started with `args` and `env` against it.
+async fn setup_with(knobs: Knobs, args: &[&str], env: &[(&str, &str)]) -> (tempfile::TempDir, HubDouble, Lemonade) {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("hub");
     let smol = root.join("HuggingFaceTB/SmolLM2-GGUF");
     std::fs::create_dir_all(&smol).unwrap();
-    std::fs::copy(model(SMOL_FILE), smol.join("SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+    std::os::unix::fs::symlink(model(SMOL_FILE), smol.join("SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
     std::fs::write(smol.join("config.json"), "{}").unwrap();
     // The catalogue's Qwen3-0.6B-GGUF (unsloth/Qwen3-0.6B-GGUF:Q4_0), played by SmolLM2's bytes.
     let qwen = root.join("unsloth/Qwen3-0.6B-GGUF");
     std::fs::create_dir_all(&qwen).unwrap();
-    std::fs::copy(model(SMOL_FILE), qwen.join("Qwen3-0.6B-Q4_0.gguf")).unwrap();
+    std::os::unix::fs::symlink(model(SMOL_FILE), qwen.join("Qwen3-0.6B-Q4_0.gguf")).unwrap();
     let big = root.join("org/big-GGUF");
     std::fs::create_dir_all(&big).unwrap();
     std::fs::write(big.join("big-Q4_0.gguf"), (0..3u32 << 20).map(|i| (i % 251) as u8).collect::<Vec<u8>>()).unwrap();
@@ -32,7 +38,9 @@ async fn setup(knobs: Knobs) -> (tempfile::TempDir, HubDouble, Lemonade) {
     }
     let double = HubDouble::start(&root, knobs).await;
     let url = double.url.clone();
-    let l = Lemonade::start_in(bin(), Sandbox::empty(), &[], &[("HF_ENDPOINT", &url)]).await;
+    let mut env = env.to_vec();
+    env.push(("HF_ENDPOINT", &url));
+    let l = Lemonade::start_in(bin(), Sandbox::empty(), args, &env).await;
     (tmp, double, l)
 }
 
@@ -233,26 +241,66 @@ async fn a_pull_resumes_after_lemonade_itself_was_killed() {
 }
 
 #[tokio::test]
-async fn delete_during_a_load_leaves_nothing_loaded_or_stored() {
-    let (_tmp, _double, l) = setup(Knobs::default()).await;
+async fn delete_during_a_load_cancels_it_and_leaves_nothing_loaded_or_stored() {
+    // The fake backend, told to take 30 s to load: the delete lands while it loads.
+    let fake = fake_llama_server();
+    let (_tmp, _double, l) =
+        setup_with(Knobs::default(), &[], &[("LEMONADE_LLAMACPP_CPU_BIN", fake.to_str().unwrap())]).await;
     let body = json!({"model": "user.Smol", "checkpoint": "HuggingFaceTB/SmolLM2-GGUF:Q4_1", "recipe": "llamacpp"});
     assert_eq!(l.post("/api/v1/pull", &body).await.0, 200);
-    let load_body = json!({"model_name": "user.Smol"});
-    let (load, del) = tokio::join!(l.post("/api/v1/load", &load_body), async {
-        // Delete once the load is under way (or already done: both must end clean).
-        wait_for(std::time::Duration::from_secs(5), || async {
-            let (_, v) = l.get("/v1/admin/models").await;
-            let row = v["models"].as_array()?.iter().find(|m| m["name"] == "user.Smol")?.clone();
-            (row["runtime_state"] == "loading" || row["runtime_state"] == "loaded").then_some(())
-        })
-        .await;
-        l.post("/api/v1/delete", &json!({"model": "user.Smol"})).await
+    let snapshots = l.sandbox.hf_cache().join("models--HuggingFaceTB--SmolLM2-GGUF/snapshots");
+    let snap = std::fs::read_dir(&snapshots).unwrap().next().unwrap().unwrap().path();
+    std::fs::write(snap.join("SmolLM2-135M-Instruct.Q4_1.gguf.json"), r#"{"load_delay_ms": 30000}"#).unwrap();
+    let load = tokio::spawn({
+        let (http, url) = (l.http.clone(), l.url("/api/v1/load"));
+        async move {
+            let r = http.post(url).json(&json!({"model_name": "user.Smol"})).send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
     });
-    assert_eq!(del.0, 200, "{del:?}");
-    assert!(load.0 == 200 || load.0 == 409, "the load finished or was cancelled (409): {load:?}");
+    let starting = wait_for(std::time::Duration::from_secs(10), || async {
+        let (_, v) = l.get("/v1/admin/models").await;
+        let row = v["models"].as_array()?.iter().find(|m| m["name"] == "user.Smol")?.clone();
+        let children = child_pids(l.pid());
+        (row["runtime_state"] == "loading" && children.len() == 1).then_some(children)
+    })
+    .await
+    .expect("the backend is starting");
+    let t = std::time::Instant::now();
+    let (s, v) = l.post("/api/v1/delete", &json!({"model": "user.Smol"})).await;
+    assert_eq!((s, v["message"].as_str()), (200, Some("Deleted model: user.Smol")), "{v}");
+    assert!(t.elapsed() < std::time::Duration::from_secs(20), "the delete did not wait for the 30 s load");
+    let (s, v) = load.await.unwrap();
+    assert_eq!((s, v["error"]["code"].as_str()), (409, Some("conflict")), "the load was cancelled: {v}");
+    assert!(!alive(starting[0]), "the starting backend was stopped");
     assert!(loaded_names(&l.get("/api/v1/health").await.1).is_empty());
     assert!(!l.sandbox.hf_cache().join("models--HuggingFaceTB--SmolLM2-GGUF").exists());
-    assert!(child_pids(l.pid()).is_empty(), "no backend left");
+    assert_eq!(l.get("/api/v1/models/user.Smol").await.0, 404, "the registration is gone");
+}
+
+#[tokio::test]
+async fn an_automatic_pull_that_exceeds_the_pull_timeout_fails_and_keeps_its_partial_file() {
+    let slow = Knobs { chunk_delay: Some(std::time::Duration::from_millis(50)), ..Default::default() };
+    let (_tmp, double, l) = setup_with(slow, &["--pull-timeout", "1"], &[]).await;
+    let t = std::time::Instant::now();
+    let (s, v) = l.chat("Qwen3-0.6B-GGUF").await;
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!(s, 502, "{v}");
+    assert_eq!(msg, "Pulling 'Qwen3-0.6B-GGUF' took longer than 1 s; the partial download is kept", "{v}");
+    assert!(t.elapsed() < std::time::Duration::from_secs(20));
+    let blobs = l.sandbox.hf_cache().join("models--unsloth--Qwen3-0.6B-GGUF/blobs");
+    let partial = std::fs::read_dir(&blobs)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .find(|e| e.file_name().to_string_lossy().ends_with(".incomplete"))
+        .map(|e| e.metadata().unwrap().len());
+    assert!(partial.is_some_and(|n| n > 0), "the partial file is kept: {partial:?}");
+    // At full speed the next request resumes the download and is served.
+    double.set_knobs(Knobs::default());
+    let (s, v) = l.chat("Qwen3-0.6B-GGUF").await;
+    assert_eq!(s, 200, "{v}");
+    let resumed = double.log().iter().any(|r| r.range.as_deref().is_some_and(|r| r != "bytes=0-"));
+    assert!(resumed, "the download resumed from the partial file");
 }
 
 async fn cli(l: &Lemonade, args: &[&str]) -> (i32, String, String) {
