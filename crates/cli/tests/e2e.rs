@@ -497,7 +497,8 @@ async fn a_corrupt_gguf_fails_with_the_backend_log_and_no_local_path() {
     assert_eq!(s, 500, "{e}");
     assert_eq!(e["error"]["code"], "model_load_error", "{e}");
     let msg = e["error"]["message"].as_str().unwrap();
-    assert!(msg.contains("exit"), "the exit status: {msg}");
+    assert!(msg.contains("backend exited (exit code 1) before it was ready"), "the exit status: {msg}");
+    assert!(msg.contains("Last log lines:") && msg.contains("failed to load model"), "llama-server's log tail: {msg}");
     assert!(msg.contains("<extra-models-dir>/broken.gguf"), "the file, by placeholder: {msg}");
     assert_no_local_paths(&l, &e.to_string());
     let (_, h) = l.get("/api/v1/health").await;

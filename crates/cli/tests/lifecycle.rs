@@ -220,7 +220,10 @@ async fn real_llama_server_busy_model_drains_before_eviction() {
     let r = l.http.post(l.url("/api/v1/chat/completions")).json(&body).send().await.unwrap();
     let mut stream = r.bytes_stream();
     let mut text = String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()).into_owned();
-    // GEMMA needs SMOL's slot; its request waits until SMOL's stream is over.
+    let smol_pid = child_pids(l.pid());
+    // GEMMA needs SMOL's slot; it is asked for while SMOL has 47 tokens to go, and waits until
+    // SMOL's stream is over (were it not made to wait, it would be answered long before).
+    assert!(!text.contains("[DONE]"), "SMOL's stream is still running: {text}");
     let gemma = {
         let (http, url) = (l.http.clone(), l.url("/api/v1/completions"));
         tokio::spawn(async move {
@@ -242,6 +245,7 @@ async fn real_llama_server_busy_model_drains_before_eviction() {
     let (gemma_done, status) = gemma.await.unwrap();
     assert_eq!(status, 200);
     assert!(gemma_done >= stream_done, "GEMMA was served after SMOL drained");
+    assert!(smol_pid.len() == 1 && !alive(smol_pid[0]), "SMOL's llama-server gave its slot up");
     assert_eq!(loaded_names(&l.get("/api/v1/health").await.1), [GEMMA]);
 }
 
@@ -263,4 +267,174 @@ async fn real_llama_server_wedged_is_killed_by_the_watchdog() {
     assert!(failed["last_error"].as_str().unwrap().contains("stopped answering its health checks"), "{failed}");
     assert!(!alive(child));
     assert_eq!(l.chat(SMOL).await.0, 200, "reloaded by the next request");
+}
+
+/// The llama-server children of the server, by pid.
+fn backends(l: &Lemonade) -> Vec<u32> {
+    child_pids(l.pid())
+}
+
+#[tokio::test]
+async fn real_llama_server_unload_waits_for_the_stream_then_a_waiting_request_reloads() {
+    use futures_util::StreamExt;
+    let l = Lemonade::start(bin(), &[]).await;
+    let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "Tell me about the sea."}],
+                      "max_tokens": 64, "ignore_eos": true, "stream": true});
+    let r = l.http.post(l.url("/api/v1/chat/completions")).json(&body).send().await.unwrap();
+    let first_pid = backends(&l);
+    assert_eq!(first_pid.len(), 1);
+    let mut stream = r.bytes_stream();
+    let mut text = String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()).into_owned();
+    let unload = tokio::spawn({
+        let (http, url) = (l.http.clone(), l.url("/api/v1/unload"));
+        async move { http.post(url).json(&json!({"model_name": SMOL})).send().await.unwrap().status().as_u16() }
+    });
+    let unloading = wait_for(std::time::Duration::from_secs(10), || async {
+        let (_, v) = l.get("/v1/admin/models").await;
+        (admin_row(&v, SMOL)["runtime_state"] == "unloading").then_some(())
+    })
+    .await;
+    assert!(unloading.is_some(), "the model is unloading while it streams");
+    // A request sent while it unloads waits, then loads the model again.
+    let waiting = tokio::spawn({
+        let (http, url) = (l.http.clone(), l.url("/api/v1/chat/completions"));
+        let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+        async move { http.post(url).json(&body).send().await.unwrap().status().as_u16() }
+    });
+    let mut after_unloading = 0;
+    while let Some(c) = stream.next().await {
+        let c = String::from_utf8_lossy(&c.unwrap()).into_owned();
+        after_unloading += c.matches("\"content\":\"").count();
+        text.push_str(&c);
+    }
+    assert!(text.trim_end().ends_with("data: [DONE]"), "the stream was not cut: {text}");
+    let tokens = sse_data(&text)
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|v| v["choices"][0]["delta"]["content"].as_str().is_some_and(|c| !c.is_empty()))
+        .count();
+    assert_eq!(tokens, 64, "every token arrived");
+    assert!(after_unloading > 0, "llama-server kept streaming after the unload began");
+    assert_eq!(unload.await.unwrap(), 200);
+    assert_eq!(waiting.await.unwrap(), 200, "the waiting request was served");
+    assert!(!alive(first_pid[0]), "the first llama-server stopped");
+    let now = backends(&l);
+    assert!(now.len() == 1 && now != first_pid, "a new llama-server serves the model: {now:?}");
+    assert_eq!(loaded_names(&l.get("/api/v1/health").await.1), [SMOL]);
+}
+
+#[tokio::test]
+async fn real_llama_server_unload_during_its_load_kills_the_starting_process() {
+    let l = Lemonade::start(bin(), &["--stop-timeout", "1"]).await;
+    // llama-server loads SmolLM2 in well under a second: the test freezes it (SIGSTOP) as soon as
+    // it is spawned, so it is still starting when the unload comes. A freeze that came too late
+    // (the model was already loaded) is retried, a bounded number of times.
+    let mut frozen = None;
+    for _ in 0..5 {
+        let load = tokio::spawn({
+            let (http, url) = (l.http.clone(), l.url("/api/v1/load"));
+            async move {
+                let r = http.post(url).json(&json!({"model_name": SMOL})).send().await.unwrap();
+                (r.status().as_u16(), r.json::<Value>().await.unwrap())
+            }
+        });
+        let pid = l.pid();
+        let child = tokio::task::spawn_blocking(move || {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while std::time::Instant::now() < deadline {
+                if let Some(c) = child_pids(pid).first() {
+                    unsafe {
+                        libc::kill(*c as i32, libc::SIGSTOP);
+                    }
+                    return Some(*c);
+                }
+                std::thread::yield_now();
+            }
+            None
+        })
+        .await
+        .unwrap()
+        .expect("llama-server was spawned");
+        let (_, v) = l.get("/v1/admin/models").await;
+        if admin_row(&v, SMOL)["runtime_state"] == "loading" {
+            frozen = Some((child, load));
+            break;
+        }
+        unsafe {
+            libc::kill(child as i32, libc::SIGCONT);
+        }
+        assert_eq!(load.await.unwrap().0, 200);
+        assert_eq!(l.post("/api/v1/unload", &json!({"model_name": SMOL})).await.0, 200);
+    }
+    let (child, load) = frozen.expect("caught llama-server while it was starting");
+    let exe = std::fs::read_link(format!("/proc/{child}/exe")).unwrap();
+    assert_eq!(exe, std::fs::canonicalize(llama_server()).unwrap(), "the starting process is the real llama-server");
+    let (s, v) = l.post("/api/v1/unload", &json!({"model_name": SMOL})).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = load.await.unwrap();
+    assert_eq!((s, v["error"]["code"].as_str()), (409, Some("conflict")), "the load was cancelled: {v}");
+    assert!(!alive(child), "the starting llama-server was killed");
+    assert!(backends(&l).is_empty());
+    let (_, v) = l.get("/v1/admin/models").await;
+    assert_eq!(admin_row(&v, SMOL)["runtime_state"], "unloaded");
+}
+
+#[tokio::test]
+async fn real_llama_server_a_missing_model_file_evicts_nothing() {
+    let l = Lemonade::start(bin(), &["--max-loaded-models", "-1"]).await;
+    assert_eq!(l.chat(SMOL).await.0, 200);
+    assert_eq!(l.post("/api/v1/embeddings", &json!({"model": MINILM, "input": "q"})).await.0, 200);
+    let before = backends(&l);
+    std::fs::remove_file(l.sandbox.extra().join("gemma-3-270m-Q4_K_M.gguf")).unwrap();
+    let (s, e) = l.post("/api/v1/load", &json!({"model_name": GEMMA})).await;
+    assert_eq!((s, e["error"]["code"].as_str()), (500, Some("model_load_error")), "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("Model file not found"), "{e}");
+    assert_eq!(loaded_names(&l.get("/api/v1/health").await.1), [SMOL, MINILM], "nothing was evicted");
+    let mut after = backends(&l);
+    after.sort();
+    let mut before = before;
+    before.sort();
+    assert_eq!(after, before, "the same two llama-servers, untouched");
+}
+
+#[tokio::test]
+async fn real_llama_server_per_type_limits_3_2_1_are_enforced() {
+    let s = Sandbox::new();
+    // More models of each type than the limits allow: the real files under other names.
+    for (file, name) in [
+        (GEMMA_FILE, "gemma-b.gguf"),
+        (MINILM_FILE, "minilm-b.gguf"),
+        (MINILM_FILE, "minilm-c.gguf"),
+        (RERANK_FILE, "rerank-b.gguf"),
+    ] {
+        std::os::unix::fs::symlink(model(file), s.extra().join(name)).unwrap();
+    }
+    let l = Lemonade::start_in(bin(), s, &["--max-loaded-models", "3", "2", "1"], &[]).await;
+    let llms = [SMOL, SMOL_COPY, GEMMA, "extra.gemma-b.gguf"];
+    let embs = [MINILM, "extra.minilm-b.gguf", "extra.minilm-c.gguf"];
+    let reranks = [RERANKER, "extra.rerank-b.gguf"];
+    for m in llms {
+        assert_eq!(l.chat(m).await.0, 200, "{m}");
+    }
+    for m in embs {
+        assert_eq!(l.post("/api/v1/embeddings", &json!({"model": m, "input": "q"})).await.0, 200, "{m}");
+    }
+    for m in reranks {
+        let body = json!({"model": m, "query": "q", "documents": ["a", "b"]});
+        assert_eq!(l.post("/api/v1/reranking", &body).await.0, 200, "{m}");
+    }
+    let (_, h) = l.get("/api/v1/health").await;
+    let mut loaded = loaded_names(&h);
+    loaded.sort();
+    let mut expected = vec![
+        SMOL_COPY,
+        GEMMA,
+        "extra.gemma-b.gguf",
+        "extra.minilm-b.gguf",
+        "extra.minilm-c.gguf",
+        "extra.rerank-b.gguf",
+    ];
+    expected.sort();
+    assert_eq!(loaded, expected, "the least recently used of each type gave way: 3 LLMs, 2 embedding, 1 reranking");
+    assert_eq!(backends(&l).len(), 6, "one llama-server per loaded model, no more");
 }
