@@ -265,8 +265,11 @@ impl Lemonade {
 
     /// SIGKILLs the server and returns its sandbox (its files), for a restart on the same state.
     pub fn kill_keeping_sandbox(mut self) -> Sandbox {
-        self.signal(libc::SIGKILL);
-        let _ = self.child.wait();
+        // Never signal a pid that was already reaped (it may belong to another process now).
+        if let Ok(None) = self.child.try_wait() {
+            self.signal(libc::SIGKILL);
+            let _ = self.child.wait();
+        }
         std::mem::replace(&mut self.sandbox, Sandbox::empty())
     }
 

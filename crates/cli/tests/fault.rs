@@ -10,7 +10,7 @@
 //! succeed), a backend that ignores SIGTERM, the crash back-off's timing, the NPU exclusion (no
 //! NPU here), a stream without `[DONE]`, and load timeouts.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -505,4 +505,85 @@ async fn no_auto_load_answers_loading_unloading_and_failed_with_their_codes() {
     let (s, e) = l.chat(&x("r")).await;
     assert_eq!((s, code(&e).as_deref()), (503, Some("model_failed")), "{e}");
     assert!(e["error"]["message"].as_str().unwrap().contains("refuse_start"), "{e}");
+}
+
+#[tokio::test]
+async fn shutdown_with_a_stream_a_pull_and_an_install_open_ends_each_and_leaves_resumable_state() {
+    use test_support::hub::{HubDouble, Knobs};
+    // One double plays the Hub and the release site, slowly, so both downloads are in flight.
+    let root = tempfile::tempdir().unwrap();
+    let big = root.path().join("org/big-GGUF");
+    std::fs::create_dir_all(&big).unwrap();
+    std::fs::write(big.join("big-Q4_0.gguf"), (0..8u32 << 20).map(|i| (i % 251) as u8).collect::<Vec<u8>>()).unwrap();
+    let (_, sha) = test_support::release::write_archive(root.path(), "b9999", 0);
+    let double =
+        HubDouble::start(root.path(), Knobs { chunk_delay: Some(Duration::from_millis(20)), ..Default::default() })
+            .await;
+    let sandbox = fake_sandbox(&[("s", None, json!({"token_delay_ms": 50, "tokens": 1000}))]);
+    test_support::release::pin(&sandbox.cache(), "b9999", Some(&sha));
+    let fake = fake_llama_server();
+    let env = [
+        ("LEMONADE_LLAMACPP_CPU_BIN", fake.to_str().unwrap()),
+        ("HF_ENDPOINT", double.url.as_str()),
+        ("LEMONADE_RELEASES_URL", double.url.as_str()),
+    ];
+    let mut l = Lemonade::start_in(bin(), sandbox, &[], &env).await;
+    let chat = first_chunk(slow_stream(&l, &x("s")).await).await;
+    let backend = child_pids(l.pid());
+    let open = |path: &str, body: Value| {
+        let (http, url) = (l.http.clone(), l.url(path));
+        async move {
+            let r = http.post(url).json(&body).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            let mut s = Box::pin(r.bytes_stream());
+            let first = String::from_utf8_lossy(&s.next().await.unwrap().unwrap()).into_owned();
+            assert!(first.starts_with("event: progress"), "{first}");
+            s
+        }
+    };
+    let pull = open(
+        "/api/v1/pull",
+        json!({"model": "user.Big", "checkpoint": "org/big-GGUF:Q4_0", "recipe": "llamacpp", "stream": true}),
+    )
+    .await;
+    let install = open("/api/v1/install", json!({"recipe": "llamacpp", "backend": "cpu", "stream": true})).await;
+
+    l.signal(libc::SIGTERM);
+    let ends = tokio::time::timeout(Duration::from_secs(20), async {
+        tokio::join!(read_rest(Box::pin(chat)), read_rest(pull), read_rest(install))
+    })
+    .await
+    .expect("every open response ended");
+    let (chat, pull, install) = ends;
+    assert!(chat.contains("streaming_error") && !chat.contains("tok999"), "the stream was cut, saying so: {chat}");
+    for (what, text) in [("pull", &pull), ("install", &install)] {
+        assert!(!text.contains("event: complete"), "{what}: {text}");
+        assert!(text.trim_end().ends_with("the next request resumes it\"}"), "{what} ends saying why: {text}");
+    }
+    let status = l.wait_exit(Duration::from_secs(20)).expect("lemonade exited");
+    assert!(status.success(), "a clean exit: {status:?}");
+    assert!(backend.iter().all(|p| !alive(*p)), "no backend outlives the server");
+    let partial = |dir: PathBuf, suffix: &str| {
+        std::fs::read_dir(dir)
+            .ok()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok())
+            .any(|e| e.file_name().to_string_lossy().ends_with(suffix) && e.metadata().is_ok_and(|m| m.len() > 0))
+    };
+    assert!(
+        partial(l.sandbox.hf_cache().join("models--org--big-GGUF/blobs"), ".incomplete"),
+        "the pull's partial file is kept"
+    );
+
+    // Restarted on the same files: both finish, the pull resuming where it stopped.
+    double.set_knobs(Knobs::default());
+    let sandbox = l.kill_keeping_sandbox();
+    let l = Lemonade::start_in(bin(), sandbox, &[], &env).await;
+    assert_eq!(l.post("/api/v1/pull", &json!({"model": "user.Big"})).await.0, 200);
+    let resumed = double.log().iter().any(|r| r.path.ends_with("big-Q4_0.gguf") && r.range.is_some());
+    assert!(resumed, "the pull resumed");
+    assert_eq!(l.get("/api/v1/models/user.Big").await.1["downloaded"], true);
+    let (s, v) = l.post("/api/v1/install", &json!({"recipe": "llamacpp", "backend": "cpu"})).await;
+    assert_eq!((s, v["version"].as_str()), (200, Some("b9999")), "{v}");
 }

@@ -311,6 +311,11 @@ impl Runtime {
         }
     }
 
+    /// Whether shutdown has begun.
+    pub fn is_closing(&self) -> bool {
+        *self.closing.borrow()
+    }
+
     /// Resolves once shutdown has begun.
     pub fn closed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut rx = self.closing.subscribe();

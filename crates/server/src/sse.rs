@@ -2,6 +2,7 @@
 //! shutdown begins.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use api_types::PullProgress;
@@ -51,14 +52,19 @@ pub fn progress_events(
     }
 }
 
-/// An SSE response of `(event, data)` pairs, ending when every sender is gone.
-pub fn events(rt: &Runtime, mut rx: mpsc::Receiver<(&'static str, String)>) -> Response {
-    let body = futures_util::stream::poll_fn(move |cx| {
-        rx.poll_recv(cx).map(|o| {
-            o.map(|(event, data)| Ok::<_, Infallible>(Bytes::from(format!("event: {event}\ndata: {data}\n\n"))))
-        })
-    });
-    response(rt, body)
+/// An SSE response of `(event, data)` pairs, ending when every sender is gone. Cut short by
+/// shutdown, it ends with an `error` event saying so (what was downloaded is kept and resumed).
+pub fn events(rt: &Arc<Runtime>, mut rx: mpsc::Receiver<(&'static str, String)>) -> Response {
+    use futures_util::StreamExt;
+    let frame = |event: &str, data: &str| Ok::<_, Infallible>(Bytes::from(format!("event: {event}\ndata: {data}\n\n")));
+    let body = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(|(e, d)| frame(e, &d))));
+    let rt2 = rt.clone();
+    let last = futures_util::stream::once(async move {
+        let msg = "lemonade is shutting down; what was downloaded is kept and the next request resumes it";
+        rt2.is_closing().then(|| frame("error", &serde_json::json!({"error": msg}).to_string()))
+    })
+    .filter_map(std::future::ready);
+    headers(Response::new(Body::from_stream(body.take_until(rt.closed()).chain(last))))
 }
 
 /// `body` as an SSE response (no caching, no proxy buffering) that also ends when the server
@@ -68,7 +74,11 @@ pub fn response(
     body: impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
 ) -> Response {
     use futures_util::StreamExt;
-    let mut r = Response::new(Body::from_stream(body.take_until(rt.closed())));
+    headers(Response::new(Body::from_stream(body.take_until(rt.closed()))))
+}
+
+/// An SSE response's headers: no caching, no proxy buffering.
+fn headers(mut r: Response) -> Response {
     let h = r.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
