@@ -100,8 +100,24 @@ fn test(rest: &[String]) -> Result<()> {
     }
     cmd.args(rest);
     test_env(&mut cmd, &p);
-    cmd.env("LEMONADE_TEST_FAKE_BACKEND", fake);
+    cmd.env("LEMONADE_TEST_FAKE_BACKEND", &fake);
     // No doc tests exist (nextest would not run them); keep it that way or add a step here.
+    let tests = run(&mut cmd);
+    // Then the soak's bounded subset (a few minutes), on the debug build the tests used.
+    let soak = if rest.is_empty() { soak_subset(&p, &fake) } else { Ok(()) };
+    tests.and(soak)
+}
+
+/// `LEMONADE_SOAK_ONLY=ci`: kills mid-write, mid-pull and mid-stream, a full disk (where a
+/// tmpfs can be mounted), one short load round with hang-ups, the bad-input corpus.
+fn soak_subset(p: &provision::Provisioned, fake: &Path) -> Result<()> {
+    run(cargo().args(["build", "-q", "-p", "lemonade-cli", "-p", "lemonade-test-support", "--bins"]))?;
+    let mut cmd = Command::new(root().join("target/debug/lemonade-soak"));
+    cmd.current_dir(root());
+    test_env(&mut cmd, p);
+    cmd.env("LEMONADE_SOAK_ONLY", "ci")
+        .env("LEMONADE_TEST_FAKE_BACKEND", fake)
+        .env("LEMONADE_SOAK_OUT", root().join("target/soak-ci.json"));
     run(&mut cmd)
 }
 

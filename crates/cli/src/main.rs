@@ -193,7 +193,7 @@ struct ServeArgs {
     #[arg(long, env = "LEMONADE_LOAD_TIMEOUT", default_value_t = 600)]
     load_timeout: u64,
     /// The crash back-off's first pause (ms); it doubles with each crash in a row.
-    #[arg(long, env = "LEMONADE_CRASH_BACKOFF_MS", default_value_t = 500, hide = true)]
+    #[arg(long, env = "LEMONADE_CRASH_BACKOFF_MS", default_value_t = 1_000, hide = true)]
     crash_backoff_ms: u64,
     /// How long (ms) a backend must run before its crashes stop counting towards the back-off.
     #[arg(long, env = "LEMONADE_CRASH_RESET_MS", default_value_t = 60_000, hide = true)]

@@ -31,6 +31,25 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 
+/// Removes the temp files of [`write_atomic`] in `dir` left by a process that was killed
+/// mid-write (their pid, in the name, is not running). Returns how many were removed.
+pub fn clean_leftover_temps(dir: &Path) -> usize {
+    let mut removed = 0;
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else { continue };
+        // `.<name>.<pid>.<seq>.tmp`
+        let mut parts = rest.rsplitn(3, '.');
+        let (_seq, pid) = (parts.next(), parts.next().and_then(|p| p.parse::<u32>().ok()));
+        let Some(pid) = pid else { continue };
+        let running = pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists();
+        if !running && std::fs::remove_file(e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 /// The bytes of `path`, or None when it does not exist.
 pub fn read_if_exists(path: &Path) -> Result<Option<Vec<u8>>, HostError> {
     match std::fs::read(path) {
@@ -61,4 +80,25 @@ pub fn save_recipe_options(cache_dir: &Path, name: &str, options: Option<&Recipe
 /// Adds or replaces `user.<key>` in `<cache_dir>/user_models.json`, or removes it (None).
 pub fn save_user_model(cache_dir: &Path, key: &str, entry: Option<&CatalogueEntry>) -> Result<(), HostError> {
     update_json_map(&cache_dir.join(USER_MODELS_FILE), key, entry.cloned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leftover_temps_of_dead_writers_are_removed_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        write_atomic(&dir.path().join("user_models.json"), b"{}").unwrap();
+        // pid 0x7ffffffe is above pid_max: never running.
+        let dead = dir.path().join(".user_models.json.2147483646.3.tmp");
+        let ours = dir.path().join(format!(".user_models.json.{}.9.tmp", std::process::id()));
+        let other = dir.path().join("notes.tmp");
+        for p in [&dead, &ours, &other] {
+            std::fs::write(p, b"x").unwrap();
+        }
+        assert_eq!(clean_leftover_temps(dir.path()), 1);
+        assert!(!dead.exists() && ours.exists() && other.exists());
+        assert_eq!(std::fs::read(dir.path().join("user_models.json")).unwrap(), b"{}");
+    }
 }

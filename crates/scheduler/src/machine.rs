@@ -161,8 +161,9 @@ pub enum SchedulerError {
     NotLoaded(String),
 }
 
-/// Back-off after the first crash; doubles per crash, capped.
-pub const CRASH_BACKOFF_MS: u64 = 500;
+/// The pause after the second crash in a row (the first reloads at once); doubles per crash,
+/// capped.
+pub const CRASH_BACKOFF_MS: u64 = 1_000;
 pub const CRASH_BACKOFF_MAX_MS: u64 = 30_000;
 /// The pause before a model that crashed `crashes` times in a row loads again: none after the
 /// first crash, then `base` ms doubling per crash up to [`CRASH_BACKOFF_MAX_MS`].

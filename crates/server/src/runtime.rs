@@ -141,6 +141,10 @@ impl Runtime {
             .build()
             .expect("reqwest client");
         host::install::clean_staging(&cfg.cache_dir);
+        let temps = host::files::clean_leftover_temps(&cfg.cache_dir);
+        if temps > 0 {
+            tracing::info!(count = temps, "removed temp files left by a killed write");
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let machine = Machine::new(cfg.max_loaded_models.clone())
             .with_crash_backoff(cfg.crash_backoff.0.as_millis() as u64, cfg.crash_backoff.1.as_millis() as u64);

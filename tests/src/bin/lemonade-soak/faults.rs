@@ -42,6 +42,15 @@ async fn chat_ok(l: &Lemonade, model: &str) -> bool {
     }
 }
 
+/// The subset `cargo xtask test` runs on every CI run (`LEMONADE_SOAK_ONLY=ci`).
+pub async fn run_ci(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
+    kill_lemonade_mid_registration(bin, report).await?;
+    kill_lemonade_mid_pull(bin, report).await?;
+    kill_mid_stream(bin, report).await?;
+    disk_full(bin, report).await?;
+    Ok(())
+}
+
 pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
     kill_mid_stream(bin, report).await?;
     kill_at_load_and_idle(bin, report).await?;
@@ -125,8 +134,19 @@ async fn kill_at_load_and_idle(bin: &Path, report: &mut Report) -> anyhow::Resul
         });
         let Some(pid) = backend_of(&l).await else { continue };
         kill(pid, libc::SIGKILL);
-        // Answered either way: the machine retries a failed load once, so it may succeed.
-        let answered = matches!(load.await, Ok(Ok(_)));
+        // The machine retries a failed load once, so it succeeds (200); a 500 must name the
+        // killed backend. Anything else (no answer, another status) does not hold.
+        let answered = match load.await {
+            Ok(Ok(r)) => {
+                let status = r.status().as_u16();
+                let v: Value = r.json().await.unwrap_or(Value::Null);
+                status == 200
+                    || (status == 500
+                        && v["error"]["code"] == "model_load_error"
+                        && v["error"]["message"].as_str().is_some_and(|m| m.contains("signal 9")))
+            }
+            _ => false,
+        };
         if answered && chat_ok(&l, "extra.slow.gguf").await {
             at_load += 1;
         }
@@ -188,8 +208,13 @@ async fn wedged_and_never_ready(bin: &Path, report: &mut Report) -> anyhow::Resu
         let body = json!({"model": "extra.m.gguf", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
         let r =
             l.http.post(l.url("/api/v1/chat/completions")).json(&body).timeout(Duration::from_secs(20)).send().await;
-        let status = r.map(|r| r.status().as_u16()).unwrap_or(0);
-        let answered = status != 0;
+        // The request in flight on the stopped backend fails once the watchdog kills it: a 502
+        // that says the backend went away (never a hang, never another status).
+        let (status, body) = match r {
+            Ok(r) => (r.status().as_u16(), r.json::<Value>().await.unwrap_or(Value::Null)),
+            Err(_) => (0, Value::Null),
+        };
+        let answered = status == 502 && body["error"]["message"].as_str().is_some_and(|m| !m.is_empty());
         let killed = wait_for(Duration::from_secs(10), || async move { (!alive(pid)).then_some(()) }).await.is_some();
         if answered && killed && chat_ok(&l, "extra.m.gguf").await {
             wedged += 1;
@@ -445,6 +470,7 @@ async fn kill_lemonade_mid_registration(bin: &Path, report: &mut Report) -> anyh
     let mut held = 0;
     let mut seen = Vec::new();
     let mut notes = Vec::new();
+    let mut killed_temps = Vec::new();
     let mut sandbox = Sandbox::empty();
     for trial in 0..TRIALS {
         let l = Lemonade::start_in(bin, sandbox, &[], &[("HF_ENDPOINT", &double.url)]).await;
@@ -473,15 +499,13 @@ async fn kill_lemonade_mid_registration(bin: &Path, report: &mut Report) -> anyh
         };
         let count = parsed.as_ref().and_then(Value::as_object).map(|m| m.len()).unwrap_or(0);
         seen.push(count);
-        let leftovers = std::fs::read_dir(sandbox.cache())
-            .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().contains(".tmp")).count())
-            .unwrap_or(0);
+        let left = leftovers(&sandbox);
+        killed_temps.push(left);
         if whole {
             held += 1;
         } else {
             notes.push(format!("trial {trial}: user_models.json is not whole"));
         }
-        let _ = leftovers;
     }
     // The last state must load: the server starts and lists every registration the file holds.
     let l = Lemonade::start_in(bin, sandbox, &[], &[("HF_ENDPOINT", &double.url)]).await;
@@ -490,13 +514,22 @@ async fn kill_lemonade_mid_registration(bin: &Path, report: &mut Report) -> anyh
         .as_array()
         .map(|a| a.iter().filter(|m| m["id"].as_str().is_some_and(|i| i.starts_with("user.T"))).count())
         .unwrap_or(0);
-    let starts = s == 200 && listed == *seen.last().unwrap_or(&0);
+    // A kill mid-write may leave a temp file; the restart removes it.
+    let cleaned = leftovers(&l.sandbox);
+    let starts = s == 200 && listed == *seen.last().unwrap_or(&0) && cleaned == 0;
     report.add(
         "faults",
         "kill -9 lemonade during user_models.json writes (16 concurrent registrations)",
         TRIALS,
         if starts { held } else { 0 },
-        format!("registrations in the file after each kill: {seen:?}; every entry whole; the server restarts and lists them ({listed}). {}", notes.join("; ")),
+        format!("registrations in the file after each kill: {seen:?}; every entry whole; temp files left by the kills {killed_temps:?}, {cleaned} after the restart; the server restarts and lists them ({listed}). {}", notes.join("; ")),
     );
     Ok(())
+}
+
+/// Temp files of interrupted writes in the sandbox's cache dir.
+fn leftovers(s: &Sandbox) -> usize {
+    std::fs::read_dir(s.cache())
+        .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".tmp")).count())
+        .unwrap_or(0)
 }
