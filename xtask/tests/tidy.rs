@@ -119,9 +119,12 @@ fn pure_crates_do_no_io() {
         assert!(!files.is_empty(), "no sources under crates/{d}");
         for f in files {
             let text = std::fs::read_to_string(&f).unwrap();
+            // Test-only files (declared under `#[cfg(test)]`) may read their scale from the
+            // environment (SCHEDULER_SIM_SEEDS); nothing else.
+            let test_file = f.file_name().is_some_and(|n| n.to_string_lossy().ends_with("tests.rs"));
             for (n, line) in code_lines(&text) {
                 for word in FORBIDDEN_SOURCE {
-                    if line.contains(word) {
+                    if line.contains(word) && !(test_file && word == "env::var") {
                         bad.push(format!("{}:{n}: `{word}` in `{}`", f.display(), line.trim()));
                     }
                 }

@@ -36,6 +36,28 @@ async fn state(l: &Lemonade, model: &str) -> Value {
     v["models"].as_array().unwrap().iter().find(|m| m["name"] == model).cloned().unwrap_or(Value::Null)
 }
 
+/// Waits (at most 10 s) until `model`'s admin state is `want`; returns its admin row.
+async fn until_state(l: &Lemonade, model: &str, want: &str) -> Value {
+    let row = wait_for(Duration::from_secs(10), || async {
+        let row = state(l, model).await;
+        (row["runtime_state"] == want).then_some(row)
+    })
+    .await;
+    match row {
+        Some(row) => row,
+        None => panic!("{model} never reached {want}: {}", state(l, model).await),
+    }
+}
+
+/// Sends a POST in the background; the task answers its status and JSON body.
+fn spawn_post(l: &Lemonade, path: &str, body: Value) -> tokio::task::JoinHandle<(u16, Value)> {
+    let (http, url) = (l.http.clone(), l.url(path));
+    tokio::spawn(async move {
+        let r = http.post(url).json(&body).send().await.unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap_or(Value::Null))
+    })
+}
+
 /// Reads a whole SSE stream; returns the instant it ended and its text.
 async fn read_stream(r: reqwest::Response) -> (Instant, String) {
     let mut body = Vec::new();
@@ -132,11 +154,7 @@ async fn graceful_unload_waits_for_the_stream_and_admits_nothing_new() {
         })
     };
     // The stream has (TOKENS - 1) × TOKEN_MS = 1.45 s to go: the state is read well inside it.
-    let unloading = wait_for(Duration::from_secs(10), || async {
-        (state(&l, &x("a")).await["runtime_state"] == "unloading").then_some(())
-    })
-    .await;
-    assert!(unloading.is_some(), "the model is unloading while the stream runs");
+    until_state(&l, &x("a"), "unloading").await; // the model is unloading while the stream runs
     assert!(!reader.is_finished(), "the stream still runs while the model is unloading");
     let (s, e) = l.post(&format!("/v1/admin/models/{}/load", x("a")), &json!({})).await;
     assert_eq!((s, e["error"]["code"].as_str()), (409, Some("conflict")), "admin load while unloading: {e}");
@@ -209,30 +227,15 @@ async fn crash_mid_stream_ends_with_an_error_frame_and_the_model_reloads() {
     let v: Value = serde_json::from_str(&last).unwrap_or_else(|_| panic!("{text}"));
     assert_eq!(v["error"]["type"], "streaming_error");
     assert!(v["error"]["message"].as_str().unwrap().contains("exit code 1"), "{v}");
-    let failed = wait_for(Duration::from_secs(5), || async {
-        (state(&l, &x("c")).await["runtime_state"] == "failed").then_some(())
-    })
-    .await;
-    assert!(failed.is_some());
+    until_state(&l, &x("c"), "failed").await;
     assert_eq!(l.chat(&x("c")).await.0, 200, "the next request reloads it");
 }
 
 #[tokio::test]
 async fn unloading_a_loading_model_cancels_the_load() {
     let l = start(&[("slow", None, json!({"load_delay_ms": 20000}))], &[]).await;
-    let waiting = {
-        let http = l.http.clone();
-        let url = l.url("/api/v1/chat/completions");
-        tokio::spawn(async move {
-            let r = http.post(url).json(&json!({"model": "extra.slow.gguf", "messages": []})).send().await.unwrap();
-            (r.status().as_u16(), r.json::<Value>().await.unwrap())
-        })
-    };
-    let loading = wait_for(Duration::from_secs(5), || async {
-        (state(&l, &x("slow")).await["runtime_state"] == "loading").then_some(())
-    })
-    .await;
-    assert!(loading.is_some());
+    let waiting = spawn_post(&l, "/api/v1/chat/completions", json!({"model": x("slow"), "messages": []}));
+    until_state(&l, &x("slow"), "loading").await;
     // `loading` is published before the process is spawned: wait for the child itself.
     let children = wait_for(Duration::from_secs(5), || async {
         let c = child_pids(l.pid());
@@ -269,12 +272,7 @@ async fn a_wedged_backend_is_detected_by_the_watchdog() {
     unsafe {
         libc::kill(child as i32, libc::SIGSTOP);
     }
-    let failed = wait_for(Duration::from_secs(10), || async {
-        let row = state(&l, &x("w")).await;
-        (row["runtime_state"] == "failed").then_some(row)
-    })
-    .await
-    .expect("the wedged backend was noticed");
+    let failed = until_state(&l, &x("w"), "failed").await; // the wedged backend was noticed
     assert!(failed["last_error"].as_str().unwrap().contains("stopped answering"), "{failed}");
     assert!(!alive(child), "the wedged process was killed");
     assert_eq!(l.chat(&x("w")).await.0, 200, "and the model reloads");
@@ -349,11 +347,7 @@ async fn load_with_other_settings_restarts_in_place_and_same_settings_do_nothing
 async fn crash(l: &Lemonade, model: &str) {
     let (_, text) = read_stream(slow_stream(l, model).await).await;
     assert!(text.contains("streaming_error"), "{text}");
-    let failed = wait_for(Duration::from_secs(10), || async {
-        (state(l, model).await["runtime_state"] == "failed").then_some(())
-    })
-    .await;
-    assert!(failed.is_some(), "the crash was noticed");
+    until_state(l, model, "failed").await;
 }
 
 /// A chat that is refused with the back-off: its Retry-After (s) and the pause in its message.
@@ -423,20 +417,11 @@ async fn a_client_that_hangs_up_while_its_model_loads_leaves_nothing_held() {
         let (http, url) = (l.http.clone(), l.url("/api/v1/chat/completions"));
         async move { http.post(url).json(&body).send().await }
     });
-    let loading = wait_for(Duration::from_secs(10), || async {
-        (state(&l, &x("slow")).await["runtime_state"] == "loading").then_some(())
-    })
-    .await;
-    assert!(loading.is_some());
+    until_state(&l, &x("slow"), "loading").await;
     req.abort();
     assert!(req.await.unwrap_err().is_cancelled(), "the client hung up before an answer");
     // The load carries on; nobody holds the model once it is loaded, so it gives way at once.
-    let loaded = wait_for(Duration::from_secs(10), || async {
-        let row = state(&l, &x("slow")).await;
-        (row["runtime_state"] == "loaded").then_some(row)
-    })
-    .await
-    .expect("the load finished");
+    let loaded = until_state(&l, &x("slow"), "loaded").await;
     assert_eq!(loaded["inflight_requests"], 0, "{loaded}");
     let t = Instant::now();
     assert_eq!(l.chat(&x("b")).await.0, 200, "another model takes the only slot");
@@ -470,35 +455,21 @@ async fn no_auto_load_answers_loading_unloading_and_failed_with_their_codes() {
     .await;
     let code = |e: &Value| e["error"]["code"].as_str().map(str::to_string);
     // Loading.
-    let load = tokio::spawn({
-        let (http, url) = (l.http.clone(), l.url("/api/v1/load"));
-        async move { http.post(url).json(&json!({"model_name": "extra.slow.gguf"})).send().await.unwrap().status() }
-    });
-    let loading = wait_for(Duration::from_secs(10), || async {
-        (state(&l, &x("slow")).await["runtime_state"] == "loading").then_some(())
-    })
-    .await;
-    assert!(loading.is_some());
+    let load = spawn_post(&l, "/api/v1/load", json!({"model_name": x("slow")}));
+    until_state(&l, &x("slow"), "loading").await;
     let (s, e) = l.chat(&x("slow")).await;
     assert_eq!((s, code(&e).as_deref()), (409, Some("model_loading")), "{e}");
-    assert_eq!(load.await.unwrap(), 200);
+    assert_eq!(load.await.unwrap().0, 200);
     // Unloading: a stream holds the model while it unloads.
     assert_eq!(l.post("/api/v1/load", &json!({"model_name": x("a")})).await.0, 200);
     let rest = first_chunk(slow_stream(&l, &x("a")).await).await;
     let reader = tokio::spawn(async move { read_rest(Box::pin(rest)).await });
-    let unload = tokio::spawn({
-        let (http, url) = (l.http.clone(), l.url("/api/v1/unload"));
-        async move { http.post(url).json(&json!({"model_name": "extra.a.gguf"})).send().await.unwrap().status() }
-    });
-    let unloading = wait_for(Duration::from_secs(10), || async {
-        (state(&l, &x("a")).await["runtime_state"] == "unloading").then_some(())
-    })
-    .await;
-    assert!(unloading.is_some());
+    let unload = spawn_post(&l, "/api/v1/unload", json!({"model_name": x("a")}));
+    until_state(&l, &x("a"), "unloading").await;
     let (s, e) = l.chat(&x("a")).await;
     assert_eq!((s, code(&e).as_deref()), (409, Some("model_unloading")), "{e}");
     assert!(reader.await.unwrap().trim_end().ends_with("data: [DONE]"));
-    assert_eq!(unload.await.unwrap(), 200);
+    assert_eq!(unload.await.unwrap().0, 200);
     // Failed.
     let (s, _) = l.post("/api/v1/load", &json!({"model_name": x("r")})).await;
     assert_eq!(s, 500);

@@ -215,9 +215,7 @@ async fn admin_api_states_overrides_and_errors() {
 async fn real_llama_server_busy_model_drains_before_eviction() {
     use futures_util::StreamExt;
     let l = Lemonade::start(bin(), &[]).await;
-    let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "Tell me about the sea."}],
-                      "max_tokens": 48, "ignore_eos": true, "stream": true});
-    let r = l.http.post(l.url("/api/v1/chat/completions")).json(&body).send().await.unwrap();
+    let r = long_stream(&l, 48).await;
     let mut stream = r.bytes_stream();
     let mut text = String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()).into_owned();
     let smol_pid = child_pids(l.pid());
@@ -236,11 +234,7 @@ async fn real_llama_server_busy_model_drains_before_eviction() {
     }
     let stream_done = std::time::Instant::now();
     assert!(text.trim_end().ends_with("data: [DONE]"), "SMOL's stream was not cut: {text}");
-    let tokens = sse_data(&text)
-        .iter()
-        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .filter(|v| v["choices"][0]["delta"]["content"].as_str().is_some_and(|c| !c.is_empty()))
-        .count();
+    let tokens = content_chunks(&text);
     assert_eq!(tokens, 48, "all 48 tokens arrived");
     let (gemma_done, status) = gemma.await.unwrap();
     assert_eq!(status, 200);
@@ -269,6 +263,24 @@ async fn real_llama_server_wedged_is_killed_by_the_watchdog() {
     assert_eq!(l.chat(SMOL).await.0, 200, "reloaded by the next request");
 }
 
+/// A streamed chat of exactly `tokens` tokens from SMOL (EOS ignored).
+async fn long_stream(l: &Lemonade, tokens: u32) -> reqwest::Response {
+    let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "Tell me about the sea."}],
+                      "max_tokens": tokens, "ignore_eos": true, "stream": true});
+    let r = l.http.post(l.url("/api/v1/chat/completions")).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    r
+}
+
+/// How many chunks of an SSE chat stream carry content.
+fn content_chunks(text: &str) -> usize {
+    sse_data(text)
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|v| v["choices"][0]["delta"]["content"].as_str().is_some_and(|c| !c.is_empty()))
+        .count()
+}
+
 /// The llama-server children of the server, by pid.
 fn backends(l: &Lemonade) -> Vec<u32> {
     child_pids(l.pid())
@@ -278,9 +290,7 @@ fn backends(l: &Lemonade) -> Vec<u32> {
 async fn real_llama_server_unload_waits_for_the_stream_then_a_waiting_request_reloads() {
     use futures_util::StreamExt;
     let l = Lemonade::start(bin(), &[]).await;
-    let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "Tell me about the sea."}],
-                      "max_tokens": 64, "ignore_eos": true, "stream": true});
-    let r = l.http.post(l.url("/api/v1/chat/completions")).json(&body).send().await.unwrap();
+    let r = long_stream(&l, 64).await;
     let first_pid = backends(&l);
     assert_eq!(first_pid.len(), 1);
     let mut stream = r.bytes_stream();
@@ -308,11 +318,7 @@ async fn real_llama_server_unload_waits_for_the_stream_then_a_waiting_request_re
         text.push_str(&c);
     }
     assert!(text.trim_end().ends_with("data: [DONE]"), "the stream was not cut: {text}");
-    let tokens = sse_data(&text)
-        .iter()
-        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .filter(|v| v["choices"][0]["delta"]["content"].as_str().is_some_and(|c| !c.is_empty()))
-        .count();
+    let tokens = content_chunks(&text);
     assert_eq!(tokens, 64, "every token arrived");
     assert!(after_unloading > 0, "llama-server kept streaming after the unload began");
     assert_eq!(unload.await.unwrap(), 200);
