@@ -264,3 +264,42 @@ async fn a_backend_that_cannot_be_installed_fails_the_load_clearly() {
     let (s, v) = l.chat(SMOL).await;
     assert_eq!(s, 200, "{v}");
 }
+
+#[tokio::test]
+async fn an_unload_during_the_install_before_a_load_cancels_it_at_once() {
+    // The first load installs llama-server from a slow release site (at least 8 s of the
+    // double's sleeps); an unload in the meantime finds no process yet. It must still cancel
+    // the load at once, and no backend may start once the install is done.
+    let s = releases(0).await;
+    s.double.set_knobs(Knobs { chunk_delay: Some(Duration::from_millis(100)), ..Default::default() });
+    let sandbox = Sandbox::new();
+    release::pin(&sandbox.cache(), NEW, Some(&s.sha));
+    let l = start(sandbox, &s).await;
+    let load = tokio::spawn({
+        let (http, url) = (l.http.clone(), l.url("/api/v1/load"));
+        async move {
+            let r = http.post(url).json(&json!({"model_name": SMOL})).send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    });
+    let installing = wait_for(Duration::from_secs(20), || async {
+        (l.log().contains("backend not installed: installing it before loading")).then_some(())
+    })
+    .await;
+    assert!(installing.is_some(), "the load is installing the backend");
+    let t = std::time::Instant::now();
+    let (st, v) = l.post("/api/v1/unload", &json!({"model_name": SMOL})).await;
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = load.await.unwrap();
+    assert_eq!((st, v["error"]["code"].as_str()), (409, Some("conflict")), "{v}");
+    assert!(t.elapsed() < Duration::from_secs(4), "cancelled at once, not after the install: {:?}", t.elapsed());
+    // The install itself finishes (it is shared); no llama-server is started for the cancelled load.
+    let installed =
+        wait_for(Duration::from_secs(60), || async { (cpu_state(&l).await["state"] == "installed").then_some(()) })
+            .await;
+    assert!(installed.is_some(), "the install completed");
+    let (_, v) = l.get("/v1/admin/models").await;
+    let row = v["models"].as_array().unwrap().iter().find(|m| m["name"] == SMOL).unwrap().clone();
+    assert_eq!(row["runtime_state"], "unloaded", "{row}");
+    assert!(child_pids(l.pid()).is_empty(), "no backend was started for the cancelled load");
+}

@@ -72,6 +72,9 @@ pub struct Runtime {
     tx: mpsc::UnboundedSender<Event<Opts>>,
     answers: Mutex<HashMap<ReqId, oneshot::Sender<Answer>>>,
     running: Mutex<HashMap<String, Arc<Running>>>,
+    /// Starts in progress whose process is not registered yet (resolving or installing the
+    /// binary): model → a stop came meanwhile. Locked after `running`, never before it.
+    starts: Mutex<HashMap<String, tokio::sync::watch::Sender<bool>>>,
     view: RwLock<BTreeMap<String, ModelView>>,
     /// Runtime-only admin load overrides of loaded models.
     overrides: Mutex<HashMap<String, Value>>,
@@ -155,6 +158,7 @@ impl Runtime {
             tx,
             answers: Mutex::new(HashMap::new()),
             running: Mutex::new(HashMap::new()),
+            starts: Mutex::new(HashMap::new()),
             view: RwLock::new(BTreeMap::new()),
             overrides: Mutex::new(HashMap::new()),
             locks: Locks::default(),
@@ -382,16 +386,30 @@ impl Runtime {
     fn execute(self: &Arc<Self>, e: Effect<Opts>) {
         match e {
             Effect::Start { model, options } => {
+                // Known as starting before any later effect runs, so a stop can cancel it.
+                let (cancel, cancelled) = tokio::sync::watch::channel(false);
+                self.starts.lock().unwrap_or_else(|e| e.into_inner()).insert(model.clone(), cancel);
                 let rt = self.clone();
                 tokio::spawn(async move {
-                    let result = rt.start(&model, options).await;
+                    let result = rt.start(&model, options, cancelled).await;
+                    rt.starts.lock().unwrap_or_else(|e| e.into_inner()).remove(&model);
                     let _ = rt.tx.send(Event::Started { model, result });
                 });
             }
             Effect::Stop { model } => {
                 let rt = self.clone();
                 tokio::spawn(async move {
-                    let r = rt.running.lock().unwrap_or_else(|e| e.into_inner()).remove(&model);
+                    let r = {
+                        let mut running = rt.running.lock().unwrap_or_else(|e| e.into_inner());
+                        let r = running.remove(&model);
+                        if r.is_none() {
+                            // Not spawned yet: the start sees this and gives up.
+                            if let Some(c) = rt.starts.lock().unwrap_or_else(|e| e.into_inner()).get(&model) {
+                                c.send_replace(true);
+                            }
+                        }
+                        r
+                    };
                     if let Some(r) = r {
                         tracing::info!(model = %model, "stopping backend");
                         r.backend.stop(rt.cfg.stop_grace).await;
@@ -419,7 +437,12 @@ impl Runtime {
 
     /// Starts the backend of `name`; the process is registered as soon as it exists so a
     /// stop can cancel the start.
-    async fn start(self: &Arc<Self>, name: &str, options: Opts) -> Result<(), LoadError> {
+    async fn start(
+        self: &Arc<Self>,
+        name: &str,
+        options: Opts,
+        mut cancel: tokio::sync::watch::Receiver<bool>,
+    ) -> Result<(), LoadError> {
         let fatal = |message: String| LoadError { message: self.redact(&message), missing_file: true };
         let reg = self.registry();
         let info = reg.get(name).map_err(|e| fatal(e.to_string()))?.clone();
@@ -443,10 +466,19 @@ impl Runtime {
             port,
         };
         let launch = backends::launch(info.recipe, &input).map_err(|e| fatal(e.to_string()))?;
-        let program =
-            self.backend_binary(info.recipe, &backends::backend_of(info.recipe, &options)).await.map_err(fatal)?;
+        let cancelled = || LoadError { message: "the load was cancelled by an unload".into(), missing_file: false };
+        // Resolving the binary may install it (minutes): an unload meanwhile cancels the load at
+        // once, while the install itself runs on to the end.
+        let backend_name = backends::backend_of(info.recipe, &options);
+        let program = tokio::select! {
+            p = self.backend_binary(info.recipe, &backend_name) => p.map_err(fatal)?,
+            _ = cancel.wait_for(|c| *c) => return Err(cancelled()),
+        };
         let spec = SpawnSpec::new(name, program, launch, self.cfg.ready_timeout);
         let started = Instant::now();
+        if *cancel.borrow() {
+            return Err(cancelled());
+        }
         let backend = Backend::spawn(spec).map_err(|e| fatal(e.to_string()))?;
         let running = Arc::new(Running {
             info,
@@ -456,7 +488,18 @@ impl Runtime {
             seq: self.seq.fetch_add(1, Ordering::Relaxed),
             wedged: std::sync::atomic::AtomicBool::new(false),
         });
-        self.running.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string(), running.clone());
+        {
+            let mut all = self.running.lock().unwrap_or_else(|e| e.into_inner());
+            if !*cancel.borrow() {
+                all.insert(name.to_string(), running.clone());
+            }
+        }
+        if *cancel.borrow() {
+            // A stop came while the binary was being resolved and found no process to stop.
+            tracing::info!(model = %name, "load cancelled while starting: stopping the new backend");
+            backend.stop(self.cfg.stop_grace).await;
+            return Err(cancelled());
+        }
         if let Err(e) = backend.ready(&self.http).await {
             self.unregister(name, &running);
             return Err(LoadError { message: self.redact(&e.to_string()), missing_file: false });
@@ -501,13 +544,17 @@ impl Runtime {
 
     /// The backend's executable; a missing one is installed first when this platform has a
     /// release for it (v9's auto-install on first load).
-    async fn backend_binary(&self, recipe: Recipe, backend: &str) -> Result<PathBuf, String> {
+    async fn backend_binary(self: &Arc<Self>, recipe: Recipe, backend: &str) -> Result<PathBuf, String> {
         let (dir, exe) = recipe.dir_and_exe();
         let resolve = || binary::resolve_from_env(&self.cfg.cache_dir, dir, backend, exe);
         if let Some(r) = resolve() {
             return Ok(r.path);
         }
-        let installed = installs::auto_install(&self.cfg, &self.locks, recipe.as_str(), backend).await;
+        // Its own task: a cancelled load stops waiting for the install, not the install.
+        let (rt, b) = (self.clone(), backend.to_string());
+        let install =
+            tokio::spawn(async move { installs::auto_install(&rt.cfg, &rt.locks, recipe.as_str(), &b).await });
+        let installed = install.await.map_err(|e| format!("the install task failed: {e}"))?;
         if installed.map_err(|e| e.to_string())? {
             if let Some(r) = resolve() {
                 return Ok(r.path);
