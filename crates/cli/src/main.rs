@@ -192,6 +192,9 @@ struct ServeArgs {
     /// Seconds a model may take to load before the load is abandoned.
     #[arg(long, env = "LEMONADE_LOAD_TIMEOUT", default_value_t = 600)]
     load_timeout: u64,
+    /// Unload a model that has had no request for this many seconds (0 = never).
+    #[arg(long, env = "LEMONADE_IDLE_TIMEOUT", default_value_t = 0)]
+    idle_timeout: u64,
     /// The crash back-off's first pause (ms); it doubles with each crash in a row.
     #[arg(long, env = "LEMONADE_CRASH_BACKOFF_MS", default_value_t = 1_000, hide = true)]
     crash_backoff_ms: u64,
@@ -259,6 +262,7 @@ async fn serve(
     cfg.auto_load = !args.no_auto_load;
     cfg.stop_grace = Duration::from_secs(args.stop_timeout);
     cfg.pull_timeout = Duration::from_secs(args.pull_timeout);
+    cfg.idle_timeout = (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout));
     cfg.crash_backoff = (Duration::from_millis(args.crash_backoff_ms), Duration::from_millis(args.crash_reset_ms));
     cfg.watchdog_interval = (args.watchdog_interval_ms > 0).then(|| Duration::from_millis(args.watchdog_interval_ms));
     cfg.access.api_key = api_key.filter(|k| !k.is_empty());

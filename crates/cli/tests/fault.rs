@@ -558,3 +558,24 @@ async fn shutdown_with_a_stream_a_pull_and_an_install_open_ends_each_and_leaves_
     let (s, v) = l.post("/api/v1/install", &json!({"recipe": "llamacpp", "backend": "cpu"})).await;
     assert_eq!((s, v["version"].as_str()), (200, Some("b9999")), "{v}");
 }
+
+#[tokio::test]
+async fn an_idle_model_is_unloaded_after_the_idle_timeout_and_a_busy_one_is_not() {
+    let l = start(&[("a", None, json!({"token_delay_ms": 100, "tokens": 25}))], &["--idle-timeout", "1"]).await;
+    // A 2.5 s stream: longer than the timeout, and the model stays loaded while it runs.
+    let (_, text) = read_stream(slow_stream(&l, &x("a")).await).await;
+    let ended = Instant::now();
+    assert!(text.contains("tok24") && text.trim_end().ends_with("data: [DONE]"), "not cut while busy: {text}");
+    let backend = child_pids(l.pid());
+    assert_eq!(backend.len(), 1, "still loaded when the stream ends");
+    let unloaded = wait_for(Duration::from_secs(10), || async {
+        let row = state(&l, &x("a")).await;
+        (row["runtime_state"] == "unloaded").then(Instant::now)
+    })
+    .await
+    .expect("unloaded once idle");
+    assert!(unloaded - ended >= Duration::from_millis(900), "not before a second of idleness: {:?}", unloaded - ended);
+    assert!(!alive(backend[0]), "its backend stopped");
+    assert!(loaded_names(&l.get("/api/v1/health").await.1).is_empty());
+    assert_eq!(l.chat(&x("a")).await.0, 200, "the next request loads it again");
+}

@@ -79,6 +79,9 @@ pub enum Event<O> {
     Stopped { model: String },
     /// A backend exited on its own.
     Exited { model: String, error: String },
+    /// Time passed (the executor sends it at [`Machine::next_deadline`]): idle models whose
+    /// timeout is over are unloaded.
+    Tick,
 }
 
 /// Why a request was not granted.
@@ -237,6 +240,8 @@ pub struct Machine<O> {
     crash_reset_ms: u64,
     /// The first back-off (after the second crash in a row).
     crash_backoff_ms: u64,
+    /// A model with no request for this long is unloaded (None: never).
+    idle_timeout_ms: Option<u64>,
 }
 
 impl<O: Clone + PartialEq> Machine<O> {
@@ -254,6 +259,44 @@ impl<O: Clone + PartialEq> Machine<O> {
             now: 0,
             crash_reset_ms: CRASH_RESET_MS,
             crash_backoff_ms: CRASH_BACKOFF_MS,
+            idle_timeout_ms: None,
+        }
+    }
+
+    /// Unloads a model that has had no request for `ms` (None: never, the default).
+    pub fn with_idle_timeout_ms(mut self, ms: Option<u64>) -> Machine<O> {
+        self.idle_timeout_ms = ms;
+        self
+    }
+
+    /// When the next idle model times out (ms, the clock of `handle`), if any.
+    pub fn next_deadline(&self) -> Option<u64> {
+        let t = self.idle_timeout_ms?;
+        self.models.values().filter(|e| self.idle(e)).map(|e| e.last_use + t).min()
+    }
+
+    /// Loaded, with nothing in flight or waiting and no reload pending: may time out.
+    fn idle(&self, e: &Entry<O>) -> bool {
+        e.state == State::Loaded
+            && e.in_flight.is_empty()
+            && e.waiting.is_empty()
+            && e.load_waiters.is_empty()
+            && e.pending.is_none()
+            && self.current.as_deref() != Some(e.model.name.as_str())
+    }
+
+    /// Unloads every idle model whose timeout is over.
+    fn expire_idle(&mut self) {
+        let Some(t) = self.idle_timeout_ms else { return };
+        let now = self.now;
+        let expired: Vec<String> = self
+            .models
+            .values()
+            .filter(|e| self.idle(e) && now >= e.last_use + t)
+            .map(|e| e.model.name.clone())
+            .collect();
+        for name in expired {
+            self.begin_unload(&name);
         }
     }
 
@@ -290,7 +333,9 @@ impl<O: Clone + PartialEq> Machine<O> {
             Event::Started { model, result } => self.started(&model, result),
             Event::Stopped { model } => self.stopped(&model),
             Event::Exited { model, error } => self.exited(&model, error),
+            Event::Tick => {}
         }
+        self.expire_idle();
         self.try_start();
         self.pump();
         std::mem::take(&mut self.out)

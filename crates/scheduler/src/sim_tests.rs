@@ -17,7 +17,9 @@
 //!    until its pause is over; a first crash reloads at once;
 //! 10. a load with the options the model already runs with is answered at once and touches
 //!     nothing;
-//! 11. once the clients stop and the executor drains, every request, load and unload has been
+//! 11. with an idle timeout, no model stays loaded and idle past it (each seed draws one, or
+//!     none);
+//! 12. once the clients stop and the executor drains, every request, load and unload has been
 //!     answered, and a last request to every model is granted (no dead ends).
 //!
 //! `SCHEDULER_SIM_SEEDS` (default 1,000) and `SCHEDULER_SIM_STEPS` (default 300) scale the run;
@@ -77,6 +79,7 @@ const RESET_MS: u64 = 400;
 
 struct Sim {
     seed: u64,
+    idle_timeout: Option<u64>,
     m: Machine<u32>,
     models: Vec<ModelRef>,
     limits: Limits,
@@ -113,11 +116,14 @@ fn draw_limits(rng: &mut Rng) -> Limits {
 }
 
 impl Sim {
-    fn new(seed: u64, limits: Limits) -> Sim {
+    fn new(seed: u64, limits: Limits, idle_timeout: Option<u64>) -> Sim {
         let m = |name: &str, model_type, npu| ModelRef { name: name.into(), model_type, npu };
         Sim {
             seed,
-            m: Machine::new(limits.clone()).with_crash_backoff(CRASH_BACKOFF_MS, RESET_MS),
+            idle_timeout,
+            m: Machine::new(limits.clone())
+                .with_crash_backoff(CRASH_BACKOFF_MS, RESET_MS)
+                .with_idle_timeout_ms(idle_timeout),
             models: vec![
                 m("llm-a", ModelType::Llm, false),
                 m("llm-b", ModelType::Llm, false),
@@ -153,9 +159,10 @@ impl Sim {
     fn fail(&self, msg: &str) -> ! {
         let tail: Vec<&String> = self.log.iter().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
         panic!(
-            "seed {} (limits {:?}): {msg}\nreplay: SCHEDULER_SIM_FIRST_SEED={} SCHEDULER_SIM_SEEDS=1\nlast events:\n{}",
+            "seed {} (limits {:?}, idle timeout {:?}): {msg}\nreplay: SCHEDULER_SIM_FIRST_SEED={} SCHEDULER_SIM_SEEDS=1\nlast events:\n{}",
             self.seed,
             self.limits.0,
+            self.idle_timeout,
             self.seed,
             tail.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n")
         );
@@ -265,6 +272,26 @@ impl Sim {
         if self.procs.values().filter(|p| **p == Proc::Starting).count() > 1 {
             self.fail("two backends starting at once");
         }
+        if let Some(t) = self.idle_timeout {
+            let stale = self.m.entries().find(|e| {
+                e.state == State::Loaded
+                    && e.in_flight.is_empty()
+                    && e.waiting.is_empty()
+                    && e.pending.is_none()
+                    && self.now >= e.last_use + t
+            });
+            if let Some(e) = stale {
+                self.fail(&format!(
+                    "{} idle since {} is still loaded at {} (timeout {t})",
+                    e.model.name, e.last_use, self.now
+                ));
+            }
+            if let Some(d) = self.m.next_deadline() {
+                if d <= self.now {
+                    self.fail(&format!("the next idle deadline {d} is already past at {}", self.now));
+                }
+            }
+        }
     }
 
     /// Invariants 7 to 10: what one event may do, judged from the entries before and after it.
@@ -351,9 +378,15 @@ impl Sim {
                     self.crashes.entry(model.name.clone()).or_default().retry_after = 0;
                 }
                 if b.is_some_and(|b| b.state == State::Loaded && b.options == Some(*options) && b.pending.is_none()) {
-                    // Invariant 10: same options, nothing to do.
+                    // Invariant 10: same options, nothing to do (other models may time out in the
+                    // same step: invariant 11 judges those).
                     let done = Effect::LoadDone { req: *req, model: model.name.clone(), result: LoadOutcome::Loaded };
-                    if fx != [done] || state(after, &model.name) != State::Loaded {
+                    let touched = fx.iter().any(|e| match e {
+                        Effect::Start { model: m, .. } | Effect::Stop { model: m } => *m == model.name,
+                        Effect::LoadDone { .. } => *e != done,
+                        _ => true,
+                    });
+                    if !fx.contains(&done) || touched || state(after, &model.name) != State::Loaded {
                         self.fail(&format!("a same-options load of {} did {fx:?}", model.name));
                     }
                     return;
@@ -438,7 +471,13 @@ impl Sim {
                 let ok = rng.chance(75);
                 self.complete_start(rng, ok)
             }
-            10 => self.complete_stop(rng),
+            10 if rng.chance(50) => self.complete_stop(rng),
+            10 => {
+                // The executor's timer: time passes to the next idle deadline, or a little.
+                let next = self.m.next_deadline().unwrap_or(self.now + 100);
+                self.now = self.now.max(next);
+                self.send(Event::Tick);
+            }
             _ => {
                 // A running backend crashes.
                 if rng.chance(30) {
@@ -505,7 +544,8 @@ impl Sim {
 fn run(seed: u64, steps: usize) {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let limits = draw_limits(&mut rng);
-    let mut sim = Sim::new(seed, limits);
+    let idle = rng.chance(50).then(|| 200 + rng.below(1300) as u64);
+    let mut sim = Sim::new(seed, limits, idle);
     for _ in 0..steps {
         sim.step(&mut rng);
     }
@@ -800,4 +840,25 @@ fn a_cancel_that_crosses_its_grant_gives_the_model_back() {
     // A second cancel or a release of the same request changes nothing.
     d.ev(Event::Cancel { req });
     d.ev(Event::Release { req });
+}
+
+#[test]
+fn an_idle_model_is_unloaded_after_its_timeout_and_a_busy_one_never() {
+    let mut d = Drive::new(-1);
+    d.m = Machine::new(Limits::uniform(-1)).with_idle_timeout_ms(Some(1_000));
+    let a = d.use_model(&llm("a"));
+    d.ev(Event::Release { req: a });
+    let released = d.now;
+    let held = d.use_model(&llm("b"));
+    assert_eq!(d.m.next_deadline(), Some(released + 1_000), "only the idle model has a deadline");
+    d.now = released + 980; // `ev` adds 10 ms: handled at 990
+    assert!(d.ev(Event::Tick).is_empty(), "not before its time");
+    d.now = released + 5_000;
+    let fx = d.ev(Event::Tick);
+    assert_eq!(fx, vec![Effect::Stop { model: "a".into() }], "A timed out; B is busy");
+    d.ev(Event::Stopped { model: "a".into() });
+    assert_eq!((d.state("a"), d.state("b")), (State::Unloaded, State::Loaded));
+    d.ev(Event::Release { req: held });
+    let b_idle = d.now;
+    assert_eq!(d.m.next_deadline(), Some(b_idle + 1_000), "B's timer starts when its last request ends");
 }

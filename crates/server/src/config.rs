@@ -32,6 +32,8 @@ pub struct Config {
     pub watchdog_interval: Option<Duration>,
     /// How long an automatic pull (inference or `/load` on a model not downloaded) may take.
     pub pull_timeout: Duration,
+    /// A model with no request for this long is unloaded (None: never).
+    pub idle_timeout: Option<Duration>,
     /// The crash back-off's first pause, and how long a backend must run before its crashes
     /// stop counting towards it.
     pub crash_backoff: (Duration, Duration),
@@ -81,6 +83,7 @@ impl Config {
             stop_grace: Duration::from_secs(5),
             watchdog_interval: Some(Duration::from_secs(5)),
             pull_timeout: Duration::from_secs(3600),
+            idle_timeout: None,
             crash_backoff: (
                 Duration::from_millis(scheduler::machine::CRASH_BACKOFF_MS),
                 Duration::from_millis(scheduler::machine::CRASH_RESET_MS),

@@ -150,7 +150,8 @@ impl Runtime {
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let machine = Machine::new(cfg.max_loaded_models.clone())
-            .with_crash_backoff(cfg.crash_backoff.0.as_millis() as u64, cfg.crash_backoff.1.as_millis() as u64);
+            .with_crash_backoff(cfg.crash_backoff.0.as_millis() as u64, cfg.crash_backoff.1.as_millis() as u64)
+            .with_idle_timeout_ms(cfg.idle_timeout.map(|t| t.as_millis() as u64));
         let rt = Arc::new(Runtime {
             cfg,
             registry: RwLock::new(Arc::new(registry)),
@@ -575,7 +576,19 @@ impl Runtime {
 
 /// The owner task: the only place the state machine runs.
 async fn owner(rt: Weak<Runtime>, mut rx: mpsc::UnboundedReceiver<Event<Opts>>, mut machine: Machine<Opts>) {
-    while let Some(ev) = rx.recv().await {
+    let Some(epoch) = rt.upgrade().map(|r| r.epoch) else { return };
+    loop {
+        // The machine's next idle deadline is the only timer: a `Tick` when it is due.
+        let deadline =
+            machine.next_deadline().map(|ms| tokio::time::Instant::from_std(epoch) + Duration::from_millis(ms));
+        let ev = match deadline {
+            Some(at) => tokio::select! {
+                ev = rx.recv() => ev,
+                _ = tokio::time::sleep_until(at) => Some(Event::Tick),
+            },
+            None => rx.recv().await,
+        };
+        let Some(ev) = ev else { return };
         let Some(rt) = rt.upgrade() else { return };
         let effects = machine.handle(ev, rt.now_ms());
         rt.publish(&machine);
