@@ -4,11 +4,12 @@
 //! These rules also run against real llama-server (lifecycle.rs, e2e.rs): LRU eviction and
 //! per-type limits `3 2 1` with real models, draining a busy model before eviction, an unload
 //! that waits for a stream and then a waiting request that reloads, a failed start's exit status
-//! and log tail (a corrupt GGUF), an unload during a load killing the starting process, a missing
-//! file evicting nothing, a killed backend reloading, the watchdog. Only the fake can show these:
-//! evict-all-and-retry after a first failed start (real llama-server cannot fail once and then
-//! succeed), a backend that ignores SIGTERM, the crash back-off's timing, the NPU exclusion (no
-//! NPU here), a stream without `[DONE]`, and load timeouts.
+//! and log tail (a corrupt GGUF), an unload during a load killing the starting process, a start
+//! past `--load-timeout` (frozen with SIGSTOP), a missing file evicting nothing, a killed backend
+//! reloading, a crash loop refused with `Retry-After`, the idle timeout, the watchdog. Only the
+//! fake can show these: evict-all-and-retry ending in success (real llama-server cannot fail once
+//! and then succeed), a backend that ignores SIGTERM, the back-off's growth and reset (minutes of
+//! real crashes), the NPU exclusion (no NPU here), and a stream without `[DONE]`.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -58,14 +59,9 @@ fn spawn_post(l: &Lemonade, path: &str, body: Value) -> tokio::task::JoinHandle<
     })
 }
 
-/// Reads a whole SSE stream; returns the instant it ended and its text.
-async fn read_stream(r: reqwest::Response) -> (Instant, String) {
-    let mut body = Vec::new();
-    let mut s = r.bytes_stream();
-    while let Some(c) = s.next().await {
-        body.extend_from_slice(&c.unwrap());
-    }
-    (Instant::now(), String::from_utf8_lossy(&body).into_owned())
+/// Reads a whole SSE stream; returns its text.
+async fn read_stream(r: reqwest::Response) -> String {
+    read_rest(Box::pin(r.bytes_stream())).await
 }
 
 async fn slow_stream(l: &Lemonade, model: &str) -> reqwest::Response {
@@ -222,7 +218,7 @@ async fn a_backend_that_refuses_to_start_leaves_the_model_failed_with_its_log() 
 #[tokio::test]
 async fn crash_mid_stream_ends_with_an_error_frame_and_the_model_reloads() {
     let l = start(&[("c", None, json!({"token_delay_ms": 20, "tokens": 10, "crash_after_tokens": 3}))], &[]).await;
-    let (_, text) = read_stream(slow_stream(&l, &x("c")).await).await;
+    let text = read_stream(slow_stream(&l, &x("c")).await).await;
     let last = sse_data(&text).pop().unwrap();
     let v: Value = serde_json::from_str(&last).unwrap_or_else(|_| panic!("{text}"));
     assert_eq!(v["error"]["type"], "streaming_error");
@@ -345,7 +341,7 @@ async fn load_with_other_settings_restarts_in_place_and_same_settings_do_nothing
 
 /// Streams from `model` (which crashes after its first token) and waits until it is `failed`.
 async fn crash(l: &Lemonade, model: &str) {
-    let (_, text) = read_stream(slow_stream(l, model).await).await;
+    let text = read_stream(slow_stream(l, model).await).await;
     assert!(text.contains("streaming_error"), "{text}");
     until_state(l, model, "failed").await;
 }
@@ -433,7 +429,7 @@ async fn a_client_that_hangs_up_while_its_model_loads_leaves_nothing_held() {
 async fn a_stream_without_done_gets_one_and_stats_come_from_the_tail_of_a_long_stream() {
     // 300 tokens of 256 bytes: over 64 KiB, more than the tail the proxy keeps (16 to 32 KiB).
     let l = start(&[("long", None, json!({"omit_done": true, "tokens": 300, "token_bytes": 256}))], &[]).await;
-    let (_, text) = read_stream(slow_stream(&l, &x("long")).await).await;
+    let text = read_stream(slow_stream(&l, &x("long")).await).await;
     assert!(text.len() > 64 * 1024, "{} bytes", text.len());
     assert!(text.contains("tok299"), "every token arrived");
     assert_eq!(text.matches("data: [DONE]").count(), 1, "exactly one [DONE]");
@@ -563,7 +559,7 @@ async fn shutdown_with_a_stream_a_pull_and_an_install_open_ends_each_and_leaves_
 async fn an_idle_model_is_unloaded_after_the_idle_timeout_and_a_busy_one_is_not() {
     let l = start(&[("a", None, json!({"token_delay_ms": 100, "tokens": 25}))], &["--idle-timeout", "1"]).await;
     // A 2.5 s stream: longer than the timeout, and the model stays loaded while it runs.
-    let (_, text) = read_stream(slow_stream(&l, &x("a")).await).await;
+    let text = read_stream(slow_stream(&l, &x("a")).await).await;
     let ended = Instant::now();
     assert!(text.contains("tok24") && text.trim_end().ends_with("data: [DONE]"), "not cut while busy: {text}");
     let backend = child_pids(l.pid());

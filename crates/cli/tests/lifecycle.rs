@@ -329,38 +329,115 @@ async fn real_llama_server_unload_waits_for_the_stream_then_a_waiting_request_re
     assert_eq!(loaded_names(&l.get("/api/v1/health").await.1), [SMOL]);
 }
 
+/// `POST /api/v1/load` of `model` in the background: its status and JSON body.
+fn load_in_background(l: &Lemonade, model: &str) -> tokio::task::JoinHandle<(u16, Value)> {
+    let (http, url, body) = (l.http.clone(), l.url("/api/v1/load"), json!({"model_name": model}));
+    tokio::spawn(async move {
+        let r = http.post(url).json(&body).send().await.unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    })
+}
+
+/// Freezes (SIGSTOP) the next backend `l` spawns that is not in `seen`, the moment it exists:
+/// /proc is polled without pause for at most 10 s. llama-server needs well over that moment to
+/// load even SmolLM2, so it is caught while it starts. Its pid.
+async fn freeze_next_backend(l: &Lemonade, seen: &[u32]) -> Option<u32> {
+    let (pid, seen) = (l.pid(), seen.to_vec());
+    tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if let Some(c) = child_pids(pid).into_iter().find(|c| !seen.contains(c)) {
+                unsafe {
+                    libc::kill(c as i32, libc::SIGSTOP);
+                }
+                return Some(c);
+            }
+            std::thread::yield_now();
+        }
+        None
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn real_llama_server_a_start_past_the_load_timeout_is_stopped_and_fails_clearly() {
+    let l = Lemonade::start(bin(), &["--load-timeout", "1"]).await;
+    let load = load_in_background(&l, SMOL);
+    // Both attempts (the first, and the retry after evict-all) are frozen while they start.
+    let first = freeze_next_backend(&l, &[]).await.expect("llama-server was spawned");
+    let second = freeze_next_backend(&l, &[first]).await.expect("the load was retried");
+    let (s, v) = load.await.unwrap();
+    assert_eq!((s, v["error"]["code"].as_str()), (500, Some("model_load_error")), "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("backend was not ready after 1 s. Last log lines:"), "{msg}");
+    for p in [first, second] {
+        assert!(wait_for(std::time::Duration::from_secs(10), || async { (!alive(p)).then_some(()) }).await.is_some());
+    }
+    let (_, v) = l.get("/v1/admin/models").await;
+    assert_eq!(admin_row(&v, SMOL)["runtime_state"], "failed");
+    assert!(backends(&l).is_empty());
+}
+
+#[tokio::test]
+async fn real_llama_server_crash_loop_is_refused_with_retry_after_then_reloads() {
+    let l = Lemonade::start(bin(), &[]).await;
+    let kill_and_wait = || async {
+        let pid = backends(&l)[0];
+        unsafe {
+            libc::kill(pid as i32, libc::SIGKILL);
+        }
+        let failed = wait_for(std::time::Duration::from_secs(10), || async {
+            let (_, v) = l.get("/v1/admin/models").await;
+            (admin_row(&v, SMOL)["runtime_state"] == "failed").then_some(())
+        })
+        .await;
+        assert!(failed.is_some(), "the crash of {pid} was noticed");
+    };
+    assert_eq!(l.chat(SMOL).await.0, 200);
+    kill_and_wait().await;
+    assert_eq!(l.chat(SMOL).await.0, 200, "the first crash reloads at once");
+    kill_and_wait().await;
+    let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let r = l.http.post(l.url("/api/v1/chat/completions")).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "model_failed", "{e}");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("keeps failing and is backing off") && msg.contains("killed by signal 9"), "{msg}");
+    let served = wait_for(std::time::Duration::from_secs(10), || async { (l.chat(SMOL).await.0 == 200).then_some(()) });
+    assert!(served.await.is_some(), "served again once the pause is over");
+}
+
+#[tokio::test]
+async fn real_llama_server_an_idle_model_is_unloaded_after_the_idle_timeout() {
+    let l = Lemonade::start(bin(), &["--idle-timeout", "1"]).await;
+    assert_eq!(l.chat(SMOL).await.0, 200);
+    let answered = std::time::Instant::now();
+    let pid = backends(&l);
+    assert_eq!(pid.len(), 1);
+    let unloaded = wait_for(std::time::Duration::from_secs(10), || async {
+        let (_, v) = l.get("/v1/admin/models").await;
+        (admin_row(&v, SMOL)["runtime_state"] == "unloaded").then(std::time::Instant::now)
+    })
+    .await
+    .expect("unloaded once idle");
+    assert!(unloaded - answered >= std::time::Duration::from_millis(900), "not before a second of idleness");
+    assert!(!alive(pid[0]), "its llama-server stopped");
+    assert!(loaded_names(&l.get("/api/v1/health").await.1).is_empty());
+}
+
 #[tokio::test]
 async fn real_llama_server_unload_during_its_load_kills_the_starting_process() {
     let l = Lemonade::start(bin(), &["--stop-timeout", "1"]).await;
-    // llama-server loads SmolLM2 in well under a second: the test freezes it (SIGSTOP) as soon as
-    // it is spawned, so it is still starting when the unload comes. A freeze that came too late
-    // (the model was already loaded) is retried, a bounded number of times.
+    // The test freezes llama-server as soon as it is spawned, so it is still starting when the
+    // unload comes. A freeze that came too late (the model was already loaded) is retried, a
+    // bounded number of times.
     let mut frozen = None;
     for _ in 0..5 {
-        let load = tokio::spawn({
-            let (http, url) = (l.http.clone(), l.url("/api/v1/load"));
-            async move {
-                let r = http.post(url).json(&json!({"model_name": SMOL})).send().await.unwrap();
-                (r.status().as_u16(), r.json::<Value>().await.unwrap())
-            }
-        });
-        let pid = l.pid();
-        let child = tokio::task::spawn_blocking(move || {
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            while std::time::Instant::now() < deadline {
-                if let Some(c) = child_pids(pid).first() {
-                    unsafe {
-                        libc::kill(*c as i32, libc::SIGSTOP);
-                    }
-                    return Some(*c);
-                }
-                std::thread::yield_now();
-            }
-            None
-        })
-        .await
-        .unwrap()
-        .expect("llama-server was spawned");
+        let load = load_in_background(&l, SMOL);
+        let child = freeze_next_backend(&l, &[]).await.expect("llama-server was spawned");
         let (_, v) = l.get("/v1/admin/models").await;
         if admin_row(&v, SMOL)["runtime_state"] == "loading" {
             frozen = Some((child, load));

@@ -93,10 +93,10 @@ pub enum Rejection {
     Failed(String),
     /// The load it waited for failed.
     LoadFailed(String),
-    /// The model keeps crashing; retry after `retry_after` (ms, monotonic).
+    /// The model keeps crashing; it loads again in `retry_in_ms`.
     Backoff {
         error: String,
-        retry_after: u64,
+        retry_in_ms: u64,
     },
 }
 
@@ -405,8 +405,10 @@ impl<O: Clone + PartialEq> Machine<O> {
         match (state, auto_load) {
             (State::Loaded, _) => self.grant(req, &name),
             (State::Failed, Some(_)) if e.retry_after > now => {
-                let why =
-                    Rejection::Backoff { error: e.last_error.clone().unwrap_or_default(), retry_after: e.retry_after };
+                let why = Rejection::Backoff {
+                    error: e.last_error.clone().unwrap_or_default(),
+                    retry_in_ms: e.retry_after - now,
+                };
                 self.reject(req, &name, why);
             }
             (_, Some(options)) => {

@@ -41,12 +41,6 @@ pub enum ApiError {
     /// The runtime did not admit the request (the model's state forbids it).
     #[error("{}", rejection_message(model, why))]
     Rejected { model: String, why: scheduler::Rejection },
-    /// The model crashed again soon after it loaded: it loads again after `retry_in`.
-    #[error(
-        "Model '{model}' keeps failing and is backing off: it loads again in {:.1} s: {error}",
-        retry_in.as_secs_f64()
-    )]
-    BackingOff { model: String, error: String, retry_in: std::time::Duration },
     #[error("The requested endpoint does not exist")]
     UnknownPath(String),
     #[error("Method Not Allowed. Use {allowed} for this endpoint")]
@@ -92,7 +86,6 @@ impl ApiError {
                 StatusCode::NOT_FOUND
             }
             ApiError::LoadFailed { .. } | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            ApiError::BackingOff { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Rejected { why, .. } => match why {
                 scheduler::Rejection::LoadFailed(_) => StatusCode::INTERNAL_SERVER_ERROR,
                 scheduler::Rejection::Failed(_) | scheduler::Rejection::Backoff { .. } => {
@@ -145,10 +138,6 @@ impl ApiError {
             ApiError::Rejected { model, why } => {
                 ErrorResponse::new(why.code(), msg).code(why.code()).param("model").requested_model(model.clone())
             }
-            ApiError::BackingOff { model, .. } => ErrorResponse::new("model_failed", msg)
-                .code("model_failed")
-                .param("model")
-                .requested_model(model.clone()),
             ApiError::UnknownPath(path) => ErrorResponse::new("not_found", msg).code("not_found").path(path.clone()),
             ApiError::MethodNotAllowed { .. } => {
                 ErrorResponse::new("invalid_request_error", msg).code("method_not_allowed")
@@ -252,10 +241,10 @@ impl IntoResponse for ApiError {
             tracing::debug!(status = status.as_u16(), error = %self, "request rejected");
         }
         let mut resp = (status, axum::Json(self.body())).into_response();
-        if let ApiError::BackingOff { retry_in, .. } = &self {
+        if let ApiError::Rejected { why: scheduler::Rejection::Backoff { retry_in_ms, .. }, .. } = &self {
             // Whole seconds, rounded up (RFC 9110).
-            let secs = retry_in.as_millis().div_ceil(1000).max(1);
-            resp.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs as u64));
+            let secs = retry_in_ms.div_ceil(1000).max(1);
+            resp.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
         }
         if status == StatusCode::PAYLOAD_TOO_LARGE {
             // The rest of the body is never read, so the server closes this connection; saying
@@ -274,8 +263,9 @@ fn rejection_message(model: &str, why: &scheduler::Rejection) -> String {
         Unloading => format!("Model '{model}' is unloading"),
         Failed(e) => format!("Model '{model}' failed: {e}"),
         LoadFailed(e) => format!("Failed to load model '{model}': {e}"),
-        Backoff { error, .. } => {
-            format!("Model '{model}' keeps failing and is backing off before it loads again: {error}")
-        }
+        Backoff { error, retry_in_ms } => format!(
+            "Model '{model}' keeps failing and is backing off: it loads again in {:.1} s: {error}",
+            *retry_in_ms as f64 / 1000.0
+        ),
     }
 }

@@ -292,11 +292,6 @@ impl Runtime {
                     Err(ApiError::BackendUnavailable(format!("The backend of model '{name}' exited just now")))
                 }
             },
-            Answer::Rejected(Rejection::Backoff { error, retry_after }) => Err(ApiError::BackingOff {
-                model: name.to_string(),
-                error,
-                retry_in: Duration::from_millis(retry_after.saturating_sub(self.now_ms())),
-            }),
             Answer::Rejected(why) => Err(ApiError::Rejected { model: name.to_string(), why }),
             _ => Err(ApiError::Rejected { model: name.to_string(), why: Rejection::Unloading }),
         }
@@ -477,9 +472,6 @@ impl Runtime {
         };
         let spec = SpawnSpec::new(name, program, launch, self.cfg.ready_timeout);
         let started = Instant::now();
-        if *cancel.borrow() {
-            return Err(cancelled());
-        }
         let backend = Backend::spawn(spec).map_err(|e| fatal(e.to_string()))?;
         let running = Arc::new(Running {
             info,
@@ -489,14 +481,17 @@ impl Runtime {
             seq: self.seq.fetch_add(1, Ordering::Relaxed),
             wedged: std::sync::atomic::AtomicBool::new(false),
         });
-        {
+        // Registered unless a stop came first (it found no process): checked under the lock the
+        // stop takes, so one of the two always sees the other.
+        let registered = {
             let mut all = self.running.lock().unwrap_or_else(|e| e.into_inner());
-            if !*cancel.borrow() {
+            let go = !*cancel.borrow();
+            if go {
                 all.insert(name.to_string(), running.clone());
             }
-        }
-        if *cancel.borrow() {
-            // A stop came while the binary was being resolved and found no process to stop.
+            go
+        };
+        if !registered {
             tracing::info!(model = %name, "load cancelled while starting: stopping the new backend");
             backend.stop(self.cfg.stop_grace).await;
             return Err(cancelled());
