@@ -303,10 +303,15 @@ impl Sim {
         after: &BTreeMap<String, Seen>,
     ) {
         let state = |m: &BTreeMap<String, Seen>, n: &str| m.get(n).map(|s| s.state).unwrap_or(State::Unloaded);
-        // Models that stopped admitting requests in this event (Loaded → Unloading).
+        // Models that stopped admitting requests in this event (Loaded → Unloading), less those
+        // whose idle timeout ran out (invariant 11 judges them).
+        let timed_out = |n: &str| {
+            let b = &before[n];
+            self.idle_timeout.is_some_and(|t| !b.busy && b.pending.is_none() && self.now >= b.last_use + t)
+        };
         let gave_way: Vec<String> = after
             .iter()
-            .filter(|(n, s)| s.state == State::Unloading && state(before, n) == State::Loaded)
+            .filter(|(n, s)| s.state == State::Unloading && state(before, n) == State::Loaded && !timed_out(n))
             .map(|(n, _)| n.clone())
             .collect();
         match ev {
