@@ -105,6 +105,9 @@ fn async_stream(k: Knobs, tokens: u64) -> impl futures_util::Stream<Item = Resul
                 return None;
             }
             if k.crash_after_tokens == Some(i) {
+                // Mid-stream means after the tokens sent so far reached the client: give the
+                // server a moment to flush them (and the headers) before dying.
+                tokio::time::sleep(Duration::from_millis(k.token_delay_ms.max(200))).await;
                 eprintln!("fake llama-server: crashing mid-stream");
                 std::process::exit(1);
             }
