@@ -7,7 +7,7 @@ use api_types::ModelType;
 
 pub mod machine;
 pub use machine::{
-    Effect, Entry, Event, LoadError, LoadOutcome, Machine, ModelRef, Rejection, ReqId, SchedulerError, State,
+    Effect, Entry, Event, LoadError, LoadOutcome, Machine, ModelRef, Rejection, ReqId, SchedulerError, Settings, State,
 };
 
 /// Slot limits per model type; a missing type or a negative limit means unlimited.

@@ -3,17 +3,27 @@
 //! The server feeds it events (requests, loads, unloads, backend outcomes) from one owner
 //! task and executes the effects it returns (start/stop a backend, answer a request).
 //!
-//! Rules (Lemonade's multi-model spec):
+//! Rules (Lemonade's multi-model spec, and scheduler v2):
 //! * per-type slots, LRU eviction within a type; NPU models exclude each other;
 //! * a model with requests in flight is never stopped: eviction and unload drain it first;
 //! * loads are serialized; which model gives way is decided when a queued load starts;
 //! * the requests that caused a load are granted in the same step the load completes, so the
 //!   model cannot be evicted between its load and those requests;
-//! * a failed load evicts every model and retries once, unless the file is missing;
+//! * a failed load evicts every unpinned model and retries once, unless the file is missing;
 //! * `load` with other options reloads in place; with the same options it is a no-op, and a
 //!   duplicate load while loading joins it; unloading a loading model cancels the load;
 //! * a backend that exits on its own leaves the model `failed`; the next request reloads it,
-//!   after a back-off that doubles with each crash.
+//!   after a back-off that doubles with each crash;
+//! * a pinned model is never evicted (slots, memory, failed-load evict-all) nor timed out; a
+//!   load that needs a slot only pinned models hold is refused at once (`SlotsPinned`);
+//! * with a memory budget, the models alive never take more than it: least recently used,
+//!   unpinned models give way (idle first), and a model that cannot fit even then is refused;
+//! * at most `max_concurrent` requests run on a model at once; the others wait in its queue,
+//!   and the waiting requests of all models are bounded by `max_queue` (then `QueueFull`);
+//! * anti-thrash: a load caused by requests does not evict a model that is serving (requests
+//!   in flight or queued, or its last one ended less than [`HOLD_GAP_MS`] ago) until that load
+//!   has waited `swap_hold_ms`; meanwhile the loaded model keeps serving. A load that finds
+//!   its victims idle swaps at once, and an explicit `load` never waits.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -23,13 +33,27 @@ use crate::Limits;
 
 pub type ReqId = u64;
 
-/// What the machine needs to know about a model.
+/// What the machine needs to know about a model, as the event that names it sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelRef {
     pub name: String,
     pub model_type: ModelType,
     /// Runs on the NPU (recipes `flm`, `ryzenai-llm`): NPU models exclude each other.
     pub npu: bool,
+    /// Estimated bytes its backend takes with the options this event loads it with (0:
+    /// unknown, counted as nothing).
+    pub memory: u64,
+    /// Its own idle timeout (ms; 0 = never), applied when this event loads it; None: the
+    /// machine's.
+    pub idle_timeout_ms: Option<u64>,
+    /// Requests it serves at once; further ones wait in its queue. None: no limit.
+    pub max_concurrent: Option<u32>,
+}
+
+impl ModelRef {
+    pub fn new(name: &str, model_type: ModelType, npu: bool) -> ModelRef {
+        ModelRef { name: name.into(), model_type, npu, memory: 0, idle_timeout_ms: None, max_concurrent: None }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -60,6 +84,19 @@ pub struct LoadError {
     pub missing_file: bool,
 }
 
+/// Settings that can change while the machine runs (`None` leaves one as it is).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settings {
+    pub limits: Option<Limits>,
+    /// ms; `Some(None)`: never.
+    pub idle_timeout_ms: Option<Option<u64>>,
+    /// `Some(None)`: unbounded.
+    pub max_queue: Option<Option<usize>>,
+    /// bytes; `Some(None)`: no budget.
+    pub memory_budget: Option<Option<u64>>,
+    pub swap_hold_ms: Option<u64>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event<O> {
     /// An inference request wants `model`. `auto_load` carries the options to load it with
@@ -69,10 +106,14 @@ pub enum Event<O> {
     Release { req: ReqId },
     /// A request still waiting for its model was abandoned by its client.
     Cancel { req: ReqId },
-    /// Explicit load (`/load`, admin load).
-    Load { req: ReqId, model: ModelRef, options: O },
+    /// Explicit load (`/load`, admin load); `pin` pins or unpins it as well.
+    Load { req: ReqId, model: ModelRef, options: O, pin: Option<bool> },
     /// Unload one model, or every model.
     Unload { req: ReqId, model: Option<String> },
+    /// Pin or unpin a model that is loaded or loading.
+    Pin { req: ReqId, model: String, pinned: bool },
+    /// Change the machine's settings (answered with `Configured`).
+    Configure { req: ReqId, settings: Settings },
     /// A backend start finished.
     Started { model: String, result: Result<(), LoadError> },
     /// A backend stop finished (the process is gone).
@@ -80,11 +121,11 @@ pub enum Event<O> {
     /// A backend exited on its own.
     Exited { model: String, error: String },
     /// Time passed (the executor sends it at [`Machine::next_deadline`]): idle models whose
-    /// timeout is over are unloaded.
+    /// timeout is over are unloaded, and held swaps go ahead.
     Tick,
 }
 
-/// Why a request was not granted.
+/// Why a request (or a load) was not granted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Rejection {
     NotLoaded,
@@ -98,6 +139,20 @@ pub enum Rejection {
         error: String,
         retry_in_ms: u64,
     },
+    /// The slot it needs is held by pinned models only (named here).
+    SlotsPinned(Vec<String>),
+    /// It can never fit the memory budget: it needs `needed` bytes, the budget is `budget`, of
+    /// which `pinned` bytes are held by pinned models.
+    NoMemory {
+        needed: u64,
+        budget: u64,
+        pinned: u64,
+    },
+    /// `max_queue` requests are already waiting.
+    QueueFull {
+        max_queue: usize,
+        retry_in_ms: u64,
+    },
 }
 
 impl Rejection {
@@ -109,9 +164,19 @@ impl Rejection {
             Rejection::Unloading => "model_unloading",
             Rejection::Failed(_) | Rejection::Backoff { .. } => "model_failed",
             Rejection::LoadFailed(_) => "model_load_error",
+            Rejection::SlotsPinned(_) => "slots_pinned",
+            Rejection::NoMemory { .. } => "insufficient_memory",
+            Rejection::QueueFull { .. } => "queue_full",
         }
     }
 }
+
+/// How long a `QueueFull` client is told to wait before it retries.
+pub const QUEUE_FULL_RETRY_MS: u64 = 1_000;
+
+/// A model whose last request ended less than this ago still counts as serving for the
+/// anti-thrash hold: a client's next request follows its last one within it.
+pub const HOLD_GAP_MS: u64 = 250;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect<O> {
@@ -145,6 +210,22 @@ pub enum Effect<O> {
         req: ReqId,
         result: Result<Vec<String>, SchedulerError>,
     },
+    /// Answer to `Pin`.
+    PinDone {
+        req: ReqId,
+        result: Result<(), SchedulerError>,
+    },
+    /// Answer to `Configure`.
+    Configured {
+        req: ReqId,
+    },
+}
+
+/// What the anti-thrash rule says of the load at the head of the queue.
+enum Hold {
+    Go,
+    Until(u64),
+    Drop,
 }
 
 /// How an explicit load ended.
@@ -155,6 +236,8 @@ pub enum LoadOutcome {
     Cancelled,
     /// The backend did not start; the reason (exit status, log tail, …).
     Failed(String),
+    /// It was not started: no slot or memory can be freed for it.
+    Refused(Rejection),
 }
 
 /// The errors of this crate's answers.
@@ -188,13 +271,23 @@ pub struct Entry<O> {
     /// Options of the running (or starting) backend.
     pub options: Option<O>,
     pub in_flight: BTreeSet<ReqId>,
-    /// Requests waiting for the model to load.
+    /// Requests waiting for the model: to load, or for a free place (`max_concurrent`).
     pub waiting: Vec<ReqId>,
     pub last_use: u64,
     pub last_error: Option<String>,
     /// Options of a queued load (present while the model is in the load queue or must be
     /// loaded again after it finishes unloading).
     pub pending: Option<O>,
+    /// Never evicted nor timed out (an explicit unload still unloads it, and unpins it).
+    pub pinned: bool,
+    /// Bytes the running (or starting) backend is counted for.
+    pub memory: u64,
+    /// The idle timeout of the running backend (ms; 0 = never); None: the machine's.
+    pub idle_timeout_ms: Option<u64>,
+    /// Requests the running backend serves at once.
+    pub max_concurrent: Option<u32>,
+    /// When the queued load was asked for (its oldest request).
+    pub queued_at: u64,
     load_waiters: Vec<ReqId>,
     starting: bool,
     stopping: bool,
@@ -208,6 +301,8 @@ pub struct Entry<O> {
     retry_after: u64,
     /// When the current backend became ready.
     loaded_at: u64,
+    /// The queued load found a victim serving: it holds the swap (anti-thrash).
+    holding: bool,
 }
 
 impl<O> Entry<O> {
@@ -217,6 +312,13 @@ impl<O> Entry<O> {
     /// Holds (or is about to hold) a slot.
     fn occupies(&self) -> bool {
         matches!(self.state, State::Loading | State::Loaded | State::Unloading)
+    }
+    /// Requests in flight or waiting.
+    fn busy(&self) -> bool {
+        !self.in_flight.is_empty() || !self.waiting.is_empty()
+    }
+    fn has_room(&self) -> bool {
+        self.max_concurrent.is_none_or(|n| self.in_flight.len() < n as usize)
     }
 }
 
@@ -229,9 +331,10 @@ pub struct Machine<O> {
     /// models it waits on to stop before it can start.
     current: Option<String>,
     evicting: BTreeSet<String>,
-    /// Which model each granted request holds, and each waiting request waits for.
+    /// Which model each granted request holds, and each waiting request waits for (since
+    /// when).
     granted: BTreeMap<ReqId, String>,
-    waiting: BTreeMap<ReqId, String>,
+    waiting: BTreeMap<ReqId, (String, u64)>,
     /// Unload requests and the models each still waits for.
     unload_waiters: Vec<(ReqId, BTreeSet<String>, Vec<String>)>,
     out: Vec<Effect<O>>,
@@ -242,6 +345,14 @@ pub struct Machine<O> {
     crash_backoff_ms: u64,
     /// A model with no request for this long is unloaded (None: never).
     idle_timeout_ms: Option<u64>,
+    /// At most this many requests wait, all models together (None: no bound).
+    max_queue: Option<usize>,
+    /// Bytes the backends alive may take together (None: no budget).
+    memory_budget: Option<u64>,
+    /// How long a load caused by requests waits for a serving model before evicting it.
+    swap_hold_ms: u64,
+    /// When the held swap at the head of the queue is looked at again.
+    hold_deadline: Option<u64>,
 }
 
 impl<O: Clone + PartialEq> Machine<O> {
@@ -260,6 +371,10 @@ impl<O: Clone + PartialEq> Machine<O> {
             crash_reset_ms: CRASH_RESET_MS,
             crash_backoff_ms: CRASH_BACKOFF_MS,
             idle_timeout_ms: None,
+            max_queue: None,
+            memory_budget: None,
+            swap_hold_ms: 0,
+            hold_deadline: None,
         }
     }
 
@@ -269,35 +384,10 @@ impl<O: Clone + PartialEq> Machine<O> {
         self
     }
 
-    /// When the next idle model times out (ms, the clock of `handle`), if any.
-    pub fn next_deadline(&self) -> Option<u64> {
-        let t = self.idle_timeout_ms?;
-        self.models.values().filter(|e| self.idle(e)).map(|e| e.last_use + t).min()
-    }
-
-    /// Loaded, with nothing in flight or waiting and no reload pending: may time out.
-    fn idle(&self, e: &Entry<O>) -> bool {
-        e.state == State::Loaded
-            && e.in_flight.is_empty()
-            && e.waiting.is_empty()
-            && e.load_waiters.is_empty()
-            && e.pending.is_none()
-            && self.current.as_deref() != Some(e.model.name.as_str())
-    }
-
-    /// Unloads every idle model whose timeout is over.
-    fn expire_idle(&mut self) {
-        let Some(t) = self.idle_timeout_ms else { return };
-        let now = self.now;
-        let expired: Vec<String> = self
-            .models
-            .values()
-            .filter(|e| self.idle(e) && now >= e.last_use + t)
-            .map(|e| e.model.name.clone())
-            .collect();
-        for name in expired {
-            self.begin_unload(&name);
-        }
+    /// Applies `s` (the builder form of [`Event::Configure`]).
+    pub fn with_settings(mut self, s: Settings) -> Machine<O> {
+        self.configure(s);
+        self
     }
 
     /// Sets the crash back-off: its first pause (default [`CRASH_BACKOFF_MS`]) and how long a
@@ -307,6 +397,88 @@ impl<O: Clone + PartialEq> Machine<O> {
         self.crash_backoff_ms = first_ms;
         self.crash_reset_ms = reset_ms;
         self
+    }
+
+    /// The settings in force (every field `Some`).
+    pub fn settings(&self) -> Settings {
+        Settings {
+            limits: Some(self.limits.clone()),
+            idle_timeout_ms: Some(self.idle_timeout_ms),
+            max_queue: Some(self.max_queue),
+            memory_budget: Some(self.memory_budget),
+            swap_hold_ms: Some(self.swap_hold_ms),
+        }
+    }
+
+    fn configure(&mut self, s: Settings) {
+        if let Some(l) = s.limits {
+            self.limits = l;
+        }
+        if let Some(t) = s.idle_timeout_ms {
+            self.idle_timeout_ms = t.filter(|t| *t > 0);
+        }
+        if let Some(q) = s.max_queue {
+            self.max_queue = q;
+        }
+        if let Some(b) = s.memory_budget {
+            self.memory_budget = b;
+        }
+        if let Some(h) = s.swap_hold_ms {
+            self.swap_hold_ms = h;
+        }
+    }
+
+    /// The idle timeout that applies to `e` (None: never).
+    fn timeout_of(&self, e: &Entry<O>) -> Option<u64> {
+        match e.idle_timeout_ms {
+            Some(0) => None,
+            Some(t) => Some(t),
+            None => self.idle_timeout_ms,
+        }
+    }
+
+    /// When `e` will be unloaded for idleness if nothing uses it (None: it will not).
+    pub fn unload_at(&self, e: &Entry<O>) -> Option<u64> {
+        if !self.idle(e) {
+            return None;
+        }
+        self.timeout_of(e).map(|t| e.last_use + t)
+    }
+
+    /// The idle timeout in force for `e` (ms; None: never).
+    pub fn idle_timeout_of(&self, e: &Entry<O>) -> Option<u64> {
+        self.timeout_of(e)
+    }
+
+    /// When the machine next needs a `Tick` (ms, the clock of `handle`): an idle model times
+    /// out, or a held swap is due.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.models.values().filter_map(|e| self.unload_at(e)).chain(self.hold_deadline).min()
+    }
+
+    /// Loaded and unpinned, with nothing in flight or waiting and no reload pending: may time
+    /// out.
+    fn idle(&self, e: &Entry<O>) -> bool {
+        e.state == State::Loaded
+            && !e.pinned
+            && !e.busy()
+            && e.load_waiters.is_empty()
+            && e.pending.is_none()
+            && self.current.as_deref() != Some(e.model.name.as_str())
+    }
+
+    /// Unloads every idle model whose timeout is over.
+    fn expire_idle(&mut self) {
+        let now = self.now;
+        let expired: Vec<String> = self
+            .models
+            .values()
+            .filter(|e| self.unload_at(e).is_some_and(|at| now >= at))
+            .map(|e| e.model.name.clone())
+            .collect();
+        for name in expired {
+            self.begin_unload(&name);
+        }
     }
 
     pub fn limits(&self) -> &Limits {
@@ -321,6 +493,11 @@ impl<O: Clone + PartialEq> Machine<O> {
         self.models.get(name)
     }
 
+    /// Bytes counted for the backends alive (starting, running or stopping).
+    pub fn memory_in_use(&self) -> u64 {
+        self.models.values().filter(|e| e.occupies()).map(|e| e.memory).sum()
+    }
+
     /// Handles one event at time `now` (ms, monotonic) and returns the effects to execute.
     pub fn handle(&mut self, event: Event<O>, now: u64) -> Vec<Effect<O>> {
         self.now = now;
@@ -328,8 +505,13 @@ impl<O: Clone + PartialEq> Machine<O> {
             Event::Acquire { req, model, auto_load } => self.acquire(req, model, auto_load),
             Event::Release { req } => self.release(req),
             Event::Cancel { req } => self.cancel(req),
-            Event::Load { req, model, options } => self.load(req, model, options),
+            Event::Load { req, model, options, pin } => self.load(req, model, options, pin),
             Event::Unload { req, model } => self.unload(req, model),
+            Event::Pin { req, model, pinned } => self.pin(req, &model, pinned),
+            Event::Configure { req, settings } => {
+                self.configure(settings);
+                self.out.push(Effect::Configured { req });
+            }
             Event::Started { model, result } => self.started(&model, result),
             Event::Stopped { model } => self.stopped(&model),
             Event::Exited { model, error } => self.exited(&model, error),
@@ -351,6 +533,11 @@ impl<O: Clone + PartialEq> Machine<O> {
             last_use: 0,
             last_error: None,
             pending: None,
+            pinned: false,
+            memory: 0,
+            idle_timeout_ms: None,
+            max_concurrent: None,
+            queued_at: 0,
             load_waiters: Vec::new(),
             starting: false,
             stopping: false,
@@ -359,6 +546,7 @@ impl<O: Clone + PartialEq> Machine<O> {
             crashes: 0,
             loaded_at: 0,
             retry_after: 0,
+            holding: false,
         })
     }
 
@@ -379,15 +567,32 @@ impl<O: Clone + PartialEq> Machine<O> {
         self.out.push(Effect::Grant { req, model: name.to_string() });
     }
 
+    /// Grants waiting requests of a loaded model, oldest first, while it has room.
+    fn grant_waiting(&mut self, name: &str) {
+        loop {
+            let e = self.get(name);
+            if e.state != State::Loaded || e.waiting.is_empty() || !e.has_room() {
+                return;
+            }
+            let r = e.waiting.remove(0);
+            self.waiting.remove(&r);
+            self.grant(r, name);
+        }
+    }
+
     fn reject(&mut self, req: ReqId, name: &str, why: Rejection) {
         self.out.push(Effect::Reject { req, model: name.to_string(), why });
     }
 
     /// Queues a load of `name` with `options` unless one is queued or running.
     fn enqueue(&mut self, name: &str, options: O, front: bool) {
+        let now = self.now;
+        let queued = self.queued(name);
         let e = self.get(name);
         e.pending = Some(options);
-        if !self.queued(name) {
+        if !queued {
+            e.queued_at = now;
+            e.holding = false;
             if front {
                 self.queue.push_front(name.to_string());
             } else {
@@ -396,14 +601,34 @@ impl<O: Clone + PartialEq> Machine<O> {
         }
     }
 
+    /// Whether one more request may wait.
+    fn queue_full(&self) -> Option<Rejection> {
+        let max = self.max_queue?;
+        (self.waiting.len() >= max).then_some(Rejection::QueueFull { max_queue: max, retry_in_ms: QUEUE_FULL_RETRY_MS })
+    }
+
+    fn wait(&mut self, req: ReqId, name: &str) {
+        self.get(name).waiting.push(req);
+        self.waiting.insert(req, (name.to_string(), self.now));
+    }
+
     fn acquire(&mut self, req: ReqId, model: ModelRef, auto_load: Option<O>) {
         let now = self.now;
         let name = model.name.clone();
         let queued = self.queued(&name);
+        let full = self.queue_full();
         let e = self.entry_mut(&model);
         let state = e.state;
+        if state == State::Loaded && e.waiting.is_empty() && e.has_room() {
+            return self.grant(req, &name);
+        }
+        let will_wait = state == State::Loaded || (auto_load.is_some() && !(state == State::Failed && e.retry_after > now));
+        if let (true, Some(why)) = (will_wait, full) {
+            return self.reject(req, &name, why);
+        }
         match (state, auto_load) {
-            (State::Loaded, _) => self.grant(req, &name),
+            // At its concurrency limit (or behind others who are): wait for a place.
+            (State::Loaded, _) => self.wait(req, &name),
             (State::Failed, Some(_)) if e.retry_after > now => {
                 let why = Rejection::Backoff {
                     error: e.last_error.clone().unwrap_or_default(),
@@ -412,12 +637,15 @@ impl<O: Clone + PartialEq> Machine<O> {
                 self.reject(req, &name, why);
             }
             (_, Some(options)) => {
-                e.waiting.push(req);
+                if !matches!(state, State::Loading | State::Unloading) && !queued {
+                    // This request causes the load: its view of the model applies.
+                    e.model = model;
+                }
                 let unloading_without_reload = state == State::Unloading && e.pending.is_none();
                 if unloading_without_reload {
                     e.pending = Some(options.clone());
                 }
-                self.waiting.insert(req, name.clone());
+                self.wait(req, &name);
                 match state {
                     // Loads again once the unload finishes (unless a reload is already set).
                     State::Unloading | State::Loading => {}
@@ -444,6 +672,8 @@ impl<O: Clone + PartialEq> Machine<O> {
         e.last_use = now;
         if e.state == State::Unloading && e.in_flight.is_empty() {
             self.stop(&name);
+        } else {
+            self.grant_waiting(&name);
         }
     }
 
@@ -451,21 +681,27 @@ impl<O: Clone + PartialEq> Machine<O> {
     /// gone before it read the answer), the grant is given back like a release: otherwise the
     /// model would hold a request nobody will ever finish, and could never be unloaded.
     fn cancel(&mut self, req: ReqId) {
-        if let Some(name) = self.waiting.remove(&req) {
+        if let Some((name, _)) = self.waiting.remove(&req) {
             self.get(&name).waiting.retain(|r| *r != req);
         } else {
             self.release(req);
         }
     }
 
-    fn load(&mut self, req: ReqId, model: ModelRef, options: O) {
+    fn load(&mut self, req: ReqId, model: ModelRef, options: O, pin: Option<bool>) {
         let name = model.name.clone();
         let now = self.now;
         let queued = self.queued(&name);
         let e = self.entry_mut(&model);
+        if let Some(p) = pin {
+            e.pinned = p;
+        }
+        e.model = model;
         match e.state {
             State::Loaded if e.options.as_ref() == Some(&options) && e.pending.is_none() => {
+                // Same backend: only its own settings change.
                 e.last_use = now;
+                e.idle_timeout_ms = e.model.idle_timeout_ms;
                 self.out.push(Effect::LoadDone { req, model: name, result: LoadOutcome::Loaded });
             }
             State::Loaded => {
@@ -492,6 +728,19 @@ impl<O: Clone + PartialEq> Machine<O> {
         }
     }
 
+    fn pin(&mut self, req: ReqId, name: &str, pinned: bool) {
+        // Unpinning always succeeds; pinning needs the model loaded, loading or queued.
+        let result = match self.models.get_mut(name) {
+            Some(e) if !pinned || matches!(e.state, State::Loading | State::Loaded) || e.pending.is_some() => {
+                e.pinned = pinned;
+                Ok(())
+            }
+            None if !pinned => Ok(()),
+            _ => Err(SchedulerError::NotLoaded(name.to_string())),
+        };
+        self.out.push(Effect::PinDone { req, result });
+    }
+
     fn unload(&mut self, req: ReqId, model: Option<String>) {
         let names: Vec<String> = match &model {
             Some(n) => vec![n.clone()],
@@ -502,15 +751,25 @@ impl<O: Clone + PartialEq> Machine<O> {
         if let Some(n) = &model {
             let loaded = self.models.get(n).is_some_and(|e| e.occupies()) || self.queued(n);
             if !loaded {
+                if let Some(e) = self.models.get_mut(n) {
+                    e.pinned = false;
+                }
                 self.out.push(Effect::UnloadDone { req, result: Err(SchedulerError::NotLoaded(n.clone())) });
                 return;
             }
         }
+        if model.is_none() {
+            for e in self.models.values_mut() {
+                e.pinned = false;
+            }
+        }
         let mut pending = BTreeSet::new();
         for n in &names {
-            // An explicit unload cancels a queued reload and the requests waiting for one.
+            // An explicit unload cancels a queued reload and the requests waiting for one, and
+            // unpins the model.
             let e = self.get(n);
             e.pending = None;
+            e.pinned = false;
             let waiters = std::mem::take(&mut e.waiting);
             let load_waiters = std::mem::take(&mut e.load_waiters);
             for r in waiters {
@@ -544,12 +803,16 @@ impl<O: Clone + PartialEq> Machine<O> {
         }
     }
 
-    /// Stops admitting requests to `name` and stops it once idle.
+    /// Stops admitting requests to `name` and stops it once idle. Requests waiting for a
+    /// place on it wait for its reload instead.
     fn begin_unload(&mut self, name: &str) {
         let e = self.get(name);
         let was_loading = e.state == State::Loading;
         if e.state == State::Unloading && e.stopping {
             return;
+        }
+        if e.state == State::Loaded && !e.waiting.is_empty() && e.pending.is_none() {
+            e.pending = e.options.clone();
         }
         e.state = State::Unloading;
         if was_loading || e.in_flight.is_empty() {
@@ -591,14 +854,10 @@ impl<O: Clone + PartialEq> Machine<O> {
                 e.loaded_at = self.now;
                 e.last_error = None;
                 e.attempt = 0;
-                let waiters = std::mem::take(&mut e.waiting);
                 let load_waiters = std::mem::take(&mut e.load_waiters);
                 self.done_loading(name);
                 // Granted in the same step as the load completes: no eviction in between.
-                for r in waiters {
-                    self.waiting.remove(&r);
-                    self.grant(r, name);
-                }
+                self.grant_waiting(name);
                 for r in load_waiters {
                     self.out.push(Effect::LoadDone { req: r, model: name.to_string(), result: LoadOutcome::Loaded });
                 }
@@ -612,7 +871,7 @@ impl<O: Clone + PartialEq> Machine<O> {
                 }
             }
             Err(err) if e.attempt == 0 && !err.missing_file => {
-                // Evict everything, then retry once.
+                // Evict every unpinned model, then retry once.
                 e.attempt = 1;
                 e.state = State::Unloaded;
                 e.pending = e.options.take();
@@ -621,6 +880,7 @@ impl<O: Clone + PartialEq> Machine<O> {
                     .models
                     .iter()
                     .filter(|(n, m)| n.as_str() != name && matches!(m.state, State::Loaded | State::Unloading))
+                    .filter(|(_, m)| !m.pinned || m.state == State::Unloading)
                     .map(|(n, _)| n.clone())
                     .collect();
                 for n in &others {
@@ -635,21 +895,23 @@ impl<O: Clone + PartialEq> Machine<O> {
                 e.attempt = 0;
                 e.pending = None;
                 e.last_error = Some(err.message.clone());
-                let waiters = std::mem::take(&mut e.waiting);
-                let load_waiters = std::mem::take(&mut e.load_waiters);
                 self.done_loading(name);
-                for r in waiters {
-                    self.waiting.remove(&r);
-                    self.reject(r, name, Rejection::LoadFailed(err.message.clone()));
-                }
-                for r in load_waiters {
-                    self.out.push(Effect::LoadDone {
-                        req: r,
-                        model: name.to_string(),
-                        result: LoadOutcome::Failed(err.message.clone()),
-                    });
-                }
+                self.refuse(name, Rejection::LoadFailed(err.message.clone()), LoadOutcome::Failed(err.message));
             }
+        }
+    }
+
+    /// Answers every request and load waiting for `name` with `why` / `outcome`.
+    fn refuse(&mut self, name: &str, why: Rejection, outcome: LoadOutcome) {
+        let e = self.get(name);
+        let waiters = std::mem::take(&mut e.waiting);
+        let load_waiters = std::mem::take(&mut e.load_waiters);
+        for r in waiters {
+            self.waiting.remove(&r);
+            self.reject(r, name, why.clone());
+        }
+        for r in load_waiters {
+            self.out.push(Effect::LoadDone { req: r, model: name.to_string(), result: outcome.clone() });
         }
     }
 
@@ -676,8 +938,13 @@ impl<O: Clone + PartialEq> Machine<O> {
         let e = self.get(name);
         e.state = State::Unloaded;
         e.options = None;
+        e.memory = 0;
         let reload = e.pending.clone();
         let has_waiters = !e.waiting.is_empty() || !e.load_waiters.is_empty();
+        // A reload in place asked with `load` goes first; requests that came while the model
+        // was giving way queue behind the loads already waiting (else models that alternate
+        // would starve a third).
+        let in_place = !e.load_waiters.is_empty();
         self.done_loading(name);
         self.evicting.remove(name);
         let mut finished = Vec::new();
@@ -692,7 +959,7 @@ impl<O: Clone + PartialEq> Machine<O> {
             self.out.push(Effect::UnloadDone { req, result: Ok(names) });
         }
         if let Some(options) = reload {
-            self.enqueue(name, options, true);
+            self.enqueue(name, options, in_place);
         } else if has_waiters {
             // Cannot happen: waiters always come with a pending load. Answer them anyway.
             let e = self.get(name);
@@ -718,23 +985,53 @@ impl<O: Clone + PartialEq> Machine<O> {
         e.retry_after = now + crash_backoff_ms(base, e.crashes);
         e.state = State::Failed;
         e.options = None;
-        e.last_error = Some(error);
+        e.memory = 0;
+        e.last_error = Some(error.clone());
         // In-flight requests fail on their own (their connections broke) and release later;
         // they no longer hold this model, which may load again before they do.
         e.in_flight.clear();
+        // Requests waiting for a place never reached it: they fail now, like those in flight.
+        self.refuse(name, Rejection::Failed(error), LoadOutcome::Cancelled);
     }
 
     /// Starts the next queued load when none is running.
     fn pump(&mut self) {
+        self.hold_deadline = None;
         while self.current.is_none() {
-            let Some(name) = self.queue.pop_front() else { return };
+            let Some(name) = self.queue.front().cloned() else { return };
             let e = self.get(&name);
             if e.pending.is_none() || e.occupies() {
+                self.queue.pop_front();
                 continue;
             }
+            let victims = match self.victims(&name) {
+                Ok(v) => v,
+                Err(why) => {
+                    self.queue.pop_front();
+                    let e = self.get(&name);
+                    e.pending = None;
+                    let outcome = LoadOutcome::Refused(why.clone());
+                    self.refuse(&name, why, outcome);
+                    continue;
+                }
+            };
+            match self.hold(&name, &victims) {
+                Hold::Go => {}
+                Hold::Until(t) => {
+                    self.hold_deadline = Some(t);
+                    return;
+                }
+                Hold::Drop => {
+                    // Everyone who asked for it left, and it would stop a model at work.
+                    self.queue.pop_front();
+                    self.get(&name).pending = None;
+                    continue;
+                }
+            }
+            self.queue.pop_front();
+            let e = self.get(&name);
             e.attempt = 0;
             self.current = Some(name.clone());
-            let victims = self.victims(&name);
             for v in &victims {
                 self.begin_unload(v);
             }
@@ -743,25 +1040,69 @@ impl<O: Clone + PartialEq> Machine<O> {
         }
     }
 
-    /// Models that must give way for `name`: another NPU model, and the LRU of its type when
-    /// the type is at its limit (idle models first).
-    fn victims(&self, name: &str) -> BTreeSet<String> {
+    /// Anti-thrash: whether the load of `name` waits before evicting `victims`, and until when
+    /// it is looked at again. Only a load caused by requests waits, only for victims that are
+    /// serving, and never past `swap_hold_ms` after its oldest waiting request came. A load
+    /// that nobody waits for any more does not stop a serving model: it is dropped.
+    fn hold(&mut self, name: &str, victims: &BTreeSet<String>) -> Hold {
+        let (now, w) = (self.now, self.swap_hold_ms);
+        let e = &self.models[name];
+        let oldest = e.waiting.iter().filter_map(|r| self.waiting.get(r).map(|(_, t)| *t)).min();
+        if w == 0 || !e.load_waiters.is_empty() {
+            return Hold::Go;
+        }
+        let loaded: Vec<&Entry<O>> =
+            victims.iter().map(|v| &self.models[v]).filter(|v| v.state == State::Loaded).collect();
+        let any_busy = loaded.iter().any(|v| v.busy());
+        let Some(oldest) = oldest else {
+            return if any_busy { Hold::Drop } else { Hold::Go };
+        };
+        let deadline = oldest + w;
+        if now >= deadline || (!any_busy && !e.holding) {
+            return Hold::Go;
+        }
+        let serving = |v: &&Entry<O>| v.busy() || now < v.last_use + HOLD_GAP_MS;
+        if !loaded.iter().any(serving) {
+            return Hold::Go;
+        }
+        // Looked at again when the wait is over, or when the victims' gap runs out.
+        let gap = loaded.iter().filter(|v| !v.busy()).map(|v| v.last_use + HOLD_GAP_MS).max();
+        let until = match (gap, any_busy) {
+            (Some(g), false) => g.min(deadline),
+            _ => deadline,
+        };
+        self.get(name).holding = true;
+        Hold::Until(until)
+    }
+
+    /// Models that must give way for `name`: another NPU model, the LRU of its type when the
+    /// type is at its limit (idle models first), and LRU models of any type while the memory
+    /// budget would be exceeded. Pinned models never give way: a load that needs them to is
+    /// refused.
+    fn victims(&self, name: &str) -> Result<BTreeSet<String>, Rejection> {
         let m = &self.models[name].model;
         let mut v = BTreeSet::new();
+        let others = || self.models.iter().filter(|(n, e)| n.as_str() != name && e.occupies());
         if m.npu {
-            for (n, e) in &self.models {
-                if n != name && e.model.npu && e.occupies() {
-                    v.insert(n.clone());
-                }
+            let npu: Vec<(&String, &Entry<O>)> = others().filter(|(_, e)| e.model.npu).collect();
+            let pinned: Vec<String> =
+                npu.iter().filter(|(_, e)| e.pinned && e.state != State::Unloading).map(|(n, _)| (*n).clone()).collect();
+            if !pinned.is_empty() {
+                return Err(Rejection::SlotsPinned(pinned));
             }
+            v.extend(npu.into_iter().map(|(n, _)| n.clone()));
         }
+        // Least recently used first, idle before busy; pinned models are never candidates.
+        let lru = |filter: &dyn Fn(&Entry<O>) -> bool, v: &BTreeSet<String>| {
+            let mut c: Vec<(&String, &Entry<O>)> = others()
+                .filter(|(n, e)| e.state == State::Loaded && !e.pinned && !v.contains(*n) && filter(e))
+                .collect();
+            c.sort_by_key(|(_, e)| (e.busy(), e.last_use));
+            c.into_iter().map(|(n, _)| n.clone()).collect::<Vec<String>>()
+        };
         let limit = self.limits.get(m.model_type);
         if limit >= 0 {
-            let same: Vec<(&String, &Entry<O>)> = self
-                .models
-                .iter()
-                .filter(|(n, e)| *n != name && e.model.model_type == m.model_type && e.occupies())
-                .collect();
+            let same: Vec<(&String, &Entry<O>)> = others().filter(|(_, e)| e.model.model_type == m.model_type).collect();
             // Models already unloading free their slots by themselves; the start waits for them.
             for (n, e) in &same {
                 if e.state == State::Unloading {
@@ -769,18 +1110,44 @@ impl<O: Clone + PartialEq> Machine<O> {
                 }
             }
             let mut occupied = same.iter().filter(|(n, _)| !v.contains(*n)).count() as i64;
-            let mut candidates: Vec<&(&String, &Entry<O>)> =
-                same.iter().filter(|(n, e)| e.state == State::Loaded && !v.contains(*n)).collect();
-            // Least recently used first, idle before busy.
-            candidates.sort_by_key(|(_, e)| (!e.in_flight.is_empty(), e.last_use));
-            let mut it = candidates.into_iter();
+            let mut it = lru(&|e| e.model.model_type == m.model_type, &v).into_iter();
             while occupied >= limit {
-                let Some((n, _)) = it.next() else { break };
-                v.insert((*n).clone());
+                let Some(n) = it.next() else {
+                    let pinned = same.iter().filter(|(n, e)| e.pinned && !v.contains(*n)).map(|(n, _)| (*n).clone());
+                    return Err(Rejection::SlotsPinned(pinned.collect()));
+                };
+                v.insert(n);
                 occupied -= 1;
             }
         }
-        v
+        if let Some(budget) = self.memory_budget {
+            let needed = m.memory;
+            let pinned: u64 = others()
+                .filter(|(n, e)| e.pinned && e.state != State::Unloading && !v.contains(*n))
+                .map(|(_, e)| e.memory)
+                .sum();
+            if needed.saturating_add(pinned) > budget {
+                return Err(Rejection::NoMemory { needed, budget, pinned });
+            }
+            let mut used: u64 = others().filter(|(n, _)| !v.contains(*n)).map(|(_, e)| e.memory).sum();
+            for n in lru(&|_| true, &v) {
+                if used + needed <= budget {
+                    break;
+                }
+                used -= self.models[&n].memory;
+                v.insert(n);
+            }
+            // Models already unloading (not in `v`) still count until they stop; the start
+            // waits for them too.
+            if used + needed > budget {
+                for (n, e) in others() {
+                    if e.state == State::Unloading {
+                        v.insert(n.clone());
+                    }
+                }
+            }
+        }
+        Ok(v)
     }
 
     /// Starts the current load once every model it waits on has stopped.
@@ -804,6 +1171,9 @@ impl<O: Clone + PartialEq> Machine<O> {
         e.starting = true;
         e.options = Some(options.clone());
         e.last_use = now;
+        e.memory = e.model.memory;
+        e.idle_timeout_ms = e.model.idle_timeout_ms;
+        e.max_concurrent = e.model.max_concurrent;
         self.out.push(Effect::Start { model: name, options });
     }
 }

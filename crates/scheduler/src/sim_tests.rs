@@ -20,7 +20,18 @@
 //! 11. with an idle timeout, no model stays loaded and idle past it (each seed draws one, or
 //!     none);
 //! 12. once the clients stop and the executor drains, every request, load and unload has been
-//!     answered, and a last request to every model is granted (no dead ends).
+//!     answered, and a last request to every model is granted (no dead ends);
+//! 13. the backends alive never take more memory than the budget (each seed draws model sizes
+//!     and a budget, or none), and a `NoMemory` refusal is only given to a model that cannot fit
+//!     beside the pinned ones;
+//! 14. a pinned model is never evicted (slots, memory, evict-all) nor timed out; only an
+//!     explicit unload or a reload of itself stops it; a `SlotsPinned` refusal names exactly
+//!     pinned, live models;
+//! 15. no more requests wait than `max_queue`, and `QueueFull` is answered only when it is
+//!     reached;
+//! 16. no more requests run on a model at once than its `max_concurrent`;
+//! 17. anti-thrash: a model serving requests gives way to a load caused by requests only once
+//!     some waiting request is `swap_hold_ms` old (or an explicit load asked for it).
 //!
 //! `SCHEDULER_SIM_SEEDS` (default 1,000) and `SCHEDULER_SIM_STEPS` (default 300) scale the run;
 //! a failure names its seed, and `SCHEDULER_SIM_FIRST_SEED` replays from there.
@@ -77,9 +88,22 @@ struct Seen {
 /// histories cross it).
 const RESET_MS: u64 = 400;
 
+/// What each seed draws besides the limits.
+#[derive(Debug, Clone, Default)]
+struct Draw {
+    idle_timeout: Option<u64>,
+    budget: Option<u64>,
+    max_queue: Option<usize>,
+    hold: u64,
+}
+
 struct Sim {
     seed: u64,
     idle_timeout: Option<u64>,
+    draw: Draw,
+    pinned: BTreeSet<String>,
+    /// When each open request was asked.
+    asked_at: BTreeMap<ReqId, u64>,
     m: Machine<u32>,
     models: Vec<ModelRef>,
     limits: Limits,
@@ -100,6 +124,7 @@ struct Sim {
     open_acquires: BTreeSet<ReqId>,
     open_loads: BTreeSet<ReqId>,
     open_unloads: BTreeSet<ReqId>,
+    open_pins: BTreeMap<ReqId, (String, bool)>,
     /// For each open unload, the backends (model, generation) alive when it was asked.
     unload_targets: BTreeMap<ReqId, Vec<(String, u64)>>,
     /// Requests granted at some point.
@@ -116,14 +141,37 @@ fn draw_limits(rng: &mut Rng) -> Limits {
 }
 
 impl Sim {
-    fn new(seed: u64, limits: Limits, idle_timeout: Option<u64>) -> Sim {
-        let m = |name: &str, model_type, npu| ModelRef { name: name.into(), model_type, npu };
+    fn new(seed: u64, limits: Limits, draw: Draw, rng: &mut Rng) -> Sim {
+        let idle_timeout = draw.idle_timeout;
+        // Sizes up to 1,000 (the budget is at least that), some models with their own idle
+        // timeout (0: never) and concurrency limit.
+        let mut m = |name: &str, model_type, npu| {
+            let mut r = ModelRef::new(name, model_type, npu);
+            r.memory = 100 + rng.below(900) as u64;
+            r.idle_timeout_ms = match rng.below(6) {
+                0 => Some(0),
+                1 => Some(150 + rng.below(800) as u64),
+                _ => None,
+            };
+            r.max_concurrent = rng.chance(40).then(|| 1 + rng.below(3) as u32);
+            r
+        };
+        let settings = Settings {
+            max_queue: Some(draw.max_queue),
+            memory_budget: Some(draw.budget),
+            swap_hold_ms: Some(draw.hold),
+            ..Settings::default()
+        };
         Sim {
             seed,
             idle_timeout,
+            draw: draw.clone(),
+            pinned: BTreeSet::new(),
+            asked_at: BTreeMap::new(),
             m: Machine::new(limits.clone())
                 .with_crash_backoff(CRASH_BACKOFF_MS, RESET_MS)
-                .with_idle_timeout_ms(idle_timeout),
+                .with_idle_timeout_ms(idle_timeout)
+                .with_settings(settings),
             models: vec![
                 m("llm-a", ModelType::Llm, false),
                 m("llm-b", ModelType::Llm, false),
@@ -148,6 +196,7 @@ impl Sim {
             open_acquires: BTreeSet::new(),
             open_loads: BTreeSet::new(),
             open_unloads: BTreeSet::new(),
+            open_pins: BTreeMap::new(),
             unload_targets: BTreeMap::new(),
             granted: BTreeSet::new(),
             retrying: BTreeSet::new(),
@@ -159,10 +208,10 @@ impl Sim {
     fn fail(&self, msg: &str) -> ! {
         let tail: Vec<&String> = self.log.iter().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
         panic!(
-            "seed {} (limits {:?}, idle timeout {:?}): {msg}\nreplay: SCHEDULER_SIM_FIRST_SEED={} SCHEDULER_SIM_SEEDS=1\nlast events:\n{}",
+            "seed {} (limits {:?}, {:?}): {msg}\nreplay: SCHEDULER_SIM_FIRST_SEED={} SCHEDULER_SIM_SEEDS=1\nlast events:\n{}",
             self.seed,
             self.limits.0,
-            self.idle_timeout,
+            self.draw,
             self.seed,
             tail.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n")
         );
@@ -176,7 +225,7 @@ impl Sim {
                     state: e.state,
                     options: e.options,
                     pending: e.pending,
-                    busy: !e.in_flight.is_empty(),
+                    busy: !e.in_flight.is_empty() || !e.waiting.is_empty(),
                     last_use: e.last_use,
                 };
                 (e.model.name.clone(), seen)
@@ -229,20 +278,53 @@ impl Sim {
                 if !self.open_acquires.remove(&req) {
                     self.fail(&format!("request {req} answered twice"));
                 }
+                self.asked_at.remove(&req);
                 let gen = self.generation[&model];
-                self.leases.insert(req, (model, gen));
+                self.leases.insert(req, (model.clone(), gen));
                 self.granted.insert(req);
+                // Invariant 16.
+                let running = self.leases.values().filter(|(m, g)| *m == model && *g == gen).count();
+                if let Some(max) = self.model(&model).max_concurrent {
+                    if running > max as usize {
+                        self.fail(&format!("{running} requests run on {model}, max_concurrent {max}"));
+                    }
+                }
             }
-            Effect::Reject { req, .. } => {
+            Effect::Reject { req, why, .. } => {
                 if !self.open_acquires.remove(&req) {
                     self.fail(&format!("request {req} answered twice"));
                 }
+                self.asked_at.remove(&req);
+                if let Rejection::QueueFull { .. } = why {
+                    // Invariant 15: only when the bound is reached (this request not counted).
+                    let waiting = self.open_acquires.len();
+                    if self.draw.max_queue.is_none_or(|q| waiting < q) {
+                        self.fail(&format!("QueueFull with {waiting} waiting, max_queue {:?}", self.draw.max_queue));
+                    }
+                }
+                self.check_refusal(&why);
             }
-            Effect::LoadDone { req, .. } => {
+            Effect::LoadDone { req, result, .. } => {
                 if !self.open_loads.remove(&req) {
                     self.fail(&format!("load {req} answered twice"));
                 }
+                if let LoadOutcome::Refused(why) = result {
+                    self.check_refusal(&why);
+                }
             }
+            Effect::PinDone { req, result } => {
+                let Some((model, pinned)) = self.open_pins.remove(&req) else {
+                    self.fail(&format!("pin {req} answered twice"));
+                };
+                if result.is_ok() {
+                    if pinned {
+                        self.pinned.insert(model);
+                    } else {
+                        self.pinned.remove(&model);
+                    }
+                }
+            }
+            Effect::Configured { .. } => {}
             Effect::UnloadDone { req, result } => {
                 if !self.open_unloads.remove(&req) {
                     self.fail(&format!("unload {req} answered twice"));
@@ -257,7 +339,55 @@ impl Sim {
         }
     }
 
+    /// Invariants 13 and 14: a refusal for pinned slots or memory is true.
+    fn check_refusal(&self, why: &Rejection) {
+        match why {
+            Rejection::SlotsPinned(names) => {
+                if names.is_empty() {
+                    self.fail("SlotsPinned names no model");
+                }
+                for n in names {
+                    if !self.pinned.contains(n) || !self.procs.contains_key(n) {
+                        self.fail(&format!("SlotsPinned names {n}, which is not a pinned live model"));
+                    }
+                }
+            }
+            Rejection::NoMemory { needed, budget, pinned } => {
+                // Pinned models that stay (not those on their way out).
+                let stays = |n: &String| self.m.entry(n).is_some_and(|e| matches!(e.state, State::Loading | State::Loaded));
+                let held: u64 = self.pinned.iter().filter(|n| stays(n)).map(|n| self.model(n).memory).sum();
+                // (Effects of the same event may have started more pinned models since.)
+                if Some(*budget) != self.draw.budget || needed + pinned <= *budget || *pinned > held {
+                    self.fail(&format!("NoMemory {needed}+{pinned} (pinned alive: {held}) against {budget}"));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The idle timeout that applies to `name` (None: never).
+    fn timeout(&self, name: &str) -> Option<u64> {
+        match self.model(name).idle_timeout_ms {
+            Some(0) => None,
+            Some(t) => Some(t),
+            None => self.idle_timeout,
+        }
+    }
+
     fn check(&self) {
+        // Invariant 13.
+        if let Some(b) = self.draw.budget {
+            let used: u64 = self.procs.keys().map(|n| self.model(n).memory).sum();
+            if used > b {
+                self.fail(&format!("backends alive take {used}, budget {b}"));
+            }
+        }
+        // Invariant 15.
+        if let Some(q) = self.draw.max_queue {
+            if self.open_acquires.len() > q {
+                self.fail(&format!("{} requests wait, max_queue {q}", self.open_acquires.len()));
+            }
+        }
         let alive = |pred: &dyn Fn(&ModelRef) -> bool| self.procs.keys().filter(|n| pred(self.model(n))).count() as i64;
         for t in ModelType::ALL {
             let limit = self.limits.get(t);
@@ -272,24 +402,26 @@ impl Sim {
         if self.procs.values().filter(|p| **p == Proc::Starting).count() > 1 {
             self.fail("two backends starting at once");
         }
-        if let Some(t) = self.idle_timeout {
-            let stale = self.m.entries().find(|e| {
-                e.state == State::Loaded
-                    && e.in_flight.is_empty()
-                    && e.waiting.is_empty()
-                    && e.pending.is_none()
-                    && self.now >= e.last_use + t
-            });
-            if let Some(e) = stale {
-                self.fail(&format!(
-                    "{} idle since {} is still loaded at {} (timeout {t})",
-                    e.model.name, e.last_use, self.now
-                ));
-            }
-            if let Some(d) = self.m.next_deadline() {
-                if d <= self.now {
-                    self.fail(&format!("the next idle deadline {d} is already past at {}", self.now));
-                }
+        let stale = self.m.entries().find(|e| {
+            e.state == State::Loaded
+                && e.in_flight.is_empty()
+                && e.waiting.is_empty()
+                && e.pending.is_none()
+                && !self.pinned.contains(&e.model.name)
+                && self.timeout(&e.model.name).is_some_and(|t| self.now >= e.last_use + t)
+        });
+        if let Some(e) = stale {
+            self.fail(&format!(
+                "{} idle since {} is still loaded at {} (timeout {:?})",
+                e.model.name,
+                e.last_use,
+                self.now,
+                self.timeout(&e.model.name)
+            ));
+        }
+        if let Some(d) = self.m.next_deadline() {
+            if d <= self.now {
+                self.fail(&format!("the next deadline {d} is already past at {}", self.now));
             }
         }
     }
@@ -307,17 +439,22 @@ impl Sim {
         // whose idle timeout ran out (invariant 11 judges them).
         let timed_out = |n: &str| {
             let b = &before[n];
-            self.idle_timeout.is_some_and(|t| !b.busy && b.pending.is_none() && self.now >= b.last_use + t)
+            let t = self.timeout(n);
+            t.is_some_and(|t| !b.busy && b.pending.is_none() && !self.pinned.contains(n) && self.now >= b.last_use + t)
         };
         let gave_way: Vec<String> = after
             .iter()
             .filter(|(n, s)| s.state == State::Unloading && state(before, n) == State::Loaded && !timed_out(n))
             .map(|(n, _)| n.clone())
             .collect();
+        let mut same_options = false;
         match ev {
             Event::Started { model, result: Err(err) } if state(before, model) == State::Loading => {
-                let others: Vec<&String> =
-                    before.iter().filter(|(n, s)| *n != model && s.state == State::Loaded).map(|(n, _)| n).collect();
+                let others: Vec<&String> = before
+                    .iter()
+                    .filter(|(n, s)| *n != model && s.state == State::Loaded && !self.pinned.contains(*n))
+                    .map(|(n, _)| n)
+                    .collect();
                 if !err.missing_file && self.retrying.insert(model.clone()) {
                     // Invariant 8: the first failure evicts every other model and retries.
                     let retried = fx.iter().any(|e| matches!(e, Effect::Start { model: m, .. } if m == model));
@@ -376,35 +513,48 @@ impl Sim {
                     ));
                 }
             }
-            Event::Load { req, model, options } => {
+            Event::Load { req, model, options, .. } => {
                 let b = before.get(&model.name);
                 if matches!(state(before, &model.name), State::Unloaded | State::Failed) {
                     // An explicit load ends any back-off.
                     self.crashes.entry(model.name.clone()).or_default().retry_after = 0;
                 }
                 if b.is_some_and(|b| b.state == State::Loaded && b.options == Some(*options) && b.pending.is_none()) {
-                    // Invariant 10: same options, nothing to do (other models may time out in the
-                    // same step: invariant 11 judges those).
+                    // Invariant 10: same options, nothing to do. Other loads may go ahead in the
+                    // same step (a held swap comes due), and may even take this model as their
+                    // victim: invariants 7, 14 and 17 judge those like any eviction.
                     let done = Effect::LoadDone { req: *req, model: model.name.clone(), result: LoadOutcome::Loaded };
                     let touched = fx.iter().any(|e| match e {
-                        Effect::Start { model: m, .. } | Effect::Stop { model: m } => *m == model.name,
-                        Effect::LoadDone { .. } => *e != done,
-                        _ => true,
+                        Effect::Start { model: m, .. } => *m == model.name,
+                        Effect::LoadDone { model: m, .. } => *m == model.name && *e != done,
+                        _ => false,
                     });
-                    if !fx.contains(&done) || touched || state(after, &model.name) != State::Loaded {
+                    let kept = matches!(state(after, &model.name), State::Loaded | State::Unloading);
+                    if !fx.contains(&done) || touched || !kept {
                         self.fail(&format!("a same-options load of {} did {fx:?}", model.name));
                     }
-                    return;
+                    same_options = true;
                 }
             }
             _ => {}
         }
         // Invariant 7: every other model that gave way was an eviction victim.
         let target = match ev {
-            Event::Load { model, .. } => Some(model.name.as_str()),
+            Event::Load { model, .. } if !same_options => Some(model.name.as_str()),
             _ => None,
         };
+        let evict_all = matches!(ev, Event::Started { result: Err(_), .. });
         for v in gave_way.iter().filter(|v| Some(v.as_str()) != target) {
+            // Invariant 14.
+            if self.pinned.contains(v) {
+                self.fail(&format!("pinned {v} gave way after {ev:?}"));
+            }
+            // Invariant 17.
+            let hold = self.draw.hold;
+            let old_enough = self.asked_at.values().any(|t| self.now >= t + hold);
+            if hold > 0 && before[v].busy && !evict_all && self.open_loads.is_empty() && !old_enough {
+                self.fail(&format!("busy {v} gave way before any request waited {hold} ms"));
+            }
             let vm = self.model(v).clone();
             if vm.npu {
                 continue; // NPU models give way to any other NPU model, whatever their age
@@ -413,7 +563,12 @@ impl Sim {
             let vk = key(&after[v]);
             let kept = after
                 .iter()
-                .find(|(n, s)| s.state == State::Loaded && self.model(n).model_type == vm.model_type && key(s) < vk);
+                .find(|(n, s)| {
+                    s.state == State::Loaded
+                        && self.model(n).model_type == vm.model_type
+                        && key(s) < vk
+                        && !self.pinned.contains(*n)
+                });
             if let Some((n, s)) = kept {
                 self.fail(&format!("{v} {vk:?} was evicted while {n} {:?} stayed", key(s)));
             }
@@ -423,11 +578,12 @@ impl Sim {
     fn step(&mut self, rng: &mut Rng) {
         self.now += rng.below(50) as u64;
         let model = self.models[rng.below(self.models.len())].clone();
-        match rng.below(12) {
+        match rng.below(13) {
             0..=2 => {
                 let req = self.next_req;
                 self.next_req += 1;
                 self.open_acquires.insert(req);
+                self.asked_at.insert(req, self.now);
                 let auto = rng.chance(85).then(|| (rng.below(2)) as u32);
                 self.send(Event::Acquire { req, model, auto_load: auto });
             }
@@ -448,6 +604,7 @@ impl Sim {
                     if rng.chance(30) {
                         // The client went away before its model loaded.
                         self.open_acquires.remove(&req);
+                        self.asked_at.remove(&req);
                         self.send(Event::Cancel { req });
                     }
                 }
@@ -456,7 +613,19 @@ impl Sim {
                 let req = self.next_req;
                 self.next_req += 1;
                 self.open_loads.insert(req);
-                self.send(Event::Load { req, model, options: rng.below(2) as u32 });
+                let pin = match rng.below(10) {
+                    0 | 1 => Some(true),
+                    2 => Some(false),
+                    _ => None,
+                };
+                if let Some(p) = pin {
+                    if p {
+                        self.pinned.insert(model.name.clone());
+                    } else {
+                        self.pinned.remove(&model.name);
+                    }
+                }
+                self.send(Event::Load { req, model, options: rng.below(2) as u32, pin });
             }
             7 => {
                 let req = self.next_req;
@@ -470,6 +639,12 @@ impl Sim {
                     .map(|n| (n.clone(), self.generation[n]))
                     .collect();
                 self.unload_targets.insert(req, live);
+                match &target {
+                    Some(t) => {
+                        self.pinned.remove(t);
+                    }
+                    None => self.pinned.clear(),
+                }
                 self.send(Event::Unload { req, model: target });
             }
             8 | 9 => {
@@ -482,6 +657,16 @@ impl Sim {
                 let next = self.m.next_deadline().unwrap_or(self.now + 100);
                 self.now = self.now.max(next);
                 self.send(Event::Tick);
+            }
+            12 => {
+                let req = self.next_req;
+                self.next_req += 1;
+                let pinned = rng.chance(60);
+                self.open_pins.insert(req, (model.name.clone(), pinned));
+                if !pinned {
+                    self.pinned.remove(&model.name); // takes effect within the event
+                }
+                self.send(Event::Pin { req, model: model.name.clone(), pinned });
             }
             _ => {
                 // A running backend crashes.
@@ -538,6 +723,11 @@ impl Sim {
             } else if let Some(req) = self.leases.keys().next().copied() {
                 self.leases.remove(&req);
                 self.send(Event::Release { req });
+            } else if !self.open_acquires.is_empty() {
+                // Requests wait on a held swap: time passes to its deadline.
+                let Some(d) = self.m.next_deadline() else { self.fail("requests wait and nothing is due") };
+                self.now = self.now.max(d);
+                self.send(Event::Tick);
             } else {
                 return;
             }
@@ -549,8 +739,13 @@ impl Sim {
 fn run(seed: u64, steps: usize) {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let limits = draw_limits(&mut rng);
-    let idle = rng.chance(50).then(|| 200 + rng.below(1300) as u64);
-    let mut sim = Sim::new(seed, limits, idle);
+    let draw = Draw {
+        idle_timeout: rng.chance(50).then(|| 200 + rng.below(1300) as u64),
+        budget: rng.chance(50).then(|| 1_000 + rng.below(2_000) as u64),
+        max_queue: rng.chance(50).then(|| 1 + rng.below(8)),
+        hold: if rng.chance(50) { 100 + rng.below(900) as u64 } else { 0 },
+    };
+    let mut sim = Sim::new(seed, limits, draw, &mut rng);
     for _ in 0..steps {
         sim.step(&mut rng);
     }
@@ -561,12 +756,21 @@ fn run(seed: u64, steps: usize) {
     if !sim.open_loads.is_empty() || !sim.open_unloads.is_empty() {
         sim.fail(&format!("loads {:?} / unloads {:?} never answered", sim.open_loads, sim.open_unloads));
     }
-    // No dead ends: after any history, a last request to every model is granted.
+    // No dead ends: after any history, once nothing is pinned, a last request to every model
+    // is granted.
+    for m in sim.models.clone() {
+        let req = sim.next_req;
+        sim.next_req += 1;
+        sim.open_pins.insert(req, (m.name.clone(), false));
+        sim.pinned.remove(&m.name);
+        sim.send(Event::Pin { req, model: m.name.clone(), pinned: false });
+    }
     sim.now += 10 * CRASH_BACKOFF_MAX_MS;
     for m in sim.models.clone() {
         let req = sim.next_req;
         sim.next_req += 1;
         sim.open_acquires.insert(req);
+        sim.asked_at.insert(req, sim.now);
         sim.send(Event::Acquire { req, model: m.clone(), auto_load: Some(7) });
         sim.drain(&mut rng);
         if !sim.granted.contains(&req) {
@@ -598,7 +802,7 @@ fn random_histories_keep_every_invariant() {
 // ---------------------------------------------------------------------------------------------
 
 fn llm(name: &str) -> ModelRef {
-    ModelRef { name: name.into(), model_type: ModelType::Llm, npu: false }
+    ModelRef::new(name, ModelType::Llm, false)
 }
 
 /// Drives a machine and records effects; the executor is the test.
@@ -670,7 +874,7 @@ fn lru_eviction_order_with_three_models_and_two_slots() {
 #[test]
 fn busy_model_is_drained_before_eviction_and_others_types_are_untouched() {
     let mut d = Drive::new(1);
-    let emb = ModelRef { name: "e".into(), model_type: ModelType::Embedding, npu: false };
+    let emb = ModelRef::new("e", ModelType::Embedding, false);
     let held = d.use_model(&llm("a"));
     let e = d.use_model(&emb);
     d.ev(Event::Release { req: e });
@@ -720,15 +924,15 @@ fn load_with_same_options_is_a_noop_and_other_options_reload_in_place() {
     let r = d.use_model(&llm("a"));
     d.ev(Event::Release { req: r });
     let req = d.req();
-    let fx = d.ev(Event::Load { req, model: llm("a"), options: 0 });
+    let fx = d.ev(Event::Load { req, model: llm("a"), options: 0, pin: None });
     assert_eq!(fx, vec![Effect::LoadDone { req, model: "a".into(), result: LoadOutcome::Loaded }]);
     let req = d.req();
-    let fx = d.ev(Event::Load { req, model: llm("a"), options: 5 });
+    let fx = d.ev(Event::Load { req, model: llm("a"), options: 5, pin: None });
     assert_eq!(fx, vec![Effect::Stop { model: "a".into() }]);
     let fx = d.ev(Event::Stopped { model: "a".into() });
     assert_eq!(fx, vec![Effect::Start { model: "a".into(), options: 5 }]);
     let dup = d.req();
-    assert!(d.ev(Event::Load { req: dup, model: llm("a"), options: 5 }).is_empty(), "joins the load in progress");
+    assert!(d.ev(Event::Load { req: dup, model: llm("a"), options: 5, pin: None }).is_empty(), "joins the load in progress");
     let fx = d.ev(Event::Started { model: "a".into(), result: Ok(()) });
     assert_eq!(fx.len(), 2, "both loads answered: {fx:?}");
 }
@@ -806,8 +1010,8 @@ fn crash_fails_the_model_and_repeated_crashes_back_off() {
 #[test]
 fn npu_models_exclude_each_other_whatever_their_type() {
     let mut d = Drive::new(-1);
-    let n1 = ModelRef { name: "n1".into(), model_type: ModelType::Llm, npu: true };
-    let n2 = ModelRef { name: "n2".into(), model_type: ModelType::Embedding, npu: true };
+    let n1 = ModelRef::new("n1", ModelType::Llm, true);
+    let n2 = ModelRef::new("n2", ModelType::Embedding, true);
     let r = d.use_model(&n1);
     d.ev(Event::Release { req: r });
     let req = d.req();
@@ -866,4 +1070,265 @@ fn an_idle_model_is_unloaded_after_its_timeout_and_a_busy_one_never() {
     d.ev(Event::Release { req: held });
     let b_idle = d.now;
     assert_eq!(d.m.next_deadline(), Some(b_idle + 1_000), "B's timer starts when its last request ends");
+}
+
+fn sized(name: &str, model_type: ModelType, memory: u64) -> ModelRef {
+    ModelRef { memory, ..ModelRef::new(name, model_type, false) }
+}
+
+#[test]
+fn a_pinned_model_is_never_evicted_and_a_load_that_needs_its_slot_is_refused_at_once() {
+    let mut d = Drive::new(1);
+    let r = d.use_model(&llm("a"));
+    d.ev(Event::Release { req: r });
+    let pin = d.req();
+    assert_eq!(
+        d.ev(Event::Pin { req: pin, model: "a".into(), pinned: true }),
+        vec![Effect::PinDone { req: pin, result: Ok(()) }]
+    );
+    let req = d.req();
+    let fx = d.ev(Event::Acquire { req, model: llm("b"), auto_load: Some(0) });
+    assert_eq!(fx, vec![Effect::Reject { req, model: "b".into(), why: Rejection::SlotsPinned(vec!["a".into()]) }]);
+    let load = d.req();
+    let fx = d.ev(Event::Load { req: load, model: llm("b"), options: 0, pin: None });
+    let refused = LoadOutcome::Refused(Rejection::SlotsPinned(vec!["a".into()]));
+    assert_eq!(fx, vec![Effect::LoadDone { req: load, model: "b".into(), result: refused }]);
+    assert_eq!(d.state("a"), State::Loaded);
+    // Unpinned, it gives way as before.
+    let unpin = d.req();
+    d.ev(Event::Pin { req: unpin, model: "a".into(), pinned: false });
+    let req = d.req();
+    assert_eq!(
+        d.ev(Event::Acquire { req, model: llm("b"), auto_load: Some(0) }),
+        vec![Effect::Stop { model: "a".into() }]
+    );
+    // Pinning a model that is not loaded is refused.
+    let p = d.req();
+    let fx = d.ev(Event::Pin { req: p, model: "zzz".into(), pinned: true });
+    assert_eq!(fx, vec![Effect::PinDone { req: p, result: Err(SchedulerError::NotLoaded("zzz".into())) }]);
+}
+
+#[test]
+fn a_pinned_model_never_times_out_and_a_per_model_timeout_overrides_the_machine_one() {
+    let mut d = Drive::new(-1);
+    d.m = Machine::new(Limits::uniform(-1)).with_idle_timeout_ms(Some(1_000));
+    let quick = ModelRef { idle_timeout_ms: Some(100), ..llm("quick") };
+    let never = ModelRef { idle_timeout_ms: Some(0), ..llm("never") };
+    for m in [&llm("a"), &quick, &never] {
+        let r = d.use_model(m);
+        d.ev(Event::Release { req: r });
+    }
+    let pin = d.req();
+    d.ev(Event::Load { req: pin, model: llm("a"), options: 0, pin: Some(true) });
+    let quick_at = d.m.unload_at(d.m.entry("quick").unwrap()).expect("quick has a deadline");
+    assert_eq!(d.m.unload_at(d.m.entry("a").unwrap()), None, "pinned: no deadline");
+    assert_eq!(d.m.unload_at(d.m.entry("never").unwrap()), None, "idle_timeout 0: never");
+    assert_eq!(d.m.next_deadline(), Some(quick_at));
+    d.now += 10_000;
+    let fx = d.ev(Event::Tick);
+    assert_eq!(fx, vec![Effect::Stop { model: "quick".into() }]);
+    assert_eq!((d.state("a"), d.state("never")), (State::Loaded, State::Loaded));
+}
+
+#[test]
+fn the_memory_budget_evicts_least_recently_used_models_of_any_type_and_refuses_what_cannot_fit() {
+    let mut d = Drive::new(-1);
+    d.m = Machine::new(Limits::uniform(-1))
+        .with_settings(Settings { memory_budget: Some(Some(1_000)), ..Settings::default() });
+    let (a, e, b) = (sized("a", ModelType::Llm, 400), sized("e", ModelType::Embedding, 400), sized("b", ModelType::Llm, 500));
+    for m in [&a, &e] {
+        let r = d.use_model(m);
+        d.ev(Event::Release { req: r });
+    }
+    assert_eq!(d.m.memory_in_use(), 800);
+    // B (500) fits only once the least recently used model (A, an LLM) is gone.
+    let req = d.req();
+    assert_eq!(d.ev(Event::Acquire { req, model: b.clone(), auto_load: Some(0) }), vec![Effect::Stop { model: "a".into() }]);
+    assert_eq!(d.ev(Event::Stopped { model: "a".into() }), vec![Effect::Start { model: "b".into(), options: 0 }]);
+    d.ev(Event::Started { model: "b".into(), result: Ok(()) });
+    d.ev(Event::Release { req });
+    assert_eq!(d.m.memory_in_use(), 900);
+    // With E pinned, a 700 model can never fit (700 + 400 > 1000): refused, nothing stopped.
+    let pin = d.req();
+    d.ev(Event::Pin { req: pin, model: "e".into(), pinned: true });
+    let req = d.req();
+    let fx = d.ev(Event::Acquire { req, model: sized("big", ModelType::Llm, 700), auto_load: Some(0) });
+    let why = Rejection::NoMemory { needed: 700, budget: 1_000, pinned: 400 };
+    assert_eq!(fx, vec![Effect::Reject { req, model: "big".into(), why }]);
+    assert_eq!((d.state("b"), d.state("e")), (State::Loaded, State::Loaded));
+}
+
+#[test]
+fn the_queue_is_bounded_and_a_full_queue_answers_at_once() {
+    let mut d = Drive::new(1);
+    d.m = Machine::new(Limits::uniform(1)).with_settings(Settings { max_queue: Some(Some(2)), ..Settings::default() });
+    let (r1, r2, r3) = (d.req(), d.req(), d.req());
+    d.ev(Event::Acquire { req: r1, model: llm("a"), auto_load: Some(0) });
+    d.ev(Event::Acquire { req: r2, model: llm("a"), auto_load: Some(0) });
+    let fx = d.ev(Event::Acquire { req: r3, model: llm("a"), auto_load: Some(0) });
+    let why = Rejection::QueueFull { max_queue: 2, retry_in_ms: QUEUE_FULL_RETRY_MS };
+    assert_eq!(fx, vec![Effect::Reject { req: r3, model: "a".into(), why }]);
+    let fx = d.ev(Event::Started { model: "a".into(), result: Ok(()) });
+    assert_eq!(fx.len(), 2, "both waiting requests are granted: {fx:?}");
+    let r4 = d.req();
+    assert_eq!(
+        d.ev(Event::Acquire { req: r4, model: llm("a"), auto_load: Some(0) }),
+        vec![Effect::Grant { req: r4, model: "a".into() }],
+        "room again"
+    );
+}
+
+#[test]
+fn max_concurrent_holds_further_requests_until_one_ends_oldest_first() {
+    let mut d = Drive::new(1);
+    let a = ModelRef { max_concurrent: Some(1), ..llm("a") };
+    let first = d.use_model(&a);
+    let (second, third) = (d.req(), d.req());
+    assert!(d.ev(Event::Acquire { req: second, model: a.clone(), auto_load: Some(0) }).is_empty());
+    assert!(d.ev(Event::Acquire { req: third, model: a.clone(), auto_load: None }).is_empty());
+    assert_eq!(d.m.entry("a").unwrap().queue_depth(), 2);
+    assert_eq!(d.ev(Event::Release { req: first }), vec![Effect::Grant { req: second, model: "a".into() }]);
+    assert_eq!(d.ev(Event::Release { req: second }), vec![Effect::Grant { req: third, model: "a".into() }]);
+}
+
+#[test]
+fn anti_thrash_keeps_serving_the_loaded_model_until_the_other_has_waited_the_hold() {
+    let mut d = Drive::new(1);
+    d.m = Machine::new(Limits::uniform(1)).with_settings(Settings { swap_hold_ms: Some(1_000), ..Settings::default() });
+    let a1 = d.use_model(&llm("a"));
+    // B arrives while A serves: no stop yet.
+    let b = d.req();
+    assert!(d.ev(Event::Acquire { req: b, model: llm("b"), auto_load: Some(0) }).is_empty());
+    let asked = d.now;
+    assert_eq!(d.m.next_deadline(), Some(asked + 1_000));
+    // A's client goes on: its next request is granted at once.
+    d.ev(Event::Release { req: a1 });
+    let a2 = d.req();
+    assert_eq!(
+        d.ev(Event::Acquire { req: a2, model: llm("a"), auto_load: Some(0) }),
+        vec![Effect::Grant { req: a2, model: "a".into() }]
+    );
+    d.ev(Event::Release { req: a2 });
+    // When B has waited the hold, A gives way, and its new requests wait for B's turn.
+    d.now = asked + 1_000;
+    assert_eq!(d.ev(Event::Tick), vec![Effect::Stop { model: "a".into() }]);
+    let a3 = d.req();
+    assert!(d.ev(Event::Acquire { req: a3, model: llm("a"), auto_load: Some(0) }).is_empty());
+    assert_eq!(d.ev(Event::Stopped { model: "a".into() }), vec![Effect::Start { model: "b".into(), options: 0 }]);
+
+    // A model that is idle when another is asked for swaps at once (one client switching
+    // models pays nothing).
+    let mut d = Drive::new(1);
+    d.m = Machine::new(Limits::uniform(1)).with_settings(Settings { swap_hold_ms: Some(1_000), ..Settings::default() });
+    let a = d.use_model(&llm("a"));
+    d.ev(Event::Release { req: a });
+    let b = d.req();
+    assert_eq!(d.ev(Event::Acquire { req: b, model: llm("b"), auto_load: Some(0) }), vec![Effect::Stop { model: "a".into() }]);
+}
+
+#[test]
+fn settings_change_while_running() {
+    let mut d = Drive::new(1);
+    let r = d.use_model(&llm("a"));
+    d.ev(Event::Release { req: r });
+    let req = d.req();
+    let s = Settings { limits: Some(Limits::uniform(2)), idle_timeout_ms: Some(Some(500)), ..Settings::default() };
+    assert_eq!(d.ev(Event::Configure { req, settings: s }), vec![Effect::Configured { req }]);
+    assert_eq!(d.m.settings().limits, Some(Limits::uniform(2)));
+    let b = d.use_model(&llm("b"));
+    assert_eq!((d.state("a"), d.state("b")), (State::Loaded, State::Loaded), "two slots now");
+    d.ev(Event::Release { req: b });
+    assert!(d.m.next_deadline().is_some(), "the new idle timeout applies");
+}
+
+/// Clients that each send requests to their own model one after another, with one slot: every
+/// request is granted within the stated bound, and the hold cuts the swaps.
+fn alternating(seed: u64, clients: usize, hold: u64) -> (u64, u64) {
+    // Requests last 20..120 ms; a client's next one follows 0..20 ms later; starts take 300 ms and
+    // stops 30 ms. A request waits at most for one hold plus, per other model, a drain, a stop
+    // and a start.
+    const RUN: u64 = 120;
+    const START: u64 = 300;
+    const STOP: u64 = 30;
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut m: Machine<u32> =
+        Machine::new(Limits::uniform(1)).with_settings(Settings { swap_hold_ms: Some(hold), ..Settings::default() });
+    let bound = hold + clients as u64 * (RUN + STOP + START + HOLD_GAP_MS);
+    let models: Vec<ModelRef> = (0..clients).map(|i| llm(&format!("m{i}"))).collect();
+    // Timed events: (at, seq, event); clients: next send time.
+    let mut timers: BTreeMap<(u64, u64), Event<u32>> = BTreeMap::new();
+    let mut seq = 0;
+    let mut asked: BTreeMap<ReqId, (usize, u64)> = BTreeMap::new();
+    let (mut served, mut swaps, mut next_req, mut now) = (0u64, 0u64, 1u64, 0u64);
+    let mut push = |timers: &mut BTreeMap<(u64, u64), Event<u32>>, at: u64, e: Event<u32>| {
+        seq += 1;
+        timers.insert((at, seq), e);
+    };
+    for c in 0..clients {
+        let req = next_req;
+        next_req += 1;
+        asked.insert(req, (c, 0));
+        push(&mut timers, rng.below(20) as u64, Event::Acquire { req, model: models[c].clone(), auto_load: Some(0) });
+    }
+    while now < 60_000 {
+        let due = timers.keys().next().copied();
+        let ev = match (due, m.next_deadline()) {
+            (Some(k), Some(d)) if d < k.0 => {
+                now = d;
+                Event::Tick
+            }
+            (Some(k), _) => {
+                now = k.0;
+                timers.remove(&k).expect("timer")
+            }
+            (None, Some(d)) => {
+                now = d;
+                Event::Tick
+            }
+            (None, None) => panic!("seed {seed}: nothing left to happen at {now}"),
+        };
+        // SCHEDULER_ALT_TRACE=1 prints the history (to read a failure).
+        let trace = std::env::var("SCHEDULER_ALT_TRACE").is_ok();
+        if trace {
+            eprintln!("{now} {ev:?}");
+        }
+        for fx in m.handle(ev, now) {
+            if trace {
+                eprintln!("    -> {fx:?}");
+            }
+            match fx {
+                Effect::Start { model, .. } => {
+                    swaps += 1;
+                    push(&mut timers, now + START, Event::Started { model, result: Ok(()) });
+                }
+                Effect::Stop { model } => push(&mut timers, now + STOP, Event::Stopped { model }),
+                Effect::Grant { req, .. } => {
+                    let (c, at) = asked.remove(&req).expect("asked");
+                    assert!(now - at <= bound, "seed {seed}, hold {hold}: request of client {c} waited {} ms > {bound}", now - at);
+                    served += 1;
+                    push(&mut timers, now + 20 + rng.below(100) as u64, Event::Release { req });
+                    // The client's next request.
+                    let next = next_req;
+                    next_req += 1;
+                    let at = now + 20 + rng.below(100) as u64 + rng.below(20) as u64;
+                    asked.insert(next, (c, at));
+                    push(&mut timers, at, Event::Acquire { req: next, model: models[c].clone(), auto_load: Some(0) });
+                }
+                other => panic!("seed {seed}: unexpected {other:?}"),
+            }
+        }
+    }
+    (served, swaps)
+}
+
+#[test]
+fn alternating_clients_are_served_within_the_bound_and_the_hold_cuts_swaps() {
+    for seed in 0..50 {
+        for clients in [2, 3] {
+            let (served_off, swaps_off) = alternating(seed, clients, 0);
+            let (served_on, swaps_on) = alternating(seed, clients, 2_000);
+            assert!(swaps_on * 2 < swaps_off, "seed {seed}: {swaps_on} swaps with the hold, {swaps_off} without");
+            assert!(served_on > served_off, "seed {seed}: served {served_on} with the hold, {served_off} without");
+        }
+    }
 }
