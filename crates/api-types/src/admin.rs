@@ -22,6 +22,16 @@ pub struct AdminModel {
     pub configured_target_inflight: u32,
     pub effective_target_inflight: u32,
     pub last_error: Option<String>,
+    /// Never evicted nor unloaded for idleness.
+    #[serde(default)]
+    pub pinned: bool,
+    /// Milliseconds until it is unloaded for idleness if no request comes; null while it is
+    /// busy, pinned, not loaded or has no timeout.
+    #[serde(default)]
+    pub unloads_in_ms: Option<u64>,
+    /// Bytes counted against the memory budget while it runs.
+    #[serde(default)]
+    pub memory_estimate: u64,
     pub vram_estimate_mib: Option<u64>,
     pub vram_estimate_replica_count: u32,
     /// `model_artifact_size` or `unavailable`.

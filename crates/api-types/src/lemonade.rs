@@ -115,6 +115,24 @@ pub struct LoadedModel {
     pub recipe_options: RecipeOptions,
     /// Milliseconds of a monotonic clock at the model's last use.
     pub last_use: u64,
+    /// Never evicted nor unloaded for idleness (`POST /api/v1/pin`, or `load` with `pinned`).
+    #[serde(default)]
+    pub pinned: bool,
+    /// The idle timeout that applies to it, in seconds; absent: it never times out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<u64>,
+    /// Milliseconds until it is unloaded for idleness if no request comes; absent while it
+    /// is busy, pinned or has no timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unloads_in_ms: Option<u64>,
+    /// Bytes lemonade counts it for against the memory budget (its estimate).
+    #[serde(default)]
+    pub memory_estimate: u64,
+    /// Requests running on it, and waiting for it.
+    #[serde(default)]
+    pub in_flight: u64,
+    #[serde(default)]
+    pub queued: u64,
 }
 
 /// `GET /v1/health`.
@@ -127,6 +145,9 @@ pub struct Health {
     pub model_loaded: Option<String>,
     /// Loaded models, in load order.
     pub all_models_loaded: Vec<LoadedModel>,
+    /// Models on their way in: loading now, or `--preload` models still pulling or queued.
+    #[serde(default)]
+    pub models_loading: Vec<String>,
     /// Slot limit per model type; -1 means unlimited.
     pub max_models: BTreeMap<String, i64>,
     pub log_streaming: LogStreaming,
@@ -174,6 +195,84 @@ pub struct LoadRequest {
     /// Save these options (and only these) as the model's defaults in `recipe_options.json`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub save_options: Option<bool>,
+    /// Pin it: never evicted nor unloaded for idleness until unpinned or unloaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<bool>,
+    /// Unload it after this many seconds without a request (0 = never), instead of the
+    /// server's `--idle-timeout`. Saved by `save_options`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<u64>,
+}
+
+/// `POST /api/v1/pin`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PinRequest {
+    pub model_name: String,
+    /// `false` unpins. Default `true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<bool>,
+}
+
+/// Answer of `POST /api/v1/pin`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PinResponse {
+    pub status: String,
+    pub model_name: String,
+    pub pinned: bool,
+}
+
+/// A memory budget: bytes, `"auto"` (free memory at start minus a margin) or `"none"`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum MemoryBudget {
+    Bytes(u64),
+    Word(String),
+}
+
+/// Slot limits: one value for every type, or up to three for llm, embedding and reranking.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum SlotLimits {
+    One(i64),
+    Per(Vec<i64>),
+}
+
+/// `POST /api/v1/params`: the scheduler settings to change (absent fields stay). They apply at
+/// once and are saved to `settings.json` in lemonade's cache dir, which `serve` reads at start
+/// (flags and environment variables take precedence over it).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ParamsUpdate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_loaded_models: Option<SlotLimits>,
+    /// Seconds; 0 = never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<u64>,
+    /// Requests that may wait for models, all together; 0 = unbounded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_queue: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_budget: Option<MemoryBudget>,
+    /// How long (ms) a model that serves requests keeps its slot against a load caused by
+    /// requests for another model (anti-thrash); 0 = swap at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swap_hold_ms: Option<u64>,
+}
+
+/// `GET /api/v1/params`, and the answer of `POST`: the settings in force.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Params {
+    /// Slot limit per model type; -1 means unlimited.
+    pub max_loaded_models: BTreeMap<String, i64>,
+    /// Seconds; 0 = never.
+    pub idle_timeout: u64,
+    /// 0 = unbounded.
+    pub max_queue: u64,
+    /// Bytes; null = no budget.
+    pub memory_budget: Option<u64>,
+    /// Bytes counted for the backends alive now.
+    pub memory_in_use: u64,
+    pub swap_hold_ms: u64,
 }
 
 /// Answer of `POST /v1/load`.

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use api_types::ModelType;
+use api_types::{ModelType, RecipeOptions};
 
 /// Flags lemonade manages itself; `llamacpp_args` may not set them.
 pub const RESERVED_FLAGS: &[&str] = &[
@@ -359,5 +359,60 @@ mod tests {
         assert_eq!(tokenize("").unwrap(), Vec::<String>::new());
         assert_eq!(tokenize("''").unwrap(), [""]);
         assert!(matches!(tokenize("--x 'open"), Err(ArgsError::UnterminatedQuote(_))));
+    }
+}
+
+/// What a llama-server's memory depends on besides its model: context, slots and KV cache
+/// types, as `options` (and the `llamacpp_args` in them) set them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CacheSettings {
+    pub ctx_size: u32,
+    /// `--parallel` (llama-server's automatic value is 4).
+    pub slots: u32,
+    pub cache_type_k: String,
+    pub cache_type_v: String,
+}
+
+pub fn cache_settings(options: &RecipeOptions, model_type: ModelType) -> CacheSettings {
+    let ctx = crate::ctx_size(options);
+    let ctx = if model_type == ModelType::Embedding { ctx.max(MIN_EMBEDDING_CTX_SIZE) } else { ctx };
+    let tokens =
+        options.get("llamacpp_args").and_then(|a| a.as_str()).and_then(|a| tokenize(a).ok()).unwrap_or_default();
+    let flag = |names: &[&str]| -> Option<String> {
+        let mut it = tokens.iter();
+        let mut found = None;
+        while let Some(t) = it.next() {
+            if names.contains(&t.as_str()) {
+                found = it.next().cloned();
+            } else if let Some((k, v)) = t.split_once('=') {
+                if names.contains(&k) {
+                    found = Some(v.to_string());
+                }
+            }
+        }
+        found
+    };
+    CacheSettings {
+        ctx_size: ctx,
+        slots: flag(&["-np", "--parallel"]).and_then(|n| n.parse::<u32>().ok()).filter(|n| *n > 0).unwrap_or(4),
+        cache_type_k: flag(&["-ctk", "--cache-type-k"]).unwrap_or_else(|| "f16".into()),
+        cache_type_v: flag(&["-ctv", "--cache-type-v"]).unwrap_or_else(|| "f16".into()),
+    }
+}
+
+#[cfg(test)]
+mod cache_settings_tests {
+    use super::*;
+
+    #[test]
+    fn cache_settings_read_ctx_slots_and_cache_types_from_the_options() {
+        let mut o = RecipeOptions::new();
+        let s = cache_settings(&o, ModelType::Llm);
+        assert_eq!((s.ctx_size, s.slots, s.cache_type_k.as_str()), (DEFAULT_CTX_SIZE, 4, "f16"));
+        o.insert("ctx_size".into(), 2048.into());
+        o.insert("llamacpp_args".into(), "-np 2 --cache-type-k=q8_0 -ctv q4_0".into());
+        let s = cache_settings(&o, ModelType::Llm);
+        assert_eq!((s.ctx_size, s.slots, s.cache_type_k.as_str(), s.cache_type_v.as_str()), (2048, 2, "q8_0", "q4_0"));
+        assert_eq!(cache_settings(&o, ModelType::Embedding).ctx_size, MIN_EMBEDDING_CTX_SIZE);
     }
 }

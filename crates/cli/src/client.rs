@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use api_types::{
-    DeleteRequest, Health, InstallRequest, LoadRequest, ModelList, PullProgress, PullRequest, SystemInfo, UnloadRequest,
+    DeleteRequest, Health, InstallRequest, LoadRequest, ModelList, PinRequest, PullProgress, PullRequest, SystemInfo,
+    UnloadRequest,
 };
 pub use client::error_text;
 use client::Client;
@@ -198,6 +199,13 @@ pub struct LoadArgs {
     /// Save these settings as the model's defaults (recipe_options.json).
     #[arg(long)]
     pub save_options: bool,
+    /// Pin it: never evicted nor unloaded for idleness until unpinned or unloaded.
+    #[arg(long)]
+    pub pin: bool,
+    /// Unload it after this many seconds without a request (0 = never), instead of the
+    /// server's --idle-timeout.
+    #[arg(long)]
+    pub idle_timeout: Option<u64>,
 }
 
 impl LoadArgs {
@@ -208,6 +216,8 @@ impl LoadArgs {
             llamacpp_backend: self.llamacpp.clone(),
             llamacpp_args: self.llamacpp_args.clone(),
             save_options: self.save_options.then_some(true),
+            pinned: self.pin.then_some(true),
+            idle_timeout: self.idle_timeout,
         }
     }
 }
@@ -226,6 +236,20 @@ pub async fn unload(t: &Target, model: Option<String>, json_out: bool) -> Result
     out(json_out, &json_of(&v), || match &model {
         Some(m) => format!("Model unloaded successfully: {m}"),
         None => "All models unloaded.".into(),
+    });
+    Ok(())
+}
+
+/// `lemonade pin` / `lemonade unpin`.
+pub async fn pin(t: &Target, model: String, pinned: bool, json_out: bool) -> Result<()> {
+    let body = PinRequest { model_name: model.clone(), pinned: Some(pinned) };
+    let v = t.client(None).pin(&body).await.context(if pinned { "Failed to pin" } else { "Failed to unpin" })?;
+    out(json_out, &json_of(&v), || {
+        if pinned {
+            format!("Pinned {model}: it stays loaded until unpinned or unloaded.")
+        } else {
+            format!("Unpinned {model}.")
+        }
     });
     Ok(())
 }

@@ -79,6 +79,17 @@ enum Command {
         #[command(flatten)]
         load: LoadArgs,
     },
+    /// Pin a loaded model: never evicted nor unloaded for idleness until unpinned or
+    /// unloaded.
+    Pin {
+        /// Model to pin (loaded or loading).
+        model: String,
+    },
+    /// Unpin a model.
+    Unpin {
+        /// Model to unpin.
+        model: String,
+    },
     /// Unload one model, or every model when none is named.
     Unload {
         /// Model to unload (all when omitted).
@@ -171,10 +182,11 @@ struct ServeArgs {
     #[arg(long, env = "LEMONADE_EXTRA_MODELS_DIR")]
     extra_models_dir: Option<PathBuf>,
     /// Models of each type kept loaded (-1 = unlimited). One value sets every type; up to
-    /// three set llm, embedding and reranking (other types get 1).
+    /// three set llm, embedding and reranking (other types get 1). Default 1 (or the saved
+    /// setting, see `POST /api/v1/params`).
     #[arg(long, env = "LEMONADE_MAX_LOADED_MODELS", num_args = 1..=3, value_delimiter = ' ',
-          default_value = "1", allow_negative_numbers = true)]
-    max_loaded_models: Vec<i64>,
+          allow_negative_numbers = true)]
+    max_loaded_models: Option<Vec<i64>>,
     /// Reject inference on a model that is not loaded (codes `model_not_loaded`,
     /// `model_loading`, `model_unloading`, `model_failed`) instead of loading it.
     #[arg(long, env = "LEMONADE_NO_AUTO_LOAD")]
@@ -192,9 +204,30 @@ struct ServeArgs {
     /// Seconds a model may take to load before the load is abandoned.
     #[arg(long, env = "LEMONADE_LOAD_TIMEOUT", default_value_t = 600)]
     load_timeout: u64,
-    /// Unload a model that has had no request for this many seconds (0 = never).
-    #[arg(long, env = "LEMONADE_IDLE_TIMEOUT", default_value_t = 0)]
-    idle_timeout: u64,
+    /// Unload a model that has had no request for this many seconds (0 = never, the
+    /// default). A model's own value (`load` with `idle_timeout`) takes precedence.
+    #[arg(long, env = "LEMONADE_IDLE_TIMEOUT")]
+    idle_timeout: Option<u64>,
+    /// Requests that may wait for models, all together; beyond it, 503 with Retry-After
+    /// (0 = unbounded). Default 256.
+    #[arg(long, env = "LEMONADE_MAX_QUEUE")]
+    max_queue: Option<u64>,
+    /// Requests a model serves at once; further ones wait in lemonade's queue (default: the
+    /// backend's parallel slots, 4 for llama-server unless --parallel is in its args).
+    #[arg(long, env = "LEMONADE_MAX_CONCURRENT")]
+    max_concurrent: Option<u32>,
+    /// Memory lemonade lets its backends take together: bytes (8G, 512M), `auto` (free memory
+    /// at start less a tenth, at least 1 GiB) or `none`. Least recently used models give way;
+    /// a model that can never fit is refused (507). Default `auto`.
+    #[arg(long, env = "LEMONADE_MEMORY_BUDGET")]
+    memory_budget: Option<String>,
+    /// Anti-thrash: how long (ms) a model that is serving keeps its slot against requests for
+    /// another model before they swap it out (0 = swap at once). Default 2000.
+    #[arg(long, env = "LEMONADE_SWAP_HOLD_MS")]
+    swap_hold_ms: Option<u64>,
+    /// Models to load at start, pulling them if needed (comma-separated).
+    #[arg(long, env = "LEMONADE_PRELOAD", value_delimiter = ',')]
+    preload: Vec<String>,
     /// The crash back-off's first pause (ms); it doubles with each crash in a row.
     #[arg(long, env = "LEMONADE_CRASH_BACKOFF_MS", default_value_t = 1_000, hide = true)]
     crash_backoff_ms: u64,
@@ -204,18 +237,36 @@ struct ServeArgs {
 }
 
 fn limits(values: &[i64]) -> anyhow::Result<Limits> {
-    use api_types::ModelType;
-    if let Some(bad) = values.iter().find(|v| **v != -1 && **v < 1) {
-        anyhow::bail!("--max-loaded-models must be -1 (unlimited) or at least 1, got {bad}");
+    server::params::slot_limits(values).map_err(|e| anyhow::anyhow!("--{}", e.replace('_', "-")))
+}
+
+/// The scheduler settings: flags and LEMONADE_* variables, else `settings.json` (saved by
+/// `POST /api/v1/params`), else the defaults.
+fn scheduler_settings(args: &ServeArgs, cfg: &mut server::Config, cache: &std::path::Path) -> anyhow::Result<()> {
+    use api_types::{MemoryBudget, SlotLimits};
+    let saved = host::files::load_settings(cache).context("cannot read the saved settings")?;
+    let saved_limits = saved.max_loaded_models.map(|l| match l {
+        SlotLimits::One(n) => vec![n],
+        SlotLimits::Per(v) => v,
+    });
+    cfg.max_loaded_models = limits(args.max_loaded_models.as_deref().or(saved_limits.as_deref()).unwrap_or(&[1]))?;
+    let idle = args.idle_timeout.or(saved.idle_timeout).unwrap_or(0);
+    cfg.idle_timeout = (idle > 0).then(|| Duration::from_secs(idle));
+    let queue = args.max_queue.or(saved.max_queue).unwrap_or(server::config::DEFAULT_MAX_QUEUE as u64);
+    cfg.max_queue = (queue > 0).then_some(queue as usize);
+    cfg.max_concurrent = args.max_concurrent.filter(|n| *n > 0);
+    let budget = match &args.memory_budget {
+        Some(b) => MemoryBudget::Word(b.clone()),
+        None => saved.memory_budget.unwrap_or_else(|| MemoryBudget::Word("auto".into())),
+    };
+    cfg.memory_budget =
+        server::params::memory_budget(&budget).map_err(|e| anyhow::anyhow!("--{}", e.replace('_', "-")))?;
+    cfg.swap_hold_ms = args.swap_hold_ms.or(saved.swap_hold_ms).unwrap_or(server::config::DEFAULT_SWAP_HOLD_MS);
+    cfg.preload = args.preload.iter().map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
+    if let Some(b) = cfg.memory_budget {
+        tracing::info!(budget = %server::error::bytes(b), "memory budget");
     }
-    if let [n] = values {
-        return Ok(Limits::uniform(*n));
-    }
-    let mut l = Limits::uniform(1);
-    for (t, v) in [ModelType::Llm, ModelType::Embedding, ModelType::Reranking].into_iter().zip(values) {
-        l.0.insert(t, *v);
-    }
-    Ok(l)
+    Ok(())
 }
 
 fn cache_dir() -> PathBuf {
@@ -252,17 +303,16 @@ async fn serve(
     let mut cfg = server::Config::new(cache.clone(), host::hf_cache::cache_root_from_env(|k| std::env::var(k).ok()));
     cfg.host = host.clone();
     cfg.port = port;
-    cfg.extra_models_dir = args.extra_models_dir;
+    cfg.extra_models_dir = args.extra_models_dir.clone();
     cfg.ctx_size = args.ctx_size;
     cfg.llamacpp_backend = backend.into();
-    cfg.llamacpp_args = args.llamacpp_args.filter(|a| !a.trim().is_empty());
-    cfg.max_loaded_models = limits(&args.max_loaded_models)?;
+    cfg.llamacpp_args = args.llamacpp_args.clone().filter(|a| !a.trim().is_empty());
     cfg.disable_filtering = truthy("LEMONADE_DISABLE_MODEL_FILTERING");
     cfg.ready_timeout = Duration::from_secs(args.load_timeout);
     cfg.auto_load = !args.no_auto_load;
     cfg.stop_grace = Duration::from_secs(args.stop_timeout);
     cfg.pull_timeout = Duration::from_secs(args.pull_timeout);
-    cfg.idle_timeout = (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout));
+    scheduler_settings(&args, &mut cfg, &cache)?;
     cfg.crash_backoff = (Duration::from_millis(args.crash_backoff_ms), Duration::from_millis(args.crash_reset_ms));
     cfg.watchdog_interval = (args.watchdog_interval_ms > 0).then(|| Duration::from_millis(args.watchdog_interval_ms));
     cfg.access.api_key = api_key.filter(|k| !k.is_empty());
@@ -378,6 +428,8 @@ async fn client_command(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         }
         Command::Load { model, load } => client::load(&t, &model, &load, json).await?,
         Command::Unload { model } => client::unload(&t, model, json).await?,
+        Command::Pin { model } => client::pin(&t, model, true, json).await?,
+        Command::Unpin { model } => client::pin(&t, model, false, json).await?,
         Command::Status => {
             let pid = process::server_pid(&cache_dir(), t.port);
             if !client::status(&t, pid, json).await? {

@@ -146,6 +146,10 @@ impl Client {
         self.post("/unload", req).await
     }
 
+    pub async fn pin(&self, req: &PinRequest) -> Result<PinResponse, ClientError> {
+        self.post("/pin", req).await
+    }
+
     /// A pull without progress (for progress, `post_stream("/pull", …)` with `stream: true`).
     pub async fn pull(&self, req: &PullRequest) -> Result<StatusResponse, ClientError> {
         self.post("/pull", req).await

@@ -102,3 +102,53 @@ mod tests {
         assert_eq!(std::fs::read(dir.path().join("user_models.json")).unwrap(), b"{}");
     }
 }
+
+/// `settings.json` in lemonade's cache dir: scheduler settings changed through the admin API.
+pub const SETTINGS_FILE: &str = "settings.json";
+
+/// The saved scheduler settings (none saved: all absent). A file that is not a valid settings
+/// object is an error naming it.
+pub fn load_settings(cache_dir: &Path) -> Result<api_types::ParamsUpdate, HostError> {
+    let path = cache_dir.join(SETTINGS_FILE);
+    match read_if_exists(&path)? {
+        None => Ok(api_types::ParamsUpdate::default()),
+        Some(bytes) => serde_json::from_slice(&bytes).map_err(|source| {
+            HostError::Registry(registry::RegistryError::Json { path: path.display().to_string(), source })
+        }),
+    }
+}
+
+/// Saves the fields `update` sets into `settings.json`, keeping the others.
+pub fn save_settings(cache_dir: &Path, update: &api_types::ParamsUpdate) -> Result<(), HostError> {
+    let path = cache_dir.join(SETTINGS_FILE);
+    let _one_writer = FILES.lock().unwrap_or_else(|e| e.into_inner());
+    let mut current = match read_if_exists(&path)? {
+        Some(b) => serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&b).unwrap_or_default(),
+        None => serde_json::Map::new(),
+    };
+    if let Ok(serde_json::Value::Object(new)) = serde_json::to_value(update) {
+        current.extend(new);
+    }
+    let bytes = serde_json::to_vec_pretty(&current).expect("a JSON map serializes");
+    write_atomic(&path, &bytes).map_err(HostError::io(&path))
+}
+
+#[cfg(test)]
+mod settings_tests {
+    use super::*;
+
+    #[test]
+    fn settings_are_merged_field_by_field_and_survive_a_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(load_settings(dir.path()).unwrap(), api_types::ParamsUpdate::default());
+        let a = api_types::ParamsUpdate { idle_timeout: Some(30), ..Default::default() };
+        save_settings(dir.path(), &a).unwrap();
+        let b = api_types::ParamsUpdate { max_queue: Some(8), ..Default::default() };
+        save_settings(dir.path(), &b).unwrap();
+        let got = load_settings(dir.path()).unwrap();
+        assert_eq!((got.idle_timeout, got.max_queue), (Some(30), Some(8)));
+        std::fs::write(dir.path().join(SETTINGS_FILE), b"{\"idle_timeout\": \"soon\"}").unwrap();
+        let err = load_settings(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("settings.json"), "{err}");
+    }
+}

@@ -242,6 +242,27 @@ pub fn usage() -> SystemStats {
     }
 }
 
+/// Memory available for new processes now (MemAvailable), in bytes.
+pub fn available_memory() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: u64 = s.lines().find(|l| l.starts_with("MemAvailable:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// `--memory-budget auto`: what is available now, less a margin for everything else (a
+/// tenth, at least 1 GiB).
+pub fn auto_memory_budget() -> Option<u64> {
+    let avail = available_memory()?;
+    Some(avail.saturating_sub((avail / 10).max(1 << 30)))
+}
+
+/// Bytes resident in memory of process `pid` (VmRSS), for measuring the estimate.
+pub fn process_rss(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = s.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

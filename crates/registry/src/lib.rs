@@ -7,6 +7,7 @@
 
 pub mod checkpoint;
 pub mod gguf;
+pub mod memory;
 pub mod plan;
 
 use std::collections::BTreeMap;
@@ -28,6 +29,9 @@ pub const USER_PREFIX: &str = "user.";
 pub const EXTRA_PREFIX: &str = "extra.";
 pub const USER_MODELS_FILE: &str = "user_models.json";
 pub const RECIPE_OPTIONS_FILE: &str = "recipe_options.json";
+/// The key under which `save_options` keeps a model's own idle timeout (seconds) beside its
+/// recipe options; it is not a backend option, so it never restarts a backend.
+pub const IDLE_TIMEOUT_KEY: &str = "idle_timeout";
 
 /// Name of the manifest Lemonade v9 keeps in a snapshot while a download is in progress.
 pub const DOWNLOAD_MANIFEST: &str = ".download_manifest.json";
@@ -267,6 +271,11 @@ impl Registry {
     }
 
     /// Saved options of a model (`recipe_options.json`), filtered to its recipe's keys.
+    /// The idle timeout saved for `m` with `save_options` (seconds; 0 = never).
+    pub fn saved_idle_timeout(&self, m: &ModelInfo) -> Option<u64> {
+        self.recipe_options.get(&m.name)?.get(IDLE_TIMEOUT_KEY)?.as_u64()
+    }
+
     pub fn saved_options(&self, m: &ModelInfo) -> RecipeOptions {
         self.recipe_options.get(&m.name).map(|o| filter_recipe_options(m.recipe, o)).unwrap_or_default()
     }

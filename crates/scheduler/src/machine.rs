@@ -622,7 +622,8 @@ impl<O: Clone + PartialEq> Machine<O> {
         if state == State::Loaded && e.waiting.is_empty() && e.has_room() {
             return self.grant(req, &name);
         }
-        let will_wait = state == State::Loaded || (auto_load.is_some() && !(state == State::Failed && e.retry_after > now));
+        let will_wait =
+            state == State::Loaded || (auto_load.is_some() && !(state == State::Failed && e.retry_after > now));
         if let (true, Some(why)) = (will_wait, full) {
             return self.reject(req, &name, why);
         }
@@ -1085,8 +1086,11 @@ impl<O: Clone + PartialEq> Machine<O> {
         let others = || self.models.iter().filter(|(n, e)| n.as_str() != name && e.occupies());
         if m.npu {
             let npu: Vec<(&String, &Entry<O>)> = others().filter(|(_, e)| e.model.npu).collect();
-            let pinned: Vec<String> =
-                npu.iter().filter(|(_, e)| e.pinned && e.state != State::Unloading).map(|(n, _)| (*n).clone()).collect();
+            let pinned: Vec<String> = npu
+                .iter()
+                .filter(|(_, e)| e.pinned && e.state != State::Unloading)
+                .map(|(n, _)| (*n).clone())
+                .collect();
             if !pinned.is_empty() {
                 return Err(Rejection::SlotsPinned(pinned));
             }
@@ -1102,7 +1106,8 @@ impl<O: Clone + PartialEq> Machine<O> {
         };
         let limit = self.limits.get(m.model_type);
         if limit >= 0 {
-            let same: Vec<(&String, &Entry<O>)> = others().filter(|(_, e)| e.model.model_type == m.model_type).collect();
+            let same: Vec<(&String, &Entry<O>)> =
+                others().filter(|(_, e)| e.model.model_type == m.model_type).collect();
             // Models already unloading free their slots by themselves; the start waits for them.
             for (n, e) in &same {
                 if e.state == State::Unloading {

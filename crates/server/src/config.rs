@@ -5,6 +5,11 @@ use std::time::Duration;
 
 use scheduler::Limits;
 
+/// `--max-queue`'s default.
+pub const DEFAULT_MAX_QUEUE: usize = 256;
+/// `--swap-hold-ms`'s default.
+pub const DEFAULT_SWAP_HOLD_MS: u64 = 2_000;
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub host: String,
@@ -34,6 +39,17 @@ pub struct Config {
     pub pull_timeout: Duration,
     /// A model with no request for this long is unloaded (None: never).
     pub idle_timeout: Option<Duration>,
+    /// Requests that may wait for models, all together (None: unbounded); beyond, 503.
+    pub max_queue: Option<usize>,
+    /// Requests a model serves at once (None: its backend's parallel slots).
+    pub max_concurrent: Option<u32>,
+    /// Bytes the backends may take together (None: no budget).
+    pub memory_budget: Option<u64>,
+    /// Anti-thrash: how long a serving model keeps its slot against a load caused by requests
+    /// for another (ms; 0: swap at once).
+    pub swap_hold_ms: u64,
+    /// Models loaded (and pulled if needed) at start.
+    pub preload: Vec<String>,
     /// The crash back-off's first pause, and how long a backend must run before its crashes
     /// stop counting towards it.
     pub crash_backoff: (Duration, Duration),
@@ -84,6 +100,11 @@ impl Config {
             watchdog_interval: Some(Duration::from_secs(5)),
             pull_timeout: Duration::from_secs(3600),
             idle_timeout: None,
+            max_queue: Some(DEFAULT_MAX_QUEUE),
+            max_concurrent: None,
+            memory_budget: None,
+            swap_hold_ms: DEFAULT_SWAP_HOLD_MS,
+            preload: Vec::new(),
             crash_backoff: (
                 Duration::from_millis(scheduler::machine::CRASH_BACKOFF_MS),
                 Duration::from_millis(scheduler::machine::CRASH_RESET_MS),

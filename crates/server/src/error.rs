@@ -76,6 +76,7 @@ impl ApiError {
                 Err(ApiError::Conflict(format!("Model '{model}' was unloaded while it was loading")))
             }
             scheduler::LoadOutcome::Failed(message) => Err(ApiError::LoadFailed { model: model.to_string(), message }),
+            scheduler::LoadOutcome::Refused(why) => Err(ApiError::Rejected { model: model.to_string(), why }),
         }
     }
 
@@ -88,9 +89,10 @@ impl ApiError {
             ApiError::LoadFailed { .. } | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Rejected { why, .. } => match why {
                 scheduler::Rejection::LoadFailed(_) => StatusCode::INTERNAL_SERVER_ERROR,
-                scheduler::Rejection::Failed(_) | scheduler::Rejection::Backoff { .. } => {
-                    StatusCode::SERVICE_UNAVAILABLE
-                }
+                scheduler::Rejection::Failed(_)
+                | scheduler::Rejection::Backoff { .. }
+                | scheduler::Rejection::QueueFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
+                scheduler::Rejection::NoMemory { .. } => StatusCode::INSUFFICIENT_STORAGE,
                 _ => StatusCode::CONFLICT,
             },
             ApiError::Backend { status, .. } => *status,
@@ -241,7 +243,11 @@ impl IntoResponse for ApiError {
             tracing::debug!(status = status.as_u16(), error = %self, "request rejected");
         }
         let mut resp = (status, axum::Json(self.body())).into_response();
-        if let ApiError::Rejected { why: scheduler::Rejection::Backoff { retry_in_ms, .. }, .. } = &self {
+        if let ApiError::Rejected {
+            why: scheduler::Rejection::Backoff { retry_in_ms, .. } | scheduler::Rejection::QueueFull { retry_in_ms, .. },
+            ..
+        } = &self
+        {
             // Whole seconds, rounded up (RFC 9110).
             let secs = retry_in_ms.div_ceil(1000).max(1);
             resp.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
@@ -267,5 +273,32 @@ fn rejection_message(model: &str, why: &scheduler::Rejection) -> String {
             "Model '{model}' keeps failing and is backing off: it loads again in {:.1} s: {error}",
             *retry_in_ms as f64 / 1000.0
         ),
+        SlotsPinned(pinned) => format!(
+            "Cannot load model '{model}': every slot it could take is held by pinned models ({}). Unpin one \
+             (POST /api/v1/pin with \"pinned\": false, or `lemonade unpin`) or unload it first.",
+            pinned.join(", ")
+        ),
+        NoMemory { needed, budget, pinned } => format!(
+            "Cannot load model '{model}': it needs an estimated {} but the memory budget is {}{}. Raise \
+             --memory-budget, lower ctx_size, or use a smaller model.",
+            bytes(*needed),
+            bytes(*budget),
+            if *pinned > 0 { format!(", of which pinned models hold {}", bytes(*pinned)) } else { String::new() }
+        ),
+        QueueFull { max_queue, retry_in_ms } => format!(
+            "Too many requests are waiting for models ({max_queue}, the --max-queue bound); retry in {} s",
+            retry_in_ms.div_ceil(1000)
+        ),
+    }
+}
+
+/// `1.23 GiB` / `456.0 MiB`.
+pub fn bytes(n: u64) -> String {
+    const MIB: f64 = (1u64 << 20) as f64;
+    let mib = n as f64 / MIB;
+    if mib >= 1024.0 {
+        format!("{:.2} GiB", mib / 1024.0)
+    } else {
+        format!("{mib:.1} MiB")
     }
 }

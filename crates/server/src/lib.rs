@@ -10,6 +10,7 @@ pub mod installs;
 pub mod locks;
 pub mod logging;
 pub mod openapi;
+pub mod params;
 pub mod proxy;
 pub mod pulls;
 pub mod routes;
@@ -67,7 +68,12 @@ pub fn runtime(cfg: Config) -> anyhow::Result<Arc<Runtime>> {
     let hw = host::hardware::detected();
     tracing::debug!(igpu = ?hw.hw.amd_igpu, nvidia = hw.hw.nvidia_gpus, "hardware detected");
     let registry = host::catalogue::load(&catalogue_config(&cfg)).context("cannot read the model catalogue")?;
-    Ok(Runtime::new(cfg, registry))
+    for name in &cfg.preload {
+        registry.get(name).with_context(|| format!("--preload {name}"))?;
+    }
+    let rt = Runtime::new(cfg, registry);
+    pulls::preload(&rt);
+    Ok(rt)
 }
 
 /// Binds every address `host` resolves to on `port`; at least one must succeed.

@@ -204,3 +204,30 @@ pub async fn lease(rt: &AppState, name: &str, want: &[ModelType], endpoint: &str
     };
     rt.acquire(&info).await
 }
+
+/// `--preload`: loads each model in the background, pulling it first when needed, one after
+/// another in the order given. Failures are logged; the server serves meanwhile.
+pub fn preload(rt: &AppState) {
+    let names = rt.cfg.preload.clone();
+    if names.is_empty() {
+        return;
+    }
+    rt.set_preloading(&names);
+    let rt = rt.clone();
+    tokio::spawn(async move {
+        for name in names {
+            let result = async {
+                let info = rt.registry().get(&name)?.clone();
+                let info = ensure_downloaded(&rt, &info).await?;
+                let options = rt.effective_options(&info, &api_types::RecipeOptions::new());
+                ApiError::from_load(&name, rt.load(&info, options, None, None).await)
+            }
+            .await;
+            rt.done_preloading(&name);
+            match result {
+                Ok(()) => tracing::info!(model = %name, "preloaded"),
+                Err(e) => tracing::error!(model = %name, error = %e, "preload failed"),
+            }
+        }
+    });
+}

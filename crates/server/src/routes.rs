@@ -25,6 +25,11 @@ fn get_only<H: axum::handler::Handler<T, AppState>, T: 'static>(h: H) -> MethodR
     get(h).fallback(native::method_not_allowed("GET"))
 }
 
+/// A POST handler on a path whose GET route (listed before it) answers other methods.
+fn post_also<H: axum::handler::Handler<T, AppState>, T: 'static>(h: H) -> MethodRouter<AppState> {
+    post(h)
+}
+
 macro_rules! route_table {
     (documented { $($method:ident $path:literal => $($handler:ident)::+;)* } aliases { $($amethod:ident $apath:literal => $($ahandler:ident)::+;)* }) => {
         /// Every API route under one prefix: (method, path); aliases last.
@@ -55,6 +60,9 @@ route_table! {
     get_only "/stats" => lifecycle::stats;
     post_only "/load" => lifecycle::load;
     post_only "/unload" => lifecycle::unload;
+    post_only "/pin" => lifecycle::pin;
+    get_only "/params" => lifecycle::params;
+    post_also "/params" => lifecycle::set_params;
     post_only "/pull" => pull::pull;
     post_only "/delete" => pull::delete;
     post_only "/install" => install::install_route;
@@ -121,6 +129,7 @@ mod tests {
         // The admin API is documented under /v1 (as its spec), the rest under /api/v1.
         let doc_path = |p: &str| if p.starts_with("/admin") { format!("/v1{p}") } else { format!("/api/v1{p}") };
         for (method, path) in API_ROUTES {
+            let method = if *method == "post_also" { "post_only" } else { *method };
             let want = doc_path(&path.replace("{*id}", "{id}"));
             let aliased = *path == "/rerank"; // documented as /reranking
             assert!(
@@ -129,8 +138,10 @@ mod tests {
             );
         }
         let routed = |m: &str, p: &str| {
-            API_ROUTES.iter().any(|(rm, rp)| *rm == m && doc_path(&rp.replace("{*id}", "{id}")) == p)
-                || (m == "get_only" && p == "/live")
+            API_ROUTES.iter().any(|(rm, rp)| {
+                let rm = if *rm == "post_also" { "post_only" } else { *rm };
+                rm == m && doc_path(&rp.replace("{*id}", "{id}")) == p
+            }) || (m == "get_only" && p == "/live")
                 || (m == "post_only" && NATIVE_POST.contains(&p))
                 || (m == "get_only" && NATIVE_GET.contains(&p))
         };

@@ -21,7 +21,9 @@ use api_types::{LoadedModel, ModelType, RecipeOptions, Stats};
 use backends::{LaunchInput, Recipe, SpawnSpec};
 use host::{binary, Backend};
 use registry::{ModelInfo, Registry};
-use scheduler::{Effect, Event, LoadError, LoadOutcome, Machine, ModelRef, Rejection, ReqId, SchedulerError, State};
+use scheduler::{
+    Effect, Event, LoadError, LoadOutcome, Machine, ModelRef, Rejection, ReqId, SchedulerError, Settings, State,
+};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
@@ -41,6 +43,8 @@ enum Answer {
     Rejected(Rejection),
     Load(LoadOutcome),
     Unload(Result<Vec<String>, SchedulerError>),
+    Pin(Result<(), SchedulerError>),
+    Configured,
 }
 
 /// A running (or starting) backend and its bookkeeping.
@@ -63,6 +67,20 @@ pub struct ModelView {
     pub queue_depth: usize,
     pub last_use: u64,
     pub last_error: Option<String>,
+    pub pinned: bool,
+    /// The idle timeout in force (ms; None: never).
+    pub idle_timeout: Option<u64>,
+    /// When it will be unloaded for idleness (ms, the runtime's clock), if nothing uses it.
+    pub unload_at: Option<u64>,
+    /// Bytes counted against the memory budget.
+    pub memory: u64,
+}
+
+/// The scheduler's settings and memory use as the owner last published them.
+#[derive(Debug, Clone, Default)]
+pub struct SchedulerView {
+    pub settings: Settings,
+    pub memory_in_use: u64,
 }
 
 pub struct Runtime {
@@ -76,6 +94,11 @@ pub struct Runtime {
     /// binary): model → a stop came meanwhile. Locked after `running`, never before it.
     starts: Mutex<HashMap<String, tokio::sync::watch::Sender<bool>>>,
     view: RwLock<BTreeMap<String, ModelView>>,
+    scheduler_view: RwLock<SchedulerView>,
+    /// Memory estimates by model and cache settings (reading the GGUF header once).
+    estimates: Mutex<HashMap<(String, backends::llamacpp::CacheSettings), u64>>,
+    /// `--preload` models not loaded yet (pulling, queued or loading).
+    preloading: Mutex<Vec<String>>,
     /// Runtime-only admin load overrides of loaded models.
     overrides: Mutex<HashMap<String, Value>>,
     /// One download per repository, one install per backend at a time.
@@ -128,10 +151,6 @@ impl Drop for WaitGuard<'_> {
     }
 }
 
-fn model_ref(info: &ModelInfo) -> ModelRef {
-    ModelRef { name: info.name.clone(), model_type: info.model_type, npu: info.device() == "npu" }
-}
-
 impl Runtime {
     pub fn new(cfg: Config, registry: Registry) -> Arc<Runtime> {
         let http = reqwest::Client::builder()
@@ -151,7 +170,14 @@ impl Runtime {
         let (tx, rx) = mpsc::unbounded_channel();
         let machine = Machine::new(cfg.max_loaded_models.clone())
             .with_crash_backoff(cfg.crash_backoff.0.as_millis() as u64, cfg.crash_backoff.1.as_millis() as u64)
-            .with_idle_timeout_ms(cfg.idle_timeout.map(|t| t.as_millis() as u64));
+            .with_idle_timeout_ms(cfg.idle_timeout.map(|t| t.as_millis() as u64))
+            .with_settings(Settings {
+                max_queue: Some(cfg.max_queue),
+                memory_budget: Some(cfg.memory_budget),
+                swap_hold_ms: Some(cfg.swap_hold_ms),
+                ..Settings::default()
+            });
+        let first_view = SchedulerView { settings: machine.settings(), memory_in_use: 0 };
         let rt = Arc::new(Runtime {
             cfg,
             registry: RwLock::new(Arc::new(registry)),
@@ -161,6 +187,9 @@ impl Runtime {
             running: Mutex::new(HashMap::new()),
             starts: Mutex::new(HashMap::new()),
             view: RwLock::new(BTreeMap::new()),
+            scheduler_view: RwLock::new(first_view),
+            estimates: Mutex::new(HashMap::new()),
+            preloading: Mutex::new(Vec::new()),
             overrides: Mutex::new(HashMap::new()),
             locks: Locks::default(),
             next_req: AtomicU64::new(1),
@@ -237,7 +266,71 @@ impl Runtime {
         self.loaded().into_iter().max_by_key(|(_, v)| v.last_use).map(|(r, _)| r)
     }
 
+    pub fn set_preloading(&self, names: &[String]) {
+        *self.preloading.lock().unwrap_or_else(|e| e.into_inner()) = names.to_vec();
+    }
+
+    pub fn done_preloading(&self, name: &str) {
+        self.preloading.lock().unwrap_or_else(|e| e.into_inner()).retain(|n| n != name);
+    }
+
+    /// Models on their way in: loading now, or preloads not done yet.
+    pub fn loading(&self) -> Vec<String> {
+        let mut out: Vec<String> =
+            self.view().into_iter().filter(|(_, v)| v.state == State::Loading).map(|(n, _)| n).collect();
+        for n in self.preloading.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            if !out.contains(n) && self.view().get(n).is_none_or(|v| v.state != State::Loaded) {
+                out.push(n.clone());
+            }
+        }
+        out
+    }
+
+    /// The scheduler's settings and memory use, as last published.
+    pub fn scheduler_view(&self) -> SchedulerView {
+        self.scheduler_view.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// What the scheduler needs to know of `info` when it runs with `options`: its memory
+    /// estimate, its concurrency and its idle timeout (`idle_timeout_s`, else the saved one).
+    fn model_ref(&self, info: &ModelInfo, options: &Opts, idle_timeout_s: Option<u64>) -> ModelRef {
+        let mut m = ModelRef::new(&info.name, info.model_type, info.device() == "npu");
+        let idle = idle_timeout_s.or_else(|| self.registry().saved_idle_timeout(info));
+        m.idle_timeout_ms = idle.map(|s| s.saturating_mul(1000));
+        if info.recipe == Recipe::LlamaCpp {
+            let settings = backends::llamacpp::cache_settings(options, info.model_type);
+            m.max_concurrent = Some(self.cfg.max_concurrent.unwrap_or(settings.slots));
+            m.memory = self.estimate(info, settings);
+        } else {
+            m.max_concurrent = self.cfg.max_concurrent;
+        }
+        m
+    }
+
+    /// The memory estimate of `info` with `settings` (0 when its file cannot be read: the
+    /// start will say why).
+    fn estimate(&self, info: &ModelInfo, settings: backends::llamacpp::CacheSettings) -> u64 {
+        let Some(main) = info.main_path.as_deref() else { return 0 };
+        let key = (info.name.clone(), settings);
+        if let Some(e) = self.estimates.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return *e;
+        }
+        let bytes = match host::catalogue::memory_estimate(main, info.mmproj_path.as_deref(), &key.1) {
+            Ok(e) => {
+                tracing::debug!(model = %info.name, weights = e.weights, kv = e.kv_cache, buffers = e.buffers, "memory estimate");
+                e.total
+            }
+            Err(e) => {
+                tracing::debug!(model = %info.name, error = %e, "no memory estimate");
+                return 0;
+            }
+        };
+        self.estimates.lock().unwrap_or_else(|e| e.into_inner()).insert(key, bytes);
+        bytes
+    }
+
     pub fn health_entry(&self, r: &Running, v: &ModelView) -> LoadedModel {
+        let now = self.now_ms();
         LoadedModel {
             model_name: r.info.name.clone(),
             checkpoint: r.info.checkpoint.clone(),
@@ -247,6 +340,12 @@ impl Runtime {
             recipe: r.info.recipe.to_string(),
             recipe_options: r.options.clone(),
             last_use: v.last_use,
+            pinned: v.pinned,
+            idle_timeout: v.idle_timeout.map(|ms| ms / 1000),
+            unloads_in_ms: v.unload_at.map(|at| at.saturating_sub(now)),
+            memory_estimate: v.memory,
+            in_flight: v.in_flight as u64,
+            queued: v.queue_depth as u64,
         }
     }
 
@@ -282,9 +381,11 @@ impl Runtime {
     /// A lease on a downloaded model, loading it first when auto-load is on.
     pub async fn acquire(self: &Arc<Self>, info: &ModelInfo) -> Result<Lease, ApiError> {
         let name = info.name.as_str();
-        let auto_load = self.cfg.auto_load.then(|| self.effective_options(info, &RecipeOptions::new()));
+        let options = self.effective_options(info, &RecipeOptions::new());
+        let model = self.model_ref(info, &options, None);
+        let auto_load = self.cfg.auto_load.then_some(options);
         let (req, rx) = self.request();
-        match self.ask(req, rx, Event::Acquire { req, model: model_ref(info), auto_load }).await {
+        match self.ask(req, rx, Event::Acquire { req, model, auto_load }).await {
             Answer::Granted => match self.running_model(name) {
                 Some(model) => Ok(Lease { model, req, rt: self.clone() }),
                 None => {
@@ -297,13 +398,36 @@ impl Runtime {
         }
     }
 
-    /// Loads `info` with `options` (reloading it when loaded with other options).
-    pub async fn load(&self, info: &ModelInfo, options: Opts) -> LoadOutcome {
+    /// Loads `info` with `options` (reloading it when loaded with other options); `pin` pins
+    /// or unpins it, `idle_timeout_s` sets its own idle timeout.
+    pub async fn load(
+        &self,
+        info: &ModelInfo,
+        options: Opts,
+        pin: Option<bool>,
+        idle_timeout_s: Option<u64>,
+    ) -> LoadOutcome {
+        let model = self.model_ref(info, &options, idle_timeout_s);
         let (req, rx) = self.request();
-        match self.ask(req, rx, Event::Load { req, model: model_ref(info), options }).await {
+        match self.ask(req, rx, Event::Load { req, model, options, pin }).await {
             Answer::Load(r) => r,
             _ => LoadOutcome::Cancelled,
         }
+    }
+
+    /// Pins or unpins a loaded model.
+    pub async fn pin(&self, name: &str, pinned: bool) -> Result<(), SchedulerError> {
+        let (req, rx) = self.request();
+        match self.ask(req, rx, Event::Pin { req, model: name.to_string(), pinned }).await {
+            Answer::Pin(r) => r,
+            _ => Err(SchedulerError::NotLoaded(name.to_string())),
+        }
+    }
+
+    /// Changes the scheduler's settings while it runs.
+    pub async fn configure(&self, settings: Settings) {
+        let (req, rx) = self.request();
+        self.ask(req, rx, Event::Configure { req, settings }).await;
     }
 
     /// Unloads one model, or all (None). Err when the named model is not loaded.
@@ -372,11 +496,17 @@ impl Runtime {
                     queue_depth: e.queue_depth(),
                     last_use: e.last_use,
                     last_error: e.last_error.clone(),
+                    pinned: e.pinned,
+                    idle_timeout: m.idle_timeout_of(e),
+                    unload_at: m.unload_at(e),
+                    memory: e.memory,
                 };
                 (e.model.name.clone(), v)
             })
             .collect();
         *self.view.write().unwrap_or_else(|e| e.into_inner()) = view;
+        *self.scheduler_view.write().unwrap_or_else(|e| e.into_inner()) =
+            SchedulerView { settings: m.settings(), memory_in_use: m.memory_in_use() };
     }
 
     fn execute(self: &Arc<Self>, e: Effect<Opts>) {
@@ -427,6 +557,12 @@ impl Runtime {
             }
             Effect::UnloadDone { req, result } => {
                 self.answer(req, Answer::Unload(result));
+            }
+            Effect::PinDone { req, result } => {
+                self.answer(req, Answer::Pin(result));
+            }
+            Effect::Configured { req } => {
+                self.answer(req, Answer::Configured);
             }
         }
     }

@@ -75,6 +75,9 @@ fn admin_model(rt: &AppState, info: &ModelInfo, v: Option<&ModelView>) -> AdminM
         configured_target_inflight: LLAMA_SERVER_SLOTS,
         effective_target_inflight: LLAMA_SERVER_SLOTS,
         last_error: v.and_then(|v| v.last_error.clone()),
+        pinned: v.is_some_and(|v| v.pinned),
+        unloads_in_ms: v.and_then(|v| v.unload_at).map(|at| at.saturating_sub(rt.now_ms())),
+        memory_estimate: v.map(|v| v.memory).unwrap_or(0),
         vram_estimate_mib: vram,
         vram_estimate_replica_count: 1,
         vram_estimate_source: if vram.is_some() { "model_artifact_size" } else { "unavailable" }.into(),
@@ -186,7 +189,7 @@ pub async fn load(
     if may_load(&name, state, !opts.is_empty(), info.downloaded)? {
         let effective = with_overrides(rt.effective_options(&info, &Map::new()), &opts);
         rt.set_load_override(&name, (!opts.is_empty()).then(|| override_value(req)));
-        ApiError::from_load(&name, rt.load(&info, effective).await)?;
+        ApiError::from_load(&name, rt.load(&info, effective, None, None).await)?;
     }
     Ok(Json(admin_model(&rt, &info, rt.view().get(&name))))
 }

@@ -25,6 +25,7 @@ pub async fn health(State(rt): State<AppState>) -> Json<Health> {
         version: crate::VERSION.into(),
         model_loaded: rt.most_recent().map(|m| m.info.name.clone()),
         all_models_loaded: loaded.iter().map(|(r, v)| rt.health_entry(r, v)).collect(),
+        models_loading: rt.loading(),
         max_models,
         log_streaming: LogStreaming { sse: rt.cfg.logs.is_some(), websocket: false },
     })
@@ -86,7 +87,9 @@ fn request_options(req: &LoadRequest) -> Result<RecipeOptions, ApiError> {
         (status = 200, description = "Loaded", body = LoadResponse),
         (status = 400, description = "Invalid body or option (e.g. a reserved llama-server flag), or the model is not downloaded", body = ErrorResponse),
         (status = 404, description = "Unknown model", body = ErrorResponse),
+        (status = 409, description = "`slots_pinned`: the slot it needs is held by pinned models (named)", body = ErrorResponse),
         (status = 500, description = "The load failed (`model_load_error`)", body = ErrorResponse),
+        (status = 507, description = "`insufficient_memory`: its estimate can never fit the memory budget (figures named)", body = ErrorResponse),
     ))]
 pub async fn load(State(rt): State<AppState>, body: JsonBody<LoadRequest>) -> Result<Json<LoadResponse>, ApiError> {
     let req = body.value;
@@ -94,11 +97,15 @@ pub async fn load(State(rt): State<AppState>, body: JsonBody<LoadRequest>) -> Re
     let opts = request_options(&req)?;
     let info = pulls::ensure_downloaded(&rt, &info).await?;
     if req.save_options == Some(true) {
-        host::files::save_recipe_options(&rt.cfg.cache_dir, &info.name, Some(&opts))?;
+        let mut saved = opts.clone();
+        if let Some(t) = req.idle_timeout {
+            saved.insert(registry::IDLE_TIMEOUT_KEY.into(), t.into());
+        }
+        host::files::save_recipe_options(&rt.cfg.cache_dir, &info.name, Some(&saved))?;
         rt.reload_registry()?;
     }
     let effective = rt.effective_options(&info, &opts);
-    ApiError::from_load(&info.name, rt.load(&info, effective).await)?;
+    ApiError::from_load(&info.name, rt.load(&info, effective, req.pinned, req.idle_timeout).await)?;
     Ok(Json(LoadResponse {
         status: "success".into(),
         model_name: info.name.clone(),
@@ -140,4 +147,51 @@ pub async fn unload(State(rt): State<AppState>, body: Bytes) -> Result<Json<Unlo
 #[utoipa::path(get, path = "/live", tag = "Lemonade", responses((status = 200, description = "Alive", body = Live)))]
 pub async fn live() -> Json<Live> {
     Json(Live { status: "ok".into() })
+}
+
+/// Pins a loaded model (never evicted nor unloaded for idleness), or unpins it.
+#[utoipa::path(post, path = "/api/v1/pin", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1. A pinned model keeps its slot against LRU eviction, memory \
+                   pressure and the idle timeout; a load that needs a slot only pinned models hold fails at once \
+                   with 409 `slots_pinned`. An explicit unload still unloads it (and unpins it).",
+    request_body = PinRequest,
+    responses(
+        (status = 200, description = "Pinned or unpinned", body = PinResponse),
+        (status = 400, description = "Malformed body", body = ErrorResponse),
+        (status = 404, description = "The model is not loaded (`model_not_loaded`)", body = ErrorResponse),
+    ))]
+pub async fn pin(State(rt): State<AppState>, body: JsonBody<PinRequest>) -> Result<Json<PinResponse>, ApiError> {
+    let req = body.value;
+    let pinned = req.pinned.unwrap_or(true);
+    rt.registry().get(&req.model_name)?;
+    rt.pin(&req.model_name, pinned).await?;
+    Ok(Json(PinResponse { status: "success".into(), model_name: req.model_name, pinned }))
+}
+
+/// The scheduler's settings in force.
+#[utoipa::path(get, path = "/api/v1/params", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1. Slot limits, idle timeout, queue bound, memory budget (and the \
+                   memory counted now) and the anti-thrash hold.",
+    responses((status = 200, description = "Settings", body = Params)))]
+pub async fn params(State(rt): State<AppState>) -> Json<Params> {
+    Json(crate::params::current(&rt))
+}
+
+/// Changes the scheduler's settings while it runs, and saves them.
+#[utoipa::path(post, path = "/api/v1/params", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1. Absent fields stay as they are. The change applies at once \
+                   (lower limits take effect at the next load: nothing running is stopped) and is saved to \
+                   `settings.json` in lemonade's cache dir, which `lemonade serve` reads at start; flags and \
+                   LEMONADE_* variables take precedence over the file.",
+    request_body = ParamsUpdate,
+    responses(
+        (status = 200, description = "The settings now in force", body = Params),
+        (status = 400, description = "An invalid value (named)", body = ErrorResponse),
+    ))]
+pub async fn set_params(State(rt): State<AppState>, body: JsonBody<ParamsUpdate>) -> Result<Json<Params>, ApiError> {
+    let update = body.value;
+    let settings = crate::params::settings(&update)?;
+    host::files::save_settings(&rt.cfg.cache_dir, &update)?;
+    rt.configure(settings).await;
+    Ok(Json(crate::params::current(&rt)))
 }

@@ -19,7 +19,7 @@ use test_support::{Lemonade, SMOL};
 const RUNS: usize = 20;
 /// llama-server computes on one core, leaving the other to the client and the proxy, so the
 /// proxy's cost is not hidden by (or confused with) CPU contention on this 2-core machine.
-const LLAMA_ARGS: &str = "--threads 1 --threads-batch 1";
+pub(crate) const LLAMA_ARGS: &str = "--threads 1 --threads-batch 1";
 const MAX_TOKENS: u32 = 128;
 
 struct Sample {
@@ -96,6 +96,8 @@ async fn main() -> anyhow::Result<()> {
     match std::env::var("LEMONADE_BENCH_ONLY").as_deref() {
         Ok("pull") => return pull_throughput(&bin).await.map(|_| ()),
         Ok("footprint") => return more::footprint(&bin).await.map(|_| ()),
+        Ok("alternating") => return more::alternating(&bin).await.map(|_| ()),
+        Ok("memory") => return more::memory_estimate(&bin).await.map(|_| ()),
         _ => {}
     }
     anyhow::ensure!(
@@ -172,6 +174,8 @@ async fn main() -> anyhow::Result<()> {
     drop(router);
     out["lifecycle"] = lifecycle(&l).await?;
     out["footprint"] = more::footprint(&bin).await?;
+    out["memory_estimate"] = more::memory_estimate(&bin).await?;
+    out["alternating"] = more::alternating(&bin).await?;
     out["pull"] = pull_throughput(&bin).await?;
     if let Some(path) = std::env::var_os("LEMONADE_BENCH_OUT") {
         std::fs::write(&path, serde_json::to_vec_pretty(&out)?)?;

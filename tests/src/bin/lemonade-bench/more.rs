@@ -14,7 +14,7 @@ use crate::{median, stream_once};
 /// llama-server's own multi-model router (`--models-dir`, `--models-max`), with the same model
 /// flags lemonade gives its children.
 pub struct Router {
-    child: Child,
+    pub child: Child,
     pub base: String,
     _dir: tempfile::TempDir,
 }
@@ -316,4 +316,152 @@ pub async fn endpoints(l: &Lemonade, direct_base: &str) -> anyhow::Result<Value>
         out.insert(label.into(), json!({"rps": rps, "p50_ms": p50, "p99_ms": p99}));
     }
     Ok(Value::Object(out))
+}
+
+/// The "alternating clients" workload of scheduler v2: two clients, each sending short requests
+/// (8 tokens) one after another to its own model (SmolLM2 and Gemma 270M), with one LLM slot,
+/// for `ALT_SECS` each against lemonade with the anti-thrash hold (default 2 s), lemonade
+/// without it (`--swap-hold-ms 0`) and llama-server's router mode (`--models-max 1`). Swaps are
+/// counted as the backend processes started (the server's children, sampled every 20 ms; a
+/// start takes far longer than that).
+pub async fn alternating(bin: &Path) -> anyhow::Result<Value> {
+    const ALT_SECS: u64 = 40;
+    let mut rows = Vec::new();
+    for (label, hold) in [
+        ("lemonade, anti-thrash on (2 s)", Some("2000")),
+        ("lemonade, anti-thrash off", Some("0")),
+        ("router mode", None),
+    ] {
+        let (pid, url, models, _keep): (u32, String, [&str; 2], Box<dyn std::any::Any>) = match hold {
+            Some(h) => {
+                let l = Lemonade::start_in(
+                    bin,
+                    test_support::Sandbox::new(),
+                    &["--llamacpp-args", crate::LLAMA_ARGS, "--log-level", "info", "--swap-hold-ms", h],
+                    &[],
+                )
+                .await;
+                (l.pid(), l.url("/api/v1/chat/completions"), [test_support::SMOL, test_support::GEMMA], Box::new(l))
+            }
+            None => {
+                let r = Router::start(
+                    &[
+                        ("smol", test_support::model(test_support::SMOL_FILE)),
+                        ("gemma", test_support::model(test_support::GEMMA_FILE)),
+                    ],
+                    1,
+                )
+                .await?;
+                (r.child.id(), format!("{}/v1/chat/completions", r.base), ["smol", "gemma"], Box::new(r))
+            }
+        };
+        let http = reqwest::Client::builder().no_proxy().build()?;
+        one_token(&http, &url, models[0]).await?;
+        let end = Instant::now() + Duration::from_secs(ALT_SECS);
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+        let sampler = {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                while Instant::now() < end {
+                    seen.lock().unwrap().extend(test_support::child_pids(pid));
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+        };
+        let before = test_support::child_pids(pid).len();
+        let clients = models.map(|m| {
+            let (http, url, m) = (http.clone(), url.clone(), m.to_string());
+            tokio::spawn(async move {
+                let (mut ok, mut failed) = (0u32, 0u32);
+                while Instant::now() < end {
+                    let body =
+                        json!({"model": m, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8});
+                    match http.post(&url).json(&body).send().await {
+                        Ok(r) if r.status().is_success() => {
+                            let _ = r.bytes().await;
+                            ok += 1;
+                        }
+                        _ => failed += 1,
+                    }
+                }
+                (ok, failed)
+            })
+        });
+        let mut done = Vec::new();
+        for c in clients {
+            done.push(c.await?);
+        }
+        sampler.await?;
+        let starts = seen.lock().unwrap().len().saturating_sub(before) as f64;
+        let minutes = ALT_SECS as f64 / 60.0;
+        let ok: u32 = done.iter().map(|d| d.0).sum();
+        let failed: u32 = done.iter().map(|d| d.1).sum();
+        rows.push(json!({"server": label, "completed_per_min": ok as f64 / minutes, "swaps_per_min": starts / minutes,
+                         "per_client": [done[0].0, done[1].0], "failed": failed}));
+    }
+    println!("\nAlternating clients: two clients, 8-token requests back to back, one to SmolLM2 and one to Gemma 270M, one LLM slot, {ALT_SECS} s each\n");
+    println!("| server | completed requests / min | swaps / min | per client (SmolLM2, Gemma) | failed |");
+    println!("|---|---:|---:|---|---:|");
+    for r in &rows {
+        println!(
+            "| {} | {:.1} | {:.1} | {}, {} | {} |",
+            r["server"].as_str().unwrap_or_default(),
+            r["completed_per_min"].as_f64().unwrap_or_default(),
+            r["swaps_per_min"].as_f64().unwrap_or_default(),
+            r["per_client"][0],
+            r["per_client"][1],
+            r["failed"]
+        );
+    }
+    Ok(json!({"secs": ALT_SECS, "rows": rows}))
+}
+
+/// The memory estimate lemonade places models by, against the RSS of the llama-server it
+/// started (after one request), for each provisioned model.
+pub async fn memory_estimate(bin: &Path) -> anyhow::Result<Value> {
+    let l = Lemonade::start_in(
+        bin,
+        test_support::Sandbox::new(),
+        &["--max-loaded-models", "-1", "--log-level", "info"],
+        &[],
+    )
+    .await;
+    let mut rows = Vec::new();
+    for (model, embed) in [(test_support::SMOL, false), (test_support::GEMMA, false), (test_support::MINILM, true)] {
+        let before = test_support::child_pids(l.pid());
+        let (s, v) = if embed {
+            l.post("/api/v1/embeddings", &json!({"model": model, "input": "memory"})).await
+        } else {
+            l.chat(model).await
+        };
+        anyhow::ensure!(s == 200, "{model}: {v}");
+        let pid = test_support::child_pids(l.pid()).into_iter().find(|p| !before.contains(p)).unwrap_or_default();
+        let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))?
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024;
+        let (_, h) = l.get("/api/v1/health").await;
+        let est = h["all_models_loaded"]
+            .as_array()
+            .and_then(|a| a.iter().find(|m| m["model_name"] == model))
+            .and_then(|m| m["memory_estimate"].as_u64())
+            .unwrap_or(0);
+        rows.push(json!({"model": model, "estimate": est, "rss": rss, "ratio": est as f64 / rss as f64}));
+    }
+    println!("\nMemory estimate against the measured RSS of llama-server (ctx 4096, after one request)\n");
+    println!("| model | estimate (MiB) | RSS (MiB) | estimate / RSS |");
+    println!("|---|---:|---:|---:|");
+    for r in &rows {
+        let mib = |k: &str| r[k].as_u64().unwrap_or(0) as f64 / (1u64 << 20) as f64;
+        println!(
+            "| {} | {:.1} | {:.1} | {:.3} |",
+            r["model"].as_str().unwrap_or_default(),
+            mib("estimate"),
+            mib("rss"),
+            r["ratio"].as_f64().unwrap_or(0.0)
+        );
+    }
+    Ok(json!(rows))
 }

@@ -1,0 +1,185 @@
+//! Scheduler v2 against real llama-server: pinning, preload, the memory budget, the bounded
+//! queue with per-model concurrency, per-model idle timeouts, and live settings.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use test_support::*;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_lemonade"))
+}
+
+fn entry<'a>(health: &'a Value, name: &str) -> &'a Value {
+    health["all_models_loaded"].as_array().unwrap().iter().find(|m| m["model_name"] == name).unwrap_or(&Value::Null)
+}
+
+async fn stream(l: &Lemonade, model: &str, tokens: u32) -> reqwest::Response {
+    let body = json!({"model": model, "messages": [{"role": "user", "content": "Tell me about the sea."}],
+                      "max_tokens": tokens, "ignore_eos": true, "stream": true});
+    l.http.post(l.url("/api/v1/chat/completions")).json(&body).send().await.unwrap()
+}
+
+#[tokio::test]
+async fn real_llama_server_a_pinned_model_survives_a_load_of_another_and_the_409_names_it() {
+    let l = Lemonade::start(bin(), &[]).await;
+    let (s, v) = l.post("/api/v1/load", &json!({"model_name": SMOL, "pinned": true})).await;
+    assert_eq!(s, 200, "{v}");
+    let pid = child_pids(l.pid());
+    assert_eq!(pid.len(), 1);
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(entry(&h, SMOL)["pinned"], true, "{h}");
+    let (s, e) = l.chat(GEMMA).await;
+    assert_eq!((s, e["error"]["code"].as_str()), (409, Some("slots_pinned")), "{e}");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(msg.contains(SMOL) && msg.contains("pinned"), "{msg}");
+    assert_eq!(child_pids(l.pid()), pid, "the pinned model's llama-server runs on, untouched");
+    assert_eq!(l.chat(SMOL).await.0, 200);
+    // Unpinned with the CLI, it gives way as before.
+    let (code, out, err) = l.cli(&["unpin", SMOL]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("Unpinned"), "{out}");
+    assert_eq!(l.chat(GEMMA).await.0, 200);
+    assert!(!alive(pid[0]), "SMOL was evicted once unpinned");
+    assert_eq!(loaded_names(&l.get("/api/v1/health").await.1), vec![GEMMA.to_string()]);
+    // Pinning with the CLI, and pinning what is not loaded.
+    assert_eq!(l.cli(&["pin", GEMMA]).await.0, 0);
+    assert_eq!(entry(&l.get("/api/v1/health").await.1, GEMMA)["pinned"], true);
+    let (s, e) = l.post("/api/v1/pin", &json!({"model_name": SMOL})).await;
+    assert_eq!((s, e["error"]["code"].as_str()), (404, Some("model_not_loaded")), "{e}");
+}
+
+#[tokio::test]
+async fn real_llama_server_preload_loads_the_model_without_a_request() {
+    let l = Lemonade::start(bin(), &["--preload", SMOL]).await;
+    // Listening (the harness waited for it) while the model loads: health lists it on its way.
+    let (s, h) = l.get("/api/v1/health").await;
+    assert_eq!(s, 200);
+    let on_its_way = h["models_loading"].as_array().unwrap().iter().any(|m| m == SMOL);
+    assert!(on_its_way || loaded_names(&h).contains(&SMOL.to_string()), "{h}");
+    let loaded = wait_for(Duration::from_secs(30), || async {
+        let (_, h) = l.get("/api/v1/health").await;
+        loaded_names(&h).contains(&SMOL.to_string()).then_some(h)
+    })
+    .await
+    .expect("preloaded");
+    assert_eq!(loaded["models_loading"], json!([]));
+    assert_eq!(child_pids(l.pid()).len(), 1);
+    assert!(!l.log().contains("/chat/completions"), "no request was made");
+}
+
+#[tokio::test]
+async fn real_llama_server_a_memory_budget_smaller_than_a_model_is_refused_with_the_figures() {
+    let l = Lemonade::start(bin(), &["--memory-budget", "100M"]).await;
+    let (s, e) = l.chat(SMOL).await;
+    assert_eq!((s, e["error"]["code"].as_str()), (507, Some("insufficient_memory")), "{e}");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("needs an estimated") && msg.contains("MiB") && msg.contains("budget is 100.0 MiB"), "{msg}");
+    assert!(child_pids(l.pid()).is_empty(), "no backend was started to die out of memory");
+    let (s, e) = l.post("/api/v1/load", &json!({"model_name": SMOL})).await;
+    assert_eq!((s, e["error"]["code"].as_str()), (507, Some("insufficient_memory")), "{e}");
+}
+
+#[tokio::test]
+async fn real_llama_server_the_memory_budget_evicts_across_types_to_fit() {
+    // SmolLM2 (~230 MiB estimated) and MiniLM (~120 MiB) fit together in 400M; Gemma (~350 MiB)
+    // fits only alone, though the slot limits would let all three run.
+    let l = Lemonade::start(bin(), &["--memory-budget", "400M", "--max-loaded-models", "-1"]).await;
+    assert_eq!(l.chat(SMOL).await.0, 200);
+    assert_eq!(l.post("/api/v1/embeddings", &json!({"model": MINILM, "input": "q"})).await.0, 200);
+    assert_eq!(child_pids(l.pid()).len(), 2);
+    let (_, p) = l.get("/api/v1/params").await;
+    let in_use = p["memory_in_use"].as_u64().unwrap();
+    assert!(in_use > 0 && in_use <= 400 << 20, "{p}");
+    assert_eq!(l.chat(GEMMA).await.0, 200);
+    assert_eq!(loaded_names(&l.get("/api/v1/health").await.1), vec![GEMMA.to_string()]);
+    assert_eq!(child_pids(l.pid()).len(), 1);
+}
+
+#[tokio::test]
+async fn real_llama_server_the_queue_bound_gives_503_with_retry_after() {
+    let l = Lemonade::start(bin(), &["--max-queue", "1", "--max-concurrent", "1"]).await;
+    // One request runs (the model's one place), one waits (the queue's one place).
+    let running = stream(&l, SMOL, 48).await;
+    assert_eq!(running.status(), 200);
+    let l2 = l.http.clone();
+    let url = l.url("/api/v1/chat/completions");
+    let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let waiting = tokio::spawn(async move { l2.post(url).json(&body).send().await.unwrap().status().as_u16() });
+    let queued = wait_for(Duration::from_secs(10), || async {
+        let (_, h) = l.get("/api/v1/health").await;
+        (entry(&h, SMOL)["queued"] == 1).then_some(())
+    })
+    .await;
+    assert!(queued.is_some(), "the second request waits in lemonade's queue");
+    let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let r = l.http.post(l.url("/api/v1/chat/completions")).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "queue_full", "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("--max-queue"), "{e}");
+    let text = running.text().await.unwrap();
+    assert!(text.contains("[DONE]"), "the running stream completed");
+    assert_eq!(waiting.await.unwrap(), 200, "the waiting request was served after it");
+}
+
+#[tokio::test]
+async fn real_llama_server_a_per_model_idle_timeout_unloads_it_and_health_says_when() {
+    let l = Lemonade::start(bin(), &[]).await;
+    let (s, v) = l.post("/api/v1/load", &json!({"model_name": SMOL, "idle_timeout": 2})).await;
+    assert_eq!(s, 200, "{v}");
+    let (_, h) = l.get("/api/v1/health").await;
+    let e = entry(&h, SMOL);
+    assert_eq!(e["idle_timeout"], 2, "{h}");
+    let left = e["unloads_in_ms"].as_u64().expect("a deadline while idle");
+    assert!(left <= 2000, "{h}");
+    let (_, a) = l.get("/v1/admin/models").await;
+    let row = a["models"].as_array().unwrap().iter().find(|m| m["name"] == SMOL).unwrap();
+    assert!(row["unloads_in_ms"].as_u64().is_some_and(|ms| ms <= 2000), "{row}");
+    let pid = child_pids(l.pid());
+    let gone = wait_for(Duration::from_secs(10), || async {
+        let (_, a) = l.get("/v1/admin/models").await;
+        let row = a["models"].as_array().unwrap().iter().find(|m| m["name"] == SMOL).cloned().unwrap_or_default();
+        (row["runtime_state"] == "unloaded").then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "unloaded after its own timeout (the server has none)");
+    assert!(!alive(pid[0]), "its llama-server stopped");
+    assert!(loaded_names(&l.get("/api/v1/health").await.1).is_empty());
+}
+
+#[tokio::test]
+async fn settings_change_live_are_saved_and_read_at_start_under_the_flags() {
+    let l = Lemonade::start(bin(), &[]).await;
+    let (s, p) = l.get("/api/v1/params").await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        (p["max_queue"].as_u64(), p["idle_timeout"].as_u64(), p["swap_hold_ms"].as_u64()),
+        (Some(256), Some(0), Some(2000)),
+        "{p}"
+    );
+    assert!(p["memory_budget"].as_u64().is_some_and(|b| b > 0), "auto by default: {p}");
+    let update = json!({"max_loaded_models": 2, "idle_timeout": 30, "max_queue": 8, "memory_budget": "1G"});
+    let (s, p) = l.post("/api/v1/params", &update).await;
+    assert_eq!(s, 200, "{p}");
+    assert_eq!(p["max_loaded_models"]["llm"], 2);
+    assert_eq!((p["idle_timeout"].as_u64(), p["max_queue"].as_u64()), (Some(30), Some(8)));
+    assert_eq!(p["memory_budget"].as_u64(), Some(1 << 30));
+    assert_eq!(l.get("/api/v1/params").await.1, p, "GET reads what POST set");
+    let (s, e) = l.post("/api/v1/params", &json!({"memory_budget": "lots"})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("memory_budget")), "{e}");
+    let (s, e) = l.post("/api/v1/params", &json!({"max_loaded_models": 0})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("max_loaded_models")), "{e}");
+    let (s, e) = l.post("/api/v1/params", &json!({"idle_timeuot": 3})).await;
+    assert_eq!(s, 400, "an unknown field is named: {e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("idle_timeuot"), "{e}");
+    // Saved: a restart reads them; a flag wins over the file.
+    let sandbox = l.kill_keeping_sandbox();
+    let l = Lemonade::start_in(bin(), sandbox, &["--idle-timeout", "7"], &[]).await;
+    let (_, p) = l.get("/api/v1/params").await;
+    assert_eq!(p["max_loaded_models"]["llm"], 2, "{p}");
+    assert_eq!((p["idle_timeout"].as_u64(), p["max_queue"].as_u64()), (Some(7), Some(8)), "{p}");
+    assert_eq!(p["memory_budget"].as_u64(), Some(1 << 30));
+}

@@ -1,0 +1,120 @@
+//! The scheduler settings of `GET/POST /api/v1/params` and of `settings.json`: validation of
+//! an update into the scheduler's [`Settings`], and the view of the settings in force.
+
+use api_types::{MemoryBudget, ModelType, Params, ParamsUpdate, SlotLimits};
+use scheduler::{Limits, Settings};
+
+use crate::error::ApiError;
+use crate::runtime::Runtime;
+
+/// `8G`, `512MiB`, `1073741824`: bytes (binary multiples).
+pub fn parse_bytes(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().trim_end_matches("ib").trim_end_matches('b') {
+        "" => 1,
+        "k" => 1 << 10,
+        "m" => 1 << 20,
+        "g" => 1 << 30,
+        "t" => 1 << 40,
+        _ => return None,
+    };
+    (n >= 0.0).then_some((n * mult as f64) as u64)
+}
+
+/// A memory budget: bytes, `auto` (free memory now, less a margin) or `none`. Err: the
+/// message for a bad value.
+pub fn memory_budget(b: &MemoryBudget) -> Result<Option<u64>, String> {
+    match b {
+        MemoryBudget::Bytes(0) => Ok(None),
+        MemoryBudget::Bytes(n) => Ok(Some(*n)),
+        MemoryBudget::Word(w) => match w.trim().to_ascii_lowercase().as_str() {
+            "auto" => host::hardware::auto_memory_budget()
+                .map(Some)
+                .ok_or_else(|| "memory_budget 'auto' needs /proc/meminfo, which cannot be read here".to_string()),
+            "none" | "off" | "0" => Ok(None),
+            other => parse_bytes(other).map(|n| (n > 0).then_some(n)).ok_or_else(|| {
+                format!("memory_budget must be a number of bytes (e.g. 8G, 512M), 'auto' or 'none', got '{w}'")
+            }),
+        },
+    }
+}
+
+/// Slot limits from one value (every type) or up to three (llm, embedding, reranking).
+pub fn slot_limits(values: &[i64]) -> Result<Limits, String> {
+    if values.is_empty() || values.len() > 3 {
+        return Err(format!("max_loaded_models takes 1 to 3 values, got {}", values.len()));
+    }
+    if let Some(bad) = values.iter().find(|v| **v != -1 && **v < 1) {
+        return Err(format!("max_loaded_models must be -1 (unlimited) or at least 1, got {bad}"));
+    }
+    if let [n] = values {
+        return Ok(Limits::uniform(*n));
+    }
+    let mut l = Limits::uniform(1);
+    for (t, v) in [ModelType::Llm, ModelType::Embedding, ModelType::Reranking].into_iter().zip(values) {
+        l.0.insert(t, *v);
+    }
+    Ok(l)
+}
+
+/// The scheduler settings `u` asks for (a 400 naming the field for a bad value).
+pub fn settings(u: &ParamsUpdate) -> Result<Settings, ApiError> {
+    fn bad(field: &'static str) -> impl Fn(String) -> ApiError {
+        move |m| ApiError::bad_request(m, Some(field))
+    }
+    let limits = match &u.max_loaded_models {
+        None => None,
+        Some(SlotLimits::One(n)) => Some(slot_limits(&[*n]).map_err(bad("max_loaded_models"))?),
+        Some(SlotLimits::Per(v)) => Some(slot_limits(v).map_err(bad("max_loaded_models"))?),
+    };
+    Ok(Settings {
+        limits,
+        idle_timeout_ms: u.idle_timeout.map(|s| (s > 0).then(|| s.saturating_mul(1000))),
+        max_queue: u.max_queue.map(|q| (q > 0).then_some(q as usize)),
+        memory_budget: match &u.memory_budget {
+            None => None,
+            Some(b) => Some(memory_budget(b).map_err(bad("memory_budget"))?),
+        },
+        swap_hold_ms: u.swap_hold_ms,
+    })
+}
+
+/// The settings in force, as the scheduler last published them.
+pub fn current(rt: &Runtime) -> Params {
+    let v = rt.scheduler_view();
+    let s = v.settings;
+    let limits = s.limits.unwrap_or_else(|| rt.cfg.max_loaded_models.clone());
+    Params {
+        max_loaded_models: ModelType::ALL.iter().map(|t| (t.as_str().to_string(), limits.get(*t))).collect(),
+        idle_timeout: s.idle_timeout_ms.flatten().map(|ms| ms / 1000).unwrap_or(0),
+        max_queue: s.max_queue.flatten().map(|q| q as u64).unwrap_or(0),
+        memory_budget: s.memory_budget.flatten(),
+        memory_in_use: v.memory_in_use,
+        swap_hold_ms: s.swap_hold_ms.unwrap_or(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_budgets_parse_and_bad_ones_are_named() {
+        assert_eq!(parse_bytes("8G"), Some(8 << 30));
+        assert_eq!(parse_bytes("512MiB"), Some(512 << 20));
+        assert_eq!(parse_bytes("1.5g"), Some(3 << 29));
+        assert_eq!(parse_bytes("123"), Some(123));
+        assert_eq!(parse_bytes("12 parsecs"), None);
+        assert_eq!(memory_budget(&MemoryBudget::Word("none".into())), Ok(None));
+        assert_eq!(memory_budget(&MemoryBudget::Bytes(1000)), Ok(Some(1000)));
+        let e = memory_budget(&MemoryBudget::Word("lots".into())).unwrap_err();
+        assert!(e.contains("'lots'"), "{e}");
+        assert!(slot_limits(&[0]).unwrap_err().contains("got 0"));
+        let u = ParamsUpdate { max_queue: Some(0), idle_timeout: Some(30), ..Default::default() };
+        let s = settings(&u).unwrap();
+        assert_eq!((s.max_queue, s.idle_timeout_ms), (Some(None), Some(Some(30_000))));
+    }
+}
