@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use scheduler::Limits;
 
 mod chat;
 mod client;
@@ -236,34 +235,30 @@ struct ServeArgs {
     crash_reset_ms: u64,
 }
 
-fn limits(values: &[i64]) -> anyhow::Result<Limits> {
-    server::params::slot_limits(values).map_err(|e| anyhow::anyhow!("--{}", e.replace('_', "-")))
-}
-
 /// The scheduler settings: flags and LEMONADE_* variables, else `settings.json` (saved by
-/// `POST /api/v1/params`), else the defaults.
+/// `POST /api/v1/params`), else the defaults; validated as the API validates them.
 fn scheduler_settings(args: &ServeArgs, cfg: &mut server::Config, cache: &std::path::Path) -> anyhow::Result<()> {
-    use api_types::{MemoryBudget, SlotLimits};
+    use api_types::{MemoryBudget, ParamsUpdate, SlotLimits};
     let saved = host::files::load_settings(cache).context("cannot read the saved settings")?;
-    let saved_limits = saved.max_loaded_models.map(|l| match l {
-        SlotLimits::One(n) => vec![n],
-        SlotLimits::Per(v) => v,
-    });
-    cfg.max_loaded_models = limits(args.max_loaded_models.as_deref().or(saved_limits.as_deref()).unwrap_or(&[1]))?;
-    let idle = args.idle_timeout.or(saved.idle_timeout).unwrap_or(0);
-    cfg.idle_timeout = (idle > 0).then(|| Duration::from_secs(idle));
-    let queue = args.max_queue.or(saved.max_queue).unwrap_or(server::config::DEFAULT_MAX_QUEUE as u64);
-    cfg.max_queue = (queue > 0).then_some(queue as usize);
-    cfg.max_concurrent = args.max_concurrent.filter(|n| *n > 0);
-    let budget = match &args.memory_budget {
-        Some(b) => MemoryBudget::Word(b.clone()),
-        None => saved.memory_budget.unwrap_or_else(|| MemoryBudget::Word("auto".into())),
+    let flags = ParamsUpdate {
+        max_loaded_models: args.max_loaded_models.clone().map(SlotLimits::Per),
+        idle_timeout: args.idle_timeout,
+        max_queue: args.max_queue,
+        memory_budget: args.memory_budget.clone().map(MemoryBudget::Word),
+        swap_hold_ms: args.swap_hold_ms,
     };
-    cfg.memory_budget =
-        server::params::memory_budget(&budget).map_err(|e| anyhow::anyhow!("--{}", e.replace('_', "-")))?;
-    cfg.swap_hold_ms = args.swap_hold_ms.or(saved.swap_hold_ms).unwrap_or(server::config::DEFAULT_SWAP_HOLD_MS);
+    let mut update = server::params::over(flags, saved);
+    update.memory_budget.get_or_insert_with(|| MemoryBudget::Word("auto".into()));
+    let settings = server::params::settings(&update).map_err(|e| match e {
+        server::error::ApiError::BadRequest { message, param: Some(p), .. } => {
+            anyhow::anyhow!("--{} (or {p} in settings.json): {message}", p.replace('_', "-"))
+        }
+        e => anyhow::anyhow!("{e}"),
+    })?;
+    cfg.scheduler = settings.over(cfg.scheduler.clone());
+    cfg.max_concurrent = args.max_concurrent.filter(|n| *n > 0);
     cfg.preload = args.preload.iter().map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
-    if let Some(b) = cfg.memory_budget {
+    if let Some(Some(b)) = cfg.scheduler.memory_budget {
         tracing::info!(budget = %server::error::bytes(b), "memory budget");
     }
     Ok(())

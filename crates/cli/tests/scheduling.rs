@@ -151,7 +151,7 @@ async fn real_llama_server_a_per_model_idle_timeout_unloads_it_and_health_says_w
 }
 
 #[tokio::test]
-async fn settings_change_live_are_saved_and_read_at_start_under_the_flags() {
+async fn real_llama_server_settings_change_live_are_saved_and_read_at_start_under_the_flags() {
     let l = Lemonade::start(bin(), &[]).await;
     let (s, p) = l.get("/api/v1/params").await;
     assert_eq!(s, 200);
@@ -168,6 +168,12 @@ async fn settings_change_live_are_saved_and_read_at_start_under_the_flags() {
     assert_eq!((p["idle_timeout"].as_u64(), p["max_queue"].as_u64()), (Some(30), Some(8)));
     assert_eq!(p["memory_budget"].as_u64(), Some(1 << 30));
     assert_eq!(l.get("/api/v1/params").await.1, p, "GET reads what POST set");
+    // In force at once: two LLMs now stay loaded side by side.
+    assert_eq!(l.chat(SMOL).await.0, 200);
+    assert_eq!(l.chat(GEMMA).await.0, 200);
+    assert_eq!(loaded_names(&l.get("/api/v1/health").await.1).len(), 2);
+    assert_eq!(l.get("/api/v1/health").await.1["max_models"]["llm"], 2, "health shows the live limit");
+    assert_eq!(child_pids(l.pid()).len(), 2);
     let (s, e) = l.post("/api/v1/params", &json!({"memory_budget": "lots"})).await;
     assert_eq!((s, e["error"]["param"].as_str()), (400, Some("memory_budget")), "{e}");
     let (s, e) = l.post("/api/v1/params", &json!({"max_loaded_models": 0})).await;

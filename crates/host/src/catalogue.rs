@@ -37,6 +37,9 @@ impl ModelFiles for CacheFiles<'_> {
     fn is_complete(&self, file: &Path) -> bool {
         hf_cache::is_complete(file)
     }
+    fn size(&self, file: &Path) -> Option<u64> {
+        std::fs::metadata(file).ok().map(|m| m.len())
+    }
     fn gguf_meta(&self, file: &Path) -> Option<GgufMeta> {
         match read_gguf(file) {
             Ok(m) => Some(m),
@@ -103,26 +106,3 @@ fn collect_ggufs(dir: &Path, out: &mut Vec<ExtraFile>) {
 
 #[cfg(test)]
 mod tests;
-
-/// The memory estimate of llama-server running the GGUF at `main` (with `mmproj`) under
-/// `settings` (see registry::memory).
-pub fn memory_estimate(
-    main: &Path,
-    mmproj: Option<&Path>,
-    settings: &backends::llamacpp::CacheSettings,
-) -> Result<registry::memory::Estimate, gguf::GgufError> {
-    let meta = read_gguf(main)?;
-    let size = |p: &Path| std::fs::metadata(p).map(|m| m.len());
-    let input = registry::memory::EstimateInput {
-        file_bytes: size(main)?,
-        mmproj_bytes: match mmproj {
-            Some(p) => size(p)?,
-            None => 0,
-        },
-        ctx_size: settings.ctx_size,
-        slots: settings.slots,
-        cache_type_k: &settings.cache_type_k,
-        cache_type_v: &settings.cache_type_v,
-    };
-    Ok(registry::memory::estimate(&meta, &input))
-}

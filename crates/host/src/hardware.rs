@@ -204,9 +204,13 @@ pub fn amd_npu(accel: &Path, processor: &str) -> NpuDevice {
 
 /// Total RAM in GB from /proc/meminfo (Linux), for the catalogue's size filter.
 pub fn physical_memory_gb() -> Option<f64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb: f64 = s.lines().find(|l| l.starts_with("MemTotal:"))?.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb / 1024.0 / 1024.0)
+    Some(kib_field("/proc/meminfo", "MemTotal:")? as f64 / 1024.0 / 1024.0)
+}
+
+/// The `key  N kB` line of a /proc file, in KiB.
+fn kib_field(file: &str, key: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(file).ok()?;
+    s.lines().find(|l| l.starts_with(key))?.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Kernel, host name, CPU architecture and free memory, for `system-info?verbose`.
@@ -244,9 +248,7 @@ pub fn usage() -> SystemStats {
 
 /// Memory available for new processes now (MemAvailable), in bytes.
 pub fn available_memory() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb: u64 = s.lines().find(|l| l.starts_with("MemAvailable:"))?.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    Some(kib_field("/proc/meminfo", "MemAvailable:")? * 1024)
 }
 
 /// `--memory-budget auto`: what is available now, less a margin for everything else (a
@@ -258,9 +260,7 @@ pub fn auto_memory_budget() -> Option<u64> {
 
 /// Bytes resident in memory of process `pid` (VmRSS), for measuring the estimate.
 pub fn process_rss(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: u64 = s.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    Some(kib_field(&format!("/proc/{pid}/status"), "VmRSS:")? * 1024)
 }
 
 #[cfg(test)]

@@ -53,6 +53,10 @@ pub trait ModelFiles {
     fn is_complete(&self, file: &Path) -> bool;
     /// The GGUF metadata of a file (None when it cannot be read; the implementor logs why).
     fn gguf_meta(&self, file: &Path) -> Option<gguf::GgufMeta>;
+    /// The size of a file in bytes (None: unknown).
+    fn size(&self, _file: &Path) -> Option<u64> {
+        None
+    }
 }
 
 /// A `*.gguf` file found under the extra models dir, with its size in bytes.
@@ -121,6 +125,8 @@ pub struct ModelInfo {
     pub main_path: Option<PathBuf>,
     pub mmproj_path: Option<PathBuf>,
     pub downloaded: bool,
+    /// What its memory depends on, read from its GGUF when downloaded (llamacpp only).
+    pub shape: Option<memory::ModelShape>,
 }
 
 impl ModelInfo {
@@ -326,6 +332,7 @@ fn entry_to_info(name: &str, e: CatalogueEntry, recipe: Recipe, source: Source) 
         main_path: None,
         mmproj_path: None,
         downloaded: false,
+        shape: None,
     }
 }
 
@@ -393,16 +400,28 @@ fn resolve_files(m: &mut ModelInfo, files: &dyn ModelFiles) {
         }
     }
     if m.downloaded {
-        apply_gguf_type(m, files);
+        apply_gguf(m, files);
     }
 }
 
-fn apply_gguf_type(m: &mut ModelInfo, files: &dyn ModelFiles) {
-    if m.recipe != Recipe::LlamaCpp || m.model_type != ModelType::Llm {
+/// What a downloaded llamacpp model's GGUF header says, read once: its memory shape, and for a
+/// model labelled as an LLM, whether it is really an embedding or reranking model.
+fn apply_gguf(m: &mut ModelInfo, files: &dyn ModelFiles) {
+    if m.recipe != Recipe::LlamaCpp {
         return;
     }
     let Some(path) = &m.main_path else { return };
-    if let Some(t) = files.gguf_meta(path).and_then(|meta| meta.model_type()) {
+    let Some(meta) = files.gguf_meta(path) else { return };
+    let weights: u64 = std::iter::once(path.clone())
+        .chain(memory::other_shards(path))
+        .chain(m.mmproj_path.clone())
+        .filter_map(|p| files.size(&p))
+        .sum();
+    m.shape = Some(memory::ModelShape::from_meta(&meta, weights));
+    if m.model_type != ModelType::Llm {
+        return;
+    }
+    if let Some(t) = meta.model_type() {
         m.model_type = t;
         let label = if t == ModelType::Reranking { "reranking" } else { "embeddings" };
         if !m.labels.iter().any(|l| l == label) {
@@ -478,9 +497,10 @@ fn extra_info(
         downloaded: files.is_complete(&main),
         main_path: Some(main),
         mmproj_path: mmproj,
+        shape: None,
     };
     if info.downloaded {
-        apply_gguf_type(&mut info, files);
+        apply_gguf(&mut info, files);
     }
     info
 }

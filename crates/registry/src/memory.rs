@@ -12,6 +12,8 @@
 //!   4 bytes per id per slot for the logits.
 //! * the process: 32 MiB.
 
+use std::path::{Path, PathBuf};
+
 use crate::gguf::{GgufMeta, MetaValue};
 
 pub const MIB: u64 = 1 << 20;
@@ -31,12 +33,56 @@ pub struct Estimate {
     pub total: u64,
 }
 
-/// What the estimate needs beyond the metadata.
+/// What of a model's GGUF metadata (and file sizes) its memory depends on; the catalogue fills
+/// it when it reads the header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ModelShape {
+    /// Bytes of the weights: every shard of the main file, and the mmproj.
+    pub weight_bytes: u64,
+    pub layers: u64,
+    pub kv_heads: u64,
+    pub key_len: u64,
+    pub value_len: u64,
+    /// Sliding-window layers: the window, and one global layer per `swa_pattern` layers (0:
+    /// every layer is global).
+    pub window: u64,
+    pub swa_pattern: u64,
+    /// BERT-family encoders keep no KV cache.
+    pub encoder_only: bool,
+    pub vocab: u64,
+}
+
+impl ModelShape {
+    pub fn from_meta(meta: &GgufMeta, weight_bytes: u64) -> ModelShape {
+        let arch = meta.architecture().unwrap_or_default();
+        let key = |k: &str| int(meta, &format!("{arch}.{k}"));
+        let embd = key("embedding_length").unwrap_or(0);
+        let heads = key("attention.head_count").unwrap_or(1).max(1);
+        ModelShape {
+            weight_bytes,
+            layers: key("block_count").unwrap_or(0),
+            kv_heads: key("attention.head_count_kv").unwrap_or(heads),
+            key_len: key("attention.key_length").unwrap_or(embd / heads),
+            value_len: key("attention.value_length").unwrap_or(embd / heads),
+            window: key("attention.sliding_window").unwrap_or(0),
+            // Gemma 2 alternates local and global layers; Gemma 3 has one global layer in six.
+            swa_pattern: match arch {
+                "gemma2" => 2,
+                "gemma3" => 6,
+                _ => 0,
+            },
+            encoder_only: arch.contains("bert"),
+            vocab: match meta.kv.get("tokenizer.ggml.tokens") {
+                Some(MetaValue::Array(n)) => *n,
+                _ => 0,
+            },
+        }
+    }
+}
+
+/// The run-time settings the estimate depends on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EstimateInput<'a> {
-    /// Bytes of the main GGUF file (its tensor data is nearly all of it) and of the mmproj.
-    pub file_bytes: u64,
-    pub mmproj_bytes: u64,
     pub ctx_size: u32,
     pub slots: u32,
     /// `--cache-type-k` / `--cache-type-v` (`f16` when not given).
@@ -64,47 +110,38 @@ fn int(meta: &GgufMeta, key: &str) -> Option<u64> {
     }
 }
 
-/// The estimate for `meta` with `input`'s settings.
-pub fn estimate(meta: &GgufMeta, input: &EstimateInput) -> Estimate {
-    let arch = meta.architecture().unwrap_or_default();
-    let key = |k: &str| int(meta, &format!("{arch}.{k}"));
-    let layers = key("block_count").unwrap_or(0);
-    let embd = key("embedding_length").unwrap_or(0);
-    let heads = key("attention.head_count").unwrap_or(1).max(1);
-    let kv_heads = key("attention.head_count_kv").unwrap_or(heads);
-    let k_len = key("attention.key_length").unwrap_or(embd / heads);
-    let v_len = key("attention.value_length").unwrap_or(embd / heads);
+/// The other shards of a split GGUF (`name-00001-of-00003.gguf` → `-00002-`, `-00003-`);
+/// empty for a single file.
+pub fn other_shards(main: &Path) -> Vec<PathBuf> {
+    let Some(name) = main.file_name().and_then(|n| n.to_str()) else { return Vec::new() };
+    let Some(stem) = name.strip_suffix(".gguf") else { return Vec::new() };
+    let parts: Vec<&str> = stem.rsplitn(4, '-').collect();
+    let [count, "of", "00001", prefix] = parts[..] else { return Vec::new() };
+    let Ok(n) = count.parse::<u32>() else { return Vec::new() };
+    (2..=n).map(|i| main.with_file_name(format!("{prefix}-{i:05}-of-{count}.gguf"))).collect()
+}
+
+/// The estimate for a model of `shape` run with `input`'s settings.
+pub fn estimate(shape: &ModelShape, input: &EstimateInput) -> Estimate {
     let slots = u64::from(input.slots.max(1));
     let ctx = u64::from(input.ctx_size);
-    let encoder_only = arch.contains("bert");
     let per_cell = |cells: u64| -> u64 {
-        let k = (cells * kv_heads * k_len) as f64 * cache_type_bytes(input.cache_type_k);
-        let v = (cells * kv_heads * v_len) as f64 * cache_type_bytes(input.cache_type_v);
+        let k = (cells * shape.kv_heads * shape.key_len) as f64 * cache_type_bytes(input.cache_type_k);
+        let v = (cells * shape.kv_heads * shape.value_len) as f64 * cache_type_bytes(input.cache_type_v);
         (k + v) as u64
     };
-    let kv_cache = if encoder_only {
+    let kv_cache = if shape.encoder_only {
         0
     } else {
-        // Gemma 2 alternates local and global layers; Gemma 3 has one global layer in six.
-        let window = key("attention.sliding_window").unwrap_or(0);
-        let pattern = match arch {
-            "gemma2" => 2,
-            "gemma3" => 6,
-            _ => 0,
+        let (global, local) = match shape.swa_pattern {
+            p if p == 0 || shape.window == 0 => (shape.layers, 0),
+            p => (shape.layers / p, shape.layers - shape.layers / p),
         };
-        let (global, local) = match pattern {
-            p if p == 0 || window == 0 => (layers, 0),
-            p => (layers / p, layers - layers / p),
-        };
-        let local_cells = (window * slots + UBATCH).min(ctx);
+        let local_cells = (shape.window * slots + UBATCH).min(ctx);
         global * per_cell(ctx) + local * per_cell(local_cells)
     };
-    let vocab = match meta.kv.get("tokenizer.ggml.tokens") {
-        Some(MetaValue::Array(n)) => *n,
-        _ => 0,
-    };
-    let buffers = PROCESS_BYTES + vocab * COMPUTE_BYTES_PER_VOCAB_ID + vocab * 4 * slots;
-    let weights = input.file_bytes + input.mmproj_bytes;
+    let buffers = PROCESS_BYTES + shape.vocab * COMPUTE_BYTES_PER_VOCAB_ID + shape.vocab * 4 * slots;
+    let weights = shape.weight_bytes;
     Estimate { weights, kv_cache, buffers, total: weights + kv_cache + buffers }
 }
 
@@ -123,14 +160,11 @@ mod tests {
     }
 
     fn input(ctx: u32) -> EstimateInput<'static> {
-        EstimateInput {
-            file_bytes: 0,
-            mmproj_bytes: 0,
-            ctx_size: ctx,
-            slots: 4,
-            cache_type_k: "f16",
-            cache_type_v: "f16",
-        }
+        EstimateInput { ctx_size: ctx, slots: 4, cache_type_k: "f16", cache_type_v: "f16" }
+    }
+
+    fn of(m: &GgufMeta, input: &EstimateInput) -> Estimate {
+        estimate(&ModelShape::from_meta(m, 0), input)
     }
 
     #[test]
@@ -146,10 +180,10 @@ mod tests {
             ],
         );
         // 30 layers × 4096 cells × 3 heads × (64 + 64) × 2 bytes = 90 MiB (llama-server logs it).
-        assert_eq!(estimate(&m, &input(4096)).kv_cache, 90 * MIB);
-        assert_eq!(estimate(&m, &input(16384)).kv_cache, 360 * MIB);
+        assert_eq!(of(&m, &input(4096)).kv_cache, 90 * MIB);
+        assert_eq!(of(&m, &input(16384)).kv_cache, 360 * MIB);
         let q8 = EstimateInput { cache_type_k: "q8_0", cache_type_v: "q8_0", ..input(4096) };
-        assert_eq!(estimate(&m, &q8).kv_cache, 90 * MIB * 17 / 32);
+        assert_eq!(of(&m, &q8).kv_cache, 90 * MIB * 17 / 32);
     }
 
     #[test]
@@ -168,15 +202,29 @@ mod tests {
                 ("ARCH.attention.sliding_window", Int(512)),
             ],
         );
-        assert_eq!(estimate(&m, &input(4096)).kv_cache, 12 * MIB + 75 * MIB / 2);
+        assert_eq!(of(&m, &input(4096)).kv_cache, 12 * MIB + 75 * MIB / 2);
     }
 
     #[test]
     fn encoder_models_keep_no_kv_cache_and_buffers_follow_the_vocabulary() {
         let m = meta("bert", &[("ARCH.block_count", Int(6)), ("tokenizer.ggml.tokens", Array(30522))]);
-        let e = estimate(&m, &EstimateInput { file_bytes: 1000, ..input(4096) });
+        let e = estimate(&ModelShape::from_meta(&m, 1000), &input(4096));
         assert_eq!(e.kv_cache, 0);
         assert_eq!(e.buffers, PROCESS_BYTES + 30522 * 100 + 30522 * 16);
         assert_eq!(e.total, 1000 + e.buffers);
+    }
+
+    #[test]
+    fn the_other_shards_of_a_split_gguf_are_named_and_a_single_file_has_none() {
+        let main = Path::new("/hub/snap/Qwen3-8B-Q4_K_M-00001-of-00003.gguf");
+        assert_eq!(
+            other_shards(main),
+            vec![
+                PathBuf::from("/hub/snap/Qwen3-8B-Q4_K_M-00002-of-00003.gguf"),
+                PathBuf::from("/hub/snap/Qwen3-8B-Q4_K_M-00003-of-00003.gguf")
+            ]
+        );
+        assert!(other_shards(Path::new("/x/SmolLM2.Q4_1.gguf")).is_empty());
+        assert!(other_shards(Path::new("/x/a-00002-of-00003.gguf")).is_empty(), "only the first shard is a main file");
     }
 }

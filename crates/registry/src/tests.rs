@@ -13,6 +13,7 @@ struct Mem {
     snapshots: BTreeMap<String, Vec<Snapshot>>,
     complete: BTreeSet<PathBuf>,
     headers: BTreeMap<PathBuf, Vec<u8>>,
+    sizes: BTreeMap<PathBuf, u64>,
 }
 
 impl ModelFiles for Mem {
@@ -24,6 +25,9 @@ impl ModelFiles for Mem {
     }
     fn gguf_meta(&self, file: &Path) -> Option<gguf::GgufMeta> {
         gguf::read_from(std::io::Cursor::new(self.headers.get(file)?.clone())).ok()
+    }
+    fn size(&self, file: &Path) -> Option<u64> {
+        self.sizes.get(file).copied()
     }
 }
 
@@ -40,9 +44,13 @@ fn builds_from_values_with_filters_and_cache_facts() {
         vec![Snapshot { dir: snap.clone(), files: vec!["Smol.Q4_1.gguf".into(), "Smol.Q8_0.gguf".into()] }],
     );
     files.complete.insert(snap.join("Smol.Q4_1.gguf"));
-    let emb =
-        build(&[("general.architecture", MetaValue::Str("bert".into())), ("bert.pooling_type", MetaValue::Int(1))]);
+    let emb = build(&[
+        ("general.architecture", MetaValue::Str("bert".into())),
+        ("bert.pooling_type", MetaValue::Int(1)),
+        ("bert.block_count", MetaValue::Int(6)),
+    ]);
     files.headers.insert(snap.join("Smol.Q4_1.gguf"), emb);
+    files.sizes.insert(snap.join("Smol.Q4_1.gguf"), 98_000_000);
     let user = UserFiles {
         user_models: BTreeMap::from([
             (
@@ -62,6 +70,8 @@ fn builds_from_values_with_filters_and_cache_facts() {
     assert!(m.downloaded);
     assert_eq!(m.main_path.as_deref(), Some(snap.join("Smol.Q4_1.gguf").as_path()));
     assert_eq!(m.model_type, ModelType::Embedding, "type read from the GGUF header");
+    let shape = m.shape.expect("the memory shape read from the same header");
+    assert_eq!((shape.layers, shape.encoder_only, shape.weight_bytes), (6, true, 98_000_000));
     assert!(
         matches!(reg.get("user.Odd"), Err(LookupError::NotSupported { reason, .. }) if reason.contains("'oga-cpu'"))
     );
@@ -78,7 +88,12 @@ fn extra_models_are_grouped_from_a_listing() {
         .collect();
     for f in &found {
         files.complete.insert(f.path.clone());
+        files.sizes.insert(f.path.clone(), f.bytes);
     }
+    files.headers.insert(
+        dir.join("Big/b-00001-of-00002.gguf"),
+        build(&[("general.architecture", MetaValue::Str("llama".into()))]),
+    );
     let reg = Registry::build(
         &RegistryConfig { extra_models_dir: Some(dir.clone()), ..cfg() },
         UserFiles { extra_files: found, ..Default::default() },
@@ -90,6 +105,7 @@ fn extra_models_are_grouped_from_a_listing() {
     assert_eq!(big.checkpoint, "Big/b-00001-of-00002.gguf", "relative to the dir: answers carry no local path");
     assert_eq!(reg.to_api(big).checkpoint, "Big/b-00001-of-00002.gguf");
     assert_eq!(big.size, Some(1.0));
+    assert_eq!(big.shape.map(|s| s.weight_bytes), Some(1 << 30), "the weights of both shards");
     assert!(reg.get("extra.a.gguf").unwrap().downloaded);
     // A projector is part of a model, never a model of its own.
     let e = reg.get("extra.mmproj-x.gguf").unwrap_err().to_string();

@@ -97,6 +97,19 @@ pub struct Settings {
     pub swap_hold_ms: Option<u64>,
 }
 
+impl Settings {
+    /// These settings, with `base`'s where these leave one unset.
+    pub fn over(self, base: Settings) -> Settings {
+        Settings {
+            limits: self.limits.or(base.limits),
+            idle_timeout_ms: self.idle_timeout_ms.or(base.idle_timeout_ms),
+            max_queue: self.max_queue.or(base.max_queue),
+            memory_budget: self.memory_budget.or(base.memory_budget),
+            swap_hold_ms: self.swap_hold_ms.or(base.swap_hold_ms),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event<O> {
     /// An inference request wants `model`. `auto_load` carries the options to load it with
@@ -286,8 +299,6 @@ pub struct Entry<O> {
     pub idle_timeout_ms: Option<u64>,
     /// Requests the running backend serves at once.
     pub max_concurrent: Option<u32>,
-    /// When the queued load was asked for (its oldest request).
-    pub queued_at: u64,
     load_waiters: Vec<ReqId>,
     starting: bool,
     stopping: bool,
@@ -378,12 +389,6 @@ impl<O: Clone + PartialEq> Machine<O> {
         }
     }
 
-    /// Unloads a model that has had no request for `ms` (None: never, the default).
-    pub fn with_idle_timeout_ms(mut self, ms: Option<u64>) -> Machine<O> {
-        self.idle_timeout_ms = ms;
-        self
-    }
-
     /// Applies `s` (the builder form of [`Event::Configure`]).
     pub fn with_settings(mut self, s: Settings) -> Machine<O> {
         self.configure(s);
@@ -428,8 +433,8 @@ impl<O: Clone + PartialEq> Machine<O> {
         }
     }
 
-    /// The idle timeout that applies to `e` (None: never).
-    fn timeout_of(&self, e: &Entry<O>) -> Option<u64> {
+    /// The idle timeout that applies to `e`: its own, else the machine's (ms; None: never).
+    pub fn idle_timeout_of(&self, e: &Entry<O>) -> Option<u64> {
         match e.idle_timeout_ms {
             Some(0) => None,
             Some(t) => Some(t),
@@ -442,12 +447,7 @@ impl<O: Clone + PartialEq> Machine<O> {
         if !self.idle(e) {
             return None;
         }
-        self.timeout_of(e).map(|t| e.last_use + t)
-    }
-
-    /// The idle timeout in force for `e` (ms; None: never).
-    pub fn idle_timeout_of(&self, e: &Entry<O>) -> Option<u64> {
-        self.timeout_of(e)
+        self.idle_timeout_of(e).map(|t| e.last_use + t)
     }
 
     /// When the machine next needs a `Tick` (ms, the clock of `handle`): an idle model times
@@ -537,7 +537,6 @@ impl<O: Clone + PartialEq> Machine<O> {
             memory: 0,
             idle_timeout_ms: None,
             max_concurrent: None,
-            queued_at: 0,
             load_waiters: Vec::new(),
             starting: false,
             stopping: false,
@@ -586,12 +585,10 @@ impl<O: Clone + PartialEq> Machine<O> {
 
     /// Queues a load of `name` with `options` unless one is queued or running.
     fn enqueue(&mut self, name: &str, options: O, front: bool) {
-        let now = self.now;
         let queued = self.queued(name);
         let e = self.get(name);
         e.pending = Some(options);
         if !queued {
-            e.queued_at = now;
             e.holding = false;
             if front {
                 self.queue.push_front(name.to_string());
@@ -622,14 +619,7 @@ impl<O: Clone + PartialEq> Machine<O> {
         if state == State::Loaded && e.waiting.is_empty() && e.has_room() {
             return self.grant(req, &name);
         }
-        let will_wait =
-            state == State::Loaded || (auto_load.is_some() && !(state == State::Failed && e.retry_after > now));
-        if let (true, Some(why)) = (will_wait, full) {
-            return self.reject(req, &name, why);
-        }
         match (state, auto_load) {
-            // At its concurrency limit (or behind others who are): wait for a place.
-            (State::Loaded, _) => self.wait(req, &name),
             (State::Failed, Some(_)) if e.retry_after > now => {
                 let why = Rejection::Backoff {
                     error: e.last_error.clone().unwrap_or_default(),
@@ -637,6 +627,12 @@ impl<O: Clone + PartialEq> Machine<O> {
                 };
                 self.reject(req, &name, why);
             }
+            // It would wait, and the queue is full.
+            (State::Loaded, _) | (_, Some(_)) if full.is_some() => {
+                self.reject(req, &name, full.expect("checked by the guard"))
+            }
+            // At its concurrency limit (or behind others who are): wait for a place.
+            (State::Loaded, _) => self.wait(req, &name),
             (_, Some(options)) => {
                 if !matches!(state, State::Loading | State::Unloading) && !queued {
                     // This request causes the load: its view of the model applies.
@@ -1066,12 +1062,10 @@ impl<O: Clone + PartialEq> Machine<O> {
         if !loaded.iter().any(serving) {
             return Hold::Go;
         }
-        // Looked at again when the wait is over, or when the victims' gap runs out.
-        let gap = loaded.iter().filter(|v| !v.busy()).map(|v| v.last_use + HOLD_GAP_MS).max();
-        let until = match (gap, any_busy) {
-            (Some(g), false) => g.min(deadline),
-            _ => deadline,
-        };
+        // Looked at again when the wait is over, or sooner if every victim is idle and its gap
+        // runs out first.
+        let gap = loaded.iter().map(|v| v.last_use + HOLD_GAP_MS).max();
+        let until = if any_busy { deadline } else { gap.map_or(deadline, |g| g.min(deadline)) };
         self.get(name).holding = true;
         Hold::Until(until)
     }

@@ -99,7 +99,6 @@ struct Draw {
 
 struct Sim {
     seed: u64,
-    idle_timeout: Option<u64>,
     draw: Draw,
     pinned: BTreeSet<String>,
     /// When each open request was asked.
@@ -142,7 +141,6 @@ fn draw_limits(rng: &mut Rng) -> Limits {
 
 impl Sim {
     fn new(seed: u64, limits: Limits, draw: Draw, rng: &mut Rng) -> Sim {
-        let idle_timeout = draw.idle_timeout;
         // Sizes up to 1,000 (the budget is at least that), some models with their own idle
         // timeout (0: never) and concurrency limit.
         let mut m = |name: &str, model_type, npu| {
@@ -157,6 +155,7 @@ impl Sim {
             r
         };
         let settings = Settings {
+            idle_timeout_ms: Some(draw.idle_timeout),
             max_queue: Some(draw.max_queue),
             memory_budget: Some(draw.budget),
             swap_hold_ms: Some(draw.hold),
@@ -164,14 +163,10 @@ impl Sim {
         };
         Sim {
             seed,
-            idle_timeout,
             draw: draw.clone(),
             pinned: BTreeSet::new(),
             asked_at: BTreeMap::new(),
-            m: Machine::new(limits.clone())
-                .with_crash_backoff(CRASH_BACKOFF_MS, RESET_MS)
-                .with_idle_timeout_ms(idle_timeout)
-                .with_settings(settings),
+            m: Machine::new(limits.clone()).with_crash_backoff(CRASH_BACKOFF_MS, RESET_MS).with_settings(settings),
             models: vec![
                 m("llm-a", ModelType::Llm, false),
                 m("llm-b", ModelType::Llm, false),
@@ -371,7 +366,7 @@ impl Sim {
         match self.model(name).idle_timeout_ms {
             Some(0) => None,
             Some(t) => Some(t),
-            None => self.idle_timeout,
+            None => self.draw.idle_timeout,
         }
     }
 
@@ -1057,7 +1052,7 @@ fn a_cancel_that_crosses_its_grant_gives_the_model_back() {
 #[test]
 fn an_idle_model_is_unloaded_after_its_timeout_and_a_busy_one_never() {
     let mut d = Drive::new(-1);
-    d.m = Machine::new(Limits::uniform(-1)).with_idle_timeout_ms(Some(1_000));
+    d.m = Machine::new(Limits::uniform(-1)).with_settings(idle_timeout(1_000));
     let a = d.use_model(&llm("a"));
     d.ev(Event::Release { req: a });
     let released = d.now;
@@ -1073,6 +1068,10 @@ fn an_idle_model_is_unloaded_after_its_timeout_and_a_busy_one_never() {
     d.ev(Event::Release { req: held });
     let b_idle = d.now;
     assert_eq!(d.m.next_deadline(), Some(b_idle + 1_000), "B's timer starts when its last request ends");
+}
+
+fn idle_timeout(ms: u64) -> Settings {
+    Settings { idle_timeout_ms: Some(Some(ms)), ..Settings::default() }
 }
 
 fn sized(name: &str, model_type: ModelType, memory: u64) -> ModelRef {
@@ -1114,7 +1113,7 @@ fn a_pinned_model_is_never_evicted_and_a_load_that_needs_its_slot_is_refused_at_
 #[test]
 fn a_pinned_model_never_times_out_and_a_per_model_timeout_overrides_the_machine_one() {
     let mut d = Drive::new(-1);
-    d.m = Machine::new(Limits::uniform(-1)).with_idle_timeout_ms(Some(1_000));
+    d.m = Machine::new(Limits::uniform(-1)).with_settings(idle_timeout(1_000));
     let quick = ModelRef { idle_timeout_ms: Some(100), ..llm("quick") };
     let never = ModelRef { idle_timeout_ms: Some(0), ..llm("never") };
     for m in [&llm("a"), &quick, &never] {

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use scheduler::Limits;
+use scheduler::{Limits, Settings};
 
 /// `--max-queue`'s default.
 pub const DEFAULT_MAX_QUEUE: usize = 256;
@@ -25,7 +25,9 @@ pub struct Config {
     pub llamacpp_backend: String,
     /// `--llamacpp-args`, when given.
     pub llamacpp_args: Option<String>,
-    pub max_loaded_models: Limits,
+    /// Slot limits, idle timeout, queue bound, memory budget and anti-thrash hold: what the
+    /// scheduler starts with (every field set; `POST /api/v1/params` changes them later).
+    pub scheduler: Settings,
     /// Inference on a model that is not loaded loads it (else the request is rejected).
     pub auto_load: bool,
     pub disable_filtering: bool,
@@ -37,17 +39,8 @@ pub struct Config {
     pub watchdog_interval: Option<Duration>,
     /// How long an automatic pull (inference or `/load` on a model not downloaded) may take.
     pub pull_timeout: Duration,
-    /// A model with no request for this long is unloaded (None: never).
-    pub idle_timeout: Option<Duration>,
-    /// Requests that may wait for models, all together (None: unbounded); beyond, 503.
-    pub max_queue: Option<usize>,
     /// Requests a model serves at once (None: its backend's parallel slots).
     pub max_concurrent: Option<u32>,
-    /// Bytes the backends may take together (None: no budget).
-    pub memory_budget: Option<u64>,
-    /// Anti-thrash: how long a serving model keeps its slot against a load caused by requests
-    /// for another (ms; 0: swap at once).
-    pub swap_hold_ms: u64,
     /// Models loaded (and pulled if needed) at start.
     pub preload: Vec<String>,
     /// The crash back-off's first pause, and how long a backend must run before its crashes
@@ -92,18 +85,20 @@ impl Config {
             ctx_size: None,
             llamacpp_backend: "cpu".into(),
             llamacpp_args: None,
-            max_loaded_models: Limits::uniform(1),
+            scheduler: Settings {
+                limits: Some(Limits::uniform(1)),
+                idle_timeout_ms: Some(None),
+                max_queue: Some(Some(DEFAULT_MAX_QUEUE)),
+                memory_budget: Some(None),
+                swap_hold_ms: Some(DEFAULT_SWAP_HOLD_MS),
+            },
             auto_load: true,
             disable_filtering: false,
             ready_timeout: Duration::from_secs(600),
             stop_grace: Duration::from_secs(5),
             watchdog_interval: Some(Duration::from_secs(5)),
             pull_timeout: Duration::from_secs(3600),
-            idle_timeout: None,
-            max_queue: Some(DEFAULT_MAX_QUEUE),
             max_concurrent: None,
-            memory_budget: None,
-            swap_hold_ms: DEFAULT_SWAP_HOLD_MS,
             preload: Vec::new(),
             crash_backoff: (
                 Duration::from_millis(scheduler::machine::CRASH_BACKOFF_MS),

@@ -82,13 +82,28 @@ pub fn settings(u: &ParamsUpdate) -> Result<Settings, ApiError> {
     })
 }
 
+/// `flags` with `saved`'s values where the flags leave one unset.
+pub fn over(flags: ParamsUpdate, saved: ParamsUpdate) -> ParamsUpdate {
+    ParamsUpdate {
+        max_loaded_models: flags.max_loaded_models.or(saved.max_loaded_models),
+        idle_timeout: flags.idle_timeout.or(saved.idle_timeout),
+        max_queue: flags.max_queue.or(saved.max_queue),
+        memory_budget: flags.memory_budget.or(saved.memory_budget),
+        swap_hold_ms: flags.swap_hold_ms.or(saved.swap_hold_ms),
+    }
+}
+
+/// Slot limit per model type as the API shows them (-1: unlimited).
+pub fn limits_by_type(limits: &Limits) -> std::collections::BTreeMap<String, i64> {
+    ModelType::ALL.iter().map(|t| (t.as_str().to_string(), limits.get(*t))).collect()
+}
+
 /// The settings in force, as the scheduler last published them.
 pub fn current(rt: &Runtime) -> Params {
     let v = rt.scheduler_view();
     let s = v.settings;
-    let limits = s.limits.unwrap_or_else(|| rt.cfg.max_loaded_models.clone());
     Params {
-        max_loaded_models: ModelType::ALL.iter().map(|t| (t.as_str().to_string(), limits.get(*t))).collect(),
+        max_loaded_models: limits_by_type(&s.limits.unwrap_or_default()),
         idle_timeout: s.idle_timeout_ms.flatten().map(|ms| ms / 1000).unwrap_or(0),
         max_queue: s.max_queue.flatten().map(|q| q as u64).unwrap_or(0),
         memory_budget: s.memory_budget.flatten(),

@@ -111,39 +111,39 @@ mod tests {
     #[test]
     fn every_route_is_documented_and_every_documented_path_is_routed() {
         let doc = RoutePaths::openapi();
-        let documented: Vec<(String, String)> = doc
+        let documented: Vec<(&str, String)> = doc
             .paths
             .paths
             .iter()
             .flat_map(|(path, item)| {
                 let mut m = Vec::new();
                 if item.get.is_some() {
-                    m.push(("get_only".to_string(), path.clone()));
+                    m.push(("GET", path.clone()));
                 }
                 if item.post.is_some() {
-                    m.push(("post_only".to_string(), path.clone()));
+                    m.push(("POST", path.clone()));
                 }
                 m
             })
             .collect();
+        // The HTTP method a route helper of the table serves.
+        let http = |helper: &str| if helper == "get_only" { "GET" } else { "POST" };
         // The admin API is documented under /v1 (as its spec), the rest under /api/v1.
         let doc_path = |p: &str| if p.starts_with("/admin") { format!("/v1{p}") } else { format!("/api/v1{p}") };
-        for (method, path) in API_ROUTES {
-            let method = if *method == "post_also" { "post_only" } else { *method };
+        for (helper, path) in API_ROUTES {
+            let method = http(helper);
             let want = doc_path(&path.replace("{*id}", "{id}"));
             let aliased = *path == "/rerank"; // documented as /reranking
             assert!(
-                aliased || documented.iter().any(|(m, p)| m == method && *p == want),
+                aliased || documented.iter().any(|(m, p)| *m == method && *p == want),
                 "{method} {path} is routed but not documented as {want}"
             );
         }
         let routed = |m: &str, p: &str| {
-            API_ROUTES.iter().any(|(rm, rp)| {
-                let rm = if *rm == "post_also" { "post_only" } else { *rm };
-                rm == m && doc_path(&rp.replace("{*id}", "{id}")) == p
-            }) || (m == "get_only" && p == "/live")
-                || (m == "post_only" && NATIVE_POST.contains(&p))
-                || (m == "get_only" && NATIVE_GET.contains(&p))
+            API_ROUTES.iter().any(|(h, rp)| http(h) == m && doc_path(&rp.replace("{*id}", "{id}")) == p)
+                || (m == "GET" && p == "/live")
+                || (m == "POST" && NATIVE_POST.contains(&p))
+                || (m == "GET" && NATIVE_GET.contains(&p))
         };
         for (m, p) in &documented {
             assert!(routed(m, p), "{m} {p} is documented but not routed");

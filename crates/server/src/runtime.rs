@@ -95,8 +95,6 @@ pub struct Runtime {
     starts: Mutex<HashMap<String, tokio::sync::watch::Sender<bool>>>,
     view: RwLock<BTreeMap<String, ModelView>>,
     scheduler_view: RwLock<SchedulerView>,
-    /// Memory estimates by model and cache settings (reading the GGUF header once).
-    estimates: Mutex<HashMap<(String, backends::llamacpp::CacheSettings), u64>>,
     /// `--preload` models not loaded yet (pulling, queued or loading).
     preloading: Mutex<Vec<String>>,
     /// Runtime-only admin load overrides of loaded models.
@@ -168,15 +166,9 @@ impl Runtime {
             tracing::info!(count = temps, "removed temp files left by a killed write");
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        let machine = Machine::new(cfg.max_loaded_models.clone())
+        let machine = Machine::new(scheduler::Limits::uniform(1))
             .with_crash_backoff(cfg.crash_backoff.0.as_millis() as u64, cfg.crash_backoff.1.as_millis() as u64)
-            .with_idle_timeout_ms(cfg.idle_timeout.map(|t| t.as_millis() as u64))
-            .with_settings(Settings {
-                max_queue: Some(cfg.max_queue),
-                memory_budget: Some(cfg.memory_budget),
-                swap_hold_ms: Some(cfg.swap_hold_ms),
-                ..Settings::default()
-            });
+            .with_settings(cfg.scheduler.clone());
         let first_view = SchedulerView { settings: machine.settings(), memory_in_use: 0 };
         let rt = Arc::new(Runtime {
             cfg,
@@ -188,7 +180,6 @@ impl Runtime {
             starts: Mutex::new(HashMap::new()),
             view: RwLock::new(BTreeMap::new()),
             scheduler_view: RwLock::new(first_view),
-            estimates: Mutex::new(HashMap::new()),
             preloading: Mutex::new(Vec::new()),
             overrides: Mutex::new(HashMap::new()),
             locks: Locks::default(),
@@ -274,12 +265,13 @@ impl Runtime {
         self.preloading.lock().unwrap_or_else(|e| e.into_inner()).retain(|n| n != name);
     }
 
-    /// Models on their way in: loading now, or preloads not done yet.
+    /// Models on their way in: loading now, or preloads not loaded yet.
     pub fn loading(&self) -> Vec<String> {
+        let view = self.view();
         let mut out: Vec<String> =
-            self.view().into_iter().filter(|(_, v)| v.state == State::Loading).map(|(n, _)| n).collect();
+            view.iter().filter(|(_, v)| v.state == State::Loading).map(|(n, _)| n.clone()).collect();
         for n in self.preloading.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            if !out.contains(n) && self.view().get(n).is_none_or(|v| v.state != State::Loaded) {
+            if !out.contains(n) && view.get(n).is_none_or(|v| v.state != State::Loaded) {
                 out.push(n.clone());
             }
         }
@@ -297,36 +289,20 @@ impl Runtime {
         let mut m = ModelRef::new(&info.name, info.model_type, info.device() == "npu");
         let idle = idle_timeout_s.or_else(|| self.registry().saved_idle_timeout(info));
         m.idle_timeout_ms = idle.map(|s| s.saturating_mul(1000));
+        m.max_concurrent = self.cfg.max_concurrent;
         if info.recipe == Recipe::LlamaCpp {
-            let settings = backends::llamacpp::cache_settings(options, info.model_type);
-            m.max_concurrent = Some(self.cfg.max_concurrent.unwrap_or(settings.slots));
-            m.memory = self.estimate(info, settings);
-        } else {
-            m.max_concurrent = self.cfg.max_concurrent;
+            let s = backends::llamacpp::cache_settings(options, info.model_type);
+            m.max_concurrent = Some(self.cfg.max_concurrent.unwrap_or(s.slots));
+            // No shape (the header could not be read): counted as nothing; the start says why.
+            let input = registry::memory::EstimateInput {
+                ctx_size: s.ctx_size,
+                slots: s.slots,
+                cache_type_k: &s.cache_type_k,
+                cache_type_v: &s.cache_type_v,
+            };
+            m.memory = info.shape.map(|shape| registry::memory::estimate(&shape, &input).total).unwrap_or(0);
         }
         m
-    }
-
-    /// The memory estimate of `info` with `settings` (0 when its file cannot be read: the
-    /// start will say why).
-    fn estimate(&self, info: &ModelInfo, settings: backends::llamacpp::CacheSettings) -> u64 {
-        let Some(main) = info.main_path.as_deref() else { return 0 };
-        let key = (info.name.clone(), settings);
-        if let Some(e) = self.estimates.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            return *e;
-        }
-        let bytes = match host::catalogue::memory_estimate(main, info.mmproj_path.as_deref(), &key.1) {
-            Ok(e) => {
-                tracing::debug!(model = %info.name, weights = e.weights, kv = e.kv_cache, buffers = e.buffers, "memory estimate");
-                e.total
-            }
-            Err(e) => {
-                tracing::debug!(model = %info.name, error = %e, "no memory estimate");
-                return 0;
-            }
-        };
-        self.estimates.lock().unwrap_or_else(|e| e.into_inner()).insert(key, bytes);
-        bytes
     }
 
     pub fn health_entry(&self, r: &Running, v: &ModelView) -> LoadedModel {

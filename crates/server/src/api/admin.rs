@@ -42,10 +42,9 @@ fn recommendations() -> Value {
                   "Prefer symmetric K/V pairs; asymmetric pairs may reduce GPU offload in llama.cpp."]}})
 }
 
+/// The model's weights in MiB (every shard and the mmproj), as the catalogue measured them.
 fn vram_estimate(info: &ModelInfo) -> Option<u64> {
-    let bytes = info.main_path.as_ref().and_then(|p| std::fs::metadata(p).ok()).map(|m| m.len())?;
-    let mmproj = info.mmproj_path.as_ref().and_then(|p| std::fs::metadata(p).ok()).map(|m| m.len()).unwrap_or(0);
-    Some((bytes + mmproj).div_ceil(1 << 20))
+    info.shape.map(|s| s.weight_bytes.div_ceil(1 << 20))
 }
 
 /// llama-server's default number of parallel slots.

@@ -1,7 +1,5 @@
 //! Lemonade's model lifecycle: health, stats, load, unload, and `/live`.
 
-use std::collections::BTreeMap;
-
 use api_types::*;
 use axum::extract::State;
 use axum::Json;
@@ -18,8 +16,7 @@ use crate::state::AppState;
     responses((status = 200, description = "Status", body = Health)))]
 pub async fn health(State(rt): State<AppState>) -> Json<Health> {
     let loaded = rt.loaded();
-    let max_models: BTreeMap<String, i64> =
-        ModelType::ALL.iter().map(|t| (t.as_str().to_string(), rt.cfg.max_loaded_models.get(*t))).collect();
+    let max_models = crate::params::limits_by_type(&rt.scheduler_view().settings.limits.unwrap_or_default());
     Json(Health {
         status: "ok".into(),
         version: crate::VERSION.into(),

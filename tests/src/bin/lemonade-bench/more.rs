@@ -88,12 +88,7 @@ fn cpu_seconds(pid: u32) -> f64 {
 
 /// Resident memory of a process in MiB.
 fn rss_mib(pid: u32) -> f64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(0.0)
+    host::hardware::process_rss(pid).unwrap_or(0) as f64 / (1u64 << 20) as f64
 }
 
 struct Batch {
@@ -436,12 +431,7 @@ pub async fn memory_estimate(bin: &Path) -> anyhow::Result<Value> {
         };
         anyhow::ensure!(s == 200, "{model}: {v}");
         let pid = test_support::child_pids(l.pid()).into_iter().find(|p| !before.contains(p)).unwrap_or_default();
-        let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))?
-            .lines()
-            .find(|l| l.starts_with("VmRSS:"))
-            .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-            .unwrap_or(0)
-            * 1024;
+        let rss = host::hardware::process_rss(pid).unwrap_or(0);
         let (_, h) = l.get("/api/v1/health").await;
         let est = h["all_models_loaded"]
             .as_array()
