@@ -236,6 +236,14 @@ impl Sim {
             self.log.push(format!("    -> {e:?}"));
         }
         let after = self.seen();
+        // A pin takes effect within its event: the evictions of that event already spare it.
+        for e in &effects {
+            if let Effect::PinDone { req, result: Ok(()) } = e {
+                if let Some((model, true)) = self.open_pins.get(req) {
+                    self.pinned.insert(model.clone());
+                }
+            }
+        }
         self.check_rules(&ev, &effects, &before, &after);
         for e in effects {
             self.apply(e);
