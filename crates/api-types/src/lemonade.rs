@@ -128,6 +128,9 @@ pub struct LoadedModel {
     /// Bytes lemonade counts it for against the memory budget (its estimate).
     #[serde(default)]
     pub memory_estimate: u64,
+    /// Bytes counted against the VRAM budget (0 on a CPU backend).
+    #[serde(default)]
+    pub vram_estimate: u64,
     /// Requests running on it, and waiting for it.
     #[serde(default)]
     pub in_flight: u64,
@@ -253,6 +256,10 @@ pub struct ParamsUpdate {
     pub max_queue: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_budget: Option<MemoryBudget>,
+    /// The same for GPU memory, which models on GPU backends are counted against (`auto`:
+    /// free VRAM less a margin; no budget when there is no GPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vram_budget: Option<MemoryBudget>,
     /// How long (ms) a model that serves requests keeps its slot against a load caused by
     /// requests for another model (anti-thrash); 0 = swap at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -272,6 +279,9 @@ pub struct Params {
     pub memory_budget: Option<u64>,
     /// Bytes counted for the backends alive now.
     pub memory_in_use: u64,
+    /// Bytes of VRAM; null = no budget.
+    pub vram_budget: Option<u64>,
+    pub vram_in_use: u64,
     pub swap_hold_ms: u64,
 }
 

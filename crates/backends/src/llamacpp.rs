@@ -201,12 +201,18 @@ fn user_sets(tokens: &[String], flags: &[&str]) -> bool {
     tokens.iter().any(|t| flags.contains(&flag_of(t)))
 }
 
+/// Whether `backend` runs the model's layers on a GPU: lemonade passes `-ngl 99` to every
+/// backend but `cpu` (and users may not override it).
+pub fn offloads(backend: &str) -> bool {
+    backend != "cpu"
+}
+
 /// The `llama-server` arguments (without the program), listening on 127.0.0.1 with an
 /// OS-chosen port (`--port 0`; the real port is read from the child's log).
 pub fn command_line(cfg: &LlamaServerConfig) -> Result<Vec<String>, ArgsError> {
     let user = tokenize(&cfg.user_args)?;
     validate_user_args(&user)?;
-    let cpu = cfg.backend == "cpu";
+    let cpu = !offloads(&cfg.backend);
     let ctx =
         if cfg.model_type == ModelType::Embedding { cfg.ctx_size.max(MIN_EMBEDDING_CTX_SIZE) } else { cfg.ctx_size };
 

@@ -220,6 +220,12 @@ struct ServeArgs {
     /// a model that can never fit is refused (507). Default `auto`.
     #[arg(long, env = "LEMONADE_MEMORY_BUDGET")]
     memory_budget: Option<String>,
+    /// GPU memory that models on GPU backends (llamacpp vulkan, rocm, metal) may take
+    /// together, estimated from their GGUF with every layer offloaded: bytes, `auto` (free
+    /// VRAM from NVML or amdgpu's sysfs, less a tenth, at least 512 MiB; no budget without a
+    /// GPU) or `none`. Default `auto`.
+    #[arg(long, env = "LEMONADE_VRAM_BUDGET")]
+    vram_budget: Option<String>,
     /// Anti-thrash: how long (ms) a model that is serving keeps its slot against requests for
     /// another model before they swap it out (0 = swap at once). Default 2000.
     #[arg(long, env = "LEMONADE_SWAP_HOLD_MS")]
@@ -245,10 +251,12 @@ fn scheduler_settings(args: &ServeArgs, cfg: &mut server::Config, cache: &std::p
         idle_timeout: args.idle_timeout,
         max_queue: args.max_queue,
         memory_budget: args.memory_budget.clone().map(MemoryBudget::Word),
+        vram_budget: args.vram_budget.clone().map(MemoryBudget::Word),
         swap_hold_ms: args.swap_hold_ms,
     };
     let mut update = server::params::over(flags, saved);
     update.memory_budget.get_or_insert_with(|| MemoryBudget::Word("auto".into()));
+    update.vram_budget.get_or_insert_with(|| MemoryBudget::Word("auto".into()));
     let settings = server::params::settings(&update).map_err(|e| match e {
         server::error::ApiError::BadRequest { message, param: Some(p), .. } => {
             anyhow::anyhow!("--{} (or {p} in settings.json): {message}", p.replace('_', "-"))
@@ -260,6 +268,9 @@ fn scheduler_settings(args: &ServeArgs, cfg: &mut server::Config, cache: &std::p
     cfg.preload = args.preload.iter().map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
     if let Some(Some(b)) = cfg.scheduler.memory_budget {
         tracing::info!(budget = %server::error::bytes(b), "memory budget");
+    }
+    if let Some(Some(b)) = cfg.scheduler.vram_budget {
+        tracing::info!(budget = %server::error::bytes(b), "VRAM budget");
     }
     Ok(())
 }

@@ -82,6 +82,31 @@ async fn real_llama_server_a_memory_budget_smaller_than_a_model_is_refused_with_
 }
 
 #[tokio::test]
+async fn real_llama_server_a_gpu_load_over_the_vram_budget_is_refused_naming_vram_and_the_cpu_one_runs() {
+    let l = Lemonade::start(bin(), &["--vram-budget", "100M", "--memory-budget", "none"]).await;
+    let (_, p) = l.get("/api/v1/params").await;
+    assert_eq!((p["vram_budget"].as_u64(), p["memory_budget"].as_u64()), (Some(100 << 20), None), "{p}");
+    // On vulkan every layer is offloaded: weights, KV cache and buffers are counted in VRAM.
+    let (s, e) = l.post("/api/v1/load", &json!({"model_name": GEMMA, "llamacpp_backend": "vulkan"})).await;
+    assert_eq!((s, e["error"]["code"].as_str()), (507, Some("insufficient_memory")), "{e}");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("of VRAM but the VRAM budget is 100.0 MiB") && msg.contains("--vram-budget"), "{msg}");
+    assert!(child_pids(l.pid()).is_empty(), "nothing was installed or started");
+    // The same model on the CPU takes no VRAM.
+    assert_eq!(l.chat(GEMMA).await.0, 200);
+    let (_, h) = l.get("/api/v1/health").await;
+    let m = entry(&h, GEMMA);
+    assert!(m["memory_estimate"].as_u64().unwrap() > 300 << 20 && m["vram_estimate"] == 0, "{m}");
+    let (_, p) = l.get("/api/v1/params").await;
+    assert_eq!(p["vram_in_use"], 0, "{p}");
+    // Live: no VRAM budget, and a bad one is named.
+    let (s, p) = l.post("/api/v1/params", &json!({"vram_budget": "none"})).await;
+    assert_eq!((s, &p["vram_budget"]), (200, &Value::Null), "{p}");
+    let (s, e) = l.post("/api/v1/params", &json!({"vram_budget": "lots"})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("vram_budget")), "{e}");
+}
+
+#[tokio::test]
 async fn real_llama_server_the_memory_budget_evicts_across_types_to_fit() {
     // SmolLM2 (~230 MiB estimated) and MiniLM (~120 MiB) fit together in 400M; Gemma (~350 MiB)
     // fits only alone, though the slot limits would let all three run.

@@ -258,6 +258,50 @@ pub fn auto_memory_budget() -> Option<u64> {
     Some(avail.saturating_sub((avail / 10).max(1 << 30)))
 }
 
+/// Free and total VRAM in bytes, summed over the NVIDIA GPUs (NVML) and the AMD ones (the
+/// amdgpu driver's sysfs counters); None: no GPU reports any.
+pub fn vram() -> Option<(u64, u64)> {
+    let nvidia = nvml().ok().and_then(|nvml| {
+        let count = nvml.device_count().ok()?;
+        let mems: Vec<_> = (0..count).filter_map(|i| nvml.device_by_index(i).ok()?.memory_info().ok()).collect();
+        (!mems.is_empty()).then(|| mems.iter().fold((0, 0), |(f, t), m| (f + m.free, t + m.total)))
+    });
+    let amd = amd_vram(Path::new("/sys/class/drm"));
+    match (nvidia, amd) {
+        (Some((f1, t1)), Some((f2, t2))) => Some((f1 + f2, t1 + t2)),
+        (one, other) => one.or(other),
+    }
+}
+
+/// Free and total VRAM of the amdgpu cards under `drm` (`card*/device/mem_info_vram_*`).
+pub fn amd_vram(drm: &Path) -> Option<(u64, u64)> {
+    let read = |p: &Path| -> Option<u64> { std::fs::read_to_string(p).ok()?.trim().parse().ok() };
+    let mut found = None;
+    for e in std::fs::read_dir(drm).ok()?.filter_map(|e| e.ok()) {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        // card0, card1 … (not card0-DP-1 connectors, nor renderD128).
+        if !name.strip_prefix("card").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) {
+            continue;
+        }
+        let dev = e.path().join("device");
+        let (Some(total), Some(used)) = (read(&dev.join("mem_info_vram_total")), read(&dev.join("mem_info_vram_used")))
+        else {
+            continue;
+        };
+        let (f, t) = found.unwrap_or((0, 0));
+        found = Some((f + total.saturating_sub(used), t + total));
+    }
+    found
+}
+
+/// `--vram-budget auto`: the VRAM free now less a margin (a tenth, at least 512 MiB); None
+/// when there is no GPU.
+pub fn auto_vram_budget() -> Option<u64> {
+    let (free, _) = vram()?;
+    Some(free.saturating_sub((free / 10).max(512 << 20)))
+}
+
 /// Bytes resident in memory of process `pid` (VmRSS), for measuring the estimate.
 pub fn process_rss(pid: u32) -> Option<u64> {
     Some(kib_field(&format!("/proc/{pid}/status"), "VmRSS:")? * 1024)
@@ -266,6 +310,26 @@ pub fn process_rss(pid: u32) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn amd_vram_sums_the_amdgpu_cards_and_skips_connectors_and_other_drivers() {
+        let tmp = tempfile::tempdir().unwrap();
+        let card = |n: &str, files: &[(&str, &str)]| {
+            let d = tmp.path().join(n).join("device");
+            std::fs::create_dir_all(&d).unwrap();
+            for (f, v) in files {
+                std::fs::write(d.join(f), v).unwrap();
+            }
+        };
+        assert_eq!(amd_vram(tmp.path()), None, "no card");
+        card("card0", &[("mem_info_vram_total", "17163091968\n"), ("mem_info_vram_used", "1073741824\n")]);
+        card("card1", &[("mem_info_vram_total", "536870912"), ("mem_info_vram_used", "268435456")]);
+        card("card0-DP-1", &[("mem_info_vram_total", "999"), ("mem_info_vram_used", "0")]);
+        card("card2", &[("vendor", "0x10de")]); // not amdgpu: no counters
+        card("renderD128", &[("mem_info_vram_total", "999"), ("mem_info_vram_used", "0")]);
+        assert_eq!(amd_vram(tmp.path()), Some((17163091968 - 1073741824 + 268435456, 17163091968 + 536870912)));
+        assert_eq!(amd_vram(&tmp.path().join("none")), None);
+    }
 
     #[test]
     fn kfd_topology_classifies_igpus_and_dgpus() {

@@ -11,6 +11,13 @@
 //! * compute and output buffers grow with the vocabulary: about 100 bytes per token id, plus
 //!   4 bytes per id per slot for the logits.
 //! * the process: 32 MiB.
+//!
+//! With a GPU backend lemonade offloads every layer (`-ngl 99`), so the weights (mmproj
+//! included), the KV cache and the compute buffers are placed in VRAM, and the process and
+//! its host-side logits buffer in system memory ([`Estimate::placed`]). That split follows
+//! llama.cpp's layout and is not calibrated: no GPU was available to measure it (llama.cpp
+//! also keeps the token-embedding table on the host, which this counts in VRAM, erring on the
+//! side of VRAM).
 
 use std::path::{Path, PathBuf};
 
@@ -30,7 +37,29 @@ pub struct Estimate {
     pub weights: u64,
     pub kv_cache: u64,
     pub buffers: u64,
+    /// Of the buffers, what stays in system memory when every layer is offloaded: the
+    /// process and the logits.
+    pub host: u64,
     pub total: u64,
+}
+
+/// Where a backend's bytes go: system memory and VRAM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Footprint {
+    pub memory: u64,
+    pub vram: u64,
+}
+
+impl Estimate {
+    /// All in system memory on a CPU backend; with every layer offloaded to a GPU, all but
+    /// [`Estimate::host`] in VRAM.
+    pub fn placed(&self, offloaded: bool) -> Footprint {
+        if offloaded {
+            Footprint { memory: self.host, vram: self.total - self.host }
+        } else {
+            Footprint { memory: self.total, vram: 0 }
+        }
+    }
 }
 
 /// What of a model's GGUF metadata (and file sizes) its memory depends on; the catalogue fills
@@ -140,9 +169,10 @@ pub fn estimate(shape: &ModelShape, input: &EstimateInput) -> Estimate {
         let local_cells = (shape.window * slots + UBATCH).min(ctx);
         global * per_cell(ctx) + local * per_cell(local_cells)
     };
-    let buffers = PROCESS_BYTES + shape.vocab * COMPUTE_BYTES_PER_VOCAB_ID + shape.vocab * 4 * slots;
+    let host = PROCESS_BYTES + shape.vocab * 4 * slots;
+    let buffers = host + shape.vocab * COMPUTE_BYTES_PER_VOCAB_ID;
     let weights = shape.weight_bytes;
-    Estimate { weights, kv_cache, buffers, total: weights + kv_cache + buffers }
+    Estimate { weights, kv_cache, buffers, host, total: weights + kv_cache + buffers }
 }
 
 #[cfg(test)]
@@ -212,6 +242,16 @@ mod tests {
         assert_eq!(e.kv_cache, 0);
         assert_eq!(e.buffers, PROCESS_BYTES + 30522 * 100 + 30522 * 16);
         assert_eq!(e.total, 1000 + e.buffers);
+    }
+
+    #[test]
+    fn offloaded_models_place_all_but_the_process_and_logits_in_vram() {
+        let m = meta("llama", &[("ARCH.block_count", Int(30)), ("tokenizer.ggml.tokens", Array(1000))]);
+        let e = estimate(&ModelShape::from_meta(&m, 100 * MIB), &input(4096));
+        assert_eq!(e.placed(false), Footprint { memory: e.total, vram: 0 });
+        let host = PROCESS_BYTES + 1000 * 4 * 4;
+        assert_eq!(e.placed(true), Footprint { memory: host, vram: e.total - host });
+        assert!(e.placed(true).vram > 100 * MIB, "the weights are in VRAM");
     }
 
     #[test]

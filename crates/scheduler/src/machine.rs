@@ -16,8 +16,9 @@
 //!   after a back-off that doubles with each crash;
 //! * a pinned model is never evicted (slots, memory, failed-load evict-all) nor timed out; a
 //!   load that needs a slot only pinned models hold is refused at once (`SlotsPinned`);
-//! * with a memory budget, the models alive never take more than it: least recently used,
-//!   unpinned models give way (idle first), and a model that cannot fit even then is refused;
+//! * with a memory budget (and a VRAM budget, for models on GPU backends), the models alive
+//!   never take more than it: least recently used, unpinned models that take some of that
+//!   pool give way (idle first), and a model that cannot fit even then is refused;
 //! * at most `max_concurrent` requests run on a model at once; the others wait in its queue,
 //!   and the waiting requests of all models are bounded by `max_queue` (then `QueueFull`);
 //! * anti-thrash: a load caused by requests does not evict a model that is serving (requests
@@ -40,9 +41,11 @@ pub struct ModelRef {
     pub model_type: ModelType,
     /// Runs on the NPU (recipes `flm`, `ryzenai-llm`): NPU models exclude each other.
     pub npu: bool,
-    /// Estimated bytes its backend takes with the options this event loads it with (0:
-    /// unknown, counted as nothing).
+    /// Estimated bytes of system memory its backend takes with the options this event loads
+    /// it with (0: unknown, counted as nothing).
     pub memory: u64,
+    /// Estimated bytes of GPU memory (VRAM) it takes (0 for CPU backends).
+    pub vram: u64,
     /// Its own idle timeout (ms; 0 = never), applied when this event loads it; None: the
     /// machine's.
     pub idle_timeout_ms: Option<u64>,
@@ -52,7 +55,36 @@ pub struct ModelRef {
 
 impl ModelRef {
     pub fn new(name: &str, model_type: ModelType, npu: bool) -> ModelRef {
-        ModelRef { name: name.into(), model_type, npu, memory: 0, idle_timeout_ms: None, max_concurrent: None }
+        ModelRef { name: name.into(), model_type, npu, memory: 0, vram: 0, idle_timeout_ms: None, max_concurrent: None }
+    }
+
+    /// Its estimated bytes in `pool`.
+    pub fn size(&self, pool: Pool) -> u64 {
+        match pool {
+            Pool::Memory => self.memory,
+            Pool::Vram => self.vram,
+        }
+    }
+}
+
+/// The two kinds of memory a backend takes, each with its own budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Pool {
+    /// System memory (RAM).
+    Memory,
+    /// GPU memory, summed over the GPUs.
+    Vram,
+}
+
+impl Pool {
+    pub const ALL: [Pool; 2] = [Pool::Memory, Pool::Vram];
+
+    /// How error messages name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pool::Memory => "memory",
+            Pool::Vram => "VRAM",
+        }
     }
 }
 
@@ -94,6 +126,8 @@ pub struct Settings {
     pub max_queue: Option<Option<usize>>,
     /// bytes; `Some(None)`: no budget.
     pub memory_budget: Option<Option<u64>>,
+    /// bytes of VRAM; `Some(None)`: no budget.
+    pub vram_budget: Option<Option<u64>>,
     pub swap_hold_ms: Option<u64>,
 }
 
@@ -105,6 +139,7 @@ impl Settings {
             idle_timeout_ms: self.idle_timeout_ms.or(base.idle_timeout_ms),
             max_queue: self.max_queue.or(base.max_queue),
             memory_budget: self.memory_budget.or(base.memory_budget),
+            vram_budget: self.vram_budget.or(base.vram_budget),
             swap_hold_ms: self.swap_hold_ms.or(base.swap_hold_ms),
         }
     }
@@ -154,9 +189,10 @@ pub enum Rejection {
     },
     /// The slot it needs is held by pinned models only (named here).
     SlotsPinned(Vec<String>),
-    /// It can never fit the memory budget: it needs `needed` bytes, the budget is `budget`, of
-    /// which `pinned` bytes are held by pinned models.
+    /// It can never fit the budget of `pool`: it needs `needed` bytes, the budget is `budget`,
+    /// of which `pinned` bytes are held by pinned models.
     NoMemory {
+        pool: Pool,
         needed: u64,
         budget: u64,
         pinned: u64,
@@ -293,8 +329,10 @@ pub struct Entry<O> {
     pub pending: Option<O>,
     /// Never evicted nor timed out (an explicit unload still unloads it, and unpins it).
     pub pinned: bool,
-    /// Bytes the running (or starting) backend is counted for.
+    /// Bytes of system memory the running (or starting) backend is counted for.
     pub memory: u64,
+    /// Bytes of VRAM it is counted for.
+    pub vram: u64,
     /// The idle timeout of the running backend (ms; 0 = never); None: the machine's.
     pub idle_timeout_ms: Option<u64>,
     /// Requests the running backend serves at once.
@@ -317,6 +355,13 @@ pub struct Entry<O> {
 }
 
 impl<O> Entry<O> {
+    /// Bytes of `pool` the running (or starting) backend is counted for.
+    pub fn size(&self, pool: Pool) -> u64 {
+        match pool {
+            Pool::Memory => self.memory,
+            Pool::Vram => self.vram,
+        }
+    }
     pub fn queue_depth(&self) -> usize {
         self.waiting.len()
     }
@@ -358,8 +403,10 @@ pub struct Machine<O> {
     idle_timeout_ms: Option<u64>,
     /// At most this many requests wait, all models together (None: no bound).
     max_queue: Option<usize>,
-    /// Bytes the backends alive may take together (None: no budget).
+    /// Bytes of system memory the backends alive may take together (None: no budget).
     memory_budget: Option<u64>,
+    /// Bytes of VRAM they may take together (None: no budget).
+    vram_budget: Option<u64>,
     /// How long a load caused by requests waits for a serving model before evicting it.
     swap_hold_ms: u64,
     /// When the held swap at the head of the queue is looked at again.
@@ -384,6 +431,7 @@ impl<O: Clone + PartialEq> Machine<O> {
             idle_timeout_ms: None,
             max_queue: None,
             memory_budget: None,
+            vram_budget: None,
             swap_hold_ms: 0,
             hold_deadline: None,
         }
@@ -411,6 +459,7 @@ impl<O: Clone + PartialEq> Machine<O> {
             idle_timeout_ms: Some(self.idle_timeout_ms),
             max_queue: Some(self.max_queue),
             memory_budget: Some(self.memory_budget),
+            vram_budget: Some(self.vram_budget),
             swap_hold_ms: Some(self.swap_hold_ms),
         }
     }
@@ -427,6 +476,9 @@ impl<O: Clone + PartialEq> Machine<O> {
         }
         if let Some(b) = s.memory_budget {
             self.memory_budget = b;
+        }
+        if let Some(b) = s.vram_budget {
+            self.vram_budget = b;
         }
         if let Some(h) = s.swap_hold_ms {
             self.swap_hold_ms = h;
@@ -493,9 +545,16 @@ impl<O: Clone + PartialEq> Machine<O> {
         self.models.get(name)
     }
 
-    /// Bytes counted for the backends alive (starting, running or stopping).
-    pub fn memory_in_use(&self) -> u64 {
-        self.models.values().filter(|e| e.occupies()).map(|e| e.memory).sum()
+    /// Bytes of `pool` counted for the backends alive (starting, running or stopping).
+    pub fn in_use(&self, pool: Pool) -> u64 {
+        self.models.values().filter(|e| e.occupies()).map(|e| e.size(pool)).sum()
+    }
+
+    fn budget(&self, pool: Pool) -> Option<u64> {
+        match pool {
+            Pool::Memory => self.memory_budget,
+            Pool::Vram => self.vram_budget,
+        }
     }
 
     /// Handles one event at time `now` (ms, monotonic) and returns the effects to execute.
@@ -535,6 +594,7 @@ impl<O: Clone + PartialEq> Machine<O> {
             pending: None,
             pinned: false,
             memory: 0,
+            vram: 0,
             idle_timeout_ms: None,
             max_concurrent: None,
             load_waiters: Vec::new(),
@@ -936,6 +996,7 @@ impl<O: Clone + PartialEq> Machine<O> {
         e.state = State::Unloaded;
         e.options = None;
         e.memory = 0;
+        e.vram = 0;
         let reload = e.pending.clone();
         let has_waiters = !e.waiting.is_empty() || !e.load_waiters.is_empty();
         // A reload in place asked with `load` goes first; requests that came while the model
@@ -983,6 +1044,7 @@ impl<O: Clone + PartialEq> Machine<O> {
         e.state = State::Failed;
         e.options = None;
         e.memory = 0;
+        e.vram = 0;
         e.last_error = Some(error.clone());
         // In-flight requests fail on their own (their connections broke) and release later;
         // they no longer hold this model, which may load again before they do.
@@ -1090,14 +1152,6 @@ impl<O: Clone + PartialEq> Machine<O> {
             }
             v.extend(npu.into_iter().map(|(n, _)| n.clone()));
         }
-        // Least recently used first, idle before busy; pinned models are never candidates.
-        let lru = |filter: &dyn Fn(&Entry<O>) -> bool, v: &BTreeSet<String>| {
-            let mut c: Vec<(&String, &Entry<O>)> = others()
-                .filter(|(n, e)| e.state == State::Loaded && !e.pinned && !v.contains(*n) && filter(e))
-                .collect();
-            c.sort_by_key(|(_, e)| (e.busy(), e.last_use));
-            c.into_iter().map(|(n, _)| n.clone()).collect::<Vec<String>>()
-        };
         let limit = self.limits.get(m.model_type);
         if limit >= 0 {
             let same: Vec<(&String, &Entry<O>)> =
@@ -1109,7 +1163,7 @@ impl<O: Clone + PartialEq> Machine<O> {
                 }
             }
             let mut occupied = same.iter().filter(|(n, _)| !v.contains(*n)).count() as i64;
-            let mut it = lru(&|e| e.model.model_type == m.model_type, &v).into_iter();
+            let mut it = self.lru(name, &|e| e.model.model_type == m.model_type, &v).into_iter();
             while occupied >= limit {
                 let Some(n) = it.next() else {
                     let pinned = same.iter().filter(|(n, e)| e.pinned && !v.contains(*n)).map(|(n, _)| (*n).clone());
@@ -1119,34 +1173,59 @@ impl<O: Clone + PartialEq> Machine<O> {
                 occupied -= 1;
             }
         }
-        if let Some(budget) = self.memory_budget {
-            let needed = m.memory;
-            let pinned: u64 = others()
-                .filter(|(n, e)| e.pinned && e.state != State::Unloading && !v.contains(*n))
-                .map(|(_, e)| e.memory)
-                .sum();
-            if needed.saturating_add(pinned) > budget {
-                return Err(Rejection::NoMemory { needed, budget, pinned });
-            }
-            let mut used: u64 = others().filter(|(n, _)| !v.contains(*n)).map(|(_, e)| e.memory).sum();
-            for n in lru(&|_| true, &v) {
-                if used + needed <= budget {
-                    break;
-                }
-                used -= self.models[&n].memory;
-                v.insert(n);
-            }
-            // Models already unloading (not in `v`) still count until they stop; the start
-            // waits for them too.
-            if used + needed > budget {
-                for (n, e) in others() {
-                    if e.state == State::Unloading {
-                        v.insert(n.clone());
-                    }
-                }
+        for pool in Pool::ALL {
+            if let Some(budget) = self.budget(pool) {
+                self.fit(name, pool, budget, &mut v)?;
             }
         }
         Ok(v)
+    }
+
+    /// Loaded models other than `name` and those in `v` that `filter` takes, least recently
+    /// used first, idle before busy; pinned models are never candidates.
+    fn lru(&self, name: &str, filter: &dyn Fn(&Entry<O>) -> bool, v: &BTreeSet<String>) -> Vec<String> {
+        let mut c: Vec<(&String, &Entry<O>)> = (self.models.iter())
+            .filter(|(n, e)| {
+                n.as_str() != name && e.state == State::Loaded && !e.pinned && !v.contains(*n) && filter(e)
+            })
+            .collect();
+        c.sort_by_key(|(_, e)| (e.busy(), e.last_use));
+        c.into_iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    /// Adds to `v` the LRU models (of any type) that must give way for `name` to fit `budget`
+    /// bytes of `pool`, or refuses it when it cannot fit beside the pinned models.
+    fn fit(&self, name: &str, pool: Pool, budget: u64, v: &mut BTreeSet<String>) -> Result<(), Rejection> {
+        let needed = self.models[name].model.size(pool);
+        if needed == 0 {
+            return Ok(());
+        }
+        let others = || self.models.iter().filter(|(n, e)| n.as_str() != name && e.occupies());
+        let pinned: u64 = others()
+            .filter(|(n, e)| e.pinned && e.state != State::Unloading && !v.contains(*n))
+            .map(|(_, e)| e.size(pool))
+            .sum();
+        if needed.saturating_add(pinned) > budget {
+            return Err(Rejection::NoMemory { pool, needed, budget, pinned });
+        }
+        let mut used: u64 = others().filter(|(n, _)| !v.contains(*n)).map(|(_, e)| e.size(pool)).sum();
+        for n in self.lru(name, &|e| e.size(pool) > 0, v) {
+            if used + needed <= budget {
+                break;
+            }
+            used -= self.models[&n].size(pool);
+            v.insert(n);
+        }
+        // Models already unloading (not in `v`) still count until they stop; the start waits
+        // for them too.
+        if used + needed > budget {
+            for (n, e) in others() {
+                if e.state == State::Unloading && e.size(pool) > 0 {
+                    v.insert(n.clone());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Starts the current load once every model it waits on has stopped.
@@ -1171,6 +1250,7 @@ impl<O: Clone + PartialEq> Machine<O> {
         e.options = Some(options.clone());
         e.last_use = now;
         e.memory = e.model.memory;
+        e.vram = e.model.vram;
         e.idle_timeout_ms = e.model.idle_timeout_ms;
         e.max_concurrent = e.model.max_concurrent;
         self.out.push(Effect::Start { model: name, options });

@@ -21,9 +21,10 @@
 //!     none);
 //! 12. once the clients stop and the executor drains, every request, load and unload has been
 //!     answered, and a last request to every model is granted (no dead ends);
-//! 13. the backends alive never take more memory than the budget (each seed draws model sizes
-//!     and a budget, or none), and a `NoMemory` refusal is only given to a model that cannot fit
-//!     beside the pinned ones;
+//! 13. the backends alive never take more memory than the budget, nor more VRAM than the VRAM
+//!     budget (each seed draws model sizes, GPU models and both budgets, or none), and a
+//!     `NoMemory` refusal is only given to a model that cannot fit beside the pinned ones in
+//!     the pool it names;
 //! 14. a pinned model is never evicted (slots, memory, evict-all) nor timed out; only an
 //!     explicit unload or a reload of itself stops it; a `SlotsPinned` refusal names exactly
 //!     pinned, live models;
@@ -93,8 +94,18 @@ const RESET_MS: u64 = 400;
 struct Draw {
     idle_timeout: Option<u64>,
     budget: Option<u64>,
+    vram_budget: Option<u64>,
     max_queue: Option<usize>,
     hold: u64,
+}
+
+impl Draw {
+    fn budget(&self, pool: Pool) -> Option<u64> {
+        match pool {
+            Pool::Memory => self.budget,
+            Pool::Vram => self.vram_budget,
+        }
+    }
 }
 
 struct Sim {
@@ -141,11 +152,16 @@ fn draw_limits(rng: &mut Rng) -> Limits {
 
 impl Sim {
     fn new(seed: u64, limits: Limits, draw: Draw, rng: &mut Rng) -> Sim {
-        // Sizes up to 1,000 (the budget is at least that), some models with their own idle
-        // timeout (0: never) and concurrency limit.
+        // Sizes up to 1,000 (each budget is at least that); a third are GPU models, mostly in
+        // VRAM with a little system memory. Some have their own idle timeout (0: never) and
+        // concurrency limit.
         let mut m = |name: &str, model_type, npu| {
             let mut r = ModelRef::new(name, model_type, npu);
             r.memory = 100 + rng.below(900) as u64;
+            if rng.chance(33) {
+                r.vram = r.memory;
+                r.memory = 10 + rng.below(40) as u64;
+            }
             r.idle_timeout_ms = match rng.below(6) {
                 0 => Some(0),
                 1 => Some(150 + rng.below(800) as u64),
@@ -158,6 +174,7 @@ impl Sim {
             idle_timeout_ms: Some(draw.idle_timeout),
             max_queue: Some(draw.max_queue),
             memory_budget: Some(draw.budget),
+            vram_budget: Some(draw.vram_budget),
             swap_hold_ms: Some(draw.hold),
             ..Settings::default()
         };
@@ -355,14 +372,14 @@ impl Sim {
                     }
                 }
             }
-            Rejection::NoMemory { needed, budget, pinned } => {
+            Rejection::NoMemory { pool, needed, budget, pinned } => {
                 // Pinned models that stay (not those on their way out).
                 let stays =
                     |n: &String| self.m.entry(n).is_some_and(|e| matches!(e.state, State::Loading | State::Loaded));
-                let held: u64 = self.pinned.iter().filter(|n| stays(n)).map(|n| self.model(n).memory).sum();
+                let held: u64 = self.pinned.iter().filter(|n| stays(n)).map(|n| self.model(n).size(*pool)).sum();
                 // (Effects of the same event may have started more pinned models since.)
-                if Some(*budget) != self.draw.budget || needed + pinned <= *budget || *pinned > held {
-                    self.fail(&format!("NoMemory {needed}+{pinned} (pinned alive: {held}) against {budget}"));
+                if Some(*budget) != self.draw.budget(*pool) || needed + pinned <= *budget || *pinned > held {
+                    self.fail(&format!("NoMemory {pool:?} {needed}+{pinned} (pinned alive: {held}) against {budget}"));
                 }
             }
             _ => {}
@@ -380,10 +397,12 @@ impl Sim {
 
     fn check(&self) {
         // Invariant 13.
-        if let Some(b) = self.draw.budget {
-            let used: u64 = self.procs.keys().map(|n| self.model(n).memory).sum();
-            if used > b {
-                self.fail(&format!("backends alive take {used}, budget {b}"));
+        for pool in Pool::ALL {
+            if let Some(b) = self.draw.budget(pool) {
+                let used: u64 = self.procs.keys().map(|n| self.model(n).size(pool)).sum();
+                if used > b {
+                    self.fail(&format!("backends alive take {used} of {pool:?}, budget {b}"));
+                }
             }
         }
         // Invariant 15.
@@ -477,7 +496,7 @@ impl Sim {
                     let types: BTreeSet<ModelType> =
                         gave_way.iter().filter(|n| !self.model(n).npu).map(|n| self.model(n).model_type).collect();
                     // (With a memory budget the next load may take models of any type.)
-                    if types.len() > 1 && self.draw.budget.is_none() {
+                    if types.len() > 1 && self.draw.budget.is_none() && self.draw.vram_budget.is_none() {
                         self.fail(&format!("{model}'s final failed start evicted {gave_way:?}"));
                     }
                 }
@@ -571,6 +590,8 @@ impl Sim {
                     && self.model(n).model_type == vm.model_type
                     && key(s) < vk
                     && !self.pinned.contains(*n)
+                    // A victim that gave way for VRAM passes over models that take none.
+                    && Pool::ALL.iter().all(|p| vm.size(*p) == 0 || self.model(n).size(*p) > 0)
             });
             if let Some((n, s)) = kept {
                 self.fail(&format!("{v} {vk:?} was evicted while {n} {:?} stayed", key(s)));
@@ -745,6 +766,7 @@ fn run(seed: u64, steps: usize) {
     let draw = Draw {
         idle_timeout: rng.chance(50).then(|| 200 + rng.below(1300) as u64),
         budget: rng.chance(50).then(|| 1_000 + rng.below(2_000) as u64),
+        vram_budget: rng.chance(50).then(|| 1_000 + rng.below(2_000) as u64),
         max_queue: rng.chance(50).then(|| 1 + rng.below(8)),
         hold: if rng.chance(50) { 100 + rng.below(900) as u64 } else { 0 },
     };
@@ -1151,7 +1173,7 @@ fn the_memory_budget_evicts_least_recently_used_models_of_any_type_and_refuses_w
         let r = d.use_model(m);
         d.ev(Event::Release { req: r });
     }
-    assert_eq!(d.m.memory_in_use(), 800);
+    assert_eq!(d.m.in_use(Pool::Memory), 800);
     // B (500) fits only once the least recently used model (A, an LLM) is gone.
     let req = d.req();
     assert_eq!(
@@ -1161,15 +1183,53 @@ fn the_memory_budget_evicts_least_recently_used_models_of_any_type_and_refuses_w
     assert_eq!(d.ev(Event::Stopped { model: "a".into() }), vec![Effect::Start { model: "b".into(), options: 0 }]);
     d.ev(Event::Started { model: "b".into(), result: Ok(()) });
     d.ev(Event::Release { req });
-    assert_eq!(d.m.memory_in_use(), 900);
+    assert_eq!(d.m.in_use(Pool::Memory), 900);
     // With E pinned, a 700 model can never fit (700 + 400 > 1000): refused, nothing stopped.
     let pin = d.req();
     d.ev(Event::Pin { req: pin, model: "e".into(), pinned: true });
     let req = d.req();
     let fx = d.ev(Event::Acquire { req, model: sized("big", ModelType::Llm, 700), auto_load: Some(0) });
-    let why = Rejection::NoMemory { needed: 700, budget: 1_000, pinned: 400 };
+    let why = Rejection::NoMemory { pool: Pool::Memory, needed: 700, budget: 1_000, pinned: 400 };
     assert_eq!(fx, vec![Effect::Reject { req, model: "big".into(), why }]);
     assert_eq!((d.state("b"), d.state("e")), (State::Loaded, State::Loaded));
+}
+
+#[test]
+fn gpu_models_fit_the_vram_budget_by_evicting_gpu_models_only_and_one_too_big_for_it_is_refused() {
+    let mut d = Drive::new(-1);
+    d.m = Machine::new(Limits::uniform(-1)).with_settings(Settings {
+        memory_budget: Some(Some(1_000)),
+        vram_budget: Some(Some(1_000)),
+        ..Settings::default()
+    });
+    let gpu = |name: &str, vram| ModelRef { vram, ..sized(name, ModelType::Llm, 50) };
+    // The CPU model is the least recently used, but it takes no VRAM: the GPU model goes.
+    for m in [&sized("cpu", ModelType::Llm, 800), &gpu("g1", 600)] {
+        let r = d.use_model(m);
+        d.ev(Event::Release { req: r });
+    }
+    assert_eq!((d.m.in_use(Pool::Memory), d.m.in_use(Pool::Vram)), (850, 600));
+    let req = d.req();
+    assert_eq!(
+        d.ev(Event::Acquire { req, model: gpu("g2", 700), auto_load: Some(0) }),
+        vec![Effect::Stop { model: "g1".into() }]
+    );
+    assert_eq!(d.ev(Event::Stopped { model: "g1".into() }), vec![Effect::Start { model: "g2".into(), options: 0 }]);
+    d.ev(Event::Started { model: "g2".into(), result: Ok(()) });
+    d.ev(Event::Release { req });
+    assert_eq!((d.m.in_use(Pool::Memory), d.m.in_use(Pool::Vram)), (850, 700));
+    // More VRAM than the budget: refused naming VRAM, nothing stopped; the same size on the
+    // CPU is a memory matter and evicts as usual.
+    let req = d.req();
+    let fx = d.ev(Event::Acquire { req, model: gpu("huge", 1_200), auto_load: Some(0) });
+    let why = Rejection::NoMemory { pool: Pool::Vram, needed: 1_200, budget: 1_000, pinned: 0 };
+    assert_eq!(fx, vec![Effect::Reject { req, model: "huge".into(), why }]);
+    assert_eq!((d.state("cpu"), d.state("g2")), (State::Loaded, State::Loaded));
+    let req = d.req();
+    assert_eq!(
+        d.ev(Event::Acquire { req, model: sized("cpu2", ModelType::Llm, 900), auto_load: Some(0) }),
+        vec![Effect::Stop { model: "cpu".into() }]
+    );
 }
 
 #[test]

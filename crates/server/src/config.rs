@@ -90,6 +90,7 @@ impl Config {
                 idle_timeout_ms: Some(None),
                 max_queue: Some(Some(DEFAULT_MAX_QUEUE)),
                 memory_budget: Some(None),
+                vram_budget: Some(None),
                 swap_hold_ms: Some(DEFAULT_SWAP_HOLD_MS),
             },
             auto_load: true,

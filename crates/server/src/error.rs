@@ -278,12 +278,16 @@ fn rejection_message(model: &str, why: &scheduler::Rejection) -> String {
              (POST /api/v1/pin with \"pinned\": false, or `lemonade unpin`) or unload it first.",
             pinned.join(", ")
         ),
-        NoMemory { needed, budget, pinned } => format!(
-            "Cannot load model '{model}': it needs an estimated {} but the memory budget is {}{}. Raise \
-             --memory-budget, lower ctx_size, or use a smaller model.",
+        NoMemory { pool, needed, budget, pinned } => format!(
+            "Cannot load model '{model}': it needs an estimated {} of {} but the {} budget is {}{}. Raise \
+             --{}-budget, lower ctx_size, or use a smaller model{}.",
             bytes(*needed),
+            pool.as_str(),
+            pool.as_str(),
             bytes(*budget),
-            if *pinned > 0 { format!(", of which pinned models hold {}", bytes(*pinned)) } else { String::new() }
+            if *pinned > 0 { format!(", of which pinned models hold {}", bytes(*pinned)) } else { String::new() },
+            pool.as_str().to_ascii_lowercase(),
+            if *pool == scheduler::Pool::Vram { " (or the cpu backend)" } else { "" }
         ),
         QueueFull { max_queue, retry_in_ms } => format!(
             "Too many requests are waiting for models ({max_queue}, the --max-queue bound); retry in {} s",

@@ -2,7 +2,7 @@
 //! an update into the scheduler's [`Settings`], and the view of the settings in force.
 
 use api_types::{MemoryBudget, ModelType, Params, ParamsUpdate, SlotLimits};
-use scheduler::{Limits, Settings};
+use scheduler::{Limits, Pool, Settings};
 
 use crate::error::ApiError;
 use crate::runtime::Runtime;
@@ -27,16 +27,29 @@ pub fn parse_bytes(s: &str) -> Option<u64> {
 /// A memory budget: bytes, `auto` (free memory now, less a margin) or `none`. Err: the
 /// message for a bad value.
 pub fn memory_budget(b: &MemoryBudget) -> Result<Option<u64>, String> {
+    budget(b, Pool::Memory)
+}
+
+/// A budget of `pool`; `auto` is the free memory (or VRAM) now, less a margin. `auto` VRAM
+/// on a machine with no GPU is no budget.
+pub fn budget(b: &MemoryBudget, pool: Pool) -> Result<Option<u64>, String> {
+    let field = match pool {
+        Pool::Memory => "memory_budget",
+        Pool::Vram => "vram_budget",
+    };
     match b {
         MemoryBudget::Bytes(0) => Ok(None),
         MemoryBudget::Bytes(n) => Ok(Some(*n)),
         MemoryBudget::Word(w) => match w.trim().to_ascii_lowercase().as_str() {
-            "auto" => host::hardware::auto_memory_budget()
-                .map(Some)
-                .ok_or_else(|| "memory_budget 'auto' needs /proc/meminfo, which cannot be read here".to_string()),
+            "auto" => match pool {
+                Pool::Memory => host::hardware::auto_memory_budget()
+                    .map(Some)
+                    .ok_or_else(|| "memory_budget 'auto' needs /proc/meminfo, which cannot be read here".to_string()),
+                Pool::Vram => Ok(host::hardware::auto_vram_budget()),
+            },
             "none" | "off" | "0" => Ok(None),
             other => parse_bytes(other).map(|n| (n > 0).then_some(n)).ok_or_else(|| {
-                format!("memory_budget must be a number of bytes (e.g. 8G, 512M), 'auto' or 'none', got '{w}'")
+                format!("{field} must be a number of bytes (e.g. 8G, 512M), 'auto' or 'none', got '{w}'")
             }),
         },
     }
@@ -78,6 +91,10 @@ pub fn settings(u: &ParamsUpdate) -> Result<Settings, ApiError> {
             None => None,
             Some(b) => Some(memory_budget(b).map_err(bad("memory_budget"))?),
         },
+        vram_budget: match &u.vram_budget {
+            None => None,
+            Some(b) => Some(budget(b, Pool::Vram).map_err(bad("vram_budget"))?),
+        },
         swap_hold_ms: u.swap_hold_ms,
     })
 }
@@ -89,6 +106,7 @@ pub fn over(flags: ParamsUpdate, saved: ParamsUpdate) -> ParamsUpdate {
         idle_timeout: flags.idle_timeout.or(saved.idle_timeout),
         max_queue: flags.max_queue.or(saved.max_queue),
         memory_budget: flags.memory_budget.or(saved.memory_budget),
+        vram_budget: flags.vram_budget.or(saved.vram_budget),
         swap_hold_ms: flags.swap_hold_ms.or(saved.swap_hold_ms),
     }
 }
@@ -108,6 +126,8 @@ pub fn current(rt: &Runtime) -> Params {
         max_queue: s.max_queue.flatten().map(|q| q as u64).unwrap_or(0),
         memory_budget: s.memory_budget.flatten(),
         memory_in_use: v.memory_in_use,
+        vram_budget: s.vram_budget.flatten(),
+        vram_in_use: v.vram_in_use,
         swap_hold_ms: s.swap_hold_ms.unwrap_or(0),
     }
 }
@@ -127,6 +147,9 @@ mod tests {
         assert_eq!(memory_budget(&MemoryBudget::Bytes(1000)), Ok(Some(1000)));
         let e = memory_budget(&MemoryBudget::Word("lots".into())).unwrap_err();
         assert!(e.contains("'lots'"), "{e}");
+        assert_eq!(budget(&MemoryBudget::Word("6G".into()), Pool::Vram), Ok(Some(6 << 30)));
+        let e = budget(&MemoryBudget::Word("big".into()), Pool::Vram).unwrap_err();
+        assert!(e.starts_with("vram_budget must be") && e.contains("'big'"), "{e}");
         assert!(slot_limits(&[0]).unwrap_err().contains("got 0"));
         let u = ParamsUpdate { max_queue: Some(0), idle_timeout: Some(30), ..Default::default() };
         let s = settings(&u).unwrap();

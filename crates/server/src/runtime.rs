@@ -22,7 +22,7 @@ use backends::{LaunchInput, Recipe, SpawnSpec};
 use host::{binary, Backend};
 use registry::{ModelInfo, Registry};
 use scheduler::{
-    Effect, Event, LoadError, LoadOutcome, Machine, ModelRef, Rejection, ReqId, SchedulerError, Settings, State,
+    Effect, Event, LoadError, LoadOutcome, Machine, ModelRef, Pool, Rejection, ReqId, SchedulerError, Settings, State,
 };
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
@@ -72,8 +72,9 @@ pub struct ModelView {
     pub idle_timeout: Option<u64>,
     /// When it will be unloaded for idleness (ms, the runtime's clock), if nothing uses it.
     pub unload_at: Option<u64>,
-    /// Bytes counted against the memory budget.
+    /// Bytes counted against the memory budget, and the VRAM budget.
     pub memory: u64,
+    pub vram: u64,
 }
 
 /// The scheduler's settings and memory use as the owner last published them.
@@ -81,6 +82,7 @@ pub struct ModelView {
 pub struct SchedulerView {
     pub settings: Settings,
     pub memory_in_use: u64,
+    pub vram_in_use: u64,
 }
 
 pub struct Runtime {
@@ -169,7 +171,7 @@ impl Runtime {
         let machine = Machine::new(scheduler::Limits::uniform(1))
             .with_crash_backoff(cfg.crash_backoff.0.as_millis() as u64, cfg.crash_backoff.1.as_millis() as u64)
             .with_settings(cfg.scheduler.clone());
-        let first_view = SchedulerView { settings: machine.settings(), memory_in_use: 0 };
+        let first_view = SchedulerView { settings: machine.settings(), memory_in_use: 0, vram_in_use: 0 };
         let rt = Arc::new(Runtime {
             cfg,
             registry: RwLock::new(Arc::new(registry)),
@@ -300,7 +302,10 @@ impl Runtime {
                 cache_type_k: &s.cache_type_k,
                 cache_type_v: &s.cache_type_v,
             };
-            m.memory = info.shape.map(|shape| registry::memory::estimate(&shape, &input).total).unwrap_or(0);
+            let offloaded = backends::llamacpp::offloads(&backends::backend_of(info.recipe, options));
+            let placed = info.shape.map(|shape| registry::memory::estimate(&shape, &input).placed(offloaded));
+            let placed = placed.unwrap_or_default();
+            (m.memory, m.vram) = (placed.memory, placed.vram);
         }
         m
     }
@@ -320,6 +325,7 @@ impl Runtime {
             idle_timeout: v.idle_timeout.map(|ms| ms / 1000),
             unloads_in_ms: v.unload_at.map(|at| at.saturating_sub(now)),
             memory_estimate: v.memory,
+            vram_estimate: v.vram,
             in_flight: v.in_flight as u64,
             queued: v.queue_depth as u64,
         }
@@ -476,13 +482,17 @@ impl Runtime {
                     idle_timeout: m.idle_timeout_of(e),
                     unload_at: m.unload_at(e),
                     memory: e.memory,
+                    vram: e.vram,
                 };
                 (e.model.name.clone(), v)
             })
             .collect();
         *self.view.write().unwrap_or_else(|e| e.into_inner()) = view;
-        *self.scheduler_view.write().unwrap_or_else(|e| e.into_inner()) =
-            SchedulerView { settings: m.settings(), memory_in_use: m.memory_in_use() };
+        *self.scheduler_view.write().unwrap_or_else(|e| e.into_inner()) = SchedulerView {
+            settings: m.settings(),
+            memory_in_use: m.in_use(Pool::Memory),
+            vram_in_use: m.in_use(Pool::Vram),
+        };
     }
 
     fn execute(self: &Arc<Self>, e: Effect<Opts>) {

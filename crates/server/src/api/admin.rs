@@ -54,7 +54,9 @@ fn admin_model(rt: &AppState, info: &ModelInfo, v: Option<&ModelView>) -> AdminM
     let state = v.map(|v| v.state).unwrap_or(RtState::Unloaded);
     let is_loaded = state == RtState::Loaded;
     let in_flight = v.map(|v| v.in_flight).unwrap_or(0);
-    let vram = vram_estimate(info);
+    // On a GPU backend, what the scheduler counts it for; else the weights' size.
+    let counted = v.map(|v| v.vram).filter(|b| *b > 0);
+    let vram = counted.map(|b| b.div_ceil(1 << 20)).or_else(|| vram_estimate(info));
     let mut modalities = vec!["text"];
     if info.mmproj_path.is_some() {
         modalities.push("image");
@@ -79,7 +81,12 @@ fn admin_model(rt: &AppState, info: &ModelInfo, v: Option<&ModelView>) -> AdminM
         memory_estimate: v.map(|v| v.memory).unwrap_or(0),
         vram_estimate_mib: vram,
         vram_estimate_replica_count: 1,
-        vram_estimate_source: if vram.is_some() { "model_artifact_size" } else { "unavailable" }.into(),
+        vram_estimate_source: match (counted, vram) {
+            (Some(_), _) => "gguf_estimate",
+            (None, Some(_)) => "model_artifact_size",
+            (None, None) => "unavailable",
+        }
+        .into(),
         load_constraints: constraints(),
         load_recommendations: recommendations(),
         load_override: rt.load_override(&info.name).unwrap_or_else(|| json!({})),
