@@ -40,7 +40,17 @@ const CMAKE_FLAGS: &[&str] = &[
 const MODELS_VERSION: &str = "v1";
 /// Python packages: numpy and gguf for the MiniLM → GGUF conversion; huggingface_hub for the
 /// test that proves lemonade's cache layout is huggingface_hub's.
-const PY_PACKAGES: &[&str] = &["numpy==2.2.6", "gguf==0.17.1", "huggingface_hub==2.4.0"];
+/// The test venv: the model tools, and the official clients the dialect tests drive (with a
+/// Prometheus parser).
+const PY_PACKAGES: &[&str] = &[
+    "numpy==2.2.6",
+    "gguf==0.17.1",
+    "huggingface_hub==2.4.0",
+    "openai==3.54.0",
+    "ollama==0.6.3",
+    "anthropic==2.12.0",
+    "prometheus_client==0.26.0",
+];
 
 /// The chat model of the demo (served from the extra models dir).
 pub const DEMO_MODEL: &str = "extra.SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -380,13 +390,18 @@ fn make_venv(venv: &Path, packages: &[&str]) -> Result<()> {
         .args(packages))
 }
 
-/// A virtualenv with numpy, gguf and huggingface_hub.
+/// A virtualenv with [`PY_PACKAGES`].
 fn python_venv(dev: &Path) -> Result<PathBuf> {
     let venv = dev.join("venv");
     let py = venv.join("bin/python");
     let ok = || {
         Command::new(&py)
-            .args(["-c", "import numpy, gguf, huggingface_hub; assert huggingface_hub.__version__ == '2.4.0'"])
+            .args([
+                "-c",
+                "import numpy, gguf, huggingface_hub, openai, ollama, anthropic, prometheus_client, importlib.metadata as m; \
+                 assert huggingface_hub.__version__ == '2.4.0' and anthropic.__version__ == '2.12.0' \
+                 and m.version('ollama') == '0.6.3'",
+            ])
             .output()
             .map(|o| o.status.success())
             .unwrap_or(false)
@@ -396,7 +411,7 @@ fn python_venv(dev: &Path) -> Result<PathBuf> {
     }
     make_venv(&venv, PY_PACKAGES)?;
     if !ok() {
-        bail!("the venv at {} cannot import numpy, gguf and huggingface_hub", venv.display());
+        bail!("the venv at {} cannot import {PY_PACKAGES:?}", venv.display());
     }
     Ok(py)
 }

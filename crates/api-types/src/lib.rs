@@ -12,10 +12,14 @@ use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
 mod admin;
+mod anthropic;
 mod lemonade;
+mod ollama;
 mod system;
 pub use admin::*;
+pub use anthropic::*;
 pub use lemonade::*;
+pub use ollama::*;
 pub use system::*;
 
 /// Fields a request carries that lemonade does not model; forwarded verbatim.
