@@ -51,11 +51,23 @@ pub struct ModelRef {
     pub idle_timeout_ms: Option<u64>,
     /// Requests it serves at once; further ones wait in its queue. None: no limit.
     pub max_concurrent: Option<u32>,
+    /// An `Acquire` that sets the idle timeout (Ollama's `keep_alive`): `idle_timeout_ms`
+    /// applies at once to the backend running (or starting), not only to a load it causes.
+    pub sets_idle_timeout: bool,
 }
 
 impl ModelRef {
     pub fn new(name: &str, model_type: ModelType, npu: bool) -> ModelRef {
-        ModelRef { name: name.into(), model_type, npu, memory: 0, vram: 0, idle_timeout_ms: None, max_concurrent: None }
+        ModelRef {
+            name: name.into(),
+            model_type,
+            npu,
+            memory: 0,
+            vram: 0,
+            idle_timeout_ms: None,
+            max_concurrent: None,
+            sets_idle_timeout: false,
+        }
     }
 
     /// Its estimated bytes in `pool`.
@@ -675,6 +687,10 @@ impl<O: Clone + PartialEq> Machine<O> {
         let queued = self.queued(&name);
         let full = self.queue_full();
         let e = self.entry_mut(&model);
+        if model.sets_idle_timeout {
+            e.idle_timeout_ms = model.idle_timeout_ms;
+            e.model.idle_timeout_ms = model.idle_timeout_ms;
+        }
         let state = e.state;
         if state == State::Loaded && e.waiting.is_empty() && e.has_room() {
             return self.grant(req, &name);

@@ -1233,6 +1233,33 @@ fn gpu_models_fit_the_vram_budget_by_evicting_gpu_models_only_and_one_too_big_fo
 }
 
 #[test]
+fn a_request_that_sets_the_idle_timeout_changes_it_for_the_running_backend() {
+    let mut d = Drive::new(-1);
+    d.m = Machine::new(Limits::uniform(-1)).with_settings(idle_timeout(60_000));
+    let r = d.use_model(&llm("a"));
+    d.ev(Event::Release { req: r });
+    let at = |d: &Drive| d.m.unload_at(d.m.entry("a").unwrap());
+    assert_eq!(at(&d), Some(d.now + 60_000), "the machine's timeout");
+    // A plain request leaves it; a keep-alive of 1 ms unloads the model once it is idle.
+    let r = d.use_model(&llm("a"));
+    d.ev(Event::Release { req: r });
+    assert_eq!(at(&d), Some(d.now + 60_000));
+    let keep = ModelRef { idle_timeout_ms: Some(1), sets_idle_timeout: true, ..llm("a") };
+    let r = d.use_model(&keep);
+    assert_eq!(at(&d), None, "busy: no deadline");
+    d.ev(Event::Release { req: r });
+    assert_eq!(at(&d), Some(d.now + 1));
+    d.now += 1;
+    assert_eq!(d.ev(Event::Tick), vec![Effect::Stop { model: "a".into() }]);
+    // Keep-alive forever (0 = never) on a model that loads for this request.
+    d.ev(Event::Stopped { model: "a".into() });
+    let forever = ModelRef { idle_timeout_ms: Some(0), sets_idle_timeout: true, ..llm("a") };
+    let r = d.use_model(&forever);
+    d.ev(Event::Release { req: r });
+    assert_eq!(at(&d), None);
+}
+
+#[test]
 fn the_queue_is_bounded_and_a_full_queue_answers_at_once() {
     let mut d = Drive::new(1);
     d.m = Machine::new(Limits::uniform(1)).with_settings(Settings { max_queue: Some(Some(2)), ..Settings::default() });

@@ -220,6 +220,99 @@ impl From<scheduler::SchedulerError> for ApiError {
     }
 }
 
+impl ApiError {
+    /// The message a client should read: a backend's own error message when it sent one.
+    pub fn message(&self) -> String {
+        if let ApiError::Backend { body, status, .. } = self {
+            let v: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+            let msg = v.as_ref().and_then(|v| v["error"]["message"].as_str().or_else(|| v["error"].as_str()));
+            return match msg {
+                Some(m) => m.to_string(),
+                None if body.iter().all(u8::is_ascii_whitespace) => {
+                    format!("The backend answered {} with no details", status.as_u16())
+                }
+                None => String::from_utf8_lossy(body).into_owned(),
+            };
+        }
+        self.to_string()
+    }
+
+    /// Retry-After (seconds) for a rejection that says when to come back.
+    fn retry_after(&self) -> Option<u64> {
+        match self {
+            ApiError::Rejected {
+                why:
+                    scheduler::Rejection::Backoff { retry_in_ms, .. } | scheduler::Rejection::QueueFull { retry_in_ms, .. },
+                ..
+            } => Some(retry_in_ms.div_ceil(1000).max(1)),
+            _ => None,
+        }
+    }
+
+    fn log(&self, status: StatusCode) {
+        if status.is_server_error() {
+            tracing::error!(status = status.as_u16(), error = %self, "request failed");
+        } else {
+            tracing::debug!(status = status.as_u16(), error = %self, "request rejected");
+        }
+    }
+
+    /// This error in a dialect's own shape, with the same status.
+    fn shaped(self, body: impl serde::Serialize) -> Response {
+        let status = self.status();
+        self.log(status);
+        let mut resp = (status, axum::Json(body)).into_response();
+        if let Some(secs) = self.retry_after() {
+            resp.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
+        }
+        resp
+    }
+}
+
+/// An error on an Ollama route: `{"error": "…"}`.
+#[derive(Debug)]
+pub struct OllamaApiError(pub ApiError);
+
+impl From<ApiError> for OllamaApiError {
+    fn from(e: ApiError) -> Self {
+        OllamaApiError(e)
+    }
+}
+
+impl IntoResponse for OllamaApiError {
+    fn into_response(self) -> Response {
+        let body = api_types::OllamaError { error: self.0.message() };
+        self.0.shaped(body)
+    }
+}
+
+/// An error on an Anthropic route: `{"type": "error", "error": {"type", "message"}}`.
+#[derive(Debug)]
+pub struct AnthropicApiError(pub ApiError);
+
+impl From<ApiError> for AnthropicApiError {
+    fn from(e: ApiError) -> Self {
+        AnthropicApiError(e)
+    }
+}
+
+impl IntoResponse for AnthropicApiError {
+    fn into_response(self) -> Response {
+        let kind = match self.0.status().as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 => "overloaded_error",
+            s if s >= 500 => "api_error",
+            _ => "invalid_request_error",
+        };
+        let body = api_types::AnthropicError::new(kind, self.0.message());
+        self.0.shaped(body)
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
@@ -237,19 +330,10 @@ impl IntoResponse for ApiError {
             let ct = content_type.unwrap_or_else(|| "application/json".into());
             return (status, [(http::header::CONTENT_TYPE, ct)], body).into_response();
         }
-        if status.is_server_error() {
-            tracing::error!(status = status.as_u16(), error = %self, "request failed");
-        } else {
-            tracing::debug!(status = status.as_u16(), error = %self, "request rejected");
-        }
+        self.log(status);
         let mut resp = (status, axum::Json(self.body())).into_response();
-        if let ApiError::Rejected {
-            why: scheduler::Rejection::Backoff { retry_in_ms, .. } | scheduler::Rejection::QueueFull { retry_in_ms, .. },
-            ..
-        } = &self
-        {
-            // Whole seconds, rounded up (RFC 9110).
-            let secs = retry_in_ms.div_ceil(1000).max(1);
+        // Whole seconds, rounded up (RFC 9110).
+        if let Some(secs) = self.retry_after() {
             resp.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
         }
         if status == StatusCode::PAYLOAD_TOO_LARGE {

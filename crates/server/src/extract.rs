@@ -30,6 +30,24 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     }
 }
 
+/// A JSON body whose errors are answered in a dialect's shape `E` (Ollama's, Anthropic's).
+pub struct DialectJson<T, E> {
+    pub value: T,
+    shape: std::marker::PhantomData<E>,
+}
+
+impl<T: DeserializeOwned, E: From<ApiError>> FromRequest<AppState> for DialectJson<T, E>
+where
+    E: axum::response::IntoResponse,
+{
+    type Rejection = E;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let body = JsonBody::<T>::from_request(req, state).await.map_err(E::from)?;
+        Ok(DialectJson { value: body.value, shape: std::marker::PhantomData })
+    }
+}
+
 /// Parses `bytes` as `T`; the error names the offending field.
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {

@@ -11,6 +11,8 @@ use futures_util::StreamExt;
 use http::{header, HeaderValue, StatusCode};
 use serde_json::Value;
 
+use dialects::{SseDecoder, StreamTranslator};
+
 use crate::error::ApiError;
 use crate::runtime::Lease;
 
@@ -80,6 +82,24 @@ pub async fn forward(
     forward_with(lease, method, path_and_query, body, record_stats, |_, b| b).await
 }
 
+/// Sends a JSON request and returns the backend's JSON answer (recording `/stats` when asked),
+/// for the dialects that translate it.
+pub async fn call_json(lease: &Lease, path: &str, body: &Value, record_stats: bool) -> Result<Value, ApiError> {
+    let resp = send(lease, http::Method::POST, path, Some(Bytes::from(serde_json::to_vec(body)?)), false).await?;
+    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let content_type = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let bytes = read_body(lease, resp).await?;
+    if !status.is_success() {
+        return Err(ApiError::Backend { status, body: bytes, content_type });
+    }
+    let v: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::BackendUnavailable(format!("The backend answered with invalid JSON: {e}")))?;
+    if record_stats {
+        update_stats(lease, &v, true);
+    }
+    Ok(v)
+}
+
 /// [`forward`] for llama-server's own endpoints, whose answers may name the model's local files
 /// (`/props` reports `model_path`): those paths become the model's name, so no answer to an
 /// API client carries a path of this machine. Inference answers never name them (`--alias`
@@ -137,6 +157,26 @@ fn without_model_paths(lease: &Lease, bytes: Bytes) -> Bytes {
 /// Forwards a streaming request. A backend error before the first byte keeps its status;
 /// once streaming, a failure becomes an error frame and the stream ends cleanly.
 pub async fn forward_stream(lease: Lease, path: &str, body: Bytes) -> Result<Response, ApiError> {
+    stream_with(lease, path, body, None).await
+}
+
+/// [`forward_stream`] in another dialect: each upstream event goes through `translate` as it
+/// arrives; the end and a failure too.
+pub async fn forward_translated(
+    lease: Lease,
+    path: &str,
+    body: &Value,
+    translate: Box<dyn StreamTranslator>,
+) -> Result<Response, ApiError> {
+    stream_with(lease, path, Bytes::from(serde_json::to_vec(body)?), Some(translate)).await
+}
+
+async fn stream_with(
+    lease: Lease,
+    path: &str,
+    body: Bytes,
+    translate: Option<Box<dyn StreamTranslator>>,
+) -> Result<Response, ApiError> {
     let resp = send(&lease, http::Method::POST, path, Some(body), true).await?;
     let status = resp.status();
     if !status.is_success() {
@@ -145,32 +185,70 @@ pub async fn forward_stream(lease: Lease, path: &str, body: Bytes) -> Result<Res
         let status = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
         return Err(ApiError::Backend { status, body: bytes, content_type });
     }
-    let state = StreamState { upstream: Box::pin(resp.bytes_stream()), lease, tail: BytesMut::new() };
+    let content_type = translate.as_ref().map_or("text/event-stream", |t| t.content_type());
+    let state = StreamState {
+        upstream: Box::pin(resp.bytes_stream()),
+        lease,
+        tail: BytesMut::new(),
+        translate: translate.map(|t| (t, SseDecoder::default())),
+    };
     let stream = futures_util::stream::unfold(Some(state), |state| async move {
         let mut st = state?;
-        match st.upstream.next().await {
-            Some(Ok(chunk)) => {
-                st.keep_tail(&chunk);
-                Some((Ok::<Bytes, Infallible>(chunk), Some(st)))
-            }
-            Some(Err(e)) => {
-                let msg = unavailable(&st.lease, &e).await.to_string();
-                tracing::warn!(model = %st.lease.model.info.name, error = %msg, "stream from backend failed");
-                Some((Ok(error_frame(&msg)), None))
-            }
-            None => {
-                // `st` is dropped here, which records the stats (see `Drop`).
-                if st.tail.windows(DONE.len()).any(|w| w == DONE) {
-                    None
-                } else {
-                    Some((Ok(Bytes::from_static(b"data: [DONE]\n\n")), None))
+        loop {
+            match st.upstream.next().await {
+                Some(Ok(chunk)) => {
+                    st.keep_tail(&chunk);
+                    let Some((t, sse)) = &mut st.translate else {
+                        return Some((Ok::<Bytes, Infallible>(chunk), Some(st)));
+                    };
+                    let mut out = Vec::new();
+                    for data in sse.push(&chunk) {
+                        match serde_json::from_str::<Value>(&data) {
+                            // The backend's own error frame, in the dialect's shape.
+                            Ok(v) if v.get("error").is_some() => {
+                                let e = &v["error"];
+                                let msg = e["message"].as_str().or(e.as_str()).unwrap_or("the backend failed");
+                                out.extend(t.error(msg));
+                            }
+                            Ok(v) => out.extend(t.chunk(&v)),
+                            Err(_) => {} // `[DONE]`
+                        }
+                    }
+                    // A chunk that makes no output (a partial event) is not sent empty.
+                    if !out.is_empty() {
+                        return Some((Ok(Bytes::from(out)), Some(st)));
+                    }
+                }
+                Some(Err(e)) => {
+                    let msg = unavailable(&st.lease, &e).await.to_string();
+                    tracing::warn!(model = %st.lease.model.info.name, error = %msg, "stream from backend failed");
+                    let frame = match &mut st.translate {
+                        Some((t, _)) => Bytes::from(t.error(&msg)),
+                        None => error_frame(&msg),
+                    };
+                    return Some((Ok(frame), None));
+                }
+                None => {
+                    // `st` is dropped here, which records the stats (see `Drop`).
+                    if let Some((t, sse)) = &mut st.translate {
+                        let mut out = Vec::new();
+                        if let Some(v) = sse.finish().and_then(|d| serde_json::from_str::<Value>(&d).ok()) {
+                            out.extend(t.chunk(&v));
+                        }
+                        out.extend(t.end());
+                        return Some((Ok(Bytes::from(out)), None));
+                    }
+                    if st.tail.windows(DONE.len()).any(|w| w == DONE) {
+                        return None;
+                    }
+                    return Some((Ok(Bytes::from_static(b"data: [DONE]\n\n")), None));
                 }
             }
         }
     });
     let mut r = Response::new(Body::from_stream(stream));
     let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     Ok(r)
@@ -187,6 +265,8 @@ struct StreamState {
     /// Held until the stream ends or the client goes away.
     lease: Lease,
     tail: BytesMut,
+    /// Another dialect's translator, and the decoder that feeds it events.
+    translate: Option<(Box<dyn StreamTranslator>, SseDecoder)>,
 }
 
 impl StreamState {

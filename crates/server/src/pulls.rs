@@ -196,13 +196,24 @@ pub async fn download(
 /// A lease on `name` for `endpoint` (which serves the model types `want`): the model is pulled
 /// first when it is registered but not downloaded and auto-load is on, then loaded if needed.
 pub async fn lease(rt: &AppState, name: &str, want: &[ModelType], endpoint: &str) -> Result<Lease, ApiError> {
+    lease_keeping(rt, name, want, endpoint, None).await
+}
+
+/// [`lease`], setting the model's idle timeout (ms; 0 = never) when `keep_alive` is given.
+pub async fn lease_keeping(
+    rt: &AppState,
+    name: &str,
+    want: &[ModelType],
+    endpoint: &str,
+    keep_alive: Option<u64>,
+) -> Result<Lease, ApiError> {
     let info = rt.model_for(name, want, endpoint)?;
     let info = match (info.downloaded, rt.cfg.auto_load) {
         (true, _) => info,
         (false, true) => ensure_downloaded(rt, &info).await?,
         (false, false) => return Err(ApiError::not_downloaded(name)),
     };
-    rt.acquire(&info).await
+    rt.acquire(&info, keep_alive).await
 }
 
 /// `--preload`: loads each model in the background, pulling it first when needed, one after
@@ -230,4 +241,22 @@ pub fn preload(rt: &AppState) {
             }
         }
     });
+}
+
+/// Unloads `m`, removes its repository from the Hugging Face cache and a `user.*` model's
+/// registration. Models of the extra models dir are not deleted (400).
+pub async fn delete(rt: &AppState, m: &ModelInfo) -> Result<(), ApiError> {
+    if m.source == registry::Source::ExtraModelsDir {
+        return Err(ApiError::bad_request(
+            format!("Cannot delete extra models via the API; remove {} instead", m.checkpoint),
+            Some("model"),
+        ));
+    }
+    let _ = rt.unload(Some(&m.name)).await;
+    host::hf_cache::remove_repo(&rt.cfg.hf_cache, &registry::Checkpoint::parse(&m.checkpoint).repo).await?;
+    if let Some(key) = m.name.strip_prefix(registry::USER_PREFIX) {
+        host::files::save_user_model(&rt.cfg.cache_dir, key, None)?;
+    }
+    rt.reload_registry()?;
+    Ok(())
 }

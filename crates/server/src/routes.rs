@@ -1,10 +1,10 @@
 //! The one route table: the router and the OpenAPI document are both built from it, so a
 //! route cannot be served undocumented or documented unserved (a test compares the two).
 
-use axum::routing::{get, post, MethodRouter};
+use axum::routing::{any, delete, get, post, MethodRouter};
 use axum::Router;
 
-use crate::api::{admin, install, lifecycle, logs, native, openai, pull, system};
+use crate::api::{admin, anthropic, install, lifecycle, logs, native, ollama, openai, pull, system};
 use crate::state::AppState;
 
 /// The API route prefixes; every API endpoint answers identically under each.
@@ -25,24 +25,44 @@ fn get_only<H: axum::handler::Handler<T, AppState>, T: 'static>(h: H) -> MethodR
     get(h).fallback(native::method_not_allowed("GET"))
 }
 
+/// A DELETE route; other methods get a JSON 405 naming DELETE.
+fn delete_only<H: axum::handler::Handler<T, AppState>, T: 'static>(h: H) -> MethodRouter<AppState> {
+    delete(h).fallback(native::method_not_allowed("DELETE"))
+}
+
+/// Every method.
+fn any_method<H: axum::handler::Handler<T, AppState>, T: 'static>(h: H) -> MethodRouter<AppState> {
+    any(h)
+}
+
 /// A POST handler on a path whose GET route (listed before it) answers other methods.
 fn post_also<H: axum::handler::Handler<T, AppState>, T: 'static>(h: H) -> MethodRouter<AppState> {
     post(h)
 }
 
 macro_rules! route_table {
-    (documented { $($method:ident $path:literal => $($handler:ident)::+;)* } aliases { $($amethod:ident $apath:literal => $($ahandler:ident)::+;)* }) => {
+    (documented { $($method:ident $path:literal => $($handler:ident)::+;)* }
+     aliases { $($amethod:ident $apath:literal => $($ahandler:ident)::+;)* }
+     root { $($rmethod:ident $rpath:literal => $($rhandler:ident)::+;)* }
+     root_aliases { $($ramethod:ident $rapath:literal => $($rahandler:ident)::+;)* }) => {
         /// Every API route under one prefix: (method, path); aliases last.
         pub const API_ROUTES: &[(&str, &str)] = &[$((stringify!($method), $path),)* $((stringify!($amethod), $apath)),*];
+        /// The documented routes at the root of the port (the Ollama API).
+        pub const ROOT_ROUTES: &[(&str, &str)] = &[$((stringify!($rmethod), $rpath)),*];
 
         /// The API routes (nested under each of [`PREFIXES`]).
         pub fn api_router() -> Router<AppState> {
             Router::new()$(.route($path, $method($($handler)::+)))*$(.route($apath, $amethod($($ahandler)::+)))*
         }
 
+        /// The routes at the root.
+        pub fn root_router() -> Router<AppState> {
+            Router::new()$(.route($rpath, $rmethod($($rhandler)::+)))*$(.route($rapath, $ramethod($($rahandler)::+)))*
+        }
+
         /// The documentation of the API routes, from the same table.
         #[derive(utoipa::OpenApi)]
-        #[openapi(paths($($($handler)::+),*, lifecycle::live, native::native_post, native::native_get))]
+        #[openapi(paths($($($handler)::+),*, $($($rhandler)::+),*, lifecycle::live, native::native_post, native::native_get))]
         pub struct RoutePaths;
     };
 }
@@ -75,9 +95,29 @@ route_table! {
     post_only "/admin/models/{model_name}/load" => admin::load;
     post_only "/admin/models/{model_name}/unload" => admin::unload;
     get_only "/admin/gpu-memory" => admin::gpu_memory;
+    post_only "/messages" => anthropic::messages;
+    post_only "/messages/count_tokens" => anthropic::count_tokens;
     }
     aliases {
         post_only "/rerank" => openai::reranking;
+    }
+    root {
+        get_only "/api/version" => ollama::version;
+        get_only "/api/tags" => ollama::tags;
+        get_only "/api/ps" => ollama::ps;
+        post_only "/api/show" => ollama::show;
+        post_only "/api/pull" => ollama::pull;
+        delete_only "/api/delete" => ollama::delete;
+        post_only "/api/chat" => ollama::chat;
+        post_only "/api/generate" => ollama::generate;
+        post_only "/api/embed" => ollama::embed;
+        post_only "/api/embeddings" => ollama::embeddings;
+        post_only "/api/create" => ollama::not_supported;
+    }
+    root_aliases {
+        any_method "/api/copy" => ollama::not_supported;
+        any_method "/api/push" => ollama::not_supported;
+        any_method "/api/blobs/{digest}" => ollama::not_supported;
     }
 }
 
@@ -100,7 +140,11 @@ pub fn router() -> Router<AppState> {
     for prefix in PREFIXES {
         router = router.nest(prefix, api.clone());
     }
-    router.merge(native_router()).route("/live", get_only(lifecycle::live)).fallback(native::unknown_path)
+    router
+        .merge(native_router())
+        .merge(root_router())
+        .route("/live", get_only(lifecycle::live))
+        .fallback(native::unknown_path)
 }
 
 #[cfg(test)]
@@ -123,11 +167,18 @@ mod tests {
                 if item.post.is_some() {
                     m.push(("POST", path.clone()));
                 }
+                if item.delete.is_some() {
+                    m.push(("DELETE", path.clone()));
+                }
                 m
             })
             .collect();
         // The HTTP method a route helper of the table serves.
-        let http = |helper: &str| if helper == "get_only" { "GET" } else { "POST" };
+        let http = |helper: &str| match helper {
+            "get_only" => "GET",
+            "delete_only" => "DELETE",
+            _ => "POST",
+        };
         // The admin API is documented under /v1 (as its spec), the rest under /api/v1.
         let doc_path = |p: &str| if p.starts_with("/admin") { format!("/v1{p}") } else { format!("/api/v1{p}") };
         for (helper, path) in API_ROUTES {
@@ -139,8 +190,13 @@ mod tests {
                 "{method} {path} is routed but not documented as {want}"
             );
         }
+        for (helper, path) in ROOT_ROUTES {
+            let method = http(helper);
+            assert!(documented.iter().any(|(m, p)| *m == method && p == path), "{method} {path} is not documented");
+        }
         let routed = |m: &str, p: &str| {
             API_ROUTES.iter().any(|(h, rp)| http(h) == m && doc_path(&rp.replace("{*id}", "{id}")) == p)
+                || ROOT_ROUTES.iter().any(|(h, rp)| http(h) == m && rp == &p)
                 || (m == "GET" && p == "/live")
                 || (m == "POST" && NATIVE_POST.contains(&p))
                 || (m == "GET" && NATIVE_GET.contains(&p))

@@ -360,11 +360,15 @@ impl Runtime {
         Ok(info)
     }
 
-    /// A lease on a downloaded model, loading it first when auto-load is on.
-    pub async fn acquire(self: &Arc<Self>, info: &ModelInfo) -> Result<Lease, ApiError> {
+    /// A lease on a downloaded model, loading it first when auto-load is on. `keep_alive`
+    /// (ms; 0 = never) sets the model's idle timeout, running or not.
+    pub async fn acquire(self: &Arc<Self>, info: &ModelInfo, keep_alive: Option<u64>) -> Result<Lease, ApiError> {
         let name = info.name.as_str();
         let options = self.effective_options(info, &RecipeOptions::new());
-        let model = self.model_ref(info, &options, None);
+        let mut model = self.model_ref(info, &options, None);
+        if let Some(ms) = keep_alive {
+            (model.idle_timeout_ms, model.sets_idle_timeout) = (Some(ms), true);
+        }
         let auto_load = self.cfg.auto_load.then_some(options);
         let (req, rx) = self.request();
         match self.ask(req, rx, Event::Acquire { req, model, auto_load }).await {

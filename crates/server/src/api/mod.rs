@@ -2,10 +2,12 @@
 //! Handlers are thin: parse, call down (runtime, pulls, installs, proxy, host), answer.
 
 pub mod admin;
+pub mod anthropic;
 pub mod install;
 pub mod lifecycle;
 pub mod logs;
 pub mod native;
+pub mod ollama;
 pub mod openai;
 pub mod pull;
 pub mod system;

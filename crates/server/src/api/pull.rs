@@ -5,7 +5,6 @@ use api_types::*;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use registry::{Checkpoint, USER_PREFIX};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
@@ -71,18 +70,7 @@ pub async fn delete(
     let name = body.value.model.or(body.value.model_name).filter(|n| !n.is_empty());
     let name = name.ok_or_else(|| ApiError::bad_request("Missing required field 'model'", Some("model")))?;
     let m = rt.registry().get(&name).map_err(|_| ApiError::Unprocessable(format!("Model not found: {name}")))?.clone();
-    if m.source == registry::Source::ExtraModelsDir {
-        return Err(ApiError::bad_request(
-            format!("Cannot delete extra models via the API; remove {} instead", m.checkpoint),
-            Some("model"),
-        ));
-    }
-    let _ = rt.unload(Some(&name)).await;
-    host::hf_cache::remove_repo(&rt.cfg.hf_cache, &Checkpoint::parse(&m.checkpoint).repo).await?;
-    if let Some(key) = name.strip_prefix(USER_PREFIX) {
-        host::files::save_user_model(&rt.cfg.cache_dir, key, None)?;
-    }
-    rt.reload_registry()?;
+    pulls::delete(&rt, &m).await?;
     Ok(Json(StatusResponse {
         status: "success".into(),
         model_name: None,

@@ -1,0 +1,94 @@
+//! Anthropic's Messages API (`/v1/messages`, `/v1/messages/count_tokens`, and under the other
+//! prefixes): translated by `dialects::anthropic`, served by the same leases and backends as
+//! the OpenAI routes; errors in Anthropic's shape, also mid-stream.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use api_types::*;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use dialects::anthropic::{self as dialect, EventStream};
+use serde_json::json;
+
+use crate::error::{AnthropicApiError, ApiError};
+use crate::extract::DialectJson;
+use crate::state::AppState;
+use crate::{proxy, pulls};
+
+const LLM: &[ModelType] = &[ModelType::Llm];
+
+/// A message id unique in this process: `msg_` and the time and a counter in hex.
+fn message_id() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
+    format!("msg_{t:x}{:04x}", N.fetch_add(1, Ordering::Relaxed))
+}
+
+fn bad(e: dialects::BadRequest) -> AnthropicApiError {
+    AnthropicApiError(ApiError::bad_request(e.0, None))
+}
+
+/// Messages (Anthropic).
+#[utoipa::path(post, path = "/api/v1/messages", tag = "Anthropic",
+    description = "Also under /api/v0, /v0 and /v1. System prompt, text, image, tool_use and tool_result blocks, tools, \
+                   stop_sequences and thinking on or off. With `stream: true` the answer is Anthropic's event stream \
+                   (message_start, ping, content_block_start/delta/stop, message_delta with the stop reason and usage, \
+                   message_stop), translated from the backend's stream as it comes; a failure mid-stream is an \
+                   `error` event.",
+    request_body = MessagesRequest,
+    responses(
+        (status = 200, description = "The message, or its event stream", body = MessagesResponse),
+        (status = 400, description = "Missing model, max_tokens or messages, or a bad block", body = AnthropicError),
+        (status = 404, description = "Unknown model", body = AnthropicError),
+        (status = 502, description = "The backend failed", body = AnthropicError),
+    ))]
+pub async fn messages(
+    State(rt): State<AppState>,
+    body: DialectJson<MessagesRequest, AnthropicApiError>,
+) -> Result<Response, AnthropicApiError> {
+    let req = body.value;
+    let openai = dialect::request(&req, &req.model).map_err(bad)?;
+    let lease = pulls::lease(&rt, &req.model, LLM, "messages").await?;
+    if req.stream == Some(true) {
+        let t = Box::new(EventStream::new(&req.model, &message_id()));
+        return Ok(proxy::forward_translated(lease, "/v1/chat/completions", &openai, t).await?);
+    }
+    let v = proxy::call_json(&lease, "/v1/chat/completions", &openai, true).await?;
+    Ok(Json(dialect::response(&v, &req.model, &message_id())).into_response())
+}
+
+/// Tokens of a conversation (Anthropic), counted by the model's own template and tokenizer.
+#[utoipa::path(post, path = "/api/v1/messages/count_tokens", tag = "Anthropic",
+    description = "Also under /api/v0, /v0 and /v1. The conversation (with system prompt and tools) goes through the \
+                   model's chat template and tokenizer in its backend (llama-server's /apply-template and /tokenize), \
+                   so the count is the prompt the model would see.",
+    request_body = CountTokensRequest,
+    responses(
+        (status = 200, description = "The count", body = CountTokensResponse),
+        (status = 400, description = "Missing model or messages, or a bad block", body = AnthropicError),
+        (status = 404, description = "Unknown model", body = AnthropicError),
+    ))]
+pub async fn count_tokens(
+    State(rt): State<AppState>,
+    body: DialectJson<CountTokensRequest, AnthropicApiError>,
+) -> Result<Json<CountTokensResponse>, AnthropicApiError> {
+    let req = body.value;
+    let templated = dialect::count_request(&req).map_err(bad)?;
+    let lease = pulls::lease(&rt, &req.model, LLM, "messages/count_tokens").await?;
+    let prompt = proxy::call_json(&lease, "/apply-template", &templated, false).await?;
+    let prompt = prompt["prompt"].as_str().unwrap_or_default();
+    let tokens = json!({"content": prompt, "add_special": false, "parse_special": true});
+    let tokens = proxy::call_json(&lease, "/tokenize", &tokens, false).await?;
+    let n = tokens["tokens"].as_array().map_or(0, Vec::len) as u64;
+    Ok(Json(CountTokensResponse { input_tokens: n }))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn message_ids_are_unique() {
+        let (a, b) = (super::message_id(), super::message_id());
+        assert!(a.starts_with("msg_") && a != b, "{a} {b}");
+    }
+}

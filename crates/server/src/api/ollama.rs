@@ -1,0 +1,391 @@
+//! The Ollama API at the root of the port (`/api/chat`, `/api/tags`, …): requests are
+//! translated by `dialects::ollama` and served by the same leases and backends as the OpenAI
+//! routes; errors are Ollama's `{"error": "…"}`.
+
+use std::time::{Duration, SystemTime};
+
+use api_types::*;
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use dialects::ollama::{self as dialect, KeepAlive, NdjsonStream};
+use http::{header, StatusCode};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::error::{ApiError, OllamaApiError};
+use crate::extract::DialectJson;
+use crate::runtime::{ModelView, Running};
+use crate::state::AppState;
+use crate::{proxy, pulls};
+
+type Body_<T> = DialectJson<T, OllamaApiError>;
+type Answer = Result<Response, OllamaApiError>;
+
+const LLM: &[ModelType] = &[ModelType::Llm];
+const EMBEDDING: &[ModelType] = &[ModelType::Embedding];
+
+fn now() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+fn required(model: Option<&str>, what: &str) -> Result<String, OllamaApiError> {
+    let m = model.map(dialect::strip_latest).filter(|m| !m.is_empty());
+    m.map(str::to_string)
+        .ok_or_else(|| OllamaApiError(ApiError::bad_request(format!("{what} is required"), Some(what))))
+}
+
+/// `keep_alive` as the idle timeout it sets (ms; 0 = never); 400 for a bad one.
+fn keep_alive(v: Option<&Value>) -> Result<Option<u64>, OllamaApiError> {
+    let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(None) };
+    let k = dialect::keep_alive(v).map_err(|e| ApiError::bad_request(e.0, Some("keep_alive")))?;
+    Ok(Some(match k {
+        // Unloaded as soon as it is idle: after this answer, unless others use it.
+        KeepAlive::UnloadAfter => 1,
+        KeepAlive::For(ms) => ms,
+        KeepAlive::Forever => 0,
+    }))
+}
+
+fn bad(e: dialects::BadRequest) -> OllamaApiError {
+    OllamaApiError(ApiError::bad_request(e.0, None))
+}
+
+/// Empty messages (or prompt): Ollama's load, or unload with `keep_alive: 0`.
+async fn load_or_unload(rt: &AppState, model: &str, keep: Option<u64>, chat: bool) -> Answer {
+    let reason = if keep == Some(1) {
+        let _ = rt.unload(Some(model)).await;
+        "unload"
+    } else {
+        drop(pulls::lease_keeping(rt, model, LLM, "/api/chat", keep).await?);
+        "load"
+    };
+    let (created_at, done_reason) = (now(), Some(reason.to_string()));
+    let model = model.to_string();
+    Ok(if chat {
+        let message =
+            OllamaMessage { role: Some("assistant".into()), content: Some(String::new()), ..Default::default() };
+        Json(OllamaChatResponse { model, created_at, message, done: true, done_reason, ..Default::default() })
+            .into_response()
+    } else {
+        Json(OllamaGenerateResponse { model, created_at, done: true, done_reason, ..Default::default() })
+            .into_response()
+    })
+}
+
+/// Serves a translated chat or generate request: NDJSON as the backend streams, or one answer.
+async fn serve(rt: &AppState, model: &str, keep: Option<u64>, path: &str, body: Value, chat: bool) -> Answer {
+    let lease = pulls::lease_keeping(rt, model, LLM, path, keep).await?;
+    if body["stream"] == true {
+        let t: Box<dyn dialects::StreamTranslator> = if chat {
+            Box::new(NdjsonStream::chat(model, &now()))
+        } else {
+            Box::new(NdjsonStream::generate(model, &now()))
+        };
+        return Ok(proxy::forward_translated(lease, path, &body, t).await?);
+    }
+    let v = proxy::call_json(&lease, path, &body, true).await?;
+    Ok(if chat {
+        Json(dialect::chat_response(&v, model, &now())).into_response()
+    } else {
+        Json(dialect::generate_response(&v, model, &now())).into_response()
+    })
+}
+
+/// Chat (Ollama).
+#[utoipa::path(post, path = "/api/chat", tag = "Ollama",
+    description = "Streams NDJSON by default (one line per token, the last with `done: true`, counts and durations in \
+                   ns). `options` map to llama-server's sampling fields, `format` to structured output, `images` to \
+                   image parts, `think` to the template's thinking switch. `keep_alive`: 0 unloads the model after the \
+                   answer, a duration sets its idle timeout, a negative value keeps it loaded. Empty `messages` load \
+                   the model (or unload it with `keep_alive: 0`).",
+    request_body = OllamaChatRequest,
+    responses(
+        (status = 200, description = "The answer, or NDJSON lines", body = OllamaChatResponse),
+        (status = 400, description = "No model, a bad keep_alive, format or think", body = OllamaError),
+        (status = 404, description = "Unknown model", body = OllamaError),
+        (status = 502, description = "The backend failed", body = OllamaError),
+    ))]
+pub async fn chat(State(rt): State<AppState>, body: Body_<OllamaChatRequest>) -> Answer {
+    let req = body.value;
+    let model = required(req.model.as_deref(), "model")?;
+    let keep = keep_alive(req.keep_alive.as_ref())?;
+    if req.messages.as_ref().is_none_or(|m| m.is_empty()) {
+        return load_or_unload(&rt, &model, keep, true).await;
+    }
+    let openai = dialect::chat_request(&req, &model).map_err(bad)?;
+    serve(&rt, &model, keep, "/v1/chat/completions", openai, true).await
+}
+
+/// Generate (Ollama).
+#[utoipa::path(post, path = "/api/generate", tag = "Ollama",
+    description = "As /api/chat for one prompt: the model's chat template applies (with `system`) unless `raw` is \
+                   true. An empty prompt loads the model (or unloads it with `keep_alive: 0`).",
+    request_body = OllamaGenerateRequest,
+    responses(
+        (status = 200, description = "The answer, or NDJSON lines", body = OllamaGenerateResponse),
+        (status = 400, description = "No model, a bad keep_alive, format or think", body = OllamaError),
+        (status = 404, description = "Unknown model", body = OllamaError),
+    ))]
+pub async fn generate(State(rt): State<AppState>, body: Body_<OllamaGenerateRequest>) -> Answer {
+    let req = body.value;
+    let model = required(req.model.as_deref(), "model")?;
+    let keep = keep_alive(req.keep_alive.as_ref())?;
+    if req.prompt.as_deref().is_none_or(str::is_empty) && req.images.as_ref().is_none_or(|i| i.is_empty()) {
+        return load_or_unload(&rt, &model, keep, false).await;
+    }
+    let (path, openai) = dialect::generate_request(&req, &model).map_err(bad)?;
+    serve(&rt, &model, keep, path, openai, false).await
+}
+
+/// The vectors of an OpenAI embeddings answer, in input order.
+fn vectors(v: &Value) -> Vec<Vec<f32>> {
+    let mut data: Vec<&Value> = v["data"].as_array().map(|d| d.iter().collect()).unwrap_or_default();
+    data.sort_by_key(|d| d["index"].as_u64().unwrap_or(0));
+    data.iter()
+        .map(|d| d["embedding"].as_array().map(|e| e.iter().filter_map(|x| x.as_f64()).map(|x| x as f32).collect()))
+        .map(Option::unwrap_or_default)
+        .collect()
+}
+
+async fn embed_values(rt: &AppState, model: &str, input: Value, keep: Option<u64>) -> Result<Value, OllamaApiError> {
+    let lease = pulls::lease_keeping(rt, model, EMBEDDING, "/api/embed", keep).await?;
+    Ok(proxy::call_json(&lease, "/v1/embeddings", &json!({"model": model, "input": input}), true).await?)
+}
+
+/// Embeddings (Ollama).
+#[utoipa::path(post, path = "/api/embed", tag = "Ollama",
+    request_body = OllamaEmbedRequest,
+    responses(
+        (status = 200, description = "One vector per input", body = OllamaEmbedResponse),
+        (status = 400, description = "No model or input, or not an embedding model", body = OllamaError),
+        (status = 404, description = "Unknown model", body = OllamaError),
+    ))]
+pub async fn embed(State(rt): State<AppState>, body: Body_<OllamaEmbedRequest>) -> Answer {
+    let req = body.value;
+    let model = required(req.model.as_deref(), "model")?;
+    let keep = keep_alive(req.keep_alive.as_ref())?;
+    let input =
+        req.input.filter(|i| !i.is_null()).ok_or_else(|| bad(dialects::BadRequest("input is required".into())))?;
+    let v = embed_values(&rt, &model, input, keep).await?;
+    let metrics = OllamaMetrics {
+        prompt_eval_count: v["usage"]["prompt_tokens"].as_u64(),
+        total_duration: Some(0),
+        load_duration: Some(0),
+        ..Default::default()
+    };
+    Ok(Json(OllamaEmbedResponse { model, embeddings: vectors(&v), metrics }).into_response())
+}
+
+/// Embedding of one prompt (Ollama's older route).
+#[utoipa::path(post, path = "/api/embeddings", tag = "Ollama",
+    request_body = OllamaEmbeddingsRequest,
+    responses(
+        (status = 200, description = "The vector", body = OllamaEmbeddingsResponse),
+        (status = 400, description = "No model or prompt", body = OllamaError),
+        (status = 404, description = "Unknown model", body = OllamaError),
+    ))]
+pub async fn embeddings(State(rt): State<AppState>, body: Body_<OllamaEmbeddingsRequest>) -> Answer {
+    let req = body.value;
+    let model = required(req.model.as_deref(), "model")?;
+    let keep = keep_alive(req.keep_alive.as_ref())?;
+    let prompt = required(req.prompt.as_deref(), "prompt")?;
+    let v = embed_values(&rt, &model, Value::String(prompt), keep).await?;
+    let embedding = vectors(&v).into_iter().next().unwrap_or_default();
+    Ok(Json(OllamaEmbeddingsResponse { embedding }).into_response())
+}
+
+/// The version lemonade answers as (Lemonade v9's).
+#[utoipa::path(get, path = "/api/version", tag = "Ollama",
+    responses((status = 200, description = "Version", body = OllamaVersion)))]
+pub async fn version() -> Json<OllamaVersion> {
+    Json(OllamaVersion { version: dialect::VERSION.into() })
+}
+
+fn details(m: &registry::ModelInfo) -> OllamaDetails {
+    dialect::details(&m.name, &m.checkpoint, &m.recipe.to_string())
+}
+
+fn size(m: &registry::ModelInfo) -> u64 {
+    m.size.map(|gb| (gb * (1u64 << 30) as f64) as u64).unwrap_or(0)
+}
+
+/// The downloaded models.
+#[utoipa::path(get, path = "/api/tags", tag = "Ollama",
+    responses((status = 200, description = "Downloaded models, named with `:latest`", body = OllamaTags)))]
+pub async fn tags(State(rt): State<AppState>) -> Json<OllamaTags> {
+    let reg = rt.registry();
+    let models = reg
+        .models()
+        .filter(|m| m.downloaded)
+        .map(|m| OllamaModel {
+            name: dialect::tagged(&m.name),
+            model: dialect::tagged(&m.name),
+            modified_at: "2024-01-01T00:00:00Z".into(),
+            size: size(m),
+            digest: dialect::DIGEST.into(),
+            details: details(m),
+        })
+        .collect();
+    Json(OllamaTags { models })
+}
+
+fn running(rt: &AppState, r: &Running, v: &ModelView) -> OllamaRunning {
+    let expires = match v.unload_at {
+        Some(at) => SystemTime::now() + Duration::from_millis(at.saturating_sub(rt.now_ms())),
+        None => SystemTime::UNIX_EPOCH + Duration::from_secs(4_070_908_800), // 2099-01-01: not by idleness
+    };
+    OllamaRunning {
+        name: dialect::tagged(&r.info.name),
+        model: dialect::tagged(&r.info.name),
+        size: v.memory + v.vram,
+        digest: dialect::DIGEST.into(),
+        details: details(&r.info),
+        expires_at: humantime::format_rfc3339_seconds(expires).to_string(),
+        size_vram: v.vram,
+        context_length: u64::from(backends::llamacpp::cache_settings(&r.options, r.info.model_type).ctx_size),
+    }
+}
+
+/// The loaded models, with when each unloads.
+#[utoipa::path(get, path = "/api/ps", tag = "Ollama",
+    responses((status = 200, description = "Loaded models", body = OllamaPs)))]
+pub async fn ps(State(rt): State<AppState>) -> Json<OllamaPs> {
+    Json(OllamaPs { models: rt.loaded().iter().map(|(r, v)| running(&rt, r, v)).collect() })
+}
+
+fn named(req: &OllamaModelRequest) -> Result<String, OllamaApiError> {
+    required(req.model.as_deref().or(req.name.as_deref()), "model")
+}
+
+/// A model's details.
+#[utoipa::path(post, path = "/api/show", tag = "Ollama",
+    request_body = OllamaModelRequest,
+    responses(
+        (status = 200, description = "The model", body = OllamaShow),
+        (status = 400, description = "No name", body = OllamaError),
+        (status = 404, description = "Unknown model", body = OllamaError),
+    ))]
+pub async fn show(
+    State(rt): State<AppState>,
+    body: Body_<OllamaModelRequest>,
+) -> Result<Json<OllamaShow>, OllamaApiError> {
+    let name = named(&body.value)?;
+    let reg = rt.registry();
+    let m = reg.get(&name).map_err(ApiError::from)?;
+    let mut capabilities = match m.model_type {
+        ModelType::Llm => vec!["completion", "tools"],
+        ModelType::Embedding => vec!["embedding"],
+        _ => vec![],
+    };
+    if m.mmproj_path.is_some() || m.labels.iter().any(|l| l == "vision") {
+        capabilities.push("vision");
+    }
+    if m.labels.iter().any(|l| l == "reasoning") {
+        capabilities.push("thinking");
+    }
+    Ok(Json(OllamaShow {
+        modelfile: format!("# Modelfile generated by lemonade\nFROM {}", m.checkpoint),
+        parameters: String::new(),
+        template: String::new(),
+        details: details(m),
+        model_info: json!({"general.architecture": m.recipe.to_string(), "general.file_type": 0,
+                           "general.parameter_count": 0, "general.quantization_version": 0}),
+        capabilities: capabilities.into_iter().map(String::from).collect(),
+        modified_at: "2024-01-01T00:00:00Z".into(),
+    }))
+}
+
+/// Removes a model's files (unloading it first).
+#[utoipa::path(delete, path = "/api/delete", tag = "Ollama",
+    request_body = OllamaModelRequest,
+    responses(
+        (status = 200, description = "Deleted (empty body)"),
+        (status = 400, description = "No name", body = OllamaError),
+        (status = 404, description = "Unknown model", body = OllamaError),
+    ))]
+pub async fn delete(State(rt): State<AppState>, body: Body_<OllamaModelRequest>) -> Answer {
+    let name = named(&body.value)?;
+    let m = rt.registry().get(&name).map_err(ApiError::from)?.clone();
+    pulls::delete(&rt, &m).await?;
+    Ok(StatusCode::OK.into_response())
+}
+
+fn line(v: impl serde::Serialize) -> bytes::Bytes {
+    let mut b = serde_json::to_vec(&v).unwrap_or_default();
+    b.push(b'\n');
+    bytes::Bytes::from(b)
+}
+
+/// Pull progress as Ollama's NDJSON: `pulling manifest`, `pulling <file>` with total and
+/// completed bytes, then `success` (or `{"error"}`).
+fn pull_lines(mut rx: mpsc::Receiver<(&'static str, String)>) -> Response {
+    let (tx, out) = mpsc::channel::<bytes::Bytes>(16);
+    tokio::spawn(async move {
+        let _ = tx.send(line(OllamaPullStatus { status: "pulling manifest".into(), ..Default::default() })).await;
+        while let Some((event, data)) = rx.recv().await {
+            let v: Value = serde_json::from_str(&data).unwrap_or_default();
+            let out = match event {
+                "progress" => line(OllamaPullStatus {
+                    status: format!("pulling {}", v["file"].as_str().unwrap_or_default()),
+                    digest: v["file"].as_str().map(str::to_string),
+                    total: v["bytes_total"].as_u64(),
+                    completed: v["bytes_downloaded"].as_u64(),
+                }),
+                "complete" => line(OllamaPullStatus { status: "success".into(), ..Default::default() }),
+                "error" => line(json!({"error": v["error"].as_str().unwrap_or("the download failed")})),
+                _ => continue,
+            };
+            if tx.send(out).await.is_err() {
+                return; // the client left: dropping `rx` cancels the download
+            }
+        }
+    });
+    let stream = futures_util::stream::unfold(out, |mut out| async move {
+        out.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), out))
+    });
+    ([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(stream)).into_response()
+}
+
+/// Downloads a catalogue (or registered) model.
+#[utoipa::path(post, path = "/api/pull", tag = "Ollama",
+    description = "NDJSON progress by default (`stream: false`: one `{\"status\": \"success\"}` when done). Only models \
+                   lemonade knows can be pulled (register others with POST /api/v1/pull).",
+    request_body = OllamaModelRequest,
+    responses(
+        (status = 200, description = "Progress lines, or success", body = OllamaPullStatus),
+        (status = 400, description = "No name", body = OllamaError),
+        (status = 404, description = "Unknown model", body = OllamaError),
+    ))]
+pub async fn pull(State(rt): State<AppState>, body: Body_<OllamaModelRequest>) -> Answer {
+    let name = named(&body.value)?;
+    let m = rt.registry().get(&name).map_err(ApiError::from)?.clone();
+    if body.value.stream == Some(false) {
+        pulls::download(&rt, &m, None).await?;
+        rt.reload_registry().map_err(ApiError::from)?;
+        return Ok(Json(OllamaPullStatus { status: "success".into(), ..Default::default() }).into_response());
+    }
+    let (tx, rx) = mpsc::channel::<(&'static str, String)>(64);
+    tokio::spawn(async move {
+        let result = pulls::download(&rt, &m, Some(&tx)).await;
+        let _ = rt.reload_registry();
+        if let Err(e) = result {
+            let _ = tx.send(("error", json!({"error": e.to_string()}).to_string())).await;
+        }
+    });
+    Ok(pull_lines(rx))
+}
+
+/// Ollama routes lemonade does not serve.
+#[utoipa::path(post, path = "/api/create", tag = "Ollama",
+    description = "Also /api/copy, /api/push and /api/blobs/{digest}: lemonade has no Ollama blob store.",
+    responses((status = 501, description = "Not supported", body = OllamaError)))]
+pub async fn not_supported() -> Response {
+    let e = api_types::OllamaError {
+        error: "not supported by lemonade: it serves GGUF models from the Hugging Face cache; \
+                                  use POST /api/v1/pull to add one"
+            .into(),
+    };
+    (StatusCode::NOT_IMPLEMENTED, Json(e)).into_response()
+}
