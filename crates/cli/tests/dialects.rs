@@ -37,3 +37,16 @@ async fn real_llama_server_the_ollama_library_lists_shows_chats_generates_embeds
             .unwrap();
     assert!(out.contains("every check held"), "{out}");
 }
+
+#[tokio::test]
+async fn real_llama_server_the_anthropic_sdk_creates_streams_sends_tool_history_and_counts_tokens() {
+    let l = Lemonade::start(bin(), &[]).await;
+    // SmolLM2's own template has no tools: load it with one that renders them.
+    let template = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/chatml-tools.jinja");
+    let args = format!("--chat-template-file {}", template.canonicalize().unwrap().display());
+    let (s, v) = l.post("/api/v1/load", &serde_json::json!({"model_name": SMOL, "llamacpp_args": args})).await;
+    assert_eq!(s, 200, "{v}");
+    let base = l.url("");
+    let out = tokio::task::spawn_blocking(move || run_client("anthropic_client.py", &[&base, SMOL])).await.unwrap();
+    assert!(out.contains("every check held"), "{out}");
+}

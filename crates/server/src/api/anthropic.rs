@@ -2,8 +2,6 @@
 //! prefixes): translated by `dialects::anthropic`, served by the same leases and backends as
 //! the OpenAI routes; errors in Anthropic's shape, also mid-stream.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use api_types::*;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -18,11 +16,13 @@ use crate::{proxy, pulls};
 
 const LLM: &[ModelType] = &[ModelType::Llm];
 
-/// A message id unique in this process: `msg_` and the time and a counter in hex.
+/// A message id: `msg_` and 64 random bits (from the standard library's hasher keys, which
+/// are random per process and change with every `RandomState`).
 fn message_id() -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
-    format!("msg_{t:x}{:04x}", N.fetch_add(1, Ordering::Relaxed))
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    format!("msg_{:016x}", h.finish())
 }
 
 fn bad(e: dialects::BadRequest) -> AnthropicApiError {
