@@ -688,8 +688,13 @@ impl<O: Clone + PartialEq> Machine<O> {
         let full = self.queue_full();
         let e = self.entry_mut(&model);
         if model.sets_idle_timeout {
-            e.idle_timeout_ms = model.idle_timeout_ms;
-            e.model.idle_timeout_ms = model.idle_timeout_ms;
+            // For the backend running (or starting) now; else for the start to come. A
+            // backend stopping keeps it to itself: its reload is a new backend.
+            if matches!(e.state, State::Loaded | State::Loading) {
+                e.idle_timeout_ms = model.idle_timeout_ms;
+            } else {
+                e.model.idle_timeout_ms = model.idle_timeout_ms;
+            }
         }
         let state = e.state;
         if state == State::Loaded && e.waiting.is_empty() && e.has_room() {

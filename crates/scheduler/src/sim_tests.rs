@@ -1251,6 +1251,15 @@ fn a_request_that_sets_the_idle_timeout_changes_it_for_the_running_backend() {
     assert_eq!(at(&d), Some(d.now + 1));
     d.now += 1;
     assert_eq!(d.ev(Event::Tick), vec![Effect::Stop { model: "a".into() }]);
+    // A plain request while it stops reloads it with the machine's timeout, not the 1 ms.
+    let r = d.req();
+    d.ev(Event::Acquire { req: r, model: llm("a"), auto_load: Some(0) });
+    d.ev(Event::Stopped { model: "a".into() });
+    d.ev(Event::Started { model: "a".into(), result: Ok(()) });
+    d.ev(Event::Release { req: r });
+    assert_eq!(at(&d), Some(d.now + 60_000), "the keep-alive was that backend's");
+    let u = d.req();
+    d.ev(Event::Unload { req: u, model: Some("a".into()) });
     // Keep-alive forever (0 = never) on a model that loads for this request.
     d.ev(Event::Stopped { model: "a".into() });
     let forever = ModelRef { idle_timeout_ms: Some(0), sets_idle_timeout: true, ..llm("a") };
