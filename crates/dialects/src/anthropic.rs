@@ -227,23 +227,16 @@ pub fn response(v: &Value, model: &str, id: &str) -> MessagesResponse {
     if let Some(t) = text(&msg, "reasoning_content") {
         content.push(ContentBlock::Thinking { thinking: t.into(), signature: String::new() });
     }
-    let calls = {
-        let mut t = ToolCalls::default();
-        if let Some(Value::Array(c)) = msg.get("tool_calls") {
-            t.add(c);
-        }
-        t.calls
-    };
+    let calls = ToolCalls::of(&msg);
     let said = msg.get("content").and_then(Value::as_str).unwrap_or_default();
     if !said.is_empty() || calls.is_empty() {
         content.push(ContentBlock::Text { text: said.into() });
     }
     for (i, call) in calls.iter().enumerate() {
-        let id = if call.id.is_empty() { format!("toolu_{i}") } else { call.id.clone() };
-        content.push(ContentBlock::ToolUse { id, name: call.name.clone(), input: arguments_object(&call.arguments) });
+        let (id, name, input) = (call.id_or_index(i), call.name.clone(), arguments_object(&call.arguments));
+        content.push(ContentBlock::ToolUse { id, name, input });
     }
-    let mut counts = Counts::default();
-    counts.take(v);
+    let counts = Counts::of(v);
     MessagesResponse {
         id: id.into(),
         kind: "message".into(),

@@ -44,6 +44,13 @@ pub struct Counts {
 }
 
 impl Counts {
+    /// What an answer reports.
+    pub fn of(v: &Value) -> Counts {
+        let mut c = Counts::default();
+        c.take(v);
+        c
+    }
+
     /// Takes in what `v` (an answer or a chunk) reports: `timings` over `usage`.
     pub fn take(&mut self, v: &Value) {
         let u = |o: &Value, k: &str| o.get(k).and_then(Value::as_u64);
@@ -76,7 +83,27 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
+impl ToolCall {
+    /// Its id, or `toolu_<index>` when the backend gave none.
+    pub fn id_or_index(&self, index: usize) -> String {
+        if self.id.is_empty() {
+            format!("toolu_{index}")
+        } else {
+            self.id.clone()
+        }
+    }
+}
+
 impl ToolCalls {
+    /// The tool calls of an answer's `message`.
+    pub fn of(message: &Value) -> Vec<ToolCall> {
+        let mut t = ToolCalls::default();
+        if let Some(Value::Array(calls)) = message.get("tool_calls") {
+            t.add(calls);
+        }
+        t.calls
+    }
+
     /// Adds a chunk's `delta.tool_calls`; returns, for each fragment, its call's index and
     /// whether it started that call.
     pub fn add(&mut self, deltas: &[Value]) -> Vec<(usize, bool)> {

@@ -80,6 +80,19 @@ pub enum KeepAlive {
     Forever,
 }
 
+impl KeepAlive {
+    /// The model's idle timeout it asks for, in the scheduler's terms (ms; 0 = never): `0`
+    /// is 1 ms, so the model unloads as soon as it is idle (after this answer, unless other
+    /// requests use it).
+    pub fn idle_timeout_ms(self) -> u64 {
+        match self {
+            KeepAlive::UnloadAfter => 1,
+            KeepAlive::For(ms) => ms,
+            KeepAlive::Forever => 0,
+        }
+    }
+}
+
 /// `keep_alive` as Ollama takes it: a number of seconds, or a duration string (`"10m"`,
 /// `"1h30m"`, `"300ms"`, `"-1"`, `"2.5s"`).
 pub fn keep_alive(v: &Value) -> Result<KeepAlive, BadRequest> {
@@ -332,20 +345,11 @@ fn tool_calls(calls: &[crate::ToolCall]) -> Option<Vec<OllamaToolCall>> {
     })
 }
 
-fn calls_of(message: &Value) -> Vec<crate::ToolCall> {
-    let mut t = ToolCalls::default();
-    if let Some(Value::Array(calls)) = message.get("tool_calls") {
-        t.add(calls);
-    }
-    t.calls
-}
-
 /// A non-streaming OpenAI chat answer as `/api/chat`'s.
 pub fn chat_response(v: &Value, model: &str, created_at: &str) -> OllamaChatResponse {
     let c = choice(v);
     let msg = c.and_then(|c| c.get("message")).cloned().unwrap_or(Value::Null);
-    let mut counts = Counts::default();
-    counts.take(v);
+    let counts = Counts::of(v);
     OllamaChatResponse {
         model: model.into(),
         created_at: created_at.into(),
@@ -353,7 +357,7 @@ pub fn chat_response(v: &Value, model: &str, created_at: &str) -> OllamaChatResp
             role: Some("assistant".into()),
             content: Some(msg.get("content").and_then(Value::as_str).unwrap_or_default().into()),
             thinking: text(&msg, "reasoning_content").map(str::to_string),
-            tool_calls: tool_calls(&calls_of(&msg)),
+            tool_calls: tool_calls(&ToolCalls::of(&msg)),
             ..OllamaMessage::default()
         },
         done: true,
@@ -371,8 +375,7 @@ pub fn generate_response(v: &Value, model: &str, created_at: &str) -> OllamaGene
         .or_else(|| c.and_then(|c| c.get("text")))
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let mut counts = Counts::default();
-    counts.take(v);
+    let counts = Counts::of(v);
     OllamaGenerateResponse {
         model: model.into(),
         created_at: created_at.into(),
@@ -526,6 +529,9 @@ mod tests {
         assert_eq!(keep_alive(&json!("2.5s")), Ok(KeepAlive::For(2_500)));
         assert_eq!(keep_alive(&json!(-1)), Ok(KeepAlive::Forever));
         assert_eq!(keep_alive(&json!("-1m")), Ok(KeepAlive::Forever));
+        let ms: Vec<u64> =
+            [KeepAlive::UnloadAfter, KeepAlive::For(5), KeepAlive::Forever].map(KeepAlive::idle_timeout_ms).into();
+        assert_eq!(ms, [1, 5, 0]);
         for bad in [json!("soon"), json!("5 parsecs"), json!(true), json!([1]), json!("-"), json!("m")] {
             let e = keep_alive(&bad).unwrap_err();
             assert!(e.0.starts_with("keep_alive must be") && e.0.contains(&bad.to_string()), "{e}");

@@ -228,9 +228,7 @@ impl ApiError {
             let msg = v.as_ref().and_then(|v| v["error"]["message"].as_str().or_else(|| v["error"].as_str()));
             return match msg {
                 Some(m) => m.to_string(),
-                None if body.iter().all(u8::is_ascii_whitespace) => {
-                    format!("The backend answered {} with no details", status.as_u16())
-                }
+                None if body.iter().all(u8::is_ascii_whitespace) => no_details(*status),
                 None => String::from_utf8_lossy(body).into_owned(),
             };
         }
@@ -269,36 +267,55 @@ impl ApiError {
     }
 }
 
-/// An error on an Ollama route: `{"error": "…"}`.
-#[derive(Debug)]
-pub struct OllamaApiError(pub ApiError);
+/// What a backend's error answer with an empty body is reported as.
+fn no_details(status: StatusCode) -> String {
+    format!(
+        "The backend answered {} {} with no details",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or_default()
+    )
+}
 
-impl From<ApiError> for OllamaApiError {
+/// How a dialect writes an error's body.
+pub trait ErrorShape {
+    fn body(e: &ApiError) -> serde_json::Value;
+}
+
+/// An [`ApiError`] answered in dialect `S`'s shape, with the same status and Retry-After.
+#[derive(Debug)]
+pub struct Shaped<S>(pub ApiError, std::marker::PhantomData<S>);
+
+impl<S> From<ApiError> for Shaped<S> {
     fn from(e: ApiError) -> Self {
-        OllamaApiError(e)
+        Shaped(e, std::marker::PhantomData)
     }
 }
 
-impl IntoResponse for OllamaApiError {
+impl<S: ErrorShape> IntoResponse for Shaped<S> {
     fn into_response(self) -> Response {
-        let body = api_types::OllamaError { error: self.0.message() };
+        let body = S::body(&self.0);
         self.0.shaped(body)
     }
 }
 
-/// An error on an Anthropic route: `{"type": "error", "error": {"type", "message"}}`.
+/// Ollama's error body: `{"error": "…"}`.
 #[derive(Debug)]
-pub struct AnthropicApiError(pub ApiError);
+pub struct Ollama;
 
-impl From<ApiError> for AnthropicApiError {
-    fn from(e: ApiError) -> Self {
-        AnthropicApiError(e)
+impl ErrorShape for Ollama {
+    fn body(e: &ApiError) -> serde_json::Value {
+        serde_json::json!(api_types::OllamaError { error: e.message() })
     }
 }
 
-impl IntoResponse for AnthropicApiError {
-    fn into_response(self) -> Response {
-        let kind = match self.0.status().as_u16() {
+/// Anthropic's error body: `{"type": "error", "error": {"type", "message"}}`, its type from
+/// the status.
+#[derive(Debug)]
+pub struct Anthropic;
+
+impl ErrorShape for Anthropic {
+    fn body(e: &ApiError) -> serde_json::Value {
+        let kind = match e.status().as_u16() {
             401 => "authentication_error",
             403 => "permission_error",
             404 => "not_found_error",
@@ -308,10 +325,12 @@ impl IntoResponse for AnthropicApiError {
             s if s >= 500 => "api_error",
             _ => "invalid_request_error",
         };
-        let body = api_types::AnthropicError::new(kind, self.0.message());
-        self.0.shaped(body)
+        serde_json::json!(api_types::AnthropicError::new(kind, e.message()))
     }
 }
+
+pub type OllamaApiError = Shaped<Ollama>;
+pub type AnthropicApiError = Shaped<Anthropic>;
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -319,11 +338,7 @@ impl IntoResponse for ApiError {
         if let ApiError::Backend { body, content_type, .. } = self {
             if body.iter().all(u8::is_ascii_whitespace) {
                 // An empty error from the backend still gets a body that says what happened.
-                let msg = format!(
-                    "The backend answered {} {} with no details",
-                    status.as_u16(),
-                    status.canonical_reason().unwrap_or_default()
-                );
+                let msg = no_details(status);
                 return (status, axum::Json(ErrorResponse::new("backend_error", msg).code("backend_error")))
                     .into_response();
             }

@@ -24,14 +24,9 @@ pub fn parse_bytes(s: &str) -> Option<u64> {
     (n >= 0.0).then_some((n * mult as f64) as u64)
 }
 
-/// A memory budget: bytes, `auto` (free memory now, less a margin) or `none`. Err: the
-/// message for a bad value.
-pub fn memory_budget(b: &MemoryBudget) -> Result<Option<u64>, String> {
-    budget(b, Pool::Memory)
-}
-
-/// A budget of `pool`; `auto` is the free memory (or VRAM) now, less a margin. `auto` VRAM
-/// on a machine with no GPU is no budget.
+/// A budget of `pool`: bytes, `auto` (the free memory, or VRAM, now, less a margin) or
+/// `none`. `auto` VRAM on a machine with no GPU is no budget. Err: the message for a bad
+/// value.
 pub fn budget(b: &MemoryBudget, pool: Pool) -> Result<Option<u64>, String> {
     let field = match pool {
         Pool::Memory => "memory_budget",
@@ -87,14 +82,13 @@ pub fn settings(u: &ParamsUpdate) -> Result<Settings, ApiError> {
         limits,
         idle_timeout_ms: u.idle_timeout.map(|s| (s > 0).then(|| s.saturating_mul(1000))),
         max_queue: u.max_queue.map(|q| (q > 0).then_some(q as usize)),
-        memory_budget: match &u.memory_budget {
-            None => None,
-            Some(b) => Some(memory_budget(b).map_err(bad("memory_budget"))?),
-        },
-        vram_budget: match &u.vram_budget {
-            None => None,
-            Some(b) => Some(budget(b, Pool::Vram).map_err(bad("vram_budget"))?),
-        },
+        memory_budget: u
+            .memory_budget
+            .as_ref()
+            .map(|b| budget(b, Pool::Memory))
+            .transpose()
+            .map_err(bad("memory_budget"))?,
+        vram_budget: u.vram_budget.as_ref().map(|b| budget(b, Pool::Vram)).transpose().map_err(bad("vram_budget"))?,
         swap_hold_ms: u.swap_hold_ms,
     })
 }
@@ -143,9 +137,9 @@ mod tests {
         assert_eq!(parse_bytes("1.5g"), Some(3 << 29));
         assert_eq!(parse_bytes("123"), Some(123));
         assert_eq!(parse_bytes("12 parsecs"), None);
-        assert_eq!(memory_budget(&MemoryBudget::Word("none".into())), Ok(None));
-        assert_eq!(memory_budget(&MemoryBudget::Bytes(1000)), Ok(Some(1000)));
-        let e = memory_budget(&MemoryBudget::Word("lots".into())).unwrap_err();
+        assert_eq!(budget(&MemoryBudget::Word("none".into()), Pool::Memory), Ok(None));
+        assert_eq!(budget(&MemoryBudget::Bytes(1000), Pool::Memory), Ok(Some(1000)));
+        let e = budget(&MemoryBudget::Word("lots".into()), Pool::Memory).unwrap_err();
         assert!(e.contains("'lots'"), "{e}");
         assert_eq!(budget(&MemoryBudget::Word("6G".into()), Pool::Vram), Ok(Some(6 << 30)));
         let e = budget(&MemoryBudget::Word("big".into()), Pool::Vram).unwrap_err();

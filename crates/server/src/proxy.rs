@@ -50,6 +50,36 @@ async fn read_body(lease: &Lease, resp: reqwest::Response) -> Result<Bytes, ApiE
     }
 }
 
+fn content_type(resp: &reqwest::Response) -> Option<String> {
+    resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string)
+}
+
+/// The backend's error answer as [`ApiError::Backend`], its status and body kept.
+async fn backend_error(lease: &Lease, resp: reqwest::Response) -> ApiError {
+    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let content_type = content_type(&resp);
+    match read_body(lease, resp).await {
+        Ok(body) => ApiError::Backend { status, body, content_type },
+        Err(e) => e,
+    }
+}
+
+/// A whole answer: its status, content type and body, or the backend's error.
+async fn fetch(
+    lease: &Lease,
+    method: http::Method,
+    path_and_query: &str,
+    body: Option<Bytes>,
+) -> Result<(StatusCode, Option<String>, Bytes), ApiError> {
+    let resp = send(lease, method, path_and_query, body, false).await?;
+    if !resp.status().is_success() {
+        return Err(backend_error(lease, resp).await);
+    }
+    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let content_type = content_type(&resp);
+    Ok((status, content_type, read_body(lease, resp).await?))
+}
+
 /// How long a transport failure waits to learn whether the backend died (its exit is
 /// recorded by a watcher task a moment after the connection breaks).
 const EXIT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
@@ -85,13 +115,8 @@ pub async fn forward(
 /// Sends a JSON request and returns the backend's JSON answer (recording `/stats` when asked),
 /// for the dialects that translate it.
 pub async fn call_json(lease: &Lease, path: &str, body: &Value, record_stats: bool) -> Result<Value, ApiError> {
-    let resp = send(lease, http::Method::POST, path, Some(Bytes::from(serde_json::to_vec(body)?)), false).await?;
-    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-    let content_type = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
-    let bytes = read_body(lease, resp).await?;
-    if !status.is_success() {
-        return Err(ApiError::Backend { status, body: bytes, content_type });
-    }
+    let body = Some(Bytes::from(serde_json::to_vec(body)?));
+    let (_, _, bytes) = fetch(lease, http::Method::POST, path, body).await?;
     let v: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::BackendUnavailable(format!("The backend answered with invalid JSON: {e}")))?;
     if record_stats {
@@ -122,13 +147,7 @@ async fn forward_with(
     record_stats: bool,
     rewrite: fn(&Lease, Bytes) -> Bytes,
 ) -> Result<Response, ApiError> {
-    let resp = send(&lease, method, path_and_query, body, false).await?;
-    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-    let content_type = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
-    let bytes = read_body(&lease, resp).await?;
-    if !status.is_success() {
-        return Err(ApiError::Backend { status, body: bytes, content_type });
-    }
+    let (status, content_type, bytes) = fetch(&lease, method, path_and_query, body).await?;
     if record_stats {
         if let Ok(v) = serde_json::from_slice::<Value>(&bytes) {
             update_stats(&lease, &v, true);
@@ -178,12 +197,8 @@ async fn stream_with(
     translate: Option<Box<dyn StreamTranslator>>,
 ) -> Result<Response, ApiError> {
     let resp = send(&lease, http::Method::POST, path, Some(body), true).await?;
-    let status = resp.status();
-    if !status.is_success() {
-        let content_type = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let bytes = read_body(&lease, resp).await?;
-        let status = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-        return Err(ApiError::Backend { status, body: bytes, content_type });
+    if !resp.status().is_success() {
+        return Err(backend_error(&lease, resp).await);
     }
     let content_type = translate.as_ref().map_or("text/event-stream", |t| t.content_type());
     let state = StreamState {
@@ -198,51 +213,18 @@ async fn stream_with(
             match st.upstream.next().await {
                 Some(Ok(chunk)) => {
                     st.keep_tail(&chunk);
-                    let Some((t, sse)) = &mut st.translate else {
-                        return Some((Ok::<Bytes, Infallible>(chunk), Some(st)));
-                    };
-                    let mut out = Vec::new();
-                    for data in sse.push(&chunk) {
-                        match serde_json::from_str::<Value>(&data) {
-                            // The backend's own error frame, in the dialect's shape.
-                            Ok(v) if v.get("error").is_some() => {
-                                let e = &v["error"];
-                                let msg = e["message"].as_str().or(e.as_str()).unwrap_or("the backend failed");
-                                out.extend(t.error(msg));
-                            }
-                            Ok(v) => out.extend(t.chunk(&v)),
-                            Err(_) => {} // `[DONE]`
-                        }
-                    }
-                    // A chunk that makes no output (a partial event) is not sent empty.
-                    if !out.is_empty() {
-                        return Some((Ok(Bytes::from(out)), Some(st)));
+                    // A chunk that makes no output (part of an event) is not sent empty.
+                    if let Some(out) = st.relay(chunk) {
+                        return Some((Ok::<Bytes, Infallible>(out), Some(st)));
                     }
                 }
                 Some(Err(e)) => {
                     let msg = unavailable(&st.lease, &e).await.to_string();
                     tracing::warn!(model = %st.lease.model.info.name, error = %msg, "stream from backend failed");
-                    let frame = match &mut st.translate {
-                        Some((t, _)) => Bytes::from(t.error(&msg)),
-                        None => error_frame(&msg),
-                    };
-                    return Some((Ok(frame), None));
+                    return Some((Ok(st.failed(&msg)), None));
                 }
-                None => {
-                    // `st` is dropped here, which records the stats (see `Drop`).
-                    if let Some((t, sse)) = &mut st.translate {
-                        let mut out = Vec::new();
-                        if let Some(v) = sse.finish().and_then(|d| serde_json::from_str::<Value>(&d).ok()) {
-                            out.extend(t.chunk(&v));
-                        }
-                        out.extend(t.end());
-                        return Some((Ok(Bytes::from(out)), None));
-                    }
-                    if st.tail.windows(DONE.len()).any(|w| w == DONE) {
-                        return None;
-                    }
-                    return Some((Ok(Bytes::from_static(b"data: [DONE]\n\n")), None));
-                }
+                // `st` is dropped here, which records the stats (see `Drop`).
+                None => return st.ended().map(|out| (Ok(out), None)),
             }
         }
     });
@@ -252,6 +234,19 @@ async fn stream_with(
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     Ok(r)
+}
+
+/// One upstream event's payload through `t`: a chunk, or the backend's own error frame as
+/// the dialect's error (`[DONE]`, not JSON, adds nothing).
+fn translate_event(t: &mut dyn StreamTranslator, data: &str, out: &mut Vec<u8>) {
+    match serde_json::from_str::<Value>(data) {
+        Ok(v) if v.get("error").is_some() => {
+            let e = &v["error"];
+            out.extend(t.error(e["message"].as_str().or(e.as_str()).unwrap_or("the backend failed")));
+        }
+        Ok(v) => out.extend(t.chunk(&v)),
+        Err(_) => {}
+    }
 }
 
 /// An SSE frame carrying an error, as Lemonade writes them (`type: streaming_error`).
@@ -270,6 +265,39 @@ struct StreamState {
 }
 
 impl StreamState {
+    /// What to send for `chunk`: the chunk itself, or its translation (None: nothing yet).
+    fn relay(&mut self, chunk: Bytes) -> Option<Bytes> {
+        let Some((t, sse)) = &mut self.translate else { return Some(chunk) };
+        let mut out = Vec::new();
+        for data in sse.push(&chunk) {
+            translate_event(t.as_mut(), &data, &mut out);
+        }
+        (!out.is_empty()).then(|| Bytes::from(out))
+    }
+
+    /// The frame that ends a stream the backend broke off.
+    fn failed(&mut self, msg: &str) -> Bytes {
+        match &mut self.translate {
+            Some((t, _)) => Bytes::from(t.error(msg)),
+            None => error_frame(msg),
+        }
+    }
+
+    /// What to send once the backend's stream has ended: a translation's end, or `[DONE]`
+    /// when the backend left it out.
+    fn ended(&mut self) -> Option<Bytes> {
+        if let Some((t, sse)) = &mut self.translate {
+            let mut out = Vec::new();
+            if let Some(data) = sse.finish() {
+                translate_event(t.as_mut(), &data, &mut out);
+            }
+            out.extend(t.end());
+            return Some(Bytes::from(out));
+        }
+        let done = self.tail.windows(DONE.len()).any(|w| w == DONE);
+        (!done).then(|| Bytes::from_static(b"data: [DONE]\n\n"))
+    }
+
     fn keep_tail(&mut self, chunk: &[u8]) {
         self.tail.extend_from_slice(chunk);
         if self.tail.len() > 2 * TAIL_KEEP {

@@ -193,6 +193,27 @@ pub async fn download(
     Ok(())
 }
 
+/// [`download`] then the registry reloaded, so the model counts as downloaded.
+pub async fn pull_now(rt: &AppState, m: &ModelInfo) -> Result<(), ApiError> {
+    download(rt, m, None).await?;
+    Ok(rt.reload_registry()?)
+}
+
+/// [`download`] in its own task, its progress (then `complete`, or an `error` event with
+/// `{"error": message}`) on the returned channel; dropping the receiver cancels it.
+pub fn pull_in_background(rt: &AppState, m: ModelInfo) -> mpsc::Receiver<(&'static str, String)> {
+    let (tx, rx) = mpsc::channel(64);
+    let rt = rt.clone();
+    tokio::spawn(async move {
+        let result = download(&rt, &m, Some(&tx)).await;
+        let _ = rt.reload_registry();
+        if let Err(e) = result {
+            let _ = tx.send(("error", serde_json::json!({"error": e.to_string()}).to_string())).await;
+        }
+    });
+    rx
+}
+
 /// A lease on `name` for `endpoint` (which serves the model types `want`): the model is pulled
 /// first when it is registered but not downloaded and auto-load is on, then loaded if needed.
 pub async fn lease(rt: &AppState, name: &str, want: &[ModelType], endpoint: &str) -> Result<Lease, ApiError> {

@@ -26,7 +26,7 @@ fn message_id() -> String {
 }
 
 fn bad(e: dialects::BadRequest) -> AnthropicApiError {
-    AnthropicApiError(ApiError::bad_request(e.0, None))
+    AnthropicApiError::from(ApiError::bad_request(e.0, None))
 }
 
 /// Messages (Anthropic).

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 use crate::error::{ApiError, OllamaApiError};
 use crate::extract::DialectJson;
-use crate::runtime::{ModelView, Running};
+use crate::runtime::{Lease, ModelView, Running};
 use crate::state::AppState;
 use crate::{proxy, pulls};
 
@@ -33,32 +33,31 @@ fn now() -> String {
 fn required(model: Option<&str>, what: &str) -> Result<String, OllamaApiError> {
     let m = model.map(dialect::strip_latest).filter(|m| !m.is_empty());
     m.map(str::to_string)
-        .ok_or_else(|| OllamaApiError(ApiError::bad_request(format!("{what} is required"), Some(what))))
+        .ok_or_else(|| OllamaApiError::from(ApiError::bad_request(format!("{what} is required"), Some(what))))
 }
 
-/// `keep_alive` as the idle timeout it sets (ms; 0 = never); 400 for a bad one.
-fn keep_alive(v: Option<&Value>) -> Result<Option<u64>, OllamaApiError> {
+/// The request's `keep_alive`, if any; 400 for a bad one.
+fn keep_alive(v: Option<&Value>) -> Result<Option<KeepAlive>, OllamaApiError> {
     let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(None) };
-    let k = dialect::keep_alive(v).map_err(|e| ApiError::bad_request(e.0, Some("keep_alive")))?;
-    Ok(Some(match k {
-        // Unloaded as soon as it is idle: after this answer, unless others use it.
-        KeepAlive::UnloadAfter => 1,
-        KeepAlive::For(ms) => ms,
-        KeepAlive::Forever => 0,
-    }))
+    Ok(Some(dialect::keep_alive(v).map_err(|e| ApiError::bad_request(e.0, Some("keep_alive")))?))
+}
+
+/// A lease on an LLM for `endpoint`, setting its idle timeout when `keep` is given.
+async fn lease(rt: &AppState, model: &str, endpoint: &str, keep: Option<KeepAlive>) -> Result<Lease, OllamaApiError> {
+    Ok(pulls::lease_keeping(rt, model, LLM, endpoint, keep.map(KeepAlive::idle_timeout_ms)).await?)
 }
 
 fn bad(e: dialects::BadRequest) -> OllamaApiError {
-    OllamaApiError(ApiError::bad_request(e.0, None))
+    OllamaApiError::from(ApiError::bad_request(e.0, None))
 }
 
 /// Empty messages (or prompt): Ollama's load, or unload with `keep_alive: 0`.
-async fn load_or_unload(rt: &AppState, model: &str, keep: Option<u64>, chat: bool) -> Answer {
-    let reason = if keep == Some(1) {
+async fn load_or_unload(rt: &AppState, model: &str, keep: Option<KeepAlive>, chat: bool) -> Answer {
+    let reason = if keep == Some(KeepAlive::UnloadAfter) {
         let _ = rt.unload(Some(model)).await;
         "unload"
     } else {
-        drop(pulls::lease_keeping(rt, model, LLM, "/api/chat", keep).await?);
+        drop(lease(rt, model, endpoint(chat), keep).await?);
         "load"
     };
     let (created_at, done_reason) = (now(), Some(reason.to_string()));
@@ -74,9 +73,17 @@ async fn load_or_unload(rt: &AppState, model: &str, keep: Option<u64>, chat: boo
     })
 }
 
+fn endpoint(chat: bool) -> &'static str {
+    if chat {
+        "/api/chat"
+    } else {
+        "/api/generate"
+    }
+}
+
 /// Serves a translated chat or generate request: NDJSON as the backend streams, or one answer.
-async fn serve(rt: &AppState, model: &str, keep: Option<u64>, path: &str, body: Value, chat: bool) -> Answer {
-    let lease = pulls::lease_keeping(rt, model, LLM, path, keep).await?;
+async fn serve(rt: &AppState, model: &str, keep: Option<KeepAlive>, path: &str, body: Value, chat: bool) -> Answer {
+    let lease = lease(rt, model, endpoint(chat), keep).await?;
     if body["stream"] == true {
         let t: Box<dyn dialects::StreamTranslator> = if chat {
             Box::new(NdjsonStream::chat(model, &now()))
@@ -149,7 +156,13 @@ fn vectors(v: &Value) -> Vec<Vec<f32>> {
         .collect()
 }
 
-async fn embed_values(rt: &AppState, model: &str, input: Value, keep: Option<u64>) -> Result<Value, OllamaApiError> {
+async fn embed_values(
+    rt: &AppState,
+    model: &str,
+    input: Value,
+    keep: Option<KeepAlive>,
+) -> Result<Value, OllamaApiError> {
+    let keep = keep.map(KeepAlive::idle_timeout_ms);
     let lease = pulls::lease_keeping(rt, model, EMBEDDING, "/api/embed", keep).await?;
     Ok(proxy::call_json(&lease, "/v1/embeddings", &json!({"model": model, "input": input}), true).await?)
 }
@@ -362,19 +375,10 @@ pub async fn pull(State(rt): State<AppState>, body: Body_<OllamaModelRequest>) -
     let name = named(&body.value)?;
     let m = rt.registry().get(&name).map_err(ApiError::from)?.clone();
     if body.value.stream == Some(false) {
-        pulls::download(&rt, &m, None).await?;
-        rt.reload_registry().map_err(ApiError::from)?;
+        pulls::pull_now(&rt, &m).await?;
         return Ok(Json(OllamaPullStatus { status: "success".into(), ..Default::default() }).into_response());
     }
-    let (tx, rx) = mpsc::channel::<(&'static str, String)>(64);
-    tokio::spawn(async move {
-        let result = pulls::download(&rt, &m, Some(&tx)).await;
-        let _ = rt.reload_registry();
-        if let Err(e) = result {
-            let _ = tx.send(("error", json!({"error": e.to_string()}).to_string())).await;
-        }
-    });
-    Ok(pull_lines(rx))
+    Ok(pull_lines(pulls::pull_in_background(&rt, m)))
 }
 
 /// Ollama routes lemonade does not serve.

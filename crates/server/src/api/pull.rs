@@ -5,7 +5,6 @@ use api_types::*;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::extract::JsonBody;
@@ -35,22 +34,12 @@ pub async fn pull(State(rt): State<AppState>, body: JsonBody<PullRequest>) -> Re
         );
     }
     if req.stream != Some(true) {
-        pulls::download(&rt, &m, None).await?;
-        rt.reload_registry()?;
+        pulls::pull_now(&rt, &m).await?;
         return Ok(
             Json(StatusResponse { status: "success".into(), model_name: Some(m.name), message: None }).into_response()
         );
     }
-    let (tx, rx) = mpsc::channel::<(&'static str, String)>(64);
-    let response = sse::events(&rt, rx);
-    tokio::spawn(async move {
-        let result = pulls::download(&rt, &m, Some(&tx)).await;
-        let _ = rt.reload_registry();
-        if let Err(e) = result {
-            let _ = tx.send(("error", serde_json::json!({"error": e.to_string()}).to_string())).await;
-        }
-    });
-    Ok(response)
+    Ok(sse::events(&rt, pulls::pull_in_background(&rt, m)))
 }
 
 /// Removes a model's files (and a `user.*` registration), unloading it first.
