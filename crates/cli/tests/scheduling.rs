@@ -206,6 +206,18 @@ async fn real_llama_server_settings_change_live_are_saved_and_read_at_start_unde
     let (s, e) = l.post("/api/v1/params", &json!({"idle_timeuot": 3})).await;
     assert_eq!(s, 400, "an unknown field is named: {e}");
     assert!(e["error"]["message"].as_str().unwrap().contains("idle_timeuot"), "{e}");
+    // The largest values are "a very long time", not an overflow: schemathesis found
+    // `idle_timeout: 2^63` stopped the scheduler, and every later load, pin or unload hung.
+    let huge = json!({"idle_timeout": 1u64 << 63, "swap_hold_ms": u64::MAX});
+    let (s, p) = l.post("/api/v1/params", &huge).await;
+    assert_eq!(s, 200, "{p}");
+    let answered = tokio::time::timeout(Duration::from_secs(30), async {
+        (l.chat(SMOL).await.0, l.post("/api/v1/pin", &json!({"model_name": SMOL})).await.0)
+    });
+    assert_eq!(answered.await.expect("the scheduler still answers"), (200, 200));
+    let update = json!({"idle_timeout": 30, "swap_hold_ms": 2000});
+    assert_eq!(l.post("/api/v1/params", &update).await.0, 200);
+    assert_eq!(l.post("/api/v1/pin", &json!({"model_name": SMOL, "pinned": false})).await.0, 200);
     // Saved: a restart reads them; a flag wins over the file.
     let sandbox = l.kill_keeping_sandbox();
     let l = Lemonade::start_in(bin(), sandbox, &["--idle-timeout", "7"], &[]).await;

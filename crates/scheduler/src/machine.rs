@@ -511,7 +511,7 @@ impl<O: Clone + PartialEq> Machine<O> {
         if !self.idle(e) {
             return None;
         }
-        self.idle_timeout_of(e).map(|t| e.last_use + t)
+        self.idle_timeout_of(e).map(|t| e.last_use.saturating_add(t))
     }
 
     /// When the machine next needs a `Tick` (ms, the clock of `handle`): an idle model times
@@ -1137,7 +1137,7 @@ impl<O: Clone + PartialEq> Machine<O> {
         let Some(oldest) = oldest else {
             return if any_busy { Hold::Drop } else { Hold::Go };
         };
-        let deadline = oldest + w;
+        let deadline = oldest.saturating_add(w);
         if now >= deadline || (!any_busy && !e.holding) {
             return Hold::Go;
         }
@@ -1231,7 +1231,7 @@ impl<O: Clone + PartialEq> Machine<O> {
         }
         let mut used: u64 = others().filter(|(n, _)| !v.contains(*n)).map(|(_, e)| e.size(pool)).sum();
         for n in self.lru(name, &|e| e.size(pool) > 0, v) {
-            if used + needed <= budget {
+            if used.saturating_add(needed) <= budget {
                 break;
             }
             used -= self.models[&n].size(pool);
@@ -1239,7 +1239,7 @@ impl<O: Clone + PartialEq> Machine<O> {
         }
         // Models already unloading (not in `v`) still count until they stop; the start waits
         // for them too.
-        if used + needed > budget {
+        if used.saturating_add(needed) > budget {
             for (n, e) in others() {
                 if e.state == State::Unloading && e.size(pool) > 0 {
                     v.insert(n.clone());

@@ -1269,6 +1269,35 @@ fn a_request_that_sets_the_idle_timeout_changes_it_for_the_running_backend() {
 }
 
 #[test]
+fn the_largest_timeouts_holds_and_sizes_do_not_overflow() {
+    // Settings come from users (`POST /api/v1/params`, `keep_alive`): u64::MAX ms must mean
+    // "a very long time", not an overflow (a panic in debug builds took the owner task down).
+    let mut d = Drive::new(1);
+    d.m = Machine::new(Limits::uniform(1)).with_settings(Settings {
+        idle_timeout_ms: Some(Some(u64::MAX)),
+        swap_hold_ms: Some(u64::MAX),
+        memory_budget: Some(Some(u64::MAX)),
+        ..Settings::default()
+    });
+    let big = |n: &str| ModelRef { memory: u64::MAX - 1, ..llm(n) };
+    let a = d.use_model(&big("a"));
+    assert_eq!(d.m.unload_at(d.m.entry("a").unwrap()), None, "busy");
+    // A request for b waits for the hold, which never runs out; a's deadline saturates.
+    let b = d.req();
+    d.ev(Event::Acquire { req: b, model: big("b"), auto_load: Some(0) });
+    d.now += 1_000;
+    assert_eq!(d.ev(Event::Tick), vec![]);
+    d.ev(Event::Release { req: a });
+    d.now += 1_000_000;
+    d.ev(Event::Tick);
+    let next = d.m.next_deadline();
+    assert!(next.is_none_or(|t| t >= d.now), "{next:?} {}", d.now);
+    let long = ModelRef { idle_timeout_ms: Some(u64::MAX), sets_idle_timeout: true, ..llm("c") };
+    let c = d.req();
+    d.ev(Event::Acquire { req: c, model: long, auto_load: Some(0) });
+}
+
+#[test]
 fn the_queue_is_bounded_and_a_full_queue_answers_at_once() {
     let mut d = Drive::new(1);
     d.m = Machine::new(Limits::uniform(1)).with_settings(Settings { max_queue: Some(Some(2)), ..Settings::default() });

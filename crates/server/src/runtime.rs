@@ -699,9 +699,11 @@ impl Runtime {
 async fn owner(rt: Weak<Runtime>, mut rx: mpsc::UnboundedReceiver<Event<Opts>>, mut machine: Machine<Opts>) {
     let Some(epoch) = rt.upgrade().map(|r| r.epoch) else { return };
     loop {
-        // The machine's next idle deadline is the only timer: a `Tick` when it is due.
-        let deadline =
-            machine.next_deadline().map(|ms| tokio::time::Instant::from_std(epoch) + Duration::from_millis(ms));
+        // The machine's next idle deadline is the only timer: a `Tick` when it is due (none for
+        // a deadline beyond what the clock can hold).
+        let deadline = machine
+            .next_deadline()
+            .and_then(|ms| tokio::time::Instant::from_std(epoch).checked_add(Duration::from_millis(ms)));
         let ev = match deadline {
             Some(at) => tokio::select! {
                 ev = rx.recv() => ev,

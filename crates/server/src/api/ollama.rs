@@ -245,10 +245,11 @@ pub async fn tags(State(rt): State<AppState>) -> Json<OllamaTags> {
 }
 
 fn running(rt: &AppState, r: &Running, v: &ModelView) -> OllamaRunning {
-    let expires = match v.unload_at {
-        Some(at) => SystemTime::now() + Duration::from_millis(at.saturating_sub(rt.now_ms())),
-        None => SystemTime::UNIX_EPOCH + Duration::from_secs(4_070_908_800), // 2099-01-01: not by idleness
-    };
+    // 2099-01-01 when it does not unload by idleness (or later than that).
+    let far = SystemTime::UNIX_EPOCH + Duration::from_secs(4_070_908_800);
+    let expires =
+        v.unload_at.and_then(|at| SystemTime::now().checked_add(Duration::from_millis(at.saturating_sub(rt.now_ms()))));
+    let expires = expires.unwrap_or(far).min(far);
     OllamaRunning {
         name: dialect::tagged(&r.info.name),
         model: dialect::tagged(&r.info.name),

@@ -5,7 +5,7 @@
 //! the two paths so drift affects both alike. Reported: median time to first token and
 //! median decode tokens/s per path, their ratio and difference. Loopback only; the number of
 //! requests is fixed. More sections (concurrency and swaps against llama-server's router mode,
-//! footprint, endpoint throughput) are in `more.rs`.
+//! footprint, endpoint throughput, the Ollama and Anthropic dialects' cost) are in `more.rs`.
 
 mod more;
 
@@ -98,6 +98,7 @@ async fn main() -> anyhow::Result<()> {
         Ok("footprint") => return more::footprint(&bin).await.map(|_| ()),
         Ok("alternating") => return more::alternating(&bin).await.map(|_| ()),
         Ok("memory") => return more::memory_estimate(&bin).await.map(|_| ()),
+        Ok("dialects") => return more::dialects(&bin).await.map(|_| ()),
         _ => {}
     }
     anyhow::ensure!(
@@ -176,6 +177,7 @@ async fn main() -> anyhow::Result<()> {
     out["footprint"] = more::footprint(&bin).await?;
     out["memory_estimate"] = more::memory_estimate(&bin).await?;
     out["alternating"] = more::alternating(&bin).await?;
+    out["dialects"] = more::dialects(&bin).await?;
     out["pull"] = pull_throughput(&bin).await?;
     if let Some(path) = std::env::var_os("LEMONADE_BENCH_OUT") {
         std::fs::write(&path, serde_json::to_vec_pretty(&out)?)?;

@@ -455,3 +455,111 @@ pub async fn memory_estimate(bin: &Path) -> anyhow::Result<Value> {
     }
     Ok(json!(rows))
 }
+
+/// How a dialect's stream is framed, and which of its events carries a token of content.
+#[derive(Clone, Copy)]
+enum Dialect {
+    OpenAi,
+    Ollama,
+    Anthropic,
+}
+
+impl Dialect {
+    fn path(self) -> &'static str {
+        match self {
+            Dialect::OpenAi => "/v1/chat/completions",
+            Dialect::Ollama => "/api/chat",
+            Dialect::Anthropic => "/v1/messages",
+        }
+    }
+
+    /// The same greedy request of `max` tokens, in this dialect.
+    fn body(self, model: &str, max: u32) -> Value {
+        let messages = json!([{"role": "user", "content": "Write a story about a lighthouse keeper."}]);
+        match self {
+            Dialect::OpenAi => {
+                json!({"model": model, "messages": messages, "max_tokens": max, "temperature": 0, "stream": true})
+            }
+            Dialect::Ollama => json!({"model": model, "messages": messages, "stream": true,
+                                      "options": {"num_predict": max, "temperature": 0}}),
+            Dialect::Anthropic => {
+                json!({"model": model, "messages": messages, "max_tokens": max, "temperature": 0, "stream": true})
+            }
+        }
+    }
+
+    /// Whether one event's JSON carries content.
+    fn is_content(self, v: &Value) -> bool {
+        let text = match self {
+            Dialect::OpenAi => &v["choices"][0]["delta"]["content"],
+            Dialect::Ollama => &v["message"]["content"],
+            Dialect::Anthropic => &v["delta"]["text"],
+        };
+        text.as_str().is_some_and(|t| !t.is_empty())
+    }
+}
+
+/// One streamed request in `d`'s dialect: time to the first content and decode rate, taken at
+/// the client as events arrive (SSE `data:` lines, or NDJSON lines).
+async fn stream_dialect(http: &reqwest::Client, base: &str, d: Dialect, model: &str) -> anyhow::Result<(f64, f64)> {
+    use futures_util::StreamExt;
+    let start = Instant::now();
+    let resp = http.post(format!("{base}{}", d.path())).json(&d.body(model, 128)).send().await?;
+    anyhow::ensure!(resp.status().is_success(), "HTTP {}", resp.status());
+    let mut stream = resp.bytes_stream();
+    let (mut buf, mut first, mut last, mut tokens) = (String::new(), None, None, 0usize);
+    while let Some(chunk) = stream.next().await {
+        let now = Instant::now();
+        buf.push_str(&String::from_utf8_lossy(&chunk?));
+        while let Some(end) = buf.find('\n') {
+            let line: String = buf.drain(..end + 1).collect();
+            let data = line.trim().strip_prefix("data: ").unwrap_or(line.trim());
+            if serde_json::from_str::<Value>(data).is_ok_and(|v| d.is_content(&v)) {
+                tokens += 1;
+                first.get_or_insert(now);
+                last = Some(now);
+            }
+        }
+    }
+    let (first, last) = (first.ok_or_else(|| anyhow::anyhow!("no content"))?, last.unwrap());
+    let decode = (last - first).as_secs_f64();
+    Ok(((first - start).as_secs_f64() * 1e3, if decode > 0.0 { (tokens - 1) as f64 / decode } else { 0.0 }))
+}
+
+/// The dialects' cost: the same greedy streaming chat through `/api/chat` (Ollama) and
+/// `/v1/messages` (Anthropic), each against `/v1/chat/completions` run next to it, on one
+/// lemonade and one llama-server. Reported: medians of the paired differences in time to
+/// first token and of the paired decode-rate ratios.
+pub async fn dialects(bin: &Path) -> anyhow::Result<Value> {
+    const RUNS: usize = 30;
+    let args = ["--llamacpp-args", crate::LLAMA_ARGS, "--log-level", "info"];
+    let l = Lemonade::start_in(bin, test_support::Sandbox::new(), &args, &[]).await;
+    let http = reqwest::Client::builder().no_proxy().tcp_nodelay(true).build()?;
+    let model = test_support::SMOL;
+    for d in [Dialect::OpenAi, Dialect::Ollama, Dialect::Anthropic] {
+        stream_dialect(&http, &l.base, d, model).await?; // warm up
+    }
+    let mut out = json!({"runs": RUNS, "max_tokens": 128});
+    println!("\nDialects: streaming chat, SmolLM2-135M Q4_1, 128 tokens, {RUNS} paired runs each\n");
+    println!("| path | added TTFT vs /v1/chat/completions (ms, median) | decode rate ÷ /v1/chat/completions |");
+    println!("|---|---:|---:|");
+    for (name, d) in [("ollama /api/chat", Dialect::Ollama), ("anthropic /v1/messages", Dialect::Anthropic)] {
+        let (mut added, mut ratio) = (Vec::new(), Vec::new());
+        for i in 0..RUNS {
+            // Alternate which goes first.
+            let (a, b) = if i % 2 == 0 {
+                let a = stream_dialect(&http, &l.base, Dialect::OpenAi, model).await?;
+                (a, stream_dialect(&http, &l.base, d, model).await?)
+            } else {
+                let b = stream_dialect(&http, &l.base, d, model).await?;
+                (stream_dialect(&http, &l.base, Dialect::OpenAi, model).await?, b)
+            };
+            added.push(b.0 - a.0);
+            ratio.push(b.1 / a.1);
+        }
+        let (added, ratio) = (median(added), median(ratio));
+        println!("| {name} | {added:+.2} | {ratio:.3}× |");
+        out[name] = json!({"added_ttft_ms": added, "decode_ratio": ratio});
+    }
+    Ok(out)
+}
