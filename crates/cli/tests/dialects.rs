@@ -50,3 +50,21 @@ async fn real_llama_server_the_anthropic_sdk_creates_streams_sends_tool_history_
     let out = tokio::task::spawn_blocking(move || run_client("anthropic_client.py", &[&base, SMOL])).await.unwrap();
     assert!(out.contains("every check held"), "{out}");
 }
+
+#[tokio::test]
+async fn real_llama_server_prometheus_metrics_count_the_traffic_of_three_clients() {
+    let tmp = tempfile::tempdir().unwrap();
+    let qwen = tmp.path().join("unsloth/Qwen3-0.6B-GGUF");
+    std::fs::create_dir_all(&qwen).unwrap();
+    std::os::unix::fs::symlink(model(SMOL_FILE), qwen.join("Qwen3-0.6B-Q4_0.gguf")).unwrap();
+    let size = std::fs::metadata(model(SMOL_FILE)).unwrap().len().to_string();
+    let double = HubDouble::start(tmp.path(), Knobs::default()).await;
+    let l = Lemonade::start_in(bin(), Sandbox::new(), &[], &[("HF_ENDPOINT", &double.url)]).await;
+    let base = l.url("");
+    let out = tokio::task::spawn_blocking(move || {
+        run_client("metrics_client.py", &[&base, SMOL, MINILM, "Qwen3-0.6B-GGUF", &size])
+    })
+    .await
+    .unwrap();
+    assert!(out.contains("every check held"), "{out}");
+}

@@ -69,6 +69,30 @@ pub struct Downloader {
     http: reqwest::Client,
     token: Option<String>,
     pub policy: RetryPolicy,
+    /// Told the length of every chunk received (a received-bytes counter).
+    pub on_received: OnReceived,
+}
+
+/// A hook called with the length of every chunk a download receives.
+#[derive(Clone, Default)]
+pub struct OnReceived(Option<std::sync::Arc<dyn Fn(u64) + Send + Sync>>);
+
+impl OnReceived {
+    pub fn new(f: impl Fn(u64) + Send + Sync + 'static) -> OnReceived {
+        OnReceived(Some(std::sync::Arc::new(f)))
+    }
+
+    fn received(&self, n: u64) {
+        if let Some(f) = &self.0 {
+            f(n);
+        }
+    }
+}
+
+impl std::fmt::Debug for OnReceived {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "OnReceived(hook)" } else { "OnReceived(none)" })
+    }
 }
 
 impl Downloader {
@@ -78,7 +102,12 @@ impl Downloader {
             .user_agent(concat!("lemonade/", env!("CARGO_PKG_VERSION")))
             .build()
             .expect("reqwest client");
-        Downloader { http, token: token.filter(|t| !t.is_empty()), policy: RetryPolicy::default() }
+        Downloader {
+            http,
+            token: token.filter(|t| !t.is_empty()),
+            policy: RetryPolicy::default(),
+            on_received: OnReceived::default(),
+        }
     }
 
     pub(crate) fn get(&self, url: &str) -> reqwest::RequestBuilder {
@@ -191,6 +220,7 @@ impl Downloader {
                 Ok(Some(Ok(c))) => c,
             };
             done += chunk.len() as u64;
+            self.on_received.received(chunk.len() as u64);
             if tx.send(chunk).await.is_err() {
                 break; // the writer failed; its error is reported below
             }

@@ -32,6 +32,12 @@ impl Hub {
         &mut self.downloader.policy
     }
 
+    /// Tells `f` the length of every chunk a download receives.
+    pub fn on_received(mut self, f: impl Fn(u64) + Send + Sync + 'static) -> Hub {
+        self.downloader.on_received = crate::download::OnReceived::new(f);
+        self
+    }
+
     /// From `HF_ENDPOINT` and `HF_TOKEN`.
     pub fn from_env() -> Hub {
         let endpoint = std::env::var("HF_ENDPOINT").unwrap_or_else(|_| "https://huggingface.co".into());

@@ -9,6 +9,7 @@ pub mod extract;
 pub mod installs;
 pub mod locks;
 pub mod logging;
+pub mod metrics;
 pub mod openapi;
 pub mod params;
 pub mod proxy;
@@ -48,6 +49,8 @@ fn app_with(rt: Arc<Runtime>, access: access::Access) -> Router {
         .merge(SwaggerUi::new("/docs").url("/api/v1/openapi.json", openapi::document()))
         .layer(DefaultBodyLimit::max(rt.cfg.body_limit))
         .layer(axum::middleware::from_fn_with_state(Arc::new(access), access::layer))
+        // Outermost, so refusals by access control are counted too.
+        .layer(axum::middleware::from_fn_with_state(rt.metrics.clone(), metrics::layer))
         .with_state(rt)
 }
 

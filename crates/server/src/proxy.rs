@@ -14,6 +14,7 @@ use serde_json::Value;
 use dialects::{SseDecoder, StreamTranslator};
 
 use crate::error::ApiError;
+use crate::metrics::Usage;
 use crate::runtime::Lease;
 
 /// Bytes of a stream kept to find the last usage/timings chunk and the `[DONE]` marker.
@@ -206,12 +207,14 @@ async fn stream_with(
         lease,
         tail: BytesMut::new(),
         translate: translate.map(|t| (t, SseDecoder::default())),
+        started: false,
     };
     let stream = futures_util::stream::unfold(Some(state), |state| async move {
         let mut st = state?;
         loop {
             match st.upstream.next().await {
                 Some(Ok(chunk)) => {
+                    st.first_byte();
                     st.keep_tail(&chunk);
                     // A chunk that makes no output (part of an event) is not sent empty.
                     if let Some(out) = st.relay(chunk) {
@@ -262,6 +265,8 @@ struct StreamState {
     tail: BytesMut,
     /// Another dialect's translator, and the decoder that feeds it events.
     translate: Option<(Box<dyn StreamTranslator>, SseDecoder)>,
+    /// Whether the first byte has come (for the time to first token).
+    started: bool,
 }
 
 impl StreamState {
@@ -296,6 +301,13 @@ impl StreamState {
         }
         let done = self.tail.windows(DONE.len()).any(|w| w == DONE);
         (!done).then(|| Bytes::from_static(b"data: [DONE]\n\n"))
+    }
+
+    fn first_byte(&mut self) {
+        if !self.started {
+            self.started = true;
+            self.lease.metrics().first_token(&self.lease.model.info.name, self.lease.asked.elapsed());
+        }
     }
 
     fn keep_tail(&mut self, chunk: &[u8]) {
@@ -335,25 +347,32 @@ impl StreamState {
 }
 
 fn update_stats(lease: &Lease, v: &Value, non_streaming: bool) {
-    let mut s = lease.model.stats.lock().unwrap_or_else(|e| e.into_inner());
-    apply_usage(&mut s, v, non_streaming);
+    let usage = {
+        let mut s = lease.model.stats.lock().unwrap_or_else(|e| e.into_inner());
+        apply_usage(&mut s, v, non_streaming)
+    };
+    lease.metrics().usage(&lease.model.info.name, &usage, non_streaming.then_some(lease.waited));
 }
 
 /// usage → input/output tokens; llama.cpp `timings` override and give TTFT and tokens/s.
-pub fn apply_usage(s: &mut Stats, v: &Value, non_streaming: bool) {
+/// Returns the request's figures for the metrics.
+pub fn apply_usage(s: &mut Stats, v: &Value, non_streaming: bool) -> Usage {
     let u64_at = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64);
     let f64_at = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64);
+    let mut out = Usage::default();
     if let Some(u) = v.get("usage") {
         let input = u64_at(u, "prompt_tokens").or_else(|| u64_at(u, "input_tokens"));
         let output = u64_at(u, "completion_tokens").or_else(|| u64_at(u, "output_tokens"));
         if let Some(i) = input {
             s.input_tokens = i;
+            out.prompt_tokens = Some(i);
             if non_streaming {
                 s.prompt_tokens = i;
             }
         }
         if let Some(o) = output {
             s.output_tokens = o;
+            out.generated_tokens = Some(o);
         }
     }
     if let Some(t) = v.get("timings") {
@@ -363,18 +382,24 @@ pub fn apply_usage(s: &mut Stats, v: &Value, non_streaming: bool) {
             // stream has no `usage` unless asked, but its last chunk has these timings.
             if let Some(cached) = u64_at(t, "cache_n") {
                 s.prompt_tokens = n + cached;
+                out.prompt_tokens = Some(n + cached);
             }
+            out.prompt_tokens = out.prompt_tokens.or(Some(n));
         }
         if let Some(n) = u64_at(t, "predicted_n") {
             s.output_tokens = n;
+            out.generated_tokens = Some(n);
         }
         if let Some(ms) = f64_at(t, "prompt_ms") {
             s.time_to_first_token = ms / 1000.0;
+            out.prompt_seconds = Some(ms / 1000.0);
         }
         if let Some(tps) = f64_at(t, "predicted_per_second") {
             s.tokens_per_second = tps;
+            out.tokens_per_second = Some(tps);
         }
     }
+    out
 }
 
 #[cfg(test)]
@@ -386,16 +411,19 @@ mod tests {
         let mut s = Stats::default();
         let v = serde_json::json!({"usage": {"prompt_tokens": 10, "completion_tokens": 5},
             "timings": {"prompt_n": 9, "predicted_n": 4, "prompt_ms": 25.0, "predicted_per_second": 80.5}});
-        apply_usage(&mut s, &v, true);
+        let u = apply_usage(&mut s, &v, true);
         assert_eq!((s.input_tokens, s.output_tokens, s.prompt_tokens), (9, 4, 10));
+        // The metrics count the whole prompt (usage's, as no cache_n says otherwise).
+        assert_eq!((u.prompt_tokens, u.generated_tokens, u.prompt_seconds), (Some(10), Some(4), Some(0.025)));
         assert_eq!(s.time_to_first_token, 0.025);
         assert_eq!(s.tokens_per_second, 80.5);
         let mut s2 = Stats::default();
         apply_usage(&mut s2, &serde_json::json!({"usage": {"input_tokens": 3, "output_tokens": 2}}), false);
         assert_eq!((s2.input_tokens, s2.output_tokens, s2.prompt_tokens), (3, 2, 0));
         // A stream's final timings: processed plus cached tokens make the whole prompt.
-        apply_usage(&mut s2, &serde_json::json!({"timings": {"prompt_n": 1, "cache_n": 35}}), false);
+        let u = apply_usage(&mut s2, &serde_json::json!({"timings": {"prompt_n": 1, "cache_n": 35}}), false);
         assert_eq!((s2.input_tokens, s2.prompt_tokens), (1, 36));
+        assert_eq!(u.prompt_tokens, Some(36));
     }
 
     #[test]

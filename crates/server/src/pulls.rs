@@ -159,7 +159,10 @@ pub async fn download(
     m: &ModelInfo,
     events: Option<&mpsc::Sender<(&'static str, String)>>,
 ) -> Result<(), ApiError> {
-    let hub = hub();
+    let received = rt.metrics.pull_counter(&m.name);
+    let hub = hub().on_received(move |n| {
+        received.inc_by(n);
+    });
     let main = Checkpoint::parse(&m.checkpoint);
     let lock = rt.locks.get(&format!("repo:{}", main.repo));
     let _guard = lock.lock().await;

@@ -4,7 +4,7 @@
 use axum::routing::{any, delete, get, post, MethodRouter};
 use axum::Router;
 
-use crate::api::{admin, anthropic, install, lifecycle, logs, native, ollama, openai, pull, system};
+use crate::api::{admin, anthropic, install, lifecycle, logs, metrics, native, ollama, openai, pull, system};
 use crate::state::AppState;
 
 /// The API route prefixes; every API endpoint answers identically under each.
@@ -121,29 +121,31 @@ route_table! {
     }
 }
 
-/// llama-server's own routes.
-pub fn native_router() -> Router<AppState> {
+/// llama-server's own routes; at the root, `/metrics` is lemonade's (see [`router`]).
+pub fn native_router(root: bool) -> Router<AppState> {
     let mut native = Router::new();
     for path in NATIVE_POST {
         native = native.route(path, post_only(native::native_post));
     }
-    for path in NATIVE_GET {
+    for path in NATIVE_GET.into_iter().filter(|p| !root || *p != "/metrics") {
         native = native.route(path, get_only(native::native_get));
     }
     native
 }
 
-/// Every route: the API under each prefix, llama-server's routes there and at the root, `/live`.
+/// Every route: the API under each prefix, llama-server's routes there and at the root, `/live`
+/// and lemonade's Prometheus `/metrics` (a model's llama-server's with `?model=`).
 pub fn router() -> Router<AppState> {
-    let api = api_router().merge(native_router());
+    let api = api_router().merge(native_router(false));
     let mut router = Router::new();
     for prefix in PREFIXES {
         router = router.nest(prefix, api.clone());
     }
     router
-        .merge(native_router())
+        .merge(native_router(true))
         .merge(root_router())
         .route("/live", get_only(lifecycle::live))
+        .route("/metrics", get_only(metrics::metrics))
         .fallback(native::unknown_path)
 }
 

@@ -31,6 +31,7 @@ use crate::config::Config;
 use crate::error::ApiError;
 use crate::installs;
 use crate::locks::Locks;
+use crate::metrics::{Metrics, Snapshot};
 
 /// Failed health probes in a row after which a backend counts as wedged and is killed.
 const WATCHDOG_STRIKES: u32 = 3;
@@ -108,6 +109,8 @@ pub struct Runtime {
     epoch: Instant,
     /// Set once shutdown begins: long-lived responses (SSE) end so connections drain.
     closing: tokio::sync::watch::Sender<bool>,
+    /// lemonade's own Prometheus metrics.
+    pub metrics: Arc<Metrics>,
 }
 
 /// Keeps a model in use while a request runs. Dropping it releases the model.
@@ -115,6 +118,9 @@ pub struct Lease {
     pub model: Arc<Running>,
     req: ReqId,
     rt: Arc<Runtime>,
+    /// When the request asked for the model, and how long it waited for it.
+    pub asked: Instant,
+    pub waited: Duration,
 }
 
 impl Lease {
@@ -126,6 +132,10 @@ impl Lease {
     /// The pooled client used for every backend request.
     pub fn http(&self) -> &reqwest::Client {
         &self.rt.http
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.rt.metrics
     }
 }
 
@@ -189,6 +199,7 @@ impl Runtime {
             seq: AtomicU64::new(0),
             epoch: Instant::now(),
             closing: tokio::sync::watch::channel(false).0,
+            metrics: Arc::new(Metrics::new()),
         });
         tokio::spawn(owner(Arc::downgrade(&rt), rx, machine));
         rt
@@ -278,6 +289,19 @@ impl Runtime {
             }
         }
         out
+    }
+
+    /// lemonade's Prometheus exposition, its gauges from the state as last published.
+    pub fn metrics_text(&self) -> String {
+        let view = self.view();
+        let sched = self.scheduler_view();
+        let s = Snapshot {
+            loaded: self.loaded().iter().map(|(r, _)| r.info.model_type).collect(),
+            models: view.iter().map(|(n, v)| (n.clone(), v.queue_depth as u64, v.in_flight as u64)).collect(),
+            in_use: [sched.memory_in_use, sched.vram_in_use],
+            budgets: [sched.settings.memory_budget.flatten(), sched.settings.vram_budget.flatten()],
+        };
+        self.metrics.encode(&s)
     }
 
     /// The scheduler's settings and memory use, as last published.
@@ -371,9 +395,13 @@ impl Runtime {
         }
         let auto_load = self.cfg.auto_load.then_some(options);
         let (req, rx) = self.request();
+        let asked = Instant::now();
         match self.ask(req, rx, Event::Acquire { req, model, auto_load }).await {
             Answer::Granted => match self.running_model(name) {
-                Some(model) => Ok(Lease { model, req, rt: self.clone() }),
+                Some(model) => {
+                    self.metrics.granted(name);
+                    Ok(Lease { model, req, rt: self.clone(), asked, waited: asked.elapsed() })
+                }
                 None => {
                     let _ = self.tx.send(Event::Release { req });
                     Err(ApiError::BackendUnavailable(format!("The backend of model '{name}' exited just now")))
@@ -627,6 +655,7 @@ impl Runtime {
             return Err(LoadError { message: self.redact(&e.to_string()), missing_file: false });
         }
         tracing::info!(model = %name, ms = started.elapsed().as_millis() as u64, port = backend.port(), "model loaded");
+        self.metrics.loaded(name, started.elapsed());
         self.watch(name.to_string(), running);
         Ok(())
     }
@@ -654,6 +683,7 @@ impl Runtime {
                 r.backend.output_drained().await;
                 let tail = r.backend.log_tail();
                 tracing::error!(model = %name, status = %exit, "backend died");
+                rt.metrics.crashed(&name);
                 let error = if r.wedged.load(Ordering::SeqCst) {
                     format!("llama-server stopped answering its health checks and was killed ({exit}). Last log lines:\n{tail}")
                 } else {

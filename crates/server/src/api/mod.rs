@@ -6,6 +6,7 @@ pub mod anthropic;
 pub mod install;
 pub mod lifecycle;
 pub mod logs;
+pub mod metrics;
 pub mod native;
 pub mod ollama;
 pub mod openai;
