@@ -225,6 +225,15 @@ async fn crash_mid_stream_ends_with_an_error_frame_and_the_model_reloads() {
     assert!(v["error"]["message"].as_str().unwrap().contains("exit code 1"), "{v}");
     until_state(&l, &x("c"), "failed").await;
     assert_eq!(l.chat(&x("c")).await.0, 200, "the next request reloads it");
+    let metrics = l.http.get(l.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let model = x("c");
+    for line in [
+        format!(r#"lemonade_backend_crashes_total{{model="{model}"}} 1"#),
+        format!(r#"lemonade_backend_restarts_total{{model="{model}"}} 1"#),
+        format!(r#"lemonade_model_load_seconds_count{{model="{model}"}} 2"#),
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} not in:\n{metrics}");
+    }
 }
 
 #[tokio::test]
@@ -268,9 +277,20 @@ async fn a_wedged_backend_is_detected_by_the_watchdog() {
     unsafe {
         libc::kill(child as i32, libc::SIGSTOP);
     }
+    let stuck = spawn_post(&l, "/api/v1/chat/completions", json!({"model": x("w"), "messages": []}));
+    let sent = wait_for(Duration::from_secs(10), || async {
+        let (_, h) = l.get("/api/v1/health").await;
+        (h["all_models_loaded"][0]["in_flight"] == 1).then_some(())
+    })
+    .await;
+    assert!(sent.is_some(), "the request reached the stopped backend");
     let failed = until_state(&l, &x("w"), "failed").await; // the wedged backend was noticed
     assert!(failed["last_error"].as_str().unwrap().contains("stopped answering"), "{failed}");
     assert!(!alive(child), "the wedged process was killed");
+    let (s, e) = stuck.await.unwrap();
+    let msg = e["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!(s, 502, "{e}");
+    assert!(msg.contains("stopped answering its health checks during the request and was killed"), "{msg}");
     assert_eq!(l.chat(&x("w")).await.0, 200, "and the model reloads");
 }
 

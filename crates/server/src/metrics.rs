@@ -155,12 +155,7 @@ impl Metrics {
             m.ttft.clone(),
         );
         r.register("decode_rate_tokens_per_second", "Decode rate the backend reports", m.decode_rate.clone());
-        r.register_with_unit(
-            "model_load",
-            "Backend start until it answers health",
-            Unit::Seconds,
-            m.load_time.clone(),
-        );
+        r.register_with_unit("model_load", "Backend start until it answers health", Unit::Seconds, m.load_time.clone());
         r.register("models_loaded", "Loaded models by type", m.loaded.clone());
         r.register("queue_depth", "Requests waiting for a model", m.queue_depth.clone());
         r.register("requests_in_flight", "Requests a model is serving", m.in_flight.clone());

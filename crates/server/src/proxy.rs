@@ -91,7 +91,13 @@ async fn unavailable(lease: &Lease, e: &reqwest::Error) -> ApiError {
         Some(x) => Some(x),
         None => tokio::time::timeout(EXIT_GRACE, b.wait_exit()).await.ok(),
     };
+    let wedged = lease.model.wedged.load(std::sync::atomic::Ordering::SeqCst);
     match exit {
+        Some(exit) if wedged => ApiError::BackendUnavailable(format!(
+            "The backend of model '{}' stopped answering its health checks during the request and was killed ({exit}). Last log lines:\n{}",
+            lease.model.info.name,
+            b.log_tail()
+        )),
         Some(exit) => ApiError::BackendUnavailable(format!(
             "The backend of model '{}' exited ({exit}) during the request. Last log lines:\n{}",
             lease.model.info.name,

@@ -57,7 +57,7 @@ pub struct Running {
     /// Order of loading, for `health`.
     seq: u64,
     /// Set when the watchdog killed it for not answering.
-    wedged: std::sync::atomic::AtomicBool,
+    pub wedged: std::sync::atomic::AtomicBool,
 }
 
 /// One model as the owner last published it.

@@ -85,7 +85,9 @@ async fn main() {
 
 async fn chat(State(k): State<Knobs>, Json(body): Json<Value>) -> axum::response::Response {
     use axum::response::IntoResponse;
-    let tokens = body.get("max_tokens").and_then(Value::as_u64).unwrap_or(k.tokens);
+    // At most a context's worth, as llama-server (a fuzzer's max_tokens of 10^12 would
+    // otherwise build an answer that never ends and starve /health).
+    let tokens = body.get("max_tokens").and_then(Value::as_u64).unwrap_or(k.tokens).min(4096);
     if body.get("stream") != Some(&json!(true)) {
         tokio::time::sleep(Duration::from_millis(k.token_delay_ms * tokens)).await;
         let text: String = (0..tokens).map(|i| format!("tok{i} ")).collect();

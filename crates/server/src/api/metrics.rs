@@ -12,7 +12,11 @@ use crate::state::AppState;
 
 /// lemonade's metrics; with `?model=`, that model's llama-server's own `/metrics` (as under
 /// the API prefixes).
-pub async fn metrics(State(rt): State<AppState>, uri: http::Uri, RawQuery(query): RawQuery) -> Result<Response, ApiError> {
+pub async fn metrics(
+    State(rt): State<AppState>,
+    uri: http::Uri,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
     let names_a_model = form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes()).any(|(k, _)| k == "model");
     if names_a_model {
         return native::native_get(State(rt), uri, RawQuery(query)).await;

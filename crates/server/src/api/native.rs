@@ -47,7 +47,8 @@ pub async fn native_post(
 
 /// llama-server's own GET endpoints (`/props`, `/slots`, `/metrics`), routed by `?model=`.
 #[utoipa::path(get, path = "/slots", tag = "llama.cpp",
-    description = "The same for /props and /metrics (also under the four API prefixes). Other query parameters are passed on.",
+    description = "The same for /props and /metrics (also under the four API prefixes). Other query parameters are passed on. \
+                   Plain `/metrics` at the root, with no `model`, is lemonade's own Prometheus metrics (OpenMetrics text, not described here).",
     params(("model" = String, Query, description = "Model whose backend answers")),
     responses(
         (status = 200, description = "llama-server's answer"),
