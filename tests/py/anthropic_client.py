@@ -45,6 +45,34 @@ q = [{"role": "user", "content": "What is the weather in Paris?"},
      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny, 24 degrees"}]}]
 m = c.messages.create(model=smol, max_tokens=24, extra_body={"temperature": 0}, messages=q, tools=tools)
 check(m.content and m.content[0].type == "text" and m.content[0].text.strip(), m.content)
+
+# A live round trip: the model itself writes the calls. SmolLM2-135M is too small to decide to
+# call a tool, so its turn is prefilled with "<tool_call>" (Anthropic's assistant prefill) and
+# tool_choice is "any": llama.cpp's grammar then admits only get_weather calls, whose arguments
+# the model writes (it writes two calls; llama.cpp's grammar allows several <tool_call> blocks
+# even with parallel calls off); lemonade turns each into a tool_use block.
+call = [{"role": "user", "content": "What is the weather in Paris?"}, {"role": "assistant", "content": "<tool_call>\n"}]
+m = c.messages.create(model=smol, max_tokens=100, extra_body={"temperature": 0}, messages=call, tools=tools,
+                      tool_choice={"type": "any"})
+uses = [b for b in m.content if b.type == "tool_use"]
+check(m.stop_reason == "tool_use" and uses, m)
+for u in uses:
+    check(u.name == "get_weather" and isinstance(u.input.get("city"), str) and u.input["city"], u)
+check(len({u.id for u in uses}) == len(uses), "tool_use ids must differ")
+with c.messages.stream(model=smol, max_tokens=100, extra_body={"temperature": 0}, messages=call, tools=tools,
+                       tool_choice={"type": "any"}) as st:
+    kinds = [(e.type, getattr(getattr(e, "delta", None), "type", None)) for e in st]
+    streamed = st.get_final_message()
+check(("content_block_delta", "input_json_delta") in kinds, kinds)
+s_uses = [b for b in streamed.content if b.type == "tool_use"]
+check(streamed.stop_reason == "tool_use" and [u.input for u in s_uses] == [u.input for u in uses], streamed)
+# The client runs the tool for each call and sends the results back; the model answers from them.
+back = [call[0], {"role": "assistant", "content": [u.model_dump(include={"type", "id", "name", "input"}) for u in uses]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": u.id, "content": "Sunny, 24 degrees"}
+                                     for u in uses]}]
+m = c.messages.create(model=smol, max_tokens=24, extra_body={"temperature": 0}, messages=back, tools=tools)
+check(m.stop_reason in ("end_turn", "max_tokens") and m.content[0].type == "text" and m.content[0].text.strip(), m)
+
 with_tools = c.messages.count_tokens(model=smol, messages=q, tools=tools)
 without = c.messages.count_tokens(model=smol, messages=q[:1])
 check(with_tools.input_tokens > without.input_tokens + 40, (with_tools, without))

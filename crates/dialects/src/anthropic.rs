@@ -171,6 +171,9 @@ pub fn request(req: &MessagesRequest, model: &str) -> Result<Value, BadRequest> 
     }
     if let Some(c) = &req.tool_choice {
         out.insert("tool_choice".into(), tool_choice(c)?);
+        if c.get("disable_parallel_tool_use") == Some(&Value::Bool(true)) {
+            out.insert("parallel_tool_calls".into(), false.into());
+        }
     }
     if let Some(s) = req.stop_sequences.as_ref().filter(|s| !s.is_empty()) {
         out.insert("stop".into(), json!(s));
@@ -450,6 +453,10 @@ mod tests {
         );
         assert_eq!(v["chat_template_kwargs"], json!({"enable_thinking": false}));
         assert_eq!(v["stream"], false);
+        assert!(v.get("parallel_tool_calls").is_none(), "parallel calls stay allowed unless disabled");
+        let one = req(json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": true}}));
+        assert_eq!(request(&one, "m").unwrap()["parallel_tool_calls"], false);
     }
 
     #[test]
