@@ -160,6 +160,9 @@ async fn main() -> anyhow::Result<()> {
         "added_ttft_ms": added_ttft,
         "throughput_ratio": ratio,
     });
+    if std::env::var("LEMONADE_BENCH_ONLY").as_deref() == Ok("streaming") {
+        return Ok(());
+    }
     let mut out = out;
     let router = more::Router::start(
         &[

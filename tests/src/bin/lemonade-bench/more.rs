@@ -292,7 +292,8 @@ async fn hammer(url: &str, conc: usize, secs: f64) -> anyhow::Result<(f64, f64, 
     Ok((rps, p(0.5), p(0.99)))
 }
 
-/// Throughput of `health` and `models` (and llama-server's own `/health` for scale).
+/// Throughput of `health`, `models`, `live` and `/metrics` (and llama-server's own `/health`
+/// for scale).
 pub async fn endpoints(l: &Lemonade, direct_base: &str) -> anyhow::Result<Value> {
     const CONC: usize = 32;
     const SECS: f64 = 3.0;
@@ -304,6 +305,7 @@ pub async fn endpoints(l: &Lemonade, direct_base: &str) -> anyhow::Result<Value>
         ("lemonade GET /api/v1/health", l.url("/api/v1/health")),
         ("lemonade GET /api/v1/models", l.url("/api/v1/models")),
         ("lemonade GET /live", l.url("/live")),
+        ("lemonade GET /metrics", l.url("/metrics")),
         ("llama-server GET /health (for scale)", format!("{direct_base}/health")),
     ] {
         let (rps, p50, p99) = hammer(&url, CONC, SECS).await?;
