@@ -408,6 +408,15 @@ async fn real_llama_server_crash_loop_is_refused_with_retry_after_then_reloads()
     assert!(msg.contains("keeps failing and is backing off") && msg.contains("killed by signal 9"), "{msg}");
     let served = wait_for(std::time::Duration::from_secs(10), || async { (l.chat(SMOL).await.0 == 200).then_some(()) });
     assert!(served.await.is_some(), "served again once the pause is over");
+    // /metrics saw both crashes of the real llama-server, both restarts and the three loads.
+    let metrics = l.http.get(l.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    for line in [
+        format!(r#"lemonade_backend_crashes_total{{model="{SMOL}"}} 2"#),
+        format!(r#"lemonade_backend_restarts_total{{model="{SMOL}"}} 2"#),
+        format!(r#"lemonade_model_load_seconds_count{{model="{SMOL}"}} 3"#),
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} not in:\n{metrics}");
+    }
 }
 
 #[tokio::test]

@@ -338,3 +338,36 @@ async fn cli_pull_list_and_delete() {
     assert_eq!(code, 1);
     assert!(err.contains("Error pulling model") && err.contains("user."), "{err}");
 }
+
+#[tokio::test]
+async fn shutdown_ends_an_ollama_pull_stream_instead_of_waiting_for_it() {
+    let (_tmp, _double, mut l) =
+        setup(Knobs { chunk_delay: Some(std::time::Duration::from_millis(50)), ..Default::default() }).await;
+    let r = l.http.post(l.url("/api/pull")).json(&json!({"model": "Qwen3-0.6B-GGUF"})).send().await.unwrap();
+    assert_eq!(r.headers()["content-type"], "application/x-ndjson");
+    let mut stream = r.bytes_stream();
+    let mut seen = String::new();
+    let progress = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while !seen.contains("\"completed\"") {
+            match futures_util::StreamExt::next(&mut stream).await {
+                Some(Ok(chunk)) => seen.push_str(&String::from_utf8_lossy(&chunk)),
+                _ => break,
+            }
+        }
+    })
+    .await;
+    assert!(progress.is_ok() && seen.contains("\"completed\""), "progress lines came: {seen}");
+    l.signal(libc::SIGTERM);
+    let end = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while let Some(Ok(chunk)) = futures_util::StreamExt::next(&mut stream).await {
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await;
+    assert!(end.is_ok(), "the pull stream did not end at shutdown: {seen}");
+    assert!(!seen.contains("success"), "a 98 MB pull at 64 KiB per 50 ms cannot have finished: {seen}");
+    let (code, log) =
+        tokio::task::spawn_blocking(move || (l.wait_exit(std::time::Duration::from_secs(20)), l.log())).await.unwrap();
+    assert!(code.is_some_and(|c| c.success()), "{code:?}");
+    assert!(!log.contains("connections still open"), "{log}");
+}

@@ -59,14 +59,26 @@ impl Counts {
             self.completion_tokens = u(usage, "completion_tokens").or(self.completion_tokens);
         }
         if let Some(t) = v.get("timings").filter(|t| t.is_object()) {
-            // The whole prompt: the part processed now plus the part reused from the cache.
+            // The whole prompt: the part processed now plus the part reused from the cache
+            // (without `cache_n`, `usage` says it better than the processed part alone).
             if let Some(n) = u(t, "prompt_n") {
-                self.prompt_tokens = Some(n + u(t, "cache_n").unwrap_or(0));
+                self.prompt_tokens = match u(t, "cache_n") {
+                    Some(cached) => Some(n + cached),
+                    None => self.prompt_tokens.or(Some(n)),
+                };
             }
             self.completion_tokens = u(t, "predicted_n").or(self.completion_tokens);
             self.prompt_ms = t.get("prompt_ms").and_then(Value::as_f64).or(self.prompt_ms);
             self.predicted_ms = t.get("predicted_ms").and_then(Value::as_f64).or(self.predicted_ms);
         }
+    }
+}
+
+impl Counts {
+    /// The decode rate (tokens/s), from the generated tokens and their time.
+    pub fn tokens_per_second(&self) -> Option<f64> {
+        let (n, ms) = (self.completion_tokens?, self.predicted_ms.filter(|ms| *ms > 0.0)?);
+        Some(n as f64 * 1000.0 / ms)
     }
 }
 
@@ -167,6 +179,11 @@ mod tests {
             (c.prompt_tokens, c.completion_tokens, c.prompt_ms, c.predicted_ms),
             (Some(11), Some(6), Some(1.5), Some(30.0))
         );
+        assert_eq!(c.tokens_per_second(), Some(200.0));
+        // Without cache_n, usage's whole prompt stays.
+        let c = Counts::of(&json!({"usage": {"prompt_tokens": 10}, "timings": {"prompt_n": 9}}));
+        assert_eq!(c.prompt_tokens, Some(10));
+        assert_eq!(Counts::of(&json!({"timings": {"prompt_n": 9}})).prompt_tokens, Some(9));
     }
 
     #[test]

@@ -255,13 +255,20 @@ impl ApiError {
         }
     }
 
-    /// This error in a dialect's own shape, with the same status.
+    /// This error with `body` (OpenAI's shape or a dialect's), its status, and the headers
+    /// that go with it.
     fn shaped(self, body: impl serde::Serialize) -> Response {
         let status = self.status();
         self.log(status);
         let mut resp = (status, axum::Json(body)).into_response();
+        // Whole seconds, rounded up (RFC 9110).
         if let Some(secs) = self.retry_after() {
             resp.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
+        }
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body is never read, so the server closes this connection; saying
+            // so keeps clients from reusing it for their next request.
+            resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
         }
         resp
     }
@@ -345,18 +352,8 @@ impl IntoResponse for ApiError {
             let ct = content_type.unwrap_or_else(|| "application/json".into());
             return (status, [(http::header::CONTENT_TYPE, ct)], body).into_response();
         }
-        self.log(status);
-        let mut resp = (status, axum::Json(self.body())).into_response();
-        // Whole seconds, rounded up (RFC 9110).
-        if let Some(secs) = self.retry_after() {
-            resp.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
-        }
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            // The rest of the body is never read, so the server closes this connection; saying
-            // so keeps clients from reusing it for their next request.
-            resp.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
-        }
-        resp
+        let body = self.body();
+        self.shaped(body)
     }
 }
 

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use api_types::ModelType;
+use dialects::Counts;
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
@@ -62,18 +63,6 @@ fn load_seconds() -> Histogram {
     Histogram::new([0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0])
 }
 
-/// One model's usage from a finished request.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Usage {
-    /// The whole prompt (processed plus reused from the cache).
-    pub prompt_tokens: Option<u64>,
-    pub generated_tokens: Option<u64>,
-    /// The backend's prompt processing time (s), for a whole answer's time to first token.
-    pub prompt_seconds: Option<f64>,
-    /// Decode rate reported by the backend (tokens/s).
-    pub tokens_per_second: Option<f64>,
-}
-
 /// The state gauges show, taken at a scrape.
 #[derive(Debug, Default)]
 pub struct Snapshot {
@@ -117,8 +106,8 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("lemonade");
-        let m = Metrics {
+        let mut m = Metrics {
+            registry: Registry::with_prefix("lemonade"),
             requests: Family::default(),
             model_requests: Family::default(),
             prompt_tokens: Family::default(),
@@ -136,9 +125,8 @@ impl Metrics {
             pull_bytes: Family::default(),
             crashed: Mutex::new(HashSet::new()),
             scrape: Mutex::new(()),
-            registry: Registry::default(),
         };
-        let r = &mut registry;
+        let r = &mut m.registry;
         r.register(
             "http_requests",
             "HTTP requests answered, by route template (endpoint), method and status",
@@ -178,7 +166,7 @@ impl Metrics {
         );
         r.register("backend_restarts", "Backends started again after a crash", m.restarts.clone());
         r.register_with_unit("pull", "Bytes received by model downloads", Unit::Bytes, m.pull_bytes.clone());
-        Metrics { registry, ..m }
+        m
     }
 
     /// One answered HTTP request; `endpoint` is the route template (None: no route matched).
@@ -209,18 +197,18 @@ impl Metrics {
 
     /// A finished request's usage; `waited` is set for a whole answer (its time to first token
     /// is the wait plus the backend's prompt time).
-    pub fn usage(&self, model: &str, u: &Usage, waited: Option<Duration>) {
+    pub fn usage(&self, model: &str, c: &Counts, waited: Option<Duration>) {
         let l = label(model);
-        if let Some(n) = u.prompt_tokens {
+        if let Some(n) = c.prompt_tokens {
             self.prompt_tokens.get_or_create(&l).inc_by(n);
         }
-        if let Some(n) = u.generated_tokens {
+        if let Some(n) = c.completion_tokens {
             self.generated_tokens.get_or_create(&l).inc_by(n);
         }
-        if let (Some(w), Some(p)) = (waited, u.prompt_seconds) {
-            self.ttft.get_or_create(&l).observe(w.as_secs_f64() + p);
+        if let (Some(w), Some(ms)) = (waited, c.prompt_ms) {
+            self.ttft.get_or_create(&l).observe(w.as_secs_f64() + ms / 1000.0);
         }
-        if let Some(tps) = u.tokens_per_second.filter(|t| t.is_finite() && *t > 0.0) {
+        if let Some(tps) = c.tokens_per_second().filter(|t| t.is_finite() && *t > 0.0) {
             self.decode_rate.get_or_create(&l).observe(tps);
         }
     }
@@ -301,14 +289,14 @@ mod tests {
         m.request(Some("/v1/chat/completions"), &http::Method::POST, 200);
         m.request(Some("/v1/chat/completions"), &http::Method::POST, 200);
         m.request(None, &http::Method::from_bytes(b"BREW").unwrap(), 404);
-        let u = Usage {
+        let c = Counts {
             prompt_tokens: Some(30),
-            generated_tokens: Some(12),
-            prompt_seconds: Some(0.02),
-            tokens_per_second: Some(80.0),
+            completion_tokens: Some(12),
+            prompt_ms: Some(20.0),
+            predicted_ms: Some(150.0), // 80 tokens/s
         };
-        m.usage("a", &u, Some(Duration::from_millis(5)));
-        m.usage("a", &Usage { tokens_per_second: Some(f64::NAN), ..u }, None);
+        m.usage("a", &c, Some(Duration::from_millis(5)));
+        m.usage("a", &Counts { predicted_ms: Some(0.0), ..c }, None);
         m.crashed("a");
         m.loaded("a", Duration::from_millis(700));
         m.loaded("a", Duration::from_millis(300));

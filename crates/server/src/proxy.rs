@@ -11,10 +11,9 @@ use futures_util::StreamExt;
 use http::{header, HeaderValue, StatusCode};
 use serde_json::Value;
 
-use dialects::{SseDecoder, StreamTranslator};
+use dialects::{Counts, SseDecoder, StreamTranslator};
 
 use crate::error::ApiError;
-use crate::metrics::Usage;
 use crate::runtime::Lease;
 
 /// Bytes of a stream kept to find the last usage/timings chunk and the `[DONE]` marker.
@@ -353,32 +352,26 @@ impl StreamState {
 }
 
 fn update_stats(lease: &Lease, v: &Value, non_streaming: bool) {
-    let usage = {
-        let mut s = lease.model.stats.lock().unwrap_or_else(|e| e.into_inner());
-        apply_usage(&mut s, v, non_streaming)
-    };
-    lease.metrics().usage(&lease.model.info.name, &usage, non_streaming.then_some(lease.waited));
+    apply_usage(&mut lease.model.stats.lock().unwrap_or_else(|e| e.into_inner()), v, non_streaming);
+    // A whole answer's time to first token is the wait for the model plus the prompt's time.
+    lease.metrics().usage(&lease.model.info.name, &Counts::of(v), non_streaming.then_some(lease.waited));
 }
 
 /// usage → input/output tokens; llama.cpp `timings` override and give TTFT and tokens/s.
-/// Returns the request's figures for the metrics.
-pub fn apply_usage(s: &mut Stats, v: &Value, non_streaming: bool) -> Usage {
+pub fn apply_usage(s: &mut Stats, v: &Value, non_streaming: bool) {
     let u64_at = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64);
     let f64_at = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64);
-    let mut out = Usage::default();
     if let Some(u) = v.get("usage") {
         let input = u64_at(u, "prompt_tokens").or_else(|| u64_at(u, "input_tokens"));
         let output = u64_at(u, "completion_tokens").or_else(|| u64_at(u, "output_tokens"));
         if let Some(i) = input {
             s.input_tokens = i;
-            out.prompt_tokens = Some(i);
             if non_streaming {
                 s.prompt_tokens = i;
             }
         }
         if let Some(o) = output {
             s.output_tokens = o;
-            out.generated_tokens = Some(o);
         }
     }
     if let Some(t) = v.get("timings") {
@@ -388,24 +381,18 @@ pub fn apply_usage(s: &mut Stats, v: &Value, non_streaming: bool) -> Usage {
             // stream has no `usage` unless asked, but its last chunk has these timings.
             if let Some(cached) = u64_at(t, "cache_n") {
                 s.prompt_tokens = n + cached;
-                out.prompt_tokens = Some(n + cached);
             }
-            out.prompt_tokens = out.prompt_tokens.or(Some(n));
         }
         if let Some(n) = u64_at(t, "predicted_n") {
             s.output_tokens = n;
-            out.generated_tokens = Some(n);
         }
         if let Some(ms) = f64_at(t, "prompt_ms") {
             s.time_to_first_token = ms / 1000.0;
-            out.prompt_seconds = Some(ms / 1000.0);
         }
         if let Some(tps) = f64_at(t, "predicted_per_second") {
             s.tokens_per_second = tps;
-            out.tokens_per_second = Some(tps);
         }
     }
-    out
 }
 
 #[cfg(test)]
@@ -417,19 +404,21 @@ mod tests {
         let mut s = Stats::default();
         let v = serde_json::json!({"usage": {"prompt_tokens": 10, "completion_tokens": 5},
             "timings": {"prompt_n": 9, "predicted_n": 4, "prompt_ms": 25.0, "predicted_per_second": 80.5}});
-        let u = apply_usage(&mut s, &v, true);
+        apply_usage(&mut s, &v, true);
         assert_eq!((s.input_tokens, s.output_tokens, s.prompt_tokens), (9, 4, 10));
         // The metrics count the whole prompt (usage's, as no cache_n says otherwise).
-        assert_eq!((u.prompt_tokens, u.generated_tokens, u.prompt_seconds), (Some(10), Some(4), Some(0.025)));
+        let u = Counts::of(&v);
+        assert_eq!((u.prompt_tokens, u.completion_tokens, u.prompt_ms), (Some(10), Some(4), Some(25.0)));
         assert_eq!(s.time_to_first_token, 0.025);
         assert_eq!(s.tokens_per_second, 80.5);
         let mut s2 = Stats::default();
         apply_usage(&mut s2, &serde_json::json!({"usage": {"input_tokens": 3, "output_tokens": 2}}), false);
         assert_eq!((s2.input_tokens, s2.output_tokens, s2.prompt_tokens), (3, 2, 0));
         // A stream's final timings: processed plus cached tokens make the whole prompt.
-        let u = apply_usage(&mut s2, &serde_json::json!({"timings": {"prompt_n": 1, "cache_n": 35}}), false);
+        let last = serde_json::json!({"timings": {"prompt_n": 1, "cache_n": 35}});
+        apply_usage(&mut s2, &last, false);
         assert_eq!((s2.input_tokens, s2.prompt_tokens), (1, 36));
-        assert_eq!(u.prompt_tokens, Some(36));
+        assert_eq!(Counts::of(&last).prompt_tokens, Some(36));
     }
 
     #[test]

@@ -68,13 +68,22 @@ pub fn events(rt: &Arc<Runtime>, mut rx: mpsc::Receiver<(&'static str, String)>)
 }
 
 /// `body` as an SSE response (no caching, no proxy buffering) that also ends when the server
-/// shuts down, so an open stream does not hold the shutdown up.
+/// shuts down.
 pub fn response(
     rt: &Runtime,
     body: impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
 ) -> Response {
+    headers(Response::new(until_shutdown(rt, body)))
+}
+
+/// A streamed body that ends when the server shuts down, so an open stream (SSE, NDJSON) does
+/// not hold the shutdown up.
+pub fn until_shutdown(
+    rt: &Runtime,
+    body: impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
+) -> Body {
     use futures_util::StreamExt;
-    headers(Response::new(Body::from_stream(body.take_until(rt.closed()))))
+    Body::from_stream(body.take_until(rt.closed()))
 }
 
 /// An SSE response's headers: no caching, no proxy buffering.

@@ -2,10 +2,10 @@
 //! translated by `dialects::ollama` and served by the same leases and backends as the OpenAI
 //! routes; errors are Ollama's `{"error": "…"}`.
 
+use std::convert::Infallible;
 use std::time::{Duration, SystemTime};
 
 use api_types::*;
-use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -18,13 +18,16 @@ use crate::error::{ApiError, OllamaApiError};
 use crate::extract::DialectJson;
 use crate::runtime::{Lease, ModelView, Running};
 use crate::state::AppState;
-use crate::{proxy, pulls};
+use crate::{proxy, pulls, sse};
 
 type Body_<T> = DialectJson<T, OllamaApiError>;
 type Answer = Result<Response, OllamaApiError>;
 
 const LLM: &[ModelType] = &[ModelType::Llm];
 const EMBEDDING: &[ModelType] = &[ModelType::Embedding];
+
+/// Ollama's `modified_at` for every model (lemonade keeps no such date).
+const MODIFIED_AT: &str = "2024-01-01T00:00:00Z";
 
 fn now() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
@@ -235,7 +238,7 @@ pub async fn tags(State(rt): State<AppState>) -> Json<OllamaTags> {
         .map(|m| OllamaModel {
             name: dialect::tagged(&m.name),
             model: dialect::tagged(&m.name),
-            modified_at: "2024-01-01T00:00:00Z".into(),
+            modified_at: MODIFIED_AT.into(),
             size: size(m),
             digest: dialect::DIGEST.into(),
             details: details(m),
@@ -307,7 +310,7 @@ pub async fn show(
         model_info: json!({"general.architecture": m.recipe.to_string(), "general.file_type": 0,
                            "general.parameter_count": 0, "general.quantization_version": 0}),
         capabilities: capabilities.into_iter().map(String::from).collect(),
-        modified_at: "2024-01-01T00:00:00Z".into(),
+        modified_at: MODIFIED_AT.into(),
     }))
 }
 
@@ -332,34 +335,32 @@ fn line(v: impl serde::Serialize) -> bytes::Bytes {
     bytes::Bytes::from(b)
 }
 
+/// One pull event as Ollama's NDJSON line (None: an event Ollama has no line for).
+fn pull_line(event: &str, data: &str) -> Option<bytes::Bytes> {
+    let v: Value = serde_json::from_str(data).unwrap_or_default();
+    Some(match event {
+        "progress" => line(OllamaPullStatus {
+            status: format!("pulling {}", v["file"].as_str().unwrap_or_default()),
+            digest: v["file"].as_str().map(str::to_string),
+            total: v["bytes_total"].as_u64(),
+            completed: v["bytes_downloaded"].as_u64(),
+        }),
+        "complete" => line(OllamaPullStatus { status: "success".into(), ..Default::default() }),
+        "error" => line(json!({"error": v["error"].as_str().unwrap_or("the download failed")})),
+        _ => return None,
+    })
+}
+
 /// Pull progress as Ollama's NDJSON: `pulling manifest`, `pulling <file>` with total and
-/// completed bytes, then `success` (or `{"error"}`).
-fn pull_lines(mut rx: mpsc::Receiver<(&'static str, String)>) -> Response {
-    let (tx, out) = mpsc::channel::<bytes::Bytes>(16);
-    tokio::spawn(async move {
-        let _ = tx.send(line(OllamaPullStatus { status: "pulling manifest".into(), ..Default::default() })).await;
-        while let Some((event, data)) = rx.recv().await {
-            let v: Value = serde_json::from_str(&data).unwrap_or_default();
-            let out = match event {
-                "progress" => line(OllamaPullStatus {
-                    status: format!("pulling {}", v["file"].as_str().unwrap_or_default()),
-                    digest: v["file"].as_str().map(str::to_string),
-                    total: v["bytes_total"].as_u64(),
-                    completed: v["bytes_downloaded"].as_u64(),
-                }),
-                "complete" => line(OllamaPullStatus { status: "success".into(), ..Default::default() }),
-                "error" => line(json!({"error": v["error"].as_str().unwrap_or("the download failed")})),
-                _ => continue,
-            };
-            if tx.send(out).await.is_err() {
-                return; // the client left: dropping `rx` cancels the download
-            }
-        }
-    });
-    let stream = futures_util::stream::unfold(out, |mut out| async move {
-        out.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), out))
-    });
-    ([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(stream)).into_response()
+/// completed bytes, then `success` (or `{"error"}`). A client that leaves drops `rx`, which
+/// cancels the download; shutdown ends the stream.
+fn pull_lines(rt: &AppState, mut rx: mpsc::Receiver<(&'static str, String)>) -> Response {
+    use futures_util::StreamExt;
+    let first = line(OllamaPullStatus { status: "pulling manifest".into(), ..Default::default() });
+    let rest = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+        .filter_map(|(event, data)| std::future::ready(pull_line(event, &data)));
+    let lines = futures_util::stream::once(std::future::ready(first)).chain(rest).map(Ok::<_, Infallible>);
+    ([(header::CONTENT_TYPE, "application/x-ndjson")], sse::until_shutdown(rt, lines)).into_response()
 }
 
 /// Downloads a catalogue (or registered) model.
@@ -379,7 +380,7 @@ pub async fn pull(State(rt): State<AppState>, body: Body_<OllamaModelRequest>) -
         pulls::pull_now(&rt, &m).await?;
         return Ok(Json(OllamaPullStatus { status: "success".into(), ..Default::default() }).into_response());
     }
-    Ok(pull_lines(pulls::pull_in_background(&rt, m)))
+    Ok(pull_lines(&rt, pulls::pull_in_background(&rt, m)))
 }
 
 /// Ollama routes lemonade does not serve.
