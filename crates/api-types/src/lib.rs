@@ -13,11 +13,13 @@ use utoipa::ToSchema;
 
 mod admin;
 mod anthropic;
+mod audio;
 mod lemonade;
 mod ollama;
 mod system;
 pub use admin::*;
 pub use anthropic::*;
+pub use audio::*;
 pub use lemonade::*;
 pub use ollama::*;
 pub use system::*;

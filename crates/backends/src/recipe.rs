@@ -69,7 +69,8 @@ impl Recipe {
         match self {
             Recipe::LlamaCpp => Some(&crate::llamacpp::LlamaCpp),
             Recipe::RyzenAiLlm => Some(&crate::ryzenai::RyzenAi),
-            Recipe::WhisperCpp | Recipe::Kokoro | Recipe::SdCpp | Recipe::Flm => None,
+            Recipe::WhisperCpp => Some(&crate::whispercpp::WhisperCpp),
+            Recipe::Kokoro | Recipe::SdCpp | Recipe::Flm => None,
         }
     }
 
@@ -181,7 +182,7 @@ mod tests {
             assert!(r.backends().contains(&r.default_backend()), "{r}");
         }
         assert_eq!("oga-cpu".parse::<Recipe>().unwrap_err().to_string(), "Unknown recipe 'oga-cpu'");
-        assert_eq!(Recipe::runnable_names(), "llamacpp, ryzenai-llm");
+        assert_eq!(Recipe::runnable_names(), "llamacpp, whispercpp, ryzenai-llm");
         assert_eq!(Recipe::LlamaCpp.device().as_str(), "gpu");
         assert_eq!(Recipe::Flm.device().as_str(), "npu");
         assert_eq!(Recipe::Kokoro.device().as_str(), "cpu");

@@ -249,6 +249,9 @@ pub fn asset(hw: &Hardware, recipe: &str, backend: &str, version: &str) -> Optio
             },
         ),
         ("llamacpp", "metal", "macos") => ("ggml-org/llama.cpp", format!("llama-{version}-bin-macos-arm64.tar.gz")),
+        // whisper.cpp publishes Windows builds only; elsewhere whisper-server is built from
+        // source (`cargo xtask setup` does) and named by LEMONADE_WHISPERCPP_CPU_BIN.
+        ("whispercpp", "cpu", "windows") => ("ggml-org/whisper.cpp", "whisper-bin-x64.zip".to_string()),
         ("llamacpp", "rocm", "linux" | "windows") => {
             let family = hw.amd_igpu.clone().or_else(|| hw.amd_dgpus.first().cloned())?;
             (
@@ -318,6 +321,19 @@ pub enum Installed {
     System(String),
 }
 
+/// Whether `recipe`'s backend has no release archive lemonade can install here, so it is built
+/// from source and named by its override variable: whisper.cpp publishes Windows builds only,
+/// and the sd-cpp and kokoro backends are built by `cargo xtask setup`.
+pub fn built_from_source(hw: &Hardware, recipe: &str) -> bool {
+    matches!(recipe, "sd-cpp" | "kokoro") || (recipe == "whispercpp" && hw.os != "windows")
+}
+
+/// The environment variable that names a recipe's binary, overriding the managed install
+/// (reference §7.1): `LEMONADE_<DIR>_<BACKEND>_BIN`, upper-cased, hyphens removed.
+pub fn override_var(recipe_dir: &str, backend: &str) -> String {
+    format!("LEMONADE_{}_{}_BIN", recipe_dir.replace('-', "").to_uppercase(), backend.replace('-', "").to_uppercase())
+}
+
 /// `state`, `message`, `action` as reference §2.13 words them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct BackendState {
@@ -365,6 +381,16 @@ pub fn state(
             action: String::new(),
             version: String::new(),
         },
+        Installed::Missing if built_from_source(hw, recipe) => {
+            let (dir, _) = Recipe::parse(recipe).map(Recipe::dir_and_exe).unwrap_or_default();
+            let var = override_var(dir, backend);
+            BackendState {
+                state: "unsupported",
+                message: format!("{recipe}:{backend} has no release archive for this platform; set {var} to a binary built from source."),
+                action: String::new(),
+                version: pinned,
+            }
+        }
         Installed::Missing => BackendState {
             state: "installable",
             message: "Backend is supported but not installed.".into(),
@@ -424,6 +450,11 @@ mod tests {
         assert_eq!(asset(&linux(), "llamacpp", "rocm", "b1203"), None);
         assert_eq!(asset(&linux(), "llamacpp", "system", "x"), None);
         assert_eq!(asset(&linux(), "whispercpp", "cpu", "v1"), None);
+        let win = Hardware { os: "windows".into(), ..linux() };
+        assert_eq!(
+            asset(&win, "whispercpp", "cpu", "v1.8.2").unwrap().url("https://github.com/"),
+            "https://github.com/ggml-org/whisper.cpp/releases/download/v1.8.2/whisper-bin-x64.zip"
+        );
     }
 
     #[test]
@@ -446,7 +477,15 @@ mod tests {
         let (_, s) = state(&hw, &pins, "llamacpp", "rocm", &Installed::Missing);
         assert_eq!(s.state, "unsupported");
         let (_, s) = state(&hw, &pins, "whispercpp", "cpu", &Installed::Missing);
-        assert_eq!(s.state, "unsupported");
+        assert_eq!(
+            (s.state, s.message.as_str()),
+            ("unsupported", "whispercpp:cpu has no release archive for this platform; set LEMONADE_WHISPERCPP_CPU_BIN to a binary built from source.")
+        );
+        let (_, s) = state(&hw, &pins, "whispercpp", "cpu", &Installed::Override("LEMONADE_WHISPERCPP_CPU_BIN".into()));
+        assert_eq!(s.state, "installed");
+        let win = Hardware { os: "windows".into(), ..linux() };
+        let (_, s) = state(&win, &pins, "whispercpp", "cpu", &Installed::Missing);
+        assert_eq!(s.state, "installable");
         let (_, s) = state(&hw, &pins, "llamacpp", "system", &Installed::Missing);
         assert_eq!(s.state, "unsupported");
         let (_, s) = state(&hw, &pins, "llamacpp", "system", &Installed::System("/usr/bin/llama-server".into()));

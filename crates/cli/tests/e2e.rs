@@ -259,9 +259,12 @@ async fn models_list_retrieve_and_lookup_errors() {
     let (s, e) = l.get("/api/v1/models/nope").await;
     assert_eq!(s, 404);
     assert_eq!(e["error"]["code"], "model_not_found");
-    let (s, e) = l.get("/api/v1/models/Whisper-Tiny").await;
+    let (s, e) = l.get("/api/v1/models/SD-Turbo").await;
     assert_eq!(s, 404);
     assert_eq!(e["error"]["code"], "model_not_supported");
+    let (s, w) = l.get("/api/v1/models/Whisper-Tiny").await;
+    assert_eq!((s, w["recipe"].as_str()), (200, Some("whispercpp")), "{w}");
+    assert!(w["labels"].as_array().unwrap().contains(&serde_json::json!("transcription")), "{w}");
 }
 
 #[tokio::test]

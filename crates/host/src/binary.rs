@@ -10,10 +10,7 @@ pub fn managed_dir(cache_dir: &Path, recipe_dir: &str, backend: &str) -> PathBuf
     cache_dir.join("bin").join(recipe_dir).join(backend)
 }
 
-/// `LEMONADE_LLAMACPP_CPU_BIN` and friends: dir name + backend, upper-cased, `-` removed.
-pub fn override_var(recipe_dir: &str, backend: &str) -> String {
-    format!("LEMONADE_{}_{}_BIN", recipe_dir.replace('-', "").to_uppercase(), backend.replace('-', "").to_uppercase())
-}
+pub use backends::releases::override_var;
 
 /// How a binary was found, for logs and error messages.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -61,6 +61,21 @@ pub fn select_variant<'a>(repo: &str, variant: &str, files: &'a [RepoFile]) -> R
     Ok(chosen.into_iter().filter_map(|p| files.iter().find(|f| f.path == p)).collect())
 }
 
+/// Checkpoints that are never fetched: `npu_cache` (the NPU's compiled encoder; as v9).
+const NOT_FETCHED: &[&str] = &["npu_cache"];
+
+/// The repositories whose listings [`plan`] needs, sorted, each once.
+pub fn repos(checkpoints: &BTreeMap<String, String>) -> Vec<String> {
+    let mut repos: Vec<String> = checkpoints
+        .iter()
+        .filter(|(k, _)| !NOT_FETCHED.contains(&k.as_str()))
+        .map(|(_, c)| Checkpoint::parse(c).repo)
+        .collect();
+    repos.sort();
+    repos.dedup();
+    repos
+}
+
 /// Plans the pull of a model: the main checkpoint's files (its variant plus companion files,
 /// or the whole repo without a variant) and each secondary checkpoint's exact file.
 /// `listings` maps repo id → listing; `npu_cache` is never fetched (as v9).
@@ -91,7 +106,7 @@ pub fn plan(
         v
     };
     for (key, ckpt) in checkpoints {
-        if key == "main" || key == "npu_cache" {
+        if key == "main" || NOT_FETCHED.contains(&key.as_str()) {
             continue;
         }
         let c = Checkpoint::parse(ckpt);
@@ -181,6 +196,7 @@ mod tests {
             ("mmproj".to_string(), "org/proj:mmproj-f16.gguf".to_string()),
             ("npu_cache".to_string(), "org/npu:cache.rai".to_string()),
         ]);
+        assert!(!repos(&ck).contains(&"org/npu".to_string()), "npu_cache is not listed: {:?}", repos(&ck));
         let p = plan(&ck, &listings).unwrap();
         let got: Vec<(&str, &str)> = p.iter().map(|f| (f.repo.as_str(), f.dest.as_str())).collect();
         assert_eq!(

@@ -342,15 +342,18 @@ pub type AnthropicApiError = Shaped<Anthropic>;
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if let ApiError::Backend { body, content_type, .. } = self {
-            if body.iter().all(u8::is_ascii_whitespace) {
-                // An empty error from the backend still gets a body that says what happened.
-                let msg = no_details(status);
-                return (status, axum::Json(ErrorResponse::new("backend_error", msg).code("backend_error")))
-                    .into_response();
+        if let ApiError::Backend { body, content_type, .. } = &self {
+            // llama-server's errors are OpenAI's shape already and pass through; others (an
+            // empty body, whisper-server's `{"error": "…"}`, plain text) are put in that shape.
+            let openai_shaped =
+                serde_json::from_slice::<serde_json::Value>(body).is_ok_and(|v| v["error"]["message"].is_string());
+            if openai_shaped {
+                let ct = content_type.clone().unwrap_or_else(|| "application/json".into());
+                return (status, [(http::header::CONTENT_TYPE, ct)], body.clone()).into_response();
             }
-            let ct = content_type.unwrap_or_else(|| "application/json".into());
-            return (status, [(http::header::CONTENT_TYPE, ct)], body).into_response();
+            let msg = self.message();
+            return (status, axum::Json(ErrorResponse::new("backend_error", msg).code("backend_error")))
+                .into_response();
         }
         let body = self.body();
         self.shaped(body)

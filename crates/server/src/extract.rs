@@ -1,5 +1,6 @@
 //! Request body parsing with precise 400s: malformed JSON, a missing field and a wrong type
-//! each name the field; bodies over the limit get a JSON 413.
+//! each name the field; a multipart form is split into its parts; bodies over the limit get a
+//! JSON 413.
 
 use axum::extract::{FromRequest, Request};
 use bytes::Bytes;
@@ -18,13 +19,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
-        let raw = Bytes::from_request(req, state).await.map_err(|e| {
-            if e.status() == http::StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge { limit: state.cfg.body_limit }
-            } else {
-                ApiError::bad_request(format!("Cannot read request body: {}", e.body_text()), None)
-            }
-        })?;
+        let raw = read_whole(req, state).await?;
         let value = parse(&raw)?;
         Ok(JsonBody { value, raw })
     }
@@ -45,6 +40,73 @@ where
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
         let body = JsonBody::<T>::from_request(req, state).await.map_err(E::from)?;
         Ok(DialectJson { value: body.value, shape: std::marker::PhantomData })
+    }
+}
+
+/// Reads a whole body under the body limit (a JSON 413 over it).
+async fn read_whole(req: Request, state: &AppState) -> Result<Bytes, ApiError> {
+    Bytes::from_request(req, state).await.map_err(|e| {
+        if e.status() == http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge { limit: state.cfg.body_limit }
+        } else {
+            ApiError::bad_request(format!("Cannot read request body: {}", e.body_text()), None)
+        }
+    })
+}
+
+/// One part of a multipart form.
+pub struct Part {
+    pub name: String,
+    pub file_name: Option<String>,
+    pub content_type: Option<String>,
+    pub data: Bytes,
+}
+
+/// A `multipart/form-data` body (a transcription's upload), read whole under the body limit
+/// and split into its parts by `multer`.
+pub struct Form {
+    pub parts: Vec<Part>,
+}
+
+impl Form {
+    pub fn get(&self, name: &str) -> Option<&Part> {
+        self.parts.iter().find(|p| p.name == name)
+    }
+
+    /// A text field's value; a 400 naming it when it is not UTF-8.
+    pub fn text(&self, name: &str) -> Result<Option<&str>, ApiError> {
+        self.get(name)
+            .map(|p| {
+                std::str::from_utf8(&p.data)
+                    .map_err(|_| ApiError::bad_request(format!("Field '{name}' is not UTF-8 text"), Some(name)))
+            })
+            .transpose()
+    }
+}
+
+impl FromRequest<AppState> for Form {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let ct = req.headers().get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let not_multipart = || ApiError::bad_request("Request must be multipart/form-data", None);
+        if !ct.trim_start().to_ascii_lowercase().starts_with("multipart/form-data") {
+            return Err(not_multipart());
+        }
+        let boundary = multer::parse_boundary(ct).map_err(|_| not_multipart())?;
+        let raw = read_whole(req, state).await?;
+        let body = futures_util::stream::once(async move { Ok::<_, std::convert::Infallible>(raw) });
+        let mut multipart = multer::Multipart::new(body, boundary);
+        let malformed = |e: multer::Error| ApiError::bad_request(format!("Malformed multipart body: {e}"), None);
+        let mut parts = Vec::new();
+        while let Some(field) = multipart.next_field().await.map_err(malformed)? {
+            let name = field.name().unwrap_or_default().to_string();
+            let file_name = field.file_name().map(str::to_string);
+            let content_type = field.content_type().map(|m| m.to_string());
+            let data = field.bytes().await.map_err(malformed)?;
+            parts.push(Part { name, file_name, content_type, data });
+        }
+        Ok(Form { parts })
     }
 }
 

@@ -37,10 +37,30 @@ async fn send(
     if let Some(b) = body {
         req = req.header(header::CONTENT_TYPE, "application/json").body(b);
     }
+    issue(lease, req).await
+}
+
+async fn issue(lease: &Lease, req: reqwest::RequestBuilder) -> Result<reqwest::Response, ApiError> {
     match req.send().await {
         Ok(r) => Ok(r),
         Err(e) => Err(unavailable(lease, &e).await),
     }
+}
+
+/// Forwards a multipart form (a transcription) and returns the backend's answer labelled
+/// `content_type`, or its error.
+pub async fn forward_form(
+    lease: Lease,
+    path: &str,
+    form: reqwest::multipart::Form,
+    content_type: &'static str,
+) -> Result<Response, ApiError> {
+    let resp = issue(&lease, lease.http().post(format!("{}{path}", lease.base_url())).multipart(form)).await?;
+    if !resp.status().is_success() {
+        return Err(backend_error(&lease, resp).await);
+    }
+    let bytes = read_body(&lease, resp).await?;
+    Ok(([(header::CONTENT_TYPE, content_type)], bytes).into_response())
 }
 
 async fn read_body(lease: &Lease, resp: reqwest::Response) -> Result<Bytes, ApiError> {

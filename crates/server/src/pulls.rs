@@ -166,9 +166,7 @@ pub async fn download(
     let main = Checkpoint::parse(&m.checkpoint);
     let lock = rt.locks.get(&format!("repo:{}", main.repo));
     let _guard = lock.lock().await;
-    let mut repos: Vec<String> = m.checkpoints.values().map(|c| Checkpoint::parse(c).repo).collect();
-    repos.sort();
-    repos.dedup();
+    let repos = registry::plan::repos(&m.checkpoints);
     let mut listings = BTreeMap::new();
     let mut commits = BTreeMap::new();
     for r in &repos {

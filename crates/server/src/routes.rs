@@ -4,7 +4,7 @@
 use axum::routing::{any, delete, get, post, MethodRouter};
 use axum::Router;
 
-use crate::api::{admin, anthropic, install, lifecycle, logs, metrics, native, ollama, openai, pull, system};
+use crate::api::{admin, anthropic, audio, install, lifecycle, logs, metrics, native, ollama, openai, pull, system};
 use crate::state::AppState;
 
 /// The API route prefixes; every API endpoint answers identically under each.
@@ -74,6 +74,8 @@ route_table! {
     post_only "/responses" => openai::responses;
     post_only "/embeddings" => openai::embeddings;
     post_only "/reranking" => openai::reranking;
+    post_only "/audio/transcriptions" => audio::transcriptions;
+    post_only "/audio/translations" => audio::translations;
     get_only "/models" => openai::list_models;
     get_only "/models/{*id}" => openai::get_model;
     get_only "/health" => lifecycle::health;

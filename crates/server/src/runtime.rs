@@ -719,7 +719,7 @@ impl Runtime {
                 "{exe} for the '{backend}' backend is not installed and cannot be installed automatically here: set {}, or install it under {}{}",
                 binary::override_var(dir, backend),
                 binary::managed_dir(&self.cfg.cache_dir, dir, backend).display(),
-                if dir == "llamacpp" { " (a CPU build is provisioned by `cargo xtask setup`)" } else { "" }
+                if matches!(dir, "llamacpp" | "whispercpp") { " (a CPU build is provisioned by `cargo xtask setup`)" } else { "" }
             )
         })
     }

@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod anthropic;
+pub mod audio;
 pub mod install;
 pub mod lifecycle;
 pub mod logs;

@@ -1,0 +1,90 @@
+//! The whisper.cpp adapter: `whisper-server` for a ggml Whisper model (reference §7.4:
+//! `whisper-server -m <model .bin> --port <P>`), and what lemonade checks before it forwards a
+//! transcription: the upload is audio whisper-server can decode, and the answer format is one
+//! it writes. Pure: no processes, no file system.
+
+use std::path::Path;
+
+/// The whisper.cpp adapter: `whisper-server`, told its port (it cannot bind port 0 and report
+/// the port it got).
+pub struct WhisperCpp;
+
+/// whisper-server's transcription endpoint (multipart, OpenAI's field names).
+pub const INFERENCE_PATH: &str = "/inference";
+
+/// The paths whisper-server serves.
+pub const SERVED_PATHS: &[&str] = &[INFERENCE_PATH];
+
+impl crate::Adapter for WhisperCpp {
+    fn needs_port(&self) -> bool {
+        true
+    }
+
+    fn launch(&self, input: &crate::LaunchInput) -> Result<crate::Launch, crate::BackendError> {
+        let port = input.port.ok_or(crate::BackendError::NeedsPort(crate::Recipe::WhisperCpp))?;
+        Ok(crate::Launch {
+            args: command_line(input.main_path, port),
+            env: vec![],
+            readiness: crate::Readiness::FixedPort(port),
+            health_path: "/health",
+            served_paths: SERVED_PATHS,
+        })
+    }
+}
+
+/// `whisper-server -m <model .bin> --host 127.0.0.1 --port <P>`.
+pub fn command_line(model: &Path, port: u16) -> Vec<String> {
+    vec![
+        "-m".into(),
+        model.display().to_string(),
+        "--host".into(),
+        "127.0.0.1".into(),
+        "--port".into(),
+        port.to_string(),
+    ]
+}
+
+/// The audio containers whisper-server decodes (miniaudio: WAV, MP3, FLAC; stb_vorbis: Ogg).
+pub const AUDIO_FORMATS: &str = "WAV, MP3, FLAC or Ogg Vorbis";
+
+/// The container of an upload, judged by its first bytes, if it is one whisper-server decodes.
+pub fn audio_format(head: &[u8]) -> Option<&'static str> {
+    let starts = |magic: &[u8]| head.starts_with(magic);
+    if head.len() >= 12 && starts(b"RIFF") && &head[8..12] == b"WAVE" {
+        Some("wav")
+    } else if starts(b"fLaC") {
+        Some("flac")
+    } else if starts(b"OggS") {
+        Some("ogg")
+    } else if starts(b"ID3") || (head.len() >= 2 && head[0] == 0xFF && head[1] & 0xE0 == 0xE0) {
+        Some("mp3")
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_line_names_the_model_and_the_port() {
+        assert_eq!(
+            command_line(Path::new("/hub/ggml-tiny.en.bin"), 8123).join(" "),
+            "-m /hub/ggml-tiny.en.bin --host 127.0.0.1 --port 8123"
+        );
+    }
+
+    #[test]
+    fn audio_is_told_from_its_first_bytes() {
+        assert_eq!(audio_format(b"RIFF\x24\x78\x02\x00WAVEfmt "), Some("wav"));
+        assert_eq!(audio_format(b"RIFF\x24\x78\x02\x00AVI LIST"), None);
+        assert_eq!(audio_format(b"fLaC\0\0\0\x22"), Some("flac"));
+        assert_eq!(audio_format(b"OggS\0\x02"), Some("ogg"));
+        assert_eq!(audio_format(b"ID3\x04\0\0"), Some("mp3"));
+        assert_eq!(audio_format(&[0xFF, 0xFB, 0x90, 0x64]), Some("mp3"));
+        assert_eq!(audio_format(b"\x89PNG\r\n\x1a\n"), None);
+        assert_eq!(audio_format(b"hello, world"), None);
+        assert_eq!(audio_format(b""), None);
+    }
+}

@@ -1,0 +1,101 @@
+//! The audio endpoints: transcription and translation (OpenAI's multipart shape), served by a
+//! model's whisper-server.
+
+use api_types::{ErrorResponse, ModelType, TranscriptionFormat, TranscriptionRequest, TranscriptionResponse};
+use axum::extract::State;
+use axum::response::Response;
+
+use crate::error::ApiError;
+use crate::extract::Form;
+use crate::proxy;
+use crate::pulls;
+use crate::state::AppState;
+
+const AUDIO: &[ModelType] = &[ModelType::Audio];
+
+/// Transcription (OpenAI): the speech in an audio file as text.
+#[utoipa::path(post, path = "/api/v1/audio/transcriptions", tag = "OpenAI",
+    description = "Also under /api/v0, /v0 and /v1. A multipart/form-data upload, as OpenAI's; loads the model on \
+                   demand and forwards the audio to its whisper-server. `response_format` json (default), text, srt, \
+                   verbose_json or vtt. Fields whisper-server reads itself (offset_t, beam_size, …) pass through.",
+    request_body(content = TranscriptionRequest, content_type = "multipart/form-data"),
+    responses(
+        (status = 200, description = "The transcription in the asked format", body = TranscriptionResponse),
+        (status = 400, description = "Not multipart, no file or model, a file that is not audio, an unknown response_format, or a model that is not a transcription model", body = ErrorResponse),
+        (status = 404, description = "Unknown model", body = ErrorResponse),
+        (status = 413, description = "Body larger than the limit", body = ErrorResponse),
+        (status = 500, description = "The model failed to load", body = ErrorResponse),
+        (status = 502, description = "The backend died or could not be reached", body = ErrorResponse),
+    ))]
+pub async fn transcriptions(State(rt): State<AppState>, form: Form) -> Result<Response, ApiError> {
+    transcribe(&rt, form, false).await
+}
+
+/// Translation (OpenAI): the speech in an audio file as English text.
+#[utoipa::path(post, path = "/api/v1/audio/translations", tag = "OpenAI",
+    description = "Also under /api/v0, /v0 and /v1. As audio/transcriptions, with whisper's translate task (a \
+                   multilingual model translates into English; an English-only model transcribes).",
+    request_body(content = TranscriptionRequest, content_type = "multipart/form-data"),
+    responses(
+        (status = 200, description = "The English text in the asked format", body = TranscriptionResponse),
+        (status = 400, description = "As for audio/transcriptions", body = ErrorResponse),
+        (status = 404, description = "Unknown model", body = ErrorResponse),
+        (status = 413, description = "Body larger than the limit", body = ErrorResponse),
+        (status = 500, description = "The model failed to load", body = ErrorResponse),
+        (status = 502, description = "The backend died or could not be reached", body = ErrorResponse),
+    ))]
+pub async fn translations(State(rt): State<AppState>, form: Form) -> Result<Response, ApiError> {
+    transcribe(&rt, form, true).await
+}
+
+/// Checks the form, takes a lease on the model and forwards the form to its whisper-server.
+async fn transcribe(rt: &AppState, form: Form, translate: bool) -> Result<Response, ApiError> {
+    let file = form.get("file").filter(|p| p.file_name.is_some() || !p.data.is_empty());
+    let file = file.ok_or_else(|| ApiError::bad_request("Missing 'file' field in request", Some("file")))?;
+    let model = form.text("model")?.filter(|m| !m.is_empty());
+    let model = model.ok_or_else(|| ApiError::bad_request("Missing 'model' field in request", Some("model")))?;
+    if backends::whispercpp::audio_format(&file.data).is_none() {
+        return Err(ApiError::bad_request(
+            format!(
+                "The uploaded file{} is not audio lemonade can transcribe: expected {}",
+                file.file_name.as_deref().map(|n| format!(" '{n}'")).unwrap_or_default(),
+                backends::whispercpp::AUDIO_FORMATS
+            ),
+            Some("file"),
+        ));
+    }
+    let format = match form.text("response_format")? {
+        None | Some("") => TranscriptionFormat::Json,
+        Some(f) => TranscriptionFormat::parse(f).ok_or_else(|| {
+            let all = TranscriptionFormat::ALL.map(TranscriptionFormat::as_str).join(", ");
+            ApiError::bad_request(
+                format!("Unsupported response_format '{f}': expected one of {all}"),
+                Some("response_format"),
+            )
+        })?,
+    };
+    if let Some(t) = form.text("temperature")?.filter(|t| !t.is_empty()) {
+        if !t.trim().parse::<f32>().is_ok_and(|t| (0.0..=1.0).contains(&t)) {
+            let msg = format!("Invalid value for 'temperature': expected a number from 0 to 1, got '{t}'");
+            return Err(ApiError::bad_request(msg, Some("temperature")));
+        }
+    }
+    let lease = pulls::lease(rt, model, AUDIO, "audio/transcriptions").await?;
+    let upstream = backend_form(&form, format, translate);
+    proxy::forward_form(lease, backends::whispercpp::INFERENCE_PATH, upstream, format.content_type()).await
+}
+
+/// The form whisper-server reads: every field but `model`, the format made explicit, and
+/// `translate` for a translation.
+fn backend_form(form: &Form, format: TranscriptionFormat, translate: bool) -> reqwest::multipart::Form {
+    let mut out = reqwest::multipart::Form::new();
+    for p in form.parts.iter().filter(|p| !["model", "response_format", "translate"].contains(&p.name.as_str())) {
+        let len = p.data.len() as u64;
+        let mut part = reqwest::multipart::Part::stream_with_length(reqwest::Body::from(p.data.clone()), len);
+        if let Some(name) = &p.file_name {
+            part = part.file_name(name.clone());
+        }
+        out = out.part(p.name.clone(), part);
+    }
+    out.text("response_format", format.as_str()).text("translate", if translate { "true" } else { "false" })
+}
