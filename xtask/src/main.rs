@@ -151,6 +151,7 @@ fn openapi() -> Result<()> {
 
 fn demo(rest: &[String]) -> Result<()> {
     let p = provision::setup()?;
+    provision::seed_demo_models(&p)?;
     run(cargo().args(["build", "--release", "-p", "lemonade-cli"]))?;
     let bin = root().join("target/release/lemonade");
     let port = std::env::var("LEMONADE_PORT").unwrap_or_else(|_| "8000".into());
@@ -202,12 +203,27 @@ fn demo(rest: &[String]) -> Result<()> {
         let _ = child.kill();
         bail!("the streamed chat completion failed");
     }
+    let wav = root().join("target/demo-speech.wav");
+    let whisper = provision::DEMO_WHISPER;
+    run(Command::new("espeak-ng").args(["-s", "140", "-w"]).arg(&wav).arg("Lemonade serves many models on one port."))?;
+    eprintln!("\n\nTranscribing speech that espeak-ng just made, with {whisper} on whisper-server:\n");
+    let status = Command::new("curl")
+        .args(["-s", "--fail-with-body", &format!("{base}/api/v1/audio/transcriptions"), "-F"])
+        .arg(format!("file=@{}", wav.display()))
+        .args(["-F", &format!("model={whisper}"), "-F", "response_format=text"])
+        .status()?;
+    if !status.success() {
+        let _ = child.kill();
+        bail!("the transcription failed");
+    }
     eprintln!(
-        "\n\nlemonade is serving on {base} (Ctrl+C to stop). Try:\n  \
+        "\nlemonade is serving on {base} (Ctrl+C to stop). Try:\n  \
          curl {base}/api/v1/models\n  \
          curl {base}/api/v1/chat/completions -H 'Content-Type: application/json' \\\n    \
          -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'\n  \
-         open {base}/docs for the API reference\n"
+         curl {base}/api/v1/audio/transcriptions -F file=@{wav} -F model={whisper}\n  \
+         open {base}/docs for the API reference\n",
+        wav = wav.display()
     );
     if std::env::var_os("LEMONADE_DEMO_EXIT").is_some() {
         // Used to check the demo non-interactively: stop the server gracefully.

@@ -249,6 +249,7 @@ pub fn setup() -> Result<Provisioned> {
     let models_dir = models(&dev)?;
     let python = python_venv(&dev)?;
     let chromium = chromium()?;
+    espeak()?;
     eprintln!("setup: ready in {:.1} s (cache: {})", t.elapsed().as_secs_f64(), dev.display());
     Ok(Provisioned { llama_server, whisper_server, python, models_dir, chromium })
 }
@@ -262,6 +263,70 @@ fn chromium() -> Result<PathBuf> {
     let out = Command::new("chromium").arg("--version").output().context("chromium --version")?;
     anyhow::ensure!(out.status.success(), "chromium does not run: {}", String::from_utf8_lossy(&out.stderr));
     Ok(PathBuf::from("chromium"))
+}
+
+/// Debian's `espeak-ng`: the tests and the demo make speech with it.
+fn espeak() -> Result<()> {
+    if !have("espeak-ng", "--version") {
+        eprintln!("setup: installing espeak-ng (speech for the transcription tests)");
+        apt_install(&["espeak-ng"])?;
+    }
+    anyhow::ensure!(have("espeak-ng", "--version"), "espeak-ng does not run");
+    Ok(())
+}
+
+/// The demo's transcription model: Whisper tiny.en, as `user.Whisper-Tiny-En`.
+pub const DEMO_WHISPER: &str = "user.Whisper-Tiny-En";
+/// The local-only repository the demo files its Whisper under in the Hugging Face cache (no
+/// such repository exists on the Hub, so nothing fetched from there can be mistaken for it).
+const DEMO_REPO: &str = "lemonade-dev/whisper-tiny.en-ggml";
+const DEMO_COMMIT: &str = "0000000000000000000000000000000000000001";
+
+/// Files the provisioned Whisper in the user's Hugging Face cache (huggingface_hub's layout) and
+/// registers it in lemonade's `user_models.json`, so the demo serves it with no download.
+pub fn seed_demo_models(p: &Provisioned) -> Result<()> {
+    let hub = match std::env::var_os("HF_HUB_CACHE").filter(|v| !v.is_empty()) {
+        Some(d) => PathBuf::from(d),
+        None => std::env::var_os("HF_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| home().join(".cache/huggingface"))
+            .join("hub"),
+    };
+    let spec = MODELS.iter().find(|m| m.file == "audio/ggml-tiny.en.bin").context("the Whisper model spec")?;
+    let repo = hub.join(format!("models--{}", DEMO_REPO.replace('/', "--")));
+    let blob = repo.join("blobs").join(spec.sha256);
+    if verify(&blob, spec.magic, spec.size, spec.sha256).is_err() {
+        fs::create_dir_all(repo.join("blobs"))?;
+        let tmp = blob.with_extension("incomplete");
+        fs::copy(p.models_dir.join(spec.file), &tmp)?;
+        fs::rename(&tmp, &blob)?;
+    }
+    let snap = repo.join("snapshots").join(DEMO_COMMIT);
+    fs::create_dir_all(&snap)?;
+    let link = snap.join("ggml-tiny.en.bin");
+    let _ = fs::remove_file(&link);
+    std::os::unix::fs::symlink(format!("../../blobs/{}", spec.sha256), &link)?;
+    fs::create_dir_all(repo.join("refs"))?;
+    fs::write(repo.join("refs/main"), DEMO_COMMIT)?;
+
+    let users = lemonade_cache().join("user_models.json");
+    let mut all: serde_json::Value = match fs::read(&users) {
+        Ok(b) => serde_json::from_slice(&b).with_context(|| format!("{} is not JSON", users.display()))?,
+        Err(_) => serde_json::json!({}),
+    };
+    let name = DEMO_WHISPER.trim_start_matches("user.");
+    if all.get(name).is_none() {
+        all[name] = serde_json::json!({
+            "checkpoint": format!("{DEMO_REPO}:ggml-tiny.en.bin"),
+            "recipe": "whispercpp",
+            "labels": ["audio", "custom", "transcription"],
+        });
+        fs::create_dir_all(lemonade_cache())?;
+        let tmp = users.with_extension("json.tmp");
+        fs::write(&tmp, serde_json::to_vec_pretty(&all)?)?;
+        fs::rename(&tmp, &users)?;
+    }
+    Ok(())
 }
 
 fn have(cmd: &str, arg: &str) -> bool {

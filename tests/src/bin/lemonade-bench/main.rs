@@ -5,8 +5,10 @@
 //! the two paths so drift affects both alike. Reported: median time to first token and
 //! median decode tokens/s per path, their ratio and difference. Loopback only; the number of
 //! requests is fixed. More sections (concurrency and swaps against llama-server's router mode,
-//! footprint, endpoint throughput, the Ollama and Anthropic dialects' cost) are in `more.rs`.
+//! footprint, endpoint throughput, the Ollama and Anthropic dialects' cost) are in `more.rs`;
+//! the other modalities against their backends direct in `modalities.rs`.
 
+mod modalities;
 mod more;
 
 use std::path::PathBuf;
@@ -99,6 +101,7 @@ async fn main() -> anyhow::Result<()> {
         Ok("alternating") => return more::alternating(&bin).await.map(|_| ()),
         Ok("memory") => return more::memory_estimate(&bin).await.map(|_| ()),
         Ok("dialects") => return more::dialects(&bin).await.map(|_| ()),
+        Ok("modalities") => return modalities::transcription(&bin).await.map(|_| ()),
         _ => {}
     }
     anyhow::ensure!(
@@ -182,6 +185,7 @@ async fn main() -> anyhow::Result<()> {
     out["alternating"] = more::alternating(&bin).await?;
     out["dialects"] = more::dialects(&bin).await?;
     out["pull"] = pull_throughput(&bin).await?;
+    out["transcription"] = modalities::transcription(&bin).await?;
     if let Some(path) = std::env::var_os("LEMONADE_BENCH_OUT") {
         std::fs::write(&path, serde_json::to_vec_pretty(&out)?)?;
         println!("\nwritten to {}", PathBuf::from(path).display());

@@ -1,0 +1,73 @@
+//! The other modalities against their backends direct, side by side in one run: transcription
+//! through lemonade against the same whisper-server reached at the `backend_url` lemonade
+//! reports.
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+use test_support::{Lemonade, Sandbox, WHISPER};
+
+use crate::median;
+
+/// Speech espeak-ng makes from a fixed passage, and its length in seconds.
+fn speech(dir: &Path) -> anyhow::Result<(Vec<u8>, f64)> {
+    let text = "Lemonade serves many models on one port. It pulls them from the hub, runs each one in \
+                its own backend, and forwards every request as a byte pipe, so a client never waits \
+                on the server itself.";
+    let wav = dir.join("passage.wav");
+    let ok = std::process::Command::new("espeak-ng").args(["-s", "150", "-w"]).arg(&wav).arg(text).status()?;
+    anyhow::ensure!(ok.success(), "espeak-ng failed");
+    let bytes = std::fs::read(&wav)?;
+    // 16-bit mono PCM: the data after the 44-byte header, at the rate in bytes 24..28.
+    let rate = u32::from_le_bytes(bytes[24..28].try_into()?) as f64;
+    Ok((bytes.clone(), (bytes.len() - 44) as f64 / 2.0 / rate))
+}
+
+async fn post_form(http: &reqwest::Client, url: &str, wav: &[u8], model: Option<&str>) -> anyhow::Result<f64> {
+    let mut form = reqwest::multipart::Form::new()
+        .part("file", reqwest::multipart::Part::bytes(wav.to_vec()).file_name("passage.wav"))
+        .text("response_format", "json");
+    if let Some(m) = model {
+        form = form.text("model", m.to_string());
+    }
+    let t = Instant::now();
+    let resp = http.post(url).multipart(form).send().await?;
+    let status = resp.status();
+    let body: Value = resp.json().await?;
+    anyhow::ensure!(status.is_success() && body["text"].is_string(), "{url}: {status} {body}");
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// Real-time factor (processing time ÷ audio length) through lemonade and direct.
+pub async fn transcription(bin: &Path) -> anyhow::Result<Value> {
+    const REPS: usize = 8;
+    let l = Lemonade::start_in(bin, Sandbox::new().with_whisper(), &["--log-level", "info"], &[]).await;
+    let (wav, seconds) = speech(l.sandbox.dir.path())?;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    let via = l.url("/api/v1/audio/transcriptions");
+    post_form(&http, &via, &wav, Some(WHISPER)).await?;
+    let (_, health) = l.get("/api/v1/health").await;
+    let backend = health["all_models_loaded"][0]["backend_url"].as_str().unwrap_or_default();
+    let direct = format!("{}/inference", backend.trim_end_matches("/v1"));
+    post_form(&http, &direct, &wav, None).await?;
+    let (mut d, mut p) = (Vec::new(), Vec::new());
+    for rep in 0..REPS {
+        for lemonade in [rep % 2 == 0, rep % 2 != 0] {
+            if lemonade {
+                p.push(post_form(&http, &via, &wav, Some(WHISPER)).await? / seconds);
+            } else {
+                d.push(post_form(&http, &direct, &wav, None).await? / seconds);
+            }
+        }
+    }
+    let ratio = median(p.iter().zip(&d).map(|(p, d)| p / d).collect());
+    let (dr, pr) = (median(d), median(p));
+    println!("\nTranscription, Whisper tiny.en on whisper-server, {seconds:.1} s of speech, {REPS} reps (medians)\n");
+    println!("| path | real-time factor |");
+    println!("|---|---:|");
+    println!("| direct whisper-server (/inference) | {dr:.3} |");
+    println!("| through lemonade (/api/v1/audio/transcriptions) | {pr:.3} |");
+    println!("| lemonade / direct (paired median) | ×{ratio:.3} |");
+    Ok(json!({"reps": REPS, "audio_seconds": seconds, "direct_rtf": dr, "lemonade_rtf": pr, "ratio": ratio}))
+}
