@@ -42,6 +42,15 @@ pub fn whisper_server() -> PathBuf {
     p
 }
 
+/// The provisioned sd-server (`LEMONADE_TEST_SD_SERVER`, else the dev cache).
+pub fn sd_server() -> PathBuf {
+    let p = std::env::var_os("LEMONADE_TEST_SD_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| dev_cache().join("sd-server/0.4.7-cpu-avx2/sd-server"));
+    assert!(p.is_file(), "sd-server not found at {}: run `cargo xtask setup` first", p.display());
+    p
+}
+
 /// A provisioned model file, e.g. `serve/SmolLM2-135M-Instruct.Q4_1.gguf`.
 pub fn model(rel: &str) -> PathBuf {
     let root =
@@ -57,6 +66,12 @@ pub const WHISPER_FILE: &str = "audio/ggml-tiny.en.bin";
 const WHISPER_SHA256: &str = "688ba2f39cb0eee711f1b137b890d2086b26c3af6c054e6890222463ac0d8ef7";
 /// The transcription model of [`Sandbox::with_whisper`].
 pub const WHISPER: &str = "user.Whisper-Tiny-En";
+/// RANDOM weights in the SDXS-512 architecture (setup generates them): sd-server runs them and
+/// answers real PNGs of noise. Never assert what an image shows.
+pub const SD_FILE: &str = "plumbing/sdxs-512-random-F16.safetensors";
+const SD_SHA256: &str = "f9bf9de14b164718b60a28ff454c7a14bb442fd189f7a944ac0d6be4516fb3d2";
+/// The image model of [`Sandbox::with_sd`] (one step, 256×256 by default).
+pub const SD: &str = "user.SDXS-Random";
 pub const GEMMA_FILE: &str = "serve/gemma-3-270m-Q4_K_M.gguf";
 pub const MINILM_FILE: &str = "serve/all-MiniLM-L6-v2-F32.gguf";
 pub const RERANK_FILE: &str = "plumbing/minilm-random-rerank-F32.gguf";
@@ -106,6 +121,18 @@ impl Sandbox {
         self.add_hf_file("ggerganov/whisper.cpp", "ggml-tiny.en.bin", &model(WHISPER_FILE), WHISPER_SHA256);
         let entry = json!({"checkpoint": "ggerganov/whisper.cpp:ggml-tiny.en.bin", "recipe": "whispercpp", "labels": ["audio", "custom"], "suggested": true});
         self.register(WHISPER.trim_start_matches("user."), entry);
+        self
+    }
+
+    /// This sandbox with the random SDXS-512 downloaded as
+    /// `lemonade-dev/sdxs-512-random:sdxs-512-random-F16.safetensors` and registered as [`SD`]
+    /// (recipe sd-cpp, image defaults: 1 step, cfg 1, 256×256).
+    pub fn with_sd(self) -> Sandbox {
+        let file = "sdxs-512-random-F16.safetensors";
+        self.add_hf_file("lemonade-dev/sdxs-512-random", file, &model(SD_FILE), SD_SHA256);
+        let entry = json!({"checkpoint": format!("lemonade-dev/sdxs-512-random:{file}"), "recipe": "sd-cpp", "labels": ["image", "custom"],
+                           "image_defaults": {"steps": 1, "cfg_scale": 1.0, "width": 256, "height": 256}});
+        self.register(SD.trim_start_matches("user."), entry);
         self
     }
 
@@ -204,6 +231,9 @@ impl Lemonade {
         }
         if !env.iter().any(|(k, _)| *k == "LEMONADE_WHISPERCPP_CPU_BIN") {
             cmd.env("LEMONADE_WHISPERCPP_CPU_BIN", whisper_server());
+        }
+        if !env.iter().any(|(k, _)| *k == "LEMONADE_SDCPP_CPU_BIN") {
+            cmd.env("LEMONADE_SDCPP_CPU_BIN", sd_server());
         }
         let mut child = cmd.spawn().expect("start lemonade");
         let log = Arc::new(Mutex::new(Vec::new()));

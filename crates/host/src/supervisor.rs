@@ -184,7 +184,7 @@ impl Backend {
         };
         let _ = backend.inner.port.set(port);
         let pid = backend.inner.pid;
-        let url = format!("{}{}", backend.base_url(), backend.inner.health_path);
+        let url = backend.health_url();
         let probe = async {
             loop {
                 if let Ok(r) = http.get(&url).timeout(Duration::from_secs(1)).send().await {
@@ -232,6 +232,11 @@ impl Backend {
     /// The port, once the process reported it (0 before).
     pub fn port(&self) -> u16 {
         self.inner.port.get().copied().unwrap_or(0)
+    }
+
+    /// The URL that answers 200 while the backend is healthy (its readiness endpoint).
+    pub fn health_url(&self) -> String {
+        format!("{}{}", self.base_url(), self.inner.health_path)
     }
 
     /// `http://127.0.0.1:<port>`.

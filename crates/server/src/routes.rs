@@ -4,7 +4,9 @@
 use axum::routing::{any, delete, get, post, MethodRouter};
 use axum::Router;
 
-use crate::api::{admin, anthropic, audio, install, lifecycle, logs, metrics, native, ollama, openai, pull, system};
+use crate::api::{
+    admin, anthropic, audio, images, install, lifecycle, logs, metrics, native, ollama, openai, pull, system,
+};
 use crate::state::AppState;
 
 /// The API route prefixes; every API endpoint answers identically under each.
@@ -76,6 +78,9 @@ route_table! {
     post_only "/reranking" => openai::reranking;
     post_only "/audio/transcriptions" => audio::transcriptions;
     post_only "/audio/translations" => audio::translations;
+    post_only "/images/generations" => images::generations;
+    post_only "/images/edits" => images::edits;
+    post_only "/images/variations" => images::variations;
     get_only "/models" => openai::list_models;
     get_only "/models/{*id}" => openai::get_model;
     get_only "/health" => lifecycle::health;

@@ -486,6 +486,10 @@ impl Runtime {
         if let Some(a) = &self.cfg.llamacpp_args {
             o.insert("llamacpp_args".into(), Value::String(a.clone()));
         }
+        // An image model's catalogue `image_defaults` sit under its saved options (as v9).
+        if let Some(Value::Object(defaults)) = &info.image_defaults {
+            o.extend(defaults.clone());
+        }
         for (k, v) in self.registry().saved_options(info).into_iter().chain(request.clone()) {
             o.insert(k, v);
         }
@@ -751,10 +755,10 @@ async fn owner(rt: Weak<Runtime>, mut rx: mpsc::UnboundedReceiver<Event<Opts>>, 
     }
 }
 
-/// Probes a running backend's `/health` every `interval`; after [`WATCHDOG_STRIKES`] failures
+/// Probes a running backend's health endpoint every `interval`; after [`WATCHDOG_STRIKES`] failures
 /// in a row (no answer within the interval, or an error status) the process is killed.
 async fn watchdog(http: reqwest::Client, interval: Duration, grace: Duration, name: String, r: Arc<Running>) {
-    let url = format!("{}/health", r.backend.base_url());
+    let url = r.backend.health_url();
     let mut strikes = 0;
     loop {
         tokio::select! {

@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod anthropic;
 pub mod audio;
+pub mod images;
 pub mod install;
 pub mod lifecycle;
 pub mod logs;

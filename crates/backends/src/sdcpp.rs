@@ -1,0 +1,229 @@
+//! The stable-diffusion.cpp adapter: `sd-server` for an image model (reference §7.4: started
+//! with `--listen-port <P>` and its model arguments), and what lemonade decides about an image
+//! request before forwarding it: the size, and the sd parameters (steps, cfg_scale, seed,
+//! sampler) that sd-server reads from a `<sd_cpp_extra_args>` block in the prompt. Pure: no
+//! processes, no file system.
+
+use std::path::Path;
+
+use api_types::RecipeOptions;
+use serde_json::{json, Value};
+
+/// The stable-diffusion.cpp adapter: `sd-server`, told its port.
+pub struct SdCpp;
+
+/// sd-server's OpenAI-compatible routes.
+pub const GENERATIONS_PATH: &str = "/v1/images/generations";
+pub const EDITS_PATH: &str = "/v1/images/edits";
+pub const SERVED_PATHS: &[&str] = &[GENERATIONS_PATH, EDITS_PATH];
+
+/// v9's built-in defaults for an sd-cpp model without `image_defaults` (reference §2.9).
+pub const DEFAULT_STEPS: u64 = 20;
+pub const DEFAULT_CFG_SCALE: f64 = 7.0;
+pub const DEFAULT_SIZE: u64 = 512;
+
+impl crate::Adapter for SdCpp {
+    fn needs_port(&self) -> bool {
+        true
+    }
+
+    fn launch(&self, input: &crate::LaunchInput) -> Result<crate::Launch, crate::BackendError> {
+        let port = input.port.ok_or(crate::BackendError::NeedsPort(crate::Recipe::SdCpp))?;
+        Ok(crate::Launch {
+            args: command_line(input.main_path, port, input.options),
+            env: vec![],
+            readiness: crate::Readiness::FixedPort(port),
+            // sd-server loads the model before it listens, so its index answering means ready.
+            health_path: "/",
+            served_paths: SERVED_PATHS,
+        })
+    }
+}
+
+fn option_u64(options: &RecipeOptions, key: &str, default: u64) -> u64 {
+    options.get(key).and_then(Value::as_u64).unwrap_or(default)
+}
+
+/// `sd-server -m <model> --listen-ip 127.0.0.1 --listen-port <P> --steps N --cfg-scale X -W w
+/// -H h`: the model's options (its `image_defaults` under the saved ones) become the server's
+/// defaults, which each request may override.
+pub fn command_line(model: &Path, port: u16, options: &RecipeOptions) -> Vec<String> {
+    let cfg = options.get("cfg_scale").and_then(Value::as_f64).unwrap_or(DEFAULT_CFG_SCALE);
+    vec![
+        "-m".into(),
+        model.display().to_string(),
+        "--listen-ip".into(),
+        "127.0.0.1".into(),
+        "--listen-port".into(),
+        port.to_string(),
+        "--steps".into(),
+        option_u64(options, "steps", DEFAULT_STEPS).to_string(),
+        "--cfg-scale".into(),
+        cfg.to_string(),
+        "-W".into(),
+        option_u64(options, "width", DEFAULT_SIZE).to_string(),
+        "-H".into(),
+        option_u64(options, "height", DEFAULT_SIZE).to_string(),
+    ]
+}
+
+/// The samplers sd-server knows (`--sampling-method`).
+pub const SAMPLERS: &[&str] = &[
+    "euler",
+    "euler_a",
+    "heun",
+    "dpm2",
+    "dpm++2s_a",
+    "dpm++2m",
+    "dpm++2mv2",
+    "ipndm",
+    "ipndm_v",
+    "lcm",
+    "ddim_trailing",
+    "tcd",
+];
+
+/// Sides a requested image may have: multiples of 64 from 64 to 2048 (the UNet's latent is
+/// 1/8 of the image and is halved three times).
+pub const MIN_SIDE: u32 = 64;
+pub const MAX_SIDE: u32 = 2048;
+
+/// `WIDTHxHEIGHT` as numbers, or why not.
+pub fn parse_size(size: &str) -> Result<(u32, u32), String> {
+    let bad = || {
+        format!(
+            "Unsupported size '{size}': expected WIDTHxHEIGHT with each side a multiple of 64 from {MIN_SIDE} to {MAX_SIDE} (e.g. 512x512)"
+        )
+    };
+    let (w, h) = size.split_once('x').ok_or_else(bad)?;
+    let side = |s: &str| s.parse::<u32>().ok().filter(|v| (MIN_SIDE..=MAX_SIDE).contains(v) && v % 64 == 0);
+    match (side(w), side(h)) {
+        (Some(w), Some(h)) => Ok((w, h)),
+        _ => Err(bad()),
+    }
+}
+
+/// The sd parameters a request may set on top of the server's defaults.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SdParams {
+    pub steps: Option<u32>,
+    pub cfg_scale: Option<f64>,
+    pub seed: Option<i64>,
+    pub sampler: Option<String>,
+}
+
+impl SdParams {
+    /// Checks the values; the error names the field.
+    pub fn validate(&self) -> Result<(), (String, &'static str)> {
+        if let Some(s) = self.steps.filter(|s| !(1..=150).contains(s)) {
+            return Err((format!("Invalid value for 'steps': expected 1 to 150, got {s}"), "steps"));
+        }
+        if let Some(c) = self.cfg_scale.filter(|c| !(0.0..=30.0).contains(c)) {
+            return Err((format!("Invalid value for 'cfg_scale': expected 0 to 30, got {c}"), "cfg_scale"));
+        }
+        if let Some(s) = self.sampler.as_deref().filter(|s| !SAMPLERS.contains(s)) {
+            return Err((format!("Unknown sampler '{s}': expected one of {}", SAMPLERS.join(", ")), "sampler"));
+        }
+        Ok(())
+    }
+
+    /// `prompt` with the parameters appended as sd-server's `<sd_cpp_extra_args>` block (the
+    /// prompt unchanged when none is set).
+    pub fn prompt_with(&self, prompt: &str) -> String {
+        let mut sample = serde_json::Map::new();
+        if let Some(s) = self.steps {
+            sample.insert("sample_steps".into(), json!(s));
+        }
+        if let Some(m) = &self.sampler {
+            sample.insert("sample_method".into(), json!(m));
+        }
+        if let Some(c) = self.cfg_scale {
+            sample.insert("guidance".into(), json!({"txt_cfg": c}));
+        }
+        let mut args = serde_json::Map::new();
+        if let Some(seed) = self.seed {
+            args.insert("seed".into(), json!(seed));
+        }
+        if !sample.is_empty() {
+            args.insert("sample_params".into(), Value::Object(sample));
+        }
+        if args.is_empty() {
+            return prompt.to_string();
+        }
+        format!("{prompt}<sd_cpp_extra_args>{}</sd_cpp_extra_args>", Value::Object(args))
+    }
+}
+
+/// The image containers sd-server reads (stb_image): PNG, JPEG, BMP, GIF (first frame), WebP.
+pub fn image_format(head: &[u8]) -> Option<&'static str> {
+    if head.starts_with(b"\x89PNG\r\n\x1a\n") {
+        Some("png")
+    } else if head.starts_with(&[0xFF, 0xD8, 0xFF]) {
+        Some("jpeg")
+    } else if head.starts_with(b"BM") && head.len() > 14 {
+        Some("bmp")
+    } else if head.starts_with(b"GIF8") {
+        Some("gif")
+    } else if head.len() >= 12 && head.starts_with(b"RIFF") && &head[8..12] == b"WEBP" {
+        Some("webp")
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_line_turns_the_options_into_server_defaults() {
+        let mut o = RecipeOptions::new();
+        assert_eq!(
+            command_line(Path::new("/hub/sd.safetensors"), 9000, &o).join(" "),
+            "-m /hub/sd.safetensors --listen-ip 127.0.0.1 --listen-port 9000 --steps 20 --cfg-scale 7 -W 512 -H 512"
+        );
+        o.insert("steps".into(), 4.into());
+        o.insert("cfg_scale".into(), json!(1.5));
+        o.insert("width".into(), 256.into());
+        o.insert("height".into(), 320.into());
+        let args = command_line(Path::new("/m"), 1, &o).join(" ");
+        assert!(args.ends_with("--steps 4 --cfg-scale 1.5 -W 256 -H 320"), "{args}");
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("256x256"), Ok((256, 256)));
+        assert_eq!(parse_size("1024x576"), Ok((1024, 576)));
+        for bad in ["256", "0x0", "100x100", "4096x4096", "axb", "256x", "-64x64", "256X256"] {
+            let e = parse_size(bad).unwrap_err();
+            assert!(e.starts_with(&format!("Unsupported size '{bad}'")), "{e}");
+        }
+    }
+
+    #[test]
+    fn params_become_an_extra_args_block() {
+        assert_eq!(SdParams::default().prompt_with("a lemon"), "a lemon");
+        let p = SdParams { steps: Some(1), cfg_scale: Some(1.0), seed: Some(42), sampler: Some("euler".into()) };
+        let out = p.prompt_with("a lemon");
+        let block =
+            out.strip_prefix("a lemon<sd_cpp_extra_args>").unwrap().strip_suffix("</sd_cpp_extra_args>").unwrap();
+        let v: Value = serde_json::from_str(block).unwrap();
+        assert_eq!(
+            v,
+            json!({"seed": 42, "sample_params": {"sample_steps": 1, "sample_method": "euler", "guidance": {"txt_cfg": 1.0}}})
+        );
+        assert!(p.validate().is_ok());
+        let bad = SdParams { sampler: Some("magic".into()), ..SdParams::default() };
+        assert_eq!(bad.validate().unwrap_err().1, "sampler");
+        assert_eq!(SdParams { steps: Some(0), ..SdParams::default() }.validate().unwrap_err().1, "steps");
+    }
+
+    #[test]
+    fn images_are_told_from_their_first_bytes() {
+        assert_eq!(image_format(b"\x89PNG\r\n\x1a\n...."), Some("png"));
+        assert_eq!(image_format(&[0xFF, 0xD8, 0xFF, 0xE0]), Some("jpeg"));
+        assert_eq!(image_format(b"RIFF\0\0\0\0WEBPVP8 "), Some("webp"));
+        assert_eq!(image_format(b"RIFF\0\0\0\0WAVEfmt "), None);
+        assert_eq!(image_format(b"hello"), None);
+    }
+}
