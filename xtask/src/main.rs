@@ -217,12 +217,42 @@ fn demo(rest: &[String]) -> Result<()> {
         let _ = child.kill();
         bail!("the transcription failed");
     }
+    let png = root().join("target/demo-image.png");
+    let sd = provision::DEMO_SD;
+    eprintln!("\n\nGenerating a 256x256 image with {sd} on sd-server (random weights: the picture is noise):\n");
+    let body = serde_json::json!({"model": sd, "prompt": "a glass of lemonade", "size": "256x256"});
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "--fail-with-body",
+            &format!("{base}/api/v1/images/generations"),
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+        ])
+        .arg(body.to_string())
+        .output()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let Some(b64) = v["data"][0]["b64_json"].as_str().filter(|_| out.status.success()) else {
+        let _ = child.kill();
+        bail!("the image generation failed: {}", String::from_utf8_lossy(&out.stdout));
+    };
+    let mut decode = Command::new("base64")
+        .args(["-d"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::fs::File::create(&png)?)
+        .spawn()?;
+    std::io::Write::write_all(decode.stdin.as_mut().context("base64 stdin")?, b64.as_bytes())?;
+    drop(decode.stdin.take());
+    decode.wait()?;
+    eprintln!("wrote {} ({} bytes)", png.display(), std::fs::metadata(&png)?.len());
     eprintln!(
         "\nlemonade is serving on {base} (Ctrl+C to stop). Try:\n  \
          curl {base}/api/v1/models\n  \
          curl {base}/api/v1/chat/completions -H 'Content-Type: application/json' \\\n    \
          -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'\n  \
          curl {base}/api/v1/audio/transcriptions -F file=@{wav} -F model={whisper}\n  \
+         curl {base}/api/v1/images/generations -H 'Content-Type: application/json' -d '{{\"model\": \"{sd}\", \"prompt\": \"a lemon\"}}'\n  \
          open {base}/docs for the API reference\n",
         wav = wav.display()
     );

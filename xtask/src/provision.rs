@@ -305,15 +305,46 @@ fn espeak() -> Result<()> {
     Ok(())
 }
 
-/// The demo's transcription model: Whisper tiny.en, as `user.Whisper-Tiny-En`.
+/// The demo's transcription model: Whisper tiny.en.
 pub const DEMO_WHISPER: &str = "user.Whisper-Tiny-En";
-/// The local-only repository the demo files its Whisper under in the Hugging Face cache (no
-/// such repository exists on the Hub, so nothing fetched from there can be mistaken for it).
-const DEMO_REPO: &str = "lemonade-dev/whisper-tiny.en-ggml";
+/// The demo's image model: RANDOM weights in the SDXS-512 architecture (its pictures are noise).
+pub const DEMO_SD: &str = "user.SDXS-Random";
+
+/// A provisioned model the demo files in the Hugging Face cache under a local-only repository
+/// (no such repository exists on the Hub, so nothing fetched from there can be mistaken for it)
+/// and registers as a user model.
+struct DemoModel {
+    name: &'static str,
+    spec_file: &'static str,
+    repo: &'static str,
+    file: &'static str,
+    entry: fn(&str) -> serde_json::Value,
+}
+
+const DEMO_MODELS: &[DemoModel] = &[
+    DemoModel {
+        name: DEMO_WHISPER,
+        spec_file: "audio/ggml-tiny.en.bin",
+        repo: "lemonade-dev/whisper-tiny.en-ggml",
+        file: "ggml-tiny.en.bin",
+        entry: |ckpt| serde_json::json!({"checkpoint": ckpt, "recipe": "whispercpp", "labels": ["audio", "custom", "transcription"]}),
+    },
+    DemoModel {
+        name: DEMO_SD,
+        spec_file: "plumbing/sdxs-512-random-F16.safetensors",
+        repo: "lemonade-dev/sdxs-512-random",
+        file: "sdxs-512-random-F16.safetensors",
+        entry: |ckpt| {
+            serde_json::json!({"checkpoint": ckpt, "recipe": "sd-cpp", "labels": ["custom", "image"],
+                               "image_defaults": {"steps": 1, "cfg_scale": 1.0, "width": 256, "height": 256}})
+        },
+    },
+];
 const DEMO_COMMIT: &str = "0000000000000000000000000000000000000001";
 
-/// Files the provisioned Whisper in the user's Hugging Face cache (huggingface_hub's layout) and
-/// registers it in lemonade's `user_models.json`, so the demo serves it with no download.
+/// Files the demo's models in the user's Hugging Face cache (huggingface_hub's layout; the blob
+/// is a link to the provisioned file) and registers them in lemonade's `user_models.json`, so
+/// the demo serves them with no download.
 pub fn seed_demo_models(p: &Provisioned) -> Result<()> {
     let hub = match std::env::var_os("HF_HUB_CACHE").filter(|v| !v.is_empty()) {
         Some(d) => PathBuf::from(d),
@@ -322,35 +353,33 @@ pub fn seed_demo_models(p: &Provisioned) -> Result<()> {
             .unwrap_or_else(|| home().join(".cache/huggingface"))
             .join("hub"),
     };
-    let spec = MODELS.iter().find(|m| m.file == "audio/ggml-tiny.en.bin").context("the Whisper model spec")?;
-    let repo = hub.join(format!("models--{}", DEMO_REPO.replace('/', "--")));
-    let blob = repo.join("blobs").join(spec.sha256);
-    if verify(&blob, spec.magic, spec.size, spec.sha256).is_err() {
-        fs::create_dir_all(repo.join("blobs"))?;
-        let tmp = blob.with_extension("incomplete");
-        fs::copy(p.models_dir.join(spec.file), &tmp)?;
-        fs::rename(&tmp, &blob)?;
-    }
-    let snap = repo.join("snapshots").join(DEMO_COMMIT);
-    fs::create_dir_all(&snap)?;
-    let link = snap.join("ggml-tiny.en.bin");
-    let _ = fs::remove_file(&link);
-    std::os::unix::fs::symlink(format!("../../blobs/{}", spec.sha256), &link)?;
-    fs::create_dir_all(repo.join("refs"))?;
-    fs::write(repo.join("refs/main"), DEMO_COMMIT)?;
-
     let users = lemonade_cache().join("user_models.json");
     let mut all: serde_json::Value = match fs::read(&users) {
         Ok(b) => serde_json::from_slice(&b).with_context(|| format!("{} is not JSON", users.display()))?,
         Err(_) => serde_json::json!({}),
     };
-    let name = DEMO_WHISPER.trim_start_matches("user.");
-    if all.get(name).is_none() {
-        all[name] = serde_json::json!({
-            "checkpoint": format!("{DEMO_REPO}:ggml-tiny.en.bin"),
-            "recipe": "whispercpp",
-            "labels": ["audio", "custom", "transcription"],
-        });
+    let mut changed = false;
+    for m in DEMO_MODELS {
+        let spec = MODELS.iter().find(|s| s.file == m.spec_file).context("a demo model's spec")?;
+        let repo = hub.join(format!("models--{}", m.repo.replace('/', "--")));
+        let blob = repo.join("blobs").join(spec.sha256);
+        fs::create_dir_all(repo.join("blobs"))?;
+        let _ = fs::remove_file(&blob);
+        std::os::unix::fs::symlink(p.models_dir.join(spec.file), &blob)?;
+        let snap = repo.join("snapshots").join(DEMO_COMMIT);
+        fs::create_dir_all(&snap)?;
+        let link = snap.join(m.file);
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink(format!("../../blobs/{}", spec.sha256), &link)?;
+        fs::create_dir_all(repo.join("refs"))?;
+        fs::write(repo.join("refs/main"), DEMO_COMMIT)?;
+        let key = m.name.trim_start_matches("user.");
+        if all.get(key).is_none() {
+            all[key] = (m.entry)(&format!("{}:{}", m.repo, m.file));
+            changed = true;
+        }
+    }
+    if changed {
         fs::create_dir_all(lemonade_cache())?;
         let tmp = users.with_extension("json.tmp");
         fs::write(&tmp, serde_json::to_vec_pretty(&all)?)?;

@@ -101,7 +101,10 @@ async fn main() -> anyhow::Result<()> {
         Ok("alternating") => return more::alternating(&bin).await.map(|_| ()),
         Ok("memory") => return more::memory_estimate(&bin).await.map(|_| ()),
         Ok("dialects") => return more::dialects(&bin).await.map(|_| ()),
-        Ok("modalities") => return modalities::transcription(&bin).await.map(|_| ()),
+        Ok("modalities") => {
+            modalities::transcription(&bin).await?;
+            return modalities::images(&bin).await.map(|_| ());
+        }
         _ => {}
     }
     anyhow::ensure!(
@@ -186,6 +189,7 @@ async fn main() -> anyhow::Result<()> {
     out["dialects"] = more::dialects(&bin).await?;
     out["pull"] = pull_throughput(&bin).await?;
     out["transcription"] = modalities::transcription(&bin).await?;
+    out["images"] = modalities::images(&bin).await?;
     if let Some(path) = std::env::var_os("LEMONADE_BENCH_OUT") {
         std::fs::write(&path, serde_json::to_vec_pretty(&out)?)?;
         println!("\nwritten to {}", PathBuf::from(path).display());

@@ -1,12 +1,12 @@
 //! The other modalities against their backends direct, side by side in one run: transcription
-//! through lemonade against the same whisper-server reached at the `backend_url` lemonade
-//! reports.
+//! and image generation through lemonade against the same whisper-server and sd-server reached
+//! at the `backend_url` lemonade reports.
 
 use std::path::Path;
 use std::time::Instant;
 
 use serde_json::{json, Value};
-use test_support::{Lemonade, Sandbox, WHISPER};
+use test_support::{Lemonade, Sandbox, SD, WHISPER};
 
 use crate::median;
 
@@ -70,4 +70,55 @@ pub async fn transcription(bin: &Path) -> anyhow::Result<Value> {
     println!("| through lemonade (/api/v1/audio/transcriptions) | {pr:.3} |");
     println!("| lemonade / direct (paired median) | ×{ratio:.3} |");
     Ok(json!({"reps": REPS, "audio_seconds": seconds, "direct_rtf": dr, "lemonade_rtf": pr, "ratio": ratio}))
+}
+
+/// Image generation time through lemonade against the same sd-server direct, with the body
+/// lemonade sends it (the sd parameters in an extra-args block).
+pub async fn images(bin: &Path) -> anyhow::Result<Value> {
+    const REPS: usize = 4;
+    let l = Lemonade::start_in(bin, Sandbox::new().with_sd(), &["--log-level", "info"], &[]).await;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    let prompt = "a glass of lemonade on a table";
+    let via = (
+        l.url("/api/v1/images/generations"),
+        json!({"model": SD, "prompt": prompt, "size": "256x256", "steps": 1, "seed": 3}),
+    );
+    let post = |url: String, body: Value| {
+        let http = http.clone();
+        async move {
+            let t = Instant::now();
+            let resp = http.post(&url).json(&body).send().await?;
+            let status = resp.status();
+            let v: Value = resp.json().await?;
+            anyhow::ensure!(status.is_success() && v["data"][0]["b64_json"].is_string(), "{url}: {status}");
+            Ok::<f64, anyhow::Error>(t.elapsed().as_secs_f64())
+        }
+    };
+    post(via.0.clone(), via.1.clone()).await?;
+    let (_, health) = l.get("/api/v1/health").await;
+    let backend = health["all_models_loaded"][0]["backend_url"].as_str().unwrap_or_default().to_string();
+    let params = backends::sdcpp::SdParams { steps: Some(1), seed: Some(3), ..Default::default() };
+    let direct = (
+        format!("{backend}/images/generations"),
+        json!({"prompt": params.prompt_with(prompt), "n": 1, "size": "256x256", "output_format": "png"}),
+    );
+    let (mut d, mut p) = (Vec::new(), Vec::new());
+    for rep in 0..REPS {
+        for lemonade in [rep % 2 == 0, rep % 2 != 0] {
+            if lemonade {
+                p.push(post(via.0.clone(), via.1.clone()).await?);
+            } else {
+                d.push(post(direct.0.clone(), direct.1.clone()).await?);
+            }
+        }
+    }
+    let ratio = median(p.iter().zip(&d).map(|(p, d)| p / d).collect());
+    let (ds, ps) = (median(d), median(p));
+    println!("\nImage generation, SDXS-512 (random weights) on sd-server, 256x256, 1 step, {REPS} reps (medians)\n");
+    println!("| path | seconds per image |");
+    println!("|---|---:|");
+    println!("| direct sd-server (/v1/images/generations) | {ds:.2} |");
+    println!("| through lemonade (/api/v1/images/generations) | {ps:.2} |");
+    println!("| lemonade / direct (paired median) | ×{ratio:.3} |");
+    Ok(json!({"reps": REPS, "direct_s": ds, "lemonade_s": ps, "ratio": ratio}))
 }
