@@ -33,6 +33,16 @@ pub fn llama_server() -> PathBuf {
     p
 }
 
+/// Runs `tests/py/<script>` with the test venv's Python and `args`; panics with its output
+/// unless it exits 0.
+pub fn py_client(script: &str, args: &[&str]) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("py").join(script);
+    let out = Command::new(python()).arg(path).args(args).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{script}:\n{text}");
+    text
+}
+
 /// The provisioned whisper-server (`LEMONADE_TEST_WHISPER_SERVER`, else the dev cache).
 pub fn whisper_server() -> PathBuf {
     let p = std::env::var_os("LEMONADE_TEST_WHISPER_SERVER")
@@ -515,6 +525,24 @@ pub fn loaded_names(health: &Value) -> Vec<String> {
 
 impl Lemonade {
     /// A short chat completion ("hi", 2 tokens) against `model`.
+    /// `lemonade_requests_in_flight{model=…}` from lemonade's own metrics (0 when absent).
+    pub async fn in_flight(&self, model: &str) -> f64 {
+        let text = self.http.get(self.url("/metrics")).send().await.unwrap().text().await.unwrap();
+        let key = format!("lemonade_requests_in_flight{{model=\"{model}\"}} ");
+        text.lines().find_map(|line| line.strip_prefix(&key)).and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
+    }
+
+    /// Kills `pid` with SIGKILL once a request for `model` is in flight (within 30 s).
+    pub async fn kill_when_in_flight(&self, model: &str, pid: u32) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while self.in_flight(model).await < 1.0 {
+            assert!(std::time::Instant::now() < deadline, "no request for {model} went in flight");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // SAFETY: a plain syscall on a process of this test.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+
     pub async fn chat(&self, model: &str) -> (u16, Value) {
         self.post(
             "/api/v1/chat/completions",

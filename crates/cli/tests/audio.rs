@@ -3,7 +3,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use test_support::hub::{HubDouble, Knobs};
@@ -42,14 +41,6 @@ fn error_message(body: &str) -> String {
     v["error"]["message"].as_str().unwrap_or_else(|| panic!("not OpenAI's error shape: {v}")).to_string()
 }
 
-fn run_client(script: &str, args: &[&str]) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/py").join(script);
-    let out = Command::new(python()).arg(path).args(args).output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{script}:\n{text}");
-    text
-}
-
 #[tokio::test]
 async fn real_whisper_server_the_openai_sdk_transcribes_speech_beside_a_loaded_llm() {
     let l = Lemonade::start_in(bin(), Sandbox::new().with_whisper(), &[], &[]).await;
@@ -58,7 +49,7 @@ async fn real_whisper_server_the_openai_sdk_transcribes_speech_beside_a_loaded_l
     let wav = speak(l.sandbox.dir.path(), "sentence.wav", SENTENCE);
     let (base, wav) = (l.url(""), wav.display().to_string());
     let out =
-        tokio::task::spawn_blocking(move || run_client("audio_client.py", &[&base, WHISPER, &wav, SENTENCE, SMOL]))
+        tokio::task::spawn_blocking(move || py_client("audio_client.py", &[&base, WHISPER, &wav, SENTENCE, SMOL]))
             .await
             .unwrap();
     assert!(out.contains("every check held"), "{out}");
@@ -125,13 +116,6 @@ async fn real_whisper_server_bad_uploads_get_a_clear_4xx_and_load_nothing() {
     assert!(b.to_lowercase().contains("models"), "{b}");
 }
 
-/// `lemonade_requests_in_flight{model=…}` from lemonade's own metrics.
-async fn in_flight(l: &Lemonade, model: &str) -> f64 {
-    let text = l.http.get(l.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    let key = format!("lemonade_requests_in_flight{{model=\"{model}\"}} ");
-    text.lines().find_map(|line| line.strip_prefix(&key)).and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
-}
-
 #[tokio::test]
 async fn real_whisper_server_killed_mid_transcription_gives_502_and_the_next_request_reloads_it() {
     let l = Lemonade::start_in(bin(), Sandbox::new().with_whisper(), &[], &[]).await;
@@ -144,14 +128,7 @@ async fn real_whisper_server_killed_mid_transcription_gives_502_and_the_next_req
     assert_eq!(first_pids.len(), 1, "one backend: {first_pids:?}");
 
     let request = transcribe(&l, &[("model", WHISPER)], Some(("long.wav", wav)));
-    let killer = async {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while in_flight(&l, WHISPER).await < 1.0 {
-            assert!(Instant::now() < deadline, "the transcription never went in flight");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        unsafe { libc::kill(first_pids[0] as i32, libc::SIGKILL) };
-    };
+    let killer = l.kill_when_in_flight(WHISPER, first_pids[0]);
     let ((s, b), ()) = tokio::join!(request, killer);
     assert_eq!(s, 502, "{b}");
     assert!(error_message(&b).contains(&format!("The backend of model '{WHISPER}' exited")), "{b}");

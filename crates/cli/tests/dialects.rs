@@ -2,22 +2,12 @@
 //! libraries from the test venv) against real llama-server.
 
 use std::path::Path;
-use std::process::Command;
 
 use test_support::hub::{HubDouble, Knobs};
 use test_support::*;
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_lemonade"))
-}
-
-/// Runs `tests/py/<script>` with `args`; panics with its output unless it exits 0.
-fn run_client(script: &str, args: &[&str]) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/py").join(script);
-    let out = Command::new(python()).arg(path).args(args).output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{script}:\n{text}");
-    text
 }
 
 #[tokio::test]
@@ -32,7 +22,7 @@ async fn real_llama_server_the_ollama_library_lists_shows_chats_generates_embeds
         .await;
     let base = l.url("");
     let out =
-        tokio::task::spawn_blocking(move || run_client("ollama_client.py", &[&base, SMOL, MINILM, "Qwen3-0.6B-GGUF"]))
+        tokio::task::spawn_blocking(move || py_client("ollama_client.py", &[&base, SMOL, MINILM, "Qwen3-0.6B-GGUF"]))
             .await
             .unwrap();
     assert!(out.contains("every check held"), "{out}");
@@ -47,7 +37,7 @@ async fn real_llama_server_the_anthropic_sdk_creates_streams_sends_tool_history_
     let (s, v) = l.post("/api/v1/load", &serde_json::json!({"model_name": SMOL, "llamacpp_args": args})).await;
     assert_eq!(s, 200, "{v}");
     let base = l.url("");
-    let out = tokio::task::spawn_blocking(move || run_client("anthropic_client.py", &[&base, SMOL])).await.unwrap();
+    let out = tokio::task::spawn_blocking(move || py_client("anthropic_client.py", &[&base, SMOL])).await.unwrap();
     assert!(out.contains("every check held"), "{out}");
 }
 
@@ -62,7 +52,7 @@ async fn real_llama_server_prometheus_metrics_count_the_traffic_of_three_clients
     let l = Lemonade::start_in(bin(), Sandbox::new(), &[], &[("HF_ENDPOINT", &double.url)]).await;
     let base = l.url("");
     let out = tokio::task::spawn_blocking(move || {
-        run_client("metrics_client.py", &[&base, SMOL, MINILM, "Qwen3-0.6B-GGUF", &size])
+        py_client("metrics_client.py", &[&base, SMOL, MINILM, "Qwen3-0.6B-GGUF", &size])
     })
     .await
     .unwrap();

@@ -3,8 +3,6 @@
 //! architecture: the backend really runs, the PNGs are real, the pictures are noise.
 
 use std::path::Path;
-use std::process::Command;
-use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use test_support::hub::{HubDouble, Knobs};
@@ -12,14 +10,6 @@ use test_support::*;
 
 fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_lemonade"))
-}
-
-fn run_client(script: &str, args: &[&str]) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/py").join(script);
-    let out = Command::new(python()).arg(path).args(args).output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{script}:\n{text}");
-    text
 }
 
 /// Width and height from a PNG's IHDR.
@@ -47,7 +37,7 @@ async fn real_sd_server_the_openai_sdk_generates_edits_and_varies_images_beside_
     let (s, v) = l.chat(SMOL).await;
     assert_eq!(s, 200, "{v}");
     let base = l.url("");
-    let out = tokio::task::spawn_blocking(move || run_client("images_client.py", &[&base, SD, SMOL])).await.unwrap();
+    let out = tokio::task::spawn_blocking(move || py_client("images_client.py", &[&base, SD, SMOL])).await.unwrap();
     assert!(out.contains("every check held"), "{out}");
     let (_, h) = l.get("/api/v1/health").await;
     let mut loaded = loaded_names(&h);
@@ -110,13 +100,6 @@ async fn real_sd_server_bad_image_requests_get_a_clear_4xx_and_load_nothing() {
     assert_eq!(h["all_models_loaded"], json!([]), "{h}");
 }
 
-/// `lemonade_requests_in_flight{model=…}` from lemonade's own metrics.
-async fn in_flight(l: &Lemonade, model: &str) -> f64 {
-    let text = l.http.get(l.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    let key = format!("lemonade_requests_in_flight{{model=\"{model}\"}} ");
-    text.lines().find_map(|line| line.strip_prefix(&key)).and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
-}
-
 #[tokio::test]
 async fn real_sd_server_killed_mid_generation_gives_502_and_the_next_request_reloads_it() {
     let l = Lemonade::start_in(bin(), Sandbox::new().with_sd(), &[], &[]).await;
@@ -125,14 +108,7 @@ async fn real_sd_server_killed_mid_generation_gives_502_and_the_next_request_rel
     let first = child_pids(l.pid());
     assert_eq!(first.len(), 1, "{first:?}");
     let request = generate(&l, SD, "512x512");
-    let killer = async {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while in_flight(&l, SD).await < 1.0 {
-            assert!(Instant::now() < deadline, "the generation never went in flight");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        unsafe { libc::kill(first[0] as i32, libc::SIGKILL) };
-    };
+    let killer = l.kill_when_in_flight(SD, first[0]);
     let ((s, v), ()) = tokio::join!(request, killer);
     assert_eq!(s, 502, "{v}");
     assert!(v["error"]["message"].as_str().unwrap().contains(&format!("The backend of model '{SD}' exited")), "{v}");
