@@ -61,6 +61,15 @@ pub fn sd_server() -> PathBuf {
     p
 }
 
+/// The provisioned Kokoro backend, `koko` (`LEMONADE_TEST_KOKO`, else the dev cache).
+pub fn koko() -> PathBuf {
+    let p = std::env::var_os("LEMONADE_TEST_KOKO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| dev_cache().join("kokoro/kokoro-onnx-0.6.1/koko"));
+    assert!(p.is_file(), "koko not found at {}: run `cargo xtask setup` first", p.display());
+    p
+}
+
 /// A provisioned model file, e.g. `serve/SmolLM2-135M-Instruct.Q4_1.gguf`.
 pub fn model(rel: &str) -> PathBuf {
     let root =
@@ -82,6 +91,26 @@ pub const SD_FILE: &str = "plumbing/sdxs-512-random-F16.safetensors";
 const SD_SHA256: &str = "f9bf9de14b164718b60a28ff454c7a14bb442fd189f7a944ac0d6be4516fb3d2";
 /// The image model of [`Sandbox::with_sd`] (one step, 256×256 by default).
 pub const SD: &str = "user.SDXS-Random";
+/// Kokoro-82M (int8 ONNX) and the voices a package ships (five Japanese ones; they speak the
+/// English phonemes espeak-ng makes).
+pub const KOKORO_FILE: &str = "tts/kokoro-v1.0.int8.onnx";
+pub const KOKORO_VOICES_FILE: &str = "tts/voices-ja.npz";
+const KOKORO_SHA256: &str = "6e742170d309016e5891a994e1ce1559c702a2ccd0075e67ef7157974f6406cb";
+const KOKORO_VOICES_SHA256: &str = "fc663c0f5c64d1f10c7c6daa2323ea20efe1b255a891b0d912d07bf58c529d15";
+/// The speech model of [`Sandbox::with_kokoro`].
+pub const KOKORO: &str = "user.Kokoro-82M";
+/// The repository [`Sandbox::with_kokoro`] files it under (model, voices, `index.json`).
+pub const KOKORO_REPO: &str = "lemonade-dev/kokoro-82m-int8-onnx";
+
+/// The files of a Kokoro repository, as the `kokoro` recipe reads it, put in `dir`: the model
+/// and voices (links to the provisioned files) and an `index.json` naming them.
+pub fn kokoro_repo(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::os::unix::fs::symlink(model(KOKORO_FILE), dir.join("kokoro-v1.0.int8.onnx")).unwrap();
+    std::os::unix::fs::symlink(model(KOKORO_VOICES_FILE), dir.join("voices.bin")).unwrap();
+    std::fs::write(dir.join("index.json"), KOKORO_INDEX).unwrap();
+}
+const KOKORO_INDEX: &str = r#"{"model": "kokoro-v1.0.int8.onnx", "voices": "voices.bin"}"#;
 pub const GEMMA_FILE: &str = "serve/gemma-3-270m-Q4_K_M.gguf";
 pub const MINILM_FILE: &str = "serve/all-MiniLM-L6-v2-F32.gguf";
 pub const RERANK_FILE: &str = "plumbing/minilm-random-rerank-F32.gguf";
@@ -143,6 +172,19 @@ impl Sandbox {
         let entry = json!({"checkpoint": format!("lemonade-dev/sdxs-512-random:{file}"), "recipe": "sd-cpp", "labels": ["image", "custom"],
                            "image_defaults": {"steps": 1, "cfg_scale": 1.0, "width": 256, "height": 256}});
         self.register(SD.trim_start_matches("user."), entry);
+        self
+    }
+
+    /// This sandbox with Kokoro-82M downloaded as [`KOKORO_REPO`] and registered as [`KOKORO`].
+    pub fn with_kokoro(self) -> Sandbox {
+        let index = self.dir.path().join("kokoro-index.json");
+        std::fs::write(&index, KOKORO_INDEX).unwrap();
+        // The blob's name only has to be unique in the repository.
+        self.add_hf_file(KOKORO_REPO, "index.json", &index, &"1".repeat(64));
+        self.add_hf_file(KOKORO_REPO, "kokoro-v1.0.int8.onnx", &model(KOKORO_FILE), KOKORO_SHA256);
+        self.add_hf_file(KOKORO_REPO, "voices.bin", &model(KOKORO_VOICES_FILE), KOKORO_VOICES_SHA256);
+        let entry = json!({"checkpoint": KOKORO_REPO, "recipe": "kokoro", "labels": ["custom", "speech", "tts"]});
+        self.register(KOKORO.trim_start_matches("user."), entry);
         self
     }
 
@@ -244,6 +286,9 @@ impl Lemonade {
         }
         if !env.iter().any(|(k, _)| *k == "LEMONADE_SDCPP_CPU_BIN") {
             cmd.env("LEMONADE_SDCPP_CPU_BIN", sd_server());
+        }
+        if !env.iter().any(|(k, _)| *k == "LEMONADE_KOKORO_CPU_BIN") {
+            cmd.env("LEMONADE_KOKORO_CPU_BIN", koko());
         }
         let mut child = cmd.spawn().expect("start lemonade");
         let log = Arc::new(Mutex::new(Vec::new()));

@@ -81,6 +81,7 @@ fn test_env(cmd: &mut Command, p: &provision::Provisioned) {
     cmd.env("LEMONADE_TEST_LLAMA_SERVER", &p.llama_server)
         .env("LEMONADE_TEST_WHISPER_SERVER", &p.whisper_server)
         .env("LEMONADE_TEST_SD_SERVER", &p.sd_server)
+        .env("LEMONADE_TEST_KOKO", &p.koko)
         .env("LEMONADE_TEST_MODELS", &p.models_dir)
         .env("LEMONADE_TEST_PYTHON", &p.python)
         .env("LEMONADE_TEST_CHROMIUM", &p.chromium);

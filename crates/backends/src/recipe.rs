@@ -71,7 +71,8 @@ impl Recipe {
             Recipe::RyzenAiLlm => Some(&crate::ryzenai::RyzenAi),
             Recipe::WhisperCpp => Some(&crate::whispercpp::WhisperCpp),
             Recipe::SdCpp => Some(&crate::sdcpp::SdCpp),
-            Recipe::Kokoro | Recipe::Flm => None,
+            Recipe::Kokoro => Some(&crate::kokoro::Kokoro),
+            Recipe::Flm => None,
         }
     }
 
@@ -183,7 +184,7 @@ mod tests {
             assert!(r.backends().contains(&r.default_backend()), "{r}");
         }
         assert_eq!("oga-cpu".parse::<Recipe>().unwrap_err().to_string(), "Unknown recipe 'oga-cpu'");
-        assert_eq!(Recipe::runnable_names(), "llamacpp, whispercpp, sd-cpp, ryzenai-llm");
+        assert_eq!(Recipe::runnable_names(), "llamacpp, whispercpp, kokoro, sd-cpp, ryzenai-llm");
         assert_eq!(Recipe::LlamaCpp.device().as_str(), "gpu");
         assert_eq!(Recipe::Flm.device().as_str(), "npu");
         assert_eq!(Recipe::Kokoro.device().as_str(), "cpu");

@@ -60,7 +60,7 @@ pub struct PullArgs {
     #[arg(long)]
     pub checkpoint: Option<String>,
     /// Backend recipe of a registered model.
-    #[arg(long, value_parser = ["llamacpp", "flm", "ryzenai-llm", "whispercpp", "sd-cpp"])]
+    #[arg(long, value_parser = ["llamacpp", "flm", "ryzenai-llm", "whispercpp", "sd-cpp", "kokoro"])]
     pub recipe: Option<String>,
     /// Label the model as a reasoning model.
     #[arg(long)]

@@ -88,7 +88,7 @@ async fn real_whisper_server_bad_uploads_get_a_clear_4xx_and_load_nothing() {
     assert_eq!((s, error_message(&b).contains("'temperature'")), (400, true), "{b}");
     let (s, b) = transcribe(&l, &[("model", GEMMA)], Some(("s.wav", wav.clone()))).await;
     assert_eq!(s, 400, "{b}");
-    assert!(error_message(&b).contains("is a llm model; audio/transcriptions needs an audio model"), "{b}");
+    assert!(error_message(&b).contains("is an llm model; audio/transcriptions needs an audio model"), "{b}");
     let (s, b) = transcribe(&l, &[("model", "user.Nope")], Some(("s.wav", wav.clone()))).await;
     assert_eq!(s, 404, "{b}");
 

@@ -1,5 +1,7 @@
 //! Checkpoint strings (`org/repo[:VARIANT]`) and the one variant resolver that picks files.
 
+use backends::Recipe;
+
 use crate::plan::PlanError;
 
 /// A parsed checkpoint: the Hugging Face repo id and the variant after the first `:`.
@@ -191,6 +193,23 @@ pub(crate) fn shard_stem(path: &str) -> Option<&str> {
     (idx.len() == 5 && tail.len() == 5 && idx.bytes().chain(tail.bytes()).all(|b| b.is_ascii_digit())).then_some(stem)
 }
 
+/// A recipe's main file in a cache snapshot (reference §6.4): llamacpp's GGUF by
+/// [`resolve_main`]; with no variant, whispercpp's first `.bin` and kokoro's `index.json`;
+/// otherwise the file the variant names exactly.
+pub fn resolve_for<'a>(recipe: Recipe, files: &'a [String], variant: &str) -> Option<&'a str> {
+    let named = |suffix: &str| {
+        let mut v: Vec<&str> = files.iter().map(String::as_str).filter(|f| file_name(f).ends_with(suffix)).collect();
+        v.sort();
+        v.first().copied()
+    };
+    match recipe {
+        Recipe::LlamaCpp => resolve_main(files, variant),
+        Recipe::WhisperCpp if variant.is_empty() => named(".bin"),
+        Recipe::Kokoro if variant.is_empty() => named("index.json").filter(|f| file_name(f) == "index.json"),
+        _ => resolve_exact(files, variant),
+    }
+}
+
 /// Secondary checkpoints (mmproj, …) name an exact file: the first file whose name or
 /// relative path equals the variant.
 pub fn resolve_exact<'a>(files: &'a [String], variant: &str) -> Option<&'a str> {
@@ -206,6 +225,19 @@ mod tests {
 
     fn files(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn each_recipe_finds_its_main_file() {
+        let f = files(&["voices.bin", "kokoro.onnx", "index.json", "README.md"]);
+        assert_eq!(resolve_for(Recipe::Kokoro, &f, ""), Some("index.json"));
+        assert_eq!(resolve_for(Recipe::Kokoro, &f, "kokoro.onnx"), Some("kokoro.onnx"));
+        assert_eq!(resolve_for(Recipe::Kokoro, &files(&["model.onnx"]), ""), None);
+        let w = files(&["ggml-tiny.bin", "ggml-base.bin", "README.md"]);
+        assert_eq!(resolve_for(Recipe::WhisperCpp, &w, ""), Some("ggml-base.bin"));
+        assert_eq!(resolve_for(Recipe::WhisperCpp, &w, "ggml-tiny.bin"), Some("ggml-tiny.bin"));
+        assert_eq!(resolve_for(Recipe::SdCpp, &files(&["sd.safetensors"]), ""), None);
+        assert_eq!(resolve_for(Recipe::SdCpp, &files(&["sd.safetensors"]), "sd.safetensors"), Some("sd.safetensors"));
     }
 
     #[test]

@@ -383,11 +383,7 @@ fn resolve_files(m: &mut ModelInfo, files: &dyn ModelFiles) {
             }
             continue;
         }
-        let found = if m.recipe == Recipe::LlamaCpp {
-            checkpoint::resolve_main(&snap.files, &main.variant)
-        } else {
-            checkpoint::resolve_exact(&snap.files, &main.variant)
-        };
+        let found = checkpoint::resolve_for(m.recipe, &snap.files, &main.variant);
         if let Some(rel) = found {
             let path = snap.dir.join(rel);
             m.downloaded = files.is_complete(&path);
@@ -548,7 +544,8 @@ pub fn validate_user_name(name: &str) -> Result<(), RegistryError> {
 }
 
 /// Labels of a registration (v9): `custom`, the given labels, and one per flag (`embedding`
-/// gives `embeddings`), plus `image` for sd-cpp and `audio` for whispercpp; sorted, unique.
+/// gives `embeddings`), plus `image` for sd-cpp and `audio` for whispercpp (and, beyond v9,
+/// `tts` for kokoro, so a registered Kokoro model is a speech model); sorted, unique.
 pub fn registration_labels(
     labels: &[String],
     reasoning: bool,
@@ -566,6 +563,7 @@ pub fn registration_labels(
         (reranking, "reranking"),
         (recipe == Some(Recipe::SdCpp), "image"),
         (recipe == Some(Recipe::WhisperCpp), "audio"),
+        (recipe == Some(Recipe::Kokoro), "tts"),
     ] {
         if on {
             set.insert(l.into());

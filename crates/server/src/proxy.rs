@@ -47,6 +47,33 @@ async fn issue(lease: &Lease, req: reqwest::RequestBuilder) -> Result<reqwest::R
     }
 }
 
+/// Forwards a request whose answer is a byte stream other than SSE (speech audio): the
+/// backend's content type and bytes, relayed as they come, the lease held until the end. A
+/// failure mid-stream aborts the response, so the client sees a cut stream rather than audio
+/// that merely ends early.
+pub async fn forward_bytes(lease: Lease, path: &str, body: Bytes) -> Result<Response, ApiError> {
+    let resp = send(&lease, http::Method::POST, path, Some(body), true).await?;
+    if !resp.status().is_success() {
+        return Err(backend_error(&lease, resp).await);
+    }
+    let ct = content_type(&resp).unwrap_or_else(|| "application/octet-stream".into());
+    let stream = resp.bytes_stream().map(move |chunk| {
+        let held = &lease;
+        chunk.map_err(|e| {
+            tracing::warn!(model = %held.model.info.name, error = %e, "stream from backend failed");
+            std::io::Error::other(e)
+        })
+    });
+    let mut r = Response::new(Body::from_stream(stream));
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_str(&ct).unwrap_or(HeaderValue::from_static("application/octet-stream")),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Ok(r)
+}
+
 /// Forwards a multipart form (a transcription) and returns the backend's answer labelled
 /// `content_type`, or its error.
 pub async fn forward_form(

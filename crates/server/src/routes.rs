@@ -78,6 +78,7 @@ route_table! {
     post_only "/reranking" => openai::reranking;
     post_only "/audio/transcriptions" => audio::transcriptions;
     post_only "/audio/translations" => audio::translations;
+    post_only "/audio/speech" => audio::speech;
     post_only "/images/generations" => images::generations;
     post_only "/images/edits" => images::edits;
     post_only "/images/variations" => images::variations;

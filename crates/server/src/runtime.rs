@@ -374,11 +374,16 @@ impl Runtime {
     pub fn model_for(&self, name: &str, want: &[ModelType], endpoint: &str) -> Result<ModelInfo, ApiError> {
         let info = self.registry().get(name)?.clone();
         if !want.contains(&info.model_type) {
+            // "an LLM", "an audio model", "a TTS model": the article as the name is read.
+            let a = |t: ModelType| match t {
+                ModelType::Llm | ModelType::Embedding | ModelType::Audio | ModelType::Image => "an",
+                ModelType::Reranking | ModelType::Tts => "a",
+            };
             return Err(ApiError::WrongModelType(format!(
-                "Model '{name}' is a{} {} model; {endpoint} needs {} model.",
-                if info.model_type == ModelType::Embedding { "n" } else { "" },
+                "Model '{name}' is {} {} model; {endpoint} needs {} model.",
+                a(info.model_type),
                 info.model_type.as_str(),
-                want.iter().map(|t| format!("an {}", t.as_str())).collect::<Vec<_>>().join(" or "),
+                want.iter().map(|&t| format!("{} {}", a(t), t.as_str())).collect::<Vec<_>>().join(" or "),
             )));
         }
         Ok(info)

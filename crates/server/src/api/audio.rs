@@ -1,17 +1,42 @@
 //! The audio endpoints: transcription and translation (OpenAI's multipart shape), served by a
 //! model's whisper-server.
 
-use api_types::{ErrorResponse, ModelType, TranscriptionFormat, TranscriptionRequest, TranscriptionResponse};
+use api_types::{
+    ErrorResponse, ModelType, SpeechRequest, TranscriptionFormat, TranscriptionRequest, TranscriptionResponse,
+};
 use axum::extract::State;
 use axum::response::Response;
 
 use crate::error::ApiError;
-use crate::extract::Form;
+use crate::extract::{Form, JsonBody};
 use crate::proxy;
 use crate::pulls;
 use crate::state::AppState;
 
 const AUDIO: &[ModelType] = &[ModelType::Audio];
+const TTS: &[ModelType] = &[ModelType::Tts];
+
+/// Text to speech (OpenAI), streamed as it is made.
+#[utoipa::path(post, path = "/api/v1/audio/speech", tag = "OpenAI",
+    description = "Also under /api/v0, /v0 and /v1. Loads the model on demand and asks its Kokoro backend; the audio \
+                   bytes are streamed as each sentence is made (`wav` with open-ended sizes, or raw `pcm`, 16-bit mono \
+                   24 kHz).",
+    request_body = SpeechRequest,
+    responses(
+        (status = 200, description = "The audio (audio/wav or audio/pcm), streamed", content_type = "audio/wav"),
+        (status = 400, description = "Empty input, an unsupported response_format or speed, an unknown voice, or a model that is not a speech model", body = ErrorResponse),
+        (status = 404, description = "Unknown model", body = ErrorResponse),
+        (status = 500, description = "The model failed to load", body = ErrorResponse),
+        (status = 502, description = "The backend died or could not be reached", body = ErrorResponse),
+    ))]
+pub async fn speech(State(rt): State<AppState>, body: JsonBody<SpeechRequest>) -> Result<Response, ApiError> {
+    let r = body.value;
+    backends::kokoro::check(&r.input, r.response_format.as_deref(), r.speed)
+        .map_err(|(msg, field)| ApiError::bad_request(msg, Some(field)))?;
+    let lease = pulls::lease(&rt, &r.model, TTS, "audio/speech").await?;
+    let upstream = serde_json::json!({"input": r.input, "voice": r.voice, "response_format": r.response_format, "speed": r.speed.unwrap_or(1.0)});
+    proxy::forward_bytes(lease, backends::kokoro::SPEECH_PATH, bytes::Bytes::from(serde_json::to_vec(&upstream)?)).await
+}
 
 /// Transcription (OpenAI): the speech in an audio file as text.
 #[utoipa::path(post, path = "/api/v1/audio/transcriptions", tag = "OpenAI",
