@@ -259,7 +259,7 @@ async fn models_list_retrieve_and_lookup_errors() {
     let (s, e) = l.get("/api/v1/models/nope").await;
     assert_eq!(s, 404);
     assert_eq!(e["error"]["code"], "model_not_found");
-    let (s, e) = l.get("/api/v1/models/kokoro-v1").await;
+    let (s, e) = l.get("/api/v1/models/Gemma3-1b-it-FLM").await;
     assert_eq!(s, 404);
     assert_eq!(e["error"]["code"], "model_not_supported");
     let (s, w) = l.get("/api/v1/models/Whisper-Tiny").await;

@@ -75,7 +75,8 @@ fn builds_from_values_with_filters_and_cache_facts() {
     assert!(
         matches!(reg.get("user.Odd"), Err(LookupError::NotSupported { reason, .. }) if reason.contains("'oga-cpu'"))
     );
-    assert!(matches!(reg.get("kokoro-v1"), Err(LookupError::NotSupported { .. })));
+    assert!(matches!(reg.get("Gemma3-1b-it-FLM"), Err(LookupError::NotSupported { .. })));
+    assert_eq!(reg.get("kokoro-v1").unwrap().model_type, ModelType::Tts);
     assert_eq!(reg.get("SD-Turbo").unwrap().model_type, ModelType::Image);
     assert_eq!(reg.get("Whisper-Tiny").unwrap().model_type, ModelType::Audio);
 }
