@@ -247,6 +247,21 @@ fn demo(rest: &[String]) -> Result<()> {
     drop(decode.stdin.take());
     decode.wait()?;
     eprintln!("wrote {} ({} bytes)", png.display(), std::fs::metadata(&png)?.len());
+    let speech = root().join("target/demo-kokoro.wav");
+    let kokoro = provision::DEMO_KOKORO;
+    eprintln!("\nSpeaking a sentence with {kokoro} (Kokoro-82M, voice jf_alpha) into {}", speech.display());
+    let body = serde_json::json!({"model": kokoro, "voice": "jf_alpha", "input": "Lemonade speaks, listens and paints, all on one port."});
+    let status = Command::new("curl")
+        .args(["-s", "--fail-with-body", "-o"])
+        .arg(&speech)
+        .args([&format!("{base}/api/v1/audio/speech"), "-H", "Content-Type: application/json", "-d"])
+        .arg(body.to_string())
+        .status()?;
+    if !status.success() {
+        let _ = child.kill();
+        bail!("the speech request failed");
+    }
+    eprintln!("wrote {} ({} bytes)", speech.display(), std::fs::metadata(&speech)?.len());
     eprintln!(
         "\nlemonade is serving on {base} (Ctrl+C to stop). Try:\n  \
          curl {base}/api/v1/models\n  \
@@ -254,6 +269,7 @@ fn demo(rest: &[String]) -> Result<()> {
          -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'\n  \
          curl {base}/api/v1/audio/transcriptions -F file=@{wav} -F model={whisper}\n  \
          curl {base}/api/v1/images/generations -H 'Content-Type: application/json' -d '{{\"model\": \"{sd}\", \"prompt\": \"a lemon\"}}'\n  \
+         curl {base}/api/v1/audio/speech -H 'Content-Type: application/json' -d '{{\"model\": \"{kokoro}\", \"input\": \"Hello!\"}}' -o hello.wav\n  \
          open {base}/docs for the API reference\n",
         wav = wav.display()
     );

@@ -354,35 +354,46 @@ fn espeak() -> Result<()> {
 pub const DEMO_WHISPER: &str = "user.Whisper-Tiny-En";
 /// The demo's image model: RANDOM weights in the SDXS-512 architecture (its pictures are noise).
 pub const DEMO_SD: &str = "user.SDXS-Random";
+/// The demo's speech model: Kokoro-82M with the voices a package ships (`jf_alpha` first).
+pub const DEMO_KOKORO: &str = "user.Kokoro-82M";
 
 /// A provisioned model the demo files in the Hugging Face cache under a local-only repository
 /// (no such repository exists on the Hub, so nothing fetched from there can be mistaken for it)
 /// and registers as a user model.
 struct DemoModel {
     name: &'static str,
-    spec_file: &'static str,
     repo: &'static str,
-    file: &'static str,
+    /// (provisioned file, its name in the repository).
+    files: &'static [(&'static str, &'static str)],
+    /// The repository's main file, written here (Kokoro's `index.json`).
+    index: Option<(&'static str, &'static str)>,
     entry: fn(&str) -> serde_json::Value,
 }
 
 const DEMO_MODELS: &[DemoModel] = &[
     DemoModel {
         name: DEMO_WHISPER,
-        spec_file: "audio/ggml-tiny.en.bin",
         repo: "lemonade-dev/whisper-tiny.en-ggml",
-        file: "ggml-tiny.en.bin",
-        entry: |ckpt| serde_json::json!({"checkpoint": ckpt, "recipe": "whispercpp", "labels": ["audio", "custom", "transcription"]}),
+        files: &[("audio/ggml-tiny.en.bin", "ggml-tiny.en.bin")],
+        index: None,
+        entry: |repo| serde_json::json!({"checkpoint": format!("{repo}:ggml-tiny.en.bin"), "recipe": "whispercpp", "labels": ["audio", "custom", "transcription"]}),
     },
     DemoModel {
         name: DEMO_SD,
-        spec_file: "plumbing/sdxs-512-random-F16.safetensors",
         repo: "lemonade-dev/sdxs-512-random",
-        file: "sdxs-512-random-F16.safetensors",
-        entry: |ckpt| {
-            serde_json::json!({"checkpoint": ckpt, "recipe": "sd-cpp", "labels": ["custom", "image"],
+        files: &[("plumbing/sdxs-512-random-F16.safetensors", "sdxs-512-random-F16.safetensors")],
+        index: None,
+        entry: |repo| {
+            serde_json::json!({"checkpoint": format!("{repo}:sdxs-512-random-F16.safetensors"), "recipe": "sd-cpp", "labels": ["custom", "image"],
                                "image_defaults": {"steps": 1, "cfg_scale": 1.0, "width": 256, "height": 256}})
         },
+    },
+    DemoModel {
+        name: DEMO_KOKORO,
+        repo: "lemonade-dev/kokoro-82m-int8-onnx",
+        files: &[("tts/kokoro-v1.0.int8.onnx", "kokoro-v1.0.int8.onnx"), ("tts/voices-ja.npz", "voices.bin")],
+        index: Some(("index.json", r#"{"model": "kokoro-v1.0.int8.onnx", "voices": "voices.bin"}"#)),
+        entry: |repo| serde_json::json!({"checkpoint": repo, "recipe": "kokoro", "labels": ["custom", "speech", "tts"]}),
     },
 ];
 const DEMO_COMMIT: &str = "0000000000000000000000000000000000000001";
@@ -405,22 +416,33 @@ pub fn seed_demo_models(p: &Provisioned) -> Result<()> {
     };
     let mut changed = false;
     for m in DEMO_MODELS {
-        let spec = MODELS.iter().find(|s| s.file == m.spec_file).context("a demo model's spec")?;
         let repo = hub.join(format!("models--{}", m.repo.replace('/', "--")));
-        let blob = repo.join("blobs").join(spec.sha256);
-        fs::create_dir_all(repo.join("blobs"))?;
-        let _ = fs::remove_file(&blob);
-        std::os::unix::fs::symlink(p.models_dir.join(spec.file), &blob)?;
         let snap = repo.join("snapshots").join(DEMO_COMMIT);
+        fs::create_dir_all(repo.join("blobs"))?;
         fs::create_dir_all(&snap)?;
-        let link = snap.join(m.file);
-        let _ = fs::remove_file(&link);
-        std::os::unix::fs::symlink(format!("../../blobs/{}", spec.sha256), &link)?;
+        let link = |blob_name: &str, target: &Path, file: &str| -> Result<()> {
+            let blob = repo.join("blobs").join(blob_name);
+            let _ = fs::remove_file(&blob);
+            std::os::unix::fs::symlink(target, &blob)?;
+            let at = snap.join(file);
+            let _ = fs::remove_file(&at);
+            std::os::unix::fs::symlink(format!("../../blobs/{blob_name}"), &at)?;
+            Ok(())
+        };
+        for (spec_file, file) in m.files {
+            let spec = MODELS.iter().find(|s| s.file == *spec_file).context("a demo model's spec")?;
+            link(spec.sha256, &p.models_dir.join(spec.file), file)?;
+        }
+        if let Some((file, text)) = m.index {
+            let written = repo.join(format!("{file}.lemonade-demo"));
+            fs::write(&written, text)?;
+            link(&format!("{file}-{DEMO_COMMIT}"), &written, file)?;
+        }
         fs::create_dir_all(repo.join("refs"))?;
         fs::write(repo.join("refs/main"), DEMO_COMMIT)?;
         let key = m.name.trim_start_matches("user.");
         if all.get(key).is_none() {
-            all[key] = (m.entry)(&format!("{}:{}", m.repo, m.file));
+            all[key] = (m.entry)(m.repo);
             changed = true;
         }
     }
