@@ -103,7 +103,8 @@ async fn main() -> anyhow::Result<()> {
         Ok("dialects") => return more::dialects(&bin).await.map(|_| ()),
         Ok("modalities") => {
             modalities::transcription(&bin).await?;
-            return modalities::images(&bin).await.map(|_| ());
+            modalities::images(&bin).await?;
+            return modalities::speech(&bin).await.map(|_| ());
         }
         _ => {}
     }
@@ -190,6 +191,7 @@ async fn main() -> anyhow::Result<()> {
     out["pull"] = pull_throughput(&bin).await?;
     out["transcription"] = modalities::transcription(&bin).await?;
     out["images"] = modalities::images(&bin).await?;
+    out["speech"] = modalities::speech(&bin).await?;
     if let Some(path) = std::env::var_os("LEMONADE_BENCH_OUT") {
         std::fs::write(&path, serde_json::to_vec_pretty(&out)?)?;
         println!("\nwritten to {}", PathBuf::from(path).display());

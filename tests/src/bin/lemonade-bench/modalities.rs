@@ -1,6 +1,6 @@
-//! The other modalities against their backends direct, side by side in one run: transcription
-//! and image generation through lemonade against the same whisper-server and sd-server reached
-//! at the `backend_url` lemonade reports.
+//! The other modalities against their backends direct, side by side in one run: transcription,
+//! image generation and speech through lemonade against the same whisper-server, sd-server and
+//! koko reached at the `backend_url` lemonade reports.
 
 use std::path::Path;
 use std::time::Instant;
@@ -11,7 +11,7 @@ use test_support::{Lemonade, Sandbox, SD, WHISPER};
 use crate::median;
 
 /// Speech espeak-ng makes from a fixed passage, and its length in seconds.
-fn speech(dir: &Path) -> anyhow::Result<(Vec<u8>, f64)> {
+fn espeak_passage(dir: &Path) -> anyhow::Result<(Vec<u8>, f64)> {
     let text = "Lemonade serves many models on one port. It pulls them from the hub, runs each one in \
                 its own backend, and forwards every request as a byte pipe, so a client never waits \
                 on the server itself.";
@@ -43,7 +43,7 @@ async fn post_form(http: &reqwest::Client, url: &str, wav: &[u8], model: Option<
 pub async fn transcription(bin: &Path) -> anyhow::Result<Value> {
     const REPS: usize = 8;
     let l = Lemonade::start_in(bin, Sandbox::new().with_whisper(), &["--log-level", "info"], &[]).await;
-    let (wav, seconds) = speech(l.sandbox.dir.path())?;
+    let (wav, seconds) = espeak_passage(l.sandbox.dir.path())?;
     let http = reqwest::Client::builder().no_proxy().build()?;
     let via = l.url("/api/v1/audio/transcriptions");
     post_form(&http, &via, &wav, Some(WHISPER)).await?;
@@ -121,4 +121,66 @@ pub async fn images(bin: &Path) -> anyhow::Result<Value> {
     println!("| through lemonade (/api/v1/images/generations) | {ps:.2} |");
     println!("| lemonade / direct (paired median) | ×{ratio:.3} |");
     Ok(json!({"reps": REPS, "direct_s": ds, "lemonade_s": ps, "ratio": ratio}))
+}
+
+/// Time to the first audio byte and to the whole answer, for a three-sentence text spoken by
+/// Kokoro, through lemonade against the same koko direct.
+pub async fn speech(bin: &Path) -> anyhow::Result<Value> {
+    use futures_util::StreamExt;
+    const REPS: usize = 6;
+    let l = Lemonade::start_in(bin, Sandbox::new().with_kokoro(), &["--log-level", "info"], &[]).await;
+    let http = reqwest::Client::builder().no_proxy().build()?;
+    let text = "Lemonade serves many models on one port. It pulls them from the hub. It forwards every request.";
+    let once = |url: String, model: Option<&'static str>| {
+        let http = http.clone();
+        async move {
+            let mut body = json!({"input": text, "voice": "jf_alpha", "response_format": "pcm"});
+            if let Some(m) = model {
+                body["model"] = json!(m);
+            }
+            let t = Instant::now();
+            let resp = http.post(&url).json(&body).send().await?;
+            anyhow::ensure!(resp.status().is_success(), "{url}: {}", resp.status());
+            let mut stream = resp.bytes_stream();
+            let (mut first, mut bytes) = (None, 0usize);
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk?;
+                if !chunk.is_empty() {
+                    first.get_or_insert_with(|| t.elapsed().as_secs_f64());
+                    bytes += chunk.len();
+                }
+            }
+            anyhow::ensure!(bytes > 48_000, "{url}: {bytes} bytes");
+            Ok::<(f64, f64), anyhow::Error>((first.unwrap_or_default(), t.elapsed().as_secs_f64()))
+        }
+    };
+    let via = l.url("/api/v1/audio/speech");
+    once(via.clone(), Some(test_support::KOKORO)).await?;
+    let (_, health) = l.get("/api/v1/health").await;
+    let backend = health["all_models_loaded"][0]["backend_url"].as_str().unwrap_or_default().to_string();
+    let direct = format!("{backend}/audio/speech");
+    let (mut d, mut p) = (Vec::new(), Vec::new());
+    for rep in 0..REPS {
+        for lemonade in [rep % 2 == 0, rep % 2 != 0] {
+            if lemonade {
+                p.push(once(via.clone(), Some(test_support::KOKORO)).await?);
+            } else {
+                d.push(once(direct.clone(), None).await?);
+            }
+        }
+    }
+    let first_ratio = median(p.iter().zip(&d).map(|(p, d)| p.0 / d.0).collect());
+    let added_ms = median(p.iter().zip(&d).map(|(p, d)| (p.0 - d.0) * 1e3).collect());
+    let (df, pf) = (median(d.iter().map(|x| x.0).collect()), median(p.iter().map(|x| x.0).collect()));
+    let (dt, pt) = (median(d.iter().map(|x| x.1).collect()), median(p.iter().map(|x| x.1).collect()));
+    println!("\nSpeech, Kokoro-82M int8 on koko (ONNX Runtime), three sentences as pcm, {REPS} reps (medians)\n");
+    println!("| path | first audio byte (s) | whole answer (s) |");
+    println!("|---|---:|---:|");
+    println!("| direct koko (/v1/audio/speech) | {df:.3} | {dt:.2} |");
+    println!("| through lemonade (/api/v1/audio/speech) | {pf:.3} | {pt:.2} |");
+    println!("| lemonade vs direct (paired medians) | {added_ms:+.1} ms, ×{first_ratio:.3} | |");
+    Ok(
+        json!({"reps": REPS, "direct": {"first_byte_s": df, "total_s": dt}, "lemonade": {"first_byte_s": pf, "total_s": pt},
+              "added_first_byte_ms": added_ms, "first_byte_ratio": first_ratio}),
+    )
 }
