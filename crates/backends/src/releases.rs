@@ -179,6 +179,12 @@ pub fn plan_install(hw: &Hardware, pins: &Pins, recipe: &str, backend: &str) -> 
     if !r.runnable() {
         return Err(unsupported(format!("This lemonade does not run {recipe} models yet")));
     }
+    if built_from_source(hw, recipe) {
+        return Err(unsupported(format!(
+            "{recipe}:{backend} has no release archive for this platform; set {} to a binary built from source (cargo xtask setup builds one)",
+            override_var(dir, backend)
+        )));
+    }
     let version = pins
         .version(recipe, backend)
         .ok_or_else(|| unsupported(format!("No version of {recipe}:{backend} is pinned")))?
@@ -397,6 +403,13 @@ pub fn state(
             action,
             version: pinned,
         },
+        // A source build has no release to update to: it is used as it is.
+        Installed::Managed(v) if built_from_source(hw, recipe) => BackendState {
+            state: "installed",
+            message: "Built from source (cargo xtask setup builds it).".into(),
+            action: String::new(),
+            version: v.clone().unwrap_or_default(),
+        },
         Installed::Managed(v) if v.as_deref() == Some(pinned.as_str()) => {
             BackendState { state: "installed", message: String::new(), action: String::new(), version: pinned }
         }
@@ -483,6 +496,9 @@ mod tests {
         );
         let (_, s) = state(&hw, &pins, "whispercpp", "cpu", &Installed::Override("LEMONADE_WHISPERCPP_CPU_BIN".into()));
         assert_eq!(s.state, "installed");
+        let built = Installed::Managed(Some("pywhispercpp-1.5.1-cpu-avx2".into()));
+        let (_, s) = state(&hw, &pins, "whispercpp", "cpu", &built);
+        assert_eq!((s.state, s.version.as_str()), ("installed", "pywhispercpp-1.5.1-cpu-avx2"));
         let win = Hardware { os: "windows".into(), ..linux() };
         let (_, s) = state(&win, &pins, "whispercpp", "cpu", &Installed::Missing);
         assert_eq!(s.state, "installable");

@@ -133,7 +133,11 @@ async fn install_runs_a_model_then_uninstall_removes_it() {
         (json!({"recipe": "nope", "backend": "cpu"}), "Unknown recipe: nope"),
         (json!({"recipe": "llamacpp", "backend": "cuda"}), "Unknown backend 'cuda' for llamacpp"),
         (json!({"recipe": "llamacpp", "backend": "metal"}), "Requires macOS"),
-        (json!({"recipe": "whispercpp", "backend": "cpu"}), "does not run whispercpp"),
+        (
+            json!({"recipe": "whispercpp", "backend": "cpu"}),
+            "whispercpp:cpu has no release archive for this platform; set LEMONADE_WHISPERCPP_CPU_BIN",
+        ),
+        (json!({"recipe": "flm", "backend": "npu"}), "Requires Windows"),
     ] {
         let (st, v) = l.post("/api/v1/install", &body).await;
         assert_eq!(st, 400, "{body}: {v}");

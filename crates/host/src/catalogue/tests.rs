@@ -39,10 +39,10 @@ fn put(path: &Path, bytes: &[u8]) {
 }
 
 #[test]
-fn builtin_catalogue_keeps_llamacpp_models_and_filters_the_rest_with_reasons() {
+fn builtin_catalogue_keeps_runnable_models_and_filters_the_rest_with_reasons() {
     let e = env();
     let reg = load(&e.cfg).unwrap();
-    assert!(reg.models().all(|m| m.recipe == Recipe::LlamaCpp));
+    assert!(reg.models().all(|m| m.recipe.runnable() && !m.recipe.npu()), "runnable, non-NPU recipes only here");
     let qwen = reg.get("Qwen3-0.6B-GGUF").unwrap();
     assert_eq!(qwen.checkpoint, "unsloth/Qwen3-0.6B-GGUF:Q4_0");
     assert_eq!(qwen.model_type, ModelType::Llm);
@@ -54,12 +54,13 @@ fn builtin_catalogue_keeps_llamacpp_models_and_filters_the_rest_with_reasons() {
         reg.get("Gemma-3-4b-it-GGUF").unwrap().checkpoints.get("mmproj").map(String::as_str),
         Some("ggml-org/gemma-3-4b-it-GGUF:mmproj-model-f16.gguf")
     );
-    match reg.get("Whisper-Tiny") {
-        Err(LookupError::NotSupported { reason, .. }) => {
-            assert!(reason.contains("whispercpp"), "{reason}")
-        }
+    match reg.get("Gemma3-1b-it-FLM") {
+        Err(LookupError::NotSupported { reason, .. }) => assert!(reason.contains("'flm'"), "{reason}"),
         other => panic!("{other:?}"),
     }
+    assert_eq!(reg.get("Whisper-Tiny").unwrap().model_type, ModelType::Audio);
+    assert_eq!(reg.get("SD-Turbo").unwrap().model_type, ModelType::Image);
+    assert_eq!(reg.get("kokoro-v1").unwrap().model_type, ModelType::Tts);
     // 120B model is larger than 80% of 24 GB.
     match reg.get("gpt-oss-120b-GGUF") {
         Err(LookupError::NotSupported { reason, .. }) => {

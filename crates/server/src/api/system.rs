@@ -43,13 +43,22 @@ fn recipes(rt: &Runtime) -> BTreeMap<String, RecipeInfo> {
             if st.state != "unsupported" && info.default_backend.is_empty() {
                 info.default_backend = backend.to_string();
             }
-            let asset = releases::asset(&hw, recipe.as_str(), backend, &st.version);
+            // The release a page and an archive are named by: the installed one for a managed
+            // release, else the pin (an override, PATH or a source build is no release).
+            let from_release =
+                matches!(inst, Installed::Managed(_)) && !releases::built_from_source(&hw, recipe.as_str());
+            let tag = if from_release {
+                st.version.clone()
+            } else {
+                pins.version(recipe.as_str(), backend).unwrap_or_default().into()
+            };
+            let asset = releases::asset(&hw, recipe.as_str(), backend, &tag);
             let b = BackendInfo {
                 devices: devices.iter().map(|d| d.to_string()).collect(),
                 state: st.state.to_string(),
                 message: st.message,
                 action: st.action,
-                release_url: releases::release_url(recipe, backend, &st.version).unwrap_or_default(),
+                release_url: releases::release_url(recipe, backend, &tag).unwrap_or_default(),
                 version: st.version,
                 download_filename: asset.map(|a| a.filename).unwrap_or_default(),
                 can_uninstall: matches!(inst, Installed::Managed(_)),

@@ -30,7 +30,77 @@ const POSTS: &[&str] = &[
     "/admin/models/extra.m.gguf/unload",
     "/messages",
     "/messages/count_tokens",
+    "/audio/transcriptions",
+    "/audio/translations",
+    "/audio/speech",
+    "/images/generations",
+    "/images/edits",
+    "/images/variations",
 ];
+
+/// The multipart routes, for the malformed-form corpus.
+const MULTIPART_POSTS: &[&str] =
+    &["/audio/transcriptions", "/audio/translations", "/images/edits", "/images/variations"];
+
+/// Malformed and hostile multipart bodies: (label, content type, body).
+fn forms(names: &[String]) -> Vec<(String, String, Vec<u8>)> {
+    let ct = "multipart/form-data; boundary=XyZ".to_string();
+    let part = |name: &str, file: Option<&str>, data: &[u8]| {
+        let disp = match file {
+            Some(f) => format!("form-data; name=\"{name}\"; filename=\"{f}\""),
+            None => format!("form-data; name=\"{name}\""),
+        };
+        let mut v = format!("--XyZ\r\nContent-Disposition: {disp}\r\n\r\n").into_bytes();
+        v.extend_from_slice(data);
+        v.extend_from_slice(b"\r\n");
+        v
+    };
+    let wav = b"RIFF\x24\0\0\0WAVEfmt \x10\0\0\0\x01\0\x01\0\x80\x3e\0\0\0\x7d\0\0\x02\0\x10\0data\0\0\0\0";
+    let png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR";
+    let end = b"--XyZ--\r\n".to_vec();
+    let mut out = vec![
+        ("no boundary".to_string(), "multipart/form-data".to_string(), b"--XyZ--\r\n".to_vec()),
+        ("empty form".into(), ct.clone(), end.clone()),
+        (
+            "truncated part".into(),
+            ct.clone(),
+            b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n\r\nRIFF".to_vec(),
+        ),
+        ("no closing boundary".into(), ct.clone(), part("model", None, b"x")),
+        ("garbage".into(), ct.clone(), vec![0xff; 4096]),
+        (
+            "invalid UTF-8 model".into(),
+            ct.clone(),
+            [part("model", None, &[0xff, 0xfe]), part("file", Some("a.wav"), wav), end.clone()].concat(),
+        ),
+        (
+            "odd numbers".into(),
+            ct.clone(),
+            [
+                part("model", None, b"extra.m.gguf"),
+                part("temperature", None, b"1e400"),
+                part("n", None, b"-1"),
+                part("steps", None, b"99999999999"),
+                part("file", Some("a.wav"), wav),
+                part("image", Some("a.png"), png),
+                end.clone(),
+            ]
+            .concat(),
+        ),
+    ];
+    for n in names {
+        let body = [
+            part("model", None, n.as_bytes()),
+            part("file", Some(n), wav),
+            part("image", Some(n), png),
+            part("prompt", None, b"x"),
+            end.clone(),
+        ]
+        .concat();
+        out.push((format!("model and file named {:?}", n.chars().take(40).collect::<String>()), ct.clone(), body));
+    }
+    out
+}
 
 /// The Ollama API at the root (POST, then `DELETE /api/delete`). `/api/create` is checked on
 /// its own: it answers 501 to everything.
@@ -179,6 +249,17 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
             }
         }
     }
+    for path in MULTIPART_POSTS {
+        for (label, ct, body) in forms(&names) {
+            let r = l.http.post(l.url(&format!("/api/v1{path}"))).header("content-type", ct).body(body);
+            let (status, text) = match r.timeout(Duration::from_secs(30)).send().await {
+                Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+                Err(e) => (0, e.to_string()),
+            };
+            sent += 1;
+            check(format!("POST /api/v1{path} multipart {label}"), status, &text, &mut bad);
+        }
+    }
     for (label, body) in &bodies {
         let requests = ROOT_POSTS
             .iter()
@@ -242,7 +323,7 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
     let panicked = l.log().contains("panicked");
     report.add(
         "bad input",
-        "hand-written corpus: every POST endpoint (Ollama and Anthropic included) × malformed JSON, wrong types, unknown fields, odd names, traversal, flag injection; names in paths; a 65 MiB body",
+        "hand-written corpus: every POST endpoint (Ollama, Anthropic, audio and images included) × malformed JSON, wrong types, unknown fields, odd names, traversal, flag injection; malformed and hostile multipart forms; names in paths; a 65 MiB body",
         sent,
         if alive && !panicked { sent - bad.len() } else { 0 },
         format!("0 5xx required; server up afterwards {alive}, panics in its log {panicked}. Failures: {:?}", bad.iter().take(10).collect::<Vec<_>>()),
