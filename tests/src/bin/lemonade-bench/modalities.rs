@@ -70,7 +70,9 @@ pub async fn transcription(bin: &Path) -> anyhow::Result<Value> {
     println!("| direct whisper-server (/inference) | {dr:.3} |");
     println!("| through lemonade (/api/v1/audio/transcriptions) | {pr:.3} |");
     println!("| lemonade / direct (paired median) | ×{ratio:.3} ({added_ms:+.0} ms a request) |");
-    Ok(json!({"reps": REPS, "audio_seconds": seconds, "direct_rtf": dr, "lemonade_rtf": pr, "ratio": ratio, "added_ms": added_ms}))
+    Ok(
+        json!({"reps": REPS, "audio_seconds": seconds, "direct_rtf": dr, "lemonade_rtf": pr, "ratio": ratio, "added_ms": added_ms}),
+    )
 }
 
 /// Image generation time through lemonade against the same sd-server direct, with the body
