@@ -87,6 +87,14 @@ async fn real_kokoro_bad_speech_requests_get_a_clear_4xx_and_a_killed_backend_is
         }
         other => panic!("{other}: {body:?}"),
     }
+    // A cut stream reaches the client as the connection breaks, which can be a moment before
+    // lemonade has reaped the process; the next request is the one after lemonade knows.
+    let unloaded = wait_for(std::time::Duration::from_secs(10), || async {
+        let (_, h) = l.get("/api/v1/health").await;
+        (!loaded_names(&h).iter().any(|n| n == KOKORO)).then_some(())
+    })
+    .await;
+    assert!(unloaded.is_some(), "the crash was never noticed");
     let r = speak(&l, json!({"model": KOKORO, "input": SENTENCE, "voice": VOICE, "response_format": "pcm"})).await;
     assert_eq!(r.status(), 200);
     assert!(r.bytes().await.unwrap().len() > 24_000, "at least half a second of speech");
