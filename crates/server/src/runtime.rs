@@ -33,6 +33,24 @@ use crate::installs;
 use crate::locks::Locks;
 use crate::metrics::{Metrics, Snapshot};
 
+/// Why a single ask for a model gave no lease.
+enum Acquired {
+    Api(ApiError),
+    /// Granted a backend whose process had already exited (None: already unregistered, its
+    /// exit sent to the owner).
+    Died(Option<Arc<Running>>),
+}
+use Acquired::Died;
+
+impl Acquired {
+    fn into_api(self) -> ApiError {
+        match self {
+            Acquired::Api(e) => e,
+            Died(_) => ApiError::BackendUnavailable("The model's backend exited just now".into()),
+        }
+    }
+}
+
 /// Failed health probes in a row after which a backend counts as wedged and is killed.
 const WATCHDOG_STRIKES: u32 = 3;
 
@@ -58,6 +76,8 @@ pub struct Running {
     seq: u64,
     /// Set when the watchdog killed it for not answering.
     pub wedged: std::sync::atomic::AtomicBool,
+    /// True once its exit has been told to the owner task (or it was stopped on purpose).
+    reported: tokio::sync::watch::Sender<bool>,
 }
 
 /// One model as the owner last published it.
@@ -392,6 +412,28 @@ impl Runtime {
     /// A lease on a downloaded model, loading it first when auto-load is on. `keep_alive`
     /// (ms; 0 = never) sets the model's idle timeout, running or not.
     pub async fn acquire(self: &Arc<Self>, info: &ModelInfo, keep_alive: Option<u64>) -> Result<Lease, ApiError> {
+        match self.acquire_once(info, keep_alive).await {
+            // The backend died just before this grant, before the owner heard of it. Once it has
+            // (the exit is reported before `reported` is set, and events are handled in order),
+            // asking again loads the model anew, as the next request would.
+            Err(Died(r)) => {
+                if let Some(r) = r {
+                    let mut reported = r.reported.subscribe();
+                    let _ = tokio::time::timeout(Duration::from_secs(2), reported.wait_for(|done| *done)).await;
+                }
+                match self.acquire_once(info, keep_alive).await {
+                    Err(Died(_)) => Err(ApiError::BackendUnavailable(format!(
+                        "The backend of model '{}' exited just now",
+                        info.name
+                    ))),
+                    other => other.map_err(|e| e.into_api()),
+                }
+            }
+            other => other.map_err(|e| e.into_api()),
+        }
+    }
+
+    async fn acquire_once(self: &Arc<Self>, info: &ModelInfo, keep_alive: Option<u64>) -> Result<Lease, Acquired> {
         let name = info.name.as_str();
         let options = self.effective_options(info, &RecipeOptions::new());
         let mut model = self.model_ref(info, &options, None);
@@ -403,17 +445,17 @@ impl Runtime {
         let asked = Instant::now();
         match self.ask(req, rx, Event::Acquire { req, model, auto_load }).await {
             Answer::Granted => match self.running_model(name) {
-                Some(model) => {
+                Some(model) if model.backend.exit_status().is_none() => {
                     self.metrics.granted(name);
                     Ok(Lease { model, req, rt: self.clone(), asked, waited: asked.elapsed() })
                 }
-                None => {
+                dead => {
                     let _ = self.tx.send(Event::Release { req });
-                    Err(ApiError::BackendUnavailable(format!("The backend of model '{name}' exited just now")))
+                    Err(Died(dead))
                 }
             },
-            Answer::Rejected(why) => Err(ApiError::Rejected { model: name.to_string(), why }),
-            _ => Err(ApiError::Rejected { model: name.to_string(), why: Rejection::Unloading }),
+            Answer::Rejected(why) => Err(Acquired::Api(ApiError::Rejected { model: name.to_string(), why })),
+            _ => Err(Acquired::Api(ApiError::Rejected { model: name.to_string(), why: Rejection::Unloading })),
         }
     }
 
@@ -643,6 +685,7 @@ impl Runtime {
             stats: Mutex::new(Stats::default()),
             seq: self.seq.fetch_add(1, Ordering::Relaxed),
             wedged: std::sync::atomic::AtomicBool::new(false),
+            reported: tokio::sync::watch::channel(false).0,
         });
         // Registered unless a stop came first (it found no process): checked under the lock the
         // stop takes, so one of the two always sees the other.
@@ -688,18 +731,22 @@ impl Runtime {
         tokio::spawn(async move {
             let exit = r.backend.wait_exit().await;
             let Some(rt) = rt.upgrade() else { return };
+            // Still registered while its last output drains, so a request granted meanwhile
+            // finds the exited process and waits for `reported` (see `acquire`).
+            r.backend.output_drained().await;
             if rt.unregister(&name, &r) {
-                r.backend.output_drained().await;
                 let tail = r.backend.log_tail();
                 tracing::error!(model = %name, status = %exit, "backend died");
                 rt.metrics.crashed(&name);
+                let program = r.info.recipe.dir_and_exe().1;
                 let error = if r.wedged.load(Ordering::SeqCst) {
-                    format!("llama-server stopped answering its health checks and was killed ({exit}). Last log lines:\n{tail}")
+                    format!("{program} stopped answering its health checks and was killed ({exit}). Last log lines:\n{tail}")
                 } else {
-                    format!("llama-server exited unexpectedly ({exit}). Last log lines:\n{tail}")
+                    format!("{program} exited unexpectedly ({exit}). Last log lines:\n{tail}")
                 };
                 let _ = rt.tx.send(Event::Exited { model: name, error: rt.redact(&error) });
             }
+            r.reported.send_replace(true);
         });
     }
 
