@@ -89,12 +89,15 @@ impl FromRequest<AppState> for Form {
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
         let ct = req.headers().get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let ct = ct.to_string();
+        // The body is read before the content type is judged: a rejection that leaves it unread
+        // makes hyper close the connection, which a client may be reusing for its next request.
+        let raw = read_whole(req, state).await?;
         let not_multipart = || ApiError::bad_request("Request must be multipart/form-data", None);
         if !ct.trim_start().to_ascii_lowercase().starts_with("multipart/form-data") {
             return Err(not_multipart());
         }
-        let boundary = multer::parse_boundary(ct).map_err(|_| not_multipart())?;
-        let raw = read_whole(req, state).await?;
+        let boundary = multer::parse_boundary(&ct).map_err(|_| not_multipart())?;
         let body = futures_util::stream::once(async move { Ok::<_, std::convert::Infallible>(raw) });
         let mut multipart = multer::Multipart::new(body, boundary);
         let malformed = |e: multer::Error| ApiError::bad_request(format!("Malformed multipart body: {e}"), None);
