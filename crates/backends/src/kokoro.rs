@@ -23,13 +23,8 @@ impl crate::Adapter for Kokoro {
     }
 
     fn launch(&self, input: &crate::LaunchInput) -> Result<crate::Launch, crate::BackendError> {
-        let port = input.port.ok_or(crate::BackendError::NeedsPort(crate::Recipe::Kokoro))?;
-        Ok(crate::Launch {
-            args: command_line(input.main_path, port),
-            env: vec![],
-            readiness: crate::Readiness::FixedPort(port),
-            health_path: "/health",
-            served_paths: SERVED_PATHS,
+        crate::Launch::on_port(crate::Recipe::Kokoro, input, "/health", SERVED_PATHS, |port| {
+            command_line(input.main_path, port)
         })
     }
 }

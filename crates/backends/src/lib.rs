@@ -62,6 +62,21 @@ pub struct Launch {
     pub served_paths: &'static [&'static str],
 }
 
+impl Launch {
+    /// The launch of a backend that is told its port (it cannot bind port 0 and report it):
+    /// `args(port)`, ready once `health_path` answers on that port.
+    pub fn on_port(
+        recipe: Recipe,
+        input: &LaunchInput,
+        health_path: &'static str,
+        served_paths: &'static [&'static str],
+        args: impl FnOnce(u16) -> Vec<String>,
+    ) -> Result<Launch, BackendError> {
+        let port = input.port.ok_or(BackendError::NeedsPort(recipe))?;
+        Ok(Launch { args: args(port), env: vec![], readiness: Readiness::FixedPort(port), health_path, served_paths })
+    }
+}
+
 /// What an adapter needs to know about the model and the machine.
 #[derive(Debug, Clone)]
 pub struct LaunchInput<'a> {

@@ -12,13 +12,8 @@ impl crate::Adapter for RyzenAi {
     }
 
     fn launch(&self, input: &crate::LaunchInput) -> Result<crate::Launch, crate::BackendError> {
-        let port = input.port.ok_or(crate::BackendError::NeedsPort(crate::Recipe::RyzenAiLlm))?;
-        Ok(crate::Launch {
-            args: command_line(input.main_path, port, crate::ctx_size(input.options)),
-            env: vec![],
-            readiness: crate::Readiness::FixedPort(port),
-            health_path: "/health",
-            served_paths: SERVED_PATHS,
+        crate::Launch::on_port(crate::Recipe::RyzenAiLlm, input, "/health", SERVED_PATHS, |port| {
+            command_line(input.main_path, port, crate::ctx_size(input.options))
         })
     }
 }

@@ -28,14 +28,9 @@ impl crate::Adapter for SdCpp {
     }
 
     fn launch(&self, input: &crate::LaunchInput) -> Result<crate::Launch, crate::BackendError> {
-        let port = input.port.ok_or(crate::BackendError::NeedsPort(crate::Recipe::SdCpp))?;
-        Ok(crate::Launch {
-            args: command_line(input.main_path, port, input.options),
-            env: vec![],
-            readiness: crate::Readiness::FixedPort(port),
-            // sd-server loads the model before it listens, so its index answering means ready.
-            health_path: "/",
-            served_paths: SERVED_PATHS,
+        // sd-server loads the model before it listens, so its index answering means ready.
+        crate::Launch::on_port(crate::Recipe::SdCpp, input, "/", SERVED_PATHS, |port| {
+            command_line(input.main_path, port, input.options)
         })
     }
 }

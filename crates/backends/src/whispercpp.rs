@@ -21,13 +21,8 @@ impl crate::Adapter for WhisperCpp {
     }
 
     fn launch(&self, input: &crate::LaunchInput) -> Result<crate::Launch, crate::BackendError> {
-        let port = input.port.ok_or(crate::BackendError::NeedsPort(crate::Recipe::WhisperCpp))?;
-        Ok(crate::Launch {
-            args: command_line(input.main_path, port),
-            env: vec![],
-            readiness: crate::Readiness::FixedPort(port),
-            health_path: "/health",
-            served_paths: SERVED_PATHS,
+        crate::Launch::on_port(crate::Recipe::WhisperCpp, input, "/health", SERVED_PATHS, |port| {
+            command_line(input.main_path, port)
         })
     }
 }
