@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use api_types::RecipeOptions;
+use api_types::{RecipeOptions, SdParameters};
 use serde_json::{json, Value};
 
 /// The stable-diffusion.cpp adapter: `sd-server`, told its port.
@@ -98,18 +98,18 @@ pub fn parse_size(size: &str) -> Result<(u32, u32), String> {
     }
 }
 
-/// The sd parameters a request may set on top of the server's defaults.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct SdParams {
-    pub steps: Option<u32>,
-    pub cfg_scale: Option<f64>,
-    pub seed: Option<i64>,
-    pub sampler: Option<String>,
+/// The sd parameters of a request (api-types' [`SdParameters`]), checked, and written into its
+/// prompt the way sd-server reads them.
+pub trait SdParams {
+    /// Checks the values; the error names the field.
+    fn validate(&self) -> Result<(), (String, &'static str)>;
+    /// `prompt` with the parameters appended as sd-server's `<sd_cpp_extra_args>` block (the
+    /// prompt unchanged when none is set).
+    fn prompt_with(&self, prompt: &str) -> String;
 }
 
-impl SdParams {
-    /// Checks the values; the error names the field.
-    pub fn validate(&self) -> Result<(), (String, &'static str)> {
+impl SdParams for SdParameters {
+    fn validate(&self) -> Result<(), (String, &'static str)> {
         if let Some(s) = self.steps.filter(|s| !(1..=150).contains(s)) {
             return Err((format!("Invalid value for 'steps': expected 1 to 150, got {s}"), "steps"));
         }
@@ -122,9 +122,7 @@ impl SdParams {
         Ok(())
     }
 
-    /// `prompt` with the parameters appended as sd-server's `<sd_cpp_extra_args>` block (the
-    /// prompt unchanged when none is set).
-    pub fn prompt_with(&self, prompt: &str) -> String {
+    fn prompt_with(&self, prompt: &str) -> String {
         let mut sample = serde_json::Map::new();
         if let Some(s) = self.steps {
             sample.insert("sample_steps".into(), json!(s));
@@ -197,8 +195,8 @@ mod tests {
 
     #[test]
     fn params_become_an_extra_args_block() {
-        assert_eq!(SdParams::default().prompt_with("a lemon"), "a lemon");
-        let p = SdParams { steps: Some(1), cfg_scale: Some(1.0), seed: Some(42), sampler: Some("euler".into()) };
+        assert_eq!(SdParameters::default().prompt_with("a lemon"), "a lemon");
+        let p = SdParameters { steps: Some(1), cfg_scale: Some(1.0), seed: Some(42), sampler: Some("euler".into()) };
         let out = p.prompt_with("a lemon");
         let block =
             out.strip_prefix("a lemon<sd_cpp_extra_args>").unwrap().strip_suffix("</sd_cpp_extra_args>").unwrap();
@@ -208,9 +206,9 @@ mod tests {
             json!({"seed": 42, "sample_params": {"sample_steps": 1, "sample_method": "euler", "guidance": {"txt_cfg": 1.0}}})
         );
         assert!(p.validate().is_ok());
-        let bad = SdParams { sampler: Some("magic".into()), ..SdParams::default() };
+        let bad = SdParameters { sampler: Some("magic".into()), ..SdParameters::default() };
         assert_eq!(bad.validate().unwrap_err().1, "sampler");
-        assert_eq!(SdParams { steps: Some(0), ..SdParams::default() }.validate().unwrap_err().1, "steps");
+        assert_eq!(SdParameters { steps: Some(0), ..SdParameters::default() }.validate().unwrap_err().1, "steps");
     }
 
     #[test]

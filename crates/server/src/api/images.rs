@@ -36,11 +36,11 @@ pub async fn generations(
 ) -> Result<Response, ApiError> {
     let r = body.value;
     let sd = SdParameters { steps: r.steps, cfg_scale: r.cfg_scale, seed: r.seed, sampler: r.sampler.clone() };
-    let params = checked(r.n, r.size.as_deref(), r.response_format.as_deref(), &sd)?;
+    checked(r.n, r.size.as_deref(), r.response_format.as_deref(), &sd)?;
     if r.prompt.trim().is_empty() {
         return Err(ApiError::bad_request("'prompt' must not be empty", Some("prompt")));
     }
-    let mut upstream = json!({"prompt": params.prompt_with(&r.prompt), "n": r.n.unwrap_or(1), "output_format": "png"});
+    let mut upstream = json!({"prompt": sd.prompt_with(&r.prompt), "n": r.n.unwrap_or(1), "output_format": "png"});
     if let Some(size) = r.size {
         upstream["size"] = json!(size);
     }
@@ -83,8 +83,8 @@ pub async fn variations(State(rt): State<AppState>, form: Form) -> Result<Respon
     redraw(&rt, form, "images/variations").await
 }
 
-/// The checks every image request shares; the sd parameters when they hold.
-fn checked(n: Option<u32>, size: Option<&str>, format: Option<&str>, sd: &SdParameters) -> Result<SdParams, ApiError> {
+/// The checks every image request shares.
+fn checked(n: Option<u32>, size: Option<&str>, format: Option<&str>, sd: &SdParameters) -> Result<(), ApiError> {
     if let Some(n) = n.filter(|n| !(1..=10).contains(n)) {
         return Err(ApiError::bad_request(format!("Invalid value for 'n': expected 1 to 10, got {n}"), Some("n")));
     }
@@ -97,9 +97,7 @@ fn checked(n: Option<u32>, size: Option<&str>, format: Option<&str>, sd: &SdPara
         );
         return Err(ApiError::bad_request(msg, Some("response_format")));
     }
-    let params = SdParams { steps: sd.steps, cfg_scale: sd.cfg_scale, seed: sd.seed, sampler: sd.sampler.clone() };
-    params.validate().map_err(|(msg, field)| ApiError::bad_request(msg, Some(field)))?;
-    Ok(params)
+    sd.validate().map_err(|(msg, field)| ApiError::bad_request(msg, Some(field)))
 }
 
 /// A form field parsed as `T`, or a 400 naming it.
@@ -140,9 +138,9 @@ async fn redraw(rt: &AppState, form: Form, endpoint: &str) -> Result<Response, A
     };
     let n: Option<u32> = field(&form, "n")?;
     let size = form.text("size")?.filter(|s| !s.is_empty());
-    let params = checked(n, size, form.text("response_format")?, &sd)?;
+    checked(n, size, form.text("response_format")?, &sd)?;
     let lease = pulls::lease(rt, model, IMAGE, endpoint).await?;
-    let mut upstream = reqwest::multipart::Form::new().text("prompt", params.prompt_with(prompt));
+    let mut upstream = reqwest::multipart::Form::new().text("prompt", sd.prompt_with(prompt));
     for p in images.iter().copied().chain(if variation { None } else { form.get("mask") }) {
         let name = if p.name == "mask" { "mask" } else { "image[]" };
         let part =

@@ -100,7 +100,8 @@ pub async fn images(bin: &Path) -> anyhow::Result<Value> {
     post(via.0.clone(), via.1.clone()).await?;
     let (_, health) = l.get("/api/v1/health").await;
     let backend = health["all_models_loaded"][0]["backend_url"].as_str().unwrap_or_default().to_string();
-    let params = backends::sdcpp::SdParams { steps: Some(1), seed: Some(3), ..Default::default() };
+    use backends::sdcpp::SdParams;
+    let params = api_types::SdParameters { steps: Some(1), seed: Some(3), ..Default::default() };
     let direct = (
         format!("{backend}/images/generations"),
         json!({"prompt": params.prompt_with(prompt), "n": 1, "size": "256x256", "output_format": "png"}),
