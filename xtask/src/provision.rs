@@ -117,6 +117,11 @@ impl ServerBuild {
         self.sdist.split("==").nth(1).unwrap_or_default()
     }
 
+    /// Installs the build as lemonade's managed `<recipe>:cpu` backend.
+    fn install(&self, bin: &Path) -> Result<()> {
+        install_managed(self.managed_dir, self.name, &format!("{}-{FLAVOUR}", self.sdist.replace("==", "-")), bin)
+    }
+
     /// Where the build is cached: `<dev>/<name>/<sdist version>-<flavour>/<name>`.
     pub fn cached(&self, dev: &Path) -> PathBuf {
         dev.join(self.name).join(format!("{}-{FLAVOUR}", self.version())).join(self.name)
@@ -315,11 +320,11 @@ pub fn setup() -> Result<Provisioned> {
     fs::create_dir_all(&dev)?;
     let t = Instant::now();
     let llama_server = build_server(&dev, &LLAMA_SERVER)?;
-    install_managed(&LLAMA_SERVER, &llama_server)?;
+    LLAMA_SERVER.install(&llama_server)?;
     let whisper_server = build_server(&dev, &WHISPER_SERVER)?;
-    install_managed(&WHISPER_SERVER, &whisper_server)?;
+    WHISPER_SERVER.install(&whisper_server)?;
     let sd_server = build_server(&dev, &SD_SERVER)?;
-    install_managed(&SD_SERVER, &sd_server)?;
+    SD_SERVER.install(&sd_server)?;
     let koko = kokoro(&dev)?;
     let models_dir = models(&dev)?;
     let python = python_venv(&dev)?;
@@ -622,28 +627,26 @@ fn kokoro(dev: &Path) -> Result<PathBuf> {
         fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))?;
         fs::rename(&tmp, &koko)?;
     }
-    let managed = ServerBuild { name: "koko", sdist: "kokoro-onnx==0.6.1", managed_dir: "kokoro", ..WHISPER_SERVER };
-    install_managed(&managed, &koko)?;
+    install_managed("kokoro", "koko", KOKORO_VERSION, &koko)?;
     Ok(koko)
 }
 
-/// Installs a build as lemonade's managed `<recipe>:cpu` backend, with a version marker, so
+/// Installs `bin` as lemonade's managed `<recipe_dir>:cpu` backend, with a version marker, so
 /// the product finds it exactly as it would find a downloaded release.
-fn install_managed(b: &ServerBuild, bin: &Path) -> Result<()> {
-    let dir = lemonade_cache().join("bin").join(b.managed_dir).join("cpu");
-    let version = format!("{}-{FLAVOUR}", b.sdist.replace("==", "-"));
-    let target = dir.join(b.name);
+fn install_managed(recipe_dir: &str, name: &str, version: &str, bin: &Path) -> Result<()> {
+    let dir = lemonade_cache().join("bin").join(recipe_dir).join("cpu");
+    let target = dir.join(name);
     if fs::read_to_string(dir.join("version.txt")).is_ok_and(|v| v.trim() == version) && target.is_file() {
         return Ok(());
     }
     fs::create_dir_all(&dir)?;
-    let tmp = dir.join(format!(".{}.tmp", b.name));
+    let tmp = dir.join(format!(".{name}.tmp"));
     fs::copy(bin, &tmp)?;
     fs::rename(&tmp, &target)?;
     let vtmp = dir.join(".version.txt.tmp");
     fs::write(&vtmp, format!("{version}\n"))?;
     fs::rename(&vtmp, dir.join("version.txt"))?;
-    eprintln!("setup: installed {} as the managed {}:cpu backend in {}", b.name, b.managed_dir, dir.display());
+    eprintln!("setup: installed {name} as the managed {recipe_dir}:cpu backend in {}", dir.display());
     Ok(())
 }
 
