@@ -177,6 +177,9 @@ impl Downloader {
             _ => return Err(Attempt::Fatal(DownloadError::Status { url: url.into(), status })),
         };
         let mut done = if append { have } else { 0 };
+        // Progress is reported against the listing's size, else the length the server sends
+        // (plus what a resume already has), so a release archive with no listing shows progress.
+        let total = file.size.or_else(|| resp.content_length().map(|n| n + done));
         // Disk writes and hashing run on a writer thread fed through a bounded channel, so they
         // overlap with the network reads (tokio::fs would make a blocking round trip per chunk).
         let hashing = file.sha256.is_some();
@@ -224,7 +227,7 @@ impl Downloader {
             if tx.send(chunk).await.is_err() {
                 break; // the writer failed; its error is reported below
             }
-            if !progress(done, file.size) {
+            if !progress(done, total) {
                 failure = Some(Attempt::Fatal(DownloadError::Cancelled(file.name.clone())));
                 break;
             }

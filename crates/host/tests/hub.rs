@@ -210,3 +210,32 @@ async fn a_restart_resumes_from_the_partial_file() {
     assert_eq!(std::fs::read(&paths[0]).unwrap(), pattern(2 << 20));
     assert_eq!(double.log().last().unwrap().range.as_deref(), Some("bytes=700000-"));
 }
+
+/// A file with no listed size (a release archive) reports progress against the length the
+/// server sends, across a dropped connection and its resume.
+#[tokio::test]
+async fn progress_without_a_listed_size_uses_the_length_the_server_sends() {
+    use lemonade_host::download::{Downloader, Target};
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("hub");
+    let dir = root.join("org/r/releases/download/v1");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("a.tar.gz"), pattern(3 << 20)).unwrap();
+    let double =
+        HubDouble::start(&root, Knobs { drop_after: Some(1 << 20), drop_times: 1, ..Default::default() }).await;
+    let mut d = Downloader::new(None);
+    d.policy.first_backoff = Duration::from_millis(10);
+    let target = Target { name: "a.tar.gz".into(), size: None, sha256: None };
+    let mut seen = Vec::new();
+    let url = format!("{}/org/r/releases/download/v1/a.tar.gz", double.url);
+    d.fetch(&url, &tmp.path().join("a.tar.gz"), &target, &mut |done, total| {
+        seen.push((done, total));
+        true
+    })
+    .await
+    .unwrap();
+    assert!(seen.len() > 2, "{seen:?}");
+    assert!(seen.iter().all(|(_, t)| *t == Some(3 << 20)), "every report knows the size: {seen:?}");
+    assert!(seen.iter().any(|(d, _)| *d > 0 && *d < 3 << 20), "{seen:?}");
+    assert_eq!(seen.last().unwrap().0, 3 << 20);
+}
