@@ -79,7 +79,17 @@ async fn streaming_pull_reports_progress_and_survives_a_dropped_connection() {
     let r = l.http.post(l.url("/api/v1/pull")).json(&body).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
-    let text = r.text().await.unwrap();
+    // Read as it comes: the moment `complete` arrives, the model already lists as downloaded
+    // (a client such as the web UI refreshes its list on `complete`).
+    let mut text = String::new();
+    let mut body = r.bytes_stream();
+    while let Some(chunk) = futures_util::StreamExt::next(&mut body).await {
+        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+        if text.contains("event: complete") {
+            let (_, m) = l.get("/api/v1/models/user.Big").await;
+            assert_eq!(m["downloaded"], true, "listed as downloaded when `complete` is sent");
+        }
+    }
     let events: Vec<(String, Value)> = text
         .split("\n\n")
         .filter(|e| !e.trim().is_empty())

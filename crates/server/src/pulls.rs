@@ -154,11 +154,12 @@ pub async fn ensure_downloaded(rt: &AppState, m: &ModelInfo) -> Result<ModelInfo
 /// Lists, plans and downloads every file of `m`, reporting progress to `events` (None: no
 /// progress). A closed channel cancels the download. One download per repository at a time:
 /// a concurrent pull of the same model waits, then finds the verified files and fetches none.
+/// Returns how many files the model has.
 pub async fn download(
     rt: &AppState,
     m: &ModelInfo,
     events: Option<&mpsc::Sender<(&'static str, String)>>,
-) -> Result<(), ApiError> {
+) -> Result<usize, ApiError> {
     let received = rt.metrics.pull_counter(&m.name);
     let hub = hub().on_received(move |n| {
         received.inc_by(n);
@@ -188,10 +189,7 @@ pub async fn download(
         progress(0, file.size);
         hub.download(&rt.cfg.hf_cache, &job, &mut progress).await.map_err(hub_error)?;
     }
-    if let Some(tx) = events {
-        crate::sse::finish(tx, "", total, total, Ok(0)).await;
-    }
-    Ok(())
+    Ok(total)
 }
 
 /// [`download`] then the registry reloaded, so the model counts as downloaded.
@@ -202,14 +200,18 @@ pub async fn pull_now(rt: &AppState, m: &ModelInfo) -> Result<(), ApiError> {
 
 /// [`download`] in its own task, its progress (then `complete`, or an `error` event with
 /// `{"error": message}`) on the returned channel; dropping the receiver cancels it.
+/// `complete` is sent once the registry was reloaded, so a client that lists the models on
+/// `complete` sees the model downloaded.
 pub fn pull_in_background(rt: &AppState, m: ModelInfo) -> mpsc::Receiver<(&'static str, String)> {
     let (tx, rx) = mpsc::channel(64);
     let rt = rt.clone();
     tokio::spawn(async move {
         let result = download(&rt, &m, Some(&tx)).await;
-        let _ = rt.reload_registry();
-        if let Err(e) = result {
-            let _ = tx.send(("error", serde_json::json!({"error": e.to_string()}).to_string())).await;
+        let reloaded = rt.reload_registry();
+        match (result, reloaded) {
+            (Ok(total), Ok(())) => crate::sse::finish(&tx, "", total, total, Ok(0)).await,
+            (Err(e), _) => crate::sse::finish(&tx, "", 0, 0, Err(e.to_string())).await,
+            (Ok(_), Err(e)) => crate::sse::finish(&tx, "", 0, 0, Err(ApiError::from(e).to_string())).await,
         }
     });
     rx
