@@ -18,6 +18,7 @@ pub mod routes;
 pub mod runtime;
 pub mod sse;
 pub mod state;
+pub mod webui;
 
 use std::future::Future;
 use std::net::SocketAddr;

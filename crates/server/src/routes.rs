@@ -8,6 +8,7 @@ use crate::api::{
     admin, anthropic, audio, images, install, lifecycle, logs, metrics, native, ollama, openai, pull, system,
 };
 use crate::state::AppState;
+use crate::webui;
 
 /// The API route prefixes; every API endpoint answers identically under each.
 pub const PREFIXES: [&str; 4] = ["/api/v0", "/api/v1", "/v0", "/v1"];
@@ -97,7 +98,8 @@ route_table! {
     post_only "/uninstall" => install::uninstall_route;
     get_only "/system-info" => system::system_info;
     get_only "/system-stats" => system::system_stats;
-    post_only "/log-level" => logs::set_level;
+    get_only "/log-level" => logs::get_level;
+    post_also "/log-level" => logs::set_level;
     get_only "/logs/stream" => logs::stream;
     get_only "/admin/models" => admin::models;
     post_only "/admin/models/{model_name}/load" => admin::load;
@@ -141,8 +143,9 @@ pub fn native_router(root: bool) -> Router<AppState> {
     native
 }
 
-/// Every route: the API under each prefix, llama-server's routes there and at the root, `/live`
-/// and lemonade's Prometheus `/metrics` (a model's llama-server's with `?model=`).
+/// Every route: the API under each prefix, llama-server's routes there and at the root, `/live`,
+/// lemonade's Prometheus `/metrics` (a model's llama-server's with `?model=`), and the web UI
+/// (`/`, `/ui/*`, and the page for a browser's navigation to any other UI path).
 pub fn router() -> Router<AppState> {
     let api = api_router().merge(native_router(false));
     let mut router = Router::new();
@@ -154,7 +157,10 @@ pub fn router() -> Router<AppState> {
         .merge(root_router())
         .route("/live", get_only(lifecycle::live))
         .route("/metrics", get_only(metrics::metrics))
-        .fallback(native::unknown_path)
+        .route("/", get_only(webui::root))
+        .route("/ui/{*file}", get_only(webui::asset))
+        .fallback(webui::fallback)
+        .layer(axum::Extension(webui::WebUi::load()))
 }
 
 #[cfg(test)]

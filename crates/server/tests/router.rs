@@ -105,3 +105,80 @@ async fn an_oversized_body_is_a_json_413_that_closes_the_connection() {
     let v: Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(v["error"]["code"], "payload_too_large");
 }
+
+/// GET `uri` with `headers`; returns (status, response headers, body bytes).
+async fn get_with(method: &str, uri: &str, headers: &[(&str, &str)]) -> (StatusCode, http::HeaderMap, Vec<u8>) {
+    let (_tmp, r) = router();
+    let mut req = Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = r.oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+    let (status, h) = (resp.status(), resp.headers().clone());
+    (status, h, axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap().to_vec())
+}
+
+const BROWSER: &str = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8";
+
+#[tokio::test]
+async fn get_root_is_the_page_for_browsers_and_json_for_api_clients_and_api_404s_stay_json() {
+    // A browser, curl's */*, and no Accept at all get the page with its policy.
+    for accept in [Some(BROWSER), Some("*/*"), None] {
+        let headers: Vec<(&str, &str)> = accept.map(|a| ("accept", a)).into_iter().collect();
+        let (s, h, body) = get_with("GET", "/", &headers).await;
+        assert_eq!(s, StatusCode::OK, "{accept:?}");
+        assert!(h["content-type"].to_str().unwrap().starts_with("text/html"), "{accept:?}");
+        assert!(String::from_utf8_lossy(&body).contains(r#"<script type="module" src="/ui/app.js">"#));
+        let csp = h["content-security-policy"].to_str().unwrap();
+        for part in ["default-src 'none'", "script-src 'self'", "connect-src 'self'", "frame-ancestors 'none'"] {
+            assert!(csp.contains(part), "{csp}");
+        }
+        assert_eq!(h["referrer-policy"], "no-referrer");
+    }
+    // An API client asking for JSON gets /live's answer.
+    let (s, h, body) = get_with("GET", "/", &[("accept", "application/json")]).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(h["content-type"].to_str().unwrap().starts_with("application/json"));
+    assert_eq!(serde_json::from_slice::<Value>(&body).unwrap(), serde_json::json!({"status": "ok"}));
+    assert_eq!(get_with("POST", "/", &[]).await.0, StatusCode::METHOD_NOT_ALLOWED);
+    // The SPA fallback: a browser's navigation to a UI path gets the page…
+    for path in ["/models", "/logs", "/chat/some-id", "/system.html"] {
+        let (s, h, _) = get_with("GET", path, &[("accept", BROWSER)]).await;
+        assert_eq!(s, StatusCode::OK, "{path}");
+        assert!(h["content-type"].to_str().unwrap().starts_with("text/html"), "{path}");
+    }
+    // …and everything else keeps the API's JSON 404.
+    for (path, accept) in [
+        ("/models", "*/*"),
+        ("/api/v1/nope", BROWSER),
+        ("/v1/nope", BROWSER),
+        ("/favicon.ico", BROWSER),
+        ("/ui/nope.js", BROWSER),
+        ("/live/x", BROWSER),
+    ] {
+        let (s, h, body) = get_with("GET", path, &[("accept", accept)]).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{path} {accept}");
+        assert!(h["content-type"].to_str().unwrap().starts_with("application/json"), "{path}");
+        assert_eq!(serde_json::from_slice::<Value>(&body).unwrap()["error"]["path"], path);
+    }
+}
+
+#[tokio::test]
+async fn ui_files_are_gzipped_with_an_etag_and_revalidate_to_304() {
+    let (s, h, gz) = get_with("GET", "/ui/app.js", &[("accept-encoding", "gzip, br")]).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(h["content-encoding"], "gzip");
+    assert!(h["content-type"].to_str().unwrap().starts_with("text/javascript"));
+    assert_eq!(h["cache-control"], "no-cache");
+    let mut plain = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&gz[..]), &mut plain).unwrap();
+    assert!(plain.contains("function show("), "the gzipped body is app.js");
+    let etag = h["etag"].to_str().unwrap().to_string();
+    let (s, h2, body) = get_with("GET", "/ui/app.js", &[]).await;
+    assert_eq!((s, h2.get("content-encoding")), (StatusCode::OK, None), "no gzip unless asked");
+    assert_eq!(String::from_utf8(body).unwrap(), plain);
+    let (s, _, body) = get_with("GET", "/ui/app.js", &[("if-none-match", &etag)]).await;
+    assert_eq!((s, body.len()), (StatusCode::NOT_MODIFIED, 0));
+    let (s, _, _) = get_with("GET", "/ui/app.js", &[("if-none-match", "\"other\"")]).await;
+    assert_eq!(s, StatusCode::OK);
+}

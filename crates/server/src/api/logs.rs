@@ -11,6 +11,15 @@ use crate::logging::{filter_for, LEVELS};
 use crate::sse;
 use crate::state::AppState;
 
+/// The level the server logs at now.
+#[utoipa::path(get, path = "/api/v1/log-level", tag = "System",
+    description = "Also under /api/v0, /v0 and /v1. The level last set by `POST log-level` or `--log-level`.",
+    responses((status = 200, description = "The level in force", body = LogLevelResponse)))]
+pub async fn get_level(State(rt): State<AppState>) -> Json<LogLevelResponse> {
+    let level = rt.cfg.logs.as_ref().map_or_else(|| "info".to_string(), |h| h.level());
+    Json(LogLevelResponse { status: "success".into(), level })
+}
+
 /// Changes what the server logs, at once.
 #[utoipa::path(post, path = "/api/v1/log-level", tag = "System",
     description = "Also under /api/v0, /v0 and /v1. Unlike v9 (which only stores the value), the level takes effect \

@@ -1,0 +1,284 @@
+// Models: the whole catalogue with filters and each model's state (not downloaded,
+// downloading with live progress, downloaded, loading, loaded, pinned, failed with its
+// reason); pull and cancel, register a `user.*` model from a Hugging Face checkpoint, load
+// with options, unload, pin, delete. Pulls run on in this module while the page lives, so
+// they survive switching views.
+
+import { api, sse } from "./api.js";
+import { h, fill, field, toast, bytes, confirmed } from "./dom.js";
+
+/** model id → {percent, file, file_index, total_files, bytes_downloaded, bytes_total, controller} or {failed}. */
+const pulls = new Map();
+const listeners = new Set();
+const changed = (id) => listeners.forEach((f) => f(id));
+
+/** Pulls `body.model` (registering it when the body has a checkpoint) with live progress. */
+export function pull(body) {
+  const id = body.model;
+  if (pulls.has(id) && !pulls.get(id).failed) return;
+  const controller = new AbortController();
+  const p = { percent: 0, file_index: 0, total_files: 0, bytes_downloaded: 0, bytes_total: 0, controller };
+  pulls.set(id, p);
+  changed(id);
+  sse("/api/v1/pull", { ...body, stream: true }, ({ event, data }) => {
+    if (event === "progress") { Object.assign(p, data); changed(id); }
+    else if (event === "complete") { p.done = true; }
+    else if (event === "error") { throw new Error((data && data.error && (data.error.message || data.error)) || "The pull failed"); }
+  }, controller.signal).then(() => {
+    pulls.delete(id);
+    if (p.done) toast(`${id} downloaded`); else pulls.set(id, { failed: "The download ended before it was complete" });
+  }).catch((e) => {
+    if (e.name === "AbortError") { pulls.delete(id); toast(`Stopped downloading ${id}; what was downloaded is kept`); }
+    else { pulls.set(id, { failed: e.message }); toast(`${id}: ${e.message}`, "bad"); }
+  }).finally(() => changed(id));
+}
+
+const LABELS = ["reasoning", "vision", "embedding", "reranking", "tool-calling", "coding", "hot"];
+const RECIPES = ["llamacpp", "whispercpp", "sd-cpp", "kokoro"];
+
+export function mount(main) {
+  let catalogue = [];
+  let health = { all_models_loaded: [], models_loading: [] };
+  let admin = new Map();
+  const loading = new Set();
+  const rows = new Map();
+
+  const search = h("input", { id: "m-search", type: "search", placeholder: "Name or checkpoint" });
+  const onlyDownloaded = h("input", { id: "m-downloaded", type: "checkbox" });
+  const typeSel = h("select", { id: "m-type" }, h("option", { value: "" }, "Any type"));
+  const labelSel = h("select", { id: "m-label" }, h("option", { value: "" }, "Any label"));
+  const recipeSel = h("select", { id: "m-recipe" }, h("option", { value: "" }, "Any recipe"));
+  const count = h("p", { class: "muted small", "aria-live": "polite" });
+  const tbody = h("tbody", {});
+  const HEAD = ["Model", "Type", "Recipe", "Size", "State", "Actions"];
+  for (const el of [search, onlyDownloaded, typeSel, labelSel, recipeSel]) el.addEventListener("input", filter);
+
+  main.append(
+    h("h1", {}, "Models"),
+    h("div", { class: "card" },
+      h("div", { class: "row" },
+        h("div", { class: "field grow" }, h("label", { for: "m-search" }, "Search"), search),
+        field("Type", typeSel), field("Label", labelSel), field("Recipe", recipeSel),
+        h("div", { class: "field inline" }, onlyDownloaded, h("label", { for: "m-downloaded" }, "Downloaded only"))),
+      count),
+    h("table", { class: "cards", id: "models-table", "aria-label": "Models" },
+      h("thead", {}, h("tr", {}, HEAD.map((t) => h("th", { scope: "col" }, t)))), tbody),
+    registerForm());
+
+  function stateOf(m) {
+    const p = pulls.get(m.id);
+    if (p && p.failed) return { key: "failed", text: "failed", why: p.failed };
+    if (p) return { key: "downloading", text: "downloading" };
+    const loaded = health.all_models_loaded.find((x) => x.model_name === m.id);
+    if (loaded) return { key: loaded.pinned ? "pinned" : "loaded", text: loaded.pinned ? "loaded · pinned" : "loaded", loaded };
+    if (loading.has(m.id) || (health.models_loading || []).includes(m.id)) return { key: "loading", text: "loading" };
+    const a = admin.get(m.id);
+    if (a && a.runtime_state === "failed") return { key: "failed", text: "failed", why: a.last_error || "The last load failed" };
+    return m.downloaded ? { key: "downloaded", text: "downloaded" } : { key: "absent", text: "not downloaded" };
+  }
+
+  const KIND = { absent: "plain", downloading: "info", downloaded: "ok", loading: "warn", loaded: "ok", pinned: "ok", failed: "bad" };
+
+  function stateCell(m, s) {
+    const cell = h("div", {}, h("span", { class: `badge ${KIND[s.key]}`, "data-state": s.key }, s.text));
+    const p = pulls.get(m.id);
+    if (s.key === "downloading") {
+      const pct = Math.min(100, p.percent || 0);
+      cell.append(h("progress", { max: 100, value: pct, "aria-label": `Download of ${m.id}`, "data-model": m.id }),
+        h("div", { class: "muted small", "data-progress-text": "" },
+          `${pct}% · file ${p.file_index || 0}/${p.total_files || "?"} · ${bytes(p.bytes_downloaded)} of ${bytes(p.bytes_total)}`));
+    }
+    if (s.why) cell.append(h("div", { class: "small", style: null, "data-error": "" }, s.why));
+    return cell;
+  }
+
+  function actions(m, s) {
+    const b = (text, onclick, cls) => h("button", { type: "button", class: `small ${cls || ""}`, onclick, "aria-label": `${text} ${m.id}` }, text);
+    const out = [];
+    if (s.key === "downloading") out.push(b("Cancel", () => pulls.get(m.id).controller.abort(), "secondary"));
+    else if (!m.downloaded) out.push(b(s.key === "failed" ? "Retry" : "Pull", () => pull({ model: m.id })));
+    if (m.downloaded && s.key !== "downloading") {
+      if (s.loaded) {
+        out.push(b("Unload", () => act("/api/v1/unload", { model_name: m.id }, `${m.id} unloaded`), "secondary"));
+        out.push(b(s.loaded.pinned ? "Unpin" : "Pin", () => act("/api/v1/pin", { model_name: m.id, pinned: !s.loaded.pinned }, s.loaded.pinned ? `${m.id} unpinned` : `${m.id} pinned`), "secondary"));
+      } else if (s.key !== "loading") {
+        out.push(b("Load", () => openLoad(m)));
+      }
+      out.push(b("Delete", () => { if (confirmed(`Delete ${m.id} from disk?`)) act("/api/v1/delete", { model: m.id }, `${m.id} deleted`, true); }, "danger"));
+    }
+    return out;
+  }
+
+  async function act(path, body, done, reloadCatalogue) {
+    try {
+      await api(path, body);
+      toast(done);
+    } catch (e) {
+      toast(e.message, "bad");
+    }
+    await refresh(reloadCatalogue);
+  }
+
+  function paint(m) {
+    let r = rows.get(m.id);
+    const s = stateOf(m);
+    const sig = JSON.stringify([s.key, s.why, m.downloaded, s.loaded && s.loaded.pinned]);
+    if (!r) {
+      const labels = (m.labels || []).map((l) => h("span", { class: "label" }, l));
+      const state = h("td", { "data-th": "State" });
+      const act = h("td", { class: "actions", "data-th": "Actions" });
+      const tr = h("tr", { "data-model": m.id },
+        h("td", { "data-th": "Model" }, h("strong", {}, m.id), h("div", { class: "muted small" }, m.checkpoint), h("div", {}, labels)),
+        h("td", { "data-th": "Type" }, m.type || "llm"),
+        h("td", { "data-th": "Recipe" }, m.recipe),
+        h("td", { "data-th": "Size" }, m.size ? `${m.size} GB` : "—"),
+        state, act);
+      r = { tr, state, act, sig: null };
+      rows.set(m.id, r);
+    }
+    if (s.key === "downloading" && r.sig === sig) {
+      // Update the bar in place, so it moves smoothly and keeps focus.
+      const p = pulls.get(m.id);
+      const bar = r.state.querySelector("progress");
+      const pct = Math.min(100, p.percent || 0);
+      if (bar) bar.value = pct;
+      const t = r.state.querySelector("[data-progress-text]");
+      if (t) t.textContent = `${pct}% · file ${p.file_index || 0}/${p.total_files || "?"} · ${bytes(p.bytes_downloaded)} of ${bytes(p.bytes_total)}`;
+      return r.tr;
+    }
+    if (r.sig !== sig) {
+      const had = r.act.contains(document.activeElement) ? document.activeElement.textContent : null;
+      fill(r.state, stateCell(m, s));
+      fill(r.act, actions(m, s));
+      if (had) [...r.act.querySelectorAll("button")].find((x) => x.textContent === had)?.focus();
+      r.sig = sig;
+    }
+    return r.tr;
+  }
+
+  function filter() {
+    const q = search.value.trim().toLowerCase();
+    const shown = catalogue.filter((m) =>
+      (!q || m.id.toLowerCase().includes(q) || (m.checkpoint || "").toLowerCase().includes(q))
+      && (!onlyDownloaded.checked || m.downloaded)
+      && (!typeSel.value || (m.type || "llm") === typeSel.value)
+      && (!labelSel.value || (m.labels || []).includes(labelSel.value))
+      && (!recipeSel.value || m.recipe === recipeSel.value));
+    // Loaded models first, then downloaded ones, then the rest by name.
+    const rank = (m) => (health.all_models_loaded.some((x) => x.model_name === m.id) ? 0 : m.downloaded ? 1 : 2);
+    shown.sort((a, b) => rank(a) - rank(b) || a.id.localeCompare(b.id));
+    fill(tbody, shown.map(paint));
+    count.textContent = `${shown.length} of ${catalogue.length} models`;
+  }
+
+  function options(sel, values) {
+    const keep = sel.value;
+    fill(sel, sel.firstChild, [...values].sort().map((v) => h("option", { value: v }, v)));
+    sel.value = keep;
+  }
+
+  async function refresh(reloadCatalogue) {
+    try {
+      const [cat, hl, ad] = await Promise.all([
+        reloadCatalogue || !catalogue.length ? api("/api/v1/models?show_all=true") : null,
+        api("/api/v1/health"),
+        api("/v1/admin/models").catch(() => null),
+      ]);
+      if (cat) {
+        catalogue = cat.data || [];
+        options(typeSel, new Set(catalogue.map((m) => m.type || "llm")));
+        options(labelSel, new Set(catalogue.flatMap((m) => m.labels || [])));
+        options(recipeSel, new Set(catalogue.map((m) => m.recipe)));
+      }
+      health = hl;
+      if (ad) admin = new Map(ad.models.map((m) => [m.name, m]));
+      filter();
+      tbody.dataset.ready = "true";
+    } catch (e) {
+      count.textContent = `Cannot read the models: ${e.message}`;
+    }
+  }
+
+  // Load dialog
+  const ctx = h("input", { id: "load-ctx", type: "number", min: 256, step: 256, placeholder: "4096" });
+  const backend = h("select", { id: "load-backend" }, ["", "cpu", "vulkan", "rocm", "metal", "system"].map((v) => h("option", { value: v }, v || "server default")));
+  const args = h("input", { id: "load-args", type: "text", placeholder: "--flash-attn on" });
+  const saveOpts = h("input", { id: "load-save", type: "checkbox" });
+  const pin = h("input", { id: "load-pin", type: "checkbox" });
+  const llamaOnly = h("div", {}, field("Context size", ctx), field("llama.cpp backend", backend), field("llama-server arguments", args));
+  const loadTitle = h("h2", { id: "load-title" }, "Load");
+  let loadModel = null;
+  const loadDialog = h("dialog", { id: "load-dialog", "aria-labelledby": "load-title" },
+    h("form", { method: "dialog", onsubmit: (ev) => { ev.preventDefault(); doLoad(); } },
+      loadTitle, llamaOnly,
+      h("div", { class: "field inline" }, saveOpts, h("label", { for: "load-save" }, "Save these options as the model's defaults")),
+      h("div", { class: "field inline" }, pin, h("label", { for: "load-pin" }, "Pin (never evicted)")),
+      h("div", { class: "row end" },
+        h("button", { type: "button", class: "secondary", onclick: () => loadDialog.close() }, "Cancel"),
+        h("button", { type: "submit", id: "load-ok" }, "Load"))));
+  main.append(loadDialog);
+
+  function openLoad(m) {
+    loadModel = m;
+    loadTitle.textContent = `Load ${m.id}`;
+    const o = m.recipe_options || {};
+    ctx.value = o.ctx_size || ""; backend.value = o.llamacpp_backend || ""; args.value = o.llamacpp_args || "";
+    saveOpts.checked = false; pin.checked = false;
+    llamaOnly.classList.toggle("hidden", m.recipe !== "llamacpp");
+    loadDialog.showModal();
+  }
+
+  async function doLoad() {
+    const m = loadModel;
+    loadDialog.close();
+    const body = { model_name: m.id };
+    if (m.recipe === "llamacpp") {
+      if (ctx.value) body.ctx_size = Number(ctx.value);
+      if (backend.value) body.llamacpp_backend = backend.value;
+      if (args.value.trim()) body.llamacpp_args = args.value.trim();
+    }
+    if (saveOpts.checked) body.save_options = true;
+    if (pin.checked) body.pinned = true;
+    loading.add(m.id);
+    filter();
+    try { await api("/api/v1/load", body); toast(`${m.id} loaded`); } catch (e) { toast(`${m.id}: ${e.message}`, "bad"); }
+    loading.delete(m.id);
+    await refresh(true);
+  }
+
+  function registerForm() {
+    const name = h("input", { id: "reg-name", type: "text", required: true, placeholder: "Phi-4-Mini-GGUF" });
+    const checkpoint = h("input", { id: "reg-checkpoint", type: "text", required: true, placeholder: "unsloth/Phi-4-mini-instruct-GGUF:Q4_K_M" });
+    const recipe = h("select", { id: "reg-recipe" }, RECIPES.map((r) => h("option", { value: r }, r)));
+    const mmproj = h("input", { id: "reg-mmproj", type: "text", placeholder: "mmproj-model-f16.gguf (vision models)" });
+    const boxes = ["reasoning", "vision", "embedding", "reranking"].map((l) => {
+      const c = h("input", { type: "checkbox", id: `reg-${l}`, value: l });
+      return { l, c, el: h("span", { class: "field inline" }, c, h("label", { for: `reg-${l}` }, l)) };
+    });
+    return h("details", { class: "card", id: "register" },
+      h("summary", {}, h("strong", {}, "Add a model from Hugging Face")),
+      h("form", { onsubmit: (ev) => {
+        ev.preventDefault();
+        const id = name.value.trim().startsWith("user.") ? name.value.trim() : `user.${name.value.trim()}`;
+        const body = { model: id, checkpoint: checkpoint.value.trim(), recipe: recipe.value };
+        if (mmproj.value.trim()) body.mmproj = mmproj.value.trim();
+        for (const { l, c } of boxes) if (c.checked) body[l] = true;
+        pull(body);
+      } },
+        h("p", { class: "muted small" }, "Registers user.<name> and downloads it. The checkpoint is org/repo, with :VARIANT for one quantization of a GGUF repository."),
+        h("div", { class: "grid2" }, field("Name", name, "Served as user.<name>"), field("Checkpoint", checkpoint), field("Recipe", recipe), field("mmproj file", mmproj)),
+        h("div", { class: "row" }, boxes.map((b) => b.el)),
+        h("div", { class: "row end" }, h("button", { type: "submit", id: "reg-submit" }, "Register and pull"))));
+  }
+
+  // A pull's progress repaints its row; its end (or a new registration) reloads the catalogue.
+  const onPull = (id) => {
+    const m = catalogue.find((x) => x.id === id);
+    if (m && pulls.has(id)) paint(m);
+    else refresh(true);
+  };
+  listeners.add(onPull);
+  refresh(true);
+  const timer = setInterval(() => refresh(false), 2000);
+  return () => { clearInterval(timer); listeners.delete(onPull); };
+}

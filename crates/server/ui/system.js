@@ -1,0 +1,128 @@
+// System: the machine (system-info), CPU and memory in use (system-stats), the running models
+// from the admin API (backend, state, memory, requests, last error), and the recipes' backends
+// with install (live progress) and uninstall.
+
+import { api, sse } from "./api.js";
+import { h, fill, toast, bytes, confirmed } from "./dom.js";
+
+export function mount(main) {
+  const facts = h("dl", { class: "facts", id: "sys-facts" });
+  const stats = h("dl", { class: "facts", id: "sys-stats" });
+  const running = h("div", { id: "sys-running" });
+  const recipes = h("div", { id: "sys-recipes" });
+  const installs = new Map(); // "recipe:backend" → percent
+
+  main.append(h("h1", {}, "System"),
+    h("div", { class: "grid2" },
+      h("section", { class: "card", "aria-labelledby": "sys-h-machine" }, h("h2", { id: "sys-h-machine" }, "This machine"), facts),
+      h("section", { class: "card", "aria-labelledby": "sys-h-use" }, h("h2", { id: "sys-h-use" }, "In use now"), stats)),
+    h("section", { "aria-labelledby": "sys-h-running" }, h("h2", { id: "sys-h-running" }, "Running models"), running),
+    h("section", { "aria-labelledby": "sys-h-backends" }, h("h2", { id: "sys-h-backends" }, "Backends"), recipes));
+
+  const pairs = (list) => list.filter(([, v]) => v !== undefined && v !== null && v !== "").flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]);
+
+  async function info() {
+    try {
+      const s = await api("/api/v1/system-info");
+      const d = s.devices || {};
+      const gpus = [...(d.nvidia_dgpu || []), ...(d.amd_dgpu || []), d.amd_igpu].filter((g) => g && g.available);
+      fill(facts, pairs([
+        ["OS", s["OS Version"]], ["Processor", s.Processor], ["Memory", s["Physical Memory"]],
+        ["CPU", d.cpu ? `${d.cpu.cores} cores, ${d.cpu.threads} threads (${d.cpu.family})` : ""],
+        ["GPUs", gpus.length ? gpus.map((g) => `${g.name} (${g.vram_gb} GB)`).join(", ") : "none found"],
+        ["NPU", d.amd_npu && d.amd_npu.available ? `${d.amd_npu.name} ${d.amd_npu.family}` : "none found"],
+      ]));
+      paintRecipes(s.recipes || {});
+    } catch (e) {
+      fill(facts, h("p", {}, `Cannot read system-info: ${e.message}`));
+    }
+  }
+
+  function paintRecipes(all) {
+    const HEAD = ["Recipe", "Backend", "Devices", "Version", "State", "Actions"];
+    const rows = [];
+    for (const [recipe, r] of Object.entries(all)) {
+      for (const [name, b] of Object.entries(r.backends || {})) {
+        const key = `${recipe}:${name}`;
+        const pct = installs.get(key);
+        const kind = { installed: "ok", installable: "plain", update_required: "warn", unsupported: "plain" }[b.state] || "plain";
+        const state = h("td", { "data-th": "State" }, h("span", { class: `badge ${kind}`, "data-state": b.state }, b.state.replace("_", " ")),
+          b.message ? h("div", { class: "muted small" }, b.message) : null,
+          pct !== undefined ? h("progress", { max: 100, value: pct, "aria-label": `Install of ${key}` }) : null);
+        const btns = [];
+        if (pct === undefined && (b.state === "installable" || b.state === "update_required")) {
+          btns.push(h("button", { type: "button", class: "small", "aria-label": `Install ${key}`, onclick: () => install(recipe, name) }, b.state === "installable" ? "Install" : "Update"));
+        }
+        if (pct === undefined && b.can_uninstall) {
+          btns.push(h("button", { type: "button", class: "small danger", "aria-label": `Uninstall ${key}`, onclick: () => uninstall(recipe, name) }, "Uninstall"));
+        }
+        rows.push(h("tr", { "data-backend": key },
+          h("td", { "data-th": "Recipe" }, recipe), h("td", { "data-th": "Backend" }, name),
+          h("td", { "data-th": "Devices" }, (b.devices || []).join(", ") || "—"),
+          h("td", { "data-th": "Version" }, b.version || "—"), state,
+          h("td", { class: "actions", "data-th": "Actions" }, btns)));
+      }
+    }
+    fill(recipes, h("table", { class: "cards", "aria-label": "Backends" },
+      h("thead", {}, h("tr", {}, HEAD.map((t) => h("th", { scope: "col" }, t)))), h("tbody", {}, rows)));
+    lastRecipes = all;
+  }
+  let lastRecipes = {};
+
+  async function install(recipe, backend) {
+    const key = `${recipe}:${backend}`;
+    installs.set(key, 0);
+    paintRecipes(lastRecipes);
+    try {
+      await sse("/api/v1/install", { recipe, backend, stream: true }, ({ event, data }) => {
+        if (event === "progress") {
+          installs.set(key, Math.min(100, data.percent || 0));
+          const bar = recipes.querySelector(`tr[data-backend="${CSS.escape(key)}"] progress`);
+          if (bar) bar.value = installs.get(key);
+        } else if (event === "error") throw new Error((data && data.error && (data.error.message || data.error)) || "The install failed");
+      });
+      toast(`${key} installed`);
+    } catch (e) {
+      toast(`${key}: ${e.message}`, "bad");
+    }
+    installs.delete(key);
+    await info();
+  }
+
+  async function uninstall(recipe, backend) {
+    if (!confirmed(`Uninstall ${recipe}:${backend}?`)) return;
+    try { await api("/api/v1/uninstall", { recipe, backend }); toast(`${recipe}:${backend} uninstalled`); } catch (e) { toast(e.message, "bad"); }
+    await info();
+  }
+
+  async function live() {
+    const [st, ad] = await Promise.all([api("/api/v1/system-stats").catch(() => null), api("/v1/admin/models").catch(() => null)]);
+    if (st) {
+      fill(stats, pairs([
+        ["CPU", st.cpu_percent !== null ? `${st.cpu_percent.toFixed(0)} %` : "—"],
+        ["Memory", st.memory_gb !== null ? `${st.memory_gb.toFixed(1)} GB` : "—"],
+        ["GPU", st.gpu_percent !== null ? `${st.gpu_percent.toFixed(0)} %` : "—"],
+        ["VRAM", st.vram_gb !== null ? `${st.vram_gb.toFixed(1)} GB` : "—"],
+      ]));
+    }
+    if (ad) {
+      const shown = ad.models.filter((m) => m.runtime_state !== "unloaded" || m.last_error);
+      const HEAD = ["Model", "Backend", "State", "Memory", "Requests", "Last error"];
+      fill(running, shown.length ? h("table", { class: "cards", "aria-label": "Running models" },
+        h("thead", {}, h("tr", {}, HEAD.map((t) => h("th", { scope: "col" }, t)))),
+        h("tbody", {}, shown.map((m) => h("tr", { "data-running": m.name },
+          h("td", { "data-th": "Model" }, m.name, m.pinned ? h("span", { class: "label" }, "pinned") : null),
+          h("td", { "data-th": "Backend" }, m.resolved_backend),
+          h("td", { "data-th": "State" }, h("span", { class: `badge ${m.runtime_state === "failed" ? "bad" : m.runtime_state === "loaded" ? "ok" : "warn"}` }, m.runtime_state)),
+          h("td", { "data-th": "Memory" }, m.memory_estimate ? bytes(m.memory_estimate) : "—"),
+          h("td", { "data-th": "Requests" }, `${m.inflight_requests} running, ${m.queue_depth} waiting`),
+          h("td", { "data-th": "Last error" }, m.last_error || "—")))))
+        : h("p", { class: "muted" }, "No model is loaded."));
+    }
+  }
+
+  info();
+  live();
+  const timer = setInterval(live, 2000);
+  return () => clearInterval(timer);
+}
