@@ -142,6 +142,9 @@ const PY_PACKAGES: &[&str] = &[
     "ollama==0.6.3",
     "anthropic==2.12.0",
     "prometheus_client==0.26.0",
+    // The web UI's browser tests drive Debian's chromium with it (it downloads no browser).
+    "playwright==1.65.2",
+    "greenlet==3.5.6",
 ];
 
 /// The chat model of the demo (served from the extra models dir).
@@ -720,9 +723,10 @@ fn python_venv(dev: &Path) -> Result<PathBuf> {
         Command::new(&py)
             .args([
                 "-c",
-                "import numpy, gguf, huggingface_hub, openai, ollama, anthropic, prometheus_client, importlib.metadata as m; \
+                "import numpy, gguf, huggingface_hub, openai, ollama, anthropic, prometheus_client, playwright, \
+                 importlib.metadata as m; \
                  assert huggingface_hub.__version__ == '2.4.0' and anthropic.__version__ == '2.12.0' \
-                 and m.version('ollama') == '0.6.3'",
+                 and m.version('ollama') == '0.6.3' and m.version('playwright') == '1.65.2'",
             ])
             .output()
             .map(|o| o.status.success())

@@ -1,0 +1,133 @@
+//! The web UI in a real headless Chromium (Debian's, driven by Playwright for Python from the
+//! test venv) against a real `lemonade serve` with the provisioned llama-server and models:
+//! chat streaming, a pull from the Hub double with its progress bar, load/pin/unload, the live
+//! log, the API key prompt, the system view, transcription (an upload and a recording), an
+//! image and speech on the real backends, and a backend install from the release double.
+//! tests/py/webui_client.py holds the browser side; every scenario there also fails on a
+//! request outside the server's origin, a CSP violation or a JavaScript error, and audits each
+//! screenshot (contrast, labels, overflow). Screenshots land in target/webui/.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::json;
+use test_support::hub::{HubDouble, Knobs};
+use test_support::release;
+use test_support::*;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_lemonade"))
+}
+
+fn shots() -> String {
+    let dir: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/webui");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.display().to_string()
+}
+
+/// Runs one scenario of webui_client.py against `l`; panics with its output unless every
+/// check held.
+async fn browse(l: &Lemonade, scenario: &str, args: &[&str]) {
+    let mut all = vec![scenario.to_string(), l.base.clone(), shots()];
+    all.extend(args.iter().map(|a| a.to_string()));
+    let out = tokio::task::spawn_blocking(move || {
+        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+        py_client("webui_client.py", &refs)
+    })
+    .await
+    .unwrap();
+    assert!(out.contains("every check held"), "{out}");
+}
+
+#[tokio::test]
+async fn real_llama_server_chat_streams_into_the_page_keeps_conversations_and_stops() {
+    let l = Lemonade::start(bin(), &[]).await;
+    browse(&l, "chat", &[SMOL]).await;
+}
+
+#[tokio::test]
+async fn real_llama_server_pull_shows_progress_to_100_then_load_pin_unload_cancel_and_a_failure() {
+    let tmp = tempfile::tempdir().unwrap();
+    for repo in ["lemonade-test/UiPulled-GGUF", "lemonade-test/UiCancelled-GGUF"] {
+        let dir = tmp.path().join(repo);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::symlink(model(SMOL_FILE), dir.join("model-Q4_1.gguf")).unwrap();
+    }
+    // About 3 s for SmolLM2's 98 MB, so the page sees the bar move.
+    let knobs = Knobs { chunk_delay: Some(Duration::from_millis(2)), ..Default::default() };
+    let double = HubDouble::start(tmp.path(), knobs).await;
+    let l = Lemonade::start_in(bin(), Sandbox::empty(), &[], &[("HF_ENDPOINT", &double.url)]).await;
+    browse(
+        &l,
+        "pull",
+        &[
+            "user.UiPulled-GGUF",
+            "lemonade-test/UiPulled-GGUF:Q4_1",
+            "user.UiCancelled-GGUF",
+            "lemonade-test/UiCancelled-GGUF:Q4_1",
+            "user.UiMissing-GGUF",
+        ],
+    )
+    .await;
+    // A cancelled pull keeps its partial file for the next pull to resume.
+    let blobs = l.sandbox.hf_cache().join("models--lemonade-test--UiCancelled-GGUF/blobs");
+    let partial =
+        std::fs::read_dir(&blobs).unwrap().flatten().any(|e| e.path().to_string_lossy().ends_with(".incomplete"));
+    assert!(partial, "no partial file in {}", blobs.display());
+}
+
+#[tokio::test]
+async fn the_log_view_shows_new_lines_and_sets_the_servers_level() {
+    let l = Lemonade::start_in(bin(), Sandbox::empty(), &["--log-level", "info"], &[]).await;
+    browse(&l, "logs", &[]).await;
+    let (s, v) = l.get("/api/v1/log-level").await;
+    assert_eq!((s, v["level"].as_str()), (200, Some("debug")));
+}
+
+#[tokio::test]
+async fn with_an_api_key_the_page_asks_for_it_once_and_then_works() {
+    let l = Lemonade::start_in(bin(), Sandbox::empty(), &[], &[("LEMONADE_API_KEY", "ui-secret-key")]).await;
+    browse(&l, "key", &["ui-secret-key"]).await;
+    // The page itself needs no key; the API does.
+    let r = l.http.get(l.url("/")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(l.get("/api/v1/models").await.0, 401);
+}
+
+#[tokio::test]
+async fn real_llama_server_the_system_view_shows_the_running_model_and_backends() {
+    let l = Lemonade::start_in(bin(), Sandbox::new().with_whisper().with_sd().with_kokoro(), &[], &[]).await;
+    let (s, v) = l.post("/api/v1/load", &json!({"model_name": SMOL})).await;
+    assert_eq!(s, 200, "{v}");
+    browse(&l, "system", &[SMOL]).await;
+}
+
+#[tokio::test]
+async fn real_backends_the_media_view_transcribes_an_upload_and_a_recording_draws_and_speaks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wav = tmp.path().join("speech.wav");
+    let out = std::process::Command::new("espeak-ng")
+        .args(["-s", "140", "-w"])
+        .arg(&wav)
+        .arg("Lemonade serves every model on one port.")
+        .output()
+        .expect("espeak-ng runs (cargo xtask setup installs it)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let sandbox = Sandbox::empty().with_whisper().with_sd().with_kokoro();
+    let l = Lemonade::start_in(bin(), sandbox, &[], &[]).await;
+    browse(&l, "media", &[wav.to_str().unwrap(), "one port"]).await;
+}
+
+#[tokio::test]
+async fn a_backend_installs_from_the_system_view_with_progress_and_uninstalls() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, sha) = release::write_archive(tmp.path(), "b9999", 8 << 20);
+    let knobs = Knobs { chunk_delay: Some(Duration::from_millis(10)), ..Default::default() };
+    let double = HubDouble::start(tmp.path(), knobs).await;
+    let sandbox = Sandbox::empty();
+    release::pin(&sandbox.cache(), "b9999", Some(&sha));
+    let env = [("LEMONADE_LLAMACPP_CPU_BIN", ""), ("LEMONADE_RELEASES_URL", double.url.as_str())];
+    let l = Lemonade::start_in(bin(), sandbox, &[], &env).await;
+    browse(&l, "install", &["llamacpp:cpu"]).await;
+    assert!(!l.sandbox.cache().join("bin/llamacpp/cpu").exists(), "the uninstall removed the backend");
+}
