@@ -533,6 +533,18 @@ async fn shutdown_with_a_stream_a_pull_and_an_install_open_ends_each_and_leaves_
         json!({"model": "user.Big", "checkpoint": "org/big-GGUF:Q4_0", "recipe": "llamacpp", "stream": true}),
     )
     .await;
+    // Wait until the pull has bytes on disk, so there is a partial file to keep (its first
+    // event is sent before any byte arrives; signalling then raced the first chunk).
+    let mut pull = pull;
+    let moved = |t: &str| t.split("\"bytes_downloaded\":").skip(1).any(|r| !r.starts_with('0'));
+    let mut seen = String::new();
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while !moved(&seen) {
+            seen.push_str(&String::from_utf8_lossy(&pull.next().await.unwrap().unwrap()));
+        }
+    })
+    .await
+    .expect("the pull made progress");
     let install = open("/api/v1/install", json!({"recipe": "llamacpp", "backend": "cpu", "stream": true})).await;
 
     l.signal(libc::SIGTERM);
