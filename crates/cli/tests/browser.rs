@@ -2,7 +2,8 @@
 //! (`http://evil.example:<port>`, resolved to a second local port by Chromium's host resolver
 //! rules) `fetch`es every control endpoint; the browser must be unable to read any answer and
 //! the server must change nothing. A page on a loopback origin reads its answers, lemonade's own
-//! page (Swagger UI) keeps working, and a rebound name pointing at lemonade is refused.
+//! pages (the web UI and Swagger UI) keep working, and a rebound name pointing at lemonade is
+//! refused.
 
 use std::path::Path;
 use std::time::Duration;
@@ -158,14 +159,21 @@ async fn a_page_on_another_origin_can_read_nothing_and_change_nothing() {
     let (_, h) = l.get("/api/v1/health").await;
     assert_eq!(h["all_models_loaded"][0]["model_name"], "extra.m.gguf");
 
-    // lemonade's own page (Swagger UI, until the web UI lands) still loads the API document
-    // from its own origin and renders every operation.
+    // lemonade's own pages: Swagger UI loads the API document from its own origin and renders
+    // every operation; the web UI renders its chat view with the model list from the API.
     let (dom, err) = chromium_dom(&format!("{api}/docs/")).await;
     assert!(dom.contains("opblock") && dom.contains("/api/v1/chat/completions"), "Swagger UI did not render: {err}");
+    let (dom, err) = chromium_dom(&format!("{api}/")).await;
+    assert!(
+        dom.contains(r#"data-ready="true""#) && dom.contains("extra.m.gguf"),
+        "the web UI did not render: {dom}\n{err}"
+    );
 
     // DNS rebinding in a real browser: `evil.example` resolving to lemonade's own address
     // makes the browser treat it as same-origin; the Host check refuses the page itself.
     let port = api.rsplit(':').next().unwrap();
     let (dom, _) = chromium_dom(&format!("http://evil.example:{port}/docs/")).await;
     assert!(dom.contains("host_not_allowed") && !dom.contains("opblock"), "{dom}");
+    let (dom, _) = chromium_dom(&format!("http://evil.example:{port}/")).await;
+    assert!(dom.contains("host_not_allowed") && !dom.contains("app.js"), "{dom}");
 }
