@@ -262,8 +262,18 @@ fn demo(rest: &[String]) -> Result<()> {
         bail!("the speech request failed");
     }
     eprintln!("wrote {} ({} bytes)", speech.display(), std::fs::metadata(&speech)?.len());
+    // The web UI: `/` must be the page a browser gets.
+    let page = Command::new("curl")
+        .args(["-s", "--fail-with-body", "-H", "Accept: text/html", &format!("{base}/")])
+        .output()?;
+    if !page.status.success() || !String::from_utf8_lossy(&page.stdout).contains("/ui/app.js") {
+        let _ = child.kill();
+        bail!("GET / did not serve the web UI");
+    }
     eprintln!(
-        "\nlemonade is serving on {base} (Ctrl+C to stop). Try:\n  \
+        "\nlemonade is serving on {base} (Ctrl+C to stop).\n\
+         Open {base} in a browser for the web UI (chat, models, audio & images, system, logs).\n\
+         Or try:\n  \
          curl {base}/api/v1/models\n  \
          curl {base}/api/v1/chat/completions -H 'Content-Type: application/json' \\\n    \
          -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'\n  \
