@@ -27,6 +27,14 @@ function newChat(model) {
     system: "", temperature: 0.7, max_tokens: 512, messages: [] };
 }
 
+/** An answer: its reasoning (folded away, for reasoning models), then its Markdown. */
+function answerNodes(m) {
+  const out = [];
+  if (m.reasoning) out.push(h("details", { class: "reasoning" }, h("summary", {}, "Reasoning"), h("p", { class: "muted small" }, m.reasoning)));
+  out.push(render(m.content || ""));
+  return out;
+}
+
 export function mount(main) {
   let chats = load();
   let current = chats.find((c) => c.id === localStorage.getItem(CURRENT)) || chats[0];
@@ -56,7 +64,7 @@ export function mount(main) {
     const f = imageInput.files[0];
     if (!f) return;
     const r = new FileReader();
-    r.onload = () => { pendingImage = r.result; attached.textContent = `Attached: ${f.name}`; };
+    r.onload = () => { pendingImage = r.result; attached.textContent = `Attached: ${f.name}`; hint(); };
     r.readAsDataURL(f);
   });
   input.addEventListener("keydown", (ev) => {
@@ -104,7 +112,7 @@ export function mount(main) {
 
   function bubble(m) {
     const el = h("div", { class: `msg ${m.role}${m.error ? " error" : ""}` });
-    if (m.role === "assistant") el.append(render(m.content || ""));
+    if (m.role === "assistant") el.append(...answerNodes(m));
     else el.append(m.content);
     for (const src of m.images || []) el.append(h("img", { class: "attached", src, alt: "attached image" }));
     if (m.meta) el.append(h("div", { class: "meta" }, m.meta));
@@ -143,7 +151,7 @@ export function mount(main) {
     }));
     if (current.system) history.unshift({ role: "system", content: current.system });
     let frame = 0;
-    const paint = () => { frame = 0; fill(el, render(answer.content)); messages.scrollTop = messages.scrollHeight; };
+    const paint = () => { frame = 0; fill(el, ...answerNodes(answer)); messages.scrollTop = messages.scrollHeight; };
     try {
       await sse("/api/v1/chat/completions", {
         model: modelSelect.value, messages: history, stream: true,
@@ -151,8 +159,9 @@ export function mount(main) {
       }, ({ data }) => {
         if (data && data.error) throw new Error(data.error.message || "The stream failed");
         const delta = data && data.choices && data.choices[0] && data.choices[0].delta;
-        const piece = delta && (delta.content || delta.reasoning_content);
-        if (piece) { answer.content += piece; if (!frame) frame = requestAnimationFrame(paint); }
+        if (delta && delta.reasoning_content) answer.reasoning = (answer.reasoning || "") + delta.reasoning_content;
+        if (delta && delta.content) answer.content += delta.content;
+        if (delta && (delta.content || delta.reasoning_content) && !frame) frame = requestAnimationFrame(paint);
       }, controller.signal);
       const s = await api("/api/v1/stats").catch(() => null);
       if (s) answer.meta = `${s.output_tokens} tokens · ${s.tokens_per_second.toFixed(1)} tokens/s · first token ${(s.time_to_first_token * 1000).toFixed(0)} ms · prompt ${s.input_tokens} tokens`;
@@ -176,6 +185,7 @@ export function mount(main) {
     fill(modelSelect, models.length ? models.map((m) => h("option", { value: m.id }, m.id)) : h("option", { value: "" }, "No LLM downloaded"));
     if (current.model && models.some((m) => m.id === current.model)) modelSelect.value = current.model;
     modelSelect.dataset.ready = "true";
+    performance.mark("lemonade-ready"); // the page is usable: what `cargo xtask bench` times
     hint();
   }).catch((e) => toast(`Cannot list models: ${e.message}`, "bad"));
 
