@@ -228,7 +228,7 @@ def chat(b, model):
     b.shot(page, "chat")
 
 
-def pull(b, model, checkpoint, cancelled, cancelled_checkpoint, missing):
+def pull(b, model, checkpoint, cancelled, cancelled_checkpoint, missing, broken, broken_checkpoint):
     page = b.page()
     page.goto(base + "/models")
     page.wait_for_selector("tbody[data-ready]")
@@ -274,6 +274,11 @@ def pull(b, model, checkpoint, cancelled, cancelled_checkpoint, missing):
     page.set_viewport_size(WIDE)
     page.click(f'tr[data-model="{model}"] button:text-is("Unload")')
     expect(state(page, model)).to_have_attribute("data-state", "downloaded")
+    # Delete (confirmed): a user.* model leaves the catalogue with its files.
+    page.once("dialog", lambda d: d.accept())
+    page.click(f'tr[data-model="{model}"] button:text-is("Delete")')
+    expect(page.locator(f'tr[data-model="{model}"]')).to_have_count(0)
+    check(not any(m["id"] == model for m in http("GET", "/api/v1/models?show_all=true")["data"]), "still listed")
     # A pull cancelled mid-way goes back to not downloaded.
     register(cancelled.removeprefix("user."), cancelled_checkpoint)
     page.fill("#m-search", cancelled)
@@ -286,6 +291,16 @@ def pull(b, model, checkpoint, cancelled, cancelled_checkpoint, missing):
     expect(state(page, missing)).to_have_attribute("data-state", "failed")
     reason = page.locator(f'tr[data-model="{missing}"] [data-error]').inner_text()
     check("not" in reason.lower() or "404" in reason, f"a failed pull's reason: {reason!r}")
+    # A model whose file llama-server cannot load: failed, with the backend's reason.
+    register(broken.removeprefix("user."), broken_checkpoint)
+    page.fill("#m-search", broken)
+    expect(state(page, broken)).to_have_attribute("data-state", "downloaded")
+    page.click(f'tr[data-model="{broken}"] button:text-is("Load")')
+    page.click("#load-ok")
+    expect(state(page, broken)).to_have_attribute("data-state", "failed")
+    reason = page.locator(f'tr[data-model="{broken}"] [data-error]').inner_text()
+    check("llama-server" in reason or "exited" in reason.lower(), f"a failed load's reason: {reason!r}")
+    b.shot(page, "models-failed")
 
 
 def logs(b):
@@ -306,7 +321,7 @@ def logs(b):
     b.shot(page, "logs")
 
 
-def key(b, key):
+def key(b, key, admin):
     page = b.page()
     page.goto(base + "/models")
     dialog = page.locator("#key-dialog")
@@ -326,6 +341,18 @@ def key(b, key):
     page.click('nav a[href="/system"]')
     expect(page.locator("#sys-facts")).to_contain_text("Memory")
     check(not dialog.is_visible(), "asked for the key twice")
+    # A control endpoint needs the admin key: the page asks for it, then the action goes through.
+    page.click('nav a[href="/logs"]')
+    expect(page.locator("#log-status")).to_have_text("live")
+    page.select_option("#log-level", "warning")
+    expect(dialog).to_be_visible()
+    expect(page.locator("#key-why")).to_contain_text("admin API key")
+    page.fill("#key-input", admin)
+    page.click("#key-ok")
+    deadline = time.time() + 30
+    while http("GET", "/api/v1/log-level", key=key)["level"] != "warning" and time.time() < deadline:
+        time.sleep(0.1)
+    check(http("GET", "/api/v1/log-level", key=key)["level"] == "warning", "the level was not set with the admin key")
 
 
 def system(b, model):
@@ -390,8 +417,44 @@ def install(b, recipe_backend):
     expect(row.locator("[data-state]")).to_have_attribute("data-state", "installable")
 
 
+def bench(b, runs):
+    """Cold loads of `/` (a fresh browser context each, so nothing is cached) until the chat
+    view is usable (its model list filled); the embedded files' sizes as served."""
+    ready, doc, dcl = [], [], []
+    for _ in range(int(runs)):
+        page = b.page()
+        page.goto(base + "/")
+        page.wait_for_selector("#chat-model[data-ready]")
+        t = page.evaluate("""() => { const n = performance.getEntriesByType('navigation')[0];
+          return [performance.getEntriesByName('lemonade-ready')[0].startTime, n.responseEnd, n.domContentLoadedEventEnd]; }""")
+        ready.append(t[0]); doc.append(t[1]); dcl.append(t[2])
+        files = page.evaluate("performance.getEntriesByType('resource').map((r) => r.name).filter((u) => u.includes('/ui/'))")
+        page.context.close()
+    files = sorted(set(urlparse(u).path for u in files)) + ["/"]
+    sizes = {}
+    for f in files:
+        req = urllib.request.Request(base + f, headers={"Accept-Encoding": "gzip", "Accept": "text/html"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            gz = len(r.read())
+        with urllib.request.urlopen(urllib.request.Request(base + f, headers={"Accept": "text/html"}), timeout=30) as r:
+            sizes[f] = {"bytes": len(r.read()), "gzip": gz}
+
+    def med(v):
+        v = sorted(v)
+        return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+    def p90(v):
+        return sorted(v)[min(len(v) - 1, int(round(0.9 * (len(v) - 1))))]
+
+    print("BENCH " + json.dumps({
+        "runs": len(ready), "ready_ms_median": med(ready), "ready_ms_p90": p90(ready),
+        "document_ms_median": med(doc), "dom_content_loaded_ms_median": med(dcl),
+        "files": sizes, "bytes": sum(s["bytes"] for s in sizes.values()), "gzip": sum(s["gzip"] for s in sizes.values()),
+    }))
+
+
 with sync_playwright() as p:
     b = Browser(p)
-    {"chat": chat, "pull": pull, "logs": logs, "key": key, "system": system, "media": media, "install": install}[scenario](b, *args)
+    {"chat": chat, "pull": pull, "logs": logs, "key": key, "system": system, "media": media, "install": install, "bench": bench}[scenario](b, *args)
     b.finish()
 print("every check held")

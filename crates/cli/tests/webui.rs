@@ -46,13 +46,17 @@ async fn real_llama_server_chat_streams_into_the_page_keeps_conversations_and_st
 }
 
 #[tokio::test]
-async fn real_llama_server_pull_shows_progress_to_100_then_load_pin_unload_cancel_and_a_failure() {
+async fn real_llama_server_pull_shows_progress_to_100_then_load_pin_unload_delete_cancel_and_failures() {
     let tmp = tempfile::tempdir().unwrap();
     for repo in ["lemonade-test/UiPulled-GGUF", "lemonade-test/UiCancelled-GGUF"] {
         let dir = tmp.path().join(repo);
         std::fs::create_dir_all(&dir).unwrap();
         std::os::unix::fs::symlink(model(SMOL_FILE), dir.join("model-Q4_1.gguf")).unwrap();
     }
+    // A GGUF header and nothing a model needs: it downloads, and llama-server refuses it.
+    let broken = tmp.path().join("lemonade-test/UiBroken-GGUF");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(broken.join("broken-Q4_0.gguf"), b"GGUF\x03\0\0\0not a model at all").unwrap();
     // About 3 s for SmolLM2's 98 MB, so the page sees the bar move.
     let knobs = Knobs { chunk_delay: Some(Duration::from_millis(2)), ..Default::default() };
     let double = HubDouble::start(tmp.path(), knobs).await;
@@ -66,6 +70,8 @@ async fn real_llama_server_pull_shows_progress_to_100_then_load_pin_unload_cance
             "user.UiCancelled-GGUF",
             "lemonade-test/UiCancelled-GGUF:Q4_1",
             "user.UiMissing-GGUF",
+            "user.UiBroken-GGUF",
+            "lemonade-test/UiBroken-GGUF:Q4_0",
         ],
     )
     .await;
@@ -85,9 +91,10 @@ async fn the_log_view_shows_new_lines_and_sets_the_servers_level() {
 }
 
 #[tokio::test]
-async fn with_an_api_key_the_page_asks_for_it_once_and_then_works() {
-    let l = Lemonade::start_in(bin(), Sandbox::empty(), &[], &[("LEMONADE_API_KEY", "ui-secret-key")]).await;
-    browse(&l, "key", &["ui-secret-key"]).await;
+async fn with_an_api_key_the_page_asks_for_it_once_and_for_the_admin_key_when_an_action_needs_it() {
+    let keys = [("LEMONADE_API_KEY", "ui-secret-key"), ("LEMONADE_ADMIN_API_KEY", "ui-admin-key")];
+    let l = Lemonade::start_in(bin(), Sandbox::empty(), &[], &keys).await;
+    browse(&l, "key", &["ui-secret-key", "ui-admin-key"]).await;
     // The page itself needs no key; the API does.
     let r = l.http.get(l.url("/")).send().await.unwrap();
     assert_eq!(r.status(), 200);

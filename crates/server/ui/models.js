@@ -88,7 +88,13 @@ export function mount(main) {
         h("div", { class: "muted small", "data-progress-text": "" },
           `${pct}% · file ${p.file_index || 0}/${p.total_files || "?"} · ${bytes(p.bytes_downloaded)} of ${bytes(p.bytes_total)}`));
     }
-    if (s.why) cell.append(h("div", { class: "small", style: null, "data-error": "" }, s.why));
+    if (s.why) {
+      // A load failure ends with the backend's last log lines: fold them away.
+      const cut = s.why.indexOf("Last log lines:");
+      const head = cut > 0 ? s.why.slice(0, cut).trim() : s.why;
+      cell.append(h("div", { class: "small", "data-error": "" }, head,
+        cut > 0 ? h("details", {}, h("summary", {}, "Last log lines"), h("pre", { class: "backend-log" }, s.why.slice(cut + 15).trim())) : null));
+    }
     return cell;
   }
 
