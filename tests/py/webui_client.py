@@ -419,7 +419,8 @@ def install(b, recipe_backend):
 
 def bench(b, runs):
     """Cold loads of `/` (a fresh browser context each, so nothing is cached) until the chat
-    view is usable (its model list filled); the embedded files' sizes as served."""
+    view is usable (its model list filled); the sizes of every file the five views load, as
+    served."""
     ready, doc, dcl = [], [], []
     for _ in range(int(runs)):
         page = b.page()
@@ -428,8 +429,16 @@ def bench(b, runs):
         t = page.evaluate("""() => { const n = performance.getEntriesByType('navigation')[0];
           return [performance.getEntriesByName('lemonade-ready')[0].startTime, n.responseEnd, n.domContentLoadedEventEnd]; }""")
         ready.append(t[0]); doc.append(t[1]); dcl.append(t[2])
-        files = page.evaluate("performance.getEntriesByType('resource').map((r) => r.name).filter((u) => u.includes('/ui/'))")
         page.context.close()
+    # Every file the UI loads, over its five views.
+    page = b.page()
+    page.goto(base + "/")
+    page.wait_for_selector("#chat-model[data-ready]")
+    for view, title in [("/models", "Models"), ("/media", "Audio & images"), ("/system", "System"), ("/logs", "Logs")]:
+        page.click(f'nav a[href="{view}"]')
+        expect(page.locator("h1")).to_have_text(title)
+    files = page.evaluate("performance.getEntriesByType('resource').map((r) => r.name).filter((u) => u.includes('/ui/'))")
+    page.context.close()
     files = sorted(set(urlparse(u).path for u in files)) + ["/"]
     sizes = {}
     for f in files:

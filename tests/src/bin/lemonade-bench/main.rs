@@ -6,10 +6,12 @@
 //! median decode tokens/s per path, their ratio and difference. Loopback only; the number of
 //! requests is fixed. More sections (concurrency and swaps against llama-server's router mode,
 //! footprint, endpoint throughput, the Ollama and Anthropic dialects' cost) are in `more.rs`;
-//! the other modalities against their backends direct in `modalities.rs`.
+//! the other modalities against their backends direct in `modalities.rs`; the web UI's size
+//! and load time in `webui.rs`.
 
 mod modalities;
 mod more;
+mod webui;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -101,6 +103,7 @@ async fn main() -> anyhow::Result<()> {
         Ok("alternating") => return more::alternating(&bin).await.map(|_| ()),
         Ok("memory") => return more::memory_estimate(&bin).await.map(|_| ()),
         Ok("dialects") => return more::dialects(&bin).await.map(|_| ()),
+        Ok("webui") => return webui::webui(&bin).await.map(|_| ()),
         Ok("modalities") => {
             modalities::transcription(&bin).await?;
             modalities::images(&bin).await?;
@@ -192,6 +195,7 @@ async fn main() -> anyhow::Result<()> {
     out["transcription"] = modalities::transcription(&bin).await?;
     out["images"] = modalities::images(&bin).await?;
     out["speech"] = modalities::speech(&bin).await?;
+    out["webui"] = webui::webui(&bin).await?;
     if let Some(path) = std::env::var_os("LEMONADE_BENCH_OUT") {
         std::fs::write(&path, serde_json::to_vec_pretty(&out)?)?;
         println!("\nwritten to {}", PathBuf::from(path).display());
