@@ -362,6 +362,10 @@ def system(b, model):
     expect(page.locator('tr[data-backend="llamacpp:cpu"] [data-state]')).to_have_attribute("data-state", "installed")
     expect(page.locator("#sys-stats")).to_contain_text("Memory")
     b.shot(page, "system")
+    # The log of a server that has loaded a model (at debug level), for the README.
+    page.click('nav a[href="/logs"]')
+    expect(page.locator("#log div", has_text="model loaded").first).to_be_attached()
+    b.shot(page, "logs-model")
 
 
 def media(b, wav, heard):

@@ -25,8 +25,9 @@ export function mount(main) {
     log);
 
   function add(line) {
-    const lower = line.slice(0, 60).toLowerCase();
-    const cls = /\berror\b/.test(lower) ? "l-error" : /\bwarn/.test(lower) ? "l-warn" : /\bdebug\b/.test(lower) ? "l-debug" : /\btrace\b/.test(lower) ? "l-trace" : "";
+    // Lines are "<time> <LEVEL> <target>: …" (tracing's format).
+    const level = (line.match(/^\S+\s+(ERROR|WARN|INFO|DEBUG|TRACE)\b/) || [])[1];
+    const cls = level && level !== "INFO" ? `l-${level.toLowerCase()}` : "";
     const stick = log.scrollTop + log.clientHeight >= log.scrollHeight - 20;
     log.append(h("div", { class: cls }, line));
     while (log.childElementCount > KEEP) log.firstElementChild.remove();
