@@ -72,7 +72,7 @@ export function mount(main) {
   });
 
   const composer = h("form", { class: "compose", "aria-label": "Send a message", onsubmit: (ev) => { ev.preventDefault(); sendMessage(); } },
-    h("label", { for: "chat-input", class: "hidden" }, "Message"),
+    h("label", { for: "chat-input", class: "sr-only" }, "Message"),
     input,
     h("div", { class: "row" }, attachBtn, imageInput, attached, h("span", { class: "grow" }), stop, send));
 
