@@ -10,6 +10,7 @@
 
 pub mod kokoro;
 pub mod llamacpp;
+pub mod prompt_cache;
 pub mod recipe;
 pub mod releases;
 pub mod ryzenai;

@@ -17,6 +17,7 @@ pub mod hardware;
 pub mod hf_cache;
 pub mod hub;
 pub mod install;
+pub mod prompt_cache;
 pub mod supervisor;
 
 pub use supervisor::{Backend, ExitInfo, StartError};

@@ -1,0 +1,306 @@
+//! The prompt cache on disk: `<cache>/prompt-cache/<key dir>/` holds the slot files
+//! llama-server saved (`<name>.bin`) and, beside each, its [`Entry`] (`<name>.bin.json`,
+//! written atomically after the file was hashed and renamed into place). A file counts only
+//! with its entry, and is restored only if its size and sha256 still match. llama-server
+//! writes into `<name>.bin.part`; a kill mid-save leaves that, or a file without an entry,
+//! and [`Store::open`] removes both.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+pub use backends::prompt_cache::Entry;
+
+use crate::files::write_atomic;
+
+/// Suffix of a slot file llama-server is still writing.
+pub const PART: &str = ".part";
+
+/// The tokens in a slot file's header (see `backends::prompt_cache::saved_tokens`).
+pub fn read_tokens(path: &Path) -> Option<Vec<i32>> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut first = [0u8; 12];
+    f.read_exact(&mut first).ok()?;
+    let len = backends::prompt_cache::header_len(&first)?;
+    if len > std::fs::metadata(path).ok()?.len() as usize {
+        return None;
+    }
+    let mut head = first.to_vec();
+    head.resize(len, 0);
+    f.read_exact(&mut head[12..]).ok()?;
+    backends::prompt_cache::saved_tokens(&head)
+}
+
+/// The cache directory, and what it holds per model (kept in memory, so `health` reads it
+/// without touching the disk).
+#[derive(Clone, Debug)]
+pub struct Store {
+    root: PathBuf,
+    usage: Arc<Mutex<BTreeMap<String, (u64, u64)>>>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+impl Store {
+    /// Opens `root`, removing what a killed save left behind: partial files, files without an
+    /// entry, entries without a file.
+    pub fn open(root: &Path) -> Store {
+        let s = Store { root: root.to_path_buf(), usage: Arc::default() };
+        for dir in s.dirs() {
+            crate::files::clean_leftover_temps(&dir);
+            for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let p = e.path();
+                let name = e.file_name().to_string_lossy().into_owned();
+                let orphan = if name.ends_with(PART) {
+                    true
+                } else if let Some(bin) = name.strip_suffix(".json") {
+                    !dir.join(bin).is_file()
+                } else {
+                    !dir.join(format!("{name}.json")).is_file()
+                };
+                if orphan {
+                    tracing::info!(file = %p.display(), "prompt cache: removing a file a killed save left");
+                    let _ = std::fs::remove_file(&p);
+                }
+            }
+        }
+        s.refresh();
+        s
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn dirs(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(&self.root).into_iter().flatten().flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect()
+    }
+
+    /// The directory of one key, created.
+    pub fn dir(&self, key_dir: &str) -> std::io::Result<PathBuf> {
+        let d = self.root.join(key_dir);
+        std::fs::create_dir_all(&d)?;
+        Ok(d)
+    }
+
+    /// Every entry: (its key directory, the entry).
+    pub fn all(&self) -> Vec<(PathBuf, Entry)> {
+        let mut out = Vec::new();
+        for dir in self.dirs() {
+            out.extend(self.entries(&dir).into_iter().map(|e| (dir.clone(), e)));
+        }
+        out
+    }
+
+    /// The entries of one key directory (unreadable ones skipped), most recently used first.
+    pub fn entries(&self, dir: &Path) -> Vec<Entry> {
+        let mut v: Vec<Entry> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".bin.json"))
+            .filter_map(|e| serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok())
+            .collect();
+        v.sort_by_key(|e: &Entry| std::cmp::Reverse(e.used_ms));
+        v
+    }
+
+    /// Checks a slot file against its entry (size, then sha256).
+    pub fn verify(&self, dir: &Path, e: &Entry) -> Result<(), String> {
+        let p = dir.join(&e.file);
+        let len = std::fs::metadata(&p).map_err(|err| format!("{}: {err}", p.display()))?.len();
+        if len != e.bytes {
+            return Err(format!("{} has {len} bytes, its entry says {}", e.file, e.bytes));
+        }
+        let sha = crate::download::sha256_file(&p).map_err(|err| format!("{}: {err}", p.display()))?;
+        if sha != e.sha256 {
+            return Err(format!("{} does not match its sha256", e.file));
+        }
+        Ok(())
+    }
+
+    /// Makes a file llama-server just saved (`<file>.part`) an entry: hashes it, renames it into
+    /// place, then writes its entry atomically. A file whose bytes an entry of the directory
+    /// already holds is dropped and that entry marked used instead.
+    pub fn commit(&self, dir: &Path, mut e: Entry) -> Result<Entry, String> {
+        let part = dir.join(format!("{}{PART}", e.file));
+        let io = |err: std::io::Error| format!("{}: {err}", part.display());
+        e.bytes = std::fs::metadata(&part).map_err(io)?.len();
+        e.token_ids = match read_tokens(&part) {
+            Some(t) => t,
+            None => {
+                let _ = std::fs::remove_file(&part);
+                return Err(format!("{} is not a slot file this version reads", e.file));
+            }
+        };
+        e.tokens = e.token_ids.len() as u64;
+        e.sha256 = crate::download::sha256_file(&part).map_err(io)?;
+        e.saved_ms = now_ms();
+        e.used_ms = e.saved_ms;
+        if let Some(same) = self.entries(dir).into_iter().find(|x| x.sha256 == e.sha256 && x.material == e.material) {
+            let _ = std::fs::remove_file(&part);
+            self.touch(dir, &same);
+            return Ok(same);
+        }
+        let file = dir.join(&e.file);
+        std::fs::rename(&part, &file).map_err(io)?;
+        let json = serde_json::to_vec_pretty(&e).map_err(|err| err.to_string())?;
+        write_atomic(&dir.join(format!("{}.json", e.file)), &json).map_err(io)?;
+        self.refresh();
+        Ok(e)
+    }
+
+    /// Marks an entry used now (LRU).
+    pub fn touch(&self, dir: &Path, e: &Entry) {
+        let mut e = e.clone();
+        e.used_ms = now_ms();
+        if let Ok(json) = serde_json::to_vec_pretty(&e) {
+            let _ = write_atomic(&dir.join(format!("{}.json", e.file)), &json);
+        }
+    }
+
+    /// Removes an entry and its file (the entry first, so a kill in between leaves an orphan
+    /// file that [`Store::open`] removes, never an entry without its file).
+    pub fn remove(&self, dir: &Path, e: &Entry) {
+        let _ = std::fs::remove_file(dir.join(format!("{}.json", e.file)));
+        let _ = std::fs::remove_file(dir.join(&e.file));
+        self.refresh();
+    }
+
+    /// Removes the least recently used entries until the rest fit in `limit` bytes.
+    pub fn enforce(&self, limit: u64) -> Vec<Entry> {
+        let all = self.all();
+        let sizes: Vec<(String, u64, u64)> =
+            all.iter().map(|(d, e)| (d.join(&e.file).display().to_string(), e.bytes, e.used_ms)).collect();
+        let evict = backends::prompt_cache::to_evict(&sizes, limit);
+        let mut removed = Vec::new();
+        for (d, e) in all {
+            if evict.contains(&d.join(&e.file).display().to_string()) {
+                self.remove(&d, &e);
+                removed.push(e);
+            }
+        }
+        removed
+    }
+
+    /// Removes everything; returns (files, bytes) removed.
+    pub fn clear(&self) -> (u64, u64) {
+        let (mut files, mut bytes) = (0, 0);
+        for (d, e) in self.all() {
+            self.remove(&d, &e);
+            files += 1;
+            bytes += e.bytes;
+        }
+        for d in self.dirs() {
+            let _ = std::fs::remove_dir(d);
+        }
+        self.refresh();
+        (files, bytes)
+    }
+
+    /// Re-reads what each model has saved.
+    pub fn refresh(&self) {
+        let mut usage = BTreeMap::new();
+        for (_, e) in self.all() {
+            let u: &mut (u64, u64) = usage.entry(e.model.clone()).or_default();
+            u.0 += 1;
+            u.1 += e.bytes;
+        }
+        *self.usage.lock().unwrap_or_else(|e| e.into_inner()) = usage;
+    }
+
+    /// (entries, bytes) saved for `model`.
+    pub fn usage(&self, model: &str) -> (u64, u64) {
+        self.usage.lock().unwrap_or_else(|e| e.into_inner()).get(model).copied().unwrap_or_default()
+    }
+
+    /// (entries, bytes) saved for every model together.
+    pub fn total(&self) -> (u64, u64) {
+        self.usage.lock().unwrap_or_else(|e| e.into_inner()).values().fold((0, 0), |a, u| (a.0 + u.0, a.1 + u.1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(file: &str, _: &str) -> Entry {
+        Entry {
+            model: "m".into(),
+            material: "k".into(),
+            file: file.into(),
+            bytes: 0,
+            sha256: String::new(),
+            tokens: 0,
+            token_ids: vec![],
+            saved_ms: 0,
+            used_ms: 0,
+        }
+    }
+
+    /// A slot file as llama-server writes it: header, packed tokens, then `fill` state bytes.
+    fn slot_file(tokens: &[i32], fill: u8, n: usize) -> Vec<u8> {
+        let packed: Vec<i32> = [-1, 1, tokens.len() as i32].iter().chain(tokens).chain(&[0]).copied().collect();
+        let mut v = Vec::new();
+        for w in [0x6767_7371u32, 4, packed.len() as u32] {
+            v.extend(w.to_le_bytes());
+        }
+        for t in packed {
+            v.extend(t.to_le_bytes());
+        }
+        v.extend(std::iter::repeat_n(fill, n));
+        v
+    }
+
+    #[test]
+    fn a_committed_file_verifies_and_corruption_or_truncation_is_caught() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = Store::open(tmp.path());
+        let d = s.dir("k1").unwrap();
+        std::fs::write(d.join("a.bin.part"), slot_file(&[5, 6, 7], 7, 960)).unwrap();
+        let e = s.commit(&d, entry("a.bin", "p")).unwrap();
+        assert_eq!((e.bytes, s.usage("m"), e.token_ids.clone()), (1000, (1, 1000), vec![5, 6, 7]));
+        s.verify(&d, &e).unwrap();
+        let mut bytes = std::fs::read(d.join("a.bin")).unwrap();
+        bytes[500] ^= 1;
+        std::fs::write(d.join("a.bin"), &bytes).unwrap();
+        assert!(s.verify(&d, &e).unwrap_err().contains("sha256"));
+        std::fs::write(d.join("a.bin"), &bytes[..999]).unwrap();
+        assert!(s.verify(&d, &e).unwrap_err().contains("999 bytes"));
+        // The same bytes twice make one entry.
+        std::fs::write(d.join("b.bin.part"), slot_file(&[1], 9, 10)).unwrap();
+        let b = s.commit(&d, entry("b.bin", "p")).unwrap();
+        std::fs::write(d.join("c.bin.part"), slot_file(&[1], 9, 10)).unwrap();
+        assert_eq!(s.commit(&d, entry("c.bin", "p")).unwrap().file, b.file);
+        assert!(!d.join("c.bin").exists() && !d.join("c.bin.part").exists());
+        assert_eq!(s.entries(&d).len(), 2);
+        // Not a slot file: refused, and removed.
+        std::fs::write(d.join("x.bin.part"), b"GGUF and nothing").unwrap();
+        assert!(s.commit(&d, entry("x.bin", "p")).is_err());
+        assert!(!d.join("x.bin.part").exists());
+    }
+
+    #[test]
+    fn opening_removes_what_a_killed_save_left_and_clear_empties_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let s = Store::open(tmp.path());
+        let d = s.dir("k1").unwrap();
+        std::fs::write(d.join("a.bin.part"), b"half").unwrap();
+        std::fs::write(d.join("whole.bin.part"), slot_file(&[3], 1, 5)).unwrap();
+        let whole = s.commit(&d, entry("whole.bin", "p")).unwrap();
+        std::fs::write(d.join("orphan.bin"), b"no entry").unwrap();
+        std::fs::write(d.join("lost.bin.json"), serde_json::to_vec(&entry("lost.bin", "p")).unwrap()).unwrap();
+        let s = Store::open(tmp.path());
+        let names: Vec<String> =
+            std::fs::read_dir(&d).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(d.join("whole.bin").exists() && d.join("whole.bin.json").exists());
+        assert_eq!(s.entries(&d), vec![whole.clone()]);
+        assert_eq!(s.clear(), (1, whole.bytes));
+        assert_eq!(s.total(), (0, 0));
+        assert!(std::fs::read_dir(tmp.path()).unwrap().next().is_none());
+    }
+}
