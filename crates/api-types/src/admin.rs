@@ -32,6 +32,11 @@ pub struct AdminModel {
     /// Bytes counted against the memory budget while it runs.
     #[serde(default)]
     pub memory_estimate: u64,
+    /// Prompts of this model saved in the prompt cache, and their bytes (loaded or not).
+    #[serde(default)]
+    pub prompt_cache_files: u64,
+    #[serde(default)]
+    pub prompt_cache_bytes: u64,
     pub vram_estimate_mib: Option<u64>,
     pub vram_estimate_replica_count: u32,
     /// `model_artifact_size` or `unavailable`.

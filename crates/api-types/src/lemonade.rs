@@ -136,6 +136,27 @@ pub struct LoadedModel {
     pub in_flight: u64,
     #[serde(default)]
     pub queued: u64,
+    /// Prompts of this model saved in the prompt cache, and their bytes.
+    #[serde(default)]
+    pub prompt_cache_files: u64,
+    #[serde(default)]
+    pub prompt_cache_bytes: u64,
+}
+
+/// The prompt cache: what it holds, and its bound (`--prompt-cache-size`; 0: off).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PromptCacheUsage {
+    pub files: u64,
+    pub bytes: u64,
+    pub limit: u64,
+}
+
+/// Answer of `DELETE /api/v1/prompt-cache`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PromptCacheCleared {
+    pub status: String,
+    pub files_removed: u64,
+    pub bytes_freed: u64,
 }
 
 /// `GET /v1/health`.
@@ -154,6 +175,9 @@ pub struct Health {
     /// Slot limit per model type; -1 means unlimited.
     pub max_models: BTreeMap<String, i64>,
     pub log_streaming: LogStreaming,
+    /// The prompt cache on disk (every model together).
+    #[serde(default)]
+    pub prompt_cache: PromptCacheUsage,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

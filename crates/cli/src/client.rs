@@ -254,6 +254,15 @@ pub async fn pin(t: &Target, model: String, pinned: bool, json_out: bool) -> Res
     Ok(())
 }
 
+/// `lemonade cleanup-cache`: empties the server's prompt cache.
+pub async fn cleanup_cache(t: &Target, json_out: bool) -> Result<()> {
+    let v = t.client(None).clear_prompt_cache().await.context("Failed to empty the prompt cache")?;
+    out(json_out, &json_of(&v), || {
+        format!("Removed {} saved prompts ({:.1} MB).", v.files_removed, v.bytes_freed as f64 / 1e6)
+    });
+    Ok(())
+}
+
 /// `lemonade status`: exit 0 when a server answers, 1 otherwise.
 pub async fn status(t: &Target, pid: Option<u32>, json_out: bool) -> Result<bool> {
     let health = t.health(Duration::from_secs(3)).await;

@@ -97,6 +97,8 @@ enum Command {
     /// Say whether a server answers on --host/--port, with its loaded models (exit 0 if it
     /// does, 1 if not).
     Status,
+    /// Empty the server's prompt cache (the KV state saved before backends stop).
+    CleanupCache,
     /// Stop the server on --port and every backend it started: SIGTERM, then SIGKILL for
     /// anything left after --timeout (also for a wedged server).
     Stop {
@@ -230,6 +232,14 @@ struct ServeArgs {
     /// another model before they swap it out (0 = swap at once). Default 2000.
     #[arg(long, env = "LEMONADE_SWAP_HOLD_MS")]
     swap_hold_ms: Option<u64>,
+    /// Disk the prompt cache may take: bytes (4G, 512M) or 0 to turn it off. Before an LLM's
+    /// llama-server is stopped (eviction, unload, idle timeout, swap; not a crash) the KV state
+    /// of each slot that holds a prompt is saved under the cache dir, keyed by the model file
+    /// and every option that shapes the cache; when the model loads again, a request that
+    /// continues a saved prompt gets it back, so only its new tokens are prefilled. Least
+    /// recently used files go first. Default 4G.
+    #[arg(long, env = "LEMONADE_PROMPT_CACHE_SIZE", default_value = "4G")]
+    prompt_cache_size: String,
     /// Models to load at start, pulling them if needed (comma-separated).
     #[arg(long, env = "LEMONADE_PRELOAD", value_delimiter = ',')]
     preload: Vec<String>,
@@ -318,6 +328,9 @@ async fn serve(
     cfg.auto_load = !args.no_auto_load;
     cfg.stop_grace = Duration::from_secs(args.stop_timeout);
     cfg.pull_timeout = Duration::from_secs(args.pull_timeout);
+    cfg.prompt_cache_size = server::params::parse_bytes(&args.prompt_cache_size).with_context(|| {
+        format!("--prompt-cache-size: '{}' is not a size (4G, 512M, bytes or 0)", args.prompt_cache_size)
+    })?;
     scheduler_settings(&args, &mut cfg, &cache)?;
     cfg.crash_backoff = (Duration::from_millis(args.crash_backoff_ms), Duration::from_millis(args.crash_reset_ms));
     cfg.watchdog_interval = (args.watchdog_interval_ms > 0).then(|| Duration::from_millis(args.watchdog_interval_ms));
@@ -436,6 +449,7 @@ async fn client_command(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Command::Unload { model } => client::unload(&t, model, json).await?,
         Command::Pin { model } => client::pin(&t, model, true, json).await?,
         Command::Unpin { model } => client::pin(&t, model, false, json).await?,
+        Command::CleanupCache => client::cleanup_cache(&t, json).await?,
         Command::Status => {
             let pid = process::server_pid(&cache_dir(), t.port);
             if !client::status(&t, pid, json).await? {

@@ -125,6 +125,17 @@ impl Client {
         Ok(r)
     }
 
+    /// DELETE `path` (under `/api/v1`), answer as `R`.
+    pub async fn delete_path<R: DeserializeOwned>(&self, path: &str) -> Result<R, ClientError> {
+        let r = self.send(self.request(reqwest::Method::DELETE, path)).await?;
+        Self::answer(path, r).await
+    }
+
+    /// Empties the prompt cache.
+    pub async fn clear_prompt_cache(&self) -> Result<PromptCacheCleared, ClientError> {
+        self.delete_path("/prompt-cache").await
+    }
+
     pub async fn health(&self) -> Result<Health, ClientError> {
         self.get("/health").await
     }

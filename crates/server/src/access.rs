@@ -81,12 +81,14 @@ fn protected(path: &str) -> bool {
 }
 
 /// The endpoints that change what is on the machine or how it runs: pull, delete, install,
-/// uninstall, load, unload, log-level and the admin API's load and unload.
+/// uninstall, load, unload, log-level, the admin API's load and unload, and emptying the
+/// prompt cache.
 pub fn admin_path(method: &Method, path: &str) -> bool {
     let Some(rest) = crate::PREFIXES.iter().find_map(|p| path.strip_prefix(p)) else { return false };
     const CONTROL: [&str; 7] = ["/pull", "/delete", "/install", "/uninstall", "/load", "/unload", "/log-level"];
     let admin_mutation = rest.starts_with("/admin/models/") && (rest.ends_with("/load") || rest.ends_with("/unload"));
-    *method == Method::POST && (CONTROL.contains(&rest) || admin_mutation)
+    (*method == Method::POST && (CONTROL.contains(&rest) || admin_mutation))
+        || (*method == Method::DELETE && rest == "/prompt-cache")
 }
 
 /// Constant-time comparison, so a key cannot be guessed byte by byte from timings.

@@ -53,6 +53,8 @@ pub struct Config {
     /// The process's log (tail and live lines), when the binary set one up; `logs/stream`
     /// and `log-level` use it.
     pub logs: Option<std::sync::Arc<crate::logging::LogHub>>,
+    /// Bytes the prompt cache may take on disk (`--prompt-cache-size`); 0 turns it off.
+    pub prompt_cache_size: u64,
 }
 
 impl Config {
@@ -108,6 +110,7 @@ impl Config {
             body_limit: 64 << 20,
             access: Access { loopback_only: true, listen_host: "127.0.0.1".into(), ..Access::default() },
             logs: None,
+            prompt_cache_size: 4 << 30,
         }
     }
 }

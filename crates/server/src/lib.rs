@@ -12,6 +12,7 @@ pub mod logging;
 pub mod metrics;
 pub mod openapi;
 pub mod params;
+pub mod prompt_cache;
 pub mod proxy;
 pub mod pulls;
 pub mod routes;

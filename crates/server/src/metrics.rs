@@ -73,6 +73,8 @@ pub struct Snapshot {
     /// Bytes counted against the memory and VRAM budgets, and the budgets (None: none).
     pub in_use: [u64; 2],
     pub budgets: [Option<u64>; 2],
+    /// Bytes the prompt cache holds.
+    pub prompt_cache_bytes: u64,
 }
 
 pub struct Metrics {
@@ -92,6 +94,11 @@ pub struct Metrics {
     crashes: Family<ModelLabel, Counter>,
     restarts: Family<ModelLabel, Counter>,
     pull_bytes: Family<ModelLabel, Counter>,
+    cache_saves: Family<ModelLabel, Counter>,
+    cache_restores: Family<ModelLabel, Counter>,
+    cache_restored_tokens: Family<ModelLabel, Counter>,
+    cache_discarded: Family<ModelLabel, Counter>,
+    cache_bytes: Gauge,
     /// Models whose backend died and has not started again yet.
     crashed: Mutex<HashSet<String>>,
     /// One scrape at a time sets the gauges and encodes.
@@ -123,6 +130,11 @@ impl Metrics {
             crashes: Family::default(),
             restarts: Family::default(),
             pull_bytes: Family::default(),
+            cache_saves: Family::default(),
+            cache_restores: Family::default(),
+            cache_restored_tokens: Family::default(),
+            cache_discarded: Family::default(),
+            cache_bytes: Gauge::default(),
             crashed: Mutex::new(HashSet::new()),
             scrape: Mutex::new(()),
         };
@@ -166,7 +178,49 @@ impl Metrics {
         );
         r.register("backend_restarts", "Backends started again after a crash", m.restarts.clone());
         r.register_with_unit("pull", "Bytes received by model downloads", Unit::Bytes, m.pull_bytes.clone());
+        r.register(
+            "prompt_cache_saves",
+            "Slots whose KV state was saved before their backend stopped",
+            m.cache_saves.clone(),
+        );
+        r.register(
+            "prompt_cache_restores",
+            "Saved prompts restored into a backend for a request that continues them",
+            m.cache_restores.clone(),
+        );
+        r.register(
+            "prompt_cache_restored_tokens",
+            "Tokens of the restored prompts: prefill the backend did not have to do again",
+            m.cache_restored_tokens.clone(),
+        );
+        r.register(
+            "prompt_cache_discarded",
+            "Saved prompts discarded: corrupt, truncated or refused by the backend",
+            m.cache_discarded.clone(),
+        );
+        r.register_with_unit(
+            "prompt_cache",
+            "Bytes the prompt cache holds on disk",
+            Unit::Bytes,
+            m.cache_bytes.clone(),
+        );
         m
+    }
+
+    /// A slot of `model` was saved.
+    pub fn cache_saved(&self, model: &str) {
+        self.cache_saves.get_or_create(&label(model)).inc();
+    }
+
+    /// A saved prompt of `tokens` tokens was restored into `model`'s backend.
+    pub fn cache_restored(&self, model: &str, tokens: u64) {
+        self.cache_restores.get_or_create(&label(model)).inc();
+        self.cache_restored_tokens.get_or_create(&label(model)).inc_by(tokens);
+    }
+
+    /// A saved prompt of `model` was discarded.
+    pub fn cache_discarded(&self, model: &str) {
+        self.cache_discarded.get_or_create(&label(model)).inc();
     }
 
     /// One answered HTTP request; `endpoint` is the route template (None: no route matched).
@@ -254,6 +308,7 @@ impl Metrics {
                 self.memory_budget.get_or_create(&p).set(gauge(b));
             }
         }
+        self.cache_bytes.set(gauge(s.prompt_cache_bytes));
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
@@ -306,12 +361,19 @@ mod tests {
             models: vec![("a".into(), 3, 1)],
             in_use: [1 << 30, 0],
             budgets: [Some(2 << 30), None],
+            prompt_cache_bytes: 5000,
         };
+        m.cache_saved("a");
+        m.cache_restored("a", 700);
         let text = m.encode(&s);
         for line in [
             r#"lemonade_http_requests_total{endpoint="/v1/chat/completions",method="POST",status="200"} 2"#,
             r#"lemonade_http_requests_total{endpoint="unmatched",method="other",status="404"} 1"#,
             r#"lemonade_prompt_tokens_total{model="a"} 60"#,
+            r#"lemonade_prompt_cache_saves_total{model="a"} 1"#,
+            r#"lemonade_prompt_cache_restores_total{model="a"} 1"#,
+            r#"lemonade_prompt_cache_restored_tokens_total{model="a"} 700"#,
+            r#"lemonade_prompt_cache_bytes 5000"#,
             r#"lemonade_generated_tokens_total{model="a"} 24"#,
             r#"lemonade_time_to_first_token_seconds_count{model="a"} 1"#,
             r#"lemonade_time_to_first_token_seconds_sum{model="a"} 0.025"#,

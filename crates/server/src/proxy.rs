@@ -27,6 +27,10 @@ async fn send(
     body: Option<Bytes>,
     stream: bool,
 ) -> Result<reqwest::Response, ApiError> {
+    if let (Some(cache), Some(b)) = (&lease.model.cache, &body) {
+        crate::prompt_cache::before_request(lease.http(), &lease.base_url(), cache, path_and_query, b, lease.metrics())
+            .await;
+    }
     let url = format!("{}{}", lease.base_url(), path_and_query);
     let mut req = lease.http().request(method, url);
     if stream {

@@ -90,6 +90,7 @@ route_table! {
     post_only "/load" => lifecycle::load;
     post_only "/unload" => lifecycle::unload;
     post_only "/pin" => lifecycle::pin;
+    delete_only "/prompt-cache" => lifecycle::clear_prompt_cache;
     get_only "/params" => lifecycle::params;
     post_also "/params" => lifecycle::set_params;
     post_only "/pull" => pull::pull;

@@ -78,6 +78,8 @@ pub struct Running {
     pub wedged: std::sync::atomic::AtomicBool,
     /// True once its exit has been told to the owner task (or it was stopped on purpose).
     reported: tokio::sync::watch::Sender<bool>,
+    /// Its prompt cache, when this load keeps one (an LLM on llama-server).
+    pub cache: Option<crate::prompt_cache::Attached>,
 }
 
 /// One model as the owner last published it.
@@ -131,6 +133,8 @@ pub struct Runtime {
     closing: tokio::sync::watch::Sender<bool>,
     /// lemonade's own Prometheus metrics.
     pub metrics: Arc<Metrics>,
+    /// The prompt cache's files (`<cache>/prompt-cache`).
+    pub prompt_cache: host::prompt_cache::Store,
 }
 
 /// Keeps a model in use while a request runs. Dropping it releases the model.
@@ -197,6 +201,7 @@ impl Runtime {
         if temps > 0 {
             tracing::info!(count = temps, "removed temp files left by a killed write");
         }
+        let prompt_cache = host::prompt_cache::Store::open(&cfg.cache_dir.join("prompt-cache"));
         let (tx, rx) = mpsc::unbounded_channel();
         let machine = Machine::new(scheduler::Limits::uniform(1))
             .with_crash_backoff(cfg.crash_backoff.0.as_millis() as u64, cfg.crash_backoff.1.as_millis() as u64)
@@ -220,6 +225,7 @@ impl Runtime {
             epoch: Instant::now(),
             closing: tokio::sync::watch::channel(false).0,
             metrics: Arc::new(Metrics::new()),
+            prompt_cache,
         });
         tokio::spawn(owner(Arc::downgrade(&rt), rx, machine));
         rt
@@ -320,6 +326,7 @@ impl Runtime {
             models: view.iter().map(|(n, v)| (n.clone(), v.queue_depth as u64, v.in_flight as u64)).collect(),
             in_use: [sched.memory_in_use, sched.vram_in_use],
             budgets: [sched.settings.memory_budget.flatten(), sched.settings.vram_budget.flatten()],
+            prompt_cache_bytes: self.prompt_cache.total().1,
         };
         self.metrics.encode(&s)
     }
@@ -372,7 +379,15 @@ impl Runtime {
             vram_estimate: v.vram,
             in_flight: v.in_flight as u64,
             queued: v.queue_depth as u64,
+            prompt_cache_files: self.prompt_cache.usage(&r.info.name).0,
+            prompt_cache_bytes: self.prompt_cache.usage(&r.info.name).1,
         }
+    }
+
+    /// What the prompt cache holds, and its bound.
+    pub fn prompt_cache_usage(&self) -> api_types::PromptCacheUsage {
+        let (files, bytes) = self.prompt_cache.total();
+        api_types::PromptCacheUsage { files, bytes, limit: self.cfg.prompt_cache_size }
     }
 
     fn request(&self) -> (ReqId, oneshot::Receiver<Answer>) {
@@ -519,7 +534,17 @@ impl Runtime {
         self.closing.send_replace(true);
         let all: Vec<Arc<Running>> =
             self.running.lock().unwrap_or_else(|e| e.into_inner()).drain().map(|(_, r)| r).collect();
-        futures_util::future::join_all(all.iter().map(|r| r.backend.stop(self.cfg.stop_grace))).await;
+        futures_util::future::join_all(all.iter().map(|r| self.save_and_stop(r))).await;
+    }
+
+    /// Stops a backend on purpose (not a crash), saving its prompts first when it keeps a
+    /// prompt cache.
+    async fn save_and_stop(&self, r: &Running) {
+        if let Some(c) = r.cache.as_ref().filter(|_| r.backend.exit_status().is_none()) {
+            crate::prompt_cache::save(&self.http, &r.backend.base_url(), c, self.cfg.prompt_cache_size, &self.metrics)
+                .await;
+        }
+        r.backend.stop(self.cfg.stop_grace).await;
     }
 
     /// Effective options: `request` over saved per-model options over CLI/env settings.
@@ -607,7 +632,7 @@ impl Runtime {
                     };
                     if let Some(r) = r {
                         tracing::info!(model = %model, "stopping backend");
-                        r.backend.stop(rt.cfg.stop_grace).await;
+                        rt.save_and_stop(&r).await;
                     }
                     let _ = rt.tx.send(Event::Stopped { model });
                 });
@@ -666,7 +691,14 @@ impl Runtime {
             hardware: &hardware,
             port,
         };
-        let launch = backends::launch(info.recipe, &input).map_err(|e| fatal(e.to_string()))?;
+        let mut launch = backends::launch(info.recipe, &input).map_err(|e| fatal(e.to_string()))?;
+        let cache = (info.recipe == Recipe::LlamaCpp)
+            .then(|| {
+                let (store, limit) = (&self.prompt_cache, self.cfg.prompt_cache_size);
+                let mmproj = info.mmproj_path.is_some();
+                crate::prompt_cache::attach(store, limit, name, info.model_type, mmproj, &main, &mut launch.args)
+            })
+            .flatten();
         let cancelled = || LoadError { message: "the load was cancelled by an unload".into(), missing_file: false };
         // Resolving the binary may install it (minutes): an unload meanwhile cancels the load at
         // once, while the install itself runs on to the end.
@@ -686,6 +718,7 @@ impl Runtime {
             seq: self.seq.fetch_add(1, Ordering::Relaxed),
             wedged: std::sync::atomic::AtomicBool::new(false),
             reported: tokio::sync::watch::channel(false).0,
+            cache,
         });
         // Registered unless a stop came first (it found no process): checked under the lock the
         // stop takes, so one of the two always sees the other.

@@ -79,6 +79,8 @@ fn admin_model(rt: &AppState, info: &ModelInfo, v: Option<&ModelView>) -> AdminM
         pinned: v.is_some_and(|v| v.pinned),
         unloads_in_ms: v.and_then(|v| v.unload_at).map(|at| at.saturating_sub(rt.now_ms())),
         memory_estimate: v.map(|v| v.memory).unwrap_or(0),
+        prompt_cache_files: rt.prompt_cache.usage(&info.name).0,
+        prompt_cache_bytes: rt.prompt_cache.usage(&info.name).1,
         vram_estimate_mib: vram,
         vram_estimate_replica_count: 1,
         vram_estimate_source: match (counted, vram) {

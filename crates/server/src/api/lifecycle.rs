@@ -25,7 +25,20 @@ pub async fn health(State(rt): State<AppState>) -> Json<Health> {
         models_loading: rt.loading(),
         max_models,
         log_streaming: LogStreaming { sse: rt.cfg.logs.is_some(), websocket: false },
+        prompt_cache: rt.prompt_cache_usage(),
     })
+}
+
+/// Empties the prompt cache.
+#[utoipa::path(delete, path = "/api/v1/prompt-cache", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1. Removes every saved prompt of every model (the KV state lemonade \
+        saves before it stops a llama-server). Needs the admin key when one is set.",
+    responses((status = 200, description = "Emptied", body = PromptCacheCleared)))]
+pub async fn clear_prompt_cache(State(rt): State<AppState>) -> Json<PromptCacheCleared> {
+    let store = rt.prompt_cache.clone();
+    let (files, bytes) = tokio::task::spawn_blocking(move || store.clear()).await.unwrap_or_default();
+    tracing::info!(files, bytes, "prompt cache emptied");
+    Json(PromptCacheCleared { status: "success".into(), files_removed: files, bytes_freed: bytes })
 }
 
 /// Telemetry of the last request of the most recently used model.

@@ -1,0 +1,236 @@
+//! The prompt cache at run time: llama-server saves each slot that holds a prompt before
+//! lemonade stops it for any reason but a crash, and a request that continues a saved prompt
+//! after the model loads again gets that slot back, so only its new tokens are prefilled.
+//! The decisions (who may cache, the key, which prompt a request continues, what to evict)
+//! are `backends::prompt_cache`'s; the files are `host::prompt_cache`'s.
+//!
+//! Restores are lazy: a request of a model that has saved prompts left to restore has its
+//! prompt rendered and tokenized by the backend (`/apply-template`, `/tokenize`: a few
+//! milliseconds), and only a request whose tokens begin with (most of) a saved prompt's waits
+//! for that file to be checked and restored. Once every saved prompt of the load was restored
+//! or discarded, requests pass without a look.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use backends::prompt_cache::{self as rules, Entry};
+use host::prompt_cache::{Store, PART};
+use serde_json::{json, Value};
+
+use crate::metrics::Metrics;
+
+/// Saved prompts a load looks at for restores (the most recently used).
+const PENDING: usize = 8;
+/// A prefix shorter than this (tokens) is not worth a restore, nor a slot worth a save.
+const MIN_TOKENS: usize = 32;
+/// Bounds on the backend's answers, so a wedged backend cannot hold a stop or a request up.
+const SLOTS_TIMEOUT: Duration = Duration::from_secs(5);
+const SAVE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The prompt cache of one running llama-server.
+#[derive(Debug)]
+pub struct Attached {
+    store: Store,
+    dir: PathBuf,
+    material: String,
+    model: String,
+    /// Saved prompts of this key not restored into this backend yet.
+    pending: tokio::sync::Mutex<Vec<Entry>>,
+    any_pending: AtomicBool,
+}
+
+/// Whether the load of `model` with `args` keeps a prompt cache; if so its save directory is
+/// added to `args`. None when the cache is off, the load is not eligible, or the directory
+/// cannot be made.
+pub fn attach(
+    store: &Store,
+    limit: u64,
+    model: &str,
+    model_type: api_types::ModelType,
+    has_mmproj: bool,
+    main_path: &Path,
+    args: &mut Vec<String>,
+) -> Option<Attached> {
+    if limit == 0 {
+        return None;
+    }
+    if let Some(why) = rules::unsafe_reason(model_type, has_mmproj, args) {
+        tracing::debug!(model, why, "no prompt cache for this load");
+        return None;
+    }
+    let meta = std::fs::metadata(main_path).ok()?;
+    let mtime = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos();
+    let material = rules::key_material(&main_path.display().to_string(), meta.len(), mtime, args);
+    let dir =
+        store.dir(&rules::key_dir(&material)).map_err(|e| tracing::warn!(error = %e, "no prompt cache dir")).ok()?;
+    let pending: Vec<Entry> =
+        store.entries(&dir).into_iter().filter(|e| e.material == material).take(PENDING).collect();
+    args.push(rules::SAVE_PATH_ARG.into());
+    args.push(format!("{}/", dir.display()));
+    Some(Attached {
+        store: store.clone(),
+        dir,
+        material,
+        model: model.to_string(),
+        any_pending: AtomicBool::new(!pending.is_empty()),
+        pending: tokio::sync::Mutex::new(pending),
+    })
+}
+
+async fn post(http: &reqwest::Client, url: &str, body: &Value, timeout: Duration) -> Result<Value, String> {
+    let r = http.post(url).json(body).timeout(timeout).send().await.map_err(|e| e.to_string())?;
+    let status = r.status();
+    let text = r.text().await.map_err(|e| e.to_string())?;
+    if !status.is_success() {
+        return Err(format!("HTTP {status}: {}", text.chars().take(300).collect::<String>()));
+    }
+    serde_json::from_str(&text).map_err(|e| e.to_string())
+}
+
+async fn slots(http: &reqwest::Client, base: &str) -> Result<Vec<Value>, String> {
+    let r = http.get(format!("{base}/slots")).timeout(SLOTS_TIMEOUT).send().await.map_err(|e| e.to_string())?;
+    if !r.status().is_success() {
+        return Err(format!("HTTP {}", r.status()));
+    }
+    r.json::<Vec<Value>>().await.map_err(|e| e.to_string())
+}
+
+fn now_ms() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0)
+}
+
+/// Saves every slot of the backend at `base` that holds a prompt, then keeps the whole cache
+/// under `limit` bytes. Called before a stop that is not a crash; failures are logged and
+/// never keep the backend from stopping.
+pub async fn save(http: &reqwest::Client, base: &str, att: &Attached, limit: u64, metrics: &Metrics) {
+    let t = Instant::now();
+    let all = match slots(http, base).await {
+        Ok(s) => s,
+        Err(e) => return tracing::debug!(model = %att.model, error = %e, "prompt cache: no slots to save"),
+    };
+    let mut saved = 0;
+    for s in &all {
+        let tokens = s["n_prompt_tokens"].as_u64().unwrap_or(0);
+        let Some(id) = s["id"].as_u64() else { continue };
+        if tokens < MIN_TOKENS as u64 || s["is_processing"].as_bool() == Some(true) {
+            continue;
+        }
+        let file = format!("{}-{id}.bin", now_ms());
+        let url = format!("{base}/slots/{id}?action=save");
+        let answer = match post(http, &url, &json!({"filename": format!("{file}{PART}")}), SAVE_TIMEOUT).await {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = std::fs::remove_file(att.dir.join(format!("{file}{PART}")));
+                tracing::warn!(model = %att.model, slot = id, error = %e, "prompt cache: the backend did not save its slot");
+                continue;
+            }
+        };
+        let entry = Entry {
+            model: att.model.clone(),
+            material: att.material.clone(),
+            file,
+            bytes: 0,
+            sha256: String::new(),
+            tokens: answer["n_saved"].as_u64().unwrap_or(tokens),
+            token_ids: Vec::new(), // read back from the file by the store
+            saved_ms: 0,
+            used_ms: 0,
+        };
+        let (store, dir) = (att.store.clone(), att.dir.clone());
+        match tokio::task::spawn_blocking(move || store.commit(&dir, entry)).await {
+            Ok(Ok(e)) => {
+                saved += 1;
+                metrics.cache_saved(&att.model);
+                tracing::debug!(model = %att.model, slot = id, tokens = e.tokens, bytes = e.bytes, "prompt cache: slot saved");
+            }
+            Ok(Err(e)) => tracing::warn!(model = %att.model, error = %e, "prompt cache: cannot keep a saved slot"),
+            Err(e) => tracing::warn!(model = %att.model, error = %e, "prompt cache: cannot keep a saved slot"),
+        }
+    }
+    let store = att.store.clone();
+    let evicted = tokio::task::spawn_blocking(move || store.enforce(limit)).await.unwrap_or_default();
+    if saved > 0 || !evicted.is_empty() {
+        tracing::info!(model = %att.model, saved, evicted = evicted.len(), ms = t.elapsed().as_millis() as u64,
+            "prompt cache: slots saved before the backend stops");
+    }
+}
+
+/// The tokens a request to `path` with `body` makes, as the backend renders and tokenizes
+/// its prompt for the completion; None for requests that are not completions.
+async fn request_tokens(http: &reqwest::Client, base: &str, path: &str, body: &[u8]) -> Option<Vec<i32>> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let prompt = if path.ends_with("/chat/completions") {
+        let mut t = v;
+        t.as_object_mut()?.remove("stream");
+        let answer = post(http, &format!("{base}/apply-template"), &t, SLOTS_TIMEOUT).await.ok()?;
+        answer["prompt"].as_str()?.to_string()
+    } else if path.ends_with("/completions") || path.ends_with("/completion") {
+        v["prompt"].as_str()?.to_string()
+    } else {
+        return None;
+    };
+    let body = json!({"content": prompt, "add_special": true, "parse_special": true});
+    let answer = post(http, &format!("{base}/tokenize"), &body, SLOTS_TIMEOUT).await.ok()?;
+    answer["tokens"].as_array()?.iter().map(|t| t.as_i64().and_then(|t| i32::try_from(t).ok())).collect()
+}
+
+/// Before a request is forwarded: if it continues a saved prompt, check that prompt's file
+/// and restore it into a free slot of the backend at `base`. Never fails the request: a
+/// file that does not check out, or that the backend refuses, is discarded with a log line.
+pub async fn before_request(
+    http: &reqwest::Client,
+    base: &str,
+    att: &Attached,
+    path: &str,
+    body: &[u8],
+    metrics: &Metrics,
+) {
+    if !att.any_pending.load(Ordering::Acquire) {
+        return;
+    }
+    let mut pending = att.pending.lock().await;
+    if pending.is_empty() {
+        return;
+    }
+    let Some(tokens) = request_tokens(http, base, path, body).await else { return };
+    let Some(entry) = rules::continued(&pending, &tokens, MIN_TOKENS).cloned() else { return };
+    pending.retain(|e| e.file != entry.file);
+    att.any_pending.store(!pending.is_empty(), Ordering::Release);
+    let t = Instant::now();
+    let (store, dir, e) = (att.store.clone(), att.dir.clone(), entry.clone());
+    let checked =
+        tokio::task::spawn_blocking(move || store.verify(&dir, &e)).await.unwrap_or_else(|e| Err(e.to_string()));
+    if let Err(why) = checked {
+        return discard(att, &entry, &why, metrics);
+    }
+    // A slot that holds nothing, else one that is not busy, else the first (the backend
+    // waits until it is free).
+    let all = slots(http, base).await.unwrap_or_default();
+    let free = |s: &&Value| s["is_processing"].as_bool() != Some(true);
+    let id = all
+        .iter()
+        .filter(free)
+        .find(|s| s["n_prompt_tokens"].as_u64().unwrap_or(0) == 0)
+        .or_else(|| all.iter().find(free))
+        .and_then(|s| s["id"].as_u64())
+        .unwrap_or(0);
+    let url = format!("{base}/slots/{id}?action=restore");
+    match post(http, &url, &json!({"filename": entry.file}), SAVE_TIMEOUT).await {
+        Ok(v) => {
+            let tokens = v["n_restored"].as_u64().unwrap_or(entry.tokens);
+            metrics.cache_restored(&att.model, tokens);
+            let (store, dir) = (att.store.clone(), att.dir.clone());
+            let _ = tokio::task::spawn_blocking(move || store.touch(&dir, &entry)).await;
+            tracing::info!(model = %att.model, slot = id, tokens, ms = t.elapsed().as_millis() as u64,
+                "prompt cache: restored a saved prompt this request continues");
+        }
+        Err(why) => discard(att, &entry, &format!("the backend refused it: {why}"), metrics),
+    }
+}
+
+fn discard(att: &Attached, e: &Entry, why: &str, metrics: &Metrics) {
+    tracing::warn!(model = %att.model, file = %e.file, why, "prompt cache: saved prompt discarded");
+    metrics.cache_discarded(&att.model);
+    att.store.remove(&att.dir, e);
+}
