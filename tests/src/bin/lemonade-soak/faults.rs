@@ -1,6 +1,6 @@
 //! Faults: backends killed mid-stream, at load and idle, a stopped (wedged) backend, one that
-//! never becomes ready, an unload racing a load, a full disk during a pull, lemonade killed during a pull and during
-//! registrations.
+//! never becomes ready, an unload racing a load, a full disk during a pull, lemonade killed during a pull, during
+//! registrations and while it saves a prompt-cache slot.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -48,6 +48,7 @@ pub async fn run_ci(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
     kill_lemonade_mid_pull(bin, report).await?;
     kill_mid_stream(bin, report).await?;
     disk_full(bin, report).await?;
+    kill_lemonade_mid_cache_save(bin, report).await?;
     Ok(())
 }
 
@@ -59,6 +60,7 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
     disk_full(bin, report).await?;
     kill_lemonade_mid_pull(bin, report).await?;
     kill_lemonade_mid_registration(bin, report).await?;
+    kill_lemonade_mid_cache_save(bin, report).await?;
     Ok(())
 }
 
@@ -532,4 +534,116 @@ fn leftovers(s: &Sandbox) -> usize {
     std::fs::read_dir(s.cache())
         .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".tmp")).count())
         .unwrap_or(0)
+}
+
+/// lemonade killed (SIGKILL) while llama-server saves a slot for the prompt cache (the unload
+/// of a model with a conversation): at the moment the partial file appears, once the whole
+/// file is in place, once its entry is written, and at a fixed delay. After a restart the
+/// cache holds only whole entries (nothing partial, no file without its entry or entry
+/// without its file), and the next turn of the conversation is answered exactly as with no
+/// cache: restored (few tokens prefilled) or skipped (all of them).
+async fn kill_lemonade_mid_cache_save(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
+    const TRIALS: usize = 4;
+    let facts: String = (0..50).map(|i| format!("Fact {i}: lemon tree {i} grows in row {}. ", i % 5)).collect();
+    let first = vec![json!({"role": "user", "content": format!("Notes: {facts}Which row has most trees?")})];
+    let ask = |l: &Lemonade, messages: Vec<Value>| {
+        let body = json!({"model": SMOL, "messages": messages, "max_tokens": 8, "temperature": 0});
+        let (http, url) = (l.http.clone(), l.url("/api/v1/chat/completions"));
+        async move {
+            let r = http.post(url).json(&body).timeout(Duration::from_secs(120)).send().await.ok()?;
+            (r.status() == 200).then_some(())?;
+            r.json::<Value>().await.ok()
+        }
+    };
+    let next_turn = |answer: &Value| {
+        let mut m = first.clone();
+        m.push(json!({"role": "assistant", "content": answer["choices"][0]["message"]["content"]}));
+        m.push(json!({"role": "user", "content": "One word?"}));
+        m
+    };
+    // The reference: the same two turns with no cache at all.
+    let reference = {
+        let l = Lemonade::start_in(bin, Sandbox::new(), &["--prompt-cache-size", "0"], &[]).await;
+        let a = ask(&l, first.clone()).await.ok_or_else(|| anyhow::anyhow!("no first answer"))?;
+        let b = ask(&l, next_turn(&a)).await.ok_or_else(|| anyhow::anyhow!("no second answer"))?;
+        (a["choices"][0]["message"]["content"].clone(), b["choices"][0]["message"]["content"].clone())
+    };
+    let files = |root: &Path| -> Vec<std::path::PathBuf> { walk(&root.join("prompt-cache")) };
+    let (mut held, mut notes, mut restored, mut moments) = (0, Vec::new(), 0, Vec::new());
+    for trial in 0..TRIALS {
+        let before = our_processes();
+        let l = Lemonade::start(bin, &[]).await;
+        let a = ask(&l, first.clone()).await;
+        let root = l.sandbox.cache();
+        let (http, url) = (l.http.clone(), l.url("/api/v1/unload"));
+        let unload = tokio::spawn(async move { http.post(url).json(&json!({})).send().await });
+        // Kill when the partial file appears (polled every millisecond: llama-server writes
+        // the file in about 10 ms; a miss is reported as such), when the whole file is in
+        // place, or 20 ms into the unload.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let seen = loop {
+            let fs = files(&root);
+            let part = fs.iter().any(|p| p.to_string_lossy().ends_with(".part"));
+            let whole = fs.iter().any(|p| p.extension().is_some_and(|e| e == "bin"));
+            let entry = fs.iter().any(|p| p.to_string_lossy().ends_with(".bin.json"));
+            let hit = match trial {
+                0 if part => Some("the partial file"),
+                0 | 1 if whole => Some("the whole file"),
+                2 => Some("20 ms"),
+                3 if entry => Some("its entry"),
+                _ => None,
+            };
+            if hit.is_some() || Instant::now() > deadline {
+                break hit;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        if trial == 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let sandbox = l.kill_keeping_sandbox();
+        let _ = unload.await;
+        let orphans = orphans_after(&before).await;
+        let l = Lemonade::start_in(bin, sandbox, &[], &[]).await;
+        let fs = files(&l.sandbox.cache());
+        let partial = fs.iter().any(|p| p.to_string_lossy().ends_with(".part"));
+        let unpaired = fs.iter().any(|p| {
+            let s = p.to_string_lossy();
+            (s.ends_with(".bin") && !Path::new(&format!("{s}.json")).exists())
+                || (s.ends_with(".bin.json") && !Path::new(s.trim_end_matches(".json")).exists())
+        });
+        let second = match &a {
+            Some(a) => ask(&l, next_turn(a)).await,
+            None => None,
+        };
+        let prefilled = second.as_ref().and_then(|v| v["timings"]["prompt_n"].as_u64());
+        let same = a.as_ref().map(|a| a["choices"][0]["message"]["content"].clone()) == Some(reference.0.clone())
+            && second.as_ref().map(|b| b["choices"][0]["message"]["content"].clone()) == Some(reference.1.clone());
+        if prefilled.is_some_and(|n| n < 40) {
+            restored += 1;
+        }
+        drop(l);
+        moments.push(seen.unwrap_or("never"));
+        let ok = seen.is_some() && orphans.is_empty() && !partial && !unpaired && same;
+        if ok {
+            held += 1;
+        } else {
+            notes.push(format!(
+                "trial {trial}: killed at {seen:?}, orphans {orphans:?}, partial left {partial}, unpaired {unpaired}, \
+                 same answers {same}, prefilled {prefilled:?}"
+            ));
+        }
+    }
+    report.add(
+        "faults",
+        "kill -9 lemonade while it saves a prompt-cache slot, restart",
+        TRIALS,
+        held,
+        format!(
+            "killed at {moments:?}: nothing partial or unpaired after the restart, the next turn answered as with \
+             no cache; {restored} of {TRIALS} restored, the rest skipped. {}",
+            notes.join("; ")
+        ),
+    );
+    Ok(())
 }
