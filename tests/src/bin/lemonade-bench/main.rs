@@ -7,10 +7,11 @@
 //! requests is fixed. More sections (concurrency and swaps against llama-server's router mode,
 //! footprint, endpoint throughput, the Ollama and Anthropic dialects' cost) are in `more.rs`;
 //! the other modalities against their backends direct in `modalities.rs`; the web UI's size
-//! and load time in `webui.rs`.
+//! and load time in `webui.rs`; the prompt cache's restore against none in `prompt_cache.rs`.
 
 mod modalities;
 mod more;
+mod prompt_cache;
 mod webui;
 
 use std::path::PathBuf;
@@ -104,6 +105,7 @@ async fn main() -> anyhow::Result<()> {
         Ok("memory") => return more::memory_estimate(&bin).await.map(|_| ()),
         Ok("dialects") => return more::dialects(&bin).await.map(|_| ()),
         Ok("webui") => return webui::webui(&bin).await.map(|_| ()),
+        Ok("prompt_cache") => return prompt_cache::prompt_cache(&bin).await.map(|_| ()),
         Ok("modalities") => {
             modalities::transcription(&bin).await?;
             modalities::images(&bin).await?;
@@ -196,6 +198,7 @@ async fn main() -> anyhow::Result<()> {
     out["images"] = modalities::images(&bin).await?;
     out["speech"] = modalities::speech(&bin).await?;
     out["webui"] = webui::webui(&bin).await?;
+    out["prompt_cache"] = prompt_cache::prompt_cache(&bin).await?;
     if let Some(path) = std::env::var_os("LEMONADE_BENCH_OUT") {
         std::fs::write(&path, serde_json::to_vec_pretty(&out)?)?;
         println!("\nwritten to {}", PathBuf::from(path).display());
