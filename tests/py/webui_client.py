@@ -361,6 +361,7 @@ def system(b, model):
     expect(page.locator(f'tr[data-running="{model}"]')).to_contain_text("loaded")
     expect(page.locator('tr[data-backend="llamacpp:cpu"] [data-state]')).to_have_attribute("data-state", "installed")
     expect(page.locator("#sys-stats")).to_contain_text("Memory")
+    expect(page.locator("#sys-cache")).to_contain_text("of 4.3 GB")
     b.shot(page, "system")
     # The log of a server that has loaded a model (at debug level), for the README.
     page.click('nav a[href="/logs"]')

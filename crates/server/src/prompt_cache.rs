@@ -25,7 +25,7 @@ const PENDING: usize = 8;
 /// A prefix shorter than this (tokens) is not worth a restore, nor a slot worth a save.
 const MIN_TOKENS: usize = 32;
 /// Bounds on the backend's answers, so a wedged backend cannot hold a stop or a request up.
-const SLOTS_TIMEOUT: Duration = Duration::from_secs(5);
+const SLOTS_TIMEOUT: Duration = Duration::from_secs(2);
 const SAVE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The prompt cache of one running llama-server.

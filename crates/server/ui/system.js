@@ -1,6 +1,7 @@
-// System: the machine (system-info), CPU and memory in use (system-stats), the running models
-// from the admin API (backend, state, memory, requests, last error), and the recipes' backends
-// with install (live progress) and uninstall.
+// System: the machine (system-info), CPU and memory in use (system-stats), the prompt cache
+// (health; Empty), the running models from the admin API (backend, state, memory, requests,
+// saved prompts, last error), and the recipes' backends with install (live progress) and
+// uninstall.
 
 import { api, sse } from "./api.js";
 import { h, fill, toast, bytes, confirmed } from "./dom.js";
@@ -8,6 +9,12 @@ import { h, fill, toast, bytes, confirmed } from "./dom.js";
 export function mount(main) {
   const facts = h("dl", { class: "facts", id: "sys-facts" });
   const stats = h("dl", { class: "facts", id: "sys-stats" });
+  const cache = h("dl", { class: "facts", id: "sys-cache" });
+  const emptyCache = h("button", { type: "button", class: "small secondary", id: "sys-cache-empty", onclick: async () => {
+    if (!confirmed("Remove every saved prompt?")) return;
+    try { const r = await api("/api/v1/prompt-cache", undefined, { method: "DELETE" }); toast(`Removed ${r.files_removed} saved prompts`); } catch (e) { toast(e.message, "bad"); }
+    live();
+  } }, "Empty");
   const running = h("div", { id: "sys-running" });
   const recipes = h("div", { id: "sys-recipes" });
   const installs = new Map(); // "recipe:backend" → percent
@@ -15,7 +22,10 @@ export function mount(main) {
   main.append(h("h1", {}, "System"),
     h("div", { class: "grid2" },
       h("section", { class: "card", "aria-labelledby": "sys-h-machine" }, h("h2", { id: "sys-h-machine" }, "This machine"), facts),
-      h("section", { class: "card", "aria-labelledby": "sys-h-use" }, h("h2", { id: "sys-h-use" }, "In use now"), stats)),
+      h("section", { class: "card", "aria-labelledby": "sys-h-use" }, h("h2", { id: "sys-h-use" }, "In use now"), stats),
+      h("section", { class: "card", "aria-labelledby": "sys-h-cache" }, h("h2", { id: "sys-h-cache" }, "Prompt cache"),
+        h("p", { class: "muted small" }, "Conversations saved when a model is swapped out, so they resume without prefilling again."),
+        cache, h("div", { class: "row end" }, emptyCache))),
     h("section", { "aria-labelledby": "sys-h-running" }, h("h2", { id: "sys-h-running" }, "Running models"), running),
     h("section", { "aria-labelledby": "sys-h-backends" }, h("h2", { id: "sys-h-backends" }, "Backends"), recipes));
 
@@ -96,7 +106,13 @@ export function mount(main) {
   }
 
   async function live() {
-    const [st, ad] = await Promise.all([api("/api/v1/system-stats").catch(() => null), api("/v1/admin/models").catch(() => null)]);
+    const [st, ad, hl] = await Promise.all([api("/api/v1/system-stats").catch(() => null), api("/v1/admin/models").catch(() => null),
+      api("/api/v1/health").catch(() => null)]);
+    if (hl && hl.prompt_cache) {
+      const c = hl.prompt_cache;
+      fill(cache, pairs([["Saved prompts", String(c.files)], ["Size", c.limit ? `${bytes(c.bytes)} of ${bytes(c.limit)}` : "off (--prompt-cache-size 0)"]]));
+      emptyCache.disabled = !c.files;
+    }
     if (st) {
       fill(stats, pairs([
         ["CPU", st.cpu_percent !== null ? `${st.cpu_percent.toFixed(0)} %` : "—"],
@@ -106,8 +122,8 @@ export function mount(main) {
       ]));
     }
     if (ad) {
-      const shown = ad.models.filter((m) => m.runtime_state !== "unloaded" || m.last_error);
-      const HEAD = ["Model", "Backend", "State", "Memory", "Requests", "Last error"];
+      const shown = ad.models.filter((m) => m.runtime_state !== "unloaded" || m.last_error || m.prompt_cache_files);
+      const HEAD = ["Model", "Backend", "State", "Memory", "Requests", "Saved prompts", "Last error"];
       fill(running, shown.length ? h("table", { class: "cards", "aria-label": "Running models" },
         h("thead", {}, h("tr", {}, HEAD.map((t) => h("th", { scope: "col" }, t)))),
         h("tbody", {}, shown.map((m) => h("tr", { "data-running": m.name },
@@ -116,6 +132,7 @@ export function mount(main) {
           h("td", { "data-th": "State" }, h("span", { class: `badge ${m.runtime_state === "failed" ? "bad" : m.runtime_state === "loaded" ? "ok" : "warn"}` }, m.runtime_state)),
           h("td", { "data-th": "Memory" }, m.memory_estimate ? bytes(m.memory_estimate) : "—"),
           h("td", { "data-th": "Requests" }, `${m.inflight_requests} running, ${m.queue_depth} waiting`),
+          h("td", { "data-th": "Saved prompts" }, m.prompt_cache_files ? `${m.prompt_cache_files} (${bytes(m.prompt_cache_bytes)})` : "—"),
           h("td", { "data-th": "Last error" }, m.last_error || "—")))))
         : h("p", { class: "muted" }, "No model is loaded."));
     }
