@@ -178,26 +178,26 @@ impl Metrics {
         );
         r.register("backend_restarts", "Backends started again after a crash", m.restarts.clone());
         r.register_with_unit("pull", "Bytes received by model downloads", Unit::Bytes, m.pull_bytes.clone());
-        r.register(
-            "prompt_cache_saves",
-            "Slots whose KV state was saved before their backend stopped",
-            m.cache_saves.clone(),
-        );
-        r.register(
-            "prompt_cache_restores",
-            "Saved prompts restored into a backend for a request that continues them",
-            m.cache_restores.clone(),
-        );
-        r.register(
-            "prompt_cache_restored_tokens",
-            "Tokens of the restored prompts: prefill the backend did not have to do again",
-            m.cache_restored_tokens.clone(),
-        );
-        r.register(
-            "prompt_cache_discarded",
-            "Saved prompts discarded: corrupt, truncated or refused by the backend",
-            m.cache_discarded.clone(),
-        );
+        for (name, help, family) in [
+            ("prompt_cache_saves", "Slots whose KV state was saved before their backend stopped", &m.cache_saves),
+            (
+                "prompt_cache_restores",
+                "Saved prompts restored into a backend for a request that continues them",
+                &m.cache_restores,
+            ),
+            (
+                "prompt_cache_restored_tokens",
+                "Tokens of the restored prompts: prefill the backend did not have to do again",
+                &m.cache_restored_tokens,
+            ),
+            (
+                "prompt_cache_discarded",
+                "Saved prompts discarded: corrupt, truncated or refused by the backend",
+                &m.cache_discarded,
+            ),
+        ] {
+            r.register(name, help, family.clone());
+        }
         r.register_with_unit(
             "prompt_cache",
             "Bytes the prompt cache holds on disk",
