@@ -45,11 +45,14 @@ async fn round(bin: &Path, report: &mut Report, seed: u64, requests: usize) -> a
     let knobs = json!({"token_delay_ms": 10, "tokens": 30, "load_delay_ms": 20});
     let s = fake_sandbox(&[("a", None, knobs.clone()), ("b", None, knobs.clone()), ("c", None, knobs)]);
     let fake = fake_llama_server();
+    // Every request must be served, so the queue bound (256 by default since the scheduler's
+    // queue became bounded; its 503 is tested in crates/cli/tests/scheduling.rs) is the round.
+    let queue = requests.to_string();
     let l = Arc::new(
         Lemonade::start_in(
             bin,
             s,
-            &["--max-loaded-models", "1", "--log-level", "info"],
+            &["--max-loaded-models", "1", "--log-level", "info", "--max-queue", &queue],
             &[("LEMONADE_LLAMACPP_CPU_BIN", fake.to_str().unwrap())],
         )
         .await,
