@@ -22,16 +22,16 @@ const UNSAFE: [(&str, &str); 5] = [
     ("--lora-scaled", "LoRA adapters can be rescaled while loaded"),
 ];
 
-/// Why a load must not save or restore prompts, or None when it may.
-pub fn unsafe_reason(model_type: ModelType, has_mmproj: bool, user_args: &[String]) -> Option<&'static str> {
+/// Why a load with llama-server arguments `args` must not save or restore prompts, or None
+/// when it may.
+pub fn unsafe_reason(model_type: ModelType, has_mmproj: bool, args: &[String]) -> Option<&'static str> {
     if model_type != ModelType::Llm {
         return Some("only LLMs keep a prompt");
     }
     if has_mmproj {
         return Some("a multimodal model's slots hold image embeddings that llama-server cannot save");
     }
-    user_args
-        .iter()
+    args.iter()
         .find_map(|a| UNSAFE.iter().find(|(flag, _)| a == flag || a.starts_with(&format!("{flag}="))))
         .map(|(_, why)| *why)
 }
@@ -82,12 +82,9 @@ pub struct Entry {
     pub file: String,
     pub bytes: u64,
     pub sha256: String,
-    /// Tokens in the saved KV state.
-    pub tokens: u64,
-    /// Those tokens (read back from the file's header): a request whose tokens begin with
-    /// them, or most of them, continues that conversation.
+    /// The tokens in the saved KV state (read back from the file's header): a request whose
+    /// tokens begin with them, or most of them, continues that conversation.
     pub token_ids: Vec<i32>,
-    pub saved_ms: u64,
     /// Last saved or restored (milliseconds since the epoch): the LRU order.
     pub used_ms: u64,
 }
@@ -132,18 +129,19 @@ pub fn continued<'a>(entries: &'a [Entry], tokens: &[i32], min_tokens: usize) ->
         .map(|(_, e)| e)
 }
 
-/// The files to remove, least recently used first, so the rest fit in `limit` bytes.
-pub fn to_evict(entries: &[(String, u64, u64)], limit: u64) -> Vec<String> {
-    let mut by_age: Vec<&(String, u64, u64)> = entries.iter().collect();
-    by_age.sort_by_key(|(name, _, used)| (*used, name.clone()));
-    let mut total: u64 = entries.iter().map(|(_, b, _)| *b).sum();
+/// The entries to remove (their indices), least recently used first, so the rest fit in
+/// `limit` bytes.
+pub fn to_evict(entries: &[Entry], limit: u64) -> Vec<usize> {
+    let mut by_age: Vec<usize> = (0..entries.len()).collect();
+    by_age.sort_by_key(|&i| entries[i].used_ms);
+    let mut total: u64 = entries.iter().map(|e| e.bytes).sum();
     let mut out = Vec::new();
-    for (name, bytes, _) in by_age {
+    for i in by_age {
         if total <= limit {
             break;
         }
-        total -= bytes;
-        out.push(name.clone());
+        total -= entries[i].bytes;
+        out.push(i);
     }
     out
 }
@@ -192,11 +190,9 @@ mod tests {
             model: "m".into(),
             material: "k".into(),
             file: format!("{used}.bin"),
-            bytes: 1,
+            bytes: 40,
             sha256: String::new(),
-            tokens: tokens.len() as u64,
             token_ids: tokens.to_vec(),
-            saved_ms: used,
             used_ms: used,
         }
     }
@@ -244,10 +240,11 @@ mod tests {
 
     #[test]
     fn eviction_drops_the_least_recently_used_until_the_rest_fit() {
-        let e = [("a".to_string(), 40, 3), ("b".to_string(), 40, 1), ("c".to_string(), 40, 2)];
-        assert_eq!(to_evict(&e, 120), Vec::<String>::new());
-        assert_eq!(to_evict(&e, 100), ["b"]);
-        assert_eq!(to_evict(&e, 40), ["b", "c"]);
-        assert_eq!(to_evict(&e, 0), ["b", "c", "a"]);
+        // 40 bytes each, used at 3, 1 and 2.
+        let e = [entry(&[], 3), entry(&[], 1), entry(&[], 2)];
+        assert_eq!(to_evict(&e, 120), Vec::<usize>::new());
+        assert_eq!(to_evict(&e, 100), [1]);
+        assert_eq!(to_evict(&e, 40), [1, 2]);
+        assert_eq!(to_evict(&e, 0), [1, 2, 0]);
     }
 }

@@ -40,7 +40,8 @@ pub struct Store {
     usage: Arc<Mutex<BTreeMap<String, (u64, u64)>>>,
 }
 
-fn now_ms() -> u64 {
+/// Milliseconds since the epoch (the LRU clock, and the saved files' names).
+pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
@@ -69,10 +70,6 @@ impl Store {
         }
         s.refresh();
         s
-    }
-
-    pub fn root(&self) -> &Path {
-        &self.root
     }
 
     fn dirs(&self) -> Vec<PathBuf> {
@@ -122,24 +119,27 @@ impl Store {
         Ok(())
     }
 
-    /// Makes a file llama-server just saved (`<file>.part`) an entry: hashes it, renames it into
-    /// place, then writes its entry atomically. A file whose bytes an entry of the directory
-    /// already holds is dropped and that entry marked used instead.
-    pub fn commit(&self, dir: &Path, mut e: Entry) -> Result<Entry, String> {
-        let part = dir.join(format!("{}{PART}", e.file));
+    /// Makes the file llama-server just saved for `model` (`<file>.part`, made with the key
+    /// `material`) an entry: reads its tokens, hashes it, renames it into place, then writes
+    /// its entry atomically. A file whose bytes an entry of the directory already holds is
+    /// dropped and that entry marked used instead.
+    pub fn commit(&self, dir: &Path, file: &str, model: &str, material: &str) -> Result<Entry, String> {
+        let part = dir.join(format!("{file}{PART}"));
         let io = |err: std::io::Error| format!("{}: {err}", part.display());
-        e.bytes = std::fs::metadata(&part).map_err(io)?.len();
-        e.token_ids = match read_tokens(&part) {
-            Some(t) => t,
-            None => {
-                let _ = std::fs::remove_file(&part);
-                return Err(format!("{} is not a slot file this version reads", e.file));
-            }
+        let bytes = std::fs::metadata(&part).map_err(io)?.len();
+        let Some(token_ids) = read_tokens(&part) else {
+            let _ = std::fs::remove_file(&part);
+            return Err(format!("{file} is not a slot file this version reads"));
         };
-        e.tokens = e.token_ids.len() as u64;
-        e.sha256 = crate::download::sha256_file(&part).map_err(io)?;
-        e.saved_ms = now_ms();
-        e.used_ms = e.saved_ms;
+        let e = Entry {
+            model: model.into(),
+            material: material.into(),
+            file: file.into(),
+            bytes,
+            sha256: crate::download::sha256_file(&part).map_err(io)?,
+            token_ids,
+            used_ms: now_ms(),
+        };
         if let Some(same) = self.entries(dir).into_iter().find(|x| x.sha256 == e.sha256 && x.material == e.material) {
             let _ = std::fs::remove_file(&part);
             self.touch(dir, &same);
@@ -165,32 +165,29 @@ impl Store {
     /// Removes an entry and its file (the entry first, so a kill in between leaves an orphan
     /// file that [`Store::open`] removes, never an entry without its file).
     pub fn remove(&self, dir: &Path, e: &Entry) {
-        let _ = std::fs::remove_file(dir.join(format!("{}.json", e.file)));
-        let _ = std::fs::remove_file(dir.join(&e.file));
+        remove_files(dir, e);
         self.refresh();
     }
 
-    /// Removes the least recently used entries until the rest fit in `limit` bytes.
-    pub fn enforce(&self, limit: u64) -> Vec<Entry> {
-        let all = self.all();
-        let sizes: Vec<(String, u64, u64)> =
-            all.iter().map(|(d, e)| (d.join(&e.file).display().to_string(), e.bytes, e.used_ms)).collect();
-        let evict = backends::prompt_cache::to_evict(&sizes, limit);
-        let mut removed = Vec::new();
-        for (d, e) in all {
-            if evict.contains(&d.join(&e.file).display().to_string()) {
-                self.remove(&d, &e);
-                removed.push(e);
-            }
+    /// Removes the least recently used entries until the rest fit in `limit` bytes; returns
+    /// how many.
+    pub fn enforce(&self, limit: u64) -> usize {
+        let (dirs, entries): (Vec<PathBuf>, Vec<Entry>) = self.all().into_iter().unzip();
+        let evict = backends::prompt_cache::to_evict(&entries, limit);
+        for &i in &evict {
+            remove_files(&dirs[i], &entries[i]);
         }
-        removed
+        if !evict.is_empty() {
+            self.refresh();
+        }
+        evict.len()
     }
 
     /// Removes everything; returns (files, bytes) removed.
     pub fn clear(&self) -> (u64, u64) {
         let (mut files, mut bytes) = (0, 0);
         for (d, e) in self.all() {
-            self.remove(&d, &e);
+            remove_files(&d, &e);
             files += 1;
             bytes += e.bytes;
         }
@@ -223,22 +220,17 @@ impl Store {
     }
 }
 
+fn remove_files(dir: &Path, e: &Entry) {
+    let _ = std::fs::remove_file(dir.join(format!("{}.json", e.file)));
+    let _ = std::fs::remove_file(dir.join(&e.file));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn entry(file: &str, _: &str) -> Entry {
-        Entry {
-            model: "m".into(),
-            material: "k".into(),
-            file: file.into(),
-            bytes: 0,
-            sha256: String::new(),
-            tokens: 0,
-            token_ids: vec![],
-            saved_ms: 0,
-            used_ms: 0,
-        }
+    fn commit(s: &Store, d: &Path, file: &str) -> Result<Entry, String> {
+        s.commit(d, file, "m", "k")
     }
 
     /// A slot file as llama-server writes it: header, packed tokens, then `fill` state bytes.
@@ -261,7 +253,7 @@ mod tests {
         let s = Store::open(tmp.path());
         let d = s.dir("k1").unwrap();
         std::fs::write(d.join("a.bin.part"), slot_file(&[5, 6, 7], 7, 960)).unwrap();
-        let e = s.commit(&d, entry("a.bin", "p")).unwrap();
+        let e = commit(&s, &d, "a.bin").unwrap();
         assert_eq!((e.bytes, s.usage("m"), e.token_ids.clone()), (1000, (1, 1000), vec![5, 6, 7]));
         s.verify(&d, &e).unwrap();
         let mut bytes = std::fs::read(d.join("a.bin")).unwrap();
@@ -272,15 +264,19 @@ mod tests {
         assert!(s.verify(&d, &e).unwrap_err().contains("999 bytes"));
         // The same bytes twice make one entry.
         std::fs::write(d.join("b.bin.part"), slot_file(&[1], 9, 10)).unwrap();
-        let b = s.commit(&d, entry("b.bin", "p")).unwrap();
+        let b = commit(&s, &d, "b.bin").unwrap();
         std::fs::write(d.join("c.bin.part"), slot_file(&[1], 9, 10)).unwrap();
-        assert_eq!(s.commit(&d, entry("c.bin", "p")).unwrap().file, b.file);
+        assert_eq!(commit(&s, &d, "c.bin").unwrap().file, b.file);
         assert!(!d.join("c.bin").exists() && !d.join("c.bin.part").exists());
         assert_eq!(s.entries(&d).len(), 2);
         // Not a slot file: refused, and removed.
         std::fs::write(d.join("x.bin.part"), b"GGUF and nothing").unwrap();
-        assert!(s.commit(&d, entry("x.bin", "p")).is_err());
+        assert!(commit(&s, &d, "x.bin").is_err());
         assert!(!d.join("x.bin.part").exists());
+        // Eviction keeps what fits, least recently used out first.
+        assert_eq!(s.enforce(u64::MAX), 0);
+        assert_eq!(s.enforce(0), 2);
+        assert_eq!(s.total(), (0, 0));
     }
 
     #[test]
@@ -290,9 +286,10 @@ mod tests {
         let d = s.dir("k1").unwrap();
         std::fs::write(d.join("a.bin.part"), b"half").unwrap();
         std::fs::write(d.join("whole.bin.part"), slot_file(&[3], 1, 5)).unwrap();
-        let whole = s.commit(&d, entry("whole.bin", "p")).unwrap();
+        let whole = commit(&s, &d, "whole.bin").unwrap();
         std::fs::write(d.join("orphan.bin"), b"no entry").unwrap();
-        std::fs::write(d.join("lost.bin.json"), serde_json::to_vec(&entry("lost.bin", "p")).unwrap()).unwrap();
+        let lost = Entry { file: "lost.bin".into(), ..whole.clone() };
+        std::fs::write(d.join("lost.bin.json"), serde_json::to_vec(&lost).unwrap()).unwrap();
         let s = Store::open(tmp.path());
         let names: Vec<String> =
             std::fs::read_dir(&d).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();

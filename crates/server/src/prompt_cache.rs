@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use backends::prompt_cache::{self as rules, Entry};
-use host::prompt_cache::{Store, PART};
+use host::prompt_cache::{now_ms, Store, PART};
 use serde_json::{json, Value};
 
 use crate::metrics::Metrics;
@@ -96,10 +96,6 @@ async fn slots(http: &reqwest::Client, base: &str) -> Result<Vec<Value>, String>
     r.json::<Vec<Value>>().await.map_err(|e| e.to_string())
 }
 
-fn now_ms() -> u128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0)
-}
-
 /// Saves every slot of the backend at `base` that holds a prompt, then keeps the whole cache
 /// under `limit` bytes. Called before a stop that is not a crash; failures are logged and
 /// never keep the backend from stopping.
@@ -111,47 +107,34 @@ pub async fn save(http: &reqwest::Client, base: &str, att: &Attached, limit: u64
     };
     let mut saved = 0;
     for s in &all {
-        let tokens = s["n_prompt_tokens"].as_u64().unwrap_or(0);
         let Some(id) = s["id"].as_u64() else { continue };
-        if tokens < MIN_TOKENS as u64 || s["is_processing"].as_bool() == Some(true) {
+        if s["n_prompt_tokens"].as_u64().unwrap_or(0) < MIN_TOKENS as u64 || s["is_processing"].as_bool() == Some(true)
+        {
             continue;
         }
         let file = format!("{}-{id}.bin", now_ms());
         let url = format!("{base}/slots/{id}?action=save");
-        let answer = match post(http, &url, &json!({"filename": format!("{file}{PART}")}), SAVE_TIMEOUT).await {
-            Ok(v) => v,
-            Err(e) => {
-                let _ = std::fs::remove_file(att.dir.join(format!("{file}{PART}")));
-                tracing::warn!(model = %att.model, slot = id, error = %e, "prompt cache: the backend did not save its slot");
-                continue;
-            }
-        };
-        let entry = Entry {
-            model: att.model.clone(),
-            material: att.material.clone(),
-            file,
-            bytes: 0,
-            sha256: String::new(),
-            tokens: answer["n_saved"].as_u64().unwrap_or(tokens),
-            token_ids: Vec::new(), // read back from the file by the store
-            saved_ms: 0,
-            used_ms: 0,
-        };
-        let (store, dir) = (att.store.clone(), att.dir.clone());
-        match tokio::task::spawn_blocking(move || store.commit(&dir, entry)).await {
-            Ok(Ok(e)) => {
+        if let Err(e) = post(http, &url, &json!({"filename": format!("{file}{PART}")}), SAVE_TIMEOUT).await {
+            let _ = std::fs::remove_file(att.dir.join(format!("{file}{PART}")));
+            tracing::warn!(model = %att.model, slot = id, error = %e, "prompt cache: the backend did not save its slot");
+            continue;
+        }
+        let (store, dir, model, material) =
+            (att.store.clone(), att.dir.clone(), att.model.clone(), att.material.clone());
+        let committed = tokio::task::spawn_blocking(move || store.commit(&dir, &file, &model, &material)).await;
+        match committed.unwrap_or_else(|e| Err(e.to_string())) {
+            Ok(e) => {
                 saved += 1;
                 metrics.cache_saved(&att.model);
-                tracing::debug!(model = %att.model, slot = id, tokens = e.tokens, bytes = e.bytes, "prompt cache: slot saved");
+                tracing::debug!(model = %att.model, slot = id, tokens = e.token_ids.len(), bytes = e.bytes, "prompt cache: slot saved");
             }
-            Ok(Err(e)) => tracing::warn!(model = %att.model, error = %e, "prompt cache: cannot keep a saved slot"),
             Err(e) => tracing::warn!(model = %att.model, error = %e, "prompt cache: cannot keep a saved slot"),
         }
     }
     let store = att.store.clone();
     let evicted = tokio::task::spawn_blocking(move || store.enforce(limit)).await.unwrap_or_default();
-    if saved > 0 || !evicted.is_empty() {
-        tracing::info!(model = %att.model, saved, evicted = evicted.len(), ms = t.elapsed().as_millis() as u64,
+    if saved > 0 || evicted > 0 {
+        tracing::info!(model = %att.model, saved, evicted, ms = t.elapsed().as_millis() as u64,
             "prompt cache: slots saved before the backend stops");
     }
 }
@@ -218,7 +201,7 @@ pub async fn before_request(
     let url = format!("{base}/slots/{id}?action=restore");
     match post(http, &url, &json!({"filename": entry.file}), SAVE_TIMEOUT).await {
         Ok(v) => {
-            let tokens = v["n_restored"].as_u64().unwrap_or(entry.tokens);
+            let tokens = v["n_restored"].as_u64().unwrap_or(entry.token_ids.len() as u64);
             metrics.cache_restored(&att.model, tokens);
             let (store, dir) = (att.store.clone(), att.dir.clone());
             let _ = tokio::task::spawn_blocking(move || store.touch(&dir, &entry)).await;

@@ -363,6 +363,7 @@ impl Runtime {
 
     pub fn health_entry(&self, r: &Running, v: &ModelView) -> LoadedModel {
         let now = self.now_ms();
+        let cached = self.prompt_cache.usage(&r.info.name);
         LoadedModel {
             model_name: r.info.name.clone(),
             checkpoint: r.info.checkpoint.clone(),
@@ -379,8 +380,8 @@ impl Runtime {
             vram_estimate: v.vram,
             in_flight: v.in_flight as u64,
             queued: v.queue_depth as u64,
-            prompt_cache_files: self.prompt_cache.usage(&r.info.name).0,
-            prompt_cache_bytes: self.prompt_cache.usage(&r.info.name).1,
+            prompt_cache_files: cached.0,
+            prompt_cache_bytes: cached.1,
         }
     }
 

@@ -54,6 +54,7 @@ fn admin_model(rt: &AppState, info: &ModelInfo, v: Option<&ModelView>) -> AdminM
     let state = v.map(|v| v.state).unwrap_or(RtState::Unloaded);
     let is_loaded = state == RtState::Loaded;
     let in_flight = v.map(|v| v.in_flight).unwrap_or(0);
+    let cached = rt.prompt_cache.usage(&info.name);
     // On a GPU backend, what the scheduler counts it for; else the weights' size.
     let counted = v.map(|v| v.vram).filter(|b| *b > 0);
     let vram = counted.map(|b| b.div_ceil(1 << 20)).or_else(|| vram_estimate(info));
@@ -79,8 +80,8 @@ fn admin_model(rt: &AppState, info: &ModelInfo, v: Option<&ModelView>) -> AdminM
         pinned: v.is_some_and(|v| v.pinned),
         unloads_in_ms: v.and_then(|v| v.unload_at).map(|at| at.saturating_sub(rt.now_ms())),
         memory_estimate: v.map(|v| v.memory).unwrap_or(0),
-        prompt_cache_files: rt.prompt_cache.usage(&info.name).0,
-        prompt_cache_bytes: rt.prompt_cache.usage(&info.name).1,
+        prompt_cache_files: cached.0,
+        prompt_cache_bytes: cached.1,
         vram_estimate_mib: vram,
         vram_estimate_replica_count: 1,
         vram_estimate_source: match (counted, vram) {
