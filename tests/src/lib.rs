@@ -43,6 +43,20 @@ pub fn py_client(script: &str, args: &[&str]) -> String {
     text
 }
 
+/// [`py_client`] off the async runtime, for the clients that end by printing "every check
+/// held": panics with the script's output unless it did; returns that output.
+pub async fn py_checks(script: &'static str, args: &[&str]) -> String {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let out = tokio::task::spawn_blocking(move || {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        py_client(script, &refs)
+    })
+    .await
+    .expect("the Python client ran");
+    assert!(out.contains("every check held"), "{script}:\n{out}");
+    out
+}
+
 /// The provisioned whisper-server (`LEMONADE_TEST_WHISPER_SERVER`, else the dev cache).
 pub fn whisper_server() -> PathBuf {
     let p = std::env::var_os("LEMONADE_TEST_WHISPER_SERVER")

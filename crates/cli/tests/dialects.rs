@@ -21,11 +21,7 @@ async fn real_llama_server_the_ollama_library_lists_shows_chats_generates_embeds
     let l = Lemonade::start_in(bin(), Sandbox::new(), &["--max-loaded-models", "-1"], &[("HF_ENDPOINT", &double.url)])
         .await;
     let base = l.url("");
-    let out =
-        tokio::task::spawn_blocking(move || py_client("ollama_client.py", &[&base, SMOL, MINILM, "Qwen3-0.6B-GGUF"]))
-            .await
-            .unwrap();
-    assert!(out.contains("every check held"), "{out}");
+    py_checks("ollama_client.py", &[&base, SMOL, MINILM, "Qwen3-0.6B-GGUF"]).await;
 }
 
 #[tokio::test]
@@ -37,8 +33,7 @@ async fn real_llama_server_the_anthropic_sdk_creates_streams_sends_tool_history_
     let (s, v) = l.post("/api/v1/load", &serde_json::json!({"model_name": SMOL, "llamacpp_args": args})).await;
     assert_eq!(s, 200, "{v}");
     let base = l.url("");
-    let out = tokio::task::spawn_blocking(move || py_client("anthropic_client.py", &[&base, SMOL])).await.unwrap();
-    assert!(out.contains("every check held"), "{out}");
+    py_checks("anthropic_client.py", &[&base, SMOL]).await;
 }
 
 #[tokio::test]
@@ -51,10 +46,5 @@ async fn real_llama_server_prometheus_metrics_count_the_traffic_of_three_clients
     let double = HubDouble::start(tmp.path(), Knobs::default()).await;
     let l = Lemonade::start_in(bin(), Sandbox::new(), &[], &[("HF_ENDPOINT", &double.url)]).await;
     let base = l.url("");
-    let out = tokio::task::spawn_blocking(move || {
-        py_client("metrics_client.py", &[&base, SMOL, MINILM, "Qwen3-0.6B-GGUF", &size])
-    })
-    .await
-    .unwrap();
-    assert!(out.contains("every check held"), "{out}");
+    py_checks("metrics_client.py", &[&base, SMOL, MINILM, "Qwen3-0.6B-GGUF", &size]).await;
 }

@@ -20,12 +20,7 @@ async fn real_kokoro_the_openai_sdk_speaks_and_whisper_hears_it_beside_a_loaded_
     let (s, v) = l.chat(SMOL).await;
     assert_eq!(s, 200, "{v}");
     let base = l.url("");
-    let out = tokio::task::spawn_blocking(move || {
-        py_client("speech_client.py", &[&base, KOKORO, VOICE, WHISPER, SENTENCE, SMOL])
-    })
-    .await
-    .unwrap();
-    assert!(out.contains("every check held"), "{out}");
+    py_checks("speech_client.py", &[&base, KOKORO, VOICE, WHISPER, SENTENCE, SMOL]).await;
     // Three type slots, three models.
     let (_, h) = l.get("/api/v1/health").await;
     let mut loaded = loaded_names(&h);

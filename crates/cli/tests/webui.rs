@@ -28,15 +28,10 @@ fn shots() -> String {
 /// Runs one scenario of webui_client.py against `l`; panics with its output unless every
 /// check held.
 async fn browse(l: &Lemonade, scenario: &str, args: &[&str]) {
-    let mut all = vec![scenario.to_string(), l.base.clone(), shots()];
-    all.extend(args.iter().map(|a| a.to_string()));
-    let out = tokio::task::spawn_blocking(move || {
-        let refs: Vec<&str> = all.iter().map(String::as_str).collect();
-        py_client("webui_client.py", &refs)
-    })
-    .await
-    .unwrap();
-    assert!(out.contains("every check held"), "{out}");
+    let shots = shots();
+    let mut all = vec![scenario, l.base.as_str(), shots.as_str()];
+    all.extend(args);
+    py_checks("webui_client.py", &all).await;
 }
 
 #[tokio::test]

@@ -33,6 +33,24 @@ struct Sample {
     tokens: usize,
 }
 
+/// Reads a streamed answer's SSE `data:` events (JSON; `[DONE]` skipped) as they arrive,
+/// calling `f` with the time their chunk arrived and the event.
+pub(crate) async fn each_event(resp: reqwest::Response, mut f: impl FnMut(Instant, &Value)) -> anyhow::Result<()> {
+    let mut stream = resp.bytes_stream();
+    let mut buf = String::new();
+    while let Some(chunk) = stream.next().await {
+        let now = Instant::now();
+        buf.push_str(&String::from_utf8_lossy(&chunk?));
+        while let Some(end) = buf.find("\n\n") {
+            let event: String = buf.drain(..end + 2).collect();
+            for data in event.lines().filter_map(|l| l.strip_prefix("data: ")).filter(|d| *d != "[DONE]") {
+                f(now, &serde_json::from_str(data)?);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// One streamed chat completion; times are taken at the client as chunks arrive.
 async fn stream_once(http: &reqwest::Client, url: &str, model: Option<&str>) -> anyhow::Result<Sample> {
     let mut body = json!({
@@ -47,27 +65,15 @@ async fn stream_once(http: &reqwest::Client, url: &str, model: Option<&str>) -> 
     // streamed response, so reusing one would race with its FIN.
     let resp = http.post(url).header("connection", "close").json(&body).send().await?;
     anyhow::ensure!(resp.status().is_success(), "HTTP {}", resp.status());
-    let mut stream = resp.bytes_stream();
-    let mut buf = String::new();
     let (mut first, mut last, mut tokens) = (None, None, 0usize);
-    while let Some(chunk) = stream.next().await {
-        let now = Instant::now();
-        buf.push_str(&String::from_utf8_lossy(&chunk?));
-        while let Some(end) = buf.find("\n\n") {
-            let event: String = buf.drain(..end + 2).collect();
-            for data in event.lines().filter_map(|l| l.strip_prefix("data: ")) {
-                if data == "[DONE]" {
-                    continue;
-                }
-                let v: Value = serde_json::from_str(data)?;
-                if v["choices"][0]["delta"]["content"].as_str().is_some_and(|c| !c.is_empty()) {
-                    tokens += 1;
-                    first.get_or_insert(now);
-                    last = Some(now);
-                }
-            }
+    each_event(resp, |now, v| {
+        if v["choices"][0]["delta"]["content"].as_str().is_some_and(|c| !c.is_empty()) {
+            tokens += 1;
+            first.get_or_insert(now);
+            last = Some(now);
         }
-    }
+    })
+    .await?;
     let (first, last) = (first.ok_or_else(|| anyhow::anyhow!("no content"))?, last.unwrap());
     let decode = (last - first).as_secs_f64();
     Ok(Sample {

@@ -6,7 +6,6 @@
 use std::path::Path;
 use std::time::Instant;
 
-use futures_util::StreamExt;
 use serde_json::{json, Value};
 use test_support::{Lemonade, Sandbox, GEMMA, SMOL};
 
@@ -27,24 +26,16 @@ async fn turn(l: &Lemonade, messages: &[Value]) -> anyhow::Result<(f64, String, 
     let r = l.http.post(l.url("/api/v1/chat/completions")).json(&body).send().await?;
     anyhow::ensure!(r.status().is_success(), "HTTP {}", r.status());
     let (mut first, mut text, mut prompt_n) = (None, String::new(), 0);
-    let mut buf = String::new();
-    let mut s = r.bytes_stream();
-    while let Some(chunk) = s.next().await {
-        buf.push_str(&String::from_utf8_lossy(&chunk?));
-        while let Some(end) = buf.find("\n\n") {
-            let event: String = buf.drain(..end + 2).collect();
-            for data in event.lines().filter_map(|l| l.strip_prefix("data: ")).filter(|d| *d != "[DONE]") {
-                let v: Value = serde_json::from_str(data)?;
-                if let Some(c) = v["choices"][0]["delta"]["content"].as_str().filter(|c| !c.is_empty()) {
-                    first.get_or_insert_with(|| t.elapsed().as_secs_f64() * 1e3);
-                    text.push_str(c);
-                }
-                if let Some(n) = v["timings"]["prompt_n"].as_u64() {
-                    prompt_n = n;
-                }
-            }
+    crate::each_event(r, |now, v| {
+        if let Some(c) = v["choices"][0]["delta"]["content"].as_str().filter(|c| !c.is_empty()) {
+            first.get_or_insert_with(|| (now - t).as_secs_f64() * 1e3);
+            text.push_str(c);
         }
-    }
+        if let Some(n) = v["timings"]["prompt_n"].as_u64() {
+            prompt_n = n;
+        }
+    })
+    .await?;
     Ok((first.ok_or_else(|| anyhow::anyhow!("no content"))?, text, prompt_n))
 }
 

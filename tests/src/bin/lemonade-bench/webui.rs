@@ -11,11 +11,7 @@ const RUNS: usize = 15;
 
 pub async fn webui(bin: &Path) -> anyhow::Result<Value> {
     let l = Lemonade::start_in(bin, Sandbox::new(), &["--log-level", "info"], &[]).await;
-    let base = l.base.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        test_support::py_client("webui_client.py", &["bench", &base, "target/webui", &RUNS.to_string()])
-    })
-    .await?;
+    let out = test_support::py_checks("webui_client.py", &["bench", &l.base, "target/webui", &RUNS.to_string()]).await;
     let line = out.lines().find_map(|l| l.strip_prefix("BENCH ")).ok_or_else(|| anyhow::anyhow!("no result: {out}"))?;
     let v: Value = serde_json::from_str(line)?;
     let kb = |k: &str| v[k].as_f64().unwrap_or_default() / 1000.0;
