@@ -5,7 +5,7 @@
 // they survive switching views.
 
 import { api, sse } from "./api.js";
-import { h, fill, field, toast, bytes, confirmed } from "./dom.js";
+import { h, fill, field, toast, bytes, confirmed, table, row } from "./dom.js";
 
 /** model id → {percent, file, file_index, total_files, bytes_downloaded, bytes_total, controller} or {failed}. */
 const pulls = new Map();
@@ -49,8 +49,10 @@ export function mount(main) {
   const labelSel = h("select", { id: "m-label" }, h("option", { value: "" }, "Any label"));
   const recipeSel = h("select", { id: "m-recipe" }, h("option", { value: "" }, "Any recipe"));
   const count = h("p", { class: "muted small", "aria-live": "polite" });
-  const tbody = h("tbody", {});
   const HEAD = ["Model", "Type", "Recipe", "Size", "State", "Actions"];
+  const modelsTable = table(HEAD, [], "Models");
+  modelsTable.id = "models-table";
+  const tbody = modelsTable.querySelector("tbody");
   for (const el of [search, onlyDownloaded, typeSel, labelSel, recipeSel]) el.addEventListener("input", filter);
 
   main.append(
@@ -61,8 +63,7 @@ export function mount(main) {
         field("Type", typeSel), field("Label", labelSel), field("Recipe", recipeSel),
         h("div", { class: "field inline" }, onlyDownloaded, h("label", { for: "m-downloaded" }, "Downloaded only"))),
       count),
-    h("table", { class: "cards", id: "models-table", "aria-label": "Models" },
-      h("thead", {}, h("tr", {}, HEAD.map((t) => h("th", { scope: "col" }, t)))), tbody),
+    modelsTable,
     registerForm());
 
   function stateOf(m) {
@@ -131,14 +132,10 @@ export function mount(main) {
     const sig = JSON.stringify([s.key, s.why, m.downloaded, s.loaded && s.loaded.pinned]);
     if (!r) {
       const labels = (m.labels || []).map((l) => h("span", { class: "label" }, l));
-      const state = h("td", { "data-th": "State" });
-      const act = h("td", { class: "actions", "data-th": "Actions" });
-      const tr = h("tr", { "data-model": m.id },
-        h("td", { "data-th": "Model" }, h("strong", {}, m.id), h("div", { class: "muted small" }, m.checkpoint), h("div", {}, labels)),
-        h("td", { "data-th": "Type" }, m.type || "llm"),
-        h("td", { "data-th": "Recipe" }, m.recipe),
-        h("td", { "data-th": "Size" }, m.size ? `${m.size} GB` : "—"),
-        state, act);
+      const state = h("td", {});
+      const act = h("td", { class: "actions" });
+      const name = [h("strong", {}, m.id), h("div", { class: "muted small" }, m.checkpoint), h("div", {}, labels)];
+      const tr = row(HEAD, [name, m.type || "llm", m.recipe, m.size ? `${m.size} GB` : "—", state, act], { "data-model": m.id });
       r = { tr, state, act, sig: null };
       rows.set(m.id, r);
     }

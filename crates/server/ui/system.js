@@ -4,7 +4,7 @@
 // uninstall.
 
 import { api, sse } from "./api.js";
-import { h, fill, toast, bytes, confirmed } from "./dom.js";
+import { h, fill, toast, bytes, confirmed, table, row } from "./dom.js";
 
 export function mount(main) {
   const facts = h("dl", { class: "facts", id: "sys-facts" });
@@ -56,7 +56,7 @@ export function mount(main) {
         const key = `${recipe}:${name}`;
         const pct = installs.get(key);
         const kind = { installed: "ok", installable: "plain", update_required: "warn", unsupported: "plain" }[b.state] || "plain";
-        const state = h("td", { "data-th": "State" }, h("span", { class: `badge ${kind}`, "data-state": b.state }, b.state.replace("_", " ")),
+        const state = h("td", {}, h("span", { class: `badge ${kind}`, "data-state": b.state }, b.state.replace("_", " ")),
           b.message ? h("div", { class: "muted small" }, b.message) : null,
           pct !== undefined ? h("progress", { max: 100, value: pct, "aria-label": `Install of ${key}` }) : null);
         const btns = [];
@@ -66,15 +66,11 @@ export function mount(main) {
         if (pct === undefined && b.can_uninstall) {
           btns.push(h("button", { type: "button", class: "small danger", "aria-label": `Uninstall ${key}`, onclick: () => uninstall(recipe, name) }, "Uninstall"));
         }
-        rows.push(h("tr", { "data-backend": key },
-          h("td", { "data-th": "Recipe" }, recipe), h("td", { "data-th": "Backend" }, name),
-          h("td", { "data-th": "Devices" }, (b.devices || []).join(", ") || "—"),
-          h("td", { "data-th": "Version" }, b.version || "—"), state,
-          h("td", { class: "actions", "data-th": "Actions" }, btns)));
+        rows.push(row(HEAD, [recipe, name, (b.devices || []).join(", ") || "—", b.version || "—", state,
+          h("td", { class: "actions" }, btns)], { "data-backend": key }));
       }
     }
-    fill(recipes, h("table", { class: "cards", "aria-label": "Backends" },
-      h("thead", {}, h("tr", {}, HEAD.map((t) => h("th", { scope: "col" }, t)))), h("tbody", {}, rows)));
+    fill(recipes, table(HEAD, rows, "Backends"));
     lastRecipes = all;
   }
   let lastRecipes = {};
@@ -124,17 +120,16 @@ export function mount(main) {
     if (ad) {
       const shown = ad.models.filter((m) => m.runtime_state !== "unloaded" || m.last_error || m.prompt_cache_files);
       const HEAD = ["Model", "Backend", "State", "Memory", "Requests", "Saved prompts", "Last error"];
-      fill(running, shown.length ? h("table", { class: "cards", "aria-label": "Running models" },
-        h("thead", {}, h("tr", {}, HEAD.map((t) => h("th", { scope: "col" }, t)))),
-        h("tbody", {}, shown.map((m) => h("tr", { "data-running": m.name },
-          h("td", { "data-th": "Model" }, m.name, m.pinned ? h("span", { class: "label" }, "pinned") : null),
-          h("td", { "data-th": "Backend" }, m.resolved_backend),
-          h("td", { "data-th": "State" }, h("span", { class: `badge ${m.runtime_state === "failed" ? "bad" : m.runtime_state === "loaded" ? "ok" : "warn"}` }, m.runtime_state)),
-          h("td", { "data-th": "Memory" }, m.memory_estimate ? bytes(m.memory_estimate) : "—"),
-          h("td", { "data-th": "Requests" }, `${m.inflight_requests} running, ${m.queue_depth} waiting`),
-          h("td", { "data-th": "Saved prompts" }, m.prompt_cache_files ? `${m.prompt_cache_files} (${bytes(m.prompt_cache_bytes)})` : "—"),
-          h("td", { "data-th": "Last error" }, m.last_error || "—")))))
-        : h("p", { class: "muted" }, "No model is loaded."));
+      const kind = (s) => (s === "failed" ? "bad" : s === "loaded" ? "ok" : "warn");
+      fill(running, shown.length ? table(HEAD, shown.map((m) => row(HEAD, [
+        [m.name, m.pinned ? h("span", { class: "label" }, "pinned") : null],
+        m.resolved_backend,
+        h("span", { class: `badge ${kind(m.runtime_state)}` }, m.runtime_state),
+        m.memory_estimate ? bytes(m.memory_estimate) : "—",
+        `${m.inflight_requests} running, ${m.queue_depth} waiting`,
+        m.prompt_cache_files ? `${m.prompt_cache_files} (${bytes(m.prompt_cache_bytes)})` : "—",
+        m.last_error || "—",
+      ], { "data-running": m.name })), "Running models") : h("p", { class: "muted" }, "No model is loaded."));
     }
   }
 
