@@ -65,7 +65,8 @@ impl WebUi {
     }
 
     /// Every file as served: (name, bytes, gzipped bytes if compressed).
-    pub fn sizes(&self) -> Vec<(String, usize, usize)> {
+    #[cfg(test)]
+    fn sizes(&self) -> Vec<(String, usize, usize)> {
         let mut v: Vec<_> = self
             .0
             .iter()
