@@ -343,10 +343,15 @@ fn load_in_background(l: &Lemonade, model: &str) -> tokio::task::JoinHandle<(u16
 /// load even SmolLM2, so it is caught while it starts. Its pid.
 async fn freeze_next_backend(l: &Lemonade, seen: &[u32]) -> Option<u32> {
     let (pid, seen) = (l.pid(), seen.to_vec());
+    // A child still running lemonade's own image is forked but not yet exec'd: freezing it
+    // there would freeze a copy of lemonade, not the backend. Wait for the exec.
+    let exe = |p: u32| std::fs::read_link(format!("/proc/{p}/exe")).ok();
     tokio::task::spawn_blocking(move || {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let own = exe(pid);
         while std::time::Instant::now() < deadline {
-            if let Some(c) = child_pids(pid).into_iter().find(|c| !seen.contains(c)) {
+            let exec_done = |c: &u32| exe(*c).is_some_and(|e| Some(&e) != own.as_ref());
+            if let Some(c) = child_pids(pid).into_iter().find(|c| !seen.contains(c) && exec_done(c)) {
                 unsafe {
                     libc::kill(c as i32, libc::SIGSTOP);
                 }
