@@ -28,6 +28,10 @@ pub struct ServerBuild {
     built: &'static str,
     /// The project's own flags, after [`GGML_FLAGS`].
     flags: &'static [&'static str],
+    /// Other programs of the same build, cached beside the server: (target, built, name).
+    companions: &'static [(&'static str, &'static str, &'static str)],
+    /// Marks a build whose flags differ from the plain flavour (part of the cache key).
+    tag: &'static str,
     /// Lemonade's managed backend this build is installed as (`<cache>/bin/<dir>/cpu`).
     managed_dir: &'static str,
 }
@@ -62,7 +66,11 @@ pub const LLAMA_SERVER: ServerBuild = ServerBuild {
         "-DLLAMA_BUILD_EXAMPLES=OFF",
         "-DLLAMA_CURL=OFF",
         "-DLLAMA_OPENSSL=OFF",
+        // llama.cpp RPC: llama-server's `--rpc` and the `ggml-rpc-server` worker.
+        "-DGGML_RPC=ON",
     ],
+    companions: &[("ggml-rpc-server", "bin/ggml-rpc-server", "rpc-server")],
+    tag: "-rpc",
     managed_dir: "llamacpp",
 };
 
@@ -76,6 +84,8 @@ pub const WHISPER_SERVER: ServerBuild = ServerBuild {
     target: "whisper-server",
     built: "bin/whisper-server",
     flags: &["-DWHISPER_BUILD_TESTS=OFF", "-DWHISPER_BUILD_EXAMPLES=ON", "-DWHISPER_SDL2=OFF", "-DWHISPER_CURL=OFF"],
+    companions: &[],
+    tag: "",
     managed_dir: "whispercpp",
 };
 
@@ -90,6 +100,8 @@ pub const SD_SERVER: ServerBuild = ServerBuild {
     target: "sd-server",
     built: "bin/sd-server",
     flags: &["-DSD_BUILD_EXAMPLES=ON", "-DSD_SERVER_BUILD_FRONTEND=OFF"],
+    companions: &[],
+    tag: "",
     managed_dir: "sd-cpp",
 };
 
@@ -119,12 +131,18 @@ impl ServerBuild {
 
     /// Installs the build as lemonade's managed `<recipe>:cpu` backend.
     fn install(&self, bin: &Path) -> Result<()> {
-        install_managed(self.managed_dir, self.name, &format!("{}-{FLAVOUR}", self.sdist.replace("==", "-")), bin)
+        install_managed(
+            self.managed_dir,
+            self.name,
+            &format!("{}-{FLAVOUR}{}", self.sdist.replace("==", "-"), self.tag),
+            bin,
+        )
     }
 
-    /// Where the build is cached: `<dev>/<name>/<sdist version>-<flavour>/<name>`.
+    /// Where the build is cached: `<dev>/<name>/<sdist version>-<flavour><tag>/<name>`; its
+    /// companions lie beside it.
     pub fn cached(&self, dev: &Path) -> PathBuf {
-        dev.join(self.name).join(format!("{}-{FLAVOUR}", self.version())).join(self.name)
+        dev.join(self.name).join(format!("{}-{FLAVOUR}{}", self.version(), self.tag)).join(self.name)
     }
 }
 
@@ -290,6 +308,8 @@ const MODELS: &[ModelSpec] = &[
 
 pub struct Provisioned {
     pub llama_server: PathBuf,
+    /// llama.cpp's RPC worker (`ggml-rpc-server`) of the same build.
+    pub rpc_server: PathBuf,
     pub whisper_server: PathBuf,
     pub sd_server: PathBuf,
     /// The `koko` command (a script running koko.py in its virtualenv).
@@ -324,6 +344,7 @@ pub fn setup() -> Result<Provisioned> {
     let t = Instant::now();
     let llama_server = build_server(&dev, &LLAMA_SERVER)?;
     LLAMA_SERVER.install(&llama_server)?;
+    let rpc_server = llama_server.with_file_name("rpc-server");
     let whisper_server = build_server(&dev, &WHISPER_SERVER)?;
     WHISPER_SERVER.install(&whisper_server)?;
     let sd_server = build_server(&dev, &SD_SERVER)?;
@@ -334,7 +355,7 @@ pub fn setup() -> Result<Provisioned> {
     let chromium = chromium()?;
     espeak()?;
     eprintln!("setup: ready in {:.1} s (cache: {})", t.elapsed().as_secs_f64(), dev.display());
-    Ok(Provisioned { llama_server, whisper_server, sd_server, koko, python, models_dir, chromium })
+    Ok(Provisioned { llama_server, rpc_server, whisper_server, sd_server, koko, python, models_dir, chromium })
 }
 
 /// Debian's `chromium` (the distribution pins its version), installed once.
@@ -557,7 +578,8 @@ fn unzip_to(wheel: &Path, dest: &Path) -> Result<()> {
 fn build_server(dev: &Path, b: &ServerBuild) -> Result<PathBuf> {
     let bin = b.cached(dev);
     let runs = |p: &Path| Command::new(p).arg("--help").output().is_ok_and(|o| o.status.success());
-    if bin.is_file() && runs(&bin) {
+    let beside = |name: &str| bin.with_file_name(name);
+    if bin.is_file() && runs(&bin) && b.companions.iter().all(|c| beside(c.2).is_file()) {
         eprintln!("setup: {} {} ({FLAVOUR}) cached at {}", b.name, b.sdist, bin.display());
         return Ok(bin);
     }
@@ -588,16 +610,20 @@ fn build_server(dev: &Path, b: &ServerBuild) -> Result<PathBuf> {
     eprintln!("setup: building {} from {} (CPU, Release; minutes on 2 cores)", b.name, b.sdist);
     run(Command::new("cmake").arg("-S").arg(work.join(b.src)).arg("-B").arg(&build).args(GGML_FLAGS).args(b.flags))?;
     let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).to_string();
-    run(Command::new("cmake").arg("--build").arg(&build).args(["--target", b.target, "-j", &jobs]))?;
+    let targets = std::iter::once(b.target).chain(b.companions.iter().map(|c| c.0));
+    run(Command::new("cmake").arg("--build").arg(&build).arg("--target").args(targets).args(["-j", &jobs]))?;
     let built = build.join(b.built);
     if !runs(&built) {
         bail!("the built {} does not run: {}", b.name, built.display());
     }
     let dir = bin.parent().expect("has parent");
     fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!("{}.tmp", b.name));
-    fs::copy(&built, &tmp)?;
-    fs::rename(&tmp, &bin)?;
+    // Companions first: the server's own file is what marks the cache entry complete.
+    for (from, to) in b.companions.iter().map(|c| (build.join(c.1), beside(c.2))).chain([(built, bin.clone())]) {
+        let tmp = to.with_extension("tmp");
+        fs::copy(&from, &tmp)?;
+        fs::rename(&tmp, &to)?;
+    }
     eprintln!("setup: {} built in {:.0} s", b.name, t.elapsed().as_secs_f64());
     let _ = fs::remove_dir_all(&work);
     Ok(bin)
