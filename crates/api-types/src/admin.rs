@@ -57,6 +57,9 @@ pub struct AdminModel {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct AdminModels {
     pub models: Vec<AdminModel>,
+    /// Remote providers and their models (recipe `cloud`), with their last probe.
+    #[serde(default)]
+    pub upstreams: Vec<crate::Upstream>,
 }
 
 /// Body of `POST /v1/admin/models/{name}/load` (all optional).

@@ -80,6 +80,9 @@ pub struct Model {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Object)]
     pub image_defaults: Option<Value>,
+    /// A remote model's provider (recipe `cloud`; see `GET /api/v1/cloud`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<String>,
 }
 
 /// `GET /v1/models`.
@@ -178,6 +181,9 @@ pub struct Health {
     /// The prompt cache on disk (every model together).
     #[serde(default)]
     pub prompt_cache: PromptCacheUsage,
+    /// Remote providers (recipe `cloud`): their models take no local slot.
+    #[serde(default)]
+    pub upstreams: Vec<crate::Upstream>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -219,6 +225,10 @@ pub struct LoadRequest {
     /// Extra llama-server arguments; flags lemonade manages are rejected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llamacpp_args: Option<String>,
+    /// llama.cpp RPC workers (`host:port` of each `rpc-server`): llama-server spreads the
+    /// model's layers over them (`--rpc`). An empty list clears saved ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rpc_servers: Option<Vec<String>>,
     /// Save these options (and only these) as the model's defaults in `recipe_options.json`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub save_options: Option<bool>,

@@ -131,8 +131,16 @@ pub struct SystemStats {
 pub struct InstallRequest {
     /// Recipe, e.g. `llamacpp`.
     pub recipe: Option<String>,
-    /// Backend of the recipe, e.g. `cpu`.
+    /// Backend of the recipe, e.g. `cpu`; for recipe `cloud`, the provider's name.
     pub backend: Option<String>,
+    /// Recipe `cloud`: the provider's OpenAI API base (`http://host:8000/v1`). Omitted to change
+    /// only the key of a registered provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// Recipe `cloud`: its API key, held in memory only (never written to disk); else
+    /// `LEMONADE_<NAME>_API_KEY` is used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
     /// Answer with SSE progress events (`progress`, `complete`, `error`), as `pull` does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
@@ -149,6 +157,9 @@ pub struct InstallResponse {
     /// What happened, when it is worth saying (an uninstall with nothing to remove).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Recipe `cloud`: the provider after discovery (its key never shown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<crate::Upstream>,
 }
 
 /// Body of `log-level`.

@@ -8,11 +8,13 @@
 //!
 //! The process supervisor and binary resolution that act on these values live in `host`.
 
+pub mod cloud;
 pub mod kokoro;
 pub mod llamacpp;
 pub mod prompt_cache;
 pub mod recipe;
 pub mod releases;
+pub mod rpc;
 pub mod ryzenai;
 pub mod sdcpp;
 pub mod whispercpp;

@@ -33,6 +33,7 @@ pub const RESERVED_FLAGS: &[&str] = &[
     "--n-gpu-layers",
     "-a",
     "--alias",
+    "--rpc",
 ];
 
 /// The API paths llama-server serves: OpenAI's under `/v1`, llama.cpp's own at the root.
@@ -67,6 +68,7 @@ impl crate::Adapter for LlamaCpp {
             user_args: input.options.get("llamacpp_args").and_then(|v| v.as_str()).unwrap_or_default().to_string(),
             amd_igpu: input.hardware.amd_igpu.is_some(),
             alias: input.name.to_string(),
+            rpc: crate::rpc::workers(input.options),
         })?;
         Ok(crate::Launch {
             args,
@@ -127,6 +129,8 @@ pub struct LlamaServerConfig {
     /// The model name clients use (`--alias`): llama-server reports it as `model` in every
     /// answer, instead of the GGUF's path.
     pub alias: String,
+    /// llama.cpp RPC workers (`host:port`), given to `--rpc`.
+    pub rpc: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -266,8 +270,13 @@ pub fn command_line(cfg: &LlamaServerConfig) -> Result<Vec<String>, ArgsError> {
         ModelType::Reranking => push("--reranking"),
         _ => {}
     }
+    // With RPC workers the layers go to them: every layer is offloaded, whatever the backend.
     push("-ngl");
-    push(if cpu { "0" } else { "99" });
+    push(if cpu && cfg.rpc.is_empty() { "0" } else { "99" });
+    if !cfg.rpc.is_empty() {
+        push("--rpc");
+        push(&cfg.rpc.join(","));
+    }
     a.extend(user);
     Ok(a)
 }
@@ -286,11 +295,22 @@ mod tests {
             user_args: user_args.into(),
             amd_igpu: false,
             alias: "user.M".into(),
+            rpc: vec![],
         }
     }
 
     fn line(c: &LlamaServerConfig) -> String {
         command_line(c).unwrap().join(" ")
+    }
+
+    #[test]
+    fn rpc_workers_take_every_layer() {
+        let mut c = cfg(ModelType::Llm, "cpu", "");
+        c.rpc = vec!["127.0.0.1:50052".into(), "10.0.0.2:50052".into()];
+        let l = line(&c);
+        assert!(l.contains("-ngl 99 --rpc 127.0.0.1:50052,10.0.0.2:50052"), "{l}");
+        let e = command_line(&cfg(ModelType::Llm, "cpu", "--rpc 1.2.3.4:5")).unwrap_err();
+        assert!(e.to_string().contains("'--rpc' is managed by lemonade"), "{e}");
     }
 
     #[test]

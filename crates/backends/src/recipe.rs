@@ -138,7 +138,7 @@ impl Recipe {
     /// The option keys the recipe accepts (reference §2.9).
     pub fn option_keys(self) -> &'static [&'static str] {
         match self {
-            Recipe::LlamaCpp => &["ctx_size", "llamacpp_backend", "llamacpp_args"],
+            Recipe::LlamaCpp => &["ctx_size", "llamacpp_backend", "llamacpp_args", "rpc_servers"],
             Recipe::Flm | Recipe::RyzenAiLlm => &["ctx_size"],
             Recipe::WhisperCpp => &["whispercpp_backend"],
             Recipe::SdCpp => &["sd-cpp_backend", "steps", "cfg_scale", "width", "height"],

@@ -196,6 +196,10 @@ pub struct LoadArgs {
     /// Extra llama-server arguments for this load.
     #[arg(long, allow_hyphen_values = true)]
     pub llamacpp_args: Option<String>,
+    /// llama.cpp RPC workers for this load, comma-separated host:port of each rpc-server
+    /// (run them only on a private network: rpc-server has no authentication).
+    #[arg(long, value_delimiter = ',', value_name = "HOST:PORT")]
+    pub rpc_servers: Option<Vec<String>>,
     /// Save these settings as the model's defaults (recipe_options.json).
     #[arg(long)]
     pub save_options: bool,
@@ -215,6 +219,7 @@ impl LoadArgs {
             ctx_size: self.ctx_size,
             llamacpp_backend: self.llamacpp.clone(),
             llamacpp_args: self.llamacpp_args.clone(),
+            rpc_servers: self.rpc_servers.clone(),
             save_options: self.save_options.then_some(true),
             pinned: self.pin.then_some(true),
             idle_timeout: self.idle_timeout,
@@ -407,7 +412,12 @@ fn recipe_backend(s: &str, flag: &str) -> Result<(String, String)> {
 pub async fn recipes(t: &Target, install: Option<String>, uninstall: Option<String>, json_out: bool) -> Result<()> {
     if let Some(spec) = install {
         let (recipe, backend) = recipe_backend(&spec, "--install")?;
-        let req = InstallRequest { recipe: Some(recipe.clone()), backend: Some(backend.clone()), stream: Some(true) };
+        let req = InstallRequest {
+            recipe: Some(recipe.clone()),
+            backend: Some(backend.clone()),
+            stream: Some(true),
+            ..Default::default()
+        };
         let r = t.client(None).post_stream("/install", &req).await.context("Error installing backend")?;
         let done = progress_stream(r, json_out, "installing backend").await?;
         let v = json!({"status": "success", "recipe": recipe, "backend": backend, "bytes": done.bytes_downloaded});
@@ -416,7 +426,7 @@ pub async fn recipes(t: &Target, install: Option<String>, uninstall: Option<Stri
     }
     if let Some(spec) = uninstall {
         let (recipe, backend) = recipe_backend(&spec, "--uninstall")?;
-        let req = InstallRequest { recipe: Some(recipe.clone()), backend: Some(backend.clone()), stream: None };
+        let req = InstallRequest { recipe: Some(recipe.clone()), backend: Some(backend.clone()), ..Default::default() };
         let v = t.client(None).uninstall(&req).await.context("Error uninstalling backend")?;
         out(json_out, &json_of(&v), || match v.message {
             Some(m) => m,
@@ -427,6 +437,103 @@ pub async fn recipes(t: &Target, install: Option<String>, uninstall: Option<Stri
     let v = json_of(&t.client(Some(Duration::from_secs(60))).system_info(false).await?);
     out(json_out, &v["recipes"], || recipes_table(&v));
     Ok(())
+}
+
+/// `lemonade cloud …`.
+#[derive(clap::Subcommand)]
+pub enum CloudAction {
+    /// Register a provider (or point it elsewhere) and list its models. Its key is held by
+    /// the running server only, never written to disk; `LEMONADE_<NAME>_API_KEY` in the
+    /// server's environment works too.
+    Install {
+        /// Its name: its models become `<NAME>.<id>`.
+        name: String,
+        /// Its OpenAI API base, e.g. http://10.0.0.5:8000/v1 (a bare host:port gets /v1).
+        #[arg(long)]
+        base_url: String,
+        /// Its API key (or `-` to read it from standard input, which keeps it out of the shell
+        /// history).
+        #[arg(long)]
+        api_key: Option<String>,
+    },
+    /// The providers: state, last probe, where the key comes from, models.
+    List {
+        /// Probe every provider first.
+        #[arg(long)]
+        refresh: bool,
+    },
+    /// Forget a provider (its models disappear).
+    Uninstall {
+        /// The provider's name.
+        name: String,
+    },
+    /// Give a registered provider a new key (held in memory by the running server).
+    Auth {
+        /// The provider's name.
+        name: String,
+        /// The key, or `-` (the default) to read it from standard input.
+        #[arg(long, default_value = "-")]
+        api_key: String,
+    },
+}
+
+/// `-` → one line of standard input.
+fn key_from(arg: Option<String>) -> Result<Option<String>> {
+    match arg.as_deref() {
+        Some("-") => {
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).context("reading the API key from standard input")?;
+            Ok(Some(line.trim().to_string()).filter(|k| !k.is_empty()))
+        }
+        _ => Ok(arg),
+    }
+}
+
+pub async fn cloud(t: &Target, action: CloudAction, json_out: bool) -> Result<()> {
+    let install = |name: String, base_url: Option<String>, api_key: Option<String>| InstallRequest {
+        recipe: Some("cloud".into()),
+        backend: Some(name),
+        base_url,
+        api_key,
+        ..Default::default()
+    };
+    let req = match action {
+        CloudAction::List { refresh } => {
+            let v = t.client(Some(Duration::from_secs(60))).cloud(refresh).await.context("Error listing providers")?;
+            out(json_out, &json_of(&v), || upstreams_table(&v.upstreams));
+            return Ok(());
+        }
+        CloudAction::Uninstall { name } => {
+            let v = t
+                .client(None)
+                .uninstall(&install(name.clone(), None, None))
+                .await
+                .context("Error removing provider")?;
+            out(json_out, &json_of(&v), || v.message.clone().unwrap_or_else(|| format!("Provider removed: {name}")));
+            return Ok(());
+        }
+        CloudAction::Install { name, base_url, api_key } => install(name, Some(base_url), key_from(api_key)?),
+        CloudAction::Auth { name, api_key } => install(name, None, key_from(Some(api_key))?),
+    };
+    let v = t.client(Some(Duration::from_secs(60))).install(&req).await.context("Error registering provider")?;
+    out(json_out, &json_of(&v), || {
+        let name = v.backend.clone();
+        format!("Provider {name}: {}", v.message.clone().unwrap_or_default())
+    });
+    Ok(())
+}
+
+fn upstreams_table(ups: &[api_types::Upstream]) -> String {
+    if ups.is_empty() {
+        return "No remote providers. Add one: lemonade cloud install NAME --base-url URL [--api-key KEY]".into();
+    }
+    let mut s = format!("{:<16} {:<8} {:<8} {:<40} {}\n", "NAME", "STATE", "KEY", "BASE URL", "MODELS");
+    for u in ups {
+        let why = u.last_probe.as_ref().and_then(|p| p.error.clone()).map(|e| format!(" ({e})")).unwrap_or_default();
+        let models = if u.models.is_empty() { "-".to_string() } else { u.models.join(", ") };
+        s.push_str(&format!("{:<16} {:<8} {:<8} {:<40} {models}{why}\n", u.name, u.state, u.api_key, u.base_url));
+    }
+    s.trim_end().to_string()
 }
 
 #[cfg(test)]

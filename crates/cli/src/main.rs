@@ -115,6 +115,12 @@ enum Command {
         #[arg(long, value_name = "RECIPE:BACKEND")]
         uninstall: Option<String>,
     },
+    /// Remote OpenAI-compatible providers (vLLM, SGLang, TGI, a hosted API, another
+    /// lemonade): their models are served here as `<NAME>.<id>` and take no local slot.
+    Cloud {
+        #[command(subcommand)]
+        action: client::CloudAction,
+    },
     /// Show the hardware and the backends' state.
     SystemInfo {
         /// Add details: versions, paths, the backend binaries in use.
@@ -240,6 +246,14 @@ struct ServeArgs {
     /// recently used files go first. Default 4G.
     #[arg(long, env = "LEMONADE_PROMPT_CACHE_SIZE", default_value = "4G")]
     prompt_cache_size: String,
+    /// Seconds a remote provider may take to start answering (and to send the next chunk of a
+    /// stream) before the request fails with 504 naming it.
+    #[arg(long, env = "LEMONADE_REMOTE_TIMEOUT", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    remote_timeout: u64,
+    /// Seconds between refreshes of the remote providers' model lists (0: only on demand,
+    /// `lemonade cloud list --refresh`).
+    #[arg(long, env = "LEMONADE_REMOTE_REFRESH", default_value_t = 60)]
+    remote_refresh: u64,
     /// Models to load at start, pulling them if needed (comma-separated).
     #[arg(long, env = "LEMONADE_PRELOAD", value_delimiter = ',')]
     preload: Vec<String>,
@@ -328,6 +342,8 @@ async fn serve(
     cfg.auto_load = !args.no_auto_load;
     cfg.stop_grace = Duration::from_secs(args.stop_timeout);
     cfg.pull_timeout = Duration::from_secs(args.pull_timeout);
+    cfg.remote_timeout = Duration::from_secs(args.remote_timeout);
+    cfg.remote_refresh = (args.remote_refresh > 0).then(|| Duration::from_secs(args.remote_refresh));
     cfg.prompt_cache_size = server::params::parse_bytes(&args.prompt_cache_size).with_context(|| {
         format!("--prompt-cache-size: '{}' is not a size (4G, 512M, bytes or 0)", args.prompt_cache_size)
     })?;
@@ -462,6 +478,7 @@ async fn client_command(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
             with_server(&t, temporary, vec![], false, async |t| client::recipes(t, install, uninstall, json).await)
                 .await?
         }
+        Command::Cloud { action } => client::cloud(&t, action, json).await?,
         Command::SystemInfo { verbose } => {
             with_server(&t, true, vec![], false, async |t| client::system_info(t, verbose, json).await).await?
         }

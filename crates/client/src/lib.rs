@@ -178,6 +178,11 @@ impl Client {
         self.post("/uninstall", req).await
     }
 
+    /// `GET /cloud`: remote providers (`refresh`: probe them first).
+    pub async fn cloud(&self, refresh: bool) -> Result<UpstreamList, ClientError> {
+        self.get(if refresh { "/cloud?refresh=true" } else { "/cloud" }).await
+    }
+
     pub async fn system_info(&self, verbose: bool) -> Result<SystemInfo, ClientError> {
         self.get(if verbose { "/system-info?verbose=true" } else { "/system-info" }).await
     }

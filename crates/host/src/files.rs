@@ -61,7 +61,7 @@ pub fn read_if_exists(path: &Path) -> Result<Option<Vec<u8>>, HostError> {
 
 /// Sets (or with None removes) `key` in the JSON object file at `path`: one writer at a time,
 /// atomic replacement.
-fn update_json_map<T: Serialize + serde::de::DeserializeOwned>(
+pub(crate) fn update_json_map<T: Serialize + serde::de::DeserializeOwned>(
     path: &Path,
     key: &str,
     value: Option<T>,

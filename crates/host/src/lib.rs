@@ -11,12 +11,14 @@
 
 pub mod binary;
 pub mod catalogue;
+pub mod cloud;
 pub mod download;
 pub mod files;
 pub mod hardware;
 pub mod hf_cache;
 pub mod hub;
 pub mod install;
+pub mod net;
 pub mod prompt_cache;
 pub mod supervisor;
 

@@ -303,6 +303,7 @@ impl Registry {
             size: m.size.filter(|s| *s > 0.0),
             model_type: Some(m.model_type),
             image_defaults: m.image_defaults.clone(),
+            upstream: None,
         }
     }
 }

@@ -55,6 +55,10 @@ pub struct Config {
     pub logs: Option<std::sync::Arc<crate::logging::LogHub>>,
     /// Bytes the prompt cache may take on disk (`--prompt-cache-size`); 0 turns it off.
     pub prompt_cache_size: u64,
+    /// How long a remote provider may take to start answering (headers, then between chunks).
+    pub remote_timeout: Duration,
+    /// How often remote providers' model lists are refreshed (None: only on demand).
+    pub remote_refresh: Option<Duration>,
 }
 
 impl Config {
@@ -111,6 +115,8 @@ impl Config {
             access: Access { loopback_only: true, listen_host: "127.0.0.1".into(), ..Access::default() },
             logs: None,
             prompt_cache_size: 4 << 30,
+            remote_timeout: Duration::from_secs(300),
+            remote_refresh: Some(Duration::from_secs(60)),
         }
     }
 }

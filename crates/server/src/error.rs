@@ -45,6 +45,12 @@ pub enum ApiError {
     UnknownPath(String),
     #[error("Method Not Allowed. Use {allowed} for this endpoint")]
     MethodNotAllowed { allowed: String },
+    /// A remote provider failed: refused, unreachable, a 5xx, or a refused key (502).
+    #[error("{0}")]
+    UpstreamFailed(String),
+    /// A remote provider gave no answer within `--remote-timeout` (504).
+    #[error("{0}")]
+    UpstreamTimeout(String),
     /// The disk is full (a download).
     #[error("{0}")]
     InsufficientStorage(String),
@@ -96,7 +102,8 @@ impl ApiError {
                 _ => StatusCode::CONFLICT,
             },
             ApiError::Backend { status, .. } => *status,
-            ApiError::BackendUnavailable(_) => StatusCode::BAD_GATEWAY,
+            ApiError::BackendUnavailable(_) | ApiError::UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
+            ApiError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
@@ -150,6 +157,8 @@ impl ApiError {
                 ErrorResponse::new("invalid_request_error", msg).code("payload_too_large")
             }
             ApiError::Internal(_) => ErrorResponse::new("internal_error", msg).code("internal_error"),
+            ApiError::UpstreamFailed(_) => ErrorResponse::new("upstream_error", msg).code("upstream_error"),
+            ApiError::UpstreamTimeout(_) => ErrorResponse::new("upstream_timeout", msg).code("upstream_timeout"),
             ApiError::InsufficientStorage(_) => {
                 ErrorResponse::new("insufficient_storage", msg).code("insufficient_storage")
             }

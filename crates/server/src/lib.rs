@@ -15,6 +15,7 @@ pub mod params;
 pub mod prompt_cache;
 pub mod proxy;
 pub mod pulls;
+pub mod remote;
 pub mod routes;
 pub mod runtime;
 pub mod sse;

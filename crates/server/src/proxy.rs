@@ -14,7 +14,7 @@ use serde_json::Value;
 use dialects::{Counts, SseDecoder, StreamTranslator};
 
 use crate::error::ApiError;
-use crate::runtime::Lease;
+use crate::runtime::{Lease, Target};
 
 /// Bytes of a stream kept to find the last usage/timings chunk and the `[DONE]` marker.
 const TAIL_KEEP: usize = 16 * 1024;
@@ -27,12 +27,12 @@ async fn send(
     body: Option<Bytes>,
     stream: bool,
 ) -> Result<reqwest::Response, ApiError> {
-    if let (Some(cache), Some(b)) = (&lease.model.cache, &body) {
-        crate::prompt_cache::before_request(lease.http(), &lease.base_url(), cache, path_and_query, b, lease.metrics())
-            .await;
+    let Some(model) = lease.local() else { return send_remote(lease, method, path_and_query, body).await };
+    if let (Some(cache), Some(b)) = (&model.cache, &body) {
+        let base = model.backend.base_url();
+        crate::prompt_cache::before_request(lease.http(), &base, cache, path_and_query, b, lease.metrics()).await;
     }
-    let url = format!("{}{}", lease.base_url(), path_and_query);
-    let mut req = lease.http().request(method, url);
+    let mut req = lease.http().request(method, lease.url(path_and_query));
     if stream {
         // llama-server closes the connection after a streamed response although it advertised
         // keep-alive; a pooled connection reused before its FIN arrives fails the next request.
@@ -42,6 +42,79 @@ async fn send(
         req = req.header(header::CONTENT_TYPE, "application/json").body(b);
     }
     issue(lease, req).await
+}
+
+/// Attempts at a remote provider, counting the first: a refused connection or a 502/503/504
+/// is tried again, as nothing has reached the client yet.
+const REMOTE_ATTEMPTS: u32 = 3;
+
+/// [`send`] to a remote provider: the model id rewritten to the upstream's, its key added, an
+/// answer's headers awaited for `--remote-timeout`.
+async fn send_remote(
+    lease: &Lease,
+    method: http::Method,
+    path_and_query: &str,
+    body: Option<Bytes>,
+) -> Result<reqwest::Response, ApiError> {
+    let Target::Remote(route) = &lease.target else { unreachable!("send_remote is for remote leases") };
+    let body = body.map(|b| backends::cloud::rewrite_model(&b, &route.id).map(Bytes::from).unwrap_or(b));
+    let url = lease.url(path_and_query);
+    let key = route.provider.key();
+    let started = std::time::Instant::now();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let mut req = lease.http().request(method.clone(), &url);
+        if let Some(k) = &key {
+            req = req.bearer_auth(k);
+        }
+        if let Some(b) = &body {
+            req = req.header(header::CONTENT_TYPE, "application/json").body(b.clone());
+        }
+        let left = lease.remote_timeout().saturating_sub(started.elapsed());
+        let outcome = match tokio::time::timeout(left, req.send()).await {
+            Err(_) => return Err(remote_timeout(lease, route)),
+            Ok(Ok(r)) if attempt < REMOTE_ATTEMPTS && matches!(r.status().as_u16(), 502..=504) => None,
+            Ok(Ok(r)) => Some(Ok(r)),
+            Ok(Err(e)) if attempt < REMOTE_ATTEMPTS && e.is_connect() => None,
+            Ok(Err(e)) => Some(Err(e)),
+        };
+        match outcome {
+            Some(Ok(r)) => {
+                route.provider.record(true, started.elapsed(), None);
+                return Ok(r);
+            }
+            Some(Err(e)) => return Err(remote_failed(route, &e, lease.remote_timeout())),
+            None => {
+                let pause = std::time::Duration::from_millis(200 << attempt);
+                tracing::warn!(provider = %route.provider.name, attempt, "remote provider failed; trying again");
+                tokio::time::sleep(pause.min(lease.remote_timeout().saturating_sub(started.elapsed()))).await;
+            }
+        }
+    }
+}
+
+fn remote_timeout(lease: &Lease, route: &crate::remote::Route) -> ApiError {
+    let t = lease.remote_timeout();
+    let msg = format!(
+        "Upstream '{}' ({}) did not answer within {} s (--remote-timeout)",
+        route.provider.name,
+        route.provider.base,
+        t.as_secs_f64()
+    );
+    route.provider.record(false, t, Some(msg.clone()));
+    ApiError::UpstreamTimeout(msg)
+}
+
+fn remote_failed(route: &crate::remote::Route, e: &reqwest::Error, timeout: std::time::Duration) -> ApiError {
+    let msg = format!(
+        "Upstream '{}' ({}) failed: {}",
+        route.provider.name,
+        route.provider.base,
+        host::cloud::describe(e, timeout)
+    );
+    route.provider.record(false, std::time::Duration::ZERO, Some(msg.clone()));
+    ApiError::UpstreamFailed(msg)
 }
 
 async fn issue(lease: &Lease, req: reqwest::RequestBuilder) -> Result<reqwest::Response, ApiError> {
@@ -64,7 +137,7 @@ pub async fn forward_bytes(lease: Lease, path: &str, body: Bytes) -> Result<Resp
     let stream = resp.bytes_stream().map(move |chunk| {
         let held = &lease;
         chunk.map_err(|e| {
-            tracing::warn!(model = %held.model.info.name, error = %e, "stream from backend failed");
+            tracing::warn!(model = %held.name(), error = %e, "stream from backend failed");
             std::io::Error::other(e)
         })
     });
@@ -86,7 +159,11 @@ pub async fn forward_form(
     form: reqwest::multipart::Form,
     content_type: &'static str,
 ) -> Result<Response, ApiError> {
-    let resp = issue(&lease, lease.http().post(format!("{}{path}", lease.base_url())).multipart(form)).await?;
+    let mut req = lease.http().post(lease.url(path)).multipart(form);
+    if let Target::Remote(route) = &lease.target {
+        req = req.bearer_auth(route.provider.key().unwrap_or_default());
+    }
+    let resp = issue(&lease, req).await?;
     if !resp.status().is_success() {
         return Err(backend_error(&lease, resp).await);
     }
@@ -95,6 +172,13 @@ pub async fn forward_form(
 }
 
 async fn read_body(lease: &Lease, resp: reqwest::Response) -> Result<Bytes, ApiError> {
+    if let Target::Remote(route) = &lease.target {
+        return match tokio::time::timeout(lease.remote_timeout(), resp.bytes()).await {
+            Ok(Ok(b)) => Ok(b),
+            Ok(Err(e)) => Err(remote_failed(route, &e, lease.remote_timeout())),
+            Err(_) => Err(remote_timeout(lease, route)),
+        };
+    }
     match resp.bytes().await {
         Ok(b) => Ok(b),
         Err(e) => Err(unavailable(lease, &e).await),
@@ -109,9 +193,33 @@ fn content_type(resp: &reqwest::Response) -> Option<String> {
 async fn backend_error(lease: &Lease, resp: reqwest::Response) -> ApiError {
     let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let content_type = content_type(&resp);
-    match read_body(lease, resp).await {
-        Ok(body) => ApiError::Backend { status, body, content_type },
-        Err(e) => e,
+    let body = match read_body(lease, resp).await {
+        Ok(body) => body,
+        Err(e) => return e,
+    };
+    match &lease.target {
+        // An upstream's 5xx, or its refusal of our key, is the upstream's failure, not the
+        // client's: 502 naming it. Its other 4xx are about the request and pass through.
+        Target::Remote(route) if status.is_server_error() || matches!(status.as_u16(), 401 | 403) => {
+            let text = String::from_utf8_lossy(&body);
+            let excerpt: String = text.chars().take(300).collect();
+            let hint = if status.is_server_error() {
+                String::new()
+            } else {
+                format!(
+                    " (its API key: `lemonade cloud auth {}` or {})",
+                    route.provider.name,
+                    backends::cloud::key_variable(&route.provider.name)
+                )
+            };
+            let msg = format!(
+                "Upstream '{}' ({}) answered {status}{hint}: {excerpt}",
+                route.provider.name, route.provider.base
+            );
+            route.provider.record(false, std::time::Duration::ZERO, Some(msg.clone()));
+            ApiError::UpstreamFailed(msg)
+        }
+        _ => ApiError::Backend { status, body, content_type },
     }
 }
 
@@ -136,24 +244,28 @@ async fn fetch(
 const EXIT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 async fn unavailable(lease: &Lease, e: &reqwest::Error) -> ApiError {
-    let b = &lease.model.backend;
+    let model = match &lease.target {
+        Target::Local { model, .. } => model,
+        Target::Remote(route) => return remote_failed(route, e, lease.remote_timeout()),
+    };
+    let b = &model.backend;
     let exit = match b.exit_status() {
         Some(x) => Some(x),
         None => tokio::time::timeout(EXIT_GRACE, b.wait_exit()).await.ok(),
     };
-    let wedged = lease.model.wedged.load(std::sync::atomic::Ordering::SeqCst);
+    let wedged = model.wedged.load(std::sync::atomic::Ordering::SeqCst);
     match exit {
         Some(exit) if wedged => ApiError::BackendUnavailable(format!(
             "The backend of model '{}' stopped answering its health checks during the request and was killed ({exit}). Last log lines:\n{}",
-            lease.model.info.name,
+            model.info.name,
             b.log_tail()
         )),
         Some(exit) => ApiError::BackendUnavailable(format!(
             "The backend of model '{}' exited ({exit}) during the request. Last log lines:\n{}",
-            lease.model.info.name,
+            model.info.name,
             b.log_tail()
         )),
-        None => ApiError::BackendUnavailable(format!("Backend of model '{}' failed: {e}", lease.model.info.name)),
+        None => ApiError::BackendUnavailable(format!("Backend of model '{}' failed: {e}", model.info.name)),
     }
 }
 
@@ -217,7 +329,8 @@ async fn forward_with(
 /// `bytes` with the model's local file paths replaced by its name; unchanged (no copy) when
 /// they mention none.
 fn without_model_paths(lease: &Lease, bytes: Bytes) -> Bytes {
-    let info = &lease.model.info;
+    let Some(model) = lease.local() else { return bytes };
+    let info = &model.info;
     let mut out: Option<String> = None;
     for path in info.main_path.iter().chain(&info.mmproj_path) {
         let p = path.display().to_string();
@@ -268,7 +381,20 @@ async fn stream_with(
     let stream = futures_util::stream::unfold(Some(state), |state| async move {
         let mut st = state?;
         loop {
-            match st.upstream.next().await {
+            // A remote provider that goes quiet mid-stream for `--remote-timeout` ends it.
+            let next = match st.lease.local() {
+                Some(_) => st.upstream.next().await,
+                None => match tokio::time::timeout(st.lease.remote_timeout(), st.upstream.next()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        let Target::Remote(route) = &st.lease.target else { return None };
+                        let msg = remote_timeout(&st.lease, route).to_string();
+                        tracing::warn!(model = %st.lease.name(), error = %msg, "stream from upstream stalled");
+                        return Some((Ok(st.failed(&msg)), None));
+                    }
+                },
+            };
+            match next {
                 Some(Ok(chunk)) => {
                     st.first_byte();
                     st.keep_tail(&chunk);
@@ -279,7 +405,7 @@ async fn stream_with(
                 }
                 Some(Err(e)) => {
                     let msg = unavailable(&st.lease, &e).await.to_string();
-                    tracing::warn!(model = %st.lease.model.info.name, error = %msg, "stream from backend failed");
+                    tracing::warn!(model = %st.lease.name(), error = %msg, "stream from backend failed");
                     return Some((Ok(st.failed(&msg)), None));
                 }
                 // `st` is dropped here, which records the stats (see `Drop`).
@@ -362,7 +488,7 @@ impl StreamState {
     fn first_byte(&mut self) {
         if !self.started {
             self.started = true;
-            self.lease.metrics().first_token(&self.lease.model.info.name, self.lease.asked.elapsed());
+            self.lease.metrics().first_token(self.lease.name(), self.lease.asked.elapsed());
         }
     }
 
@@ -403,9 +529,11 @@ impl StreamState {
 }
 
 fn update_stats(lease: &Lease, v: &Value, non_streaming: bool) {
-    apply_usage(&mut lease.model.stats.lock().unwrap_or_else(|e| e.into_inner()), v, non_streaming);
+    if let Some(model) = lease.local() {
+        apply_usage(&mut model.stats.lock().unwrap_or_else(|e| e.into_inner()), v, non_streaming);
+    }
     // A whole answer's time to first token is the wait for the model plus the prompt's time.
-    lease.metrics().usage(&lease.model.info.name, &Counts::of(v), non_streaming.then_some(lease.waited));
+    lease.metrics().usage(lease.name(), &Counts::of(v), non_streaming.then_some(lease.waited));
 }
 
 /// usage → input/output tokens; llama.cpp `timings` override and give TTFT and tokens/s.

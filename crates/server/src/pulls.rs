@@ -231,6 +231,13 @@ pub async fn lease_keeping(
     endpoint: &str,
     keep_alive: Option<u64>,
 ) -> Result<Lease, ApiError> {
+    // `<provider>.<id>` of a registered remote provider, unless a local model has that name.
+    // Every endpoint is forwarded: the upstream knows what its model serves.
+    if rt.registry().get(name).is_err() {
+        if let Some(route) = rt.remotes.route(name).await? {
+            return Ok(Lease::remote(rt, route));
+        }
+    }
     let info = rt.model_for(name, want, endpoint)?;
     let info = match (info.downloaded, rt.cfg.auto_load) {
         (true, _) => info,

@@ -97,6 +97,7 @@ route_table! {
     post_only "/delete" => pull::delete;
     post_only "/install" => install::install_route;
     post_only "/uninstall" => install::uninstall_route;
+    get_only "/cloud" => install::cloud_list;
     get_only "/system-info" => system::system_info;
     get_only "/system-stats" => system::system_stats;
     get_only "/log-level" => logs::get_level;

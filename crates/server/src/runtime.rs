@@ -76,6 +76,8 @@ pub struct Running {
     seq: u64,
     /// Set when the watchdog killed it for not answering.
     pub wedged: std::sync::atomic::AtomicBool,
+    /// Set when the watchdog stopped it because an RPC worker is gone: (worker, why).
+    pub lost_worker: std::sync::OnceLock<(String, String)>,
     /// True once its exit has been told to the owner task (or it was stopped on purpose).
     reported: tokio::sync::watch::Sender<bool>,
     /// Its prompt cache, when this load keeps one (an LLM on llama-server).
@@ -135,37 +137,82 @@ pub struct Runtime {
     pub metrics: Arc<Metrics>,
     /// The prompt cache's files (`<cache>/prompt-cache`).
     pub prompt_cache: host::prompt_cache::Store,
+    /// Remote OpenAI-compatible providers (recipe `cloud`).
+    pub remotes: crate::remote::Remotes,
 }
 
 /// Keeps a model in use while a request runs. Dropping it releases the model.
 pub struct Lease {
-    pub model: Arc<Running>,
-    req: ReqId,
+    pub target: Target,
     rt: Arc<Runtime>,
     /// When the request asked for the model, and how long it waited for it.
     pub asked: Instant,
     pub waited: Duration,
 }
 
+/// What a lease forwards to.
+pub enum Target {
+    /// A backend process of this machine, held through the scheduler.
+    Local { model: Arc<Running>, req: ReqId },
+    /// A remote provider's model: no slot, nothing to release.
+    Remote(crate::remote::Route),
+}
+
 impl Lease {
-    /// Base URL of the backend, `http://127.0.0.1:<port>`.
-    pub fn base_url(&self) -> String {
-        self.model.backend.base_url()
+    /// A lease on a remote model (the scheduler never sees it).
+    pub fn remote(rt: &Arc<Runtime>, route: crate::remote::Route) -> Lease {
+        let asked = Instant::now();
+        Lease { target: Target::Remote(route), rt: rt.clone(), asked, waited: Duration::ZERO }
     }
 
-    /// The pooled client used for every backend request.
+    /// The model's name, as the client gave it.
+    pub fn name(&self) -> &str {
+        match &self.target {
+            Target::Local { model, .. } => &model.info.name,
+            Target::Remote(r) => &r.name,
+        }
+    }
+
+    /// The local backend, when the model runs here.
+    pub fn local(&self) -> Option<&Arc<Running>> {
+        match &self.target {
+            Target::Local { model, .. } => Some(model),
+            Target::Remote(_) => None,
+        }
+    }
+
+    /// Where a request for `path` goes: the backend's `http://127.0.0.1:<port>{path}`, or the
+    /// provider's URL for it.
+    pub fn url(&self, path: &str) -> String {
+        match &self.target {
+            Target::Local { model, .. } => format!("{}{path}", model.backend.base_url()),
+            Target::Remote(r) => backends::cloud::upstream_url(&r.provider.base, path),
+        }
+    }
+
+    /// The pooled client for this target.
     pub fn http(&self) -> &reqwest::Client {
-        &self.rt.http
+        match &self.target {
+            Target::Local { .. } => &self.rt.http,
+            Target::Remote(_) => self.rt.remotes.http(),
+        }
     }
 
     pub fn metrics(&self) -> &Metrics {
         &self.rt.metrics
     }
+
+    /// How long a remote provider may take to answer.
+    pub fn remote_timeout(&self) -> Duration {
+        self.rt.remotes.timeout
+    }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        let _ = self.rt.tx.send(Event::Release { req: self.req });
+        if let Target::Local { req, .. } = &self.target {
+            let _ = self.rt.tx.send(Event::Release { req: *req });
+        }
     }
 }
 
@@ -202,6 +249,7 @@ impl Runtime {
             tracing::info!(count = temps, "removed temp files left by a killed write");
         }
         let prompt_cache = host::prompt_cache::Store::open(&cfg.cache_dir.join("prompt-cache"));
+        let remotes = crate::remote::Remotes::new(cfg.cache_dir.clone(), cfg.remote_timeout);
         let (tx, rx) = mpsc::unbounded_channel();
         let machine = Machine::new(scheduler::Limits::uniform(1))
             .with_crash_backoff(cfg.crash_backoff.0.as_millis() as u64, cfg.crash_backoff.1.as_millis() as u64)
@@ -226,8 +274,16 @@ impl Runtime {
             closing: tokio::sync::watch::channel(false).0,
             metrics: Arc::new(Metrics::new()),
             prompt_cache,
+            remotes,
         });
         tokio::spawn(owner(Arc::downgrade(&rt), rx, machine));
+        match rt.cfg.remote_refresh {
+            Some(every) => crate::remote::refresh_every(Arc::downgrade(&rt), every),
+            None => {
+                let r = rt.clone();
+                tokio::spawn(async move { r.remotes.refresh().await });
+            }
+        }
         rt
     }
 
@@ -463,7 +519,7 @@ impl Runtime {
             Answer::Granted => match self.running_model(name) {
                 Some(model) if model.backend.exit_status().is_none() => {
                     self.metrics.granted(name);
-                    Ok(Lease { model, req, rt: self.clone(), asked, waited: asked.elapsed() })
+                    Ok(Lease { target: Target::Local { model, req }, rt: self.clone(), asked, waited: asked.elapsed() })
                 }
                 dead => {
                     let _ = self.tx.send(Event::Release { req });
@@ -693,7 +749,10 @@ impl Runtime {
             port,
         };
         let mut launch = backends::launch(info.recipe, &input).map_err(|e| fatal(e.to_string()))?;
-        let cache = (info.recipe == Recipe::LlamaCpp)
+        let workers = backends::rpc::workers(&options);
+        check_workers(name, &workers).await.map_err(fatal)?;
+        // A slot's KV state on RPC workers is not saved: the prompt cache stays off.
+        let cache = (info.recipe == Recipe::LlamaCpp && workers.is_empty())
             .then(|| {
                 let (store, limit) = (&self.prompt_cache, self.cfg.prompt_cache_size);
                 let mmproj = info.mmproj_path.is_some();
@@ -718,6 +777,7 @@ impl Runtime {
             stats: Mutex::new(Stats::default()),
             seq: self.seq.fetch_add(1, Ordering::Relaxed),
             wedged: std::sync::atomic::AtomicBool::new(false),
+            lost_worker: std::sync::OnceLock::new(),
             reported: tokio::sync::watch::channel(false).0,
             cache,
         });
@@ -773,7 +833,9 @@ impl Runtime {
                 tracing::error!(model = %name, status = %exit, "backend died");
                 rt.metrics.crashed(&name);
                 let program = r.info.recipe.dir_and_exe().1;
-                let error = if r.wedged.load(Ordering::SeqCst) {
+                let error = if let Some((w, why)) = r.lost_worker.get() {
+                    format!("its RPC worker {w} is gone ({why}); {program} was stopped ({exit}). The next request loads it again")
+                } else if r.wedged.load(Ordering::SeqCst) {
                     format!("{program} stopped answering its health checks and was killed ({exit}). Last log lines:\n{tail}")
                 } else {
                     format!("{program} exited unexpectedly ({exit}). Last log lines:\n{tail}")
@@ -841,6 +903,31 @@ async fn owner(rt: Weak<Runtime>, mut rx: mpsc::UnboundedReceiver<Event<Opts>>, 
     }
 }
 
+/// How long a worker has to accept a connection at load time.
+const WORKER_CONNECT: Duration = Duration::from_secs(3);
+
+/// Fails a load whose RPC workers cannot be reached, naming the first such; warns of workers
+/// outside loopback and private networks (rpc-server has no authentication).
+async fn check_workers(model: &str, workers: &[String]) -> Result<(), String> {
+    for w in workers {
+        if !backends::rpc::is_private(w) {
+            tracing::warn!(model, worker = %w, "RPC worker is not on loopback or a private network: rpc-server has no authentication; anyone who reaches it can use its machine");
+        }
+        match host::net::probe(w, WORKER_CONNECT).await {
+            host::net::Worker::Up => {}
+            host::net::Worker::Gone(e) => {
+                return Err(format!(
+                    "RPC worker {w} is unreachable ({e}); start rpc-server there or remove it from rpc_servers"
+                ))
+            }
+            host::net::Worker::Silent => {
+                return Err(format!("RPC worker {w} did not accept a connection within {} s", WORKER_CONNECT.as_secs()))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Probes a running backend's health endpoint every `interval`; after [`WATCHDOG_STRIKES`] failures
 /// in a row (no answer within the interval, or an error status) the process is killed.
 async fn watchdog(http: reqwest::Client, interval: Duration, grace: Duration, name: String, r: Arc<Running>) {
@@ -851,6 +938,12 @@ async fn watchdog(http: reqwest::Client, interval: Duration, grace: Duration, na
             _ = r.backend.wait_exit() => return,
             _ = tokio::time::sleep(interval) => {}
         }
+        if let Some(lost) = lost_worker(&r.options, interval.min(Duration::from_secs(1))).await {
+            tracing::error!(model = %name, worker = %lost.0, error = %lost.1, "an RPC worker of the model is gone; stopping its llama-server");
+            let _ = r.lost_worker.set(lost);
+            r.backend.stop(grace.min(Duration::from_millis(100))).await;
+            return;
+        }
         let ok = matches!(http.get(&url).timeout(interval).send().await, Ok(resp) if resp.status().is_success());
         strikes = if ok { 0 } else { strikes + 1 };
         if strikes >= WATCHDOG_STRIKES {
@@ -860,4 +953,16 @@ async fn watchdog(http: reqwest::Client, interval: Duration, grace: Duration, na
             return;
         }
     }
+}
+
+/// The first of the model's RPC workers that is gone (nothing listens, or its host is
+/// unreachable), and why. A worker that is merely slow to accept is not gone: rpc-server
+/// serves one client at a time, and llama-server is that client.
+async fn lost_worker(options: &Opts, interval: Duration) -> Option<(String, String)> {
+    for w in backends::rpc::workers(options) {
+        if let host::net::Worker::Gone(e) = host::net::probe(&w, interval).await {
+            return Some((w, e));
+        }
+    }
+    None
 }

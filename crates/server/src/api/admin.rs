@@ -132,7 +132,7 @@ pub async fn models(State(rt): State<AppState>) -> Json<AdminModels> {
         })
         .map(|m| admin_model(&rt, m, view.get(&m.name)))
         .collect();
-    Json(AdminModels { models })
+    Json(AdminModels { models, upstreams: rt.remotes.views() })
 }
 
 /// Turns the admin body into recipe options: 422 for schema errors, 400 for values the
@@ -266,7 +266,7 @@ pub async fn gpu_memory(State(rt): State<AppState>) -> Json<GpuMemory> {
     let (gpus, error) = tokio::task::spawn_blocking(host::hardware::gpu_memory)
         .await
         .unwrap_or_else(|e| (Vec::new(), Some(e.to_string())));
-    let Json(AdminModels { models }) = models(State(rt)).await;
+    let Json(AdminModels { models, .. }) = models(State(rt)).await;
     let models = models
         .into_iter()
         .map(|m| GpuModel {

@@ -23,7 +23,9 @@ fn required(req: &InstallRequest) -> Result<(String, String), ApiError> {
 
 /// Downloads and installs a backend's pinned release.
 #[utoipa::path(post, path = "/api/v1/install", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1. Downloads the pinned release archive of `recipe:backend` for \
+    description = "Also under /api/v0, /v0 and /v1. With recipe `cloud`, registers a remote OpenAI-compatible \
+        provider instead: `backend` is its name, `base_url` its API base, `api_key` its key (held in memory only; \
+        else `LEMONADE_<NAME>_API_KEY`); its models are discovered and served as `<name>.<id>`. Otherwise: downloads the pinned release archive of `recipe:backend` for \
         this platform from `LEMONADE_RELEASES_URL` (default https://github.com), verifies it (the pinned sha256 \
         when `<cache>/backend_versions.json` carries one; the executable must run `--version`), and swaps it \
         into `<cache>/bin/<dir>/<backend>/` atomically: an interrupted install leaves the old backend. With \
@@ -38,13 +40,22 @@ fn required(req: &InstallRequest) -> Result<(String, String), ApiError> {
 pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallRequest>) -> Result<Response, ApiError> {
     let req = body.value;
     let (recipe, backend) = required(&req)?;
+    if recipe == backends::cloud::RECIPE {
+        return Ok(Json(cloud_install(&rt, backend, req).await?).into_response());
+    }
     let p = installs::plan(&rt.cfg, &recipe, &backend)?;
     if req.stream != Some(true) {
         let (_, version) = installs::install(&rt.cfg, &rt.locks, &p, &mut |_, _| true).await?;
         let version = Some(version);
-        return Ok(
-            Json(InstallResponse { status: "success".into(), recipe, backend, version, message: None }).into_response()
-        );
+        return Ok(Json(InstallResponse {
+            status: "success".into(),
+            recipe,
+            backend,
+            version,
+            message: None,
+            upstream: None,
+        })
+        .into_response());
     }
     let (tx, rx) = mpsc::channel::<(&'static str, String)>(64);
     let response = sse::events(&rt, rx);
@@ -71,8 +82,49 @@ pub async fn uninstall_route(
     body: JsonBody<InstallRequest>,
 ) -> Result<Json<InstallResponse>, ApiError> {
     let (recipe, backend) = required(&body.value)?;
-    let message = uninstall(&rt, &recipe, &backend).await?;
-    Ok(Json(InstallResponse { status: "success".into(), recipe, backend, version: None, message }))
+    let message = match recipe == backends::cloud::RECIPE {
+        true => {
+            (!rt.remotes.uninstall(&backend)?).then(|| format!("No remote provider '{backend}'; nothing to remove"))
+        }
+        false => uninstall(&rt, &recipe, &backend).await?,
+    };
+    Ok(Json(InstallResponse { status: "success".into(), recipe, backend, version: None, message, upstream: None }))
+}
+
+/// Registers a remote provider (or changes its key) and discovers its models.
+async fn cloud_install(rt: &Runtime, name: String, req: InstallRequest) -> Result<InstallResponse, ApiError> {
+    let up = rt.remotes.install(&name, req.base_url.as_deref(), req.api_key).await?;
+    let message = match &up.last_probe {
+        Some(p) if p.ok => format!("{} model(s): {}", up.models.len(), up.models.join(", ")),
+        Some(p) => format!("registered, but its models could not be listed: {}", p.error.as_deref().unwrap_or("")),
+        None => "registered".into(),
+    };
+    let recipe = backends::cloud::RECIPE.to_string();
+    Ok(InstallResponse {
+        status: "success".into(),
+        recipe,
+        backend: name,
+        version: None,
+        message: Some(message),
+        upstream: Some(up),
+    })
+}
+
+/// Remote providers (recipe `cloud`), their state and models.
+#[utoipa::path(get, path = "/api/v1/cloud", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1. Each provider registered with `install` (recipe `cloud`): its \
+        base URL, `up`/`down`/`unknown`, its last probe, where its key comes from (never the key) and its models. \
+        `refresh=true` probes every provider first (discovery also runs every `--remote-refresh` seconds).",
+    params(api_types::CloudQuery),
+    responses((status = 200, description = "Providers", body = api_types::UpstreamList)))]
+pub async fn cloud_list(
+    State(rt): State<AppState>,
+    axum::extract::Query(q): axum::extract::Query<api_types::CloudQuery>,
+) -> Json<api_types::UpstreamList> {
+    if q.refresh.as_deref() == Some("true") {
+        rt.remotes.refresh().await;
+    }
+    Json(api_types::UpstreamList { upstreams: rt.remotes.views() })
 }
 
 /// Removes `recipe:backend` after unloading the models that run on it. `Ok(Some(message))`

@@ -26,6 +26,7 @@ pub async fn health(State(rt): State<AppState>) -> Json<Health> {
         max_models,
         log_streaming: LogStreaming { sse: rt.cfg.logs.is_some(), websocket: false },
         prompt_cache: rt.prompt_cache_usage(),
+        upstreams: rt.remotes.views(),
     })
 }
 
@@ -83,6 +84,12 @@ fn request_options(req: &LoadRequest) -> Result<RecipeOptions, ApiError> {
             });
         }
         o.insert("llamacpp_args".into(), a.clone().into());
+    }
+    if let Some(workers) = &req.rpc_servers {
+        for w in workers {
+            backends::rpc::check_worker(w).map_err(|m| ApiError::bad_request(m, Some("rpc_servers")))?;
+        }
+        o.insert(backends::rpc::OPTION.into(), workers.clone().into());
     }
     Ok(o)
 }

@@ -174,13 +174,15 @@ pub async fn reranking(State(rt): State<AppState>, body: JsonBody<RerankRequest>
 
 /// Models available on this host; downloaded ones only unless `show_all=true`.
 #[utoipa::path(get, path = "/api/v1/models", tag = "OpenAI",
-    description = "Also under /api/v0, /v0 and /v1. Sorted by id.",
+    description = "Also under /api/v0, /v0 and /v1. Local models sorted by id, then each remote provider's models \
+                   (`<provider>.<id>`, recipe `cloud`, with `upstream`), kept while the provider is down.",
     params(ModelsQuery),
     responses((status = 200, description = "Model list", body = ModelList)))]
 pub async fn list_models(State(rt): State<AppState>, Query(q): Query<ModelsQuery>) -> Json<ModelList> {
     let show_all = q.show_all.as_deref() == Some("true");
     let reg = rt.registry();
-    let data = reg.models().filter(|m| show_all || m.downloaded).map(|m| reg.to_api(m)).collect();
+    let mut data: Vec<Model> = reg.models().filter(|m| show_all || m.downloaded).map(|m| reg.to_api(m)).collect();
+    data.extend(rt.remotes.models());
     Json(ModelList { object: "list".into(), data })
 }
 
@@ -194,8 +196,10 @@ pub async fn list_models(State(rt): State<AppState>, Query(q): Query<ModelsQuery
     ))]
 pub async fn get_model(State(rt): State<AppState>, Path(id): Path<String>) -> Result<Json<Model>, ApiError> {
     let reg = rt.registry();
-    let m = reg.get(&id)?;
-    Ok(Json(reg.to_api(m)))
+    match (reg.get(&id), rt.remotes.model(&id)) {
+        (Err(_), Some(remote)) => Ok(Json(remote)),
+        (m, _) => Ok(Json(reg.to_api(m?))),
+    }
 }
 
 #[cfg(test)]

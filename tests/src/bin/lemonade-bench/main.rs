@@ -224,6 +224,7 @@ fn llama_command_line(model: &std::path::Path) -> anyhow::Result<Vec<String>> {
         user_args: LLAMA_ARGS.into(),
         amd_igpu: false,
         alias: "bench".into(),
+        rpc: vec![],
     })?)
 }
 

@@ -1,0 +1,185 @@
+//! Remote OpenAI-compatible providers (recipe `cloud`), the pure part: names, the API base,
+//! the key's environment variable, what a discovered model is served as, and the rewrite of a
+//! request's model id. Discovery and forwarding (network) live in `host` and `server`.
+
+use api_types::ModelType;
+use serde_json::Value;
+
+/// The recipe remote models are listed under.
+pub const RECIPE: &str = "cloud";
+
+/// Prefixes of local model names; no provider may take them.
+const RESERVED: &[&str] = &["user", "extra"];
+
+/// Why a provider's name or URL is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CloudError {
+    #[error("Provider name '{0}' is invalid: use 1 to 32 letters, digits, '_' or '-' (no '.'), not 'user' or 'extra'")]
+    BadName(String),
+    #[error("Base URL '{0}' is invalid: give http:// or https:// with a host, e.g. http://10.0.0.5:8000/v1")]
+    BadUrl(String),
+}
+
+/// A provider's name: 1–32 of `[A-Za-z0-9_-]`, not a local prefix. Its models are
+/// `<name>.<id>`, so the name holds no '.'.
+pub fn check_name(name: &str) -> Result<(), CloudError> {
+    let ok = (1..=32).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        && !RESERVED.iter().any(|r| r.eq_ignore_ascii_case(name));
+    if ok {
+        Ok(())
+    } else {
+        Err(CloudError::BadName(name.to_string()))
+    }
+}
+
+/// The OpenAI API base of a provider (what an OpenAI SDK takes as `base_url`), without a
+/// trailing '/': a URL with no path gets `/v1` (vLLM, SGLang, TGI and llama-server serve it
+/// there); one with a path is kept (`http://host:8000/api/v1` for another lemonade).
+pub fn api_base(url: &str) -> Result<String, CloudError> {
+    let bad = || CloudError::BadUrl(url.to_string());
+    let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://")).ok_or_else(bad)?;
+    let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let clean = |c: char| c.is_ascii_alphanumeric() || "-._~:[]%".contains(c);
+    if host.is_empty() || host.starts_with(':') || !host.chars().all(clean) || url.contains(['?', '#', ' ']) {
+        return Err(bad());
+    }
+    let path = path.trim_end_matches('/');
+    let scheme_len = url.len() - rest.len();
+    let base = format!("{}{authority}", &url[..scheme_len]);
+    Ok(if path.is_empty() { format!("{base}/v1") } else { format!("{base}/{path}") })
+}
+
+/// Where a request for `path` (one of lemonade's backend paths, `/v1/...` or a llama.cpp
+/// native path such as `/tokenize`) goes on a provider whose API base is `base`.
+pub fn upstream_url(base: &str, path: &str) -> String {
+    match path.strip_prefix("/v1/") {
+        Some(rest) => format!("{base}/{rest}"),
+        // Native paths live beside the OpenAI base, not under it.
+        None => format!("{}{path}", base.strip_suffix("/v1").unwrap_or(base)),
+    }
+}
+
+/// `LEMONADE_<NAME>_API_KEY`: the name upper-cased, '-' as '_'.
+pub fn key_variable(name: &str) -> String {
+    format!("LEMONADE_{}_API_KEY", name.to_ascii_uppercase().replace('-', "_"))
+}
+
+/// `<provider>.<id>` → (provider, id), split at the first '.'.
+pub fn split(name: &str) -> Option<(&str, &str)> {
+    name.split_once('.').filter(|(p, id)| !p.is_empty() && !id.is_empty())
+}
+
+/// What a discovered model is served as: the upstream's labels when it gives them (another
+/// lemonade does), else a guess from its id. The guess only labels the listing: requests of
+/// every kind go to the upstream, which answers for itself.
+pub fn model_type(id: &str, labels: &[String]) -> ModelType {
+    let has = |l: &str| labels.iter().any(|x| x == l);
+    if has("embeddings") {
+        return ModelType::Embedding;
+    }
+    if has("reranking") {
+        return ModelType::Reranking;
+    }
+    let id = id.to_ascii_lowercase();
+    if id.contains("rerank") {
+        ModelType::Reranking
+    } else if ["embed", "minilm", "bge-", "e5-", "gte-"].iter().any(|k| id.contains(k)) {
+        ModelType::Embedding
+    } else if id.contains("whisper") {
+        ModelType::Audio
+    } else {
+        ModelType::Llm
+    }
+}
+
+/// A model an upstream's `/v1/models` lists: its id and labels (lemonade's extension).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Discovered {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub labels: Vec<String>,
+}
+
+/// Reads an OpenAI `/v1/models` answer (`data[].id`, and `labels` when given). Ids are kept in
+/// the upstream's order, once each.
+pub fn parse_models(v: &Value) -> Option<Vec<Discovered>> {
+    let mut out: Vec<Discovered> = Vec::new();
+    for m in v.get("data")?.as_array()? {
+        let Some(id) = m.get("id").and_then(Value::as_str).filter(|s| !s.is_empty()) else { continue };
+        if out.iter().any(|d| d.id == id) {
+            continue;
+        }
+        let labels = m
+            .get("labels")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .unwrap_or_default();
+        out.push(Discovered { id: id.to_string(), labels });
+    }
+    Some(out)
+}
+
+/// The request body with its top-level `model` set to the upstream's id. A body that is not a
+/// JSON object (a form, or none) is returned unchanged.
+pub fn rewrite_model(body: &[u8], id: &str) -> Option<Vec<u8>> {
+    let mut v: Value = serde_json::from_slice(body).ok()?;
+    v.as_object_mut()?.insert("model".into(), Value::String(id.to_string()));
+    serde_json::to_vec(&v).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for ok in ["vllm", "node-2", "A_b9"] {
+            assert_eq!(check_name(ok), Ok(()), "{ok}");
+        }
+        for bad in ["", "a.b", "user", "Extra", "x y", "é", &"n".repeat(33), "../x"] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+        assert_eq!(key_variable("node-2"), "LEMONADE_NODE_2_API_KEY");
+        assert_eq!(split("vllm.meta/llama-3.1:8b"), Some(("vllm", "meta/llama-3.1:8b")));
+        assert_eq!(split("vllm."), None);
+        assert_eq!(split("nodot"), None);
+    }
+
+    #[test]
+    fn bases_and_urls() {
+        assert_eq!(api_base("http://127.0.0.1:8080").unwrap(), "http://127.0.0.1:8080/v1");
+        assert_eq!(api_base("http://127.0.0.1:8080/").unwrap(), "http://127.0.0.1:8080/v1");
+        assert_eq!(api_base("https://api.example.com/v1/").unwrap(), "https://api.example.com/v1");
+        assert_eq!(api_base("http://[::1]:9000/api/v1").unwrap(), "http://[::1]:9000/api/v1");
+        for bad in ["ftp://x", "http://", "http://:80", "x", "http://h/a?b", "http://h o"] {
+            assert!(api_base(bad).is_err(), "{bad}");
+        }
+        let b = "http://h:1/v1";
+        assert_eq!(upstream_url(b, "/v1/chat/completions"), "http://h:1/v1/chat/completions");
+        assert_eq!(upstream_url(b, "/tokenize"), "http://h:1/tokenize");
+        assert_eq!(upstream_url("http://h:1/api/v1", "/v1/embeddings"), "http://h:1/api/v1/embeddings");
+    }
+
+    #[test]
+    fn types_and_discovery() {
+        let v = serde_json::json!({"data": [
+            {"id": "Qwen3-8B"}, {"id": "nomic-embed-text"}, {"id": "bge-reranker-v2"},
+            {"id": "x", "labels": ["embeddings"]}, {"id": "Qwen3-8B"}, {"id": ""}, {"nothing": 1}
+        ]});
+        let d = parse_models(&v).unwrap();
+        let types: Vec<_> = d.iter().map(|m| model_type(&m.id, &m.labels)).collect();
+        assert_eq!(types, [ModelType::Llm, ModelType::Embedding, ModelType::Reranking, ModelType::Embedding]);
+        assert_eq!(parse_models(&serde_json::json!({"object": "list"})), None);
+    }
+
+    #[test]
+    fn model_rewrite() {
+        let out = rewrite_model(br#"{"model":"vllm.m","stream":true}"#, "m").unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!((v["model"].as_str(), v["stream"].as_bool()), (Some("m"), Some(true)));
+        assert_eq!(rewrite_model(b"not json", "m"), None);
+        assert_eq!(rewrite_model(b"[1]", "m"), None);
+    }
+}

@@ -1,0 +1,314 @@
+//! Remote OpenAI-compatible providers (recipe `cloud`): the registered providers, their
+//! discovered models, the keys held in memory, and the route of a `<provider>.<id>` request.
+//! Forwarding is crate::proxy's (the same byte pipe as for local backends).
+//!
+//! Invariants: a key lives only in this process's memory (or its environment); the providers'
+//! file holds names and URLs. A provider that fails discovery keeps its last model list and is
+//! shown `down`. Remote models take no slot: they never reach the scheduler.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use api_types::{Model, Probe, Upstream};
+use backends::cloud::{self, Discovered};
+
+use crate::error::ApiError;
+
+/// One provider.
+pub struct Provider {
+    pub name: String,
+    /// Its OpenAI API base (`http://host:8000/v1`).
+    pub base: String,
+    /// The URL it was registered with (saved as given).
+    url: String,
+    /// A key given to this process (install or auth); else the environment's.
+    key: RwLock<Option<String>>,
+    seen: RwLock<Seen>,
+}
+
+#[derive(Default)]
+struct Seen {
+    models: Vec<Discovered>,
+    probe: Option<Probe>,
+}
+
+/// Where a request for a remote model goes.
+pub struct Route {
+    pub provider: Arc<Provider>,
+    /// The upstream's id (the name without `<provider>.`).
+    pub id: String,
+    /// The name the client used.
+    pub name: String,
+}
+
+impl Provider {
+    /// The key to send: the one held in memory, else `LEMONADE_<NAME>_API_KEY`.
+    pub fn key(&self) -> Option<String> {
+        let held = self.key.read().unwrap_or_else(|e| e.into_inner()).clone();
+        held.or_else(|| std::env::var(cloud::key_variable(&self.name)).ok().filter(|k| !k.is_empty()))
+    }
+
+    /// Records how a probe or a request went (a failed request marks it down until the next
+    /// success).
+    pub fn record(&self, ok: bool, took: Duration, error: Option<String>) {
+        let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let probe = Probe { at, ok, ms: took.as_millis() as u64, error };
+        self.seen.write().unwrap_or_else(|e| e.into_inner()).probe = Some(probe);
+    }
+
+    fn has(&self, id: &str) -> bool {
+        self.seen.read().unwrap_or_else(|e| e.into_inner()).models.iter().any(|m| m.id == id)
+    }
+
+    pub fn view(&self) -> Upstream {
+        let seen = self.seen.read().unwrap_or_else(|e| e.into_inner());
+        let held = self.key.read().unwrap_or_else(|e| e.into_inner()).is_some();
+        let env = cloud::key_variable(&self.name);
+        let api_key = if held {
+            "memory"
+        } else if std::env::var(&env).is_ok_and(|k| !k.is_empty()) {
+            "env"
+        } else {
+            "none"
+        };
+        Upstream {
+            name: self.name.clone(),
+            base_url: self.base.clone(),
+            state: match &seen.probe {
+                None => "unknown",
+                Some(p) if p.ok => "up",
+                Some(_) => "down",
+            }
+            .into(),
+            api_key: api_key.into(),
+            api_key_env: env,
+            last_probe: seen.probe.clone(),
+            models: seen.models.iter().map(|m| format!("{}.{}", self.name, m.id)).collect(),
+        }
+    }
+
+    /// Its models as `/api/v1/models` lists them.
+    fn models(&self) -> Vec<Model> {
+        let seen = self.seen.read().unwrap_or_else(|e| e.into_inner());
+        seen.models
+            .iter()
+            .map(|m| Model {
+                id: format!("{}.{}", self.name, m.id),
+                object: "model".into(),
+                created: 1234567890,
+                owned_by: self.name.clone(),
+                checkpoint: m.id.clone(),
+                checkpoints: [("main".to_string(), m.id.clone())].into(),
+                recipe: cloud::RECIPE.into(),
+                downloaded: true,
+                suggested: false,
+                labels: m.labels.clone(),
+                recipe_options: Default::default(),
+                size: None,
+                model_type: Some(cloud::model_type(&m.id, &m.labels)),
+                image_defaults: None,
+                upstream: Some(self.name.clone()),
+            })
+            .collect()
+    }
+}
+
+/// Every registered provider.
+pub struct Remotes {
+    providers: RwLock<BTreeMap<String, Arc<Provider>>>,
+    cache_dir: PathBuf,
+    http: reqwest::Client,
+    pub timeout: Duration,
+}
+
+impl Remotes {
+    /// The providers saved in `<cache>/cloud_providers.json` (keys come from the environment,
+    /// or a later `auth`). A damaged file is logged and ignored, never overwritten silently.
+    pub fn new(cache_dir: PathBuf, timeout: Duration) -> Remotes {
+        let http = reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(5).min(timeout))
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build()
+            .expect("reqwest client");
+        let saved = host::cloud::load(&cache_dir).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "remote providers not read");
+            BTreeMap::new()
+        });
+        let providers = saved
+            .into_iter()
+            .filter_map(|(name, s)| {
+                let base = cloud::api_base(&s.base_url).ok()?;
+                let seen = RwLock::new(Seen { models: s.models, probe: None });
+                Some((name.clone(), Arc::new(Provider { name, base, url: s.base_url, key: RwLock::default(), seen })))
+            })
+            .collect();
+        Remotes { providers: RwLock::new(providers), cache_dir, http, timeout }
+    }
+
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    fn get(&self, name: &str) -> Option<Arc<Provider>> {
+        self.providers.read().unwrap_or_else(|e| e.into_inner()).get(name).cloned()
+    }
+
+    fn all(&self) -> Vec<Arc<Provider>> {
+        self.providers.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+    }
+
+    /// Registers (or re-points) a provider, or with no URL changes a registered one's key; then
+    /// discovers its models. The answer is its view after discovery (a provider that is down
+    /// is registered all the same, and shown down).
+    pub async fn install(&self, name: &str, base_url: Option<&str>, key: Option<String>) -> Result<Upstream, ApiError> {
+        let bad = |e: cloud::CloudError, param: &str| ApiError::bad_request(e.to_string(), Some(param));
+        cloud::check_name(name).map_err(|e| bad(e, "backend"))?;
+        let key = key.filter(|k| !k.is_empty());
+        let provider = match base_url {
+            Some(url) => {
+                let base = cloud::api_base(url).map_err(|e| bad(e, "base_url"))?;
+                let saved = host::cloud::Saved { base_url: url.to_string(), models: vec![] };
+                host::cloud::save(&self.cache_dir, name, Some(&saved))?;
+                let old_key = self.get(name).and_then(|p| p.key.read().unwrap_or_else(|e| e.into_inner()).clone());
+                let p = Arc::new(Provider {
+                    name: name.to_string(),
+                    base,
+                    url: url.to_string(),
+                    key: RwLock::new(key.or(old_key)),
+                    seen: RwLock::default(),
+                });
+                self.providers.write().unwrap_or_else(|e| e.into_inner()).insert(name.to_string(), p.clone());
+                tracing::info!(provider = %name, base = %p.base, "remote provider registered");
+                p
+            }
+            None => {
+                let p = self.get(name).ok_or_else(|| unknown(name))?;
+                if key.is_none() {
+                    return Err(ApiError::bad_request(
+                        "Give 'base_url' to register a provider, or 'api_key' to change its key",
+                        Some("api_key"),
+                    ));
+                }
+                *p.key.write().unwrap_or_else(|e| e.into_inner()) = key;
+                tracing::info!(provider = %name, "remote provider's key changed (held in memory)");
+                p
+            }
+        };
+        self.discover(&provider).await;
+        Ok(provider.view())
+    }
+
+    /// Forgets a provider. Idempotent: an unknown one answers Ok(false).
+    pub fn uninstall(&self, name: &str) -> Result<bool, ApiError> {
+        let gone = self.providers.write().unwrap_or_else(|e| e.into_inner()).remove(name).is_some();
+        if gone {
+            host::cloud::save(&self.cache_dir, name, None)?;
+            tracing::info!(provider = %name, "remote provider removed");
+        }
+        Ok(gone)
+    }
+
+    /// Reads a provider's `/models`: its list on success; on failure the old list is kept and
+    /// it is marked down.
+    async fn discover(&self, p: &Provider) {
+        let t = Instant::now();
+        match host::cloud::discover(&self.http, &p.base, p.key().as_deref(), self.timeout.min(Duration::from_secs(10)))
+            .await
+        {
+            Ok(models) => {
+                let changed = {
+                    let mut seen = p.seen.write().unwrap_or_else(|e| e.into_inner());
+                    let changed = seen.models != models;
+                    seen.models = models.clone();
+                    changed
+                };
+                p.record(true, t.elapsed(), None);
+                // Kept on disk for a restart while it is down; written only when it changed.
+                let still_registered = self.get(&p.name).is_some_and(|q| std::ptr::eq(&*q, p));
+                if changed && still_registered {
+                    let saved = host::cloud::Saved { base_url: p.url.clone(), models };
+                    if let Err(e) = host::cloud::save(&self.cache_dir, &p.name, Some(&saved)) {
+                        tracing::warn!(provider = %p.name, error = %e, "remote provider's models not saved");
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(provider = %p.name, error = %e, "remote provider discovery failed");
+                p.record(false, t.elapsed(), Some(e));
+            }
+        }
+    }
+
+    /// Discovers every provider (at once, each bounded by its timeout).
+    pub async fn refresh(&self) {
+        let all = self.all();
+        futures_util::future::join_all(all.iter().map(|p| self.discover(p))).await;
+    }
+
+    /// The route of `name` when it is `<provider>.<id>` of a registered provider. An id its
+    /// last list lacks triggers one discovery; still absent, it is a 404 naming the provider.
+    pub async fn route(&self, name: &str) -> Result<Option<Route>, ApiError> {
+        let Some((p, id)) = cloud::split(name) else { return Ok(None) };
+        let Some(provider) = self.get(p) else { return Ok(None) };
+        if !provider.has(id) {
+            self.discover(&provider).await;
+            let view = provider.view();
+            if let (false, Some(probe)) = (provider.has(id), view.last_probe.as_ref().filter(|p| !p.ok)) {
+                return Err(ApiError::UpstreamFailed(format!(
+                    "Upstream '{p}' ({}) is down: {}",
+                    provider.base,
+                    probe.error.as_deref().unwrap_or("its last probe failed")
+                )));
+            }
+            if !provider.has(id) {
+                let offered = view.models.join(", ");
+                return Err(ApiError::Lookup(registry::LookupError::NotFound {
+                    name: name.to_string(),
+                    hint: format!(
+                        "Upstream '{p}' ({}) does not list '{id}'; it offers: {}",
+                        provider.base,
+                        if offered.is_empty() { "nothing (or it is down)".to_string() } else { offered }
+                    ),
+                }));
+            }
+        }
+        Ok(Some(Route { provider, id: id.to_string(), name: name.to_string() }))
+    }
+
+    pub fn views(&self) -> Vec<Upstream> {
+        self.all().iter().map(|p| p.view()).collect()
+    }
+
+    /// Every remote model, for `/api/v1/models`.
+    pub fn models(&self) -> Vec<Model> {
+        self.all().iter().flat_map(|p| p.models()).collect()
+    }
+
+    /// One remote model by its name, for `/api/v1/models/{id}`.
+    pub fn model(&self, name: &str) -> Option<Model> {
+        self.models().into_iter().find(|m| m.id == name)
+    }
+}
+
+fn unknown(name: &str) -> ApiError {
+    ApiError::BadRequest {
+        message: format!("No remote provider '{name}' is registered: lemonade cloud install {name} --base-url URL"),
+        param: Some("backend".into()),
+        code: Some("provider_not_found"),
+    }
+}
+
+/// Refreshes every provider's models every `every`, for as long as the runtime lives.
+pub fn refresh_every(rt: std::sync::Weak<crate::runtime::Runtime>, every: Duration) {
+    tokio::spawn(async move {
+        loop {
+            let Some(r) = rt.upgrade() else { return };
+            r.remotes.refresh().await;
+            drop(r);
+            tokio::time::sleep(every).await;
+        }
+    });
+}
