@@ -343,13 +343,33 @@ impl Lemonade {
     }
 
     pub async fn cli_env(&self, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+        self.cli_with(args, env, None).await
+    }
+
+    /// [`Lemonade::cli`] with `input` (and a newline) on its standard input.
+    pub async fn cli_stdin(&self, args: &[&str], input: &str) -> (i32, String, String) {
+        self.cli_with(args, &[], Some(format!("{input}\n"))).await
+    }
+
+    async fn cli_with(&self, args: &[&str], env: &[(&str, &str)], input: Option<String>) -> (i32, String, String) {
+        use std::io::Write;
         let mut cmd = Command::new(&self.bin);
         self.sandbox.apply(&mut cmd);
         cmd.args(args)
             .args(["--host", "127.0.0.1", "--port", &self.port().to_string()])
             .envs(env.iter().copied())
-            .stdin(Stdio::null());
-        let out = tokio::task::spawn_blocking(move || cmd.output().expect("run the lemonade CLI")).await.unwrap();
+            .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let out = tokio::task::spawn_blocking(move || {
+            let mut child = cmd.spawn().expect("run the lemonade CLI");
+            if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+                let _ = stdin.write_all(text.as_bytes());
+            }
+            child.wait_with_output().expect("the lemonade CLI ran")
+        })
+        .await
+        .unwrap();
         (
             out.status.code().unwrap_or(-1),
             String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -111,11 +111,20 @@ pub fn parse_models(v: &Value) -> Option<Vec<Discovered>> {
         if out.iter().any(|d| d.id == id) {
             continue;
         }
-        let labels = m
+        let mut labels: Vec<String> = m
             .get("labels")
             .and_then(Value::as_array)
             .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
             .unwrap_or_default();
+        // Another lemonade says each model's `type`: kept as the label that means it.
+        let label = match m.get("type").and_then(Value::as_str) {
+            Some("embedding") => Some("embeddings"),
+            Some("reranking") => Some("reranking"),
+            _ => None,
+        };
+        if let Some(l) = label.filter(|l| !labels.iter().any(|x| x == l)) {
+            labels.push(l.to_string());
+        }
         out.push(Discovered { id: id.to_string(), labels });
     }
     Some(out)
@@ -166,11 +175,13 @@ mod tests {
     fn types_and_discovery() {
         let v = serde_json::json!({"data": [
             {"id": "Qwen3-8B"}, {"id": "nomic-embed-text"}, {"id": "bge-reranker-v2"},
-            {"id": "x", "labels": ["embeddings"]}, {"id": "Qwen3-8B"}, {"id": ""}, {"nothing": 1}
+            {"id": "x", "labels": ["embeddings"]}, {"id": "Qwen3-8B"}, {"id": ""}, {"nothing": 1},
+            {"id": "peer-model", "type": "reranking"}
         ]});
         let d = parse_models(&v).unwrap();
         let types: Vec<_> = d.iter().map(|m| model_type(&m.id, &m.labels)).collect();
-        assert_eq!(types, [ModelType::Llm, ModelType::Embedding, ModelType::Reranking, ModelType::Embedding]);
+        use ModelType::*;
+        assert_eq!(types, [Llm, Embedding, Reranking, Embedding, Reranking]);
         assert_eq!(parse_models(&serde_json::json!({"object": "list"})), None);
     }
 

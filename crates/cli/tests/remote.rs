@@ -1,0 +1,334 @@
+//! Beyond one machine, on loopback: remote providers (recipe `cloud`) played by a real
+//! llama-server and by a second lemonade, and llama.cpp RPC through two real rpc-servers.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use test_support::*;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_lemonade"))
+}
+
+const KEY: &str = "sk-upstream-5f1d2c9a";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A real llama-server standing in for a vLLM/SGLang/TGI endpoint: `alias` is its model id,
+/// `KEY` its API key. Killed on drop.
+struct Upstream {
+    child: Child,
+    port: u16,
+}
+
+impl Upstream {
+    async fn start(file: &str, alias: &str, extra: &[&str], port: u16) -> Upstream {
+        let child = Command::new(llama_server())
+            .args(["-m", &model(file).display().to_string(), "--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--alias", alias, "--api-key", KEY, "-c", "2048", "--no-webui"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let u = Upstream { child, port };
+        let http = reqwest::Client::new();
+        let url = format!("http://127.0.0.1:{port}/health");
+        let up = wait_for(Duration::from_secs(60), || async {
+            http.get(&url).send().await.ok().filter(|r| r.status() == 200).map(|_| ())
+        })
+        .await;
+        assert!(up.is_some(), "the upstream llama-server started");
+        u
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        unsafe {
+            libc::kill(self.pid(), libc::SIGCONT);
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn chat_body(model: &str, stream: bool) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "Name one colour."}], "max_tokens": 8,
+           "temperature": 0, "stream": stream})
+}
+
+async fn post_text(l: &Lemonade, path: &str, body: &Value) -> (u16, String) {
+    let r = reqwest::Client::new().post(l.url(path)).json(body).send().await.unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+fn upstream_of<'a>(v: &'a Value, name: &str) -> &'a Value {
+    v["upstreams"].as_array().unwrap().iter().find(|u| u["name"] == name).unwrap_or(&Value::Null)
+}
+
+/// Every file under `dir` whose bytes contain `needle`.
+fn files_containing(dir: &Path, needle: &str) -> Vec<PathBuf> {
+    let mut hits = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() && !p.is_symlink() {
+                stack.push(p);
+            } else if std::fs::read(&p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes())) {
+                hits.push(p);
+            }
+        }
+    }
+    hits
+}
+
+#[tokio::test]
+async fn real_llama_server_remote_providers_are_discovered_named_and_serve_chat_streams_and_embeddings_with_the_key_kept_secret(
+) {
+    let chat = Upstream::start(SMOL_FILE, "smol-chat", &[], free_port()).await;
+    let embed = Upstream::start(MINILM_FILE, "minilm-embed", &["--embeddings"], free_port()).await;
+    // The embedding provider's key comes from the environment; the chat one's from the CLI.
+    let l = Lemonade::start_in(bin(), Sandbox::new(), &[], &[("LEMONADE_EMB_API_KEY", KEY)]).await;
+    let (code, out, err) = l.cli(&["cloud", "install", "vllm", "--base-url", &chat.url(), "--api-key", KEY]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("1 model(s): vllm.smol-chat"), "{out}");
+    let (code, out, err) = l.cli(&["cloud", "install", "emb", "--base-url", &format!("{}/v1/", embed.url())]).await;
+    assert_eq!(code, 0, "{out}{err}");
+
+    // Discovery and naming: `<provider>.<id>`, recipe cloud, a type, the upstream named.
+    let (_, v) = l.get("/api/v1/models").await;
+    let by_id = |id: &str| v["data"].as_array().unwrap().iter().find(|m| m["id"] == id).cloned().unwrap_or_default();
+    let m = by_id("vllm.smol-chat");
+    assert_eq!(
+        (m["recipe"].as_str(), m["type"].as_str(), m["upstream"].as_str()),
+        (Some("cloud"), Some("llm"), Some("vllm")),
+        "{v}"
+    );
+    assert_eq!(by_id("emb.minilm-embed")["type"], "embedding", "{v}");
+    assert_eq!(l.get("/api/v1/models/vllm.smol-chat").await.1["checkpoint"], "smol-chat");
+
+    // Chat, whole and streamed, and embeddings, through the remotes.
+    let (s, v) = l.post("/api/v1/chat/completions", &chat_body("vllm.smol-chat", false)).await;
+    assert_eq!(s, 200, "{v}");
+    assert!(v["choices"][0]["message"]["content"].as_str().is_some_and(|c| !c.is_empty()), "{v}");
+    let (s, text) = post_text(&l, "/api/v1/chat/completions", &chat_body("vllm.smol-chat", true)).await;
+    let frames = sse_data(&text);
+    assert_eq!((s, frames.last().map(String::as_str)), (200, Some("[DONE]")), "{text}");
+    assert!(frames.iter().filter(|f| f.contains("\"content\":\"")).count() >= 2, "{text}");
+    let (s, v) = l.post("/api/v1/embeddings", &json!({"model": "emb.minilm-embed", "input": ["a", "b"]})).await;
+    assert_eq!((s, v["data"][1]["embedding"].as_array().map(Vec::len)), (200, Some(384)), "{v}");
+
+    // No local slot: nothing is loaded here.
+    let (_, h) = l.get("/api/v1/health").await;
+    assert!(loaded_names(&h).is_empty(), "{h}");
+    let up = upstream_of(&h, "vllm");
+    assert_eq!((up["state"].as_str(), up["api_key"].as_str()), (Some("up"), Some("memory")), "{h}");
+    assert_eq!(upstream_of(&h, "emb")["api_key"], "env", "{h}");
+    assert_eq!(upstream_of(&l.get("/v1/admin/models").await.1, "vllm")["last_probe"]["ok"], true);
+
+    // A wrong key is the upstream's refusal, named (502), not the client's 401; `auth` mends it.
+    let (code, _, err) = l.cli(&["cloud", "auth", "vllm", "--api-key", "wrong-key"]).await;
+    assert_eq!(code, 0, "{err}");
+    let (s, v) = l.post("/api/v1/chat/completions", &chat_body("vllm.smol-chat", false)).await;
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!((s, v["error"]["code"].as_str()), (502, Some("upstream_error")), "{v}");
+    assert!(msg.contains("Upstream 'vllm'") && msg.contains("401") && msg.contains("cloud auth vllm"), "{msg}");
+    let (code, _, err) = l.cli_stdin(&["cloud", "auth", "vllm"], KEY).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(l.post("/api/v1/chat/completions", &chat_body("vllm.smol-chat", false)).await.0, 200);
+
+    // The key never shows: not in list outputs, answers, the log or any file lemonade wrote.
+    for args in [&["cloud", "list"][..], &["list"], &["cloud", "list", "--refresh"]] {
+        let (code, out, err) = l.cli(args).await;
+        assert_eq!(code, 0, "{err}");
+        assert!(!out.contains(KEY) && !err.contains(KEY), "{args:?}: {out}");
+    }
+    assert!(l.cli(&["cloud", "list"]).await.1.contains("vllm.smol-chat"));
+    for path in ["/api/v1/cloud", "/api/v1/health", "/v1/admin/models", "/api/v1/models"] {
+        assert!(!l.get(path).await.1.to_string().contains(KEY), "{path}");
+    }
+    assert!(!l.log().contains(KEY), "the log names the key");
+    assert_eq!(files_containing(&l.sandbox.cache(), KEY), Vec::<PathBuf>::new());
+    let saved = std::fs::read_to_string(l.sandbox.cache().join("cloud_providers.json")).unwrap();
+    assert!(saved.contains("smol-chat") && !saved.contains("key"), "{saved}");
+
+    // Uninstall: its models go.
+    assert_eq!(l.cli(&["cloud", "uninstall", "emb"]).await.0, 0);
+    let (s, v) = l.post("/api/v1/embeddings", &json!({"model": "emb.minilm-embed", "input": "a"})).await;
+    assert_eq!((s, v["error"]["code"].as_str()), (404, Some("model_not_found")), "{v}");
+}
+
+#[tokio::test]
+async fn real_llama_server_an_upstream_killed_gives_502_and_recovers_a_hanging_one_504_and_a_restart_keeps_it_listed() {
+    let port = free_port();
+    let up = Upstream::start(SMOL_FILE, "smol-chat", &[], port).await;
+    let l = Lemonade::start(bin(), &["--remote-timeout", "2", "--remote-refresh", "0"]).await;
+    let install = json!({"recipe": "cloud", "backend": "vllm", "base_url": up.url(), "api_key": KEY});
+    assert_eq!(l.post("/api/v1/install", &install).await.0, 200);
+    assert_eq!(l.post("/api/v1/chat/completions", &chat_body("vllm.smol-chat", false)).await.0, 200);
+
+    // Hanging: 504 after --remote-timeout, whole and streamed (nothing was sent yet).
+    unsafe {
+        libc::kill(up.pid(), libc::SIGSTOP);
+    }
+    for stream in [false, true] {
+        let t = std::time::Instant::now();
+        let (s, v) = l.post("/api/v1/chat/completions", &chat_body("vllm.smol-chat", stream)).await;
+        assert_eq!((s, v["error"]["code"].as_str()), (504, Some("upstream_timeout")), "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("Upstream 'vllm'"), "{v}");
+        assert!(t.elapsed() < Duration::from_secs(10), "answered after the timeout, not much later");
+    }
+    // Killed: 502 naming it, and health says down; the list keeps its model.
+    drop(up);
+    let (s, v) = l.post("/api/v1/chat/completions", &chat_body("vllm.smol-chat", true)).await;
+    assert_eq!((s, v["error"]["code"].as_str()), (502, Some("upstream_error")), "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains(&format!("Upstream 'vllm' (http://127.0.0.1:{port}/v1)")) && msg.contains("refused"), "{msg}");
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(upstream_of(&h, "vllm")["state"], "down", "{h}");
+    assert_eq!(upstream_of(&h, "vllm")["models"], json!(["vllm.smol-chat"]), "{h}");
+
+    // A restart while it is down: still listed (from the saved list), still 502, never 404.
+    let l = Lemonade::start_in(bin(), l.kill_keeping_sandbox(), &["--remote-timeout", "2"], &[]).await;
+    let (_, v) = l.get("/api/v1/models").await;
+    assert!(v["data"].as_array().unwrap().iter().any(|m| m["id"] == "vllm.smol-chat"), "{v}");
+    let (s, v) = l.post("/api/v1/chat/completions", &chat_body("vllm.smol-chat", false)).await;
+    assert_eq!(s, 502, "{v}");
+
+    // It comes back: the next request is answered (the key again, as the restart forgot it).
+    let _up = Upstream::start(SMOL_FILE, "smol-chat", &[], port).await;
+    let auth = json!({"recipe": "cloud", "backend": "vllm", "api_key": KEY});
+    assert_eq!(l.post("/api/v1/install", &auth).await.0, 200);
+    let (s, v) = l.post("/api/v1/chat/completions", &chat_body("vllm.smol-chat", false)).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(upstream_of(&l.get("/api/v1/health").await.1, "vllm")["state"], "up");
+}
+
+#[tokio::test]
+async fn real_llama_server_a_second_lemonade_is_a_provider_and_the_openai_sdk_uses_local_and_remote_models() {
+    let peer =
+        Lemonade::start_in(bin(), Sandbox::new(), &["--max-loaded-models", "-1"], &[("LEMONADE_API_KEY", KEY)]).await;
+    let l = Lemonade::start(bin(), &[]).await;
+    let install = json!({"recipe": "cloud", "backend": "peer", "base_url": peer.url("/api/v1"), "api_key": KEY});
+    let (s, v) = l.post("/api/v1/install", &install).await;
+    assert_eq!(s, 200, "{v}");
+    let (remote_chat, remote_embed) = (format!("peer.{SMOL}"), format!("peer.{MINILM}"));
+    assert!(v["upstream"]["models"].as_array().unwrap().contains(&json!(remote_chat)), "{v}");
+    let base = l.url("");
+    py_checks("remote_client.py", &[&base, SMOL, &remote_chat, &remote_embed]).await;
+    // The remote models ran on the peer; only the local one holds a slot here.
+    assert_eq!(loaded_names(&l.get("/api/v1/health").await.1), [SMOL]);
+    let mut on_peer = loaded_names(&peer.get("/api/v1/health").await.1);
+    on_peer.sort();
+    assert_eq!(on_peer, [MINILM, SMOL]);
+}
+
+/// A real rpc-server on `port` (127.0.0.1). Killed on drop.
+struct Worker(Child);
+
+impl Worker {
+    async fn start(port: u16) -> Worker {
+        let rpc = std::env::var_os("LEMONADE_TEST_RPC_SERVER")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| llama_server().with_file_name("rpc-server"));
+        assert!(rpc.is_file(), "rpc-server not found at {}: run `cargo xtask setup`", rpc.display());
+        let child = Command::new(rpc)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string(), "-t", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let addr = format!("127.0.0.1:{port}");
+        let listening = wait_for(Duration::from_secs(20), || async {
+            tokio::net::TcpStream::connect(&addr).await.ok().map(|_| ())
+        })
+        .await;
+        assert!(listening.is_some(), "rpc-server listens on {addr}");
+        Worker(child)
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn seeded(model: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "Write a sentence about the sea."}],
+           "max_tokens": 24, "temperature": 0.8, "seed": 42})
+}
+
+#[tokio::test]
+async fn real_llama_server_a_model_over_two_rpc_workers_answers_as_local_and_a_lost_worker_is_noticed() {
+    let (p1, p2) = (free_port(), free_port());
+    let _w1 = Worker::start(p1).await;
+    let w2 = Worker::start(p2).await;
+    let l = Lemonade::start(bin(), &["--watchdog-interval-ms", "300"]).await;
+    let (s, local) = l.post("/api/v1/chat/completions", &seeded(SMOL)).await;
+    assert_eq!(s, 200, "{local}");
+
+    // An unreachable worker fails the load, named.
+    let closed = free_port();
+    let bad = json!({"model_name": SMOL, "rpc_servers": [format!("127.0.0.1:{p1}"), format!("127.0.0.1:{closed}")]});
+    let (s, v) = l.post("/api/v1/load", &bad).await;
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!((s, v["error"]["code"].as_str()), (500, Some("model_load_error")), "{v}");
+    assert!(msg.contains(&format!("RPC worker 127.0.0.1:{closed} is unreachable")), "{msg}");
+    let (s, v) = l.post("/api/v1/load", &json!({"model_name": SMOL, "rpc_servers": ["no port"]})).await;
+    assert_eq!((s, v["error"]["param"].as_str()), (400, Some("rpc_servers")), "{v}");
+
+    // Through both workers, saved as the model's options: the same answer as local.
+    let workers = json!([format!("127.0.0.1:{p1}"), format!("127.0.0.1:{p2}")]);
+    let load = json!({"model_name": SMOL, "rpc_servers": workers, "save_options": true});
+    let (s, v) = l.post("/api/v1/load", &load).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(l.get(&format!("/api/v1/models/{SMOL}")).await.1["recipe_options"]["rpc_servers"], workers);
+    let (s, remote) = l.post("/api/v1/chat/completions", &seeded(SMOL)).await;
+    assert_eq!(s, 200, "{remote}");
+    let text = |v: &Value| v["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_string();
+    assert!(!text(&local).is_empty());
+    assert_eq!(text(&remote), text(&local), "the same seed gives the same answer over RPC");
+    let pid = child_pids(l.pid())[0];
+    let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap().replace('\0', " ");
+    assert!(cmdline.contains(&format!("--rpc 127.0.0.1:{p1},127.0.0.1:{p2}")), "{cmdline}");
+
+    // A worker dies while the model is idle: the watchdog stops the model, naming the worker.
+    drop(w2);
+    let err = wait_for(Duration::from_secs(15), || async {
+        let (_, v) = l.get("/v1/admin/models").await;
+        let row = v["models"].as_array()?.iter().find(|m| m["name"] == SMOL)?.clone();
+        row["last_error"].as_str().filter(|e| e.contains("RPC worker")).map(str::to_string)
+    })
+    .await
+    .expect("the lost worker was noticed");
+    assert!(err.contains(&format!("127.0.0.1:{p2}")), "{err}");
+    assert!(!alive(pid), "its llama-server was stopped");
+    // While it is gone, the reload fails naming it; once it is back, the model reloads.
+    let (s, v) = l.post("/api/v1/chat/completions", &seeded(SMOL)).await;
+    assert_eq!(s, 500, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains(&format!("127.0.0.1:{p2} is unreachable")), "{v}");
+    let _w2 = Worker::start(p2).await;
+    let answered = wait_for(Duration::from_secs(20), || async {
+        let (s, v) = l.post("/api/v1/chat/completions", &seeded(SMOL)).await;
+        (s == 200).then_some(v)
+    })
+    .await
+    .expect("reloaded once the worker is back");
+    assert_eq!(text(&answered), text(&local));
+}
