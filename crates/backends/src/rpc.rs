@@ -1,7 +1,8 @@
 //! llama.cpp RPC workers (`rpc_servers`), the pure part: the option's shape, and whether an
-//! address is one rpc-server (which has no authentication) may safely listen on.
+//! address is one rpc-server (which has no authentication) may safely listen on. Addresses are
+//! parsed with `core::net` (values only: no socket is opened here).
 
-use std::net::IpAddr;
+use core::net::IpAddr;
 
 use serde_json::Value;
 

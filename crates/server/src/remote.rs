@@ -301,12 +301,12 @@ fn unknown(name: &str) -> ApiError {
     }
 }
 
-/// Refreshes every provider's models every `every`, for as long as the runtime lives.
-pub fn refresh_every(rt: std::sync::Weak<crate::runtime::Runtime>, every: Duration) {
+/// Refreshes every provider's models every `every`, for as long as `remotes` lives.
+pub fn refresh_every(remotes: std::sync::Weak<Remotes>, every: Duration) {
     tokio::spawn(async move {
         loop {
-            let Some(r) = rt.upgrade() else { return };
-            r.remotes.refresh().await;
+            let Some(r) = remotes.upgrade() else { return };
+            r.refresh().await;
             drop(r);
             tokio::time::sleep(every).await;
         }

@@ -138,7 +138,7 @@ pub struct Runtime {
     /// The prompt cache's files (`<cache>/prompt-cache`).
     pub prompt_cache: host::prompt_cache::Store,
     /// Remote OpenAI-compatible providers (recipe `cloud`).
-    pub remotes: crate::remote::Remotes,
+    pub remotes: Arc<crate::remote::Remotes>,
 }
 
 /// Keeps a model in use while a request runs. Dropping it releases the model.
@@ -249,7 +249,7 @@ impl Runtime {
             tracing::info!(count = temps, "removed temp files left by a killed write");
         }
         let prompt_cache = host::prompt_cache::Store::open(&cfg.cache_dir.join("prompt-cache"));
-        let remotes = crate::remote::Remotes::new(cfg.cache_dir.clone(), cfg.remote_timeout);
+        let remotes = Arc::new(crate::remote::Remotes::new(cfg.cache_dir.clone(), cfg.remote_timeout));
         let (tx, rx) = mpsc::unbounded_channel();
         let machine = Machine::new(scheduler::Limits::uniform(1))
             .with_crash_backoff(cfg.crash_backoff.0.as_millis() as u64, cfg.crash_backoff.1.as_millis() as u64)
@@ -278,7 +278,7 @@ impl Runtime {
         });
         tokio::spawn(owner(Arc::downgrade(&rt), rx, machine));
         match rt.cfg.remote_refresh {
-            Some(every) => crate::remote::refresh_every(Arc::downgrade(&rt), every),
+            Some(every) => crate::remote::refresh_every(Arc::downgrade(&rt.remotes), every),
             None => {
                 let r = rt.clone();
                 tokio::spawn(async move { r.remotes.refresh().await });

@@ -12,6 +12,7 @@
 mod modalities;
 mod more;
 mod prompt_cache;
+mod scaling;
 mod webui;
 
 use std::path::PathBuf;
@@ -21,7 +22,7 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 use test_support::{Lemonade, SMOL};
 
-const RUNS: usize = 20;
+pub(crate) const RUNS: usize = 20;
 /// llama-server computes on one core, leaving the other to the client and the proxy, so the
 /// proxy's cost is not hidden by (or confused with) CPU contention on this 2-core machine.
 pub(crate) const LLAMA_ARGS: &str = "--threads 1 --threads-batch 1";
@@ -52,7 +53,7 @@ pub(crate) async fn each_event(resp: reqwest::Response, mut f: impl FnMut(Instan
 }
 
 /// One streamed chat completion; times are taken at the client as chunks arrive.
-async fn stream_once(http: &reqwest::Client, url: &str, model: Option<&str>) -> anyhow::Result<Sample> {
+pub(crate) async fn stream_once(http: &reqwest::Client, url: &str, model: Option<&str>) -> anyhow::Result<Sample> {
     let mut body = json!({
         "messages": [{"role": "user", "content": "Write a story about a lighthouse keeper."}],
         "max_tokens": MAX_TOKENS, "ignore_eos": true, "temperature": 0, "stream": true
@@ -83,7 +84,7 @@ async fn stream_once(http: &reqwest::Client, url: &str, model: Option<&str>) -> 
     })
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
     if n % 2 == 1 {
@@ -112,6 +113,7 @@ async fn main() -> anyhow::Result<()> {
         Ok("dialects") => return more::dialects(&bin).await.map(|_| ()),
         Ok("webui") => return webui::webui(&bin).await.map(|_| ()),
         Ok("prompt_cache") => return prompt_cache::prompt_cache(&bin).await.map(|_| ()),
+        Ok("scaling") => return scaling::scaling(&bin).await.map(|_| ()),
         Ok("modalities") => {
             modalities::transcription(&bin).await?;
             modalities::images(&bin).await?;
@@ -205,6 +207,7 @@ async fn main() -> anyhow::Result<()> {
     out["speech"] = modalities::speech(&bin).await?;
     out["webui"] = webui::webui(&bin).await?;
     out["prompt_cache"] = prompt_cache::prompt_cache(&bin).await?;
+    out["scaling"] = scaling::scaling(&bin).await?;
     if let Some(path) = std::env::var_os("LEMONADE_BENCH_OUT") {
         std::fs::write(&path, serde_json::to_vec_pretty(&out)?)?;
         println!("\nwritten to {}", PathBuf::from(path).display());
@@ -214,7 +217,12 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// The llama-server command line lemonade uses for an LLM at `model`, with [`LLAMA_ARGS`].
-fn llama_command_line(model: &std::path::Path) -> anyhow::Result<Vec<String>> {
+pub(crate) fn llama_command_line(model: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    llama_command_line_rpc(model, vec![])
+}
+
+/// [`llama_command_line`] with llama.cpp RPC workers (`--rpc`, every layer offloaded to them).
+pub(crate) fn llama_command_line_rpc(model: &std::path::Path, rpc: Vec<String>) -> anyhow::Result<Vec<String>> {
     Ok(backends::llamacpp::command_line(&backends::llamacpp::LlamaServerConfig {
         model_path: model.to_path_buf(),
         mmproj_path: None,
@@ -224,15 +232,24 @@ fn llama_command_line(model: &std::path::Path) -> anyhow::Result<Vec<String>> {
         user_args: LLAMA_ARGS.into(),
         amd_igpu: false,
         alias: "bench".into(),
-        rpc: vec![],
+        rpc,
     })?)
 }
 
 /// Starts llama-server by hand with the command line lemonade would use and waits until
 /// `/health` answers 200. Returns the process and the time it took.
 async fn start_by_hand(http: &reqwest::Client, model: &std::path::Path) -> anyhow::Result<(std::process::Child, f64)> {
+    let (child, ms, _) = start_args_by_hand(http, llama_command_line(model)?).await?;
+    Ok((child, ms))
+}
+
+/// [`start_by_hand`] with these arguments; returns the child, ms until /health said 200, and
+/// its port.
+pub(crate) async fn start_args_by_hand(
+    http: &reqwest::Client,
+    args: Vec<String>,
+) -> anyhow::Result<(std::process::Child, f64, u16)> {
     use std::io::BufRead;
-    let args = llama_command_line(model)?;
     let t = Instant::now();
     let mut child = std::process::Command::new(test_support::llama_server())
         .args(&args)
@@ -256,7 +273,7 @@ async fn start_by_hand(http: &reqwest::Client, model: &std::path::Path) -> anyho
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    Ok((child, t.elapsed().as_secs_f64() * 1e3))
+    Ok((child, t.elapsed().as_secs_f64() * 1e3, port))
 }
 
 /// SIGTERM and wait, as lemonade stops a backend.
