@@ -53,6 +53,16 @@ async fn paired(
     }))
 }
 
+/// The Markdown table of [`paired`]'s figures: path a, path b, then b against a.
+fn table(labels: [&str; 3], v: &Value) {
+    let f = |k: &str| v[k].as_f64().unwrap_or(0.0);
+    println!("| path | TTFT (ms, median) | decode tokens/s (median) |");
+    println!("|---|---:|---:|");
+    println!("| {} | {:.2} | {:.1} |", labels[0], f("a_ttft_ms"), f("a_decode_tps"));
+    println!("| {} | {:.2} | {:.1} |", labels[1], f("b_ttft_ms"), f("b_decode_tps"));
+    println!("| {} (median of paired runs) | {:+.2} ms | {:.3}× |", labels[2], f("added_ttft_ms"), f("decode_ratio"));
+}
+
 pub async fn scaling(bin: &Path) -> anyhow::Result<Value> {
     let http = reqwest::Client::builder().no_proxy().tcp_nodelay(true).build()?;
     let smol = model(SMOL_FILE);
@@ -70,15 +80,7 @@ pub async fn scaling(bin: &Path) -> anyhow::Result<Value> {
     let remote = paired(&http, (&direct, None), (&via, Some("vllm.bench")), RUNS).await?;
     drop((l, engine));
     println!("\nRemote provider: SmolLM2 on llama-server as the upstream, {RUNS} paired runs\n");
-    println!("| path | TTFT (ms, median) | decode tokens/s (median) |");
-    println!("|---|---:|---:|");
-    println!("| the engine direct | {:.2} | {:.1} |", remote["a_ttft_ms"], remote["a_decode_tps"]);
-    println!("| through lemonade (`vllm.bench`) | {:.2} | {:.1} |", remote["b_ttft_ms"], remote["b_decode_tps"]);
-    println!(
-        "| lemonade vs direct (median of paired runs) | {:+.2} ms | {:.3}× |",
-        remote["added_ttft_ms"].as_f64().unwrap_or(0.0),
-        remote["decode_ratio"].as_f64().unwrap_or(0.0)
-    );
+    table(["the engine direct", "through lemonade (`vllm.bench`)", "lemonade vs direct"], &remote);
 
     // RPC: the same model on two rpc-servers (127.0.0.1) against it local, one at a time.
     let rpc = test_support::llama_server().with_file_name("rpc-server");
@@ -113,14 +115,6 @@ pub async fn scaling(bin: &Path) -> anyhow::Result<Value> {
     let rpc_figures = paired(&http, (&local_url, None), (&rpc_url, None), runs).await?;
     drop((over, local, workers));
     println!("\nllama.cpp RPC: SmolLM2 with every layer on 2 rpc-servers on loopback (1 thread each) vs local, {runs} paired runs\n");
-    println!("| path | TTFT (ms, median) | decode tokens/s (median) |");
-    println!("|---|---:|---:|");
-    println!("| local llama-server | {:.2} | {:.1} |", rpc_figures["a_ttft_ms"], rpc_figures["a_decode_tps"]);
-    println!("| over 2 RPC workers | {:.2} | {:.1} |", rpc_figures["b_ttft_ms"], rpc_figures["b_decode_tps"]);
-    println!(
-        "| RPC vs local (median of paired runs) | {:+.2} ms | {:.3}× |",
-        rpc_figures["added_ttft_ms"].as_f64().unwrap_or(0.0),
-        rpc_figures["decode_ratio"].as_f64().unwrap_or(0.0)
-    );
+    table(["local llama-server", "over 2 RPC workers", "RPC vs local"], &rpc_figures);
     Ok(json!({"remote": remote, "rpc": rpc_figures, "rpc_workers": addrs}))
 }
