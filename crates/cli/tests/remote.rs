@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use host::supervisor::free_port;
 use serde_json::{json, Value};
 use test_support::*;
 
@@ -13,10 +14,6 @@ fn bin() -> &'static Path {
 }
 
 const KEY: &str = "sk-upstream-5f1d2c9a";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 /// A real llama-server standing in for a vLLM/SGLang/TGI endpoint: `alias` is its model id,
 /// `KEY` its API key. Killed on drop.
@@ -99,8 +96,8 @@ fn files_containing(dir: &Path, needle: &str) -> Vec<PathBuf> {
 #[tokio::test]
 async fn real_llama_server_remote_providers_are_discovered_named_and_serve_chat_streams_and_embeddings_with_the_key_kept_secret(
 ) {
-    let chat = Upstream::start(SMOL_FILE, "smol-chat", &[], free_port()).await;
-    let embed = Upstream::start(MINILM_FILE, "minilm-embed", &["--embeddings"], free_port()).await;
+    let chat = Upstream::start(SMOL_FILE, "smol-chat", &[], free_port().unwrap()).await;
+    let embed = Upstream::start(MINILM_FILE, "minilm-embed", &["--embeddings"], free_port().unwrap()).await;
     // The embedding provider's key comes from the environment; the chat one's from the CLI.
     let l = Lemonade::start_in(bin(), Sandbox::new(), &[], &[("LEMONADE_EMB_API_KEY", KEY)]).await;
     let (code, out, err) = l.cli(&["cloud", "install", "vllm", "--base-url", &chat.url(), "--api-key", KEY]).await;
@@ -131,6 +128,29 @@ async fn real_llama_server_remote_providers_are_discovered_named_and_serve_chat_
     assert!(frames.iter().filter(|f| f.contains("\"content\":\"")).count() >= 2, "{text}");
     let (s, v) = l.post("/api/v1/embeddings", &json!({"model": "emb.minilm-embed", "input": ["a", "b"]})).await;
     assert_eq!((s, v["data"][1]["embedding"].as_array().map(Vec::len)), (200, Some(384)), "{v}");
+
+    // The other text endpoints and both dialects, translated here, answered by the upstream.
+    let prompt = json!({"model": "vllm.smol-chat", "prompt": "Once upon", "max_tokens": 4});
+    let (s, v) = l.post("/api/v1/completions", &prompt).await;
+    assert!(s == 200 && v["choices"][0]["text"].is_string(), "{v}");
+    let (s, v) =
+        l.post("/api/v1/responses", &json!({"model": "vllm.smol-chat", "input": "hi", "max_output_tokens": 4})).await;
+    assert!(s == 200 && v["output"].is_array(), "{v}");
+    let msg = json!({"model": "vllm.smol-chat", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]});
+    let (s, v) = l.post("/v1/messages", &msg).await;
+    assert!(s == 200 && v["type"] == "message" && v["content"][0]["text"].is_string(), "{v}");
+    let (s, v) = l
+        .post(
+            "/api/chat",
+            &json!({"model": "vllm.smol-chat", "stream": false, "options": {"num_predict": 4},
+        "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert!(s == 200 && v["message"]["content"].is_string() && v["done"] == true, "{v}");
+    // Audio and image requests are shaped for lemonade's own backends: refused, not forwarded.
+    let (s, v) = l.post("/api/v1/images/generations", &json!({"model": "vllm.smol-chat", "prompt": "x"})).await;
+    assert_eq!((s, v["error"]["code"].as_str()), (400, Some("unsupported_model_type")), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("remote provider 'vllm'"), "{v}");
 
     // No local slot: nothing is loaded here.
     let (_, h) = l.get("/api/v1/health").await;
@@ -174,7 +194,7 @@ async fn real_llama_server_remote_providers_are_discovered_named_and_serve_chat_
 
 #[tokio::test]
 async fn real_llama_server_an_upstream_killed_gives_502_and_recovers_a_hanging_one_504_and_a_restart_keeps_it_listed() {
-    let port = free_port();
+    let port = free_port().unwrap();
     let up = Upstream::start(SMOL_FILE, "smol-chat", &[], port).await;
     let l = Lemonade::start(bin(), &["--remote-timeout", "2", "--remote-refresh", "0"]).await;
     let install = json!({"recipe": "cloud", "backend": "vllm", "base_url": up.url(), "api_key": KEY});
@@ -192,8 +212,32 @@ async fn real_llama_server_an_upstream_killed_gives_502_and_recovers_a_hanging_o
         assert!(v["error"]["message"].as_str().unwrap().contains("Upstream 'vllm'"), "{v}");
         assert!(t.elapsed() < Duration::from_secs(10), "answered after the timeout, not much later");
     }
-    // Killed: 502 naming it, and health says down; the list keeps its model.
+    unsafe {
+        libc::kill(up.pid(), libc::SIGCONT);
+    }
+    // Killed mid-stream: the stream ends with the streaming error frame naming it.
+    let long = json!({"model": "vllm.smol-chat", "messages": [{"role": "user", "content": "Tell a long story."}],
+        "max_tokens": 2000, "ignore_eos": true, "stream": true});
+    let r = reqwest::Client::new().post(l.url("/api/v1/chat/completions")).json(&long).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let mut body = Box::pin(r.bytes_stream());
+    let mut text = String::new();
+    while !text.contains("\"content\":\"") {
+        let chunk = tokio::time::timeout(Duration::from_secs(20), futures_util::StreamExt::next(&mut body)).await;
+        text.push_str(&String::from_utf8_lossy(&chunk.expect("a chunk in time").expect("more").unwrap()));
+    }
     drop(up);
+    let rest = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(Ok(c)) = futures_util::StreamExt::next(&mut body).await {
+            text.push_str(&String::from_utf8_lossy(&c));
+        }
+        text
+    })
+    .await
+    .expect("the stream ended");
+    let last = sse_data(&rest).into_iter().rfind(|d| d != "[DONE]").unwrap_or_default();
+    assert!(last.contains("streaming_error") && last.contains("Upstream 'vllm'"), "{last}");
+    // Killed: 502 naming it, and health says down; the list keeps its model.
     let (s, v) = l.post("/api/v1/chat/completions", &chat_body("vllm.smol-chat", true)).await;
     assert_eq!((s, v["error"]["code"].as_str()), (502, Some("upstream_error")), "{v}");
     let msg = v["error"]["message"].as_str().unwrap();
@@ -276,7 +320,7 @@ fn seeded(model: &str) -> Value {
 
 #[tokio::test]
 async fn real_llama_server_a_model_over_two_rpc_workers_answers_as_local_and_a_lost_worker_is_noticed() {
-    let (p1, p2) = (free_port(), free_port());
+    let (p1, p2) = (free_port().unwrap(), free_port().unwrap());
     let _w1 = Worker::start(p1).await;
     let w2 = Worker::start(p2).await;
     let l = Lemonade::start(bin(), &["--watchdog-interval-ms", "300"]).await;
@@ -284,7 +328,7 @@ async fn real_llama_server_a_model_over_two_rpc_workers_answers_as_local_and_a_l
     assert_eq!(s, 200, "{local}");
 
     // An unreachable worker fails the load, named.
-    let closed = free_port();
+    let closed = free_port().unwrap();
     let bad = json!({"model_name": SMOL, "rpc_servers": [format!("127.0.0.1:{p1}"), format!("127.0.0.1:{closed}")]});
     let (s, v) = l.post("/api/v1/load", &bad).await;
     let msg = v["error"]["message"].as_str().unwrap_or_default();

@@ -159,11 +159,8 @@ pub async fn forward_form(
     form: reqwest::multipart::Form,
     content_type: &'static str,
 ) -> Result<Response, ApiError> {
-    let mut req = lease.http().post(lease.url(path)).multipart(form);
-    if let Target::Remote(route) = &lease.target {
-        req = req.bearer_auth(route.provider.key().unwrap_or_default());
-    }
-    let resp = issue(&lease, req).await?;
+    // Only local backends get forms (pulls::lease forwards no audio request to a remote).
+    let resp = issue(&lease, lease.http().post(lease.url(path)).multipart(form)).await?;
     if !resp.status().is_success() {
         return Err(backend_error(&lease, resp).await);
     }

@@ -232,9 +232,17 @@ pub async fn lease_keeping(
     keep_alive: Option<u64>,
 ) -> Result<Lease, ApiError> {
     // `<provider>.<id>` of a registered remote provider, unless a local model has that name.
-    // Every endpoint is forwarded: the upstream knows what its model serves.
+    // Text endpoints are forwarded whatever the listed type (the upstream knows what its model
+    // serves); audio and image requests are shaped for lemonade's own backends, not forwarded.
     if rt.registry().get(name).is_err() {
         if let Some(route) = rt.remotes.route(name).await? {
+            let text = [ModelType::Llm, ModelType::Embedding, ModelType::Reranking];
+            if !want.iter().any(|t| text.contains(t)) {
+                return Err(ApiError::WrongModelType(format!(
+                    "Model '{name}' is on remote provider '{}'; {endpoint} is not forwarded to remote providers (chat, completions, responses, embeddings, reranking and the llama.cpp endpoints are).",
+                    route.provider.name
+                )));
+            }
             return Ok(Lease::remote(rt, route));
         }
     }

@@ -253,29 +253,24 @@ impl Remotes {
     pub async fn route(&self, name: &str) -> Result<Option<Route>, ApiError> {
         let Some((p, id)) = cloud::split(name) else { return Ok(None) };
         let Some(provider) = self.get(p) else { return Ok(None) };
-        if !provider.has(id) {
-            self.discover(&provider).await;
-            let view = provider.view();
-            if let (false, Some(probe)) = (provider.has(id), view.last_probe.as_ref().filter(|p| !p.ok)) {
-                return Err(ApiError::UpstreamFailed(format!(
-                    "Upstream '{p}' ({}) is down: {}",
-                    provider.base,
-                    probe.error.as_deref().unwrap_or("its last probe failed")
-                )));
-            }
-            if !provider.has(id) {
-                let offered = view.models.join(", ");
-                return Err(ApiError::Lookup(registry::LookupError::NotFound {
-                    name: name.to_string(),
-                    hint: format!(
-                        "Upstream '{p}' ({}) does not list '{id}'; it offers: {}",
-                        provider.base,
-                        if offered.is_empty() { "nothing (or it is down)".to_string() } else { offered }
-                    ),
-                }));
-            }
+        if provider.has(id) {
+            return Ok(Some(Route { provider, id: id.to_string(), name: name.to_string() }));
         }
-        Ok(Some(Route { provider, id: id.to_string(), name: name.to_string() }))
+        self.discover(&provider).await;
+        let view = provider.view();
+        if provider.has(id) {
+            return Ok(Some(Route { provider, id: id.to_string(), name: name.to_string() }));
+        }
+        // Unknown to a provider that is down: its failure, not a missing model.
+        if let Some(probe) = view.last_probe.filter(|p| !p.ok) {
+            let why = probe.error.unwrap_or_else(|| "its last probe failed".into());
+            return Err(ApiError::UpstreamFailed(format!("Upstream '{p}' ({}) is down: {why}", provider.base)));
+        }
+        let offered = if view.models.is_empty() { "nothing".to_string() } else { view.models.join(", ") };
+        Err(ApiError::Lookup(registry::LookupError::NotFound {
+            name: name.to_string(),
+            hint: format!("Upstream '{p}' ({}) does not list '{id}'; it offers: {offered}", provider.base),
+        }))
     }
 
     pub fn views(&self) -> Vec<Upstream> {

@@ -20,10 +20,6 @@ impl Drop for Killed {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 /// Paired runs of `a` and `b` (alternating which goes first): (median TTFT ms of each, median
 /// of the paired TTFT differences b − a, median of the paired decode ratios b ÷ a, median
 /// decode tokens/s of each).
@@ -88,7 +84,7 @@ pub async fn scaling(bin: &Path) -> anyhow::Result<Value> {
     let mut workers = Vec::new();
     let mut addrs = Vec::new();
     for _ in 0..2 {
-        let p = free_port()?;
+        let p = host::supervisor::free_port()?;
         let child = Command::new(&rpc)
             .args(["-H", "127.0.0.1", "-p", &p.to_string(), "-t", "1"])
             .stdout(Stdio::null())
