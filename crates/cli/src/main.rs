@@ -267,7 +267,7 @@ struct ServeArgs {
 
 /// The scheduler settings: flags and LEMONADE_* variables, else `settings.json` (saved by
 /// `POST /api/v1/params`), else the defaults; validated as the API validates them.
-fn scheduler_settings(args: &ServeArgs, cfg: &mut server::Config, cache: &std::path::Path) -> anyhow::Result<()> {
+fn scheduler_settings(args: &ServeArgs, cfg: &mut engine::Config, cache: &std::path::Path) -> anyhow::Result<()> {
     use api_types::{MemoryBudget, ParamsUpdate, SlotLimits};
     let saved = host::files::load_settings(cache).context("cannot read the saved settings")?;
     let flags = ParamsUpdate {
@@ -278,11 +278,11 @@ fn scheduler_settings(args: &ServeArgs, cfg: &mut server::Config, cache: &std::p
         vram_budget: args.vram_budget.clone().map(MemoryBudget::Word),
         swap_hold_ms: args.swap_hold_ms,
     };
-    let mut update = server::params::over(flags, saved);
+    let mut update = engine::settings::over(flags, saved);
     update.memory_budget.get_or_insert_with(|| MemoryBudget::Word("auto".into()));
     update.vram_budget.get_or_insert_with(|| MemoryBudget::Word("auto".into()));
-    let settings = server::params::settings(&update).map_err(|e| match e {
-        server::error::ApiError::BadRequest { message, param: Some(p), .. } => {
+    let settings = engine::settings::settings(&update).map_err(|e| match e {
+        engine::EngineError::Invalid { message, param: Some(p), .. } => {
             anyhow::anyhow!("--{} (or {p} in settings.json): {message}", p.replace('_', "-"))
         }
         e => anyhow::anyhow!("{e}"),
@@ -291,10 +291,10 @@ fn scheduler_settings(args: &ServeArgs, cfg: &mut server::Config, cache: &std::p
     cfg.max_concurrent = args.max_concurrent.filter(|n| *n > 0);
     cfg.preload = args.preload.iter().map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
     if let Some(Some(b)) = cfg.scheduler.memory_budget {
-        tracing::info!(budget = %server::error::bytes(b), "memory budget");
+        tracing::info!(budget = %engine::error::bytes(b), "memory budget");
     }
     if let Some(Some(b)) = cfg.scheduler.vram_budget {
-        tracing::info!(budget = %server::error::bytes(b), "VRAM budget");
+        tracing::info!(budget = %engine::error::bytes(b), "VRAM budget");
     }
     Ok(())
 }
@@ -330,9 +330,7 @@ async fn serve(
         backends::llamacpp::validate_user_args(&tokens).context("--llamacpp-args")?;
     }
     let cache = cache_dir();
-    let mut cfg = server::Config::new(cache.clone(), host::hf_cache::cache_root_from_env(|k| std::env::var(k).ok()));
-    cfg.host = host.clone();
-    cfg.port = port;
+    let mut cfg = engine::Config::new(cache.clone(), host::hf_cache::cache_root_from_env(|k| std::env::var(k).ok()));
     cfg.extra_models_dir = args.extra_models_dir.clone();
     cfg.ctx_size = args.ctx_size;
     cfg.llamacpp_backend = backend.into();
@@ -344,21 +342,22 @@ async fn serve(
     cfg.pull_timeout = Duration::from_secs(args.pull_timeout);
     cfg.remote_timeout = Duration::from_secs(args.remote_timeout);
     cfg.remote_refresh = (args.remote_refresh > 0).then(|| Duration::from_secs(args.remote_refresh));
-    cfg.prompt_cache_size = server::params::parse_bytes(&args.prompt_cache_size).with_context(|| {
+    cfg.prompt_cache_size = engine::settings::parse_bytes(&args.prompt_cache_size).with_context(|| {
         format!("--prompt-cache-size: '{}' is not a size (4G, 512M, bytes or 0)", args.prompt_cache_size)
     })?;
     scheduler_settings(&args, &mut cfg, &cache)?;
     cfg.crash_backoff = (Duration::from_millis(args.crash_backoff_ms), Duration::from_millis(args.crash_reset_ms));
     cfg.watchdog_interval = (args.watchdog_interval_ms > 0).then(|| Duration::from_millis(args.watchdog_interval_ms));
-    cfg.access.api_key = api_key.filter(|k| !k.is_empty());
-    cfg.logs = Some(logs);
+    let mut http = server::Http { logs: Some(logs), ..server::Http::default() };
+    http.access.api_key = api_key.filter(|k| !k.is_empty());
     let env = |k: &str| std::env::var(k).ok();
-    cfg.access.admin_key = env("LEMONADE_ADMIN_API_KEY").filter(|k| !k.is_empty());
-    cfg.access.allowed_origins = server::access::Access::origins_from(env("LEMONADE_ALLOWED_ORIGINS").as_deref());
-    cfg.access.allowed_hosts = server::access::Access::hosts_from(env("LEMONADE_ALLOWED_HOSTS").as_deref());
-    cfg.access.listen_host = host.clone();
+    http.access.admin_key = env("LEMONADE_ADMIN_API_KEY").filter(|k| !k.is_empty());
+    http.access.allowed_origins = server::access::Access::origins_from(env("LEMONADE_ALLOWED_ORIGINS").as_deref());
+    http.access.allowed_hosts = server::access::Access::hosts_from(env("LEMONADE_ALLOWED_HOSTS").as_deref());
+    http.access.listen_host = host.clone();
 
-    let rt = server::runtime(cfg)?;
+    let engine = engine::Engine::start(cfg)?;
+    let rt = server::AppState::new(engine, http);
     let listeners = server::bind(&host, port).await?;
     // One PID file per port actually bound (port 0 picks one), removed again at exit.
     let mut ports: Vec<u16> = listeners.iter().filter_map(|l| l.local_addr().ok()).map(|a| a.port()).collect();

@@ -35,6 +35,11 @@ pub enum HostError {
 }
 
 impl HostError {
+    /// Whether the file work failed because the disk is full.
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, HostError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC))
+    }
+
     pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> HostError + '_ {
         move |source| HostError::Io { path: path.display().to_string(), source }
     }

@@ -30,7 +30,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 
-pub use crate::config::{host_name, Access, Origins};
+pub use crate::state::{host_name, Access, Origins};
 
 /// Schemes of desktop apps that embed a web view (as Lemonade allows them).
 const APP_SCHEMES: [&str; 4] = ["app", "tauri", "vscode-webview", "vscode-file"];

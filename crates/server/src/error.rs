@@ -1,11 +1,15 @@
 //! One error type for the HTTP layer; `IntoResponse` is the single place that maps errors to
-//! status codes and OpenAI-style bodies, and the `From` impls below are the single place where
-//! the layers' own errors (registry, backends, host, scheduler) become HTTP errors.
+//! status codes and OpenAI-style bodies, and `From<EngineError>` below is the single place
+//! where an error of the layers below (the engine's, which wraps registry, backends, host and
+//! scheduler errors) becomes an HTTP error.
 
 use api_types::ErrorResponse;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+pub use engine::error::bytes;
+use engine::error::rejection_message;
+use engine::EngineError;
 use registry::LookupError;
 
 #[derive(Debug, thiserror::Error)]
@@ -14,7 +18,7 @@ pub enum ApiError {
     #[error("{message}")]
     BadRequest { message: String, param: Option<String>, code: Option<&'static str> },
     #[error(transparent)]
-    Lookup(#[from] LookupError),
+    Lookup(LookupError),
     /// The model exists but cannot serve this endpoint (e.g. chat to an embedding model).
     #[error("{0}")]
     WrongModelType(String),
@@ -63,27 +67,6 @@ pub enum ApiError {
 impl ApiError {
     pub fn bad_request(message: impl Into<String>, param: Option<&str>) -> ApiError {
         ApiError::BadRequest { message: message.into(), param: param.map(str::to_string), code: None }
-    }
-
-    /// A registered model whose files are not (all) in the cache.
-    pub fn not_downloaded(name: &str) -> ApiError {
-        ApiError::BadRequest {
-            message: format!("Model '{name}' is not downloaded. Pull it first: lemonade pull {name}"),
-            param: Some("model".into()),
-            code: Some("model_not_downloaded"),
-        }
-    }
-
-    /// A load's outcome: Ok when loaded, a conflict when an unload cancelled it, else a load error.
-    pub fn from_load(model: &str, outcome: scheduler::LoadOutcome) -> Result<(), ApiError> {
-        match outcome {
-            scheduler::LoadOutcome::Loaded => Ok(()),
-            scheduler::LoadOutcome::Cancelled => {
-                Err(ApiError::Conflict(format!("Model '{model}' was unloaded while it was loading")))
-            }
-            scheduler::LoadOutcome::Failed(message) => Err(ApiError::LoadFailed { model: model.to_string(), message }),
-            scheduler::LoadOutcome::Refused(why) => Err(ApiError::Rejected { model: model.to_string(), why }),
-        }
     }
 
     pub fn status(&self) -> StatusCode {
@@ -173,59 +156,60 @@ impl From<serde_json::Error> for ApiError {
     }
 }
 
-impl From<registry::RegistryError> for ApiError {
-    fn from(e: registry::RegistryError) -> ApiError {
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> ApiError {
+        use EngineError as E;
         match e {
-            registry::RegistryError::Lookup(l) => ApiError::Lookup(l),
-            registry::RegistryError::Invalid(m) => ApiError::bad_request(m, Some("model")),
-            e @ registry::RegistryError::Plan(_) => ApiError::bad_request(e.to_string(), Some("checkpoint")),
-            e @ registry::RegistryError::Json { .. } => ApiError::Internal(e.to_string()),
-        }
-    }
-}
-
-impl From<host::HostError> for ApiError {
-    fn from(e: host::HostError) -> ApiError {
-        match e {
-            host::HostError::Registry(r) => r.into(),
-            host::HostError::Io { ref source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
-                ApiError::InsufficientStorage(e.to_string())
+            E::Invalid { message, param, code } => ApiError::BadRequest { message, param, code },
+            E::Unknown(m) => ApiError::Unprocessable(m),
+            E::Lookup(l) => ApiError::Lookup(l),
+            E::WrongModelType(m) => ApiError::WrongModelType(m),
+            E::LoadFailed { model, message } => ApiError::LoadFailed { model, message },
+            E::Rejected { model, why } => ApiError::Rejected { model, why },
+            E::Conflict(m) => ApiError::Conflict(m),
+            E::Unavailable(m) => ApiError::BackendUnavailable(m),
+            E::UpstreamFailed(m) => ApiError::UpstreamFailed(m),
+            E::UpstreamTimeout(m) => ApiError::UpstreamTimeout(m),
+            E::InsufficientStorage(m) => ApiError::InsufficientStorage(m),
+            E::Registry(r) => registry_error(r),
+            E::Host(host::HostError::Registry(r)) => registry_error(r),
+            E::Host(e @ host::HostError::Io { .. }) if e.is_disk_full() => ApiError::InsufficientStorage(e.to_string()),
+            E::Host(e) => ApiError::Internal(e.to_string()),
+            E::Install(e) => install_error(e),
+            E::InstallPlan(e) => {
+                use backends::releases::InstallPlanError as P;
+                let (param, code) = match &e {
+                    P::UnknownRecipe(_) => ("recipe", "unknown_recipe"),
+                    P::UnknownBackend { .. } => ("backend", "unknown_backend"),
+                    P::NotInstallable(_) => ("backend", "backend_not_installable"),
+                };
+                ApiError::BadRequest { message: e.to_string(), param: Some(param.into()), code: Some(code) }
             }
-            e => ApiError::Internal(e.to_string()),
+            E::Scheduler(e) => ApiError::NotLoaded { message: e.to_string() },
+            E::Internal(m) => ApiError::Internal(m),
         }
     }
 }
 
-impl From<host::install::InstallError> for ApiError {
-    fn from(e: host::install::InstallError) -> ApiError {
-        use host::install::InstallError as E;
-        match e {
-            E::NotInstalled(..) => ApiError::BadRequest {
-                message: e.to_string(),
-                param: Some("backend".into()),
-                code: Some("backend_not_installed"),
-            },
-            E::Io { .. } | E::Task(_) => ApiError::Internal(e.to_string()),
-            e => ApiError::BackendUnavailable(e.to_string()),
-        }
+fn registry_error(e: registry::RegistryError) -> ApiError {
+    match e {
+        registry::RegistryError::Lookup(l) => ApiError::Lookup(l),
+        registry::RegistryError::Invalid(m) => ApiError::bad_request(m, Some("model")),
+        e @ registry::RegistryError::Plan(_) => ApiError::bad_request(e.to_string(), Some("checkpoint")),
+        e @ registry::RegistryError::Json { .. } => ApiError::Internal(e.to_string()),
     }
 }
 
-impl From<backends::releases::InstallPlanError> for ApiError {
-    fn from(e: backends::releases::InstallPlanError) -> ApiError {
-        use backends::releases::InstallPlanError as E;
-        let (param, code) = match &e {
-            E::UnknownRecipe(_) => ("recipe", "unknown_recipe"),
-            E::UnknownBackend { .. } => ("backend", "unknown_backend"),
-            E::NotInstallable(_) => ("backend", "backend_not_installable"),
-        };
-        ApiError::BadRequest { message: e.to_string(), param: Some(param.into()), code: Some(code) }
-    }
-}
-
-impl From<scheduler::SchedulerError> for ApiError {
-    fn from(e: scheduler::SchedulerError) -> ApiError {
-        ApiError::NotLoaded { message: e.to_string() }
+fn install_error(e: host::install::InstallError) -> ApiError {
+    use host::install::InstallError as I;
+    match e {
+        I::NotInstalled(..) => ApiError::BadRequest {
+            message: e.to_string(),
+            param: Some("backend".into()),
+            code: Some("backend_not_installed"),
+        },
+        I::Io { .. } | I::Task(_) => ApiError::Internal(e.to_string()),
+        e => ApiError::BackendUnavailable(e.to_string()),
     }
 }
 
@@ -307,6 +291,12 @@ impl<S> From<ApiError> for Shaped<S> {
     }
 }
 
+impl<S> From<EngineError> for Shaped<S> {
+    fn from(e: EngineError) -> Self {
+        Shaped(ApiError::from(e), std::marker::PhantomData)
+    }
+}
+
 impl<S: ErrorShape> IntoResponse for Shaped<S> {
     fn into_response(self) -> Response {
         let body = S::body(&self.0);
@@ -366,51 +356,5 @@ impl IntoResponse for ApiError {
         }
         let body = self.body();
         self.shaped(body)
-    }
-}
-
-fn rejection_message(model: &str, why: &scheduler::Rejection) -> String {
-    use scheduler::Rejection::*;
-    match why {
-        NotLoaded => format!("Model '{model}' is not loaded (auto-load is off): load it first with POST /api/v1/load"),
-        Loading => format!("Model '{model}' is loading; retry when it is loaded"),
-        Unloading => format!("Model '{model}' is unloading"),
-        Failed(e) => format!("Model '{model}' failed: {e}"),
-        LoadFailed(e) => format!("Failed to load model '{model}': {e}"),
-        Backoff { error, retry_in_ms } => format!(
-            "Model '{model}' keeps failing and is backing off: it loads again in {:.1} s: {error}",
-            *retry_in_ms as f64 / 1000.0
-        ),
-        SlotsPinned(pinned) => format!(
-            "Cannot load model '{model}': every slot it could take is held by pinned models ({}). Unpin one \
-             (POST /api/v1/pin with \"pinned\": false, or `lemonade unpin`) or unload it first.",
-            pinned.join(", ")
-        ),
-        NoMemory { pool, needed, budget, pinned } => format!(
-            "Cannot load model '{model}': it needs an estimated {} of {} but the {} budget is {}{}. Raise \
-             --{}-budget, lower ctx_size, or use a smaller model{}.",
-            bytes(*needed),
-            pool.as_str(),
-            pool.as_str(),
-            bytes(*budget),
-            if *pinned > 0 { format!(", of which pinned models hold {}", bytes(*pinned)) } else { String::new() },
-            pool.as_str().to_ascii_lowercase(),
-            if *pool == scheduler::Pool::Vram { " (or the cpu backend)" } else { "" }
-        ),
-        QueueFull { max_queue, retry_in_ms } => format!(
-            "Too many requests are waiting for models ({max_queue}, the --max-queue bound); retry in {} s",
-            retry_in_ms.div_ceil(1000)
-        ),
-    }
-}
-
-/// `1.23 GiB` / `456.0 MiB`.
-pub fn bytes(n: u64) -> String {
-    const MIB: f64 = (1u64 << 20) as f64;
-    let mib = n as f64 / MIB;
-    if mib >= 1024.0 {
-        format!("{:.2} GiB", mib / 1024.0)
-    } else {
-        format!("{mib:.1} MiB")
     }
 }

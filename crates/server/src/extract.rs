@@ -47,7 +47,7 @@ where
 async fn read_whole(req: Request, state: &AppState) -> Result<Bytes, ApiError> {
     Bytes::from_request(req, state).await.map_err(|e| {
         if e.status() == http::StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge { limit: state.cfg.body_limit }
+            ApiError::PayloadTooLarge { limit: state.http.body_limit }
         } else {
             ApiError::bad_request(format!("Cannot read request body: {}", e.body_text()), None)
         }

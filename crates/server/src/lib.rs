@@ -1,23 +1,15 @@
-//! The lemonade HTTP server: axum routes over the model [`runtime`], forwarding to backends
-//! through the [`proxy`]. See docs/ARCHITECTURE.md for the map.
+//! The lemonade HTTP server: axum routes over the [`engine`] (the application), forwarding to
+//! backends through the [`proxy`]. It speaks HTTP only. See docs/ARCHITECTURE.md for the map.
 
 pub mod access;
 pub mod api;
-pub mod config;
 pub mod error;
 pub mod extract;
-pub mod installs;
-pub mod locks;
 pub mod logging;
 pub mod metrics;
 pub mod openapi;
-pub mod params;
-pub mod prompt_cache;
 pub mod proxy;
-pub mod pulls;
-pub mod remote;
 pub mod routes;
-pub mod runtime;
 pub mod sse;
 pub mod state;
 pub mod webui;
@@ -30,56 +22,29 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::extract::DefaultBodyLimit;
 use axum::Router;
-use host::catalogue::CatalogueConfig;
 use tokio::net::TcpListener;
 use utoipa_swagger_ui::SwaggerUi;
 
-pub use config::Config;
+pub use engine::{Config, Engine};
 pub use routes::PREFIXES;
-pub use runtime::Runtime;
-pub use state::AppState;
+pub use state::{AppState, Http};
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The application: the route table, Swagger UI, the body limit and access control.
-pub fn app(rt: Arc<Runtime>) -> Router {
-    let access = rt.cfg.access.clone();
-    app_with(rt, access)
+pub fn app(state: AppState) -> Router {
+    let access = state.http.access.clone();
+    app_with(state, access)
 }
 
-fn app_with(rt: Arc<Runtime>, access: access::Access) -> Router {
+fn app_with(state: AppState, access: access::Access) -> Router {
     routes::router()
         .merge(SwaggerUi::new("/docs").url("/api/v1/openapi.json", openapi::document()))
-        .layer(DefaultBodyLimit::max(rt.cfg.body_limit))
+        .layer(DefaultBodyLimit::max(state.http.body_limit))
         .layer(axum::middleware::from_fn_with_state(Arc::new(access), access::layer))
         // Outermost, so refusals by access control are counted too.
-        .layer(axum::middleware::from_fn_with_state(rt.metrics.clone(), metrics::layer))
-        .with_state(rt)
-}
-
-/// Where the catalogue is read from, for `cfg`.
-pub fn catalogue_config(cfg: &Config) -> CatalogueConfig {
-    CatalogueConfig {
-        cache_dir: cfg.cache_dir.clone(),
-        hf_cache: cfg.hf_cache.clone(),
-        extra_models_dir: cfg.extra_models_dir.clone(),
-        physical_memory_gb: host::hardware::physical_memory_gb(),
-        disable_filtering: cfg.disable_filtering,
-    }
-}
-
-/// Builds the registry and runtime from `cfg`.
-pub fn runtime(cfg: Config) -> anyhow::Result<Arc<Runtime>> {
-    // Hardware is detected once, here, so no load waits for it.
-    let hw = host::hardware::detected();
-    tracing::debug!(igpu = ?hw.hw.amd_igpu, nvidia = hw.hw.nvidia_gpus, "hardware detected");
-    let registry = host::catalogue::load(&catalogue_config(&cfg)).context("cannot read the model catalogue")?;
-    for name in &cfg.preload {
-        registry.get(name).with_context(|| format!("--preload {name}"))?;
-    }
-    let rt = Runtime::new(cfg, registry);
-    pulls::preload(&rt);
-    Ok(rt)
+        .layer(axum::middleware::from_fn_with_state(state.metrics.clone(), metrics::layer))
+        .with_state(state)
 }
 
 /// Binds every address `host` resolves to on `port`; at least one must succeed.
@@ -103,7 +68,7 @@ pub async fn bind(host: &str, port: u16) -> anyhow::Result<Vec<TcpListener>> {
 
 /// Serves until `shutdown` resolves, then stops every backend and returns.
 pub async fn serve(
-    rt: Arc<Runtime>,
+    rt: AppState,
     listeners: Vec<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
@@ -114,7 +79,7 @@ pub async fn serve(
         let _ = stop_tx.send(true);
     });
     // Only loopback names are served when every listener is a loopback one (DNS rebinding).
-    let mut access = rt.cfg.access.clone();
+    let mut access = rt.http.access.clone();
     access.loopback_only = listeners.iter().all(|l| l.local_addr().is_ok_and(|a| a.ip().is_loopback()));
     let keyless = access.api_key.is_none() && access.admin_key.is_none();
     if access.allowed_origins == access::Origins::Any && keyless {

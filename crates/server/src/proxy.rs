@@ -14,7 +14,8 @@ use serde_json::Value;
 use dialects::{Counts, SseDecoder, StreamTranslator};
 
 use crate::error::ApiError;
-use crate::runtime::{Lease, Target};
+use engine::remote::Route;
+use engine::{Lease, Target};
 
 /// Bytes of a stream kept to find the last usage/timings chunk and the `[DONE]` marker.
 const TAIL_KEEP: usize = 16 * 1024;
@@ -27,10 +28,11 @@ async fn send(
     body: Option<Bytes>,
     stream: bool,
 ) -> Result<reqwest::Response, ApiError> {
-    let Some(model) = lease.local() else { return send_remote(lease, method, path_and_query, body).await };
-    if let (Some(cache), Some(b)) = (&model.cache, &body) {
-        let base = model.backend.base_url();
-        crate::prompt_cache::before_request(lease.http(), &base, cache, path_and_query, b, lease.metrics()).await;
+    if lease.local().is_none() {
+        return send_remote(lease, method, path_and_query, body).await;
+    }
+    if let Some(b) = &body {
+        lease.before_forward(path_and_query, b).await;
     }
     let mut req = lease.http().request(method, lease.url(path_and_query));
     if stream {
@@ -94,7 +96,7 @@ async fn send_remote(
     }
 }
 
-fn remote_timeout(lease: &Lease, route: &crate::remote::Route) -> ApiError {
+fn remote_timeout(lease: &Lease, route: &Route) -> ApiError {
     let t = lease.remote_timeout();
     let msg = format!(
         "Upstream '{}' ({}) did not answer within {} s (--remote-timeout)",
@@ -106,7 +108,7 @@ fn remote_timeout(lease: &Lease, route: &crate::remote::Route) -> ApiError {
     ApiError::UpstreamTimeout(msg)
 }
 
-fn remote_failed(route: &crate::remote::Route, e: &reqwest::Error, timeout: std::time::Duration) -> ApiError {
+fn remote_failed(route: &Route, e: &reqwest::Error, timeout: std::time::Duration) -> ApiError {
     let msg = format!(
         "Upstream '{}' ({}) failed: {}",
         route.provider.name,
@@ -527,7 +529,7 @@ impl StreamState {
 
 fn update_stats(lease: &Lease, v: &Value, non_streaming: bool) {
     if let Some(model) = lease.local() {
-        apply_usage(&mut model.stats.lock().unwrap_or_else(|e| e.into_inner()), v, non_streaming);
+        apply_usage(&mut model.stats.lock(), v, non_streaming);
     }
     // A whole answer's time to first token is the wait for the model plus the prompt's time.
     lease.metrics().usage(lease.name(), &Counts::of(v), non_streaming.then_some(lease.waited));

@@ -3,65 +3,56 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use api_types::PullProgress;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
+use engine::lifecycle::Lifecycle;
+use engine::pulls::PullEvent;
 use http::{header, HeaderValue};
 use tokio::sync::mpsc;
 
-use crate::runtime::Runtime;
-
-/// Progress events per file are sent at most this often (plus the first and the last).
-pub const PROGRESS_EVERY: Duration = Duration::from_millis(250);
-
-/// The sending half of an SSE response: `(event, data)` pairs.
-pub type Events = mpsc::Sender<(&'static str, String)>;
-
-/// `progress` events for one file of `total` (number `index`) into `tx`, at most every
-/// [`PROGRESS_EVERY`] (plus the last); returns false, cancelling the download, once the client
-/// is gone.
-pub fn progress_events(
-    tx: Events,
-    file: String,
-    index: usize,
-    total: usize,
-) -> impl FnMut(u64, Option<u64>) -> bool + Send {
-    let mut last = None::<Instant>;
-    move |done, size| {
-        if tx.is_closed() {
-            return false;
+/// One pull or install event as SSE's `(event, data)`: `progress` and `complete` carry a
+/// [`PullProgress`], `error` carries `{"error": message}`; a finished file has no event of its
+/// own (its last `progress` says it).
+pub fn frame(ev: &PullEvent) -> Option<(&'static str, String)> {
+    let progress = |file: &str, index: usize, total: usize, done: u64, size: u64, percent: u64| PullProgress {
+        file: file.to_string(),
+        file_index: index,
+        total_files: total,
+        bytes_downloaded: done,
+        bytes_total: size,
+        percent,
+    };
+    Some(match ev {
+        PullEvent::Progress { file, index, total, done, size } => {
+            let size = size.unwrap_or(0);
+            let p = progress(file, *index, *total, *done, size, (done * 100).checked_div(size).unwrap_or(0));
+            ("progress", serde_json::to_string(&p).unwrap_or_default())
         }
-        let finished = size.is_some_and(|s| done >= s);
-        if last.is_some_and(|t| t.elapsed() < PROGRESS_EVERY) && !finished {
-            return true;
+        PullEvent::Complete { file, index, total, bytes } => {
+            let p = progress(file, *index, *total, *bytes, *bytes, 100);
+            ("complete", serde_json::to_string(&p).unwrap_or_default())
         }
-        last = Some(Instant::now());
-        let bytes_total = size.unwrap_or(0);
-        let ev = PullProgress {
-            file: file.clone(),
-            file_index: index,
-            total_files: total,
-            bytes_downloaded: done,
-            bytes_total,
-            percent: (done * 100).checked_div(bytes_total).unwrap_or(0),
-        };
-        tx.try_send(("progress", serde_json::to_string(&ev).unwrap_or_default())).is_ok() || !tx.is_closed()
-    }
+        PullEvent::Error(e) => ("error", serde_json::json!({"error": e}).to_string()),
+        PullEvent::FileDone { .. } => return None,
+    })
 }
 
-/// An SSE response of `(event, data)` pairs, ending when every sender is gone. Cut short by
+/// Pull or install events as an SSE response, ending when every sender is gone. Cut short by
 /// shutdown, it ends with an `error` event saying so (what was downloaded is kept and resumed).
-pub fn events(rt: &Arc<Runtime>, mut rx: mpsc::Receiver<(&'static str, String)>) -> Response {
+/// Dropping the response (a client that leaves) drops `rx`, which cancels the download.
+pub fn events(rt: &Arc<Lifecycle>, mut rx: mpsc::Receiver<PullEvent>) -> Response {
     use futures_util::StreamExt;
-    let frame = |event: &str, data: &str| Ok::<_, Infallible>(Bytes::from(format!("event: {event}\ndata: {data}\n\n")));
-    let body = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(|(e, d)| frame(e, &d))));
+    let sse = |event: &str, data: &str| Ok::<_, Infallible>(Bytes::from(format!("event: {event}\ndata: {data}\n\n")));
+    let body = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+        .filter_map(|ev| std::future::ready(frame(&ev)))
+        .map(move |(e, d)| sse(e, &d));
     let rt2 = rt.clone();
     let last = futures_util::stream::once(async move {
         let msg = "lemonade is shutting down; what was downloaded is kept and the next request resumes it";
-        rt2.is_closing().then(|| frame("error", &serde_json::json!({"error": msg}).to_string()))
+        rt2.is_closing().then(|| sse("error", &serde_json::json!({"error": msg}).to_string()))
     })
     .filter_map(std::future::ready);
     headers(Response::new(Body::from_stream(body.take_until(rt.closed()).chain(last))))
@@ -70,7 +61,7 @@ pub fn events(rt: &Arc<Runtime>, mut rx: mpsc::Receiver<(&'static str, String)>)
 /// `body` as an SSE response (no caching, no proxy buffering) that also ends when the server
 /// shuts down.
 pub fn response(
-    rt: &Runtime,
+    rt: &Lifecycle,
     body: impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
 ) -> Response {
     headers(Response::new(until_shutdown(rt, body)))
@@ -79,7 +70,7 @@ pub fn response(
 /// A streamed body that ends when the server shuts down, so an open stream (SSE, NDJSON) does
 /// not hold the shutdown up.
 pub fn until_shutdown(
-    rt: &Runtime,
+    rt: &Lifecycle,
     body: impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
 ) -> Body {
     use futures_util::StreamExt;
@@ -93,24 +84,4 @@ fn headers(mut r: Response) -> Response {
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     r
-}
-
-/// The last event of a progress stream: `complete` (file `index` of `total`, with its bytes),
-/// or `error`.
-pub async fn finish(tx: &Events, file: &str, index: usize, total: usize, result: Result<u64, String>) {
-    let event = match result {
-        Ok(bytes) => {
-            let done = PullProgress {
-                file: file.to_string(),
-                file_index: index,
-                total_files: total,
-                bytes_downloaded: bytes,
-                bytes_total: bytes,
-                percent: 100,
-            };
-            ("complete", serde_json::to_string(&done).unwrap_or_default())
-        }
-        Err(e) => ("error", serde_json::json!({"error": e}).to_string()),
-    };
-    let _ = tx.send(event).await;
 }

@@ -3,15 +3,15 @@
 
 use axum::body::Body;
 use http::{Request, StatusCode};
-use lemonade_server::{app, runtime, Config};
+use lemonade_server::{app, AppState, Config, Engine, Http};
 use serde_json::Value;
 use tower::ServiceExt;
 
 fn router() -> (tempfile::TempDir, axum::Router) {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = Config::new(tmp.path().join("cache"), tmp.path().join("hub"));
-    let rt = runtime(cfg).unwrap();
-    (tmp, app(rt))
+    let engine = Engine::start(cfg).unwrap();
+    (tmp, app(AppState::new(engine, Http::default())))
 }
 
 async fn call(method: &str, uri: &str, body: &str) -> (StatusCode, String, Value) {
@@ -93,9 +93,9 @@ async fn openapi_and_swagger_ui_are_served() {
 #[tokio::test]
 async fn an_oversized_body_is_a_json_413_that_closes_the_connection() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut cfg = Config::new(tmp.path().join("cache"), tmp.path().join("hub"));
-    cfg.body_limit = 1024;
-    let r = app(runtime(cfg).unwrap());
+    let cfg = Config::new(tmp.path().join("cache"), tmp.path().join("hub"));
+    let http = Http { body_limit: 1024, ..Http::default() };
+    let r = app(AppState::new(Engine::start(cfg).unwrap(), http));
     let body = format!("{{\"model\":\"m\",\"messages\":[],\"pad\":\"{}\"}}", "x".repeat(4096));
     let req = Request::builder().method("POST").uri("/v1/chat/completions").body(Body::from(body)).unwrap();
     let resp = r.oneshot(req).await.unwrap();

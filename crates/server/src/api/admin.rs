@@ -16,8 +16,8 @@ use scheduler::State as RtState;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::runtime::ModelView;
 use crate::state::AppState;
+use engine::ModelView;
 
 use backends::llamacpp::CACHE_TYPES;
 /// Fields of other backends: a 400 when sent to a llama.cpp model.
@@ -78,7 +78,7 @@ fn admin_model(rt: &AppState, info: &ModelInfo, v: Option<&ModelView>) -> AdminM
         effective_target_inflight: LLAMA_SERVER_SLOTS,
         last_error: v.and_then(|v| v.last_error.clone()),
         pinned: v.is_some_and(|v| v.pinned),
-        unloads_in_ms: v.and_then(|v| v.unload_at).map(|at| at.saturating_sub(rt.now_ms())),
+        unloads_in_ms: v.and_then(|v| v.unload_at).map(|at| at.saturating_sub(rt.lifecycle.now_ms())),
         memory_estimate: v.map(|v| v.memory).unwrap_or(0),
         prompt_cache_files: cached.0,
         prompt_cache_bytes: cached.1,
@@ -92,7 +92,7 @@ fn admin_model(rt: &AppState, info: &ModelInfo, v: Option<&ModelView>) -> AdminM
         .into(),
         load_constraints: constraints(),
         load_recommendations: recommendations(),
-        load_override: rt.load_override(&info.name).unwrap_or_else(|| json!({})),
+        load_override: rt.lifecycle.load_override(&info.name).unwrap_or_else(|| json!({})),
         capabilities: json!({"modalities": modalities, "multi_turn": info.model_type == api_types::ModelType::Llm, "thinking_modes": ["default"]}),
         definition: json!({
             "model_path": info.main_path.as_ref().map(|p| p.display().to_string()),
@@ -103,17 +103,17 @@ fn admin_model(rt: &AppState, info: &ModelInfo, v: Option<&ModelView>) -> AdminM
             "replicas": 1,
             "replica_max": 1,
             "target_inflight": LLAMA_SERVER_SLOTS,
-            "gguf_n_ctx": rt.effective_options(info, &Map::new()).get("ctx_size").cloned().unwrap_or(json!(backends::llamacpp::DEFAULT_CTX_SIZE)),
+            "gguf_n_ctx": rt.lifecycle.effective_options(info, &Map::new()).get("ctx_size").cloned().unwrap_or(json!(backends::llamacpp::DEFAULT_CTX_SIZE)),
             "gguf_flash_attn": "auto",
             "gguf_type_k": null,
             "gguf_type_v": null,
-            "recipe_options": rt.registry().saved_options(info),
+            "recipe_options": rt.catalogue.registry().saved_options(info),
         }),
     }
 }
 
 fn lookup(rt: &AppState, name: &str) -> Result<ModelInfo, ApiError> {
-    Ok(rt.registry().get(name)?.clone())
+    Ok(rt.catalogue.get(name)?)
 }
 
 /// Every configured (downloaded) model and every model the runtime has seen, with its state.
@@ -123,8 +123,8 @@ fn lookup(rt: &AppState, name: &str) -> Result<ModelInfo, ApiError> {
                    the load overrides this model accepts.",
     responses((status = 200, description = "Models", body = AdminModels)))]
 pub async fn models(State(rt): State<AppState>) -> Json<AdminModels> {
-    let view = rt.view();
-    let reg = rt.registry();
+    let view = rt.lifecycle.view();
+    let reg = rt.catalogue.registry();
     let models = reg
         .models()
         .filter(|m| {
@@ -194,13 +194,13 @@ pub async fn load(
 ) -> Result<Json<AdminModel>, ApiError> {
     let info = lookup(&rt, &name)?;
     let (req, opts) = overrides(&body)?;
-    let state = rt.view().get(&name).map(|v| v.state).unwrap_or(RtState::Unloaded);
+    let state = rt.lifecycle.view().get(&name).map(|v| v.state).unwrap_or(RtState::Unloaded);
     if may_load(&name, state, !opts.is_empty(), info.downloaded)? {
-        let effective = with_overrides(rt.effective_options(&info, &Map::new()), &opts);
-        rt.set_load_override(&name, (!opts.is_empty()).then(|| override_value(req)));
-        ApiError::from_load(&name, rt.load(&info, effective, None, None).await)?;
+        let effective = with_overrides(rt.lifecycle.effective_options(&info, &Map::new()), &opts);
+        rt.lifecycle.set_load_override(&name, (!opts.is_empty()).then(|| override_value(req)));
+        engine::EngineError::from_load(&name, rt.lifecycle.load(&info, effective, None, None).await)?;
     }
-    Ok(Json(admin_model(&rt, &info, rt.view().get(&name))))
+    Ok(Json(admin_model(&rt, &info, rt.lifecycle.view().get(&name))))
 }
 
 /// Whether a load must run (false: already loaded), or why it may not.
@@ -253,9 +253,9 @@ fn override_value(req: AdminLoadRequest) -> Value {
 pub async fn unload(State(rt): State<AppState>, Path(name): Path<String>) -> Result<Json<AdminModel>, ApiError> {
     let info = lookup(&rt, &name)?;
     // Not loaded is fine here (unlike /unload): the goal state is reached.
-    let _ = rt.unload(Some(&name)).await;
-    rt.set_load_override(&name, None);
-    Ok(Json(admin_model(&rt, &info, rt.view().get(&name))))
+    let _ = rt.lifecycle.unload(Some(&name)).await;
+    rt.lifecycle.set_load_override(&name, None);
+    Ok(Json(admin_model(&rt, &info, rt.lifecycle.view().get(&name))))
 }
 
 /// GPU memory (NVML) and per-model VRAM estimates.

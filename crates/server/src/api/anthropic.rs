@@ -11,8 +11,9 @@ use serde_json::json;
 
 use crate::error::{AnthropicApiError, ApiError};
 use crate::extract::DialectJson;
+use crate::proxy;
 use crate::state::AppState;
-use crate::{proxy, pulls};
+use engine::pulls;
 
 const LLM: &[ModelType] = &[ModelType::Llm];
 

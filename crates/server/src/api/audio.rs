@@ -10,8 +10,8 @@ use axum::response::Response;
 use crate::error::ApiError;
 use crate::extract::{Form, JsonBody};
 use crate::proxy;
-use crate::pulls;
 use crate::state::AppState;
+use engine::pulls;
 
 const AUDIO: &[ModelType] = &[ModelType::Audio];
 const TTS: &[ModelType] = &[ModelType::Tts];

@@ -12,8 +12,8 @@ use serde_json::json;
 use crate::error::ApiError;
 use crate::extract::{Form, JsonBody};
 use crate::proxy;
-use crate::pulls;
 use crate::state::AppState;
+use engine::pulls;
 
 const IMAGE: &[ModelType] = &[ModelType::Image];
 

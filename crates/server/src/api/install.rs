@@ -5,14 +5,12 @@ use api_types::{InstallRequest, InstallResponse};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 use crate::extract::JsonBody;
-use crate::installs;
-use crate::runtime::Runtime;
 use crate::sse;
 use crate::state::AppState;
+use engine::installs;
 
 fn required(req: &InstallRequest) -> Result<(String, String), ApiError> {
     match (req.recipe.as_deref().filter(|s| !s.is_empty()), req.backend.as_deref().filter(|s| !s.is_empty())) {
@@ -43,10 +41,9 @@ pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallReq
     if recipe == backends::cloud::RECIPE {
         return Ok(Json(cloud_install(&rt, backend, req).await?).into_response());
     }
-    let p = installs::plan(&rt.cfg, &recipe, &backend)?;
+    let p = installs::plan_for(&rt, &recipe, &backend)?;
     if req.stream != Some(true) {
-        let (_, version) = installs::install(&rt.cfg, &rt.locks, &p, &mut |_, _| true).await?;
-        let version = Some(version);
+        let version = Some(installs::install_now(&rt, &p).await?);
         return Ok(Json(InstallResponse {
             status: "success".into(),
             recipe,
@@ -57,15 +54,7 @@ pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallReq
         })
         .into_response());
     }
-    let (tx, rx) = mpsc::channel::<(&'static str, String)>(64);
-    let response = sse::events(&rt, rx);
-    tokio::spawn(async move {
-        let mut progress = sse::progress_events(tx.clone(), p.asset.filename.clone(), 1, 1);
-        let result = installs::install(&rt.cfg, &rt.locks, &p, &mut progress).await;
-        let bytes = result.as_ref().map(|(b, _)| *b);
-        sse::finish(&tx, &p.asset.filename, 1, 1, bytes.map_err(|e| e.to_string())).await;
-    });
-    Ok(response)
+    Ok(sse::events(&rt.lifecycle, installs::install_in_background(&rt, p)))
 }
 
 /// Removes a managed backend, unloading the models that use it first.
@@ -86,13 +75,13 @@ pub async fn uninstall_route(
         true => {
             (!rt.remotes.uninstall(&backend)?).then(|| format!("No remote provider '{backend}'; nothing to remove"))
         }
-        false => uninstall(&rt, &recipe, &backend).await?,
+        false => installs::uninstall(&rt, &recipe, &backend).await?,
     };
     Ok(Json(InstallResponse { status: "success".into(), recipe, backend, version: None, message, upstream: None }))
 }
 
 /// Registers a remote provider (or changes its key) and discovers its models.
-async fn cloud_install(rt: &Runtime, name: String, req: InstallRequest) -> Result<InstallResponse, ApiError> {
+async fn cloud_install(rt: &AppState, name: String, req: InstallRequest) -> Result<InstallResponse, ApiError> {
     let up = rt.remotes.install(&name, req.base_url.as_deref(), req.api_key).await?;
     let message = match &up.last_probe {
         Some(p) if p.ok => format!("{} model(s): {}", up.models.len(), up.models.join(", ")),
@@ -125,31 +114,4 @@ pub async fn cloud_list(
         rt.remotes.refresh().await;
     }
     Json(api_types::UpstreamList { upstreams: rt.remotes.views() })
-}
-
-/// Removes `recipe:backend` after unloading the models that run on it. `Ok(Some(message))`
-/// when there was nothing to remove (uninstall is idempotent, as in Lemonade).
-async fn uninstall(rt: &Runtime, recipe: &str, backend: &str) -> Result<Option<String>, ApiError> {
-    let r = backends::releases::known(recipe, backend)?;
-    if backend == "system" {
-        return Err(ApiError::bad_request(
-            format!("{recipe}:system is the llama-server on PATH; lemonade does not remove it"),
-            Some("backend"),
-        ));
-    }
-    let lock = installs::backend_lock(&rt.locks, recipe, backend);
-    let _guard = lock.lock().await;
-    for (m, _) in rt.loaded() {
-        if m.info.recipe == r && backends::backend_of(r, &m.options) == backend {
-            tracing::info!(model = %m.info.name, "unloading: its backend is being uninstalled");
-            let _ = rt.unload(Some(&m.info.name)).await;
-        }
-    }
-    match host::install::uninstall(&rt.cfg.cache_dir, r, backend).await {
-        Ok(()) => Ok(None),
-        Err(host::install::InstallError::NotInstalled(..)) => {
-            Ok(Some(format!("{recipe}:{backend} is not installed; nothing to remove")))
-        }
-        Err(e) => Err(e.into()),
-    }
 }

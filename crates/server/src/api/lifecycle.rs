@@ -7,24 +7,25 @@ use bytes::Bytes;
 
 use crate::error::ApiError;
 use crate::extract::JsonBody;
-use crate::pulls;
 use crate::state::AppState;
+use engine::pulls;
 
 /// Server status and loaded models.
 #[utoipa::path(get, path = "/api/v1/health", tag = "Lemonade",
     description = "Also under /api/v0, /v0 and /v1.",
     responses((status = 200, description = "Status", body = Health)))]
 pub async fn health(State(rt): State<AppState>) -> Json<Health> {
-    let loaded = rt.loaded();
-    let max_models = crate::params::limits_by_type(&rt.scheduler_view().settings.limits.unwrap_or_default());
+    let loaded = rt.lifecycle.loaded();
+    let max_models =
+        engine::settings::limits_by_type(&rt.lifecycle.scheduler_view().settings.limits.unwrap_or_default());
     Json(Health {
         status: "ok".into(),
         version: crate::VERSION.into(),
-        model_loaded: rt.most_recent().map(|m| m.info.name.clone()),
-        all_models_loaded: loaded.iter().map(|(r, v)| rt.health_entry(r, v)).collect(),
-        models_loading: rt.loading(),
+        model_loaded: rt.lifecycle.most_recent().map(|m| m.info.name.clone()),
+        all_models_loaded: loaded.iter().map(|(r, v)| rt.lifecycle.health_entry(r, v)).collect(),
+        models_loading: rt.lifecycle.loading(),
         max_models,
-        log_streaming: LogStreaming { sse: rt.cfg.logs.is_some(), websocket: false },
+        log_streaming: LogStreaming { sse: rt.http.logs.is_some(), websocket: false },
         prompt_cache: rt.prompt_cache_usage(),
         upstreams: rt.remotes.views(),
     })
@@ -36,9 +37,7 @@ pub async fn health(State(rt): State<AppState>) -> Json<Health> {
         saves before it stops a llama-server). Needs the admin key when one is set.",
     responses((status = 200, description = "Emptied", body = PromptCacheCleared)))]
 pub async fn clear_prompt_cache(State(rt): State<AppState>) -> Json<PromptCacheCleared> {
-    let store = rt.prompt_cache.clone();
-    let (files, bytes) = tokio::task::spawn_blocking(move || store.clear()).await.unwrap_or_default();
-    tracing::info!(files, bytes, "prompt cache emptied");
+    let (files, bytes) = rt.clear_prompt_cache().await;
     Json(PromptCacheCleared { status: "success".into(), files_removed: files, bytes_freed: bytes })
 }
 
@@ -49,7 +48,7 @@ pub async fn clear_prompt_cache(State(rt): State<AppState>) -> Json<PromptCacheC
                    loaded) every figure is 0, as in Lemonade.",
     responses((status = 200, description = "Telemetry", body = Stats)))]
 pub async fn stats(State(rt): State<AppState>) -> Json<Stats> {
-    let last = rt.most_recent().map(|m| m.stats.lock().unwrap_or_else(|e| e.into_inner()).clone());
+    let last = rt.lifecycle.most_recent().map(|m| m.stats());
     Json(last.unwrap_or_default())
 }
 
@@ -110,7 +109,7 @@ fn request_options(req: &LoadRequest) -> Result<RecipeOptions, ApiError> {
     ))]
 pub async fn load(State(rt): State<AppState>, body: JsonBody<LoadRequest>) -> Result<Json<LoadResponse>, ApiError> {
     let req = body.value;
-    let info = rt.registry().get(&req.model_name)?.clone();
+    let info = rt.catalogue.get(&req.model_name)?;
     let opts = request_options(&req)?;
     let info = pulls::ensure_downloaded(&rt, &info).await?;
     if req.save_options == Some(true) {
@@ -118,11 +117,13 @@ pub async fn load(State(rt): State<AppState>, body: JsonBody<LoadRequest>) -> Re
         if let Some(t) = req.idle_timeout {
             saved.insert(registry::IDLE_TIMEOUT_KEY.into(), t.into());
         }
-        host::files::save_recipe_options(&rt.cfg.cache_dir, &info.name, Some(&saved))?;
-        rt.reload_registry()?;
+        rt.catalogue.save_options(&info.name, Some(&saved))?;
     }
-    let effective = rt.effective_options(&info, &opts);
-    ApiError::from_load(&info.name, rt.load(&info, effective, req.pinned, req.idle_timeout).await)?;
+    let effective = rt.lifecycle.effective_options(&info, &opts);
+    engine::EngineError::from_load(
+        &info.name,
+        rt.lifecycle.load(&info, effective, req.pinned, req.idle_timeout).await,
+    )?;
     Ok(Json(LoadResponse {
         status: "success".into(),
         model_name: info.name.clone(),
@@ -145,7 +146,7 @@ pub async fn unload(State(rt): State<AppState>, body: Bytes) -> Result<Json<Unlo
     let req: UnloadRequest =
         if body.iter().all(u8::is_ascii_whitespace) { UnloadRequest::default() } else { crate::extract::parse(&body)? };
     let name = req.model_name.or(req.model).filter(|n| !n.is_empty());
-    rt.unload(name.as_deref()).await?;
+    rt.lifecycle.unload(name.as_deref()).await?;
     Ok(Json(match name {
         Some(n) => UnloadResponse {
             status: "success".into(),
@@ -180,8 +181,8 @@ pub async fn live() -> Json<Live> {
 pub async fn pin(State(rt): State<AppState>, body: JsonBody<PinRequest>) -> Result<Json<PinResponse>, ApiError> {
     let req = body.value;
     let pinned = req.pinned.unwrap_or(true);
-    rt.registry().get(&req.model_name)?;
-    rt.pin(&req.model_name, pinned).await?;
+    rt.catalogue.get(&req.model_name)?;
+    rt.lifecycle.pin(&req.model_name, pinned).await?;
     Ok(Json(PinResponse { status: "success".into(), model_name: req.model_name, pinned }))
 }
 
@@ -191,7 +192,7 @@ pub async fn pin(State(rt): State<AppState>, body: JsonBody<PinRequest>) -> Resu
                    memory counted now) and the anti-thrash hold.",
     responses((status = 200, description = "Settings", body = Params)))]
 pub async fn params(State(rt): State<AppState>) -> Json<Params> {
-    Json(crate::params::current(&rt))
+    Json(engine::settings::current(&rt.lifecycle))
 }
 
 /// Changes the scheduler's settings while it runs, and saves them.
@@ -206,9 +207,5 @@ pub async fn params(State(rt): State<AppState>) -> Json<Params> {
         (status = 400, description = "An invalid value (named)", body = ErrorResponse),
     ))]
 pub async fn set_params(State(rt): State<AppState>, body: JsonBody<ParamsUpdate>) -> Result<Json<Params>, ApiError> {
-    let update = body.value;
-    let settings = crate::params::settings(&update)?;
-    host::files::save_settings(&rt.cfg.cache_dir, &update)?;
-    rt.configure(settings).await;
-    Ok(Json(crate::params::current(&rt)))
+    Ok(Json(engine::settings::update(&rt, &body.value).await?))
 }

@@ -16,7 +16,7 @@ use crate::state::AppState;
     description = "Also under /api/v0, /v0 and /v1. The level last set by `POST log-level` or `--log-level`.",
     responses((status = 200, description = "The level in force", body = LogLevelResponse)))]
 pub async fn get_level(State(rt): State<AppState>) -> Json<LogLevelResponse> {
-    let level = rt.cfg.logs.as_ref().map_or_else(|| "info".to_string(), |h| h.level());
+    let level = rt.http.logs.as_ref().map_or_else(|| "info".to_string(), |h| h.level());
     Json(LogLevelResponse { status: "success".into(), level })
 }
 
@@ -40,7 +40,7 @@ pub async fn set_level(
             Some("level"),
         ));
     }
-    if let Some(h) = &rt.cfg.logs {
+    if let Some(h) = &rt.http.logs {
         h.set_level(&level).map_err(ApiError::Internal)?;
     }
     tracing::info!(level = %level, "log level changed");
@@ -57,8 +57,8 @@ pub async fn set_level(
         (status = 400, description = "Log streaming is not enabled in this process (embedded use)", body = api_types::ErrorResponse),
     ))]
 pub async fn stream(State(rt): State<AppState>) -> Result<Response, ApiError> {
-    let Some(h) = &rt.cfg.logs else {
+    let Some(h) = &rt.http.logs else {
         return Err(ApiError::bad_request("Log streaming is not enabled in this process", None));
     };
-    Ok(sse::response(&rt, h.stream()))
+    Ok(sse::response(&rt.lifecycle, h.stream()))
 }

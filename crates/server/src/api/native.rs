@@ -9,8 +9,8 @@ use http::Method;
 use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::proxy;
-use crate::pulls;
 use crate::state::AppState;
+use engine::pulls;
 
 /// Body of llama-server's own POST endpoints: the model plus whatever llama-server reads.
 #[derive(serde::Deserialize)]

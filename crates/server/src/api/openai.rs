@@ -12,19 +12,18 @@ use serde_json::Value;
 use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::proxy;
-use crate::pulls;
-use crate::runtime::Runtime;
 use crate::state::AppState;
+use engine::pulls;
 
 const LLM: &[ModelType] = &[ModelType::Llm];
 const EMBEDDING: &[ModelType] = &[ModelType::Embedding];
 const RERANKING: &[ModelType] = &[ModelType::Reranking];
 
 /// The model a request names; v9's messages when it names none.
-fn require_model<'a>(rt: &Runtime, model: Option<&'a str>) -> Result<&'a str, ApiError> {
+fn require_model<'a>(rt: &AppState, model: Option<&'a str>) -> Result<&'a str, ApiError> {
     match model {
         Some(m) if !m.is_empty() => Ok(m),
-        _ if rt.loaded().is_empty() => {
+        _ if rt.lifecycle.loaded().is_empty() => {
             Err(ApiError::bad_request("No model loaded and no model specified in request", Some("model")))
         }
         _ => Err(ApiError::bad_request("No model specified in request", Some("model"))),
@@ -180,7 +179,7 @@ pub async fn reranking(State(rt): State<AppState>, body: JsonBody<RerankRequest>
     responses((status = 200, description = "Model list", body = ModelList)))]
 pub async fn list_models(State(rt): State<AppState>, Query(q): Query<ModelsQuery>) -> Json<ModelList> {
     let show_all = q.show_all.as_deref() == Some("true");
-    let reg = rt.registry();
+    let reg = rt.catalogue.registry();
     let mut data: Vec<Model> = reg.models().filter(|m| show_all || m.downloaded).map(|m| reg.to_api(m)).collect();
     data.extend(rt.remotes.models());
     Json(ModelList { object: "list".into(), data })
@@ -195,10 +194,10 @@ pub async fn list_models(State(rt): State<AppState>, Query(q): Query<ModelsQuery
         (status = 404, description = "Unknown (`model_not_found`) or not available here (`model_not_supported`)", body = ErrorResponse),
     ))]
 pub async fn get_model(State(rt): State<AppState>, Path(id): Path<String>) -> Result<Json<Model>, ApiError> {
-    let reg = rt.registry();
+    let reg = rt.catalogue.registry();
     match (reg.get(&id), rt.remotes.model(&id)) {
         (Err(_), Some(remote)) => Ok(Json(remote)),
-        (m, _) => Ok(Json(reg.to_api(m?))),
+        (m, _) => Ok(Json(reg.to_api(m.map_err(engine::EngineError::from)?))),
     }
 }
 

@@ -8,8 +8,9 @@ use axum::Json;
 
 use crate::error::ApiError;
 use crate::extract::JsonBody;
+use crate::sse;
 use crate::state::AppState;
-use crate::{pulls, sse};
+use engine::pulls;
 
 /// Downloads a model (registering a `user.*` model first when `checkpoint` and `recipe` are given).
 #[utoipa::path(post, path = "/api/v1/pull", tag = "Lemonade",
@@ -39,7 +40,7 @@ pub async fn pull(State(rt): State<AppState>, body: JsonBody<PullRequest>) -> Re
             Json(StatusResponse { status: "success".into(), model_name: Some(m.name), message: None }).into_response()
         );
     }
-    Ok(sse::events(&rt, pulls::pull_in_background(&rt, m)))
+    Ok(sse::events(&rt.lifecycle, pulls::pull_in_background(&rt, m)))
 }
 
 /// Removes a model's files (and a `user.*` registration), unloading it first.
@@ -58,7 +59,7 @@ pub async fn delete(
 ) -> Result<Json<StatusResponse>, ApiError> {
     let name = body.value.model.or(body.value.model_name).filter(|n| !n.is_empty());
     let name = name.ok_or_else(|| ApiError::bad_request("Missing required field 'model'", Some("model")))?;
-    let m = rt.registry().get(&name).map_err(|_| ApiError::Unprocessable(format!("Model not found: {name}")))?.clone();
+    let m = rt.catalogue.get(&name).map_err(|_| ApiError::Unprocessable(format!("Model not found: {name}")))?;
     pulls::delete(&rt, &m).await?;
     Ok(Json(StatusResponse {
         status: "success".into(),

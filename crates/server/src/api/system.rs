@@ -14,11 +14,10 @@ use backends::Recipe;
 use host::binary::{self, Found};
 use serde::Deserialize;
 
-use crate::runtime::Runtime;
 use crate::state::AppState;
 
 /// What is installed for `recipe:backend` (override, managed directory or PATH).
-fn installed(rt: &Runtime, recipe: Recipe, backend: &str) -> Installed {
+fn installed(rt: &AppState, recipe: Recipe, backend: &str) -> Installed {
     let (dir, exe) = recipe.dir_and_exe();
     match binary::resolve_from_env(&rt.cfg.cache_dir, dir, backend, exe) {
         None => Installed::Missing,
@@ -31,7 +30,7 @@ fn installed(rt: &Runtime, recipe: Recipe, backend: &str) -> Installed {
 }
 
 /// The `recipes` section: every recipe with every backend's state.
-fn recipes(rt: &Runtime) -> BTreeMap<String, RecipeInfo> {
+fn recipes(rt: &AppState) -> BTreeMap<String, RecipeInfo> {
     let hw = host::hardware::hardware();
     let pins = host::install::pins(&rt.cfg.cache_dir);
     let mut out = BTreeMap::new();
@@ -96,7 +95,7 @@ pub async fn system_info(State(rt): State<AppState>, Query(q): Query<SystemInfoQ
     Json(info.unwrap_or_default())
 }
 
-fn system_info_now(rt: &Runtime, verbose: bool) -> SystemInfo {
+fn system_info_now(rt: &AppState, verbose: bool) -> SystemInfo {
     let d = host::hardware::detected();
     SystemInfo {
         os_version: d.os_version.clone(),
@@ -108,7 +107,7 @@ fn system_info_now(rt: &Runtime, verbose: bool) -> SystemInfo {
     }
 }
 
-fn details(rt: &Runtime) -> SystemDetails {
+fn details(rt: &AppState) -> SystemDetails {
     let mut backend_binaries = BTreeMap::new();
     for (recipe, list) in releases::recipes() {
         let (dir, exe) = recipe.dir_and_exe();

@@ -1,4 +1,5 @@
-//! Server settings, resolved from CLI flags and `LEMONADE_*` variables by the CLI.
+//! The engine's settings, resolved from CLI flags and `LEMONADE_*` variables by the CLI (the
+//! HTTP layer's own, such as access rules and the body limit, are the server's).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,8 +13,6 @@ pub const DEFAULT_SWAP_HOLD_MS: u64 = 2_000;
 
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub host: String,
-    pub port: u16,
     /// Lemonade's cache dir: `user_models.json`, `recipe_options.json`, `bin/`.
     pub cache_dir: PathBuf,
     /// Hugging Face hub cache root.
@@ -46,13 +45,6 @@ pub struct Config {
     /// The crash back-off's first pause, and how long a backend must run before its crashes
     /// stop counting towards it.
     pub crash_backoff: (Duration, Duration),
-    /// Largest accepted request body.
-    pub body_limit: usize,
-    /// `LEMONADE_API_KEY` and `LEMONADE_ALLOWED_ORIGINS`.
-    pub access: Access,
-    /// The process's log (tail and live lines), when the binary set one up; `logs/stream`
-    /// and `log-level` use it.
-    pub logs: Option<std::sync::Arc<crate::logging::LogHub>>,
     /// Bytes the prompt cache may take on disk (`--prompt-cache-size`); 0 turns it off.
     pub prompt_cache_size: u64,
     /// How long a remote provider may take to start answering (headers, then between chunks).
@@ -83,8 +75,6 @@ impl Config {
     /// Defaults for tests and embedding; the CLI fills every field from flags/env.
     pub fn new(cache_dir: PathBuf, hf_cache: PathBuf) -> Config {
         Config {
-            host: "127.0.0.1".into(),
-            port: 8000,
             cache_dir,
             hf_cache,
             extra_models_dir: None,
@@ -111,87 +101,10 @@ impl Config {
                 Duration::from_millis(scheduler::machine::CRASH_BACKOFF_MS),
                 Duration::from_millis(scheduler::machine::CRASH_RESET_MS),
             ),
-            body_limit: 64 << 20,
-            access: Access { loopback_only: true, listen_host: "127.0.0.1".into(), ..Access::default() },
-            logs: None,
             prompt_cache_size: 4 << 30,
             remote_timeout: Duration::from_secs(300),
             remote_refresh: Some(Duration::from_secs(60)),
         }
-    }
-}
-
-/// `name[:port]` or `[v6]:port` → the name (lower case, IPv6 without brackets).
-pub fn host_name(host: &str) -> &str {
-    if let Some(rest) = host.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or(rest);
-    }
-    match host.rsplit_once(':') {
-        Some((name, port)) if port.chars().all(|c| c.is_ascii_digit()) && !name.contains(':') => name,
-        _ => host,
-    }
-}
-
-/// Who may call, and from where (see crate::access for the rules).
-#[derive(Debug, Clone, Default)]
-pub struct Access {
-    /// `LEMONADE_API_KEY`: inference and read-only endpoints (and, without an admin key, all).
-    pub api_key: Option<String>,
-    /// `LEMONADE_ADMIN_API_KEY`: the endpoints that change what is on the machine or how it
-    /// runs. Accepted everywhere the API key is.
-    pub admin_key: Option<String>,
-    /// Browser origins allowed beyond the loopback ones (`LEMONADE_ALLOWED_ORIGINS`).
-    pub allowed_origins: Origins,
-    /// Host names served beyond the loopback ones (`LEMONADE_ALLOWED_HOSTS`; `*`: any).
-    pub allowed_hosts: Vec<String>,
-    /// Whether every address lemonade listens on is a loopback one (then only loopback
-    /// names and listed hosts are served).
-    pub loopback_only: bool,
-    /// `--host`, whose name is served when lemonade listens beyond loopback.
-    pub listen_host: String,
-}
-
-/// The browser origins allowed besides loopback ones and the server's own.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Origins {
-    /// `LEMONADE_ALLOWED_ORIGINS=*`: every origin (the old behaviour).
-    Any,
-    /// These exact origins (`scheme://host[:port]`, or `null`).
-    List(Vec<String>),
-}
-
-impl Default for Origins {
-    fn default() -> Origins {
-        Origins::List(Vec::new())
-    }
-}
-
-impl Access {
-    /// Parses `LEMONADE_ALLOWED_ORIGINS`: comma-separated origins added to the loopback ones;
-    /// `*` allows every origin.
-    pub fn origins_from(list: Option<&str>) -> Origins {
-        let list = list.map(str::trim).unwrap_or_default();
-        if list == "*" {
-            return Origins::Any;
-        }
-        Origins::List(
-            list.split(',').map(|o| o.trim().trim_end_matches('/').to_string()).filter(|o| !o.is_empty()).collect(),
-        )
-    }
-
-    /// Parses `LEMONADE_ALLOWED_HOSTS`: comma-separated host names (ports are ignored).
-    pub fn hosts_from(list: Option<&str>) -> Vec<String> {
-        list.unwrap_or_default()
-            .split(',')
-            .map(|h| h.trim().to_ascii_lowercase())
-            .filter(|h| !h.is_empty())
-            .map(|h| if h == "*" { h } else { host_name(&h).to_string() })
-            .collect()
-    }
-
-    /// The key that guards the admin endpoints: the admin key, else the API key.
-    pub fn effective_admin_key(&self) -> Option<&str> {
-        self.admin_key.as_deref().or(self.api_key.as_deref())
     }
 }
 

@@ -1,6 +1,6 @@
 //! Remote OpenAI-compatible providers (recipe `cloud`): the registered providers, their
 //! discovered models, the keys held in memory, and the route of a `<provider>.<id>` request.
-//! Forwarding is crate::proxy's (the same byte pipe as for local backends).
+//! Forwarding is the server's proxy (the same byte pipe as for local backends).
 //!
 //! Invariants: a key lives only in this process's memory (or its environment); the providers'
 //! file holds names and URLs. A provider that fails discovery keeps its last model list and is
@@ -8,13 +8,14 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use api_types::{Model, Probe, Upstream};
 use backends::cloud::{self, Discovered};
+use parking_lot::RwLock;
 
-use crate::error::ApiError;
+use crate::error::{EngineError, Result};
 
 /// One provider.
 pub struct Provider {
@@ -41,12 +42,15 @@ pub struct Route {
     pub id: String,
     /// The name the client used.
     pub name: String,
+    /// The pooled client for remote providers, and how long one may take to answer.
+    pub http: reqwest::Client,
+    pub timeout: Duration,
 }
 
 impl Provider {
     /// The key to send: the one held in memory, else `LEMONADE_<NAME>_API_KEY`.
     pub fn key(&self) -> Option<String> {
-        let held = self.key.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let held = self.key.read().clone();
         held.or_else(|| std::env::var(cloud::key_variable(&self.name)).ok().filter(|k| !k.is_empty()))
     }
 
@@ -55,16 +59,16 @@ impl Provider {
     pub fn record(&self, ok: bool, took: Duration, error: Option<String>) {
         let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let probe = Probe { at, ok, ms: took.as_millis() as u64, error };
-        self.seen.write().unwrap_or_else(|e| e.into_inner()).probe = Some(probe);
+        self.seen.write().probe = Some(probe);
     }
 
     fn has(&self, id: &str) -> bool {
-        self.seen.read().unwrap_or_else(|e| e.into_inner()).models.iter().any(|m| m.id == id)
+        self.seen.read().models.iter().any(|m| m.id == id)
     }
 
     pub fn view(&self) -> Upstream {
-        let seen = self.seen.read().unwrap_or_else(|e| e.into_inner());
-        let held = self.key.read().unwrap_or_else(|e| e.into_inner()).is_some();
+        let seen = self.seen.read();
+        let held = self.key.read().is_some();
         let env = cloud::key_variable(&self.name);
         let api_key = if held {
             "memory"
@@ -91,7 +95,7 @@ impl Provider {
 
     /// Its models as `/api/v1/models` lists them.
     fn models(&self) -> Vec<Model> {
-        let seen = self.seen.read().unwrap_or_else(|e| e.into_inner());
+        let seen = self.seen.read();
         seen.models
             .iter()
             .map(|m| Model {
@@ -153,18 +157,18 @@ impl Remotes {
     }
 
     fn get(&self, name: &str) -> Option<Arc<Provider>> {
-        self.providers.read().unwrap_or_else(|e| e.into_inner()).get(name).cloned()
+        self.providers.read().get(name).cloned()
     }
 
     fn all(&self) -> Vec<Arc<Provider>> {
-        self.providers.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+        self.providers.read().values().cloned().collect()
     }
 
     /// Registers (or re-points) a provider, or with no URL changes a registered one's key; then
     /// discovers its models. The answer is its view after discovery (a provider that is down
     /// is registered all the same, and shown down).
-    pub async fn install(&self, name: &str, base_url: Option<&str>, key: Option<String>) -> Result<Upstream, ApiError> {
-        let bad = |e: cloud::CloudError, param: &str| ApiError::bad_request(e.to_string(), Some(param));
+    pub async fn install(&self, name: &str, base_url: Option<&str>, key: Option<String>) -> Result<Upstream> {
+        let bad = |e: cloud::CloudError, param: &str| EngineError::invalid(e.to_string(), Some(param));
         cloud::check_name(name).map_err(|e| bad(e, "backend"))?;
         let key = key.filter(|k| !k.is_empty());
         let provider = match base_url {
@@ -172,7 +176,7 @@ impl Remotes {
                 let base = cloud::api_base(url).map_err(|e| bad(e, "base_url"))?;
                 let saved = host::cloud::Saved { base_url: url.to_string(), models: vec![] };
                 host::cloud::save(&self.cache_dir, name, Some(&saved))?;
-                let old_key = self.get(name).and_then(|p| p.key.read().unwrap_or_else(|e| e.into_inner()).clone());
+                let old_key = self.get(name).and_then(|p| p.key.read().clone());
                 let p = Arc::new(Provider {
                     name: name.to_string(),
                     base,
@@ -180,19 +184,19 @@ impl Remotes {
                     key: RwLock::new(key.or(old_key)),
                     seen: RwLock::default(),
                 });
-                self.providers.write().unwrap_or_else(|e| e.into_inner()).insert(name.to_string(), p.clone());
+                self.providers.write().insert(name.to_string(), p.clone());
                 tracing::info!(provider = %name, base = %p.base, "remote provider registered");
                 p
             }
             None => {
                 let p = self.get(name).ok_or_else(|| unknown(name))?;
                 if key.is_none() {
-                    return Err(ApiError::bad_request(
+                    return Err(EngineError::invalid(
                         "Give 'base_url' to register a provider, or 'api_key' to change its key",
                         Some("api_key"),
                     ));
                 }
-                *p.key.write().unwrap_or_else(|e| e.into_inner()) = key;
+                *p.key.write() = key;
                 tracing::info!(provider = %name, "remote provider's key changed (held in memory)");
                 p
             }
@@ -202,8 +206,8 @@ impl Remotes {
     }
 
     /// Forgets a provider. Idempotent: an unknown one answers Ok(false).
-    pub fn uninstall(&self, name: &str) -> Result<bool, ApiError> {
-        let gone = self.providers.write().unwrap_or_else(|e| e.into_inner()).remove(name).is_some();
+    pub fn uninstall(&self, name: &str) -> Result<bool> {
+        let gone = self.providers.write().remove(name).is_some();
         if gone {
             host::cloud::save(&self.cache_dir, name, None)?;
             tracing::info!(provider = %name, "remote provider removed");
@@ -220,7 +224,7 @@ impl Remotes {
         {
             Ok(models) => {
                 let changed = {
-                    let mut seen = p.seen.write().unwrap_or_else(|e| e.into_inner());
+                    let mut seen = p.seen.write();
                     let changed = seen.models != models;
                     seen.models = models.clone();
                     changed
@@ -250,27 +254,32 @@ impl Remotes {
 
     /// The route of `name` when it is `<provider>.<id>` of a registered provider. An id its
     /// last list lacks triggers one discovery; still absent, it is a 404 naming the provider.
-    pub async fn route(&self, name: &str) -> Result<Option<Route>, ApiError> {
+    pub async fn route(&self, name: &str) -> Result<Option<Route>> {
         let Some((p, id)) = cloud::split(name) else { return Ok(None) };
         let Some(provider) = self.get(p) else { return Ok(None) };
         if provider.has(id) {
-            return Ok(Some(Route { provider, id: id.to_string(), name: name.to_string() }));
+            return Ok(Some(self.route_to(provider, id, name)));
         }
         self.discover(&provider).await;
         let view = provider.view();
         if provider.has(id) {
-            return Ok(Some(Route { provider, id: id.to_string(), name: name.to_string() }));
+            return Ok(Some(self.route_to(provider, id, name)));
         }
         // Unknown to a provider that is down: its failure, not a missing model.
         if let Some(probe) = view.last_probe.filter(|p| !p.ok) {
             let why = probe.error.unwrap_or_else(|| "its last probe failed".into());
-            return Err(ApiError::UpstreamFailed(format!("Upstream '{p}' ({}) is down: {why}", provider.base)));
+            return Err(EngineError::UpstreamFailed(format!("Upstream '{p}' ({}) is down: {why}", provider.base)));
         }
         let offered = if view.models.is_empty() { "nothing".to_string() } else { view.models.join(", ") };
-        Err(ApiError::Lookup(registry::LookupError::NotFound {
+        Err(EngineError::Lookup(registry::LookupError::NotFound {
             name: name.to_string(),
             hint: format!("Upstream '{p}' ({}) does not list '{id}'; it offers: {offered}", provider.base),
         }))
+    }
+
+    fn route_to(&self, provider: Arc<Provider>, id: &str, name: &str) -> Route {
+        let (http, timeout) = (self.http.clone(), self.timeout);
+        Route { provider, id: id.to_string(), name: name.to_string(), http, timeout }
     }
 
     pub fn views(&self) -> Vec<Upstream> {
@@ -288,12 +297,12 @@ impl Remotes {
     }
 }
 
-fn unknown(name: &str) -> ApiError {
-    ApiError::BadRequest {
-        message: format!("No remote provider '{name}' is registered: lemonade cloud install {name} --base-url URL"),
-        param: Some("backend".into()),
-        code: Some("provider_not_found"),
-    }
+fn unknown(name: &str) -> EngineError {
+    EngineError::invalid_code(
+        format!("No remote provider '{name}' is registered: lemonade cloud install {name} --base-url URL"),
+        "backend",
+        "provider_not_found",
+    )
 }
 
 /// Refreshes every provider's models every `every`, for as long as `remotes` lives.

@@ -1,9 +1,11 @@
-//! The model runtime: one owner task drives the scheduler's state machine; handlers talk to it
-//! through a channel and await its answers; the effects it returns are executed here.
+//! The model lifecycle: one owner task drives the scheduler's state machine; callers talk to
+//! it through a channel and await its answers; the effects it returns are executed here, and
+//! processes are started through the [`Launcher`].
 //!
 //! Invariants (the state machine proves the scheduling ones, see crates/scheduler):
 //! * only the owner task mutates model state; reads for `health` and the admin API use a
-//!   snapshot it publishes after every event (advisory, never used to gate a mutation);
+//!   snapshot it publishes after every event (advisory: a mutation is decided by the owner,
+//!   with the state it holds, never from the snapshot);
 //! * a request reaches a backend only through a [`Lease`], whose drop (completion, error,
 //!   client disconnect) releases the model; a request abandoned while waiting is cancelled;
 //! * a backend is registered in `running` from spawn until it is stopped or exits, so a stop
@@ -12,30 +14,29 @@
 //!   every child); the model becomes `failed` and the next request reloads it.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use api_types::{LoadedModel, ModelType, RecipeOptions, Stats};
-use backends::{LaunchInput, Recipe, SpawnSpec};
-use host::{binary, Backend};
-use registry::{ModelInfo, Registry};
+use backends::Recipe;
+use parking_lot::{Mutex, RwLock};
+use registry::ModelInfo;
 use scheduler::{
     Effect, Event, LoadError, LoadOutcome, Machine, ModelRef, Pool, Rejection, ReqId, SchedulerError, Settings, State,
 };
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::catalogue::Catalogue;
 use crate::config::Config;
-use crate::error::ApiError;
-use crate::installs;
-use crate::locks::Locks;
-use crate::metrics::{Metrics, Snapshot};
+use crate::error::{EngineError, Result};
+use crate::launcher::{Health, Launcher, Process, StartFailure};
+use crate::metrics::Metrics;
 
 /// Why a single ask for a model gave no lease.
 enum Acquired {
-    Api(ApiError),
+    Refused(EngineError),
     /// Granted a backend whose process had already exited (None: already unregistered, its
     /// exit sent to the owner).
     Died(Option<Arc<Running>>),
@@ -43,10 +44,10 @@ enum Acquired {
 use Acquired::Died;
 
 impl Acquired {
-    fn into_api(self) -> ApiError {
+    fn into_error(self) -> EngineError {
         match self {
-            Acquired::Api(e) => e,
-            Died(_) => ApiError::BackendUnavailable("The model's backend exited just now".into()),
+            Acquired::Refused(e) => e,
+            Died(_) => EngineError::Unavailable("The model's backend exited just now".into()),
         }
     }
 }
@@ -69,7 +70,7 @@ enum Answer {
 /// A running (or starting) backend and its bookkeeping.
 pub struct Running {
     pub info: ModelInfo,
-    pub backend: Backend,
+    pub backend: Arc<dyn Process>,
     pub options: Opts,
     pub stats: Mutex<Stats>,
     /// Order of loading, for `health`.
@@ -82,6 +83,13 @@ pub struct Running {
     reported: tokio::sync::watch::Sender<bool>,
     /// Its prompt cache, when this load keeps one (an LLM on llama-server).
     pub cache: Option<crate::prompt_cache::Attached>,
+}
+
+impl Running {
+    /// The last statistics of a request it served.
+    pub fn stats(&self) -> Stats {
+        self.stats.lock().clone()
+    }
 }
 
 /// One model as the owner last published it.
@@ -110,9 +118,11 @@ pub struct SchedulerView {
     pub vram_in_use: u64,
 }
 
-pub struct Runtime {
-    pub cfg: Config,
-    registry: RwLock<Arc<Registry>>,
+pub struct Lifecycle {
+    cfg: Arc<Config>,
+    catalogue: Arc<Catalogue>,
+    launcher: Arc<dyn Launcher>,
+    /// The client for lemonade's own calls to its backends (the prompt cache's, the proxy's).
     pub http: reqwest::Client,
     tx: mpsc::UnboundedSender<Event<Opts>>,
     answers: Mutex<HashMap<ReqId, oneshot::Sender<Answer>>>,
@@ -126,25 +136,20 @@ pub struct Runtime {
     preloading: Mutex<Vec<String>>,
     /// Runtime-only admin load overrides of loaded models.
     overrides: Mutex<HashMap<String, Value>>,
-    /// One download per repository, one install per backend at a time.
-    pub locks: Locks,
     next_req: AtomicU64,
     seq: AtomicU64,
     epoch: Instant,
     /// Set once shutdown begins: long-lived responses (SSE) end so connections drain.
     closing: tokio::sync::watch::Sender<bool>,
-    /// lemonade's own Prometheus metrics.
-    pub metrics: Arc<Metrics>,
+    metrics: Arc<Metrics>,
     /// The prompt cache's files (`<cache>/prompt-cache`).
-    pub prompt_cache: host::prompt_cache::Store,
-    /// Remote OpenAI-compatible providers (recipe `cloud`).
-    pub remotes: Arc<crate::remote::Remotes>,
+    prompt_cache: host::prompt_cache::Store,
 }
 
 /// Keeps a model in use while a request runs. Dropping it releases the model.
 pub struct Lease {
     pub target: Target,
-    rt: Arc<Runtime>,
+    rt: Arc<Lifecycle>,
     /// When the request asked for the model, and how long it waited for it.
     pub asked: Instant,
     pub waited: Duration,
@@ -160,7 +165,7 @@ pub enum Target {
 
 impl Lease {
     /// A lease on a remote model (the scheduler never sees it).
-    pub fn remote(rt: &Arc<Runtime>, route: crate::remote::Route) -> Lease {
+    pub fn remote(rt: &Arc<Lifecycle>, route: crate::remote::Route) -> Lease {
         let asked = Instant::now();
         Lease { target: Target::Remote(route), rt: rt.clone(), asked, waited: Duration::ZERO }
     }
@@ -194,7 +199,7 @@ impl Lease {
     pub fn http(&self) -> &reqwest::Client {
         match &self.target {
             Target::Local { .. } => &self.rt.http,
-            Target::Remote(_) => self.rt.remotes.http(),
+            Target::Remote(r) => &r.http,
         }
     }
 
@@ -204,7 +209,22 @@ impl Lease {
 
     /// How long a remote provider may take to answer.
     pub fn remote_timeout(&self) -> Duration {
-        self.rt.remotes.timeout
+        match &self.target {
+            Target::Remote(r) => r.timeout,
+            Target::Local { .. } => self.rt.cfg.remote_timeout,
+        }
+    }
+
+    /// Before the request with `body` to `path` is forwarded: when it continues a prompt the
+    /// backend saved before it last stopped, that prompt is checked and restored first (see
+    /// crate::prompt_cache). Never fails the request.
+    pub async fn before_forward(&self, path: &str, body: &[u8]) {
+        if let Target::Local { model, .. } = &self.target {
+            if let Some(cache) = &model.cache {
+                let base = model.backend.base_url();
+                crate::prompt_cache::before_request(&self.rt.http, &base, cache, path, body, &self.rt.metrics).await;
+            }
+        }
     }
 }
 
@@ -218,7 +238,7 @@ impl Drop for Lease {
 
 /// Cancels a request that is still waiting when its handler goes away.
 struct WaitGuard<'a> {
-    rt: &'a Runtime,
+    rt: &'a Lifecycle,
     req: ReqId,
     armed: bool,
 }
@@ -226,38 +246,31 @@ struct WaitGuard<'a> {
 impl Drop for WaitGuard<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.rt.answers.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.req);
+            self.rt.answers.lock().remove(&self.req);
             let _ = self.rt.tx.send(Event::Cancel { req: self.req });
         }
     }
 }
 
-impl Runtime {
-    pub fn new(cfg: Config, registry: Registry) -> Arc<Runtime> {
-        let http = reqwest::Client::builder()
-            .tcp_nodelay(true)
-            // llama-server (cpp-httplib) closes idle keep-alive connections after 5 s; reusing
-            // one as it closes fails the request, so idle connections are dropped first.
-            .pool_idle_timeout(Duration::from_secs(3))
-            .connect_timeout(Duration::from_secs(5))
-            .no_proxy()
-            .build()
-            .expect("reqwest client");
-        host::install::clean_staging(&cfg.cache_dir);
-        let temps = host::files::clean_leftover_temps(&cfg.cache_dir);
-        if temps > 0 {
-            tracing::info!(count = temps, "removed temp files left by a killed write");
-        }
-        let prompt_cache = host::prompt_cache::Store::open(&cfg.cache_dir.join("prompt-cache"));
-        let remotes = Arc::new(crate::remote::Remotes::new(cfg.cache_dir.clone(), cfg.remote_timeout));
+impl Lifecycle {
+    /// The lifecycle and its owner task (which ends when the last `Arc` of it is dropped).
+    pub fn new(
+        cfg: Arc<Config>,
+        catalogue: Arc<Catalogue>,
+        launcher: Arc<dyn Launcher>,
+        http: reqwest::Client,
+        metrics: Arc<Metrics>,
+        prompt_cache: host::prompt_cache::Store,
+    ) -> Arc<Lifecycle> {
         let (tx, rx) = mpsc::unbounded_channel();
         let machine = Machine::new(scheduler::Limits::uniform(1))
             .with_crash_backoff(cfg.crash_backoff.0.as_millis() as u64, cfg.crash_backoff.1.as_millis() as u64)
             .with_settings(cfg.scheduler.clone());
         let first_view = SchedulerView { settings: machine.settings(), memory_in_use: 0, vram_in_use: 0 };
-        let rt = Arc::new(Runtime {
+        let rt = Arc::new(Lifecycle {
             cfg,
-            registry: RwLock::new(Arc::new(registry)),
+            catalogue,
+            launcher,
             http,
             tx,
             answers: Mutex::new(HashMap::new()),
@@ -267,23 +280,14 @@ impl Runtime {
             scheduler_view: RwLock::new(first_view),
             preloading: Mutex::new(Vec::new()),
             overrides: Mutex::new(HashMap::new()),
-            locks: Locks::default(),
             next_req: AtomicU64::new(1),
             seq: AtomicU64::new(0),
             epoch: Instant::now(),
             closing: tokio::sync::watch::channel(false).0,
-            metrics: Arc::new(Metrics::new()),
+            metrics,
             prompt_cache,
-            remotes,
         });
         tokio::spawn(owner(Arc::downgrade(&rt), rx, machine));
-        match rt.cfg.remote_refresh {
-            Some(every) => crate::remote::refresh_every(Arc::downgrade(&rt.remotes), every),
-            None => {
-                let r = rt.clone();
-                tokio::spawn(async move { r.remotes.refresh().await });
-            }
-        }
         rt
     }
 
@@ -297,28 +301,12 @@ impl Runtime {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    pub fn registry(&self) -> Arc<Registry> {
-        self.registry.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// Replaces the registry (after saved options change).
-    pub fn set_registry(&self, r: Registry) {
-        *self.registry.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(r);
-    }
-
-    /// Reads the catalogue and the user's files again (after they changed).
-    pub fn reload_registry(&self) -> Result<(), host::HostError> {
-        let reg = host::catalogue::load(&crate::catalogue_config(&self.cfg))?;
-        self.set_registry(reg);
-        Ok(())
-    }
-
     pub fn load_override(&self, name: &str) -> Option<Value> {
-        self.overrides.lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned()
+        self.overrides.lock().get(name).cloned()
     }
 
     pub fn set_load_override(&self, name: &str, v: Option<Value>) {
-        let mut o = self.overrides.lock().unwrap_or_else(|e| e.into_inner());
+        let mut o = self.overrides.lock();
         match v {
             Some(v) => o.insert(name.to_string(), v),
             None => o.remove(name),
@@ -327,17 +315,17 @@ impl Runtime {
 
     /// The last published state of every model the runtime has seen.
     pub fn view(&self) -> BTreeMap<String, ModelView> {
-        self.view.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.view.read().clone()
     }
 
     fn running_model(&self, name: &str) -> Option<Arc<Running>> {
-        self.running.lock().unwrap_or_else(|e| e.into_inner()).get(name).cloned()
+        self.running.lock().get(name).cloned()
     }
 
     /// Loaded models in load order, with their published state.
     pub fn loaded(&self) -> Vec<(Arc<Running>, ModelView)> {
         let view = self.view();
-        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let running = self.running.lock();
         let mut out: Vec<(Arc<Running>, ModelView)> = view
             .into_iter()
             .filter(|(_, v)| v.state == State::Loaded)
@@ -353,11 +341,11 @@ impl Runtime {
     }
 
     pub fn set_preloading(&self, names: &[String]) {
-        *self.preloading.lock().unwrap_or_else(|e| e.into_inner()) = names.to_vec();
+        *self.preloading.lock() = names.to_vec();
     }
 
     pub fn done_preloading(&self, name: &str) {
-        self.preloading.lock().unwrap_or_else(|e| e.into_inner()).retain(|n| n != name);
+        self.preloading.lock().retain(|n| n != name);
     }
 
     /// Models on their way in: loading now, or preloads not loaded yet.
@@ -365,7 +353,7 @@ impl Runtime {
         let view = self.view();
         let mut out: Vec<String> =
             view.iter().filter(|(_, v)| v.state == State::Loading).map(|(n, _)| n.clone()).collect();
-        for n in self.preloading.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        for n in self.preloading.lock().iter() {
             if !out.contains(n) && view.get(n).is_none_or(|v| v.state != State::Loaded) {
                 out.push(n.clone());
             }
@@ -373,30 +361,29 @@ impl Runtime {
         out
     }
 
-    /// lemonade's Prometheus exposition, its gauges from the state as last published.
-    pub fn metrics_text(&self) -> String {
+    /// The state the metrics' gauges show, as last published.
+    pub fn metrics_snapshot(&self) -> crate::metrics::Snapshot {
         let view = self.view();
         let sched = self.scheduler_view();
-        let s = Snapshot {
+        crate::metrics::Snapshot {
             loaded: self.loaded().iter().map(|(r, _)| r.info.model_type).collect(),
             models: view.iter().map(|(n, v)| (n.clone(), v.queue_depth as u64, v.in_flight as u64)).collect(),
             in_use: [sched.memory_in_use, sched.vram_in_use],
             budgets: [sched.settings.memory_budget.flatten(), sched.settings.vram_budget.flatten()],
             prompt_cache_bytes: self.prompt_cache.total().1,
-        };
-        self.metrics.encode(&s)
+        }
     }
 
     /// The scheduler's settings and memory use, as last published.
     pub fn scheduler_view(&self) -> SchedulerView {
-        self.scheduler_view.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.scheduler_view.read().clone()
     }
 
     /// What the scheduler needs to know of `info` when it runs with `options`: its memory
     /// estimate, its concurrency and its idle timeout (`idle_timeout_s`, else the saved one).
     fn model_ref(&self, info: &ModelInfo, options: &Opts, idle_timeout_s: Option<u64>) -> ModelRef {
         let mut m = ModelRef::new(&info.name, info.model_type, info.device() == "npu");
-        let idle = idle_timeout_s.or_else(|| self.registry().saved_idle_timeout(info));
+        let idle = idle_timeout_s.or_else(|| self.catalogue.registry().saved_idle_timeout(info));
         m.idle_timeout_ms = idle.map(|s| s.saturating_mul(1000));
         m.max_concurrent = self.cfg.max_concurrent;
         if info.recipe == Recipe::LlamaCpp {
@@ -441,16 +428,10 @@ impl Runtime {
         }
     }
 
-    /// What the prompt cache holds, and its bound.
-    pub fn prompt_cache_usage(&self) -> api_types::PromptCacheUsage {
-        let (files, bytes) = self.prompt_cache.total();
-        api_types::PromptCacheUsage { files, bytes, limit: self.cfg.prompt_cache_size }
-    }
-
     fn request(&self) -> (ReqId, oneshot::Receiver<Answer>) {
         let req = self.next_req.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        self.answers.lock().unwrap_or_else(|e| e.into_inner()).insert(req, tx);
+        self.answers.lock().insert(req, tx);
         (req, rx)
     }
 
@@ -463,15 +444,15 @@ impl Runtime {
     }
 
     /// The model `name`, if it is of a type `endpoint` serves (a 400 naming both otherwise).
-    pub fn model_for(&self, name: &str, want: &[ModelType], endpoint: &str) -> Result<ModelInfo, ApiError> {
-        let info = self.registry().get(name)?.clone();
+    pub fn model_for(&self, name: &str, want: &[ModelType], endpoint: &str) -> Result<ModelInfo> {
+        let info = self.catalogue.get(name)?;
         if !want.contains(&info.model_type) {
             // "an LLM", "an audio model", "a TTS model": the article as the name is read.
             let a = |t: ModelType| match t {
                 ModelType::Llm | ModelType::Embedding | ModelType::Audio | ModelType::Image => "an",
                 ModelType::Reranking | ModelType::Tts => "a",
             };
-            return Err(ApiError::WrongModelType(format!(
+            return Err(EngineError::WrongModelType(format!(
                 "Model '{name}' is {} {} model; {endpoint} needs {} model.",
                 a(info.model_type),
                 info.model_type.as_str(),
@@ -483,7 +464,7 @@ impl Runtime {
 
     /// A lease on a downloaded model, loading it first when auto-load is on. `keep_alive`
     /// (ms; 0 = never) sets the model's idle timeout, running or not.
-    pub async fn acquire(self: &Arc<Self>, info: &ModelInfo, keep_alive: Option<u64>) -> Result<Lease, ApiError> {
+    pub async fn acquire(self: &Arc<Self>, info: &ModelInfo, keep_alive: Option<u64>) -> Result<Lease> {
         match self.acquire_once(info, keep_alive).await {
             // The backend died just before this grant, before the owner heard of it. Once it has
             // (the exit is reported before `reported` is set, and events are handled in order),
@@ -494,18 +475,21 @@ impl Runtime {
                     let _ = tokio::time::timeout(Duration::from_secs(2), reported.wait_for(|done| *done)).await;
                 }
                 match self.acquire_once(info, keep_alive).await {
-                    Err(Died(_)) => Err(ApiError::BackendUnavailable(format!(
-                        "The backend of model '{}' exited just now",
-                        info.name
-                    ))),
-                    other => other.map_err(|e| e.into_api()),
+                    Err(Died(_)) => {
+                        Err(EngineError::Unavailable(format!("The backend of model '{}' exited just now", info.name)))
+                    }
+                    other => other.map_err(Acquired::into_error),
                 }
             }
-            other => other.map_err(|e| e.into_api()),
+            other => other.map_err(Acquired::into_error),
         }
     }
 
-    async fn acquire_once(self: &Arc<Self>, info: &ModelInfo, keep_alive: Option<u64>) -> Result<Lease, Acquired> {
+    async fn acquire_once(
+        self: &Arc<Self>,
+        info: &ModelInfo,
+        keep_alive: Option<u64>,
+    ) -> std::result::Result<Lease, Acquired> {
         let name = info.name.as_str();
         let options = self.effective_options(info, &RecipeOptions::new());
         let mut model = self.model_ref(info, &options, None);
@@ -526,8 +510,8 @@ impl Runtime {
                     Err(Died(dead))
                 }
             },
-            Answer::Rejected(why) => Err(Acquired::Api(ApiError::Rejected { model: name.to_string(), why })),
-            _ => Err(Acquired::Api(ApiError::Rejected { model: name.to_string(), why: Rejection::Unloading })),
+            Answer::Rejected(why) => Err(Acquired::Refused(EngineError::Rejected { model: name.to_string(), why })),
+            _ => Err(Acquired::Refused(EngineError::Rejected { model: name.to_string(), why: Rejection::Unloading })),
         }
     }
 
@@ -549,11 +533,11 @@ impl Runtime {
     }
 
     /// Pins or unpins a loaded model.
-    pub async fn pin(&self, name: &str, pinned: bool) -> Result<(), SchedulerError> {
+    pub async fn pin(&self, name: &str, pinned: bool) -> Result<()> {
         let (req, rx) = self.request();
         match self.ask(req, rx, Event::Pin { req, model: name.to_string(), pinned }).await {
-            Answer::Pin(r) => r,
-            _ => Err(SchedulerError::NotLoaded(name.to_string())),
+            Answer::Pin(r) => Ok(r?),
+            _ => Err(SchedulerError::NotLoaded(name.to_string()).into()),
         }
     }
 
@@ -564,10 +548,10 @@ impl Runtime {
     }
 
     /// Unloads one model, or all (None). Err when the named model is not loaded.
-    pub async fn unload(&self, name: Option<&str>) -> Result<Vec<String>, SchedulerError> {
+    pub async fn unload(&self, name: Option<&str>) -> Result<Vec<String>> {
         let (req, rx) = self.request();
         match self.ask(req, rx, Event::Unload { req, model: name.map(str::to_string) }).await {
-            Answer::Unload(r) => r,
+            Answer::Unload(r) => Ok(r?),
             _ => Ok(Vec::new()),
         }
     }
@@ -589,8 +573,7 @@ impl Runtime {
     /// and SSE responses (log stream, pull and install progress) end.
     pub async fn shutdown(&self) {
         self.closing.send_replace(true);
-        let all: Vec<Arc<Running>> =
-            self.running.lock().unwrap_or_else(|e| e.into_inner()).drain().map(|(_, r)| r).collect();
+        let all: Vec<Arc<Running>> = self.running.lock().drain().map(|(_, r)| r).collect();
         futures_util::future::join_all(all.iter().map(|r| self.save_and_stop(r))).await;
     }
 
@@ -619,14 +602,14 @@ impl Runtime {
         if let Some(Value::Object(defaults)) = &info.image_defaults {
             o.extend(defaults.clone());
         }
-        for (k, v) in self.registry().saved_options(info).into_iter().chain(request.clone()) {
+        for (k, v) in self.catalogue.registry().saved_options(info).into_iter().chain(request.clone()) {
             o.insert(k, v);
         }
         registry::filter_recipe_options(info.recipe, &o)
     }
 
     fn answer(&self, req: ReqId, a: Answer) -> bool {
-        let tx = self.answers.lock().unwrap_or_else(|e| e.into_inner()).remove(&req);
+        let tx = self.answers.lock().remove(&req);
         match tx {
             Some(tx) => tx.send(a).is_ok(),
             None => false,
@@ -652,8 +635,8 @@ impl Runtime {
                 (e.model.name.clone(), v)
             })
             .collect();
-        *self.view.write().unwrap_or_else(|e| e.into_inner()) = view;
-        *self.scheduler_view.write().unwrap_or_else(|e| e.into_inner()) = SchedulerView {
+        *self.view.write() = view;
+        *self.scheduler_view.write() = SchedulerView {
             settings: m.settings(),
             memory_in_use: m.in_use(Pool::Memory),
             vram_in_use: m.in_use(Pool::Vram),
@@ -665,11 +648,11 @@ impl Runtime {
             Effect::Start { model, options } => {
                 // Known as starting before any later effect runs, so a stop can cancel it.
                 let (cancel, cancelled) = tokio::sync::watch::channel(false);
-                self.starts.lock().unwrap_or_else(|e| e.into_inner()).insert(model.clone(), cancel);
+                self.starts.lock().insert(model.clone(), cancel);
                 let rt = self.clone();
                 tokio::spawn(async move {
-                    let result = rt.start(&model, options, cancelled).await;
-                    rt.starts.lock().unwrap_or_else(|e| e.into_inner()).remove(&model);
+                    let result = rt.start(&model, options, cancelled).await.map_err(load_error);
+                    rt.starts.lock().remove(&model);
                     let _ = rt.tx.send(Event::Started { model, result });
                 });
             }
@@ -677,11 +660,11 @@ impl Runtime {
                 let rt = self.clone();
                 tokio::spawn(async move {
                     let r = {
-                        let mut running = rt.running.lock().unwrap_or_else(|e| e.into_inner());
+                        let mut running = rt.running.lock();
                         let r = running.remove(&model);
                         if r.is_none() {
                             // Not spawned yet: the start sees this and gives up.
-                            if let Some(c) = rt.starts.lock().unwrap_or_else(|e| e.into_inner()).get(&model) {
+                            if let Some(c) = rt.starts.lock().get(&model) {
                                 c.send_replace(true);
                             }
                         }
@@ -725,51 +708,17 @@ impl Runtime {
         name: &str,
         options: Opts,
         mut cancel: tokio::sync::watch::Receiver<bool>,
-    ) -> Result<(), LoadError> {
-        let fatal = |message: String| LoadError { message: self.redact(&message), missing_file: true };
-        let reg = self.registry();
-        let info = reg.get(name).map_err(|e| fatal(e.to_string()))?.clone();
-        let main = info
-            .main_path
-            .clone()
-            .filter(|p| p.exists())
-            .ok_or_else(|| fatal(format!("Model file not found for checkpoint: {}", info.checkpoint)))?;
-        let port = match info.recipe.needs_port() {
-            true => Some(host::supervisor::free_port().map_err(|e| fatal(format!("no free port: {e}")))?),
-            false => None,
-        };
-        let hardware = host::hardware::hardware();
-        let input = LaunchInput {
-            name,
-            main_path: &main,
-            mmproj_path: info.mmproj_path.as_deref(),
-            model_type: info.model_type,
-            options: &options,
-            hardware: &hardware,
-            port,
-        };
-        let mut launch = backends::launch(info.recipe, &input).map_err(|e| fatal(e.to_string()))?;
-        let workers = backends::rpc::workers(&options);
-        check_workers(name, &workers).await.map_err(fatal)?;
-        // A slot's KV state on RPC workers is not saved: the prompt cache stays off.
-        let cache = (info.recipe == Recipe::LlamaCpp && workers.is_empty())
-            .then(|| {
-                let (store, limit) = (&self.prompt_cache, self.cfg.prompt_cache_size);
-                let mmproj = info.mmproj_path.is_some();
-                crate::prompt_cache::attach(store, limit, name, info.model_type, mmproj, &main, &mut launch.args)
-            })
-            .flatten();
-        let cancelled = || LoadError { message: "the load was cancelled by an unload".into(), missing_file: false };
-        // Resolving the binary may install it (minutes): an unload meanwhile cancels the load at
+    ) -> std::result::Result<(), StartFailure> {
+        let info = self.catalogue.get(name).map_err(|e| StartFailure::Fatal(e.to_string()))?;
+        let cancelled = || StartFailure::NotReady("the load was cancelled by an unload".into());
+        // Preparing may install the binary (minutes): an unload meanwhile cancels the load at
         // once, while the install itself runs on to the end.
-        let backend_name = backends::backend_of(info.recipe, &options);
-        let program = tokio::select! {
-            p = self.backend_binary(info.recipe, &backend_name) => p.map_err(fatal)?,
+        let prepared = tokio::select! {
+            p = self.launcher.prepare(&info, &options) => p?,
             _ = cancel.wait_for(|c| *c) => return Err(cancelled()),
         };
-        let spec = SpawnSpec::new(name, program, launch, self.cfg.ready_timeout);
         let started = Instant::now();
-        let backend = Backend::spawn(spec).map_err(|e| fatal(e.to_string()))?;
+        let backend = self.launcher.spawn(name, prepared.spec)?;
         let running = Arc::new(Running {
             info,
             backend: backend.clone(),
@@ -779,12 +728,12 @@ impl Runtime {
             wedged: std::sync::atomic::AtomicBool::new(false),
             lost_worker: std::sync::OnceLock::new(),
             reported: tokio::sync::watch::channel(false).0,
-            cache,
+            cache: prepared.cache,
         });
         // Registered unless a stop came first (it found no process): checked under the lock the
         // stop takes, so one of the two always sees the other.
         let registered = {
-            let mut all = self.running.lock().unwrap_or_else(|e| e.into_inner());
+            let mut all = self.running.lock();
             let go = !*cancel.borrow();
             if go {
                 all.insert(name.to_string(), running.clone());
@@ -796,9 +745,9 @@ impl Runtime {
             backend.stop(self.cfg.stop_grace).await;
             return Err(cancelled());
         }
-        if let Err(e) = backend.ready(&self.http).await {
+        if let Err(e) = backend.ready().await {
             self.unregister(name, &running);
-            return Err(LoadError { message: self.redact(&e.to_string()), missing_file: false });
+            return Err(StartFailure::NotReady(self.redact(&e)));
         }
         tracing::info!(model = %name, ms = started.elapsed().as_millis() as u64, port = backend.port(), "model loaded");
         self.metrics.loaded(name, started.elapsed());
@@ -807,7 +756,7 @@ impl Runtime {
     }
 
     fn unregister(&self, name: &str, r: &Arc<Running>) -> bool {
-        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let mut running = self.running.lock();
         if running.get(name).is_some_and(|x| Arc::ptr_eq(x, r)) {
             running.remove(name);
             return true;
@@ -819,7 +768,8 @@ impl Runtime {
     /// that stops answering its health endpoint (a wedged process), which then reports the same.
     fn watch(self: &Arc<Self>, name: String, r: Arc<Running>) {
         if let Some(interval) = self.cfg.watchdog_interval {
-            tokio::spawn(watchdog(self.http.clone(), interval, self.cfg.stop_grace, name.clone(), r.clone()));
+            let launcher = self.launcher.clone();
+            tokio::spawn(watchdog(launcher, interval, self.cfg.stop_grace, name.clone(), r.clone()));
         }
         let rt = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -845,40 +795,10 @@ impl Runtime {
             r.reported.send_replace(true);
         });
     }
-
-    /// The backend's executable; a missing one is installed first when this platform has a
-    /// release for it (v9's auto-install on first load).
-    async fn backend_binary(self: &Arc<Self>, recipe: Recipe, backend: &str) -> Result<PathBuf, String> {
-        let (dir, exe) = recipe.dir_and_exe();
-        let resolve = || binary::resolve_from_env(&self.cfg.cache_dir, dir, backend, exe);
-        if let Some(r) = resolve() {
-            return Ok(r.path);
-        }
-        // Its own task: a cancelled load stops waiting for the install, not the install.
-        let (rt, b) = (self.clone(), backend.to_string());
-        let install =
-            tokio::spawn(async move { installs::auto_install(&rt.cfg, &rt.locks, recipe.as_str(), &b).await });
-        let installed = install.await.map_err(|e| format!("the install task failed: {e}"))?;
-        if installed.map_err(|e| e.to_string())? {
-            if let Some(r) = resolve() {
-                return Ok(r.path);
-            }
-        }
-        Err(if backend == "system" {
-            format!("The 'system' backend uses {exe} from PATH, and there is none on PATH")
-        } else {
-            format!(
-                "{exe} for the '{backend}' backend is not installed and cannot be installed automatically here: set {}, or install it under {}{}",
-                binary::override_var(dir, backend),
-                binary::managed_dir(&self.cfg.cache_dir, dir, backend).display(),
-                if matches!(dir, "llamacpp" | "whispercpp") { " (a CPU build is provisioned by `cargo xtask setup`)" } else { "" }
-            )
-        })
-    }
 }
 
 /// The owner task: the only place the state machine runs.
-async fn owner(rt: Weak<Runtime>, mut rx: mpsc::UnboundedReceiver<Event<Opts>>, mut machine: Machine<Opts>) {
+async fn owner(rt: Weak<Lifecycle>, mut rx: mpsc::UnboundedReceiver<Event<Opts>>, mut machine: Machine<Opts>) {
     let Some(epoch) = rt.upgrade().map(|r| r.epoch) else { return };
     loop {
         // The machine's next idle deadline is the only timer: a `Tick` when it is due (none for
@@ -903,49 +823,26 @@ async fn owner(rt: Weak<Runtime>, mut rx: mpsc::UnboundedReceiver<Event<Opts>>, 
     }
 }
 
-/// How long a worker has to accept a connection at load time.
-const WORKER_CONNECT: Duration = Duration::from_secs(3);
-
-/// Fails a load whose RPC workers cannot be reached, naming the first such; warns of workers
-/// outside loopback and private networks (rpc-server has no authentication).
-async fn check_workers(model: &str, workers: &[String]) -> Result<(), String> {
-    for w in workers {
-        if !backends::rpc::is_private(w) {
-            tracing::warn!(model, worker = %w, "RPC worker is not on loopback or a private network: rpc-server has no authentication; anyone who reaches it can use its machine");
-        }
-        match host::net::probe(w, WORKER_CONNECT).await {
-            host::net::Worker::Up => {}
-            host::net::Worker::Gone(e) => {
-                return Err(format!(
-                    "RPC worker {w} is unreachable ({e}); start rpc-server there or remove it from rpc_servers"
-                ))
-            }
-            host::net::Worker::Silent => {
-                return Err(format!("RPC worker {w} did not accept a connection within {} s", WORKER_CONNECT.as_secs()))
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Probes a running backend's health endpoint every `interval`; after [`WATCHDOG_STRIKES`] failures
-/// in a row (no answer within the interval, or an error status) the process is killed.
-async fn watchdog(http: reqwest::Client, interval: Duration, grace: Duration, name: String, r: Arc<Running>) {
-    let url = r.backend.health_url();
+/// Probes a running backend every `interval` (through the launcher: its health endpoint, and
+/// its RPC workers); after [`WATCHDOG_STRIKES`] failed probes in a row (no answer within the
+/// interval, or an error status) the process is killed, and at once when a worker is gone.
+async fn watchdog(launcher: Arc<dyn Launcher>, interval: Duration, grace: Duration, name: String, r: Arc<Running>) {
     let mut strikes = 0;
     loop {
         tokio::select! {
             _ = r.backend.wait_exit() => return,
             _ = tokio::time::sleep(interval) => {}
         }
-        if let Some(lost) = lost_worker(&r.options, interval.min(Duration::from_secs(1))).await {
-            tracing::error!(model = %name, worker = %lost.0, error = %lost.1, "an RPC worker of the model is gone; stopping its llama-server");
-            let _ = r.lost_worker.set(lost);
-            r.backend.stop(grace.min(Duration::from_millis(100))).await;
-            return;
+        match launcher.probe(r.backend.as_ref(), &r.options, interval).await {
+            Health::Ok => strikes = 0,
+            Health::Unhealthy => strikes += 1,
+            Health::WorkerGone(worker, why) => {
+                tracing::error!(model = %name, worker = %worker, error = %why, "an RPC worker of the model is gone; stopping its llama-server");
+                let _ = r.lost_worker.set((worker, why));
+                r.backend.stop(grace.min(Duration::from_millis(100))).await;
+                return;
+            }
         }
-        let ok = matches!(http.get(&url).timeout(interval).send().await, Ok(resp) if resp.status().is_success());
-        strikes = if ok { 0 } else { strikes + 1 };
         if strikes >= WATCHDOG_STRIKES {
             tracing::error!(model = %name, strikes, "backend stopped answering its health checks; killing it");
             r.wedged.store(true, Ordering::SeqCst);
@@ -955,14 +852,12 @@ async fn watchdog(http: reqwest::Client, interval: Duration, grace: Duration, na
     }
 }
 
-/// The first of the model's RPC workers that is gone (nothing listens, or its host is
-/// unreachable), and why. A worker that is merely slow to accept is not gone: rpc-server
-/// serves one client at a time, and llama-server is that client.
-async fn lost_worker(options: &Opts, interval: Duration) -> Option<(String, String)> {
-    for w in backends::rpc::workers(options) {
-        if let host::net::Worker::Gone(e) = host::net::probe(&w, interval).await {
-            return Some((w, e));
-        }
-    }
-    None
+/// A start failure as the scheduler's failure policy reads it: only a process that started and
+/// did not become ready may be retried after evicting others.
+fn load_error(f: StartFailure) -> LoadError {
+    let missing_file = matches!(f, StartFailure::Fatal(_));
+    let message = match f {
+        StartFailure::Fatal(m) | StartFailure::NotReady(m) => m,
+    };
+    LoadError { message, missing_file }
 }

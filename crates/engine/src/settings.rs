@@ -4,8 +4,9 @@
 use api_types::{MemoryBudget, ModelType, Params, ParamsUpdate, SlotLimits};
 use scheduler::{Limits, Pool, Settings};
 
-use crate::error::ApiError;
-use crate::runtime::Runtime;
+use crate::error::{EngineError, Result};
+use crate::lifecycle::Lifecycle;
+use crate::Engine;
 
 /// `8G`, `512MiB`, `1073741824`: bytes (binary multiples).
 pub fn parse_bytes(s: &str) -> Option<u64> {
@@ -69,9 +70,9 @@ pub fn slot_limits(values: &[i64]) -> Result<Limits, String> {
 }
 
 /// The scheduler settings `u` asks for (a 400 naming the field for a bad value).
-pub fn settings(u: &ParamsUpdate) -> Result<Settings, ApiError> {
-    fn bad(field: &'static str) -> impl Fn(String) -> ApiError {
-        move |m| ApiError::bad_request(m, Some(field))
+pub fn settings(u: &ParamsUpdate) -> Result<Settings> {
+    fn bad(field: &'static str) -> impl Fn(String) -> EngineError {
+        move |m| EngineError::invalid(m, Some(field))
     }
     let limits = match &u.max_loaded_models {
         None => None,
@@ -111,7 +112,7 @@ pub fn limits_by_type(limits: &Limits) -> std::collections::BTreeMap<String, i64
 }
 
 /// The settings in force, as the scheduler last published them.
-pub fn current(rt: &Runtime) -> Params {
+pub fn current(rt: &Lifecycle) -> Params {
     let v = rt.scheduler_view();
     let s = v.settings;
     Params {
@@ -124,6 +125,15 @@ pub fn current(rt: &Runtime) -> Params {
         vram_in_use: v.vram_in_use,
         swap_hold_ms: s.swap_hold_ms.unwrap_or(0),
     }
+}
+
+/// Applies `update` to the running scheduler and saves it to `settings.json` (read at the
+/// next start); returns the settings now in force. A bad value changes nothing.
+pub async fn update(engine: &Engine, update: &ParamsUpdate) -> Result<Params> {
+    let settings = settings(update)?;
+    host::files::save_settings(&engine.cfg.cache_dir, update)?;
+    engine.lifecycle.configure(settings).await;
+    Ok(current(&engine.lifecycle))
 }
 
 #[cfg(test)]

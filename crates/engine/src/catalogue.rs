@@ -1,0 +1,180 @@
+//! The catalogue: the sole owner of the model registry. Every change to what is registered
+//! (a `user.*` registration, saved options, a deletion) and every rescan goes through it, one
+//! at a time, so a rescan can never publish an older picture of the disk over a newer one.
+//!
+//! Invariant: the published registry only moves forward. A reload scans and publishes while it
+//! holds the one writer lock, and a mutation writes its file and rescans under that same lock;
+//! readers take the published `Arc<Registry>` without waiting.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use api_types::RecipeOptions;
+use host::catalogue::CatalogueConfig;
+use registry::{CatalogueEntry, ModelInfo, Registry, USER_PREFIX};
+
+use crate::error::{EngineError, Result};
+
+/// Reads the registry from disk (the real one is `host::catalogue::load`; tests inject theirs).
+pub type Scanner = Box<dyn Fn(&CatalogueConfig) -> Result<Registry, host::HostError> + Send + Sync>;
+
+pub struct Catalogue {
+    cfg: CatalogueConfig,
+    scan: Scanner,
+    current: RwLock<Arc<Registry>>,
+    /// Held while a scan runs and until it is published; mutations hold it around their write.
+    writer: Mutex<()>,
+    /// How many scans were published (the first, at start, is 1).
+    generation: AtomicU64,
+}
+
+impl Catalogue {
+    /// Scans the disk once with the real scanner.
+    pub fn load(cfg: CatalogueConfig) -> Result<Catalogue> {
+        Catalogue::with_scanner(cfg, Box::new(host::catalogue::load))
+    }
+
+    /// A catalogue whose scans are `scan`'s (the first one now).
+    pub fn with_scanner(cfg: CatalogueConfig, scan: Scanner) -> Result<Catalogue> {
+        let first = scan(&cfg)?;
+        Ok(Catalogue {
+            cfg,
+            scan,
+            current: RwLock::new(Arc::new(first)),
+            writer: Mutex::new(()),
+            generation: AtomicU64::new(1),
+        })
+    }
+
+    pub fn config(&self) -> &CatalogueConfig {
+        &self.cfg
+    }
+
+    /// The registry as last published.
+    pub fn registry(&self) -> Arc<Registry> {
+        self.current.read().clone()
+    }
+
+    /// How many scans have been published.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// The model `name`, as last published.
+    pub fn get(&self, name: &str) -> Result<ModelInfo> {
+        Ok(self.registry().get(name)?.clone())
+    }
+
+    /// Reads the disk again (after files changed) and publishes what it found.
+    pub fn reload(&self) -> Result<()> {
+        let _one = self.writer.lock();
+        self.rescan()
+    }
+
+    /// Scans and publishes; the caller holds `writer`.
+    fn rescan(&self) -> Result<()> {
+        let reg = (self.scan)(&self.cfg)?;
+        *self.current.write() = Arc::new(reg);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// `change` (a write to lemonade's files), then a rescan, as one step: no other change or
+    /// scan runs in between.
+    fn mutate(&self, change: impl FnOnce() -> Result<(), host::HostError>) -> Result<()> {
+        let _one = self.writer.lock();
+        change()?;
+        self.rescan()
+    }
+
+    /// Registers (or re-registers) the `user.*` model `name` with `entry`; returns it as the
+    /// catalogue now sees it.
+    pub fn register(&self, name: &str, entry: &CatalogueEntry) -> Result<ModelInfo> {
+        let key = name
+            .strip_prefix(USER_PREFIX)
+            .ok_or_else(|| EngineError::invalid(format!("'{name}' is not a user.* model"), Some("model")))?;
+        self.mutate(|| host::files::save_user_model(&self.cfg.cache_dir, key, Some(entry)))?;
+        self.get(name)
+    }
+
+    /// Forgets a `user.*` registration (its files are the caller's to remove).
+    pub fn unregister(&self, name: &str) -> Result<()> {
+        let Some(key) = name.strip_prefix(USER_PREFIX) else { return self.reload() };
+        self.mutate(|| host::files::save_user_model(&self.cfg.cache_dir, key, None))
+    }
+
+    /// Saves `options` as `name`'s defaults (None: forgets them).
+    pub fn save_options(&self, name: &str, options: Option<&RecipeOptions>) -> Result<()> {
+        self.mutate(|| host::files::save_recipe_options(&self.cfg.cache_dir, name, options))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    fn cfg() -> CatalogueConfig {
+        CatalogueConfig {
+            cache_dir: "/nonexistent/lemonade".into(),
+            hf_cache: "/nonexistent/hub".into(),
+            extra_models_dir: None,
+            physical_memory_gb: None,
+            disable_filtering: true,
+        }
+    }
+
+    /// Two reloads that overlap: the first scan is slow and sees the disk as it was before the
+    /// second began. Whatever the timing, the registry published last is the newer scan's.
+    #[test]
+    fn two_overlapping_reloads_publish_the_newer_scan_last() {
+        // Each scan records which disk state ("generation of the files") it saw.
+        let disk = Arc::new(AtomicU64::new(0));
+        let seen = Arc::new(Mutex::new(Vec::<u64>::new()));
+        let (entered_tx, entered_rx) = mpsc::channel::<()>();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let (entered_tx, go_rx) = (Mutex::new(entered_tx), Mutex::new(go_rx));
+        let (d, s) = (disk.clone(), seen.clone());
+        let scan: Scanner = Box::new(move |_| {
+            let state = d.load(Ordering::SeqCst);
+            s.lock().push(state);
+            if state == 1 {
+                // The first reload after the change: hold it here until told.
+                let _ = entered_tx.lock().send(());
+                let _ = go_rx.lock().recv_timeout(Duration::from_secs(10));
+            }
+            Ok(crate::testing::registry_with_user_model(&format!("disk-{state}")))
+        });
+        let cat = Arc::new(Catalogue::with_scanner(cfg(), scan).unwrap());
+        disk.store(1, Ordering::SeqCst);
+        let a = {
+            let cat = cat.clone();
+            std::thread::spawn(move || cat.reload().unwrap())
+        };
+        entered_rx.recv_timeout(Duration::from_secs(10)).expect("the first reload scans");
+        // The disk changes again while the first scan runs; a second reload starts.
+        disk.store(2, Ordering::SeqCst);
+        let b = {
+            let cat = cat.clone();
+            std::thread::spawn(move || cat.reload().unwrap())
+        };
+        // The second reload must not scan while the first holds the writer: watched for 100 ms
+        // (without the lock it scans at once, sees disk 2 and publishes before the first).
+        let until = std::time::Instant::now() + Duration::from_millis(100);
+        while std::time::Instant::now() < until {
+            assert_eq!(*seen.lock(), vec![0, 1], "the second scan waits for the first to publish");
+            std::thread::yield_now();
+        }
+        go_tx.send(()).unwrap();
+        a.join().unwrap();
+        b.join().unwrap();
+        assert_eq!(*seen.lock(), vec![0, 1, 2]);
+        let reg = cat.registry();
+        assert!(reg.get("user.disk-2").is_ok(), "the newer scan is the one published");
+        assert!(reg.get("user.disk-1").is_err());
+        assert_eq!(cat.generation(), 3);
+    }
+}

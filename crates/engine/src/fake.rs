@@ -1,0 +1,274 @@
+//! A [`Launcher`] in memory, for in-process tests of the lifecycle (as ollama's scenario tests
+//! with their injected server constructor): no process, no port. Each start makes a
+//! [`FakeProcess`] that the test steers: hold its start until released, fail it, crash it,
+//! make its health probes fail. The end-to-end tests run the real programs; this is for the
+//! orderings that are hard to produce with them.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use api_types::RecipeOptions;
+use backends::SpawnSpec;
+use futures_util::future::BoxFuture;
+use host::ExitInfo;
+use parking_lot::Mutex;
+use registry::ModelInfo;
+use tokio::sync::watch;
+
+use crate::launcher::{Health, Launcher, Prepared, Process, StartFailure};
+
+/// The fake launcher and its knobs (by model name).
+pub struct FakeLauncher {
+    state: Mutex<Knobs>,
+    /// Bumped on every prepare, spawn and exit, so tests can wait for any of them.
+    changed: Arc<watch::Sender<u64>>,
+}
+
+#[derive(Default)]
+struct Knobs {
+    /// Models whose starts wait until released (the gate opens when set to true).
+    held: HashMap<String, watch::Sender<bool>>,
+    /// The next start of these models fails before the process exists.
+    fail_prepare: HashMap<String, String>,
+    /// The next start of these models spawns a process that exits before it is ready.
+    fail_ready: HashMap<String, String>,
+    /// Models whose processes answer no health probe.
+    unhealthy: HashSet<String>,
+    /// Every process spawned, in order.
+    spawned: Vec<(String, Arc<FakeProcess>)>,
+    /// Every start that reached `prepare`, in order.
+    prepared: Vec<String>,
+}
+
+impl FakeLauncher {
+    pub fn new() -> Arc<FakeLauncher> {
+        Arc::new(FakeLauncher { state: Mutex::default(), changed: Arc::new(watch::channel(0).0) })
+    }
+
+    /// Starts of `model` wait (in readiness, with the process registered) until [`release`].
+    ///
+    /// [`release`]: FakeLauncher::release
+    pub fn hold(&self, model: &str) {
+        self.state.lock().held.insert(model.to_string(), watch::channel(false).0);
+    }
+
+    /// Lets held starts of `model` finish.
+    pub fn release(&self, model: &str) {
+        if let Some(g) = self.state.lock().held.remove(model) {
+            g.send_replace(true);
+        }
+    }
+
+    /// The next start of `model` fails before any process exists (a missing binary, say).
+    pub fn fail_prepare(&self, model: &str, message: &str) {
+        self.state.lock().fail_prepare.insert(model.to_string(), message.to_string());
+    }
+
+    /// The next start of `model` spawns a process that exits before it is ready.
+    pub fn fail_ready(&self, model: &str, message: &str) {
+        self.state.lock().fail_ready.insert(model.to_string(), message.to_string());
+    }
+
+    /// Health probes of `model`'s processes fail (true) or pass (false).
+    pub fn set_unhealthy(&self, model: &str, unhealthy: bool) {
+        let mut s = self.state.lock();
+        if unhealthy {
+            s.unhealthy.insert(model.to_string());
+        } else {
+            s.unhealthy.remove(model);
+        }
+    }
+
+    /// Every process spawned for `model`, oldest first.
+    pub fn processes(&self, model: &str) -> Vec<Arc<FakeProcess>> {
+        self.state.lock().spawned.iter().filter(|(m, _)| m == model).map(|(_, p)| p.clone()).collect()
+    }
+
+    /// The models of every process spawned, in order.
+    pub fn spawn_order(&self) -> Vec<String> {
+        self.state.lock().spawned.iter().map(|(m, _)| m.clone()).collect()
+    }
+
+    /// Models whose process is alive now.
+    pub fn alive(&self) -> Vec<String> {
+        let s = self.state.lock();
+        s.spawned.iter().filter(|(_, p)| p.exit_status().is_none()).map(|(m, _)| m.clone()).collect()
+    }
+
+    /// How many starts reached `prepare` for `model`.
+    pub fn starts(&self, model: &str) -> usize {
+        self.state.lock().prepared.iter().filter(|m| *m == model).count()
+    }
+
+    /// Waits (at most `within`) until `cond` holds of this launcher; false if it never did.
+    pub async fn wait_until(&self, within: Duration, cond: impl Fn(&FakeLauncher) -> bool) -> bool {
+        let mut rx = self.changed.subscribe();
+        tokio::time::timeout(within, async {
+            loop {
+                if cond(self) {
+                    return;
+                }
+                let _ = rx.changed().await;
+            }
+        })
+        .await
+        .is_ok()
+    }
+
+    fn bump(&self) {
+        bump(&self.changed);
+    }
+}
+
+impl Launcher for FakeLauncher {
+    fn prepare<'a>(
+        &'a self,
+        info: &'a ModelInfo,
+        _options: &'a RecipeOptions,
+    ) -> BoxFuture<'a, Result<Prepared, StartFailure>> {
+        Box::pin(async move {
+            let failed = {
+                let mut s = self.state.lock();
+                s.prepared.push(info.name.clone());
+                s.fail_prepare.remove(&info.name)
+            };
+            self.bump();
+            if let Some(m) = failed {
+                return Err(StartFailure::Fatal(m));
+            }
+            let spec = SpawnSpec {
+                label: info.name.clone(),
+                program: "fake-backend".into(),
+                args: vec![],
+                env: vec![],
+                health_path: "/health".into(),
+                ready_timeout: Duration::from_secs(60),
+                port: None,
+            };
+            Ok(Prepared { spec, cache: None })
+        })
+    }
+
+    fn spawn(&self, name: &str, _spec: SpawnSpec) -> Result<Arc<dyn Process>, StartFailure> {
+        let p = {
+            let mut s = self.state.lock();
+            let gate = s.held.get(name).map(|g| g.subscribe());
+            let p = Arc::new(FakeProcess {
+                name: name.to_string(),
+                exit: watch::channel(None).0,
+                gate,
+                fail_ready: s.fail_ready.remove(name),
+                changed: self.changed.clone(),
+            });
+            s.spawned.push((name.to_string(), p.clone()));
+            p
+        };
+        self.bump();
+        Ok(p)
+    }
+
+    fn probe<'a>(
+        &'a self,
+        process: &'a dyn Process,
+        _options: &'a RecipeOptions,
+        _within: Duration,
+    ) -> BoxFuture<'a, Health> {
+        Box::pin(async move {
+            let s = self.state.lock();
+            let model = s.spawned.iter().find(|(_, p)| p.base_url() == process.base_url()).map(|(m, _)| m.clone());
+            match model {
+                Some(m) if s.unhealthy.contains(&m) => Health::Unhealthy,
+                _ => Health::Ok,
+            }
+        })
+    }
+}
+
+/// One fake backend process.
+pub struct FakeProcess {
+    name: String,
+    exit: watch::Sender<Option<ExitInfo>>,
+    gate: Option<watch::Receiver<bool>>,
+    fail_ready: Option<String>,
+    changed: Arc<watch::Sender<u64>>,
+}
+
+fn bump(changed: &watch::Sender<u64>) {
+    changed.send_modify(|n| *n += 1);
+}
+
+impl FakeProcess {
+    /// The process exits on its own (a crash): exit code 1.
+    pub fn crash(&self) {
+        self.exit_with(ExitInfo { code: Some(1), signal: None });
+    }
+
+    fn exit_with(&self, e: ExitInfo) {
+        if self.exit.borrow().is_none() {
+            self.exit.send_replace(Some(e));
+            bump(&self.changed);
+        }
+    }
+
+    /// Whether it was stopped by lemonade (SIGTERM) rather than crashing.
+    pub fn was_stopped(&self) -> bool {
+        matches!(*self.exit.borrow(), Some(ExitInfo { signal: Some(15), .. }))
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.exit.borrow().is_none()
+    }
+}
+
+impl Process for FakeProcess {
+    fn base_url(&self) -> String {
+        // Unique per process, so the launcher's probe can tell them apart.
+        format!("http://fake.invalid/{}/{:p}", self.name, self)
+    }
+    fn port(&self) -> u16 {
+        0
+    }
+    fn health_url(&self) -> String {
+        format!("{}/health", self.base_url())
+    }
+    fn exit_status(&self) -> Option<ExitInfo> {
+        *self.exit.borrow()
+    }
+    fn wait_exit(&self) -> BoxFuture<'_, ExitInfo> {
+        let mut rx = self.exit.subscribe();
+        Box::pin(async move {
+            let e = rx.wait_for(|e| e.is_some()).await.map(|e| *e).ok().flatten();
+            e.unwrap_or(ExitInfo { code: None, signal: None })
+        })
+    }
+    fn output_drained(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+    fn log_tail(&self) -> String {
+        format!("fake backend {} log", self.name)
+    }
+    fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            if let Some(mut gate) = self.gate.clone() {
+                let mut exit = self.exit.subscribe();
+                tokio::select! {
+                    _ = gate.wait_for(|open| *open) => {}
+                    _ = exit.wait_for(|e| e.is_some()) => {}
+                }
+            }
+            if let Some(m) = &self.fail_ready {
+                self.exit_with(ExitInfo { code: Some(1), signal: None });
+                return Err(m.clone());
+            }
+            match self.exit_status() {
+                Some(e) => Err(format!("fake backend exited ({e}) before it was ready")),
+                None => Ok(()),
+            }
+        })
+    }
+    fn stop(&self, _grace: Duration) -> BoxFuture<'_, ()> {
+        self.exit_with(ExitInfo { code: None, signal: Some(15) });
+        Box::pin(async {})
+    }
+}

@@ -1,0 +1,105 @@
+//! Backend installs: plan (pure, `backends::releases`), one install of a backend at a time
+//! (the engine's keyed lock), the transaction itself (`host::install`), progress as
+//! [`PullEvent`]s, auto-install before a load, and uninstall.
+
+use std::sync::Arc;
+
+use backends::releases::{self, InstallPlan, InstallPlanError};
+use host::install::{InstallError, Progress};
+
+use tokio::sync::mpsc;
+
+use crate::config::Config;
+use crate::error::{EngineError, Result};
+use crate::locks::Locks;
+use crate::pulls::{progress_reporter, PullEvent};
+use crate::Engine;
+
+/// What installing `recipe:backend` means on this machine.
+pub fn plan(cfg: &Config, recipe: &str, backend: &str) -> Result<InstallPlan, InstallPlanError> {
+    let hw = host::hardware::hardware();
+    releases::plan_install(&hw, &host::install::pins(&cfg.cache_dir), recipe, backend)
+}
+
+/// The lock that makes installs and uninstalls of one backend wait for each other (a second
+/// install then finds the backend installed).
+pub fn backend_lock(locks: &Locks, recipe: &str, backend: &str) -> Arc<tokio::sync::Mutex<()>> {
+    locks.get(&format!("backend:{recipe}:{backend}"))
+}
+
+/// Installs `p` (one install of a backend at a time); returns the bytes downloaded (0 when the
+/// pinned version was there) and the version.
+pub async fn install(
+    cfg: &Config,
+    locks: &Locks,
+    p: &InstallPlan,
+    progress: Progress<'_>,
+) -> Result<(u64, String), InstallError> {
+    let lock = backend_lock(locks, p.recipe.as_str(), &p.backend);
+    let _guard = lock.lock().await;
+    host::install::install(&cfg.cache_dir, p, progress).await
+}
+
+/// Installs the backend a load needs when it is missing and this platform has a release for
+/// it. `Ok(false)`: nothing can be installed (the caller reports the missing binary).
+pub async fn auto_install(cfg: &Config, locks: &Locks, recipe: &str, backend: &str) -> Result<bool, InstallError> {
+    let Ok(p) = plan(cfg, recipe, backend) else { return Ok(false) };
+    tracing::info!(recipe, backend, "backend not installed: installing it before loading");
+    install(cfg, locks, &p, &mut |_, _| true).await.map(|_| true)
+}
+
+/// [`plan`] for this engine's machine, as an engine error.
+pub fn plan_for(engine: &Engine, recipe: &str, backend: &str) -> Result<InstallPlan> {
+    Ok(plan(&engine.cfg, recipe, backend)?)
+}
+
+/// Installs `p` now (no progress); returns the version installed.
+pub async fn install_now(engine: &Engine, p: &InstallPlan) -> Result<String> {
+    Ok(install(&engine.cfg, &engine.locks, p, &mut |_, _| true).await?.1)
+}
+
+/// [`install`] in its own task, its progress on the returned channel as one file's
+/// [`PullEvent`]s, ending with `Complete` (0 bytes when the pinned version was there) or
+/// `Error`. Dropping the receiver cancels the download (the old backend stays).
+pub fn install_in_background(engine: &Engine, p: InstallPlan) -> mpsc::Receiver<PullEvent> {
+    let (tx, rx) = mpsc::channel(64);
+    let (cfg, locks) = (engine.cfg.clone(), engine.locks.clone());
+    tokio::spawn(async move {
+        let file = p.asset.filename.clone();
+        let mut report = progress_reporter(tx.clone(), file.clone(), 1, 1);
+        let result = install(&cfg, &locks, &p, &mut report).await;
+        let last = match result {
+            Ok((bytes, _)) => PullEvent::Complete { file, index: 1, total: 1, bytes },
+            Err(e) => PullEvent::Error(e.to_string()),
+        };
+        let _ = tx.send(last).await;
+    });
+    rx
+}
+
+/// Removes `recipe:backend` after unloading the models that run on it. `Ok(Some(message))`
+/// when there was nothing to remove (uninstall is idempotent, as in Lemonade).
+pub async fn uninstall(engine: &Engine, recipe: &str, backend: &str) -> Result<Option<String>> {
+    let r = releases::known(recipe, backend)?;
+    if backend == "system" {
+        return Err(EngineError::invalid(
+            format!("{recipe}:system is the llama-server on PATH; lemonade does not remove it"),
+            Some("backend"),
+        ));
+    }
+    let lock = backend_lock(&engine.locks, recipe, backend);
+    let _guard = lock.lock().await;
+    for (m, _) in engine.lifecycle.loaded() {
+        if m.info.recipe == r && backends::backend_of(r, &m.options) == backend {
+            tracing::info!(model = %m.info.name, "unloading: its backend is being uninstalled");
+            let _ = engine.lifecycle.unload(Some(&m.info.name)).await;
+        }
+    }
+    match host::install::uninstall(&engine.cfg.cache_dir, r, backend).await {
+        Ok(()) => Ok(None),
+        Err(InstallError::NotInstalled(..)) => {
+            Ok(Some(format!("{recipe}:{backend} is not installed; nothing to remove")))
+        }
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,294 @@
+//! The one seam between the lifecycle and processes (as ollama's `newServerFn` and TGI's
+//! `Backend`): a [`Launcher`] prepares and spawns a model's backend and probes it while it
+//! runs; a [`Process`] is a running backend. [`RealLauncher`] does it over `host` (binary
+//! resolution, auto-install, RPC worker checks, the prompt cache's save path, spawn, readiness,
+//! health probes); `crate::fake` does it in memory for in-process tests.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use api_types::RecipeOptions;
+use backends::{LaunchInput, Recipe, SpawnSpec};
+use futures_util::future::BoxFuture;
+use host::{binary, Backend, ExitInfo};
+use registry::ModelInfo;
+
+use crate::config::Config;
+use crate::locks::Locks;
+use crate::prompt_cache::Attached;
+
+/// Why a start failed, by what the lifecycle should do about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartFailure {
+    /// Nothing to gain from evicting other models and trying again: a missing file or binary,
+    /// an invalid command line, an unreachable RPC worker.
+    Fatal(String),
+    /// The process started but did not become ready (it may have lacked memory): the
+    /// scheduler's failure policy may evict and retry once.
+    NotReady(String),
+}
+
+impl StartFailure {
+    pub fn message(&self) -> &str {
+        match self {
+            StartFailure::Fatal(m) | StartFailure::NotReady(m) => m,
+        }
+    }
+}
+
+/// What a start needs once everything before the spawn is decided and found.
+pub struct Prepared {
+    pub spec: SpawnSpec,
+    /// The prompt cache of this load, when it keeps one.
+    pub cache: Option<Attached>,
+}
+
+/// How a running backend answered a probe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    Ok,
+    /// No answer, or an error status.
+    Unhealthy,
+    /// One of its RPC workers is gone: (worker, why).
+    WorkerGone(String, String),
+}
+
+/// A running backend process.
+pub trait Process: Send + Sync + 'static {
+    /// `http://127.0.0.1:<port>` (for a remote engine: where it is).
+    fn base_url(&self) -> String;
+    /// The port, once known (0 before).
+    fn port(&self) -> u16;
+    /// The URL that answers 200 while it is healthy.
+    fn health_url(&self) -> String;
+    /// The exit status, once the process has ended.
+    fn exit_status(&self) -> Option<ExitInfo>;
+    /// Resolves when the process has ended.
+    fn wait_exit(&self) -> BoxFuture<'_, ExitInfo>;
+    /// Resolves (bounded) once everything the process wrote has been read.
+    fn output_drained(&self) -> BoxFuture<'_, ()>;
+    /// Its last log lines, oldest first.
+    fn log_tail(&self) -> String;
+    /// Resolves once it serves, or says why it never will.
+    fn ready(&self) -> BoxFuture<'_, Result<(), String>>;
+    /// Stops it (SIGTERM, SIGKILL after `grace`); resolves once it is gone.
+    fn stop(&self, grace: Duration) -> BoxFuture<'_, ()>;
+}
+
+/// Starts backends and probes them.
+pub trait Launcher: Send + Sync + 'static {
+    /// Everything a start does before a process exists: files, port, command line, RPC
+    /// workers, the binary (which may install it: minutes). Dropping the future abandons it
+    /// (an install it began runs on in its own task).
+    fn prepare<'a>(
+        &'a self,
+        info: &'a ModelInfo,
+        options: &'a RecipeOptions,
+    ) -> BoxFuture<'a, Result<Prepared, StartFailure>>;
+    /// Starts the process and returns at once; [`Process::ready`] waits for it.
+    fn spawn(&self, name: &str, spec: SpawnSpec) -> Result<Arc<dyn Process>, StartFailure>;
+    /// One health probe of a running backend, answered within `within`.
+    fn probe<'a>(
+        &'a self,
+        process: &'a dyn Process,
+        options: &'a RecipeOptions,
+        within: Duration,
+    ) -> BoxFuture<'a, Health>;
+}
+
+/// How long a worker has to accept a connection at load time.
+const WORKER_CONNECT: Duration = Duration::from_secs(3);
+
+/// The launcher of real processes, over `host`.
+pub struct RealLauncher {
+    cfg: Arc<Config>,
+    http: reqwest::Client,
+    locks: Arc<Locks>,
+    prompt_cache: host::prompt_cache::Store,
+    /// `text` without this machine's paths.
+    redact: Arc<dyn Fn(&str) -> String + Send + Sync>,
+}
+
+impl RealLauncher {
+    pub fn new(
+        cfg: Arc<Config>,
+        http: reqwest::Client,
+        locks: Arc<Locks>,
+        prompt_cache: host::prompt_cache::Store,
+    ) -> RealLauncher {
+        let c = cfg.clone();
+        let redact = Arc::new(move |t: &str| c.redact(t, std::env::var("HOME").ok().as_deref()));
+        RealLauncher { cfg, http, locks, prompt_cache, redact }
+    }
+
+    /// The backend's executable; a missing one is installed first when this platform has a
+    /// release for it (v9's auto-install on first load).
+    async fn backend_binary(&self, recipe: Recipe, backend: &str) -> Result<PathBuf, String> {
+        let (dir, exe) = recipe.dir_and_exe();
+        let resolve = || binary::resolve_from_env(&self.cfg.cache_dir, dir, backend, exe);
+        if let Some(r) = resolve() {
+            return Ok(r.path);
+        }
+        // Its own task: a cancelled load stops waiting for the install, not the install.
+        let (cfg, locks, b) = (self.cfg.clone(), self.locks.clone(), backend.to_string());
+        let install =
+            tokio::spawn(async move { crate::installs::auto_install(&cfg, &locks, recipe.as_str(), &b).await });
+        let installed = install.await.map_err(|e| format!("the install task failed: {e}"))?;
+        if installed.map_err(|e| e.to_string())? {
+            if let Some(r) = resolve() {
+                return Ok(r.path);
+            }
+        }
+        Err(if backend == "system" {
+            format!("The 'system' backend uses {exe} from PATH, and there is none on PATH")
+        } else {
+            format!(
+                "{exe} for the '{backend}' backend is not installed and cannot be installed automatically here: set {}, or install it under {}{}",
+                binary::override_var(dir, backend),
+                binary::managed_dir(&self.cfg.cache_dir, dir, backend).display(),
+                if matches!(dir, "llamacpp" | "whispercpp") { " (a CPU build is provisioned by `cargo xtask setup`)" } else { "" }
+            )
+        })
+    }
+
+    async fn prepare_now(&self, info: &ModelInfo, options: &RecipeOptions) -> Result<Prepared, StartFailure> {
+        let fatal = |message: String| StartFailure::Fatal((self.redact)(&message));
+        let name = info.name.as_str();
+        let main = info
+            .main_path
+            .clone()
+            .filter(|p| p.exists())
+            .ok_or_else(|| fatal(format!("Model file not found for checkpoint: {}", info.checkpoint)))?;
+        let port = match info.recipe.needs_port() {
+            true => Some(host::supervisor::free_port().map_err(|e| fatal(format!("no free port: {e}")))?),
+            false => None,
+        };
+        let hardware = host::hardware::hardware();
+        let input = LaunchInput {
+            name,
+            main_path: &main,
+            mmproj_path: info.mmproj_path.as_deref(),
+            model_type: info.model_type,
+            options,
+            hardware: &hardware,
+            port,
+        };
+        let mut launch = backends::launch(info.recipe, &input).map_err(|e| fatal(e.to_string()))?;
+        let workers = backends::rpc::workers(options);
+        check_workers(name, &workers).await.map_err(fatal)?;
+        // A slot's KV state on RPC workers is not saved: the prompt cache stays off.
+        let cache = (info.recipe == Recipe::LlamaCpp && workers.is_empty())
+            .then(|| {
+                let (store, limit) = (&self.prompt_cache, self.cfg.prompt_cache_size);
+                let mmproj = info.mmproj_path.is_some();
+                crate::prompt_cache::attach(store, limit, name, info.model_type, mmproj, &main, &mut launch.args)
+            })
+            .flatten();
+        let backend_name = backends::backend_of(info.recipe, options);
+        let program = self.backend_binary(info.recipe, &backend_name).await.map_err(fatal)?;
+        Ok(Prepared { spec: SpawnSpec::new(name, program, launch, self.cfg.ready_timeout), cache })
+    }
+}
+
+impl Launcher for RealLauncher {
+    fn prepare<'a>(
+        &'a self,
+        info: &'a ModelInfo,
+        options: &'a RecipeOptions,
+    ) -> BoxFuture<'a, Result<Prepared, StartFailure>> {
+        Box::pin(self.prepare_now(info, options))
+    }
+
+    fn spawn(&self, _name: &str, spec: SpawnSpec) -> Result<Arc<dyn Process>, StartFailure> {
+        let backend = Backend::spawn(spec).map_err(|e| StartFailure::Fatal((self.redact)(&e.to_string())))?;
+        Ok(Arc::new(RealProcess { backend, http: self.http.clone() }))
+    }
+
+    fn probe<'a>(
+        &'a self,
+        process: &'a dyn Process,
+        options: &'a RecipeOptions,
+        within: Duration,
+    ) -> BoxFuture<'a, Health> {
+        Box::pin(async move {
+            if let Some((w, why)) = lost_worker(options, within.min(Duration::from_secs(1))).await {
+                return Health::WorkerGone(w, why);
+            }
+            match self.http.get(process.health_url()).timeout(within).send().await {
+                Ok(resp) if resp.status().is_success() => Health::Ok,
+                _ => Health::Unhealthy,
+            }
+        })
+    }
+}
+
+/// A real backend process (host's supervisor) with the client that probes it.
+pub struct RealProcess {
+    backend: Backend,
+    http: reqwest::Client,
+}
+
+impl Process for RealProcess {
+    fn base_url(&self) -> String {
+        self.backend.base_url()
+    }
+    fn port(&self) -> u16 {
+        self.backend.port()
+    }
+    fn health_url(&self) -> String {
+        self.backend.health_url()
+    }
+    fn exit_status(&self) -> Option<ExitInfo> {
+        self.backend.exit_status()
+    }
+    fn wait_exit(&self) -> BoxFuture<'_, ExitInfo> {
+        Box::pin(self.backend.wait_exit())
+    }
+    fn output_drained(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.backend.output_drained())
+    }
+    fn log_tail(&self) -> String {
+        self.backend.log_tail()
+    }
+    fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move { self.backend.ready(&self.http).await.map_err(|e| e.to_string()) })
+    }
+    fn stop(&self, grace: Duration) -> BoxFuture<'_, ()> {
+        Box::pin(self.backend.stop(grace))
+    }
+}
+
+/// Fails a load whose RPC workers cannot be reached, naming the first such; warns of workers
+/// outside loopback and private networks (rpc-server has no authentication).
+async fn check_workers(model: &str, workers: &[String]) -> Result<(), String> {
+    for w in workers {
+        if !backends::rpc::is_private(w) {
+            tracing::warn!(model, worker = %w, "RPC worker is not on loopback or a private network: rpc-server has no authentication; anyone who reaches it can use its machine");
+        }
+        match host::net::probe(w, WORKER_CONNECT).await {
+            host::net::Worker::Up => {}
+            host::net::Worker::Gone(e) => {
+                return Err(format!(
+                    "RPC worker {w} is unreachable ({e}); start rpc-server there or remove it from rpc_servers"
+                ))
+            }
+            host::net::Worker::Silent => {
+                return Err(format!("RPC worker {w} did not accept a connection within {} s", WORKER_CONNECT.as_secs()))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The first of the model's RPC workers that is gone (nothing listens, or its host is
+/// unreachable), and why. A worker that is merely slow to accept is not gone: rpc-server
+/// serves one client at a time, and llama-server is that client.
+async fn lost_worker(options: &RecipeOptions, within: Duration) -> Option<(String, String)> {
+    for w in backends::rpc::workers(options) {
+        if let host::net::Worker::Gone(e) = host::net::probe(&w, within).await {
+            return Some((w, e));
+        }
+    }
+    None
+}

@@ -1,0 +1,165 @@
+//! lemonade's application layer: the one object between HTTP and everything below (as TGI's
+//! `Infer`, ollama's `Scheduler`, rust-analyzer's `Analysis`). It owns the catalogue and the
+//! model lifecycle and composes the pure crates (registry, scheduler, backends) with `host`.
+//! No axum, no HTTP types, no HTTP errors: the server turns [`EngineError`] into HTTP once.
+//!
+//! * [`catalogue`]: the sole owner of the registry; registrations, saved options and rescans,
+//!   one at a time.
+//! * [`lifecycle`]: the owner task over the scheduler's state machine, leases, the views.
+//! * [`launcher`]: the seam to processes ([`launcher::RealLauncher`] over host; [`fake`] in
+//!   memory, for in-process tests).
+//! * [`pulls`]: downloads with typed [`pulls::PullEvent`]s, leases that pull first, preloads.
+//! * [`installs`], [`remote`], [`prompt_cache`], [`settings`], [`metrics`], [`config`].
+
+pub mod catalogue;
+pub mod config;
+pub mod error;
+pub mod fake;
+pub mod installs;
+pub mod launcher;
+pub mod lifecycle;
+pub mod locks;
+pub mod metrics;
+pub mod prompt_cache;
+pub mod pulls;
+pub mod remote;
+pub mod settings;
+#[cfg(test)]
+pub(crate) mod testing;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use host::catalogue::CatalogueConfig;
+
+pub use catalogue::Catalogue;
+pub use config::Config;
+pub use error::{EngineError, Result};
+pub use launcher::{Launcher, RealLauncher};
+pub use lifecycle::{Lease, Lifecycle, ModelView, Running, SchedulerView, Target};
+pub use metrics::Metrics;
+pub use remote::Remotes;
+
+/// The application. Cheap to clone: every part is shared.
+#[derive(Clone)]
+pub struct Engine {
+    pub cfg: Arc<Config>,
+    pub catalogue: Arc<Catalogue>,
+    pub lifecycle: Arc<Lifecycle>,
+    /// Remote OpenAI-compatible providers (recipe `cloud`).
+    pub remotes: Arc<Remotes>,
+    /// The prompt cache's files (`<cache>/prompt-cache`).
+    pub prompt_cache: host::prompt_cache::Store,
+    /// lemonade's own Prometheus metrics.
+    pub metrics: Arc<Metrics>,
+    /// One download per repository, one install per backend at a time.
+    pub locks: Arc<locks::Locks>,
+}
+
+/// Where the catalogue is read from, for `cfg`.
+pub fn catalogue_config(cfg: &Config) -> CatalogueConfig {
+    CatalogueConfig {
+        cache_dir: cfg.cache_dir.clone(),
+        hf_cache: cfg.hf_cache.clone(),
+        extra_models_dir: cfg.extra_models_dir.clone(),
+        physical_memory_gb: host::hardware::physical_memory_gb(),
+        disable_filtering: cfg.disable_filtering,
+    }
+}
+
+/// The client lemonade talks to its own backends with.
+fn backend_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .tcp_nodelay(true)
+        // llama-server (cpp-httplib) closes idle keep-alive connections after 5 s; reusing
+        // one as it closes fails the request, so idle connections are dropped first.
+        .pool_idle_timeout(Duration::from_secs(3))
+        .connect_timeout(Duration::from_secs(5))
+        .no_proxy()
+        .build()
+        .expect("reqwest client")
+}
+
+impl Engine {
+    /// The engine with real processes: the catalogue read from disk, leftovers of killed
+    /// writes and installs removed, `--preload` models on their way. Needs a tokio runtime.
+    pub fn start(cfg: Config) -> Result<Engine> {
+        // Hardware is detected once, here, so no load waits for it.
+        let hw = host::hardware::detected();
+        tracing::debug!(igpu = ?hw.hw.amd_igpu, nvidia = hw.hw.nvidia_gpus, "hardware detected");
+        let catalogue = Catalogue::load(catalogue_config(&cfg))?;
+        for name in &cfg.preload {
+            catalogue.get(name).map_err(|e| EngineError::invalid(format!("--preload {name}: {e}"), None))?;
+        }
+        host::install::clean_staging(&cfg.cache_dir);
+        let temps = host::files::clean_leftover_temps(&cfg.cache_dir);
+        if temps > 0 {
+            tracing::info!(count = temps, "removed temp files left by a killed write");
+        }
+        let cfg = Arc::new(cfg);
+        let locks = Arc::new(locks::Locks::default());
+        let prompt_cache = host::prompt_cache::Store::open(&cfg.cache_dir.join("prompt-cache"));
+        let launcher = RealLauncher::new(cfg.clone(), backend_client(), locks.clone(), prompt_cache.clone());
+        let engine = Engine::with_launcher(cfg, Arc::new(catalogue), Arc::new(launcher), locks, prompt_cache);
+        pulls::preload(&engine);
+        Ok(engine)
+    }
+
+    /// The engine over `catalogue`, starting backends with `launcher` (tests pass
+    /// [`fake::FakeLauncher`]). Remote providers are read from the cache dir and refreshed.
+    pub fn with_launcher(
+        cfg: Arc<Config>,
+        catalogue: Arc<Catalogue>,
+        launcher: Arc<dyn Launcher>,
+        locks: Arc<locks::Locks>,
+        prompt_cache: host::prompt_cache::Store,
+    ) -> Engine {
+        let metrics = Arc::new(Metrics::new());
+        let remotes = Arc::new(Remotes::new(cfg.cache_dir.clone(), cfg.remote_timeout));
+        match cfg.remote_refresh {
+            Some(every) => remote::refresh_every(Arc::downgrade(&remotes), every),
+            None => {
+                let r = remotes.clone();
+                tokio::spawn(async move { r.refresh().await });
+            }
+        }
+        let lifecycle = Lifecycle::new(
+            cfg.clone(),
+            catalogue.clone(),
+            launcher,
+            backend_client(),
+            metrics.clone(),
+            prompt_cache.clone(),
+        );
+        Engine { cfg, catalogue, lifecycle, remotes, prompt_cache, metrics, locks }
+    }
+
+    /// `text` without this machine's paths (see [`Config::redact`]).
+    pub fn redact(&self, text: &str) -> String {
+        self.cfg.redact(text, std::env::var("HOME").ok().as_deref())
+    }
+
+    /// lemonade's Prometheus exposition, its gauges from the state as last published.
+    pub fn metrics_text(&self) -> String {
+        self.metrics.encode(&self.lifecycle.metrics_snapshot())
+    }
+
+    /// What the prompt cache holds, and its bound.
+    pub fn prompt_cache_usage(&self) -> api_types::PromptCacheUsage {
+        let (files, bytes) = self.prompt_cache.total();
+        api_types::PromptCacheUsage { files, bytes, limit: self.cfg.prompt_cache_size }
+    }
+
+    /// Empties the prompt cache: (files, bytes) removed.
+    pub async fn clear_prompt_cache(&self) -> (u64, u64) {
+        let store = self.prompt_cache.clone();
+        let (files, bytes) = tokio::task::spawn_blocking(move || store.clear()).await.unwrap_or_default();
+        tracing::info!(files, bytes, "prompt cache emptied");
+        (files, bytes)
+    }
+
+    /// Stops every backend at once (server shutdown); see [`Lifecycle::shutdown`].
+    pub async fn shutdown(&self) {
+        self.lifecycle.shutdown().await
+    }
+}

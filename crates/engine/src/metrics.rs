@@ -1,0 +1,381 @@
+//! lemonade's own Prometheus metrics, served at `GET /metrics` in the OpenMetrics text format
+//! (through `prometheus-client`, not hand-written text).
+//!
+//! Counters and histograms are recorded where the event happens (the server's HTTP layer, the
+//! proxy, the runtime's starts and exits, the pulls). Gauges of the current state (models
+//! loaded, queue depth) are set from a [`Snapshot`] at each scrape, so they cannot drift.
+//! Every label value is bounded: endpoints are route templates, methods the standard ones, and
+//! model names only those of the registry (a request for an unknown model records none).
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use api_types::ModelType;
+use dialects::Counts;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+/// The content type of the exposition.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    endpoint: String,
+    method: &'static str,
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelLabel {
+    model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TypeLabel {
+    r#type: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabel {
+    pool: &'static str,
+}
+
+type Histograms = Family<ModelLabel, Histogram, fn() -> Histogram>;
+
+fn seconds_to_first_token() -> Histogram {
+    Histogram::new([0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0])
+}
+
+fn tokens_per_second() -> Histogram {
+    Histogram::new([1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0])
+}
+
+fn load_seconds() -> Histogram {
+    Histogram::new([0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0])
+}
+
+/// The state gauges show, taken at a scrape.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// The type of each loaded model.
+    pub loaded: Vec<ModelType>,
+    /// Every known model: (name, requests waiting, requests running).
+    pub models: Vec<(String, u64, u64)>,
+    /// Bytes counted against the memory and VRAM budgets, and the budgets (None: none).
+    pub in_use: [u64; 2],
+    pub budgets: [Option<u64>; 2],
+    /// Bytes the prompt cache holds.
+    pub prompt_cache_bytes: u64,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    model_requests: Family<ModelLabel, Counter>,
+    prompt_tokens: Family<ModelLabel, Counter>,
+    generated_tokens: Family<ModelLabel, Counter>,
+    ttft: Histograms,
+    decode_rate: Histograms,
+    load_time: Histograms,
+    loaded: Family<TypeLabel, Gauge>,
+    queue_depth: Family<ModelLabel, Gauge>,
+    in_flight: Family<ModelLabel, Gauge>,
+    memory_in_use: Family<PoolLabel, Gauge>,
+    memory_budget: Family<PoolLabel, Gauge>,
+    crashes: Family<ModelLabel, Counter>,
+    restarts: Family<ModelLabel, Counter>,
+    pull_bytes: Family<ModelLabel, Counter>,
+    cache_saves: Family<ModelLabel, Counter>,
+    cache_restores: Family<ModelLabel, Counter>,
+    cache_restored_tokens: Family<ModelLabel, Counter>,
+    cache_discarded: Family<ModelLabel, Counter>,
+    cache_bytes: Gauge,
+    /// Models whose backend died and has not started again yet.
+    crashed: Mutex<HashSet<String>>,
+    /// One scrape at a time sets the gauges and encodes.
+    scrape: Mutex<()>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut m = Metrics {
+            registry: Registry::with_prefix("lemonade"),
+            requests: Family::default(),
+            model_requests: Family::default(),
+            prompt_tokens: Family::default(),
+            generated_tokens: Family::default(),
+            ttft: Family::new_with_constructor(seconds_to_first_token),
+            decode_rate: Family::new_with_constructor(tokens_per_second),
+            load_time: Family::new_with_constructor(load_seconds),
+            loaded: Family::default(),
+            queue_depth: Family::default(),
+            in_flight: Family::default(),
+            memory_in_use: Family::default(),
+            memory_budget: Family::default(),
+            crashes: Family::default(),
+            restarts: Family::default(),
+            pull_bytes: Family::default(),
+            cache_saves: Family::default(),
+            cache_restores: Family::default(),
+            cache_restored_tokens: Family::default(),
+            cache_discarded: Family::default(),
+            cache_bytes: Gauge::default(),
+            crashed: Mutex::new(HashSet::new()),
+            scrape: Mutex::new(()),
+        };
+        let r = &mut m.registry;
+        r.register(
+            "http_requests",
+            "HTTP requests answered, by route template (endpoint), method and status",
+            m.requests.clone(),
+        );
+        r.register("model_requests", "Requests granted a model (served or streaming)", m.model_requests.clone());
+        r.register("prompt_tokens", "Prompt tokens, cached ones included", m.prompt_tokens.clone());
+        r.register("generated_tokens", "Generated tokens", m.generated_tokens.clone());
+        r.register_with_unit(
+            "time_to_first_token",
+            "From asking for the model to the first streamed byte (a whole answer: the wait for the model \
+             plus the backend's prompt time)",
+            Unit::Seconds,
+            m.ttft.clone(),
+        );
+        r.register("decode_rate_tokens_per_second", "Decode rate the backend reports", m.decode_rate.clone());
+        r.register_with_unit("model_load", "Backend start until it answers health", Unit::Seconds, m.load_time.clone());
+        r.register("models_loaded", "Loaded models by type", m.loaded.clone());
+        r.register("queue_depth", "Requests waiting for a model", m.queue_depth.clone());
+        r.register("requests_in_flight", "Requests a model is serving", m.in_flight.clone());
+        r.register_with_unit(
+            "memory_in_use",
+            "Estimated bytes of the loaded models, by pool (memory, vram)",
+            Unit::Bytes,
+            m.memory_in_use.clone(),
+        );
+        r.register_with_unit(
+            "memory_budget",
+            "The budget of each pool (absent: none)",
+            Unit::Bytes,
+            m.memory_budget.clone(),
+        );
+        r.register(
+            "backend_crashes",
+            "Backends that exited on their own or were killed by the watchdog",
+            m.crashes.clone(),
+        );
+        r.register("backend_restarts", "Backends started again after a crash", m.restarts.clone());
+        r.register_with_unit("pull", "Bytes received by model downloads", Unit::Bytes, m.pull_bytes.clone());
+        for (name, help, family) in [
+            ("prompt_cache_saves", "Slots whose KV state was saved before their backend stopped", &m.cache_saves),
+            (
+                "prompt_cache_restores",
+                "Saved prompts restored into a backend for a request that continues them",
+                &m.cache_restores,
+            ),
+            (
+                "prompt_cache_restored_tokens",
+                "Tokens of the restored prompts: prefill the backend did not have to do again",
+                &m.cache_restored_tokens,
+            ),
+            (
+                "prompt_cache_discarded",
+                "Saved prompts discarded: corrupt, truncated or refused by the backend",
+                &m.cache_discarded,
+            ),
+        ] {
+            r.register(name, help, family.clone());
+        }
+        r.register_with_unit(
+            "prompt_cache",
+            "Bytes the prompt cache holds on disk",
+            Unit::Bytes,
+            m.cache_bytes.clone(),
+        );
+        m
+    }
+
+    /// A slot of `model` was saved.
+    pub fn cache_saved(&self, model: &str) {
+        self.cache_saves.get_or_create(&label(model)).inc();
+    }
+
+    /// A saved prompt of `tokens` tokens was restored into `model`'s backend.
+    pub fn cache_restored(&self, model: &str, tokens: u64) {
+        self.cache_restores.get_or_create(&label(model)).inc();
+        self.cache_restored_tokens.get_or_create(&label(model)).inc_by(tokens);
+    }
+
+    /// A saved prompt of `model` was discarded.
+    pub fn cache_discarded(&self, model: &str) {
+        self.cache_discarded.get_or_create(&label(model)).inc();
+    }
+
+    /// One answered HTTP request; `endpoint` is the route template (None: no route matched),
+    /// `method` a standard method's name (anything else counts as `other`).
+    pub fn request(&self, endpoint: Option<&str>, method: &str, status: u16) {
+        const METHODS: [&str; 7] = ["GET", "POST", "DELETE", "PUT", "HEAD", "OPTIONS", "PATCH"];
+        let method = METHODS.into_iter().find(|m| *m == method).unwrap_or("other");
+        let labels = RequestLabels { endpoint: endpoint.unwrap_or("unmatched").to_string(), method, status };
+        self.requests.get_or_create(&labels).inc();
+    }
+
+    /// A request was granted `model`.
+    pub fn granted(&self, model: &str) {
+        self.model_requests.get_or_create(&label(model)).inc();
+    }
+
+    /// A stream's first byte, `since` the request asked for the model.
+    pub fn first_token(&self, model: &str, since: Duration) {
+        self.ttft.get_or_create(&label(model)).observe(since.as_secs_f64());
+    }
+
+    /// A finished request's usage; `waited` is set for a whole answer (its time to first token
+    /// is the wait plus the backend's prompt time).
+    pub fn usage(&self, model: &str, c: &Counts, waited: Option<Duration>) {
+        let l = label(model);
+        if let Some(n) = c.prompt_tokens {
+            self.prompt_tokens.get_or_create(&l).inc_by(n);
+        }
+        if let Some(n) = c.completion_tokens {
+            self.generated_tokens.get_or_create(&l).inc_by(n);
+        }
+        if let (Some(w), Some(ms)) = (waited, c.prompt_ms) {
+            self.ttft.get_or_create(&l).observe(w.as_secs_f64() + ms / 1000.0);
+        }
+        if let Some(tps) = c.tokens_per_second().filter(|t| t.is_finite() && *t > 0.0) {
+            self.decode_rate.get_or_create(&l).observe(tps);
+        }
+    }
+
+    /// A backend started and answered health after `took`.
+    pub fn loaded(&self, model: &str, took: Duration) {
+        self.load_time.get_or_create(&label(model)).observe(took.as_secs_f64());
+        if self.crashed.lock().unwrap_or_else(|e| e.into_inner()).remove(model) {
+            self.restarts.get_or_create(&label(model)).inc();
+        }
+    }
+
+    /// A backend exited on its own (or the watchdog killed it).
+    pub fn crashed(&self, model: &str) {
+        self.crashes.get_or_create(&label(model)).inc();
+        self.crashed.lock().unwrap_or_else(|e| e.into_inner()).insert(model.to_string());
+    }
+
+    /// A counter of the bytes a download of `model` receives.
+    pub fn pull_counter(&self, model: &str) -> Counter {
+        self.pull_bytes.get_or_create(&label(model)).clone()
+    }
+
+    /// The exposition, with the gauges set from `s`.
+    pub fn encode(&self, s: &Snapshot) -> String {
+        let _one = self.scrape.lock().unwrap_or_else(|e| e.into_inner());
+        // Every type, so one with no loaded model shows 0 rather than nothing.
+        for t in ModelType::ALL {
+            let n = s.loaded.iter().filter(|l| **l == t).count();
+            self.loaded.get_or_create(&TypeLabel { r#type: t.as_str() }).set(n as i64);
+        }
+        self.queue_depth.clear();
+        self.in_flight.clear();
+        for (name, queued, running) in &s.models {
+            self.queue_depth.get_or_create(&label(name)).set(*queued as i64);
+            self.in_flight.get_or_create(&label(name)).set(*running as i64);
+        }
+        self.memory_budget.clear();
+        for (i, pool) in ["memory", "vram"].into_iter().enumerate() {
+            let p = PoolLabel { pool };
+            self.memory_in_use.get_or_create(&p).set(gauge(s.in_use[i]));
+            if let Some(b) = s.budgets[i] {
+                self.memory_budget.get_or_create(&p).set(gauge(b));
+            }
+        }
+        self.cache_bytes.set(gauge(s.prompt_cache_bytes));
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+fn label(model: &str) -> ModelLabel {
+    ModelLabel { model: model.to_string() }
+}
+
+fn gauge(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exposition_counts_what_was_recorded_and_shows_the_snapshot() {
+        let m = Metrics::new();
+        m.request(Some("/v1/chat/completions"), "POST", 200);
+        m.request(Some("/v1/chat/completions"), "POST", 200);
+        m.request(None, "BREW", 404);
+        let c = Counts {
+            prompt_tokens: Some(30),
+            completion_tokens: Some(12),
+            prompt_ms: Some(20.0),
+            predicted_ms: Some(150.0), // 80 tokens/s
+        };
+        m.usage("a", &c, Some(Duration::from_millis(5)));
+        m.usage("a", &Counts { predicted_ms: Some(0.0), ..c }, None);
+        m.crashed("a");
+        m.loaded("a", Duration::from_millis(700));
+        m.loaded("a", Duration::from_millis(300));
+        m.pull_counter("a").inc_by(1000);
+        let s = Snapshot {
+            loaded: vec![ModelType::Llm, ModelType::Llm, ModelType::Embedding],
+            models: vec![("a".into(), 3, 1)],
+            in_use: [1 << 30, 0],
+            budgets: [Some(2 << 30), None],
+            prompt_cache_bytes: 5000,
+        };
+        m.cache_saved("a");
+        m.cache_restored("a", 700);
+        let text = m.encode(&s);
+        for line in [
+            r#"lemonade_http_requests_total{endpoint="/v1/chat/completions",method="POST",status="200"} 2"#,
+            r#"lemonade_http_requests_total{endpoint="unmatched",method="other",status="404"} 1"#,
+            r#"lemonade_prompt_tokens_total{model="a"} 60"#,
+            r#"lemonade_prompt_cache_saves_total{model="a"} 1"#,
+            r#"lemonade_prompt_cache_restores_total{model="a"} 1"#,
+            r#"lemonade_prompt_cache_restored_tokens_total{model="a"} 700"#,
+            r#"lemonade_prompt_cache_bytes 5000"#,
+            r#"lemonade_generated_tokens_total{model="a"} 24"#,
+            r#"lemonade_time_to_first_token_seconds_count{model="a"} 1"#,
+            r#"lemonade_time_to_first_token_seconds_sum{model="a"} 0.025"#,
+            r#"lemonade_decode_rate_tokens_per_second_count{model="a"} 1"#,
+            r#"lemonade_model_load_seconds_count{model="a"} 2"#,
+            r#"lemonade_backend_crashes_total{model="a"} 1"#,
+            r#"lemonade_backend_restarts_total{model="a"} 1"#,
+            r#"lemonade_pull_bytes_total{model="a"} 1000"#,
+            r#"lemonade_models_loaded{type="llm"} 2"#,
+            r#"lemonade_models_loaded{type="tts"} 0"#,
+            r#"lemonade_queue_depth{model="a"} 3"#,
+            r#"lemonade_requests_in_flight{model="a"} 1"#,
+            r#"lemonade_memory_in_use_bytes{pool="memory"} 1073741824"#,
+            r#"lemonade_memory_budget_bytes{pool="memory"} 2147483648"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing from:\n{text}");
+        }
+        assert!(!text.contains(r#"memory_budget_bytes{pool="vram"}"#), "no VRAM budget, no sample");
+        assert!(text.ends_with("# EOF\n"));
+        // Gauges follow the state: a model gone from the snapshot is gone from the exposition.
+        let text = m.encode(&Snapshot::default());
+        assert!(!text.contains(r#"lemonade_queue_depth{model="a"}"#), "{text}");
+        assert!(text.contains(r#"lemonade_models_loaded{type="llm"} 0"#));
+    }
+}
