@@ -51,6 +51,8 @@ pub struct Config {
     pub remote_timeout: Duration,
     /// How often remote providers' model lists are refreshed (None: only on demand).
     pub remote_refresh: Option<Duration>,
+    /// The Hugging Face endpoint to pull from (None: `HF_ENDPOINT`, else huggingface.co).
+    pub hub_endpoint: Option<String>,
 }
 
 impl Config {
@@ -104,6 +106,7 @@ impl Config {
             prompt_cache_size: 4 << 30,
             remote_timeout: Duration::from_secs(300),
             remote_refresh: Some(Duration::from_secs(60)),
+            hub_endpoint: None,
         }
     }
 }

@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use registry::ModelInfo;
 use tokio::sync::watch;
 
+use crate::catalogue::Catalogue;
 use crate::launcher::{Health, Launcher, Prepared, Process, StartFailure};
 
 /// The fake launcher and its knobs (by model name).
@@ -31,8 +32,8 @@ struct Knobs {
     held: HashMap<String, watch::Sender<bool>>,
     /// The next start of these models fails before the process exists.
     fail_prepare: HashMap<String, String>,
-    /// The next start of these models spawns a process that exits before it is ready.
-    fail_ready: HashMap<String, String>,
+    /// The next starts of these models (how many) spawn a process that exits before it is ready.
+    fail_ready: HashMap<String, (String, usize)>,
     /// Models whose processes answer no health probe.
     unhealthy: HashSet<String>,
     /// Every process spawned, in order.
@@ -65,9 +66,9 @@ impl FakeLauncher {
         self.state.lock().fail_prepare.insert(model.to_string(), message.to_string());
     }
 
-    /// The next start of `model` spawns a process that exits before it is ready.
-    pub fn fail_ready(&self, model: &str, message: &str) {
-        self.state.lock().fail_ready.insert(model.to_string(), message.to_string());
+    /// The next `times` starts of `model` spawn a process that exits before it is ready.
+    pub fn fail_ready(&self, model: &str, message: &str, times: usize) {
+        self.state.lock().fail_ready.insert(model.to_string(), (message.to_string(), times));
     }
 
     /// Health probes of `model`'s processes fail (true) or pass (false).
@@ -158,7 +159,7 @@ impl Launcher for FakeLauncher {
                 name: name.to_string(),
                 exit: watch::channel(None).0,
                 gate,
-                fail_ready: s.fail_ready.remove(name),
+                fail_ready: take_one(&mut s.fail_ready, name),
                 changed: self.changed.clone(),
             });
             s.spawned.push((name.to_string(), p.clone()));
@@ -192,6 +193,17 @@ pub struct FakeProcess {
     gate: Option<watch::Receiver<bool>>,
     fail_ready: Option<String>,
     changed: Arc<watch::Sender<u64>>,
+}
+
+/// One of the failures counted for `name`, if any are left.
+fn take_one(counts: &mut HashMap<String, (String, usize)>, name: &str) -> Option<String> {
+    let (message, left) = counts.get_mut(name)?;
+    let m = message.clone();
+    *left -= 1;
+    if *left == 0 {
+        counts.remove(name);
+    }
+    Some(m)
 }
 
 fn bump(changed: &watch::Sender<u64>) {
@@ -270,5 +282,45 @@ impl Process for FakeProcess {
     fn stop(&self, _grace: Duration) -> BoxFuture<'_, ()> {
         self.exit_with(ExitInfo { code: None, signal: Some(15) });
         Box::pin(async {})
+    }
+}
+
+/// A catalogue of downloaded extra models, `extra.<name>` for each of `names` (no file
+/// behind them: the fake launcher needs none).
+pub fn catalogue(names: &[&str]) -> Catalogue {
+    let dir = std::path::PathBuf::from("/fake-models");
+    let found: Vec<registry::ExtraFile> =
+        names.iter().map(|n| registry::ExtraFile { path: dir.join(n), bytes: 1 << 20 }).collect();
+    let cfg = host::catalogue::CatalogueConfig {
+        cache_dir: "/nonexistent/lemonade".into(),
+        hf_cache: "/nonexistent/hub".into(),
+        extra_models_dir: Some(dir.clone()),
+        physical_memory_gb: None,
+        disable_filtering: true,
+    };
+    let scan = move |_: &host::catalogue::CatalogueConfig| {
+        let user = registry::UserFiles { extra_files: found.clone(), ..Default::default() };
+        let rc = registry::RegistryConfig {
+            extra_models_dir: Some(dir.clone()),
+            disable_filtering: true,
+            ..Default::default()
+        };
+        Ok(registry::Registry::build(&rc, user, &AllThere)?)
+    };
+    Catalogue::with_scanner(cfg, Box::new(scan)).expect("the fake catalogue builds")
+}
+
+/// A cache in which every file is complete (and has no GGUF header to read).
+struct AllThere;
+
+impl registry::ModelFiles for AllThere {
+    fn snapshots(&self, _repo: &str) -> Vec<registry::Snapshot> {
+        Vec::new()
+    }
+    fn is_complete(&self, _file: &std::path::Path) -> bool {
+        true
+    }
+    fn gguf_meta(&self, _file: &std::path::Path) -> Option<registry::gguf::GgufMeta> {
+        None
     }
 }

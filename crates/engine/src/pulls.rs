@@ -57,8 +57,11 @@ pub fn progress_reporter(
     }
 }
 
-fn hub() -> Hub {
-    Hub::from_env()
+fn hub(rt: &Engine) -> Hub {
+    match &rt.cfg.hub_endpoint {
+        Some(e) => Hub::new(e, std::env::var("HF_TOKEN").ok()),
+        None => Hub::from_env(),
+    }
 }
 
 /// Validates the request and registers a new `user.*` model; returns the model to download.
@@ -192,7 +195,7 @@ pub async fn ensure_downloaded(rt: &Engine, m: &ModelInfo) -> Result<ModelInfo> 
 /// Returns how many files the model has.
 pub async fn download(rt: &Engine, m: &ModelInfo, events: Option<&mpsc::Sender<PullEvent>>) -> Result<usize> {
     let received = rt.metrics.pull_counter(&m.name);
-    let hub = hub().on_received(move |n| {
+    let hub = hub(rt).on_received(move |n| {
         received.inc_by(n);
     });
     let main = Checkpoint::parse(&m.checkpoint);
