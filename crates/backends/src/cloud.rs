@@ -138,9 +138,65 @@ pub fn rewrite_model(body: &[u8], id: &str) -> Option<Vec<u8>> {
     serde_json::to_vec(&v).ok()
 }
 
+/// `json` (an upstream's whole answer, or one line of its stream) with every
+/// `"model": "<upstream>"` naming `requested` instead, so a client reads back the id it asked
+/// for (`<provider>.<id>`), as local models answer with theirs. The bytes are edited where that
+/// exact key and value stand, nothing else changes (a JSON string cannot hold the pattern
+/// unescaped, so text inside a message is never touched). None: nothing names `upstream`.
+pub fn echo_model(json: &[u8], upstream: &str, requested: &str) -> Option<Vec<u8>> {
+    let want = serde_json::to_string(upstream).ok()?;
+    let with = serde_json::to_string(requested).ok()?;
+    const KEY: &[u8] = b"\"model\"";
+    let skip_ws = |mut j: usize| {
+        while json.get(j).is_some_and(|b| b.is_ascii_whitespace()) {
+            j += 1;
+        }
+        j
+    };
+    let (mut out, mut copied, mut from) = (Vec::new(), 0, 0);
+    while let Some(at) = json[from..].windows(KEY.len()).position(|w| w == KEY) {
+        let colon = skip_ws(from + at + KEY.len());
+        from = from + at + KEY.len();
+        if json.get(colon) != Some(&b':') {
+            continue;
+        }
+        let value = skip_ws(colon + 1);
+        if json[value..].starts_with(want.as_bytes()) {
+            out.extend_from_slice(&json[copied..value]);
+            out.extend_from_slice(with.as_bytes());
+            copied = value + want.len();
+            from = copied;
+        }
+    }
+    (copied > 0).then(|| {
+        out.extend_from_slice(&json[copied..]);
+        out
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn answers_echo_the_requested_id_and_nothing_else_changes() {
+        let whole =
+            br#"{"id":"c1","model":"up-model","choices":[{"message":{"content":"the \"model\":\"up-model\" said"}}]}"#;
+        let echoed = echo_model(whole, "up-model", "up.up-model").unwrap();
+        assert_eq!(
+            String::from_utf8(echoed).unwrap(),
+            r#"{"id":"c1","model":"up.up-model","choices":[{"message":{"content":"the \"model\":\"up-model\" said"}}]}"#
+        );
+        let line = b"data: {\"model\" : \"a/b\\\"c\", \"x\":1}";
+        assert_eq!(echo_model(line, "a/b\"c", "p.a/b\"c").unwrap(), b"data: {\"model\" : \"p.a/b\\\"c\", \"x\":1}");
+        assert_eq!(echo_model(br#"{"model":"other"}"#, "up-model", "up.up-model"), None);
+        assert_eq!(
+            echo_model(br#"{"model":"up-model-2"}"#, "up-model", "up.up-model"),
+            None,
+            "a longer id is another id"
+        );
+        assert_eq!(echo_model(b"data: [DONE]", "up-model", "up.up-model"), None);
+    }
 
     #[test]
     fn names() {

@@ -122,10 +122,17 @@ async fn real_llama_server_remote_providers_are_discovered_named_and_serve_chat_
     let (s, v) = l.post("/api/v1/chat/completions", &chat_body("vllm.smol-chat", false)).await;
     assert_eq!(s, 200, "{v}");
     assert!(v["choices"][0]["message"]["content"].as_str().is_some_and(|c| !c.is_empty()), "{v}");
+    // The answer names the model as the client asked for it, not the upstream's own id.
+    assert_eq!(v["model"], "vllm.smol-chat", "{v}");
     let (s, text) = post_text(&l, "/api/v1/chat/completions", &chat_body("vllm.smol-chat", true)).await;
     let frames = sse_data(&text);
     assert_eq!((s, frames.last().map(String::as_str)), (200, Some("[DONE]")), "{text}");
     assert!(frames.iter().filter(|f| f.contains("\"content\":\"")).count() >= 2, "{text}");
+    let chunks: Vec<Value> = frames.iter().filter_map(|f| serde_json::from_str(f).ok()).collect();
+    assert!(
+        chunks.len() >= 2 && chunks.iter().all(|c| c["model"] == "vllm.smol-chat"),
+        "every chunk names vllm.smol-chat: {text}"
+    );
     let (s, v) = l.post("/api/v1/embeddings", &json!({"model": "emb.minilm-embed", "input": ["a", "b"]})).await;
     assert_eq!((s, v["data"][1]["embedding"].as_array().map(Vec::len)), (200, Some(384)), "{v}");
 
@@ -133,6 +140,7 @@ async fn real_llama_server_remote_providers_are_discovered_named_and_serve_chat_
     let prompt = json!({"model": "vllm.smol-chat", "prompt": "Once upon", "max_tokens": 4});
     let (s, v) = l.post("/api/v1/completions", &prompt).await;
     assert!(s == 200 && v["choices"][0]["text"].is_string(), "{v}");
+    assert_eq!(v["model"], "vllm.smol-chat", "{v}");
     let (s, v) =
         l.post("/api/v1/responses", &json!({"model": "vllm.smol-chat", "input": "hi", "max_output_tokens": 4})).await;
     assert!(s == 200 && v["output"].is_array(), "{v}");
@@ -147,6 +155,7 @@ async fn real_llama_server_remote_providers_are_discovered_named_and_serve_chat_
         )
         .await;
     assert!(s == 200 && v["message"]["content"].is_string() && v["done"] == true, "{v}");
+    assert_eq!(v["model"], "vllm.smol-chat", "{v}");
     // Audio and image requests are shaped for lemonade's own backends: refused, not forwarded.
     let (s, v) = l.post("/api/v1/images/generations", &json!({"model": "vllm.smol-chat", "prompt": "x"})).await;
     assert_eq!((s, v["error"]["code"].as_str()), (400, Some("unsupported_model_type")), "{v}");

@@ -285,6 +285,7 @@ pub async fn forward(
 pub async fn call_json(lease: &Lease, path: &str, body: &Value, record_stats: bool) -> Result<Value, ApiError> {
     let body = Some(Bytes::from(serde_json::to_vec(body)?));
     let (_, _, bytes) = fetch(lease, http::Method::POST, path, body).await?;
+    let bytes = echo_requested_id(lease, bytes);
     let v: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::BackendUnavailable(format!("The backend answered with invalid JSON: {e}")))?;
     if record_stats {
@@ -322,7 +323,17 @@ async fn forward_with(
         }
     }
     let ct = content_type.unwrap_or_else(|| "application/json".into());
-    Ok((status, [(header::CONTENT_TYPE, ct)], rewrite(&lease, bytes)).into_response())
+    let bytes = echo_requested_id(&lease, rewrite(&lease, bytes));
+    Ok((status, [(header::CONTENT_TYPE, ct)], bytes).into_response())
+}
+
+/// A remote model's answer names the id the client asked for (`<provider>.<id>`), not the
+/// upstream's own, as a local model's answer names its model (llama-server's `--alias`).
+fn echo_requested_id(lease: &Lease, bytes: Bytes) -> Bytes {
+    match &lease.target {
+        Target::Remote(r) => backends::cloud::echo_model(&bytes, &r.id, &r.name).map(Bytes::from).unwrap_or(bytes),
+        Target::Local { .. } => bytes,
+    }
 }
 
 /// `bytes` with the model's local file paths replaced by its name; unchanged (no copy) when
@@ -370,8 +381,13 @@ async fn stream_with(
         return Err(backend_error(&lease, resp).await);
     }
     let content_type = translate.as_ref().map_or("text/event-stream", |t| t.content_type());
+    let echo = match &lease.target {
+        Target::Remote(r) => Some(Echo { upstream: r.id.clone(), requested: r.name.clone(), partial: BytesMut::new() }),
+        Target::Local { .. } => None,
+    };
     let state = StreamState {
         upstream: Box::pin(resp.bytes_stream()),
+        echo,
         lease,
         tail: BytesMut::new(),
         translate: translate.map(|t| (t, SseDecoder::default())),
@@ -439,8 +455,39 @@ pub fn error_frame(message: &str) -> Bytes {
     Bytes::from(format!("data: {v}\n\n"))
 }
 
+/// A remote stream's lines with the requested id in place of the upstream's (see
+/// [`echo_requested_id`]): whole lines are passed on as they complete; a line split across
+/// chunks waits for its end (one event, at most), so no id is missed at a chunk boundary.
+struct Echo {
+    upstream: String,
+    requested: String,
+    partial: BytesMut,
+}
+
+impl Echo {
+    /// The complete lines `chunk` finishes, echoed; the rest waits.
+    fn push(&mut self, chunk: &[u8]) -> Bytes {
+        self.partial.extend_from_slice(chunk);
+        let Some(end) = self.partial.iter().rposition(|b| *b == b'\n') else { return Bytes::new() };
+        let lines = self.partial.split_to(end + 1).freeze();
+        self.echo(lines)
+    }
+
+    /// What is left at the end of the stream.
+    fn rest(&mut self) -> Bytes {
+        let rest = self.partial.split().freeze();
+        self.echo(rest)
+    }
+
+    fn echo(&self, lines: Bytes) -> Bytes {
+        backends::cloud::echo_model(&lines, &self.upstream, &self.requested).map(Bytes::from).unwrap_or(lines)
+    }
+}
+
 struct StreamState {
     upstream: std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<Bytes>> + Send>>,
+    /// A remote model's stream: its model id echoed as the client asked for it.
+    echo: Option<Echo>,
     /// Held until the stream ends or the client goes away.
     lease: Lease,
     tail: BytesMut,
@@ -453,6 +500,13 @@ struct StreamState {
 impl StreamState {
     /// What to send for `chunk`: the chunk itself, or its translation (None: nothing yet).
     fn relay(&mut self, chunk: Bytes) -> Option<Bytes> {
+        let chunk = match &mut self.echo {
+            Some(e) => e.push(&chunk),
+            None => chunk,
+        };
+        if chunk.is_empty() {
+            return None;
+        }
         let Some((t, sse)) = &mut self.translate else { return Some(chunk) };
         let mut out = Vec::new();
         for data in sse.push(&chunk) {
@@ -472,8 +526,12 @@ impl StreamState {
     /// What to send once the backend's stream has ended: a translation's end, or `[DONE]`
     /// when the backend left it out.
     fn ended(&mut self) -> Option<Bytes> {
+        let rest = self.echo.as_mut().map(Echo::rest).unwrap_or_default();
         if let Some((t, sse)) = &mut self.translate {
             let mut out = Vec::new();
+            for data in sse.push(&rest) {
+                translate_event(t.as_mut(), &data, &mut out);
+            }
             if let Some(data) = sse.finish() {
                 translate_event(t.as_mut(), &data, &mut out);
             }
@@ -481,7 +539,11 @@ impl StreamState {
             return Some(Bytes::from(out));
         }
         let done = self.tail.windows(DONE.len()).any(|w| w == DONE);
-        (!done).then(|| Bytes::from_static(b"data: [DONE]\n\n"))
+        let mut out = BytesMut::from(&rest[..]);
+        if !done {
+            out.extend_from_slice(b"data: [DONE]\n\n");
+        }
+        (!out.is_empty()).then(|| out.freeze())
     }
 
     fn first_byte(&mut self) {
