@@ -3,7 +3,12 @@
 //! * The pure crates (api-types, registry, scheduler, backends) depend on no async runtime,
 //!   HTTP client or server (read from `cargo metadata`), and their sources touch no file,
 //!   socket, process or environment variable.
-//! * The server has no process-wide mutable statics, and its handlers stay short.
+//! * The engine knows nothing of HTTP; `ApiError` lives only in the server.
+//! * The server has no process-wide mutable statics, and every function of its handlers'
+//!   modules stays short.
+//! * No crate's modules import each other in a circle (server, engine, registry), with no
+//!   module exempt.
+//! * `Result<_, String>` only in the named allow-list; no lock-poison idiom anywhere.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -102,6 +107,22 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// A file's code before its inline test module (`#[cfg(test)]` then `mod … {`); a
+/// `#[cfg(test)]` on anything else (a test-only module file's declaration) does not end it.
+fn before_tests(text: &str) -> &str {
+    let mut from = 0;
+    while let Some(at) = text[from..].find("#[cfg(test)]") {
+        let start = from + at;
+        let next = text[start + "#[cfg(test)]".len()..].trim_start();
+        let line = next.lines().next().unwrap_or("");
+        if line.contains("mod ") && line.trim_end().ends_with('{') {
+            return &text[..start];
+        }
+        from = start + 1;
+    }
+    text
+}
+
 /// The code of a file, without comments (line comments; doc comments are line comments).
 fn code_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
     text.lines()
@@ -156,73 +177,94 @@ fn the_server_has_no_process_wide_mutable_statics() {
     );
 }
 
-/// Handlers (the `pub async fn`s of crates/server/src/api) stay at 30 lines or fewer,
-/// signature and closing brace included; domain work belongs in the layers below.
+/// Every function in crates/server/src/api (handlers and their helpers, public or not) is 30
+/// lines or fewer, signature and closing brace included; domain work belongs in the engine.
 #[test]
-fn handlers_are_short() {
+fn every_function_of_the_handlers_is_short() {
     let mut files = Vec::new();
     rust_files(&root().join("crates/server/src/api"), &mut files);
     let mut long = Vec::new();
     for f in files {
         let text = std::fs::read_to_string(&f).unwrap();
-        let lines: Vec<&str> = text.lines().collect();
+        // Test modules are not handlers.
+        let code = before_tests(&text);
+        let lines: Vec<&str> = code.lines().collect();
         let mut i = 0;
         while i < lines.len() {
-            if lines[i].starts_with("pub async fn ") {
+            let t = lines[i].trim_start();
+            let indent = lines[i].len() - t.len();
+            let is_fn = ["fn ", "pub fn ", "async fn ", "pub async fn ", "pub(crate) fn ", "pub(crate) async fn "]
+                .iter()
+                .any(|p| t.starts_with(p));
+            if is_fn && !t.ends_with(';') {
                 let start = i;
-                while i < lines.len() && lines[i] != "}" {
+                let close = format!("{}}}", " ".repeat(indent));
+                while i < lines.len() && lines[i] != close {
                     i += 1;
                 }
                 let len = i - start + 1;
                 if len > 30 {
-                    let name = lines[start].trim_start_matches("pub async fn ").split('(').next().unwrap_or("");
+                    let name = t.split("fn ").nth(1).unwrap_or("").split(['(', '<']).next().unwrap_or("");
                     long.push(format!("{}:{}: {name} has {len} lines", f.display(), start + 1));
                 }
             }
             i += 1;
         }
     }
-    assert!(long.is_empty(), "handlers over 30 lines:\n{}", long.join("\n"));
+    assert!(long.is_empty(), "functions over 30 lines in the handlers' modules:\n{}", long.join("\n"));
 }
 
-/// The server's modules form layers: no module imports (through `crate::…`) a module that
-/// imports it back, directly or through others. `api` counts as one module.
-#[test]
-fn server_modules_do_not_import_in_a_circle() {
-    let src = root().join("crates/server/src");
+/// The modules of `src` (a crate's source folder) as a graph: module → the modules it uses.
+/// A file's module is its first path component under `src` (`api/x.rs` is `api`). Edges:
+/// `crate::m…` and `use crate::{m, …}` for a module `m`; `crate::Item` of an item the crate
+/// root defines or re-exports is an edge to `lib`; and `lib.rs` itself uses `m` by `m::…`.
+fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    rust_files(src, &mut files);
     let module_of = |f: &Path| -> String {
-        let rel = f.strip_prefix(&src).unwrap();
+        let rel = f.strip_prefix(src).unwrap();
         let first = rel.components().next().unwrap().as_os_str().to_string_lossy().to_string();
         first.trim_end_matches(".rs").to_string()
     };
+    let modules: BTreeSet<String> = files.iter().map(|f| module_of(f)).collect();
+    let ident = |s: &str| -> String { s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect() };
     let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for f in &files {
         let m = module_of(f);
         let text = std::fs::read_to_string(f).unwrap();
         // Imports in test modules do not count: tests may reach anywhere.
-        let code = text.split("#[cfg(test)]").next().unwrap_or("");
-        for (_, line) in code_lines(code) {
-            for part in line.split("crate::").skip(1) {
-                let target: String = part.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-                let target = if target == "api" { "api".to_string() } else { target };
-                let is_module = files.iter().any(|g| module_of(g) == target);
-                if is_module && target != m && target != "lib" {
-                    edges.entry(m.clone()).or_default().insert(target);
-                }
+        let code = before_tests(&text);
+        let mut add = |target: String| {
+            if target != m && !target.is_empty() {
+                edges.entry(m.clone()).or_default().insert(target);
             }
-            // `use crate::{a, b}` groups.
+        };
+        for (_, line) in code_lines(code) {
+            let mut targets: Vec<String> = line.split("crate::").skip(1).map(ident).collect();
             if let Some(group) = line.split("crate::{").nth(1) {
-                for name in group.split(['}', ',']).map(|s| s.trim().split("::").next().unwrap_or("").to_string()) {
-                    if files.iter().any(|g| module_of(g) == name) && name != m {
-                        edges.entry(m.clone()).or_default().insert(name);
+                targets.extend(group.split(['}', ',']).map(|s| ident(s.trim())));
+            }
+            for t in targets.into_iter().filter(|t| !t.is_empty()) {
+                add(if modules.contains(&t) { t } else { "lib".to_string() });
+            }
+            if m == "lib" && !line.trim_start().starts_with("pub mod ") && !line.trim_start().starts_with("mod ") {
+                for word in line.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')) {
+                    if let Some(first) =
+                        word.strip_suffix("::").or(word.split("::").next().filter(|_| word.contains("::")))
+                    {
+                        if modules.contains(first) && first != "lib" {
+                            add(first.to_string());
+                        }
                     }
                 }
             }
         }
     }
-    // Depth-first search for a cycle.
+    edges
+}
+
+/// The first circle in `edges`, if any.
+fn circle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
     fn visit(
         n: &str,
         edges: &BTreeMap<String, BTreeSet<String>>,
@@ -248,9 +290,150 @@ fn server_modules_do_not_import_in_a_circle() {
         None
     }
     let mut done = BTreeSet::new();
-    for n in edges.keys() {
-        if let Some(cycle) = visit(n, &edges, &mut Vec::new(), &mut done) {
-            panic!("server modules import in a circle: {}\nall imports: {edges:#?}", cycle.join(" → "));
+    edges.keys().find_map(|n| visit(n, edges, &mut Vec::new(), &mut done))
+}
+
+/// The server's, the engine's and the registry's modules form layers: no module imports one
+/// that imports it back, directly or through others; the crate root (`lib`) is a module like
+/// any other.
+#[test]
+fn no_crate_has_modules_that_import_in_a_circle() {
+    for krate in ["server", "engine", "registry"] {
+        let edges = module_graph(&root().join("crates").join(krate).join("src"));
+        assert!(edges.contains_key("lib"), "{krate}: the crate root's uses were not read: {edges:#?}");
+        if let Some(c) = circle(&edges) {
+            panic!("{krate}'s modules import in a circle: {}\nall imports: {edges:#?}", c.join(" → "));
         }
     }
+    // The check can fail: a graph with a circle through the root is caught.
+    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    g.entry("lib".into()).or_default().insert("pulls".into());
+    g.entry("pulls".into()).or_default().insert("lib".into());
+    assert_eq!(circle(&g), Some(vec!["lib".into(), "pulls".into(), "lib".into()]));
+}
+
+/// The engine is the application without HTTP: none of the HTTP server's crates among its
+/// dependencies, none of its types in its sources.
+#[test]
+fn the_engine_knows_nothing_of_http() {
+    let meta = metadata();
+    let (names, deps) = normal_deps(&meta);
+    let id = names.iter().find(|(_, n)| *n == "lemonade-engine").map(|(id, _)| id.clone()).expect("engine");
+    let direct: Vec<&str> = deps[&id].iter().map(|d| names[d].as_str()).collect();
+    for forbidden in ["axum", "axum-core", "http", "http-body", "utoipa", "tower", "tower-http", "hyper"] {
+        assert!(!direct.contains(&forbidden), "lemonade-engine depends on {forbidden} (HTTP belongs to the server)");
+    }
+    let mut files = Vec::new();
+    rust_files(&root().join("crates/engine/src"), &mut files);
+    let mut bad = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for (n, line) in code_lines(&text) {
+            for word in ["axum", "utoipa", "ApiError", "StatusCode", "http::"] {
+                if line.contains(word) {
+                    bad.push(format!("{}:{n}: `{word}` in `{}`", f.display(), line.trim()));
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "HTTP in the engine:\n{}", bad.join("\n"));
+}
+
+/// `ApiError` (the HTTP error) is the server's alone: the layers below have their own errors.
+#[test]
+fn api_error_appears_only_in_the_server() {
+    let mut files = Vec::new();
+    for dir in ["crates", "tests/src", "xtask/src"] {
+        rust_files(&root().join(dir), &mut files);
+    }
+    let server = root().join("crates/server");
+    let bad: Vec<String> = files
+        .iter()
+        .filter(|f| !f.starts_with(&server))
+        .filter_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            let hit = code_lines(&text).find(|(_, l)| l.contains("ApiError"));
+            hit.map(|(n, l)| format!("{}:{n}: {}", f.display(), l.trim()))
+        })
+        .collect();
+    assert!(bad.is_empty(), "ApiError outside crates/server:\n{}", bad.join("\n"));
+}
+
+/// Where a `Result<_, String>` is allowed in product code, and why: the string is the whole
+/// answer (a message a client or the log reads as it is), and nothing branches on it.
+const STRING_ERRORS: &[(&str, &str, &str)] = &[
+    ("crates/backends/src/sdcpp.rs", "parse_size", "a 400's message naming the size"),
+    ("crates/backends/src/releases.rs", "support", "why a backend cannot run here, shown as is"),
+    ("crates/backends/src/rpc.rs", "check_worker", "a 400's message naming the worker"),
+    ("crates/engine/src/settings.rs", "budget", "a 400's message naming the field"),
+    ("crates/engine/src/settings.rs", "slot_limits", "a 400's message naming the field"),
+    ("crates/engine/src/prompt_cache.rs", "post", "logged: a failed save or restore never fails a request"),
+    ("crates/engine/src/prompt_cache.rs", "slots", "logged, as above"),
+    ("crates/host/src/hardware.rs", "nvml", "why no GPU is listed (`gpu-memory`'s `error`)"),
+    ("crates/host/src/hardware.rs", "nvidia_gpus", "as above"),
+    ("crates/host/src/prompt_cache.rs", "verify", "logged: why a saved prompt is discarded"),
+    ("crates/host/src/prompt_cache.rs", "commit", "logged: why a saved slot is not kept"),
+    ("crates/host/src/cloud.rs", "discover", "a provider's last probe error, shown as is"),
+    ("crates/server/src/logging.rs", "set_level", "a 400's message naming the level"),
+];
+
+/// No `Result<_, String>` in product code (outside tests) but the allow-list above.
+#[test]
+fn string_errors_only_where_allowed() {
+    let mut files = Vec::new();
+    rust_files(&root().join("crates"), &mut files);
+    let mut bad = Vec::new();
+    for f in files.iter().filter(|f| f.components().any(|c| c.as_os_str() == "src")) {
+        let rel = f.strip_prefix(root()).unwrap().display().to_string();
+        if rel.ends_with("tests.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).unwrap();
+        let code = before_tests(&text);
+        // The function the line is in (the last `fn name(` seen), for the allow-list.
+        let mut within = String::new();
+        for (n, line) in code_lines(code) {
+            if let Some(name) = line.split("fn ").nth(1).map(|r| r.split(['(', '<']).next().unwrap_or("")) {
+                if !line.contains("|") {
+                    within = name.to_string();
+                }
+            }
+            let Some(at) = line.find("Result<") else { continue };
+            let rest = &line[at..];
+            let end = rest.find(['{', ';', '=']).unwrap_or(rest.len());
+            if !rest[..end].contains(", String>") {
+                continue;
+            }
+            // A static or a type alias holding such a result is the allowed function's.
+            let t = line.trim_start();
+            if t.starts_with("static ") || t.starts_with("type ") {
+                continue;
+            }
+            let allowed = STRING_ERRORS.iter().any(|(file, func, _)| rel == *file && within == *func);
+            if !allowed {
+                bad.push(format!("{rel}:{n}: {}", line.trim()));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "Result<_, String> outside the allow-list (give the error a type):\n{}", bad.join("\n"));
+}
+
+/// The engine's, the server's and host's locks are parking_lot's, which cannot be poisoned:
+/// the idiom that ignored poisoning is gone everywhere.
+#[test]
+fn no_lock_poison_idiom() {
+    let mut files = Vec::new();
+    for dir in ["crates", "tests/src", "xtask/src"] {
+        rust_files(&root().join(dir), &mut files);
+    }
+    let idiom = ["unwrap_or_else(|e| e.into_", "inner())"].concat();
+    let bad: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            let hit = code_lines(&text).find(|(_, l)| l.contains(&idiom));
+            hit.map(|(n, _)| format!("{}:{n}", f.display()))
+        })
+        .collect();
+    assert!(bad.is_empty(), "lock-poison idiom (use parking_lot's locks):\n{}", bad.join("\n"));
 }

@@ -37,14 +37,12 @@ pub async fn run(t: &Target, model: &str, max_tokens: Option<u32>) -> Result<()>
     // Registered before the first answer, so Ctrl-C never kills the process from now on.
     let mut sigint = signal(SignalKind::interrupt()).context("cannot handle Ctrl-C")?;
     let editor = rustyline::DefaultEditor::new().context("cannot open the terminal")?;
-    let editor = std::sync::Arc::new(std::sync::Mutex::new(editor));
+    let editor = std::sync::Arc::new(parking_lot::Mutex::new(editor));
     println!("Chatting with {model}. {HELP}");
     let mut history: Vec<ChatMessage> = Vec::new();
     loop {
         let ed = editor.clone();
-        let input = tokio::task::spawn_blocking(move || read_line(&mut ed.lock().unwrap_or_else(|e| e.into_inner())))
-            .await
-            .unwrap_or(Input::Eof);
+        let input = tokio::task::spawn_blocking(move || read_line(&mut ed.lock())).await.unwrap_or(Input::Eof);
         let line = match input {
             Input::Eof => break,
             Input::Interrupted => {

@@ -357,6 +357,7 @@ async fn serve(
     http.access.listen_host = host.clone();
 
     let engine = engine::Engine::start(cfg)?;
+    engine::pulls::preload(&engine);
     let rt = server::AppState::new(engine, http);
     let listeners = server::bind(&host, port).await?;
     // One PID file per port actually bound (port 0 picks one), removed again at exit.

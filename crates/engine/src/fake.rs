@@ -260,7 +260,7 @@ impl Process for FakeProcess {
     fn log_tail(&self) -> String {
         format!("fake backend {} log", self.name)
     }
-    fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
+    fn ready(&self) -> BoxFuture<'_, Result<(), StartFailure>> {
         Box::pin(async move {
             if let Some(mut gate) = self.gate.clone() {
                 let mut exit = self.exit.subscribe();
@@ -271,10 +271,10 @@ impl Process for FakeProcess {
             }
             if let Some(m) = &self.fail_ready {
                 self.exit_with(ExitInfo { code: Some(1), signal: None });
-                return Err(m.clone());
+                return Err(StartFailure::NotReady(m.clone()));
             }
             match self.exit_status() {
-                Some(e) => Err(format!("fake backend exited ({e}) before it was ready")),
+                Some(e) => Err(StartFailure::NotReady(format!("fake backend exited ({e}) before it was ready"))),
                 None => Ok(()),
             }
         })

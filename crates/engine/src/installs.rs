@@ -10,10 +10,9 @@ use host::install::{InstallError, Progress};
 use tokio::sync::mpsc;
 
 use crate::config::Config;
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::locks::Locks;
-use crate::pulls::{progress_reporter, PullEvent};
-use crate::Engine;
+use crate::progress::{progress_reporter, PullEvent};
 
 /// What installing `recipe:backend` means on this machine.
 pub fn plan(cfg: &Config, recipe: &str, backend: &str) -> Result<InstallPlan, InstallPlanError> {
@@ -48,22 +47,22 @@ pub async fn auto_install(cfg: &Config, locks: &Locks, recipe: &str, backend: &s
     install(cfg, locks, &p, &mut |_, _| true).await.map(|_| true)
 }
 
-/// [`plan`] for this engine's machine, as an engine error.
-pub fn plan_for(engine: &Engine, recipe: &str, backend: &str) -> Result<InstallPlan> {
-    Ok(plan(&engine.cfg, recipe, backend)?)
+/// [`plan`], as an engine error.
+pub fn plan_for(cfg: &Config, recipe: &str, backend: &str) -> Result<InstallPlan> {
+    Ok(plan(cfg, recipe, backend)?)
 }
 
 /// Installs `p` now (no progress); returns the version installed.
-pub async fn install_now(engine: &Engine, p: &InstallPlan) -> Result<String> {
-    Ok(install(&engine.cfg, &engine.locks, p, &mut |_, _| true).await?.1)
+pub async fn install_now(cfg: &Config, locks: &Locks, p: &InstallPlan) -> Result<String> {
+    Ok(install(cfg, locks, p, &mut |_, _| true).await?.1)
 }
 
 /// [`install`] in its own task, its progress on the returned channel as one file's
 /// [`PullEvent`]s, ending with `Complete` (0 bytes when the pinned version was there) or
 /// `Error`. Dropping the receiver cancels the download (the old backend stays).
-pub fn install_in_background(engine: &Engine, p: InstallPlan) -> mpsc::Receiver<PullEvent> {
+pub fn install_in_background(cfg: &Arc<Config>, locks: &Arc<Locks>, p: InstallPlan) -> mpsc::Receiver<PullEvent> {
     let (tx, rx) = mpsc::channel(64);
-    let (cfg, locks) = (engine.cfg.clone(), engine.locks.clone());
+    let (cfg, locks) = (cfg.clone(), locks.clone());
     tokio::spawn(async move {
         let file = p.asset.filename.clone();
         let mut report = progress_reporter(tx.clone(), file.clone(), 1, 1);
@@ -75,31 +74,4 @@ pub fn install_in_background(engine: &Engine, p: InstallPlan) -> mpsc::Receiver<
         let _ = tx.send(last).await;
     });
     rx
-}
-
-/// Removes `recipe:backend` after unloading the models that run on it. `Ok(Some(message))`
-/// when there was nothing to remove (uninstall is idempotent, as in Lemonade).
-pub async fn uninstall(engine: &Engine, recipe: &str, backend: &str) -> Result<Option<String>> {
-    let r = releases::known(recipe, backend)?;
-    if backend == "system" {
-        return Err(EngineError::invalid(
-            format!("{recipe}:system is the llama-server on PATH; lemonade does not remove it"),
-            Some("backend"),
-        ));
-    }
-    let lock = backend_lock(&engine.locks, recipe, backend);
-    let _guard = lock.lock().await;
-    for (m, _) in engine.lifecycle.loaded() {
-        if m.info.recipe == r && backends::backend_of(r, &m.options) == backend {
-            tracing::info!(model = %m.info.name, "unloading: its backend is being uninstalled");
-            let _ = engine.lifecycle.unload(Some(&m.info.name)).await;
-        }
-    }
-    match host::install::uninstall(&engine.cfg.cache_dir, r, backend).await {
-        Ok(()) => Ok(None),
-        Err(InstallError::NotInstalled(..)) => {
-            Ok(Some(format!("{recipe}:{backend} is not installed; nothing to remove")))
-        }
-        Err(e) => Err(e.into()),
-    }
 }

@@ -70,8 +70,8 @@ pub trait Process: Send + Sync + 'static {
     fn output_drained(&self) -> BoxFuture<'_, ()>;
     /// Its last log lines, oldest first.
     fn log_tail(&self) -> String;
-    /// Resolves once it serves, or says why it never will.
-    fn ready(&self) -> BoxFuture<'_, Result<(), String>>;
+    /// Resolves once it serves, or says why it never will ([`StartFailure::NotReady`]).
+    fn ready(&self) -> BoxFuture<'_, Result<(), StartFailure>>;
     /// Stops it (SIGTERM, SIGKILL after `grace`); resolves once it is gone.
     fn stop(&self, grace: Duration) -> BoxFuture<'_, ()>;
 }
@@ -124,7 +124,7 @@ impl RealLauncher {
 
     /// The backend's executable; a missing one is installed first when this platform has a
     /// release for it (v9's auto-install on first load).
-    async fn backend_binary(&self, recipe: Recipe, backend: &str) -> Result<PathBuf, String> {
+    async fn backend_binary(&self, recipe: Recipe, backend: &str) -> Result<PathBuf, StartFailure> {
         let (dir, exe) = recipe.dir_and_exe();
         let resolve = || binary::resolve_from_env(&self.cfg.cache_dir, dir, backend, exe);
         if let Some(r) = resolve() {
@@ -134,13 +134,14 @@ impl RealLauncher {
         let (cfg, locks, b) = (self.cfg.clone(), self.locks.clone(), backend.to_string());
         let install =
             tokio::spawn(async move { crate::installs::auto_install(&cfg, &locks, recipe.as_str(), &b).await });
-        let installed = install.await.map_err(|e| format!("the install task failed: {e}"))?;
-        if installed.map_err(|e| e.to_string())? {
+        let fatal = |m: String| StartFailure::Fatal((self.redact)(&m));
+        let installed = install.await.map_err(|e| fatal(format!("the install task failed: {e}")))?;
+        if installed.map_err(|e| fatal(e.to_string()))? {
             if let Some(r) = resolve() {
                 return Ok(r.path);
             }
         }
-        Err(if backend == "system" {
+        Err(fatal(if backend == "system" {
             format!("The 'system' backend uses {exe} from PATH, and there is none on PATH")
         } else {
             format!(
@@ -149,7 +150,7 @@ impl RealLauncher {
                 binary::managed_dir(&self.cfg.cache_dir, dir, backend).display(),
                 if matches!(dir, "llamacpp" | "whispercpp") { " (a CPU build is provisioned by `cargo xtask setup`)" } else { "" }
             )
-        })
+        }))
     }
 
     async fn prepare_now(&self, info: &ModelInfo, options: &RecipeOptions) -> Result<Prepared, StartFailure> {
@@ -176,7 +177,7 @@ impl RealLauncher {
         };
         let mut launch = backends::launch(info.recipe, &input).map_err(|e| fatal(e.to_string()))?;
         let workers = backends::rpc::workers(options);
-        check_workers(name, &workers).await.map_err(fatal)?;
+        check_workers(name, &workers).await.map_err(|e| fatal(e.0))?;
         // A slot's KV state on RPC workers is not saved: the prompt cache stays off.
         let cache = (info.recipe == Recipe::LlamaCpp && workers.is_empty())
             .then(|| {
@@ -186,7 +187,7 @@ impl RealLauncher {
             })
             .flatten();
         let backend_name = backends::backend_of(info.recipe, options);
-        let program = self.backend_binary(info.recipe, &backend_name).await.map_err(fatal)?;
+        let program = self.backend_binary(info.recipe, &backend_name).await?;
         Ok(Prepared { spec: SpawnSpec::new(name, program, launch, self.cfg.ready_timeout), cache })
     }
 }
@@ -251,17 +252,20 @@ impl Process for RealProcess {
     fn log_tail(&self) -> String {
         self.backend.log_tail()
     }
-    fn ready(&self) -> BoxFuture<'_, Result<(), String>> {
-        Box::pin(async move { self.backend.ready(&self.http).await.map_err(|e| e.to_string()) })
+    fn ready(&self) -> BoxFuture<'_, Result<(), StartFailure>> {
+        Box::pin(async move { self.backend.ready(&self.http).await.map_err(|e| StartFailure::NotReady(e.to_string())) })
     }
     fn stop(&self, grace: Duration) -> BoxFuture<'_, ()> {
         Box::pin(self.backend.stop(grace))
     }
 }
 
+/// Why a load's RPC worker cannot serve it.
+struct Unreachable(String);
+
 /// Fails a load whose RPC workers cannot be reached, naming the first such; warns of workers
 /// outside loopback and private networks (rpc-server has no authentication).
-async fn check_workers(model: &str, workers: &[String]) -> Result<(), String> {
+async fn check_workers(model: &str, workers: &[String]) -> Result<(), Unreachable> {
     for w in workers {
         if !backends::rpc::is_private(w) {
             tracing::warn!(model, worker = %w, "RPC worker is not on loopback or a private network: rpc-server has no authentication; anyone who reaches it can use its machine");
@@ -269,12 +273,13 @@ async fn check_workers(model: &str, workers: &[String]) -> Result<(), String> {
         match host::net::probe(w, WORKER_CONNECT).await {
             host::net::Worker::Up => {}
             host::net::Worker::Gone(e) => {
-                return Err(format!(
+                return Err(Unreachable(format!(
                     "RPC worker {w} is unreachable ({e}); start rpc-server there or remove it from rpc_servers"
-                ))
+                )))
             }
             host::net::Worker::Silent => {
-                return Err(format!("RPC worker {w} did not accept a connection within {} s", WORKER_CONNECT.as_secs()))
+                let secs = WORKER_CONNECT.as_secs();
+                return Err(Unreachable(format!("RPC worker {w} did not accept a connection within {secs} s")));
             }
         }
     }

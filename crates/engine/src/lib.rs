@@ -20,6 +20,7 @@ pub mod launcher;
 pub mod lifecycle;
 pub mod locks;
 pub mod metrics;
+pub mod progress;
 pub mod prompt_cache;
 pub mod pulls;
 pub mod remote;
@@ -39,6 +40,9 @@ pub use launcher::{Launcher, RealLauncher};
 pub use lifecycle::{Lease, Lifecycle, ModelView, Running, SchedulerView, Target};
 pub use metrics::Metrics;
 pub use remote::Remotes;
+
+/// lemonade's version.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The application. Cheap to clone: every part is shared.
 #[derive(Clone)]
@@ -82,7 +86,8 @@ fn backend_client() -> reqwest::Client {
 
 impl Engine {
     /// The engine with real processes: the catalogue read from disk, leftovers of killed
-    /// writes and installs removed, `--preload` models on their way. Needs a tokio runtime.
+    /// writes and installs removed. Needs a tokio runtime. `--preload` models are the
+    /// caller's to start ([`pulls::preload`]), once it is ready to serve.
     pub fn start(cfg: Config) -> Result<Engine> {
         // Hardware is detected once, here, so no load waits for it.
         let hw = host::hardware::detected();
@@ -100,9 +105,7 @@ impl Engine {
         let locks = Arc::new(locks::Locks::default());
         let prompt_cache = host::prompt_cache::Store::open(&cfg.cache_dir.join("prompt-cache"));
         let launcher = RealLauncher::new(cfg.clone(), backend_client(), locks.clone(), prompt_cache.clone());
-        let engine = Engine::with_launcher(cfg, Arc::new(catalogue), Arc::new(launcher), locks, prompt_cache);
-        pulls::preload(&engine);
-        Ok(engine)
+        Ok(Engine::with_launcher(cfg, Arc::new(catalogue), Arc::new(launcher), locks, prompt_cache))
     }
 
     /// The engine over `catalogue`, starting backends with `launcher` (tests pass
@@ -156,6 +159,34 @@ impl Engine {
         let (files, bytes) = tokio::task::spawn_blocking(move || store.clear()).await.unwrap_or_default();
         tracing::info!(files, bytes, "prompt cache emptied");
         (files, bytes)
+    }
+
+    /// Removes the managed backend `recipe:backend` after unloading the models that run on
+    /// it. `Ok(Some(message))` when there was nothing to remove (uninstall is idempotent, as in
+    /// Lemonade).
+    pub async fn uninstall_backend(&self, recipe: &str, backend: &str) -> Result<Option<String>> {
+        let r = backends::releases::known(recipe, backend)?;
+        if backend == "system" {
+            return Err(EngineError::invalid(
+                format!("{recipe}:system is the llama-server on PATH; lemonade does not remove it"),
+                Some("backend"),
+            ));
+        }
+        let lock = installs::backend_lock(&self.locks, recipe, backend);
+        let _guard = lock.lock().await;
+        for (m, _) in self.lifecycle.loaded() {
+            if m.info.recipe == r && backends::backend_of(r, &m.options) == backend {
+                tracing::info!(model = %m.info.name, "unloading: its backend is being uninstalled");
+                let _ = self.lifecycle.unload(Some(&m.info.name)).await;
+            }
+        }
+        match host::install::uninstall(&self.cfg.cache_dir, r, backend).await {
+            Ok(()) => Ok(None),
+            Err(host::install::InstallError::NotInstalled(..)) => {
+                Ok(Some(format!("{recipe}:{backend} is not installed; nothing to remove")))
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Stops every backend at once (server shutdown); see [`Lifecycle::shutdown`].

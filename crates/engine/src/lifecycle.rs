@@ -747,7 +747,7 @@ impl Lifecycle {
         }
         if let Err(e) = backend.ready().await {
             self.unregister(name, &running);
-            return Err(StartFailure::NotReady(self.redact(&e)));
+            return Err(StartFailure::NotReady(self.redact(e.message())));
         }
         tracing::info!(model = %name, ms = started.elapsed().as_millis() as u64, port = backend.port(), "model loaded");
         self.metrics.loaded(name, started.elapsed());

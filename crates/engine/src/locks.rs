@@ -2,7 +2,9 @@
 //! (`repo:org/name`), installs of a backend (`backend:recipe:backend`).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 /// One async lock per key, created on first use.
 #[derive(Debug, Default)]
@@ -10,6 +12,6 @@ pub struct Locks(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
 
 impl Locks {
     pub fn get(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).entry(key.to_string()).or_default().clone()
+        self.0.lock().entry(key.to_string()).or_default().clone()
     }
 }

@@ -7,8 +7,8 @@
 //! Every label value is bounded: endpoints are route templates, methods the standard ones, and
 //! model names only those of the registry (a request for an unknown model records none).
 
+use parking_lot::Mutex;
 use std::collections::HashSet;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use api_types::ModelType;
@@ -260,7 +260,7 @@ impl Metrics {
     /// A backend started and answered health after `took`.
     pub fn loaded(&self, model: &str, took: Duration) {
         self.load_time.get_or_create(&label(model)).observe(took.as_secs_f64());
-        if self.crashed.lock().unwrap_or_else(|e| e.into_inner()).remove(model) {
+        if self.crashed.lock().remove(model) {
             self.restarts.get_or_create(&label(model)).inc();
         }
     }
@@ -268,7 +268,7 @@ impl Metrics {
     /// A backend exited on its own (or the watchdog killed it).
     pub fn crashed(&self, model: &str) {
         self.crashes.get_or_create(&label(model)).inc();
-        self.crashed.lock().unwrap_or_else(|e| e.into_inner()).insert(model.to_string());
+        self.crashed.lock().insert(model.to_string());
     }
 
     /// A counter of the bytes a download of `model` receives.
@@ -278,7 +278,7 @@ impl Metrics {
 
     /// The exposition, with the gauges set from `s`.
     pub fn encode(&self, s: &Snapshot) -> String {
-        let _one = self.scrape.lock().unwrap_or_else(|e| e.into_inner());
+        let _one = self.scrape.lock();
         // Every type, so one with no loaded model shows 0 rather than nothing.
         for t in ModelType::ALL {
             let n = s.loaded.iter().filter(|l| **l == t).count();

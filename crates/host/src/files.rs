@@ -2,8 +2,8 @@
 //! the directory), so a crash at any point leaves either the old or the new file; JSON maps
 //! are updated under one lock, so concurrent updates are not lost.
 
+use parking_lot::Mutex;
 use std::path::Path;
-use std::sync::Mutex;
 
 use api_types::RecipeOptions;
 use registry::{CatalogueEntry, RECIPE_OPTIONS_FILE, USER_MODELS_FILE};
@@ -66,7 +66,7 @@ pub(crate) fn update_json_map<T: Serialize + serde::de::DeserializeOwned>(
     key: &str,
     value: Option<T>,
 ) -> Result<(), HostError> {
-    let _one_writer = FILES.lock().unwrap_or_else(|e| e.into_inner());
+    let _one_writer = FILES.lock();
     let current = read_if_exists(path)?;
     let bytes = registry::updated_json_map(current.as_deref(), &path.display().to_string(), key, value)?;
     write_atomic(path, &bytes).map_err(HostError::io(path))
@@ -121,7 +121,7 @@ pub fn load_settings(cache_dir: &Path) -> Result<api_types::ParamsUpdate, HostEr
 /// Saves the fields `update` sets into `settings.json`, keeping the others.
 pub fn save_settings(cache_dir: &Path, update: &api_types::ParamsUpdate) -> Result<(), HostError> {
     let path = cache_dir.join(SETTINGS_FILE);
-    let _one_writer = FILES.lock().unwrap_or_else(|e| e.into_inner());
+    let _one_writer = FILES.lock();
     let mut current = match read_if_exists(&path)? {
         Some(b) => serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&b).unwrap_or_default(),
         None => serde_json::Map::new(),

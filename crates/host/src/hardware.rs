@@ -3,7 +3,9 @@
 //! and the `amdxdna` accel driver, which no crate covers). Detected once per process.
 
 use std::path::Path;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
 
 use api_types::{CpuDevice, Devices, GpuDevice, GpuInfo, NpuDevice, SystemStats};
 use backends::Hardware;
@@ -229,7 +231,7 @@ static CPU: Mutex<Option<Result<sysinfo::System, String>>> = Mutex::new(None);
 
 /// CPU use since the previous call (0 on the first) and memory in use (blocking).
 pub fn usage() -> SystemStats {
-    let mut guard = CPU.lock().unwrap_or_else(|e| e.into_inner());
+    let mut guard = CPU.lock();
     let first = guard.is_none();
     let sys = match guard.get_or_insert_with(|| sysinfo::System::new().map_err(|e| e.to_string())) {
         Ok(s) => s,

@@ -7,7 +7,9 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 pub use backends::prompt_cache::Entry;
 
@@ -206,17 +208,17 @@ impl Store {
             u.0 += 1;
             u.1 += e.bytes;
         }
-        *self.usage.lock().unwrap_or_else(|e| e.into_inner()) = usage;
+        *self.usage.lock() = usage;
     }
 
     /// (entries, bytes) saved for `model`.
     pub fn usage(&self, model: &str) -> (u64, u64) {
-        self.usage.lock().unwrap_or_else(|e| e.into_inner()).get(model).copied().unwrap_or_default()
+        self.usage.lock().get(model).copied().unwrap_or_default()
     }
 
     /// (entries, bytes) saved for every model together.
     pub fn total(&self) -> (u64, u64) {
-        self.usage.lock().unwrap_or_else(|e| e.into_inner()).values().fold((0, 0), |a, u| (a.0 + u.0, a.1 + u.1))
+        self.usage.lock().values().fold((0, 0), |a, u| (a.0 + u.0, a.1 + u.1))
     }
 }
 

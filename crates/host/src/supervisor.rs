@@ -12,7 +12,9 @@
 
 use std::collections::VecDeque;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
@@ -171,7 +173,7 @@ impl Backend {
     /// Fails at once if the process exits; stops it if it is not ready in time.
     pub async fn ready(&self, http: &reqwest::Client) -> Result<(), StartError> {
         let backend = self;
-        let port_rx = backend.inner.port_rx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let port_rx = backend.inner.port_rx.lock().take();
         let deadline = tokio::time::Instant::now() + backend.inner.ready_timeout;
         let port = match port_rx {
             Some(rx) => backend.until_exit_or(deadline, async { rx.await.ok() }).await?,
@@ -268,7 +270,7 @@ impl Backend {
 
     /// The last lines the process wrote, oldest first.
     pub fn log_tail(&self) -> String {
-        let t = self.inner.tail.lock().unwrap_or_else(|e| e.into_inner());
+        let t = self.inner.tail.lock();
         t.iter().cloned().collect::<Vec<_>>().join("\n")
     }
 
@@ -305,7 +307,7 @@ async fn pump<R: AsyncRead + Unpin>(
     let mut lines = BufReader::new(r).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         if let Some(port) = parse_listening_port(&line) {
-            if let Some(tx) = port_tx.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            if let Some(tx) = port_tx.lock().take() {
                 let _ = tx.send(port);
             }
         }
@@ -313,7 +315,7 @@ async fn pump<R: AsyncRead + Unpin>(
             continue;
         }
         tracing::debug!(target: "backend", model = %label, "{line}");
-        let mut t = tail.lock().unwrap_or_else(|e| e.into_inner());
+        let mut t = tail.lock();
         if t.len() == LOG_TAIL {
             t.pop_front();
         }

@@ -2,7 +2,7 @@
 
 use backends::Recipe;
 
-use crate::plan::PlanError;
+pub use crate::error::PlanError;
 
 /// A parsed checkpoint: the Hugging Face repo id and the variant after the first `:`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,7 +30,7 @@ impl Checkpoint {
 /// characters (letters, digits, `-`, `_`, `.`; at most 96 per part; no `..`, `--`, or leading or
 /// trailing `-` or `.`), and a variant without control characters, `\\`, `..` or a leading `/`.
 /// Checked before anything is registered or any path is built from it.
-pub fn validate(s: &str) -> Result<(), crate::RegistryError> {
+pub fn validate(s: &str) -> Result<(), crate::error::RegistryError> {
     let c = Checkpoint::parse(s);
     let part_ok = |p: &str| {
         !p.is_empty()
@@ -44,7 +44,7 @@ pub fn validate(s: &str) -> Result<(), crate::RegistryError> {
     match c.repo.split_once('/') {
         Some((org, name)) if part_ok(org) && part_ok(name) => {}
         _ => {
-            return Err(crate::RegistryError::Invalid(format!(
+            return Err(crate::error::RegistryError::Invalid(format!(
                 "Invalid checkpoint '{}': expected `org/name[:VARIANT]` with a Hugging Face repository id (letters, digits, '-', '_', '.')",
                 s.escape_debug()
             )))
@@ -53,7 +53,7 @@ pub fn validate(s: &str) -> Result<(), crate::RegistryError> {
     let v = &c.variant;
     if v.chars().any(char::is_control) || v.contains('\\') || v.split('/').any(|seg| seg == "..") || v.starts_with('/')
     {
-        return Err(crate::RegistryError::Invalid(format!(
+        return Err(crate::error::RegistryError::Invalid(format!(
             "Invalid variant '{}' in checkpoint '{}'",
             v.escape_debug(),
             c.repo

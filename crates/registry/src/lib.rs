@@ -6,9 +6,12 @@
 //! over the real file system; tests do, in memory). Nothing here opens a file.
 
 pub mod checkpoint;
+pub mod error;
 pub mod gguf;
 pub mod memory;
 pub mod plan;
+
+pub use error::{LookupError, RegistryError};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -169,28 +172,6 @@ pub struct RegistryConfig {
     pub physical_memory_gb: Option<f64>,
     /// `LEMONADE_DISABLE_MODEL_FILTERING`.
     pub disable_filtering: bool,
-}
-
-/// The errors of this crate.
-#[derive(Debug, thiserror::Error)]
-pub enum RegistryError {
-    #[error("{path}: {source}")]
-    Json { path: String, source: serde_json::Error },
-    #[error(transparent)]
-    Lookup(#[from] LookupError),
-    #[error(transparent)]
-    Plan(#[from] plan::PlanError),
-    #[error("{0}")]
-    Invalid(String),
-}
-
-/// Why a name did not resolve to a usable model.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum LookupError {
-    #[error("Model '{name}' was not found. {hint}")]
-    NotFound { name: String, hint: String },
-    #[error("Model '{name}' is not available on this system. {reason}")]
-    NotSupported { name: String, reason: String },
 }
 
 #[derive(Debug, Clone, Default)]

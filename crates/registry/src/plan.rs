@@ -32,27 +32,7 @@ pub struct PlannedFile {
 /// Files fetched beside a variant when the repo has them at its root.
 pub const COMPANION_FILES: &[&str] = &["config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model"];
 
-const USAGE: &str = "The checkpoint variant can be a quantization suffix (e.g. `org/repo:Q4_K_M`), an exact \
-    file name (`org/repo:model-Q4_K_M.gguf`), a folder of shards (`org/repo:Q4_K_M` with files in `Q4_K_M/`), or `*` \
-    for every GGUF file.";
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PlanError {
-    #[error("Safetensors file not found in repository: {0}")]
-    SafetensorsNotFound(String),
-    #[error("No .gguf files found in repository {0}. {USAGE}")]
-    NoGguf(String),
-    #[error("File {file} not found in Hugging Face repository {repo}. {USAGE}")]
-    FileNotFound { repo: String, file: String },
-    #[error("Multiple .gguf files found for variant {variant}, but only one is allowed: {}. {USAGE}", .matches.join(", "))]
-    Ambiguous { variant: String, matches: Vec<String> },
-    #[error("No .gguf files found for variant {0}. {USAGE}")]
-    NoVariant(String),
-    #[error("Additional checkpoints must contain exact variants: {0}")]
-    SecondaryWithoutVariant(String),
-    #[error("No listing of repository {0}")]
-    NoListing(String),
-}
+pub use crate::error::PlanError;
 
 /// The files of the main checkpoint's variant, by the one resolver ([`crate::checkpoint::select`]).
 pub fn select_variant<'a>(repo: &str, variant: &str, files: &'a [RepoFile]) -> Result<Vec<&'a RepoFile>, PlanError> {

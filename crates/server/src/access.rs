@@ -75,8 +75,8 @@ pub fn origin_allowed(a: &Access, origin: &str, host: Option<&str>) -> bool {
 fn protected(path: &str) -> bool {
     let native = crate::routes::NATIVE_POST.iter().chain(&crate::routes::NATIVE_GET).any(|n| *n == path);
     let api = ["/api/", "/v0/", "/v1/"].iter().any(|p| path.starts_with(p)) || native;
-    let public =
-        crate::PREFIXES.iter().any(|p| path.strip_prefix(p) == Some("/health")) || path == "/api/v1/openapi.json";
+    let public = crate::routes::PREFIXES.iter().any(|p| path.strip_prefix(p) == Some("/health"))
+        || path == "/api/v1/openapi.json";
     api && !public
 }
 
@@ -84,7 +84,7 @@ fn protected(path: &str) -> bool {
 /// uninstall, load, unload, log-level, the admin API's load and unload, and emptying the
 /// prompt cache.
 pub fn admin_path(method: &Method, path: &str) -> bool {
-    let Some(rest) = crate::PREFIXES.iter().find_map(|p| path.strip_prefix(p)) else { return false };
+    let Some(rest) = crate::routes::PREFIXES.iter().find_map(|p| path.strip_prefix(p)) else { return false };
     const CONTROL: [&str; 7] = ["/pull", "/delete", "/install", "/uninstall", "/load", "/unload", "/log-level"];
     let admin_mutation = rest.starts_with("/admin/models/") && (rest.ends_with("/load") || rest.ends_with("/unload"));
     (*method == Method::POST && (CONTROL.contains(&rest) || admin_mutation))

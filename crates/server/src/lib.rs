@@ -29,7 +29,7 @@ pub use engine::{Config, Engine};
 pub use routes::PREFIXES;
 pub use state::{AppState, Http};
 
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub use engine::VERSION;
 
 /// The application: the route table, Swagger UI, the body limit and access control.
 pub fn app(state: AppState) -> Router {

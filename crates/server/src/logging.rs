@@ -8,7 +8,9 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -62,7 +64,7 @@ impl std::fmt::Debug for LogHub {
 impl LogHub {
     fn push(&self, line: String) {
         let line: Arc<str> = line.into();
-        let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tail = self.tail.lock();
         if tail.lines.len() == TAIL_LINES {
             tail.lines.pop_front();
             tail.first += 1;
@@ -75,14 +77,14 @@ impl LogHub {
     /// The sequence number where the kept lines start, where live lines start, and a receiver
     /// for every later line (no gap, no duplicate).
     fn subscribe(&self) -> (u64, u64, broadcast::Receiver<Arc<str>>) {
-        let tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        let tail = self.tail.lock();
         (tail.first, tail.first + tail.lines.len() as u64, self.tx.subscribe())
     }
 
     /// Up to `max` kept lines from sequence number `from` (below `end`); lines that left the
     /// tail meanwhile are skipped.
     fn past(&self, from: u64, end: u64, max: usize) -> (u64, Vec<Arc<str>>) {
-        let tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        let tail = self.tail.lock();
         let from = from.max(tail.first);
         let skip = (from - tail.first) as usize;
         let take = ((end.saturating_sub(from)) as usize).min(max);
@@ -91,7 +93,7 @@ impl LogHub {
     }
 
     pub fn level(&self) -> String {
-        self.level.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.level.lock().clone()
     }
 
     /// The log as SSE bytes: the kept lines, a few at a time, then each new line, with a
@@ -144,7 +146,7 @@ impl LogHub {
     pub fn set_level(&self, level: &str) -> Result<(), String> {
         let filter = filter_for(level).ok_or_else(|| format!("unknown level '{level}'"))?;
         (self.reload)(filter)?;
-        *self.level.lock().unwrap_or_else(|e| e.into_inner()) = level.to_string();
+        *self.level.lock() = level.to_string();
         Ok(())
     }
 }

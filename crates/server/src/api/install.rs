@@ -41,9 +41,9 @@ pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallReq
     if recipe == backends::cloud::RECIPE {
         return Ok(Json(cloud_install(&rt, backend, req).await?).into_response());
     }
-    let p = installs::plan_for(&rt, &recipe, &backend)?;
+    let p = installs::plan_for(&rt.cfg, &recipe, &backend)?;
     if req.stream != Some(true) {
-        let version = Some(installs::install_now(&rt, &p).await?);
+        let version = Some(installs::install_now(&rt.cfg, &rt.locks, &p).await?);
         return Ok(Json(InstallResponse {
             status: "success".into(),
             recipe,
@@ -54,7 +54,7 @@ pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallReq
         })
         .into_response());
     }
-    Ok(sse::events(&rt.lifecycle, installs::install_in_background(&rt, p)))
+    Ok(sse::events(&rt.lifecycle, installs::install_in_background(&rt.cfg, &rt.locks, p)))
 }
 
 /// Removes a managed backend, unloading the models that use it first.
@@ -75,7 +75,7 @@ pub async fn uninstall_route(
         true => {
             (!rt.remotes.uninstall(&backend)?).then(|| format!("No remote provider '{backend}'; nothing to remove"))
         }
-        false => installs::uninstall(&rt, &recipe, &backend).await?,
+        false => rt.uninstall_backend(&recipe, &backend).await?,
     };
     Ok(Json(InstallResponse { status: "success".into(), recipe, backend, version: None, message, upstream: None }))
 }

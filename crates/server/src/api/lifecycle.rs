@@ -20,7 +20,7 @@ pub async fn health(State(rt): State<AppState>) -> Json<Health> {
         engine::settings::limits_by_type(&rt.lifecycle.scheduler_view().settings.limits.unwrap_or_default());
     Json(Health {
         status: "ok".into(),
-        version: crate::VERSION.into(),
+        version: engine::VERSION.into(),
         model_loaded: rt.lifecycle.most_recent().map(|m| m.info.name.clone()),
         all_models_loaded: loaded.iter().map(|(r, v)| rt.lifecycle.health_entry(r, v)).collect(),
         models_loading: rt.lifecycle.loading(),

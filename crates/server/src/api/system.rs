@@ -119,7 +119,7 @@ fn details(rt: &AppState) -> SystemDetails {
     }
     let (kernel, host_name, cpu_arch, available_memory_gb) = host::hardware::details();
     SystemDetails {
-        lemonade_version: crate::VERSION.into(),
+        lemonade_version: engine::VERSION.into(),
         kernel,
         host_name,
         cpu_arch,

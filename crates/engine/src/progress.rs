@@ -1,0 +1,48 @@
+//! What a download reports as it goes: typed [`PullEvent`]s (the server renders them as SSE
+//! or as Ollama's NDJSON), and the throttled progress callback that sends them.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+/// What a download (of a model, or of a backend's release) reports, in order: `Progress` of
+/// each file (the first, then at most every [`PROGRESS_EVERY`], and the last), `FileDone` as
+/// each file is complete, then one `Complete` or one `Error`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PullEvent {
+    /// `done` bytes of file `index` (1-based) of `total` (`size`: its size, when known).
+    Progress { file: String, index: usize, total: usize, done: u64, size: Option<u64> },
+    /// File `index` of `total` is downloaded and verified.
+    FileDone { file: String, index: usize, total: usize, bytes: u64 },
+    /// Everything is there (for a model: the catalogue already counts it downloaded).
+    Complete { file: String, index: usize, total: usize, bytes: u64 },
+    /// The download failed; what was downloaded is kept and the next pull resumes it.
+    Error(String),
+}
+
+/// Progress of one file is reported at most this often (plus the first and the last).
+pub const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+
+/// A progress callback for file `index` of `total` that sends [`PullEvent::Progress`] to `tx`
+/// at most every [`PROGRESS_EVERY`] (plus the last); it returns false, cancelling the
+/// download, once the receiver is gone.
+pub fn progress_reporter(
+    tx: mpsc::Sender<PullEvent>,
+    file: String,
+    index: usize,
+    total: usize,
+) -> impl FnMut(u64, Option<u64>) -> bool + Send {
+    let mut last = None::<Instant>;
+    move |done, size| {
+        if tx.is_closed() {
+            return false;
+        }
+        let finished = size.is_some_and(|s| done >= s);
+        if last.is_some_and(|t| t.elapsed() < PROGRESS_EVERY) && !finished {
+            return true;
+        }
+        last = Some(Instant::now());
+        let ev = PullEvent::Progress { file: file.clone(), index, total, done, size };
+        tx.try_send(ev).is_ok() || !tx.is_closed()
+    }
+}
