@@ -10,9 +10,9 @@ pub enum EngineError {
     /// Input the engine cannot act on; `param` names the field, `code` says why for machines.
     #[error("{message}")]
     Invalid { message: String, param: Option<String>, code: Option<&'static str> },
-    /// Valid input naming something that does not exist (a 422 in the v9 API).
+    /// Valid JSON that fails the schema, or names nothing known (a 422).
     #[error("{0}")]
-    Unknown(String),
+    Unprocessable(String),
     #[error(transparent)]
     Lookup(#[from] LookupError),
     /// The model exists but cannot serve this endpoint (chat to an embedding model).
@@ -117,6 +117,7 @@ pub fn rejection_message(model: &str, why: &Rejection) -> String {
             pool.as_str().to_ascii_lowercase(),
             if *pool == scheduler::Pool::Vram { " (or the cpu backend)" } else { "" }
         ),
+        InUse(state) => format!("Model '{model}' is {}: unload it before loading with overrides", state.as_str()),
         QueueFull { max_queue, retry_in_ms } => format!(
             "Too many requests are waiting for models ({max_queue}, the --max-queue bound); retry in {} s",
             retry_in_ms.div_ceil(1000)

@@ -2,9 +2,13 @@
 //! (the engine's keyed lock), the transaction itself (`host::install`), progress as
 //! [`PullEvent`]s, auto-install before a load, and uninstall.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use backends::releases::{self, InstallPlan, InstallPlanError};
+use api_types::{BackendInfo, RecipeInfo};
+use backends::releases::{self, InstallPlan, InstallPlanError, Installed};
+use backends::Recipe;
+use host::binary::{self, Found};
 use host::install::{InstallError, Progress};
 
 use tokio::sync::mpsc;
@@ -74,4 +78,63 @@ pub fn install_in_background(cfg: &Arc<Config>, locks: &Arc<Locks>, p: InstallPl
         let _ = tx.send(last).await;
     });
     rx
+}
+
+/// What is installed for `recipe:backend` (override, managed directory or PATH).
+pub fn installed(cfg: &Config, recipe: Recipe, backend: &str) -> Installed {
+    let (dir, exe) = recipe.dir_and_exe();
+    match binary::resolve_from_env(&cfg.cache_dir, dir, backend, exe) {
+        None => Installed::Missing,
+        Some(r) => match r.found {
+            Found::Override(var) => Installed::Override(var),
+            Found::Managed { version } => Installed::Managed(version),
+            Found::Path => Installed::System(r.path.display().to_string()),
+        },
+    }
+}
+
+/// The `recipes` section: every recipe with every backend's state.
+pub fn recipes(cfg: &Config) -> BTreeMap<String, RecipeInfo> {
+    let hw = host::hardware::hardware();
+    let pins = host::install::pins(&cfg.cache_dir);
+    let mut out = BTreeMap::new();
+    for (recipe, list) in releases::recipes() {
+        let mut info = RecipeInfo::default();
+        for backend in list {
+            let inst = installed(cfg, recipe, backend);
+            let (devices, st) = releases::state(&hw, &pins, recipe.as_str(), backend, &inst);
+            if st.state != "unsupported" && info.default_backend.is_empty() {
+                info.default_backend = backend.to_string();
+            }
+            // The release a page and an archive are named by: the installed one for a managed
+            // release, else the pin (an override, PATH or a source build is no release).
+            let from_release =
+                matches!(inst, Installed::Managed(_)) && !releases::built_from_source(&hw, recipe.as_str());
+            let tag = if from_release {
+                st.version.clone()
+            } else {
+                pins.version(recipe.as_str(), backend).unwrap_or_default().into()
+            };
+            let asset = releases::asset(&hw, recipe.as_str(), backend, &tag);
+            let b = BackendInfo {
+                devices: devices.iter().map(|d| d.to_string()).collect(),
+                state: st.state.to_string(),
+                message: st.message,
+                action: st.action,
+                release_url: releases::release_url(recipe, backend, &tag).unwrap_or_default(),
+                version: st.version,
+                download_filename: asset.map(|a| a.filename).unwrap_or_default(),
+                can_uninstall: matches!(inst, Installed::Managed(_)),
+            };
+            info.backends.insert(backend.to_string(), b);
+        }
+        // llama.cpp models run on the configured backend, so that is the default we report.
+        if recipe == Recipe::LlamaCpp {
+            info.default_backend = cfg.llamacpp_backend.clone();
+        }
+        let default = info.backends.get(&info.default_backend).or_else(|| info.backends.values().next());
+        info.release_url = default.map(|b| b.release_url.clone()).unwrap_or_default();
+        out.insert(recipe.to_string(), info);
+    }
+    out
 }

@@ -11,6 +11,7 @@
 //! * [`pulls`]: downloads with typed [`pulls::PullEvent`]s, leases that pull first, preloads.
 //! * [`installs`], [`remote`], [`prompt_cache`], [`settings`], [`metrics`], [`config`].
 
+pub mod admin;
 pub mod catalogue;
 pub mod config;
 pub mod error;

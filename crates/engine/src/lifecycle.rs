@@ -532,6 +532,17 @@ impl Lifecycle {
         }
     }
 
+    /// The admin API's load of `info` with `options` (`overrides`: they include runtime-only
+    /// overrides), its conditions decided by the owner (see `scheduler::Event::AdminLoad`).
+    pub async fn admin_load(&self, info: &ModelInfo, options: Opts, overrides: bool) -> LoadOutcome {
+        let model = self.model_ref(info, &options, None);
+        let (req, rx) = self.request();
+        match self.ask(req, rx, Event::AdminLoad { req, model, options, overrides }).await {
+            Answer::Load(r) => r,
+            _ => LoadOutcome::Cancelled,
+        }
+    }
+
     /// Pins or unpins a loaded model.
     pub async fn pin(&self, name: &str, pinned: bool) -> Result<()> {
         let (req, rx) = self.request();

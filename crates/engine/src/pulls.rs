@@ -216,6 +216,63 @@ pub fn pull_in_background(rt: &Engine, m: ModelInfo) -> mpsc::Receiver<PullEvent
     rx
 }
 
+/// The request's recipe options, validated (400 naming the field).
+pub fn request_options(req: &LoadRequest) -> Result<RecipeOptions> {
+    let mut o = RecipeOptions::new();
+    if let Some(c) = req.ctx_size {
+        if c == 0 {
+            return Err(EngineError::invalid("ctx_size must be at least 1", Some("ctx_size")));
+        }
+        o.insert("ctx_size".into(), c.into());
+    }
+    if let Some(b) = &req.llamacpp_backend {
+        if !backends::Recipe::LlamaCpp.backends().contains(&b.as_str()) {
+            return Err(EngineError::invalid(
+                format!(
+                    "llamacpp_backend must be one of {}, got '{b}'",
+                    backends::Recipe::LlamaCpp.backends().join(", ")
+                ),
+                Some("llamacpp_backend"),
+            ));
+        }
+        o.insert("llamacpp_backend".into(), b.clone().into());
+    }
+    if let Some(a) = &req.llamacpp_args {
+        let check = backends::llamacpp::tokenize(a).and_then(|t| backends::llamacpp::validate_user_args(&t));
+        if let Err(e) = check {
+            return Err(EngineError::invalid_code(e.to_string(), "llamacpp_args", "invalid_llamacpp_args"));
+        }
+        o.insert("llamacpp_args".into(), a.clone().into());
+    }
+    if let Some(workers) = &req.rpc_servers {
+        for w in workers {
+            backends::rpc::check_worker(w).map_err(|m| EngineError::invalid(m, Some("rpc_servers")))?;
+        }
+        o.insert(backends::rpc::OPTION.into(), workers.clone().into());
+    }
+    Ok(o)
+}
+
+/// `POST /load`: the model `req` names, pulled first when it is registered but not
+/// downloaded, its options validated (a 400 naming the field), saved as its defaults when
+/// asked, layered over the saved ones and the flags, then loaded (reloaded in place when it
+/// runs with other options). Returns the model.
+pub async fn load(rt: &Engine, req: &LoadRequest) -> Result<ModelInfo> {
+    let info = rt.catalogue.get(&req.model_name)?;
+    let opts = request_options(req)?;
+    let info = ensure_downloaded(rt, &info).await?;
+    if req.save_options == Some(true) {
+        let mut saved = opts.clone();
+        if let Some(t) = req.idle_timeout {
+            saved.insert(registry::IDLE_TIMEOUT_KEY.into(), t.into());
+        }
+        rt.catalogue.save_options(&info.name, Some(&saved))?;
+    }
+    let effective = rt.lifecycle.effective_options(&info, &opts);
+    EngineError::from_load(&info.name, rt.lifecycle.load(&info, effective, req.pinned, req.idle_timeout).await)?;
+    Ok(info)
+}
+
 /// A lease on `name` for `endpoint` (which serves the model types `want`): the model is pulled
 /// first when it is registered but not downloaded and auto-load is on, then loaded if needed.
 pub async fn lease(rt: &Engine, name: &str, want: &[ModelType], endpoint: &str) -> Result<Lease> {

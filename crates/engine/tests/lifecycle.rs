@@ -349,3 +349,34 @@ async fn a_remote_models_lease_routes_to_its_provider_with_the_upstream_id_and_t
     let e = pulls::lease(&s.engine, "up.other", LLM, "chat").await.err().unwrap();
     assert!(e.to_string().contains("does not list 'other'; it offers: up.up-model"), "{e}");
 }
+
+/// The admin load's conditions are decided by the owner on the state it holds: a request
+/// starts loading the model after the handler could have read "unloaded"; the admin load with
+/// overrides is refused naming the state, and its overrides are not recorded.
+#[tokio::test]
+async fn an_admin_load_racing_a_load_is_decided_on_the_state_the_owner_holds() {
+    let s = setup(|_| {});
+    s.launcher.hold(A);
+    let request = {
+        let e = s.engine.clone();
+        tokio::spawn(async move { pulls::lease(&e, A, LLM, "chat").await.map(drop) })
+    };
+    assert!(s.launcher.wait_until(WITHIN, |l| l.processes(A).len() == 1).await);
+    let with_ctx = api_types::AdminLoadRequest { gguf_n_ctx: Some(512), ..Default::default() };
+    let e = engine::admin::load(&s.engine, A, &with_ctx).await.unwrap_err();
+    match &e {
+        EngineError::Invalid { code: Some("invalid_load_request"), message, .. } => {
+            assert_eq!(message, &format!("Model '{A}' is loading: unload it before loading with overrides"))
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.engine.lifecycle.load_override(A), None, "a refused override is not recorded");
+    s.launcher.release(A);
+    request.await.unwrap().unwrap();
+    // Loaded: a plain admin load leaves it as it is (no second process), overrides are refused.
+    let m = engine::admin::load(&s.engine, A, &Default::default()).await.unwrap();
+    assert!(m.is_loaded && m.runtime_state == "loaded", "{m:?}");
+    assert_eq!(s.launcher.processes(A).len(), 1);
+    let e = engine::admin::load(&s.engine, A, &with_ctx).await.unwrap_err();
+    assert!(e.to_string().contains("is loaded: unload it before loading with overrides"), "{e}");
+}

@@ -168,6 +168,10 @@ pub enum Event<O> {
     Cancel { req: ReqId },
     /// Explicit load (`/load`, admin load); `pin` pins or unpins it as well.
     Load { req: ReqId, model: ModelRef, options: O, pin: Option<bool> },
+    /// The admin API's load, whose conditions are checked here, against the state the machine
+    /// holds (never a published snapshot): an unloading model refuses it; a loaded one is left
+    /// as it is; `overrides` (runtime-only options) are refused while it is loaded or loading.
+    AdminLoad { req: ReqId, model: ModelRef, options: O, overrides: bool },
     /// Unload one model, or every model.
     Unload { req: ReqId, model: Option<String> },
     /// Pin or unpin a model that is loaded or loading.
@@ -209,6 +213,8 @@ pub enum Rejection {
         budget: u64,
         pinned: u64,
     },
+    /// The admin API's overrides need the model unloaded; it is in this state.
+    InUse(State),
     /// `max_queue` requests are already waiting.
     QueueFull {
         max_queue: usize,
@@ -228,6 +234,7 @@ impl Rejection {
             Rejection::SlotsPinned(_) => "slots_pinned",
             Rejection::NoMemory { .. } => "insufficient_memory",
             Rejection::QueueFull { .. } => "queue_full",
+            Rejection::InUse(_) => "model_in_use",
         }
     }
 }
@@ -577,6 +584,7 @@ impl<O: Clone + PartialEq> Machine<O> {
             Event::Release { req } => self.release(req),
             Event::Cancel { req } => self.cancel(req),
             Event::Load { req, model, options, pin } => self.load(req, model, options, pin),
+            Event::AdminLoad { req, model, options, overrides } => self.admin_load(req, model, options, overrides),
             Event::Unload { req, model } => self.unload(req, model),
             Event::Pin { req, model, pinned } => self.pin(req, &model, pinned),
             Event::Configure { req, settings } => {
@@ -804,6 +812,17 @@ impl<O: Clone + PartialEq> Machine<O> {
                 }
             }
         }
+    }
+
+    fn admin_load(&mut self, req: ReqId, model: ModelRef, options: O, overrides: bool) {
+        let state = self.models.get(&model.name).map_or(State::Unloaded, |e| e.state);
+        let done = match state {
+            State::Unloading => LoadOutcome::Refused(Rejection::Unloading),
+            State::Loaded | State::Loading if overrides => LoadOutcome::Refused(Rejection::InUse(state)),
+            State::Loaded => LoadOutcome::Loaded,
+            _ => return self.load(req, model, options, None),
+        };
+        self.out.push(Effect::LoadDone { req, model: model.name, result: done });
     }
 
     fn pin(&mut self, req: ReqId, name: &str, pinned: bool) {

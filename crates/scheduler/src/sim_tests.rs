@@ -965,6 +965,45 @@ fn load_with_same_options_is_a_noop_and_other_options_reload_in_place() {
     assert_eq!(fx.len(), 2, "both loads answered: {fx:?}");
 }
 
+/// The admin load's conditions are the machine's: decided on the state it holds, whatever a
+/// snapshot said when the request was sent.
+#[test]
+fn an_admin_load_is_decided_on_the_machines_state() {
+    let mut d = Drive::new(1);
+    let done = |req, result| vec![Effect::LoadDone { req, model: "a".to_string(), result }];
+    // Unloaded: it loads, overrides or not.
+    let req = d.req();
+    assert_eq!(
+        d.ev(Event::AdminLoad { req, model: llm("a"), options: 7, overrides: true }),
+        vec![Effect::Start { model: "a".into(), options: 7 }]
+    );
+    // Loading: overrides are refused naming the state; a plain admin load joins it.
+    let (r2, r3) = (d.req(), d.req());
+    let fx = d.ev(Event::AdminLoad { req: r2, model: llm("a"), options: 0, overrides: true });
+    assert_eq!(fx, done(r2, LoadOutcome::Refused(Rejection::InUse(State::Loading))));
+    assert!(d.ev(Event::AdminLoad { req: r3, model: llm("a"), options: 7, overrides: false }).is_empty());
+    let fx = d.ev(Event::Started { model: "a".into(), result: Ok(()) });
+    assert_eq!(fx.len(), 2, "both loads answered: {fx:?}");
+    // Loaded: a plain admin load changes nothing, even with other options (no reload).
+    let req = d.req();
+    assert_eq!(
+        d.ev(Event::AdminLoad { req, model: llm("a"), options: 9, overrides: false }),
+        done(req, LoadOutcome::Loaded)
+    );
+    let req = d.req();
+    let fx = d.ev(Event::AdminLoad { req, model: llm("a"), options: 9, overrides: true });
+    assert_eq!(fx, done(req, LoadOutcome::Refused(Rejection::InUse(State::Loaded))));
+    // Unloading (a request holds it): refused, whatever the body.
+    let held = d.use_model(&llm("a"));
+    let un = d.req();
+    d.ev(Event::Unload { req: un, model: Some("a".into()) });
+    assert_eq!(d.state("a"), State::Unloading);
+    let req = d.req();
+    let fx = d.ev(Event::AdminLoad { req, model: llm("a"), options: 0, overrides: false });
+    assert_eq!(fx, done(req, LoadOutcome::Refused(Rejection::Unloading)));
+    d.ev(Event::Release { req: held });
+}
+
 #[test]
 fn unload_of_a_loading_model_cancels_the_load() {
     let mut d = Drive::new(1);

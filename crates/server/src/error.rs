@@ -161,7 +161,7 @@ impl From<EngineError> for ApiError {
         use EngineError as E;
         match e {
             E::Invalid { message, param, code } => ApiError::BadRequest { message, param, code },
-            E::Unknown(m) => ApiError::Unprocessable(m),
+            E::Unprocessable(m) => ApiError::Unprocessable(m),
             E::Lookup(l) => ApiError::Lookup(l),
             E::WrongModelType(m) => ApiError::WrongModelType(m),
             E::LoadFailed { model, message } => ApiError::LoadFailed { model, message },

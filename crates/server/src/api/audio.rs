@@ -75,28 +75,33 @@ pub async fn translations(State(rt): State<AppState>, form: Form) -> Result<Resp
 
 /// Checks the form, takes a lease on the model and forwards the form to its whisper-server.
 async fn transcribe(rt: &AppState, form: Form, translate: bool) -> Result<Response, ApiError> {
+    let (model, format) = checked(&form)?;
+    let lease = pulls::lease(rt, model, AUDIO, "audio/transcriptions").await?;
+    let upstream = backend_form(&form, format, translate);
+    proxy::forward_form(lease, backends::whispercpp::INFERENCE_PATH, upstream, format.content_type()).await
+}
+
+/// The form's model and answer format, once its file, model, format and temperature check out
+/// (a 400 naming the field otherwise), before any model loads.
+fn checked(form: &Form) -> Result<(&str, TranscriptionFormat), ApiError> {
     let file = form.get("file").filter(|p| p.file_name.is_some() || !p.data.is_empty());
     let file = file.ok_or_else(|| ApiError::bad_request("Missing 'file' field in request", Some("file")))?;
     let model = form.text("model")?.filter(|m| !m.is_empty());
     let model = model.ok_or_else(|| ApiError::bad_request("Missing 'model' field in request", Some("model")))?;
     if backends::whispercpp::audio_format(&file.data).is_none() {
-        return Err(ApiError::bad_request(
-            format!(
-                "The uploaded file{} is not audio lemonade can transcribe: expected {}",
-                file.file_name.as_deref().map(|n| format!(" '{n}'")).unwrap_or_default(),
-                backends::whispercpp::AUDIO_FORMATS
-            ),
-            Some("file"),
-        ));
+        let named = file.file_name.as_deref().map(|n| format!(" '{n}'")).unwrap_or_default();
+        let msg = format!(
+            "The uploaded file{named} is not audio lemonade can transcribe: expected {}",
+            backends::whispercpp::AUDIO_FORMATS
+        );
+        return Err(ApiError::bad_request(msg, Some("file")));
     }
     let format = match form.text("response_format")? {
         None | Some("") => TranscriptionFormat::Json,
         Some(f) => TranscriptionFormat::parse(f).ok_or_else(|| {
             let all = TranscriptionFormat::ALL.map(TranscriptionFormat::as_str).join(", ");
-            ApiError::bad_request(
-                format!("Unsupported response_format '{f}': expected one of {all}"),
-                Some("response_format"),
-            )
+            let msg = format!("Unsupported response_format '{f}': expected one of {all}");
+            ApiError::bad_request(msg, Some("response_format"))
         })?,
     };
     if let Some(t) = form.text("temperature")?.filter(|t| !t.is_empty()) {
@@ -105,9 +110,7 @@ async fn transcribe(rt: &AppState, form: Form, translate: bool) -> Result<Respon
             return Err(ApiError::bad_request(msg, Some("temperature")));
         }
     }
-    let lease = pulls::lease(rt, model, AUDIO, "audio/transcriptions").await?;
-    let upstream = backend_form(&form, format, translate);
-    proxy::forward_form(lease, backends::whispercpp::INFERENCE_PATH, upstream, format.content_type()).await
+    Ok((model, format))
 }
 
 /// The form whisper-server reads: every field but `model`, the format made explicit, and

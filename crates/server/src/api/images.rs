@@ -113,17 +113,7 @@ fn field<T: std::str::FromStr>(form: &Form, name: &str) -> Result<Option<T>, Api
 /// An edit or a variation: the form checked, then sent on to sd-server's edit route.
 async fn redraw(rt: &AppState, form: Form, endpoint: &str) -> Result<Response, ApiError> {
     let variation = endpoint == "images/variations";
-    let images: Vec<_> = form.parts.iter().filter(|p| p.name == "image" || p.name == "image[]").collect();
-    if images.is_empty() {
-        return Err(ApiError::bad_request("Missing 'image' field in request", Some("image")));
-    }
-    for p in images.iter().copied().chain(form.get("mask")) {
-        if sdcpp::image_format(&p.data).is_none() {
-            let name = p.file_name.as_deref().map(|n| format!(" '{n}'")).unwrap_or_default();
-            let msg = format!("The uploaded file{name} is not an image: expected PNG, JPEG, WebP, BMP or GIF");
-            return Err(ApiError::bad_request(msg, Some(&p.name)));
-        }
-    }
+    let images = uploaded_images(&form)?;
     let model = form.text("model")?.filter(|m| !m.is_empty());
     let model = model.ok_or_else(|| ApiError::bad_request("Missing 'model' field in request", Some("model")))?;
     let prompt = if variation { " " } else { form.text("prompt")?.unwrap_or_default() };
@@ -142,10 +132,7 @@ async fn redraw(rt: &AppState, form: Form, endpoint: &str) -> Result<Response, A
     let lease = pulls::lease(rt, model, IMAGE, endpoint).await?;
     let mut upstream = reqwest::multipart::Form::new().text("prompt", sd.prompt_with(prompt));
     for p in images.iter().copied().chain(if variation { None } else { form.get("mask") }) {
-        let name = if p.name == "mask" { "mask" } else { "image[]" };
-        let part =
-            reqwest::multipart::Part::stream_with_length(reqwest::Body::from(p.data.clone()), p.data.len() as u64);
-        upstream = upstream.part(name, part.file_name(p.file_name.clone().unwrap_or_else(|| "image".into())));
+        upstream = upstream.part(if p.name == "mask" { "mask" } else { "image[]" }, upload(p));
     }
     for (k, v) in [("n", n.map(|n| n.to_string())), ("size", size.map(str::to_string))] {
         if let Some(v) = v {
@@ -153,4 +140,26 @@ async fn redraw(rt: &AppState, form: Form, endpoint: &str) -> Result<Response, A
         }
     }
     proxy::forward_form(lease, sdcpp::EDITS_PATH, upstream.text("output_format", "png"), "application/json").await
+}
+
+/// The form's images (`image` or `image[]`), each an image sd-server reads, as is the mask.
+fn uploaded_images(form: &Form) -> Result<Vec<&crate::extract::Part>, ApiError> {
+    let images: Vec<_> = form.parts.iter().filter(|p| p.name == "image" || p.name == "image[]").collect();
+    if images.is_empty() {
+        return Err(ApiError::bad_request("Missing 'image' field in request", Some("image")));
+    }
+    for p in images.iter().copied().chain(form.get("mask")) {
+        if sdcpp::image_format(&p.data).is_none() {
+            let name = p.file_name.as_deref().map(|n| format!(" '{n}'")).unwrap_or_default();
+            let msg = format!("The uploaded file{name} is not an image: expected PNG, JPEG, WebP, BMP or GIF");
+            return Err(ApiError::bad_request(msg, Some(&p.name)));
+        }
+    }
+    Ok(images)
+}
+
+/// An uploaded file as a part of the form sent on.
+fn upload(p: &crate::extract::Part) -> reqwest::multipart::Part {
+    let part = reqwest::multipart::Part::stream_with_length(reqwest::Body::from(p.data.clone()), p.data.len() as u64);
+    part.file_name(p.file_name.clone().unwrap_or_else(|| "image".into()))
 }

@@ -52,47 +52,6 @@ pub async fn stats(State(rt): State<AppState>) -> Json<Stats> {
     Json(last.unwrap_or_default())
 }
 
-/// The request's recipe options, validated (400 naming the field).
-fn request_options(req: &LoadRequest) -> Result<RecipeOptions, ApiError> {
-    let mut o = RecipeOptions::new();
-    if let Some(c) = req.ctx_size {
-        if c == 0 {
-            return Err(ApiError::bad_request("ctx_size must be at least 1", Some("ctx_size")));
-        }
-        o.insert("ctx_size".into(), c.into());
-    }
-    if let Some(b) = &req.llamacpp_backend {
-        if !backends::Recipe::LlamaCpp.backends().contains(&b.as_str()) {
-            return Err(ApiError::bad_request(
-                format!(
-                    "llamacpp_backend must be one of {}, got '{b}'",
-                    backends::Recipe::LlamaCpp.backends().join(", ")
-                ),
-                Some("llamacpp_backend"),
-            ));
-        }
-        o.insert("llamacpp_backend".into(), b.clone().into());
-    }
-    if let Some(a) = &req.llamacpp_args {
-        let check = backends::llamacpp::tokenize(a).and_then(|t| backends::llamacpp::validate_user_args(&t));
-        if let Err(e) = check {
-            return Err(ApiError::BadRequest {
-                message: e.to_string(),
-                param: Some("llamacpp_args".into()),
-                code: Some("invalid_llamacpp_args"),
-            });
-        }
-        o.insert("llamacpp_args".into(), a.clone().into());
-    }
-    if let Some(workers) = &req.rpc_servers {
-        for w in workers {
-            backends::rpc::check_worker(w).map_err(|m| ApiError::bad_request(m, Some("rpc_servers")))?;
-        }
-        o.insert(backends::rpc::OPTION.into(), workers.clone().into());
-    }
-    Ok(o)
-}
-
 /// Loads a model (or reloads it with other options; the same options are a no-op).
 #[utoipa::path(post, path = "/api/v1/load", tag = "Lemonade",
     description = "Also under /api/v0, /v0 and /v1. Options take precedence over saved per-model options, which take \
@@ -108,22 +67,7 @@ fn request_options(req: &LoadRequest) -> Result<RecipeOptions, ApiError> {
         (status = 507, description = "`insufficient_memory`: its estimate can never fit the memory budget (figures named)", body = ErrorResponse),
     ))]
 pub async fn load(State(rt): State<AppState>, body: JsonBody<LoadRequest>) -> Result<Json<LoadResponse>, ApiError> {
-    let req = body.value;
-    let info = rt.catalogue.get(&req.model_name)?;
-    let opts = request_options(&req)?;
-    let info = pulls::ensure_downloaded(&rt, &info).await?;
-    if req.save_options == Some(true) {
-        let mut saved = opts.clone();
-        if let Some(t) = req.idle_timeout {
-            saved.insert(registry::IDLE_TIMEOUT_KEY.into(), t.into());
-        }
-        rt.catalogue.save_options(&info.name, Some(&saved))?;
-    }
-    let effective = rt.lifecycle.effective_options(&info, &opts);
-    engine::EngineError::from_load(
-        &info.name,
-        rt.lifecycle.load(&info, effective, req.pinned, req.idle_timeout).await,
-    )?;
+    let info = pulls::load(&rt, &body.value).await?;
     Ok(Json(LoadResponse {
         status: "success".into(),
         model_name: info.name.clone(),

@@ -6,74 +6,14 @@
 
 use std::collections::BTreeMap;
 
-use api_types::{BackendInfo, RecipeInfo, SystemDetails, SystemInfo, SystemStats};
+use api_types::{SystemDetails, SystemInfo, SystemStats};
 use axum::extract::{Query, State};
 use axum::Json;
-use backends::releases::{self, Installed};
-use backends::Recipe;
-use host::binary::{self, Found};
+use backends::releases;
+use host::binary;
 use serde::Deserialize;
 
 use crate::state::AppState;
-
-/// What is installed for `recipe:backend` (override, managed directory or PATH).
-fn installed(rt: &AppState, recipe: Recipe, backend: &str) -> Installed {
-    let (dir, exe) = recipe.dir_and_exe();
-    match binary::resolve_from_env(&rt.cfg.cache_dir, dir, backend, exe) {
-        None => Installed::Missing,
-        Some(r) => match r.found {
-            Found::Override(var) => Installed::Override(var),
-            Found::Managed { version } => Installed::Managed(version),
-            Found::Path => Installed::System(r.path.display().to_string()),
-        },
-    }
-}
-
-/// The `recipes` section: every recipe with every backend's state.
-fn recipes(rt: &AppState) -> BTreeMap<String, RecipeInfo> {
-    let hw = host::hardware::hardware();
-    let pins = host::install::pins(&rt.cfg.cache_dir);
-    let mut out = BTreeMap::new();
-    for (recipe, list) in releases::recipes() {
-        let mut info = RecipeInfo::default();
-        for backend in list {
-            let inst = installed(rt, recipe, backend);
-            let (devices, st) = releases::state(&hw, &pins, recipe.as_str(), backend, &inst);
-            if st.state != "unsupported" && info.default_backend.is_empty() {
-                info.default_backend = backend.to_string();
-            }
-            // The release a page and an archive are named by: the installed one for a managed
-            // release, else the pin (an override, PATH or a source build is no release).
-            let from_release =
-                matches!(inst, Installed::Managed(_)) && !releases::built_from_source(&hw, recipe.as_str());
-            let tag = if from_release {
-                st.version.clone()
-            } else {
-                pins.version(recipe.as_str(), backend).unwrap_or_default().into()
-            };
-            let asset = releases::asset(&hw, recipe.as_str(), backend, &tag);
-            let b = BackendInfo {
-                devices: devices.iter().map(|d| d.to_string()).collect(),
-                state: st.state.to_string(),
-                message: st.message,
-                action: st.action,
-                release_url: releases::release_url(recipe, backend, &tag).unwrap_or_default(),
-                version: st.version,
-                download_filename: asset.map(|a| a.filename).unwrap_or_default(),
-                can_uninstall: matches!(inst, Installed::Managed(_)),
-            };
-            info.backends.insert(backend.to_string(), b);
-        }
-        // llama.cpp models run on the configured backend, so that is the default we report.
-        if recipe == Recipe::LlamaCpp {
-            info.default_backend = rt.cfg.llamacpp_backend.clone();
-        }
-        let default = info.backends.get(&info.default_backend).or_else(|| info.backends.values().next());
-        info.release_url = default.map(|b| b.release_url.clone()).unwrap_or_default();
-        out.insert(recipe.to_string(), info);
-    }
-    out
-}
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 pub struct SystemInfoQuery {
@@ -102,7 +42,7 @@ fn system_info_now(rt: &AppState, verbose: bool) -> SystemInfo {
         processor: d.processor.clone(),
         physical_memory: d.memory.clone(),
         devices: d.devices.clone(),
-        recipes: recipes(rt),
+        recipes: engine::installs::recipes(&rt.cfg),
         details: verbose.then(|| details(rt)),
     }
 }
