@@ -462,6 +462,33 @@ pub fn wait_child(child: &mut Child, timeout: Duration) -> Option<std::process::
 }
 
 /// Direct children of `pid` (from /proc).
+/// Sends `sig` to the next backend `server` spawns that is not in `seen`, the moment it exists
+/// (its exec done: a child still running the server's own image is forked but not yet exec'd,
+/// and signalling it would hit a copy of the server). /proc is polled without pause for at most
+/// 10 s. Its pid.
+pub async fn signal_next_backend(server: u32, seen: &[u32], sig: i32) -> Option<u32> {
+    let seen = seen.to_vec();
+    let exe = |p: u32| std::fs::read_link(format!("/proc/{p}/exe")).ok();
+    tokio::task::spawn_blocking(move || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let own = exe(server);
+        while std::time::Instant::now() < deadline {
+            let exec_done = |c: &u32| exe(*c).is_some_and(|e| Some(&e) != own.as_ref());
+            if let Some(c) = child_pids(server).into_iter().find(|c| !seen.contains(c) && exec_done(c)) {
+                // SAFETY: a plain syscall on a child of the server under test.
+                unsafe {
+                    libc::kill(c as i32, sig);
+                }
+                return Some(c);
+            }
+            std::thread::yield_now();
+        }
+        None
+    })
+    .await
+    .unwrap()
+}
+
 pub fn child_pids(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     let Ok(entries) = std::fs::read_dir("/proc") else {

@@ -107,8 +107,16 @@ fn test(rest: &[String]) -> Result<()> {
     cmd.env("LEMONADE_TEST_FAKE_BACKEND", &fake);
     // No doc tests exist (nextest would not run them); keep it that way or add a step here.
     let tests = run(&mut cmd);
-    // Then the soak's bounded subset (a few minutes), on the debug build the tests used.
-    let soak = if rest.is_empty() { soak_subset(&p, &fake) } else { Ok(()) };
+    // Then the soak's bounded subset (a few minutes), on the debug build the tests used. With a
+    // test filter (extra arguments) it is not run, and the run says so.
+    let soak = if rest.is_empty() {
+        soak_subset(&p, &fake)
+    } else {
+        eprintln!(
+            "\nxtask test: the soak subset was NOT run (extra arguments select tests); `cargo xtask test` alone runs everything"
+        );
+        Ok(())
+    };
     tests.and(soak)
 }
 

@@ -268,8 +268,12 @@ async fn stop_kills_what_ignores_sigterm() {
     assert_eq!(st, 200, "{v}");
     let backends = child_pids(l.pid());
     assert_eq!(backends.len(), 1);
+    let t = std::time::Instant::now();
     let (code, out, err) = l.cli(&["stop", "--timeout", "1", "--json"]).await;
     assert_eq!(code, 0, "{out}{err}");
+    // SIGTERM first (lemonade began its shutdown), the 1 s timeout waited out, then SIGKILL.
+    assert!(t.elapsed() >= Duration::from_millis(900), "the CLI did not wait its timeout: {:?}", t.elapsed());
+    assert!(l.log().contains("shutting down: stopping backends"), "lemonade got SIGTERM first: {}", l.log());
     assert!(parse(&out)["killed"].as_u64().unwrap() >= 1, "{out}");
     assert!(l.wait_exit(Duration::from_secs(5)).is_some());
     assert!(!alive(backends[0]), "the backend {} is gone", backends[0]);

@@ -265,8 +265,31 @@ async fn a_backend_that_ignores_sigterm_is_killed() {
     let children = child_pids(l.pid());
     let t = Instant::now();
     assert_eq!(l.post_raw("/api/v1/unload", "").await.0, 200);
+    // SIGTERM first, the 1 s grace waited out, then SIGKILL: a kill at once would be faster.
+    assert!(t.elapsed() >= Duration::from_millis(900), "the grace period was not waited: {:?}", t.elapsed());
     assert!(t.elapsed() < Duration::from_secs(4));
+    assert!(l.log().contains("backend ignored SIGTERM; sending SIGKILL"), "{}", l.log());
     assert!(children.iter().all(|p| !alive(*p)), "SIGKILL after the grace period");
+}
+
+/// A backend killed while it loads fails that start at once with its exit status (not after
+/// the load timeout); the failure policy tries once more, and a second kill fails the load,
+/// naming the signal. The next request loads the model again.
+#[tokio::test]
+async fn a_backend_killed_during_its_load_fails_the_start_naming_its_exit_and_the_next_request_reloads() {
+    let l = start(&[("slow", None, json!({"load_delay_ms": 3000}))], &["--load-timeout", "60"]).await;
+    let body = json!({"model": x("slow"), "messages": [{"role": "user", "content": "hi"}]});
+    let chat = spawn_post(&l, "/api/v1/chat/completions", body);
+    let first = signal_next_backend(l.pid(), &[], libc::SIGKILL).await.expect("the backend was spawned");
+    let second = signal_next_backend(l.pid(), &[first], libc::SIGKILL).await.expect("the start was retried once");
+    let (s, e) = chat.await.unwrap();
+    let msg = e["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!((s, e["error"]["code"].as_str()), (500, Some("model_load_error")), "{e}");
+    assert!(msg.contains("exited (killed by signal 9) before it was ready"), "{msg}");
+    let row = until_state(&l, &x("slow"), "failed").await;
+    assert!(row["last_error"].as_str().unwrap_or_default().contains("killed by signal 9"), "{row}");
+    assert!(!alive(first) && !alive(second));
+    assert_eq!(l.chat(&x("slow")).await.0, 200, "the next request loads it again");
 }
 
 #[tokio::test]
@@ -427,15 +450,25 @@ async fn a_load_that_exceeds_the_load_timeout_fails_and_kills_the_backend() {
 
 #[tokio::test]
 async fn a_client_that_hangs_up_while_its_model_loads_leaves_nothing_held() {
-    let l = start(&[("slow", None, json!({"load_delay_ms": 1500})), ("b", None, json!({}))], &[]).await;
+    let l = start(&[("slow", None, json!({"load_delay_ms": 4000})), ("b", None, json!({}))], &[]).await;
     let body = json!({"model": x("slow"), "messages": [{"role": "user", "content": "hi"}]});
     let req = tokio::spawn({
         let (http, url) = (l.http.clone(), l.url("/api/v1/chat/completions"));
         async move { http.post(url).json(&body).send().await }
     });
-    until_state(&l, &x("slow"), "loading").await;
+    let loading = until_state(&l, &x("slow"), "loading").await;
+    assert_eq!(loading["queue_depth"], 1, "the request waits for the load: {loading}");
     req.abort();
     assert!(req.await.unwrap_err().is_cancelled(), "the client hung up before an answer");
+    // The hang-up cancels the wait while the model is still loading (the 4 s load has not
+    // completed): the request leaves the queue at once, not when the load would grant it.
+    let cancelled = wait_for(Duration::from_secs(3), || async {
+        let row = state(&l, &x("slow")).await;
+        (row["queue_depth"] == 0).then_some(row)
+    })
+    .await
+    .expect("the abandoned request left the queue");
+    assert_eq!(cancelled["runtime_state"], "loading", "cancelled during the load, not after it: {cancelled}");
     // The load carries on; nobody holds the model once it is loaded, so it gives way at once.
     let loaded = until_state(&l, &x("slow"), "loaded").await;
     assert_eq!(loaded["inflight_requests"], 0, "{loaded}");

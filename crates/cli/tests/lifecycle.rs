@@ -338,31 +338,11 @@ fn load_in_background(l: &Lemonade, model: &str) -> tokio::task::JoinHandle<(u16
     })
 }
 
-/// Freezes (SIGSTOP) the next backend `l` spawns that is not in `seen`, the moment it exists:
-/// /proc is polled without pause for at most 10 s. llama-server needs well over that moment to
-/// load even SmolLM2, so it is caught while it starts. Its pid.
+/// Freezes (SIGSTOP) the next backend `l` spawns that is not in `seen`, the moment it exists.
+/// llama-server needs well over that moment to load even SmolLM2, so it is caught while it
+/// starts. Its pid.
 async fn freeze_next_backend(l: &Lemonade, seen: &[u32]) -> Option<u32> {
-    let (pid, seen) = (l.pid(), seen.to_vec());
-    // A child still running lemonade's own image is forked but not yet exec'd: freezing it
-    // there would freeze a copy of lemonade, not the backend. Wait for the exec.
-    let exe = |p: u32| std::fs::read_link(format!("/proc/{p}/exe")).ok();
-    tokio::task::spawn_blocking(move || {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let own = exe(pid);
-        while std::time::Instant::now() < deadline {
-            let exec_done = |c: &u32| exe(*c).is_some_and(|e| Some(&e) != own.as_ref());
-            if let Some(c) = child_pids(pid).into_iter().find(|c| !seen.contains(c) && exec_done(c)) {
-                unsafe {
-                    libc::kill(c as i32, libc::SIGSTOP);
-                }
-                return Some(c);
-            }
-            std::thread::yield_now();
-        }
-        None
-    })
-    .await
-    .unwrap()
+    signal_next_backend(l.pid(), seen, libc::SIGSTOP).await
 }
 
 #[tokio::test]

@@ -760,7 +760,23 @@ impl Sim {
     }
 }
 
+/// Names the seed of any panic during its run (the machine's own, an index, an `expect`), not
+/// only the checks' failures, which `Sim::fail` names with the history.
+struct SeedOnPanic(u64);
+
+impl Drop for SeedOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "scheduler simulation panicked in seed {0}\nreplay: SCHEDULER_SIM_FIRST_SEED={0} SCHEDULER_SIM_SEEDS=1",
+                self.0
+            );
+        }
+    }
+}
+
 fn run(seed: u64, steps: usize) {
+    let _named = SeedOnPanic(seed);
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let limits = draw_limits(&mut rng);
     let draw = Draw {

@@ -354,7 +354,7 @@ async fn disk_full(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
         .map(|s| s.success())
         .unwrap_or(false);
     if !mounted {
-        report.add("faults", "disk full while pulling", 0, 0, "skipped: cannot mount a tmpfs here (needs root)");
+        report.skip("faults", "disk full while pulling", "cannot mount a tmpfs here (needs root)", false);
         return Ok(());
     }
     let hf = mnt.join("hub");

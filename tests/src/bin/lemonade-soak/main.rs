@@ -21,6 +21,10 @@ pub struct Row {
     pub trials: usize,
     pub held: usize,
     pub note: String,
+    /// Not run here (what it needs is missing); `note` says why.
+    pub skipped: bool,
+    /// Whether the CI subset may skip it (it needs what only `cargo xtask soak` installs).
+    pub optional_in_ci: bool,
 }
 
 #[derive(Default)]
@@ -32,7 +36,24 @@ impl Report {
     pub fn add(&mut self, area: &'static str, scenario: &str, trials: usize, held: usize, note: impl Into<String>) {
         let note = note.into();
         println!("[{area}] {scenario}: {held}/{trials} held. {note}");
-        self.rows.push(Row { area, scenario: scenario.into(), trials, held, note });
+        let (skipped, optional_in_ci) = (false, false);
+        self.rows.push(Row { area, scenario: scenario.into(), trials, held, note, skipped, optional_in_ci });
+    }
+
+    /// A scenario that cannot run here, and why. A skipped row fails the soak unless it is
+    /// `optional_in_ci` and this is the CI subset: a scenario never passes by not running.
+    pub fn skip(&mut self, area: &'static str, scenario: &str, why: &str, optional_in_ci: bool) {
+        println!("[{area}] {scenario}: SKIPPED: {why}");
+        let note = format!("skipped: {why}");
+        self.rows.push(Row {
+            area,
+            scenario: scenario.into(),
+            trials: 0,
+            held: 0,
+            note,
+            skipped: true,
+            optional_in_ci,
+        });
     }
 }
 
@@ -114,16 +135,28 @@ async fn main() -> anyhow::Result<()> {
         println!("| {} | {} | {} | {} | {} |", r.area, r.scenario, r.trials, r.held, r.note.replace('|', "/"));
     }
     let failed: Vec<&Row> = report.rows.iter().filter(|r| r.held < r.trials).collect();
-    println!("\n{} scenarios, {} failed, {:.0} s", report.rows.len(), failed.len(), t.elapsed().as_secs_f64());
+    let skipped: Vec<&Row> = report.rows.iter().filter(|r| r.skipped).collect();
+    let must_run: Vec<&str> =
+        skipped.iter().filter(|r| !(only == "ci" && r.optional_in_ci)).map(|r| r.scenario.as_str()).collect();
+    let names: Vec<&str> = skipped.iter().map(|r| r.scenario.as_str()).collect();
+    println!(
+        "\n{} scenarios, {} failed, {} skipped{}, {:.0} s",
+        report.rows.len(),
+        failed.len(),
+        skipped.len(),
+        if names.is_empty() { String::new() } else { format!(" ({})", names.join("; ")) },
+        t.elapsed().as_secs_f64()
+    );
     let out: Vec<Value> = report
         .rows
         .iter()
-        .map(|r| json!({"area": r.area, "scenario": r.scenario, "trials": r.trials, "held": r.held, "note": r.note}))
+        .map(|r| json!({"area": r.area, "scenario": r.scenario, "trials": r.trials, "held": r.held, "note": r.note, "skipped": r.skipped}))
         .collect();
     if let Some(path) = std::env::var_os("LEMONADE_SOAK_OUT") {
         std::fs::write(&path, serde_json::to_vec_pretty(&json!({"seconds": t.elapsed().as_secs_f64(), "rows": out}))?)?;
         println!("written to {}", PathBuf::from(path).display());
     }
     anyhow::ensure!(failed.is_empty(), "{} scenario(s) did not hold", failed.len());
+    anyhow::ensure!(must_run.is_empty(), "required scenario(s) were skipped: {}", must_run.join("; "));
     Ok(())
 }
