@@ -8,6 +8,7 @@ import io
 import re
 import struct
 import sys
+import time
 import wave
 
 import openai
@@ -59,10 +60,17 @@ check(len(pcm) % 2 == 0 and 0 < len(pcm) < len(frames), f"{len(pcm)} PCM bytes a
 
 # 4. Streamed: three sentences arrive in more than one piece, the first before the last is made.
 text = " ".join([sentence] * 3)
+asked = time.monotonic()
 with client.audio.speech.with_streaming_response.create(model=tts, voice=voice, input=text, response_format="pcm") as r:
     check("content-length" not in r.headers, f"a streamed answer has no length: {dict(r.headers)}")
-    pieces = [len(c) for c in r.iter_bytes() if c]
+    arrivals = [(time.monotonic() - asked, len(c)) for c in r.iter_bytes() if c]
+pieces = [n for _, n in arrivals]
 check(len(pieces) >= 3 and sum(pieces) > len(pcm), f"stream pieces {pieces}")
+# Streaming, not a whole answer cut in pieces: the first audio arrives while the rest is still
+# being made (Kokoro makes one sentence at a time), well before the last piece, whatever the
+# machine's speed (a ratio of two times of the same run, not a time limit).
+first, last = arrivals[0][0], arrivals[-1][0]
+check(first < 0.75 * last, f"the first piece came at {first:.2f} s and the last at {last:.2f} s: not streamed")
 
 
 def refused(what, call, needle):

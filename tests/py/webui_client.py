@@ -290,7 +290,8 @@ def pull(b, model, checkpoint, cancelled, cancelled_checkpoint, missing, broken,
     page.fill("#m-search", missing)
     expect(state(page, missing)).to_have_attribute("data-state", "failed")
     reason = page.locator(f'tr[data-model="{missing}"] [data-error]').inner_text()
-    check("not" in reason.lower() or "404" in reason, f"a failed pull's reason: {reason!r}")
+    # The Hub's own answer for the repository, as the pull reported it: its listing's URL, 404.
+    check("nobody/does-not-exist-GGUF" in reason and "HTTP 404" in reason, f"a failed pull's reason: {reason!r}")
     # A model whose file llama-server cannot load: failed, with the backend's reason.
     register(broken.removeprefix("user."), broken_checkpoint)
     page.fill("#m-search", broken)

@@ -51,20 +51,20 @@ async fn real_sd_server_the_openai_sdk_generates_edits_and_varies_images_beside_
 #[tokio::test]
 async fn real_sd_server_bad_image_requests_get_a_clear_4xx_and_load_nothing() {
     let l = Lemonade::start_in(bin(), Sandbox::new().with_sd(), &[], &[]).await;
-    for (body, needle) in [
-        (json!({"model": SD}), "Missing required field 'prompt'"),
-        (json!({"prompt": "x"}), "Missing required field 'model'"),
-        (json!({"model": SD, "prompt": "x", "size": "257x256"}), "Unsupported size '257x256'"),
-        (json!({"model": SD, "prompt": "x", "size": "big"}), "Unsupported size 'big'"),
-        (json!({"model": SD, "prompt": "x", "steps": 0}), "'steps': expected 1 to 150"),
-        (json!({"model": SD, "prompt": "x", "cfg_scale": -1}), "'cfg_scale': expected 0 to 30"),
-        (json!({"model": SD, "prompt": "x", "steps": "many"}), "Invalid value for 'steps'"),
-        (json!({"model": GEMMA, "prompt": "x"}), "images/generations needs an image model"),
-        (json!({"model": WHISPER, "prompt": "x"}), "not found"),
+    for (body, needle, status) in [
+        (json!({"model": SD}), "Missing required field 'prompt'", 400),
+        (json!({"prompt": "x"}), "Missing required field 'model'", 400),
+        (json!({"model": SD, "prompt": "x", "size": "257x256"}), "Unsupported size '257x256'", 400),
+        (json!({"model": SD, "prompt": "x", "size": "big"}), "Unsupported size 'big'", 400),
+        (json!({"model": SD, "prompt": "x", "steps": 0}), "'steps': expected 1 to 150", 400),
+        (json!({"model": SD, "prompt": "x", "cfg_scale": -1}), "'cfg_scale': expected 0 to 30", 400),
+        (json!({"model": SD, "prompt": "x", "steps": "many"}), "Invalid value for 'steps'", 400),
+        (json!({"model": GEMMA, "prompt": "x"}), "images/generations needs an image model", 400),
+        (json!({"model": WHISPER, "prompt": "x"}), "not found", 404),
     ] {
         let (s, v) = l.post("/api/v1/images/generations", &body).await;
         let msg = v["error"]["message"].as_str().unwrap_or_default();
-        assert!(s == 400 || s == 404, "{body}: {s} {v}");
+        assert_eq!(s, status, "{body}: {v}");
         assert!(msg.contains(needle), "{body}: {msg}");
     }
     // Edits: not multipart, no image, a file that is not an image, no prompt.
