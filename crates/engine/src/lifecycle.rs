@@ -866,9 +866,8 @@ async fn watchdog(launcher: Arc<dyn Launcher>, interval: Duration, grace: Durati
 /// A start failure as the scheduler's failure policy reads it: only a process that started and
 /// did not become ready may be retried after evicting others.
 fn load_error(f: StartFailure) -> LoadError {
-    let missing_file = matches!(f, StartFailure::Fatal(_));
-    let message = match f {
-        StartFailure::Fatal(m) | StartFailure::NotReady(m) => m,
-    };
-    LoadError { message, missing_file }
+    match f {
+        StartFailure::Fatal(m) => LoadError::fatal(m),
+        StartFailure::NotReady(m) => LoadError::not_ready(m),
+    }
 }

@@ -121,11 +121,32 @@ impl State {
     }
 }
 
+/// Why a start failed, and what kind of failure it was.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadError {
     pub message: String,
-    /// The model file is missing: no evict-all-and-retry.
-    pub missing_file: bool,
+    pub kind: Failure,
+}
+
+/// What the failure policy does about a failed start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Nothing would change by trying again: a missing file or binary, a refused command
+    /// line, an unreachable RPC worker. No eviction, no retry.
+    Fatal,
+    /// The process started but never became ready (it may have lacked memory): the first
+    /// such failure evicts everything and retries once.
+    NotReady,
+}
+
+impl LoadError {
+    pub fn fatal(message: impl Into<String>) -> LoadError {
+        LoadError { message: message.into(), kind: Failure::Fatal }
+    }
+
+    pub fn not_ready(message: impl Into<String>) -> LoadError {
+        LoadError { message: message.into(), kind: Failure::NotReady }
+    }
 }
 
 /// Settings that can change while the machine runs (`None` leaves one as it is).
@@ -967,7 +988,7 @@ impl<O: Clone + PartialEq> Machine<O> {
                     }
                 }
             }
-            Err(err) if e.attempt == 0 && !err.missing_file => {
+            Err(err) if e.attempt == 0 && err.kind == Failure::NotReady => {
                 // Evict every unpinned model, then retry once.
                 e.attempt = 1;
                 e.state = State::Unloaded;

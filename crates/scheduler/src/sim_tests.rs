@@ -478,7 +478,7 @@ impl Sim {
                     .filter(|(n, s)| *n != model && s.state == State::Loaded && !self.pinned.contains(*n))
                     .map(|(n, _)| n)
                     .collect();
-                if !err.missing_file && self.retrying.insert(model.clone()) {
+                if err.kind == Failure::NotReady && self.retrying.insert(model.clone()) {
                     // Invariant 8: the first failure evicts every other model and retries.
                     let retried = fx.iter().any(|e| matches!(e, Effect::Start { model: m, .. } if m == model));
                     if state(after, model) != State::Unloaded && !retried {
@@ -717,11 +717,14 @@ impl Sim {
                 self.procs.insert(model.clone(), Proc::Running);
                 Ok(())
             } else {
-                Err(LoadError { message: "cancelled".into(), missing_file: false })
+                Err(LoadError::not_ready("cancelled"))
             }
         } else {
             self.procs.remove(&model);
-            Err(LoadError { message: "llama-server exited (exit code 1)".into(), missing_file: rng.chance(20) })
+            Err(LoadError {
+                message: "llama-server exited (exit code 1)".into(),
+                kind: if rng.chance(20) { Failure::Fatal } else { Failure::NotReady },
+            })
         };
         self.send(Event::Started { model, result });
     }
@@ -938,7 +941,10 @@ fn failed_load_evicts_everything_and_retries_once_unless_the_file_is_missing() {
     d.ev(Event::Release { req: r });
     let req = d.req();
     d.ev(Event::Acquire { req, model: llm("b"), auto_load: Some(0) });
-    let err = |missing_file| LoadError { message: "out of memory".into(), missing_file };
+    let err = |fatal: bool| LoadError {
+        message: "out of memory".into(),
+        kind: if fatal { Failure::Fatal } else { Failure::NotReady },
+    };
     let fx = d.ev(Event::Started { model: "b".into(), result: Err(err(false)) });
     assert_eq!(fx, vec![Effect::Stop { model: "a".into() }], "evict all");
     let fx = d.ev(Event::Stopped { model: "a".into() });
@@ -1028,10 +1034,7 @@ fn unload_of_a_loading_model_cancels_the_load() {
         fx.iter().any(|e| matches!(e, Effect::Reject { req: r, .. } if *r == req)),
         "the waiting request is answered"
     );
-    d.ev(Event::Started {
-        model: "a".into(),
-        result: Err(LoadError { message: "killed".into(), missing_file: false }),
-    });
+    d.ev(Event::Started { model: "a".into(), result: Err(LoadError::not_ready("killed")) });
     let fx = d.ev(Event::Stopped { model: "a".into() });
     assert_eq!(fx, vec![Effect::UnloadDone { req: un, result: Ok(vec!["a".into()]) }]);
     assert_eq!(d.state("a"), State::Unloaded);
