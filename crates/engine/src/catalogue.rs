@@ -4,15 +4,22 @@
 //!
 //! Invariant: the published registry only moves forward. A reload scans and publishes while it
 //! holds the one writer lock, and a mutation writes its file and rescans under that same lock;
-//! readers take the published `Arc<Registry>` without waiting.
+//! readers take the published `Arc<Registry>` without waiting, once the first scan is done.
+//!
+//! The first scan can run after the server listens ([`Catalogue::start`]): lemonade's own files
+//! are checked at once (a damaged one still stops the start), the model files are scanned in
+//! the background, and whoever needs the registry before that waits for it
+//! ([`Catalogue::scanned`]; `registry()` itself blocks only until then). GGUF headers are kept
+//! by (path, size, mtime), so a rescan reads only the files that changed.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use api_types::RecipeOptions;
-use host::catalogue::CatalogueConfig;
+use host::catalogue::{CatalogueConfig, HeaderCache};
 use registry::{CatalogueEntry, ModelInfo, Registry, USER_PREFIX};
 
 use crate::error::{EngineError, Result};
@@ -28,32 +35,114 @@ pub struct Catalogue {
     writer: Mutex<()>,
     /// How many scans were published (the first, at start, is 1).
     generation: AtomicU64,
+    /// Whether the first scan has been published; waiters block on `first` or await `ready`.
+    scanned: AtomicBool,
+    first: (Mutex<bool>, Condvar),
+    ready: tokio::sync::watch::Sender<bool>,
+    /// The real scanner's header facts (None for an injected scanner).
+    headers: Option<Arc<HeaderCache>>,
 }
 
 impl Catalogue {
-    /// Scans the disk once with the real scanner.
+    /// Scans the disk now, with the real scanner.
     pub fn load(cfg: CatalogueConfig) -> Result<Catalogue> {
-        Catalogue::with_scanner(cfg, Box::new(host::catalogue::load))
+        let (scan, headers) = real_scanner();
+        let c = Catalogue::unscanned(cfg, scan, Some(headers));
+        c.first_scan()?;
+        Ok(c)
     }
 
     /// A catalogue whose scans are `scan`'s (the first one now).
     pub fn with_scanner(cfg: CatalogueConfig, scan: Scanner) -> Result<Catalogue> {
-        let first = scan(&cfg)?;
-        Ok(Catalogue {
+        let c = Catalogue::unscanned(cfg, scan, None);
+        c.first_scan()?;
+        Ok(c)
+    }
+
+    /// The real catalogue with its first scan running in the background: lemonade's own files
+    /// are checked now (a damaged one is an error here), the model files after this returns.
+    pub fn start(cfg: CatalogueConfig) -> Result<Arc<Catalogue>> {
+        host::catalogue::check_files(&cfg)?;
+        let (scan, headers) = real_scanner();
+        Catalogue::start_with(Catalogue::unscanned(cfg, scan, Some(headers)))
+    }
+
+    fn start_with(c: Catalogue) -> Result<Arc<Catalogue>> {
+        let c = Arc::new(c);
+        let bg = c.clone();
+        std::thread::Builder::new()
+            .name("catalogue-scan".into())
+            .spawn(move || {
+                if let Err(e) = bg.first_scan() {
+                    // Nothing waits forever: the catalogue is empty until a rescan succeeds.
+                    tracing::error!(error = %e, "cannot read the model catalogue");
+                    bg.mark_scanned();
+                }
+            })
+            .map_err(|e| EngineError::Internal(format!("cannot start the catalogue scan: {e}")))?;
+        Ok(c)
+    }
+
+    fn unscanned(cfg: CatalogueConfig, scan: Scanner, headers: Option<Arc<HeaderCache>>) -> Catalogue {
+        Catalogue {
             cfg,
             scan,
-            current: RwLock::new(Arc::new(first)),
+            current: RwLock::new(Arc::new(Registry::default())),
             writer: Mutex::new(()),
-            generation: AtomicU64::new(1),
-        })
+            generation: AtomicU64::new(0),
+            scanned: AtomicBool::new(false),
+            first: (Mutex::new(false), Condvar::new()),
+            ready: tokio::sync::watch::channel(false).0,
+            headers,
+        }
+    }
+
+    fn first_scan(&self) -> Result<()> {
+        let t = Instant::now();
+        let r = self.reload();
+        if r.is_ok() {
+            let reads = self.headers.as_ref().map_or(0, |h| h.reads());
+            let models = self.current.read().models().count();
+            let ms = t.elapsed().as_millis() as u64;
+            tracing::info!(models, ms, gguf_headers_read = reads, "model catalogue scanned");
+            self.mark_scanned();
+        }
+        r
+    }
+
+    fn mark_scanned(&self) {
+        self.scanned.store(true, Ordering::SeqCst);
+        *self.first.0.lock() = true;
+        self.first.1.notify_all();
+        self.ready.send_replace(true);
+    }
+
+    /// Resolves once the first scan is published (at once afterwards).
+    pub async fn scanned(&self) {
+        if self.scanned.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut rx = self.ready.subscribe();
+        let _ = rx.wait_for(|done| *done).await;
+    }
+
+    /// GGUF headers read from disk so far (None: an injected scanner).
+    pub fn header_reads(&self) -> Option<u64> {
+        self.headers.as_ref().map(|h| h.reads())
     }
 
     pub fn config(&self) -> &CatalogueConfig {
         &self.cfg
     }
 
-    /// The registry as last published.
+    /// The registry as last published (before the first scan is done, it waits for it).
     pub fn registry(&self) -> Arc<Registry> {
+        if !self.scanned.load(Ordering::SeqCst) {
+            let mut done = self.first.0.lock();
+            while !*done {
+                self.first.1.wait(&mut done);
+            }
+        }
         self.current.read().clone()
     }
 
@@ -109,6 +198,13 @@ impl Catalogue {
     pub fn save_options(&self, name: &str, options: Option<&RecipeOptions>) -> Result<()> {
         self.mutate(|| host::files::save_recipe_options(&self.cfg.cache_dir, name, options))
     }
+}
+
+/// `host::catalogue::load_with` over a header cache that lives as long as the catalogue.
+fn real_scanner() -> (Scanner, Arc<HeaderCache>) {
+    let headers = Arc::new(HeaderCache::default());
+    let h = headers.clone();
+    (Box::new(move |cfg: &CatalogueConfig| host::catalogue::load_with(cfg, Some(&h))), headers)
 }
 
 #[cfg(test)]
@@ -176,5 +272,36 @@ mod tests {
         assert!(reg.get("user.disk-2").is_ok(), "the newer scan is the one published");
         assert!(reg.get("user.disk-1").is_err());
         assert_eq!(cat.generation(), 3);
+    }
+
+    /// Started in the background, the catalogue answers nobody until its first scan is
+    /// published: `scanned()` and `registry()` wait for it, then see it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn before_its_first_scan_the_catalogue_makes_readers_wait_for_it() {
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let go_rx = Mutex::new(go_rx);
+        let scan: Scanner = Box::new(move |_| {
+            let _ = go_rx.lock().recv_timeout(Duration::from_secs(10));
+            Ok(crate::testing::registry_with_user_model("scanned"))
+        });
+        let cat = Catalogue::start_with(Catalogue::unscanned(cfg(), scan, None)).unwrap();
+        let reader = {
+            let cat = cat.clone();
+            std::thread::spawn(move || cat.registry().get("user.scanned").is_ok())
+        };
+        let waiter = {
+            let cat = cat.clone();
+            tokio::spawn(async move { cat.scanned().await })
+        };
+        // Watched for 100 ms: neither gets an answer while the scan runs.
+        let until = std::time::Instant::now() + Duration::from_millis(100);
+        while std::time::Instant::now() < until {
+            assert!(!reader.is_finished() && !waiter.is_finished(), "answered before the first scan");
+            tokio::task::yield_now().await;
+        }
+        go_tx.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), waiter).await.unwrap().unwrap();
+        assert!(reader.join().unwrap(), "the reader saw the first scan, not an empty registry");
+        assert_eq!(cat.generation(), 1);
     }
 }

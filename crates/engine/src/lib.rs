@@ -93,10 +93,17 @@ impl Engine {
         // Hardware is detected once, here, so no load waits for it.
         let hw = host::hardware::detected();
         tracing::debug!(igpu = ?hw.hw.amd_igpu, nvidia = hw.hw.nvidia_gpus, "hardware detected");
-        let catalogue = Catalogue::load(catalogue_config(&cfg))?;
-        for name in &cfg.preload {
-            catalogue.get(name).map_err(|e| EngineError::invalid(format!("--preload {name}: {e}"), None))?;
-        }
+        // The model files are scanned after this returns (the server listens meanwhile, and
+        // requests wait for the scan), unless `--preload` names must be checked first.
+        let catalogue = if cfg.preload.is_empty() {
+            Catalogue::start(catalogue_config(&cfg))?
+        } else {
+            let catalogue = Catalogue::load(catalogue_config(&cfg))?;
+            for name in &cfg.preload {
+                catalogue.get(name).map_err(|e| EngineError::invalid(format!("--preload {name}: {e}"), None))?;
+            }
+            Arc::new(catalogue)
+        };
         host::install::clean_staging(&cfg.cache_dir);
         let temps = host::files::clean_leftover_temps(&cfg.cache_dir);
         if temps > 0 {
@@ -106,7 +113,7 @@ impl Engine {
         let locks = Arc::new(locks::Locks::default());
         let prompt_cache = host::prompt_cache::Store::open(&cfg.cache_dir.join("prompt-cache"));
         let launcher = RealLauncher::new(cfg.clone(), backend_client(), locks.clone(), prompt_cache.clone());
-        Ok(Engine::with_launcher(cfg, Arc::new(catalogue), Arc::new(launcher), locks, prompt_cache))
+        Ok(Engine::with_launcher(cfg, catalogue, Arc::new(launcher), locks, prompt_cache))
     }
 
     /// The engine over `catalogue`, starting backends with `launcher` (tests pass

@@ -28,6 +28,41 @@ pub struct CatalogueConfig {
 /// The cache on disk, as the registry asks about it.
 pub struct CacheFiles<'a> {
     pub hf_cache: &'a Path,
+    /// GGUF headers already read, by file (None: read every header).
+    pub headers: Option<&'a HeaderCache>,
+}
+
+/// GGUF header facts kept by (path, size, mtime), so a rescan reads only the files that
+/// changed: a header is read again when its file's size or modification time differs.
+#[derive(Default)]
+pub struct HeaderCache {
+    known: parking_lot::Mutex<std::collections::HashMap<PathBuf, (u64, std::time::SystemTime, Option<GgufMeta>)>>,
+    /// Headers read from disk so far (the rest came from the cache).
+    reads: std::sync::atomic::AtomicU64,
+}
+
+impl HeaderCache {
+    /// How many headers were read from disk (not answered from the cache).
+    pub fn reads(&self) -> u64 {
+        self.reads.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn meta(&self, file: &Path) -> Option<GgufMeta> {
+        let stat = std::fs::metadata(file).ok().and_then(|m| Some((m.len(), m.modified().ok()?)));
+        if let Some((len, mtime)) = stat {
+            if let Some((l, t, meta)) = self.known.lock().get(file) {
+                if (*l, *t) == (len, mtime) {
+                    return meta.clone();
+                }
+            }
+        }
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let meta = read_logged(file);
+        if let Some((len, mtime)) = stat {
+            self.known.lock().insert(file.to_path_buf(), (len, mtime, meta.clone()));
+        }
+        meta
+    }
 }
 
 impl ModelFiles for CacheFiles<'_> {
@@ -41,12 +76,19 @@ impl ModelFiles for CacheFiles<'_> {
         std::fs::metadata(file).ok().map(|m| m.len())
     }
     fn gguf_meta(&self, file: &Path) -> Option<GgufMeta> {
-        match read_gguf(file) {
-            Ok(m) => Some(m),
-            Err(e) => {
-                tracing::warn!(path = %file.display(), error = %e, "cannot read GGUF metadata");
-                None
-            }
+        match self.headers {
+            Some(h) => h.meta(file),
+            None => read_logged(file),
+        }
+    }
+}
+
+fn read_logged(file: &Path) -> Option<GgufMeta> {
+    match read_gguf(file) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            tracing::warn!(path = %file.display(), error = %e, "cannot read GGUF metadata");
+            None
         }
     }
 }
@@ -68,6 +110,21 @@ fn json_file<T: serde::de::DeserializeOwned + Default>(path: &Path) -> Result<T,
 
 /// Reads the catalogue, the user's files, the extra models dir and the HF cache.
 pub fn load(cfg: &CatalogueConfig) -> Result<Registry, HostError> {
+    load_with(cfg, None)
+}
+
+/// Reads lemonade's own files (`user_models.json`, `recipe_options.json`), so a damaged one is
+/// reported at once, before the slower scan of the model files.
+pub fn check_files(cfg: &CatalogueConfig) -> Result<(), HostError> {
+    json_file::<std::collections::BTreeMap<String, registry::CatalogueEntry>>(&cfg.cache_dir.join(USER_MODELS_FILE))?;
+    json_file::<std::collections::BTreeMap<String, api_types::RecipeOptions>>(
+        &cfg.cache_dir.join(RECIPE_OPTIONS_FILE),
+    )?;
+    Ok(())
+}
+
+/// [`load`], reading a GGUF header only when `headers` has no fact of its file as it is now.
+pub fn load_with(cfg: &CatalogueConfig, headers: Option<&HeaderCache>) -> Result<Registry, HostError> {
     let user = UserFiles {
         user_models: json_file(&cfg.cache_dir.join(USER_MODELS_FILE))?,
         recipe_options: json_file(&cfg.cache_dir.join(RECIPE_OPTIONS_FILE))?,
@@ -78,7 +135,7 @@ pub fn load(cfg: &CatalogueConfig) -> Result<Registry, HostError> {
         physical_memory_gb: cfg.physical_memory_gb,
         disable_filtering: cfg.disable_filtering,
     };
-    Ok(Registry::build(&rcfg, user, &CacheFiles { hf_cache: &cfg.hf_cache })?)
+    Ok(Registry::build(&rcfg, user, &CacheFiles { hf_cache: &cfg.hf_cache, headers })?)
 }
 
 /// Every `*.gguf` (any case) under `dir`, recursively, with its size.

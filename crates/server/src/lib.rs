@@ -41,10 +41,24 @@ fn app_with(state: AppState, access: access::Access) -> Router {
     routes::router()
         .merge(SwaggerUi::new("/docs").url("/api/v1/openapi.json", openapi::document()))
         .layer(DefaultBodyLimit::max(state.http.body_limit))
+        .layer(axum::middleware::from_fn_with_state(state.catalogue.clone(), scanned))
         .layer(axum::middleware::from_fn_with_state(Arc::new(access), access::layer))
         // Outermost, so refusals by access control are counted too.
         .layer(axum::middleware::from_fn_with_state(state.metrics.clone(), metrics::layer))
         .with_state(state)
+}
+
+/// Holds a request until the catalogue's first scan is published (lemonade listens before it
+/// ends); `/live` answers at once.
+async fn scanned(
+    axum::extract::State(c): axum::extract::State<Arc<engine::Catalogue>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if req.uri().path() != "/live" {
+        c.scanned().await;
+    }
+    next.run(req).await
 }
 
 /// Binds every address `host` resolves to on `port`; at least one must succeed.

@@ -264,3 +264,27 @@ fn concurrent_registrations_are_all_kept() {
         serde_json::from_slice(&std::fs::read(dir.join(USER_MODELS_FILE)).unwrap()).unwrap();
     assert_eq!(all.len(), 8, "no registration lost");
 }
+
+/// A rescan reads the GGUF header only of a file that changed (size or mtime); the facts of
+/// the others come from the header cache, and are the same as read.
+#[test]
+fn a_rescan_reads_only_the_headers_of_files_that_changed() {
+    let mut e = env();
+    let dir = e.cfg.cache_dir.parent().unwrap().join("extra");
+    for i in 0..5 {
+        put(&dir.join(format!("m{i}.gguf")), &llm_gguf());
+    }
+    e.cfg.extra_models_dir = Some(dir.clone());
+    let headers = HeaderCache::default();
+    let first = load_with(&e.cfg, Some(&headers)).unwrap();
+    assert_eq!(headers.reads(), 5, "the first scan reads every header");
+    let again = load_with(&e.cfg, Some(&headers)).unwrap();
+    assert_eq!(headers.reads(), 5, "an unchanged file's header is not read again");
+    let shape = |r: &Registry, n: &str| r.get(n).unwrap().shape;
+    assert_eq!(shape(&again, "extra.m3.gguf"), shape(&first, "extra.m3.gguf"));
+    // One file rewritten (another size): only its header is read again, and its new facts used.
+    let moe = build(&[("general.architecture", MetaValue::Str("qwen3moe".into())), ("x", MetaValue::Int(1))]);
+    put(&dir.join("m3.gguf"), &moe);
+    load_with(&e.cfg, Some(&headers)).unwrap();
+    assert_eq!(headers.reads(), 6);
+}
