@@ -36,10 +36,13 @@ pub struct CacheFiles<'a> {
 /// changed: a header is read again when its file's size or modification time differs.
 #[derive(Default)]
 pub struct HeaderCache {
-    known: parking_lot::Mutex<std::collections::HashMap<PathBuf, (u64, std::time::SystemTime, Option<GgufMeta>)>>,
+    known: parking_lot::Mutex<std::collections::HashMap<PathBuf, HeaderFact>>,
     /// Headers read from disk so far (the rest came from the cache).
     reads: std::sync::atomic::AtomicU64,
 }
+
+/// A file's size and modification time when its header was read, and what it said.
+type HeaderFact = (u64, std::time::SystemTime, Option<GgufMeta>);
 
 impl HeaderCache {
     /// How many headers were read from disk (not answered from the cache).
