@@ -13,6 +13,7 @@ mod modalities;
 mod more;
 mod prompt_cache;
 mod scaling;
+mod twin;
 mod webui;
 
 use std::path::PathBuf;
@@ -28,7 +29,7 @@ pub(crate) const RUNS: usize = 20;
 pub(crate) const LLAMA_ARGS: &str = "--threads 1 --threads-batch 1";
 const MAX_TOKENS: u32 = 128;
 
-struct Sample {
+pub(crate) struct Sample {
     ttft_ms: f64,
     decode_tps: f64,
     tokens: usize,
@@ -114,6 +115,7 @@ async fn main() -> anyhow::Result<()> {
         Ok("webui") => return webui::webui(&bin).await.map(|_| ()),
         Ok("prompt_cache") => return prompt_cache::prompt_cache(&bin).await.map(|_| ()),
         Ok("scaling") => return scaling::scaling(&bin).await.map(|_| ()),
+        Ok("twin") => return twin::twin(&bin).await.map(|_| ()),
         Ok("modalities") => {
             modalities::transcription(&bin).await?;
             modalities::images(&bin).await?;
@@ -208,6 +210,7 @@ async fn main() -> anyhow::Result<()> {
     out["webui"] = webui::webui(&bin).await?;
     out["prompt_cache"] = prompt_cache::prompt_cache(&bin).await?;
     out["scaling"] = scaling::scaling(&bin).await?;
+    out["twin"] = twin::twin(&bin).await?;
     if let Some(path) = std::env::var_os("LEMONADE_BENCH_OUT") {
         std::fs::write(&path, serde_json::to_vec_pretty(&out)?)?;
         println!("\nwritten to {}", PathBuf::from(path).display());
