@@ -164,9 +164,14 @@ impl Catalogue {
 
     /// Scans and publishes; the caller holds `writer`.
     fn rescan(&self) -> Result<()> {
+        let (t, reads) = (Instant::now(), self.header_reads());
         let reg = (self.scan)(&self.cfg)?;
+        let models = reg.models().count();
         *self.current.write() = Arc::new(reg);
-        self.generation.fetch_add(1, Ordering::SeqCst);
+        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        let read = self.header_reads().zip(reads).map(|(now, before)| now - before);
+        let us = t.elapsed().as_micros() as u64;
+        tracing::debug!(generation, models, us, gguf_headers_read = ?read, "model catalogue rescanned");
         Ok(())
     }
 

@@ -13,6 +13,7 @@ mod modalities;
 mod more;
 mod prompt_cache;
 mod scaling;
+mod startup;
 mod twin;
 mod webui;
 
@@ -116,6 +117,7 @@ async fn main() -> anyhow::Result<()> {
         Ok("prompt_cache") => return prompt_cache::prompt_cache(&bin).await.map(|_| ()),
         Ok("scaling") => return scaling::scaling(&bin).await.map(|_| ()),
         Ok("twin") => return twin::twin(&bin).await.map(|_| ()),
+        Ok("startup") => return startup::startup(&bin).await.map(|_| ()),
         Ok("modalities") => {
             modalities::transcription(&bin).await?;
             modalities::images(&bin).await?;
@@ -211,6 +213,7 @@ async fn main() -> anyhow::Result<()> {
     out["prompt_cache"] = prompt_cache::prompt_cache(&bin).await?;
     out["scaling"] = scaling::scaling(&bin).await?;
     out["twin"] = twin::twin(&bin).await?;
+    out["startup"] = startup::startup(&bin).await?;
     if let Some(path) = std::env::var_os("LEMONADE_BENCH_OUT") {
         std::fs::write(&path, serde_json::to_vec_pretty(&out)?)?;
         println!("\nwritten to {}", PathBuf::from(path).display());
