@@ -2,10 +2,10 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use utoipa::ToSchema;
 
 /// A configured model with its live runtime state.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AdminModel {
     pub name: String,
     pub resolved_backend: String,
@@ -41,20 +41,21 @@ pub struct AdminModel {
     pub vram_estimate_replica_count: u32,
     /// `model_artifact_size` or `unavailable`.
     pub vram_estimate_source: String,
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub load_constraints: Value,
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub load_recommendations: Value,
     /// The runtime-only override active on the loaded model.
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub load_override: Value,
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub capabilities: Value,
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub definition: Value,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AdminModels {
     pub models: Vec<AdminModel>,
     /// Remote providers and their models (recipe `cloud`), with their last probe.
@@ -63,7 +64,8 @@ pub struct AdminModels {
 }
 
 /// Body of `POST /v1/admin/models/{name}/load` (all optional).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AdminLoadRequest {
     /// Context size for this load (≥ 1).
     pub gguf_n_ctx: Option<u64>,
@@ -76,11 +78,12 @@ pub struct AdminLoadRequest {
     /// Only 1 is supported.
     pub replicas: Option<u32>,
     #[serde(flatten)]
-    #[schema(ignore)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
     pub other: Map<String, Value>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GpuInfo {
     pub index: u32,
     pub name: String,
@@ -89,7 +92,8 @@ pub struct GpuInfo {
     pub used_over_total: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GpuModel {
     pub name: String,
     pub runtime_state: String,
@@ -101,7 +105,8 @@ pub struct GpuModel {
     pub vram_estimate_source: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GpuMemory {
     pub gpus: Vec<GpuInfo>,
     pub models: Vec<GpuModel>,

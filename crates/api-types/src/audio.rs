@@ -1,15 +1,15 @@
 //! The audio endpoints: transcription and translation (multipart, as OpenAI's).
 
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 /// `POST /v1/audio/transcriptions` and `/v1/audio/translations`: a `multipart/form-data` body
 /// with these fields. Other fields (whisper-server's own, such as `offset_t` or `beam_size`)
 /// are passed through.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TranscriptionRequest {
     /// The audio, as a file part: WAV, MP3, FLAC or Ogg Vorbis.
-    #[schema(value_type = String, format = Binary)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = Binary))]
     #[serde(skip)]
     pub file: Vec<u8>,
     /// A transcription model (type `audio`, e.g. `Whisper-Tiny`).
@@ -28,7 +28,8 @@ pub struct TranscriptionRequest {
 }
 
 /// The answer formats of a transcription.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum TranscriptionFormat {
     /// `{"text": …}` (the default).
@@ -78,7 +79,8 @@ impl TranscriptionFormat {
 }
 
 /// The `json` answer of a transcription.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TranscriptionResponse {
     pub text: String,
 }
@@ -100,8 +102,9 @@ mod tests {
 
 /// `POST /v1/audio/speech`: text to speech. The audio is streamed as it is made. Other
 /// OpenAI fields (`instructions`, `stream_format`, …) are accepted and ignored.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"model": "kokoro-v1", "input": "Hello from lemonade.", "voice": "jf_alpha", "response_format": "wav"}))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"model": "kokoro-v1", "input": "Hello from lemonade.", "voice": "jf_alpha", "response_format": "wav"})))]
 pub struct SpeechRequest {
     /// A speech model (type `tts`).
     pub model: String,

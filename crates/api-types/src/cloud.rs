@@ -2,10 +2,10 @@
 //! `health` and the admin API.
 
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 /// One registered provider as the server sees it now.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Upstream {
     /// Its name; its models are `<name>.<id>`.
     pub name: String,
@@ -25,7 +25,8 @@ pub struct Upstream {
 }
 
 /// One probe of an upstream.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Probe {
     /// Unix time, seconds.
     pub at: u64,
@@ -38,13 +39,15 @@ pub struct Probe {
 }
 
 /// `GET /api/v1/cloud`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UpstreamList {
     pub upstreams: Vec<Upstream>,
 }
 
 /// Query of `GET /api/v1/cloud`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::IntoParams)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams))]
 pub struct CloudQuery {
     /// `true` probes every upstream (discovery) before answering.
     #[serde(default)]

@@ -2,13 +2,13 @@
 //! the stable-diffusion parameters Lemonade passes.
 
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 use crate::Extra;
 
 /// `POST /v1/images/generations`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"model": "SD-Turbo", "prompt": "a glass of lemonade", "size": "512x512", "steps": 4}))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"model": "SD-Turbo", "prompt": "a glass of lemonade", "size": "512x512", "steps": 4})))]
 pub struct ImageGenerationRequest {
     /// An image model (type `image`).
     pub model: String,
@@ -36,12 +36,13 @@ pub struct ImageGenerationRequest {
     pub sampler: Option<String>,
     /// Other OpenAI fields (`quality`, `style`, `user`, …) are accepted and ignored.
     #[serde(flatten)]
-    #[schema(ignore)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
     pub extra: Extra,
 }
 
 /// The stable-diffusion parameters a request may set over the model's defaults.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SdParameters {
     /// Sampling steps, 1 to 150.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -61,14 +62,15 @@ pub struct SdParameters {
 /// `POST /v1/images/edits` (multipart/form-data): an image (`image` or `image[]`), an
 /// optional `mask`, and these fields. `/v1/images/variations` takes the same form without
 /// `prompt`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ImageEditRequest {
     /// The source image: PNG, JPEG, WebP, BMP or GIF.
-    #[schema(value_type = String, format = Binary)]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = Binary))]
     #[serde(skip)]
     pub image: Vec<u8>,
     /// Where to paint (white) and keep (black), for an edit.
-    #[schema(value_type = Option<String>, format = Binary)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = Binary))]
     #[serde(skip)]
     pub mask: Option<Vec<u8>>,
     pub model: String,
@@ -86,13 +88,15 @@ pub struct ImageEditRequest {
 }
 
 /// The answer of every image endpoint.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ImagesResponse {
     pub created: i64,
     pub data: Vec<ImageData>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ImageData {
     /// The PNG, base64-encoded.
     pub b64_json: String,

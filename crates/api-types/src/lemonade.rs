@@ -4,10 +4,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use utoipa::ToSchema;
 
 /// What a model does; decides its endpoint family and its slot pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum ModelType {
     Llm,
@@ -45,11 +45,12 @@ impl ModelType {
 pub type RecipeOptions = Map<String, Value>;
 
 /// An entry of `GET /v1/models`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"id": "SmolLM2-135M-Instruct-GGUF", "object": "model", "created": 1234567890,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"id": "SmolLM2-135M-Instruct-GGUF", "object": "model", "created": 1234567890,
     "owned_by": "lemonade", "checkpoint": "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1",
     "checkpoints": {"main": "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1"}, "recipe": "llamacpp",
-    "downloaded": true, "suggested": true, "labels": [], "recipe_options": {}, "size": 0.1}))]
+    "downloaded": true, "suggested": true, "labels": [], "recipe_options": {}, "size": 0.1})))]
 pub struct Model {
     pub id: String,
     /// Always `model`.
@@ -69,7 +70,7 @@ pub struct Model {
     pub suggested: bool,
     pub labels: Vec<String>,
     /// Saved per-model options (`recipe_options.json`).
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub recipe_options: RecipeOptions,
     /// Approximate size in GB; absent when unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -78,7 +79,7 @@ pub struct Model {
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
     pub model_type: Option<ModelType>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub image_defaults: Option<Value>,
     /// A remote model's provider (recipe `cloud`; see `GET /api/v1/cloud`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -86,7 +87,8 @@ pub struct Model {
 }
 
 /// `GET /v1/models`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ModelList {
     /// Always `list`.
     pub object: String,
@@ -94,7 +96,8 @@ pub struct ModelList {
 }
 
 /// Query of `GET /v1/models`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::IntoParams)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams))]
 pub struct ModelsQuery {
     /// `true` lists every model of the catalogue, downloaded or not.
     #[serde(default)]
@@ -102,7 +105,8 @@ pub struct ModelsQuery {
 }
 
 /// A loaded model as reported by `GET /v1/health`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LoadedModel {
     pub model_name: String,
     pub checkpoint: String,
@@ -114,7 +118,7 @@ pub struct LoadedModel {
     pub backend_url: String,
     pub recipe: String,
     /// Effective options the model was loaded with.
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub recipe_options: RecipeOptions,
     /// Milliseconds of a monotonic clock at the model's last use.
     pub last_use: u64,
@@ -147,7 +151,8 @@ pub struct LoadedModel {
 }
 
 /// The prompt cache: what it holds, and its bound (`--prompt-cache-size`; 0: off).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PromptCacheUsage {
     pub files: u64,
     pub bytes: u64,
@@ -155,7 +160,8 @@ pub struct PromptCacheUsage {
 }
 
 /// Answer of `DELETE /api/v1/prompt-cache`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PromptCacheCleared {
     pub status: String,
     pub files_removed: u64,
@@ -163,7 +169,8 @@ pub struct PromptCacheCleared {
 }
 
 /// `GET /v1/health`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Health {
     /// Always `ok` while the server answers.
     pub status: String,
@@ -186,14 +193,16 @@ pub struct Health {
     pub upstreams: Vec<crate::Upstream>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LogStreaming {
     pub sse: bool,
     pub websocket: bool,
 }
 
 /// `GET /v1/stats`: telemetry of the last completed request of the most recently used model.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Stats {
     pub input_tokens: u64,
     pub output_tokens: u64,
@@ -206,14 +215,16 @@ pub struct Stats {
 }
 
 /// `GET /live`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Live {
     pub status: String,
 }
 
 /// `POST /v1/load`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"model_name": "Qwen3-0.6B-GGUF", "ctx_size": 8192, "save_options": true}))]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"model_name": "Qwen3-0.6B-GGUF", "ctx_size": 8192, "save_options": true})))]
 pub struct LoadRequest {
     pub model_name: String,
     /// Context size for this load.
@@ -242,7 +253,8 @@ pub struct LoadRequest {
 }
 
 /// `POST /api/v1/pin`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PinRequest {
     pub model_name: String,
     /// `false` unpins. Default `true`.
@@ -251,7 +263,8 @@ pub struct PinRequest {
 }
 
 /// Answer of `POST /api/v1/pin`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PinResponse {
     pub status: String,
     pub model_name: String,
@@ -259,7 +272,8 @@ pub struct PinResponse {
 }
 
 /// A memory budget: bytes, `"auto"` (free memory at start minus a margin) or `"none"`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(untagged)]
 pub enum MemoryBudget {
     Bytes(u64),
@@ -267,7 +281,8 @@ pub enum MemoryBudget {
 }
 
 /// Slot limits: one value for every type, or up to three for llm, embedding and reranking.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(untagged)]
 pub enum SlotLimits {
     One(i64),
@@ -277,7 +292,8 @@ pub enum SlotLimits {
 /// `POST /api/v1/params`: the scheduler settings to change (absent fields stay). They apply at
 /// once and are saved to `settings.json` in lemonade's cache dir, which `serve` reads at start
 /// (flags and environment variables take precedence over it).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ParamsUpdate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -301,7 +317,8 @@ pub struct ParamsUpdate {
 }
 
 /// `GET /api/v1/params`, and the answer of `POST`: the settings in force.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Params {
     /// Slot limit per model type; -1 means unlimited.
     pub max_loaded_models: BTreeMap<String, i64>,
@@ -320,7 +337,8 @@ pub struct Params {
 }
 
 /// Answer of `POST /v1/load`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LoadResponse {
     pub status: String,
     pub model_name: String,
@@ -329,7 +347,8 @@ pub struct LoadResponse {
 }
 
 /// `POST /v1/unload`: one model, or every model when no name is given (or the body is empty).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UnloadRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_name: Option<String>,
@@ -339,7 +358,8 @@ pub struct UnloadRequest {
 }
 
 /// Answer of `POST /v1/unload`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct UnloadResponse {
     pub status: String,
     pub message: String,
@@ -348,8 +368,9 @@ pub struct UnloadResponse {
 }
 
 /// `POST /v1/pull`: download a catalogue model, or register and download a `user.*` model.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"model": "user.SmolLM2-GGUF", "checkpoint": "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1", "recipe": "llamacpp", "stream": true}))]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"model": "user.SmolLM2-GGUF", "checkpoint": "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1", "recipe": "llamacpp", "stream": true})))]
 pub struct PullRequest {
     /// Model name (`model_name` is accepted too; `model` wins).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -386,7 +407,8 @@ pub struct PullRequest {
 }
 
 /// An SSE `progress` (or `complete`) event of `POST /v1/pull`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PullProgress {
     pub file: String,
     /// 1-based over every file of the pull.
@@ -400,7 +422,8 @@ pub struct PullProgress {
 }
 
 /// `POST /v1/delete`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DeleteRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
@@ -409,7 +432,8 @@ pub struct DeleteRequest {
 }
 
 /// Answer of `pull`, `delete`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StatusResponse {
     pub status: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -5,11 +5,11 @@
 //! reach llama-server untouched. Response types are permissive (most fields optional) so a
 //! Rust client can deserialize what any backend returns.
 //!
-//! Every type derives `utoipa::ToSchema`; the OpenAPI document is generated from them.
+//! With the `openapi` feature (the server's), every type derives `utoipa::ToSchema`; the
+//! OpenAPI document is generated from them. Without it, api-types is serde types only.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use utoipa::ToSchema;
 
 mod admin;
 mod anthropic;
@@ -36,12 +36,14 @@ pub type Extra = Map<String, Value>;
 // ---------------------------------------------------------------------------------------------
 
 /// OpenAI-style error body: `{"error": {"message", "type", "code", "param"}}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorResponse {
     pub error: ErrorDetail,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorDetail {
     /// Human-readable description of what went wrong.
     pub message: String,
@@ -98,8 +100,9 @@ impl ErrorResponse {
 // ---------------------------------------------------------------------------------------------
 
 /// `POST /v1/chat/completions`. Fields not listed are forwarded to the backend unchanged.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"model": "SmolLM2-135M-Instruct-GGUF", "messages": [{"role": "user", "content": "Hello"}], "stream": false}))]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"model": "SmolLM2-135M-Instruct-GGUF", "messages": [{"role": "user", "content": "Hello"}], "stream": false})))]
 pub struct ChatCompletionRequest {
     /// Model name as listed by `GET /v1/models`. Loaded on demand.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -124,20 +127,21 @@ pub struct ChatCompletionRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enable_thinking: Option<bool>,
     #[serde(flatten)]
-    #[schema(ignore)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
     pub extra: Extra,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ChatMessage {
     /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
     /// A string, or an array of content parts (`{"type":"text","text":…}`, images, …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub content: Option<Value>,
     #[serde(flatten)]
-    #[schema(ignore)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
     pub extra: Extra,
 }
 
@@ -149,7 +153,8 @@ impl ChatMessage {
 }
 
 /// A string or an array of strings (OpenAI's `stop`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(untagged)]
 pub enum StringOrArray {
     One(String),
@@ -157,7 +162,8 @@ pub enum StringOrArray {
 }
 
 /// Non-streaming chat completion, as llama-server returns it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ChatCompletionResponse {
     pub id: String,
     pub object: String,
@@ -171,7 +177,8 @@ pub struct ChatCompletionResponse {
     pub timings: Option<Timings>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ChatChoice {
     pub index: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -183,7 +190,8 @@ pub struct ChatChoice {
     pub finish_reason: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Usage {
     #[serde(default)]
     pub prompt_tokens: u64,
@@ -194,7 +202,8 @@ pub struct Usage {
 }
 
 /// llama-server's `timings` object (prompt = prefill, predicted = decode).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Timings {
     #[serde(default)]
     pub prompt_n: u64,
@@ -213,13 +222,14 @@ pub struct Timings {
 // ---------------------------------------------------------------------------------------------
 
 /// `POST /v1/completions` (legacy text completion).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"model": "SmolLM2-135M-Instruct-GGUF", "prompt": "Once upon a time", "max_tokens": 16}))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"model": "SmolLM2-135M-Instruct-GGUF", "prompt": "Once upon a time", "max_tokens": 16})))]
 pub struct CompletionRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// A string, an array of strings, or token ids.
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub prompt: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
@@ -230,23 +240,24 @@ pub struct CompletionRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f64>,
     #[serde(flatten)]
-    #[schema(ignore)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
     pub extra: Extra,
 }
 
 /// `POST /v1/responses` (OpenAI Responses API, as llama-server implements it).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"model": "SmolLM2-135M-Instruct-GGUF", "input": "Say hi", "max_output_tokens": 16}))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"model": "SmolLM2-135M-Instruct-GGUF", "input": "Say hi", "max_output_tokens": 16})))]
 pub struct ResponsesRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// A string or an array of input items.
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub input: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
     #[serde(flatten)]
-    #[schema(ignore)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
     pub extra: Extra,
 }
 
@@ -255,30 +266,33 @@ pub struct ResponsesRequest {
 // ---------------------------------------------------------------------------------------------
 
 /// `POST /v1/embeddings`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"model": "all-MiniLM-L6-v2-GGUF", "input": ["hello", "world"]}))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"model": "all-MiniLM-L6-v2-GGUF", "input": ["hello", "world"]})))]
 pub struct EmbeddingRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// A string, an array of strings, or token ids.
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub input: Value,
     /// `float` (default) or `base64` (little-endian f32, what the OpenAI Python SDK asks for).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encoding_format: Option<EncodingFormat>,
     #[serde(flatten)]
-    #[schema(ignore)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
     pub extra: Extra,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum EncodingFormat {
     Float,
     Base64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EmbeddingResponse {
     pub object: String,
     pub data: Vec<EmbeddingData>,
@@ -287,7 +301,8 @@ pub struct EmbeddingResponse {
     pub usage: Option<Usage>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EmbeddingData {
     pub object: String,
     pub index: u32,
@@ -295,7 +310,8 @@ pub struct EmbeddingData {
 }
 
 /// A float array, or base64 of little-endian f32 when `encoding_format` is `base64`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(untagged)]
 pub enum EmbeddingVector {
     Float(Vec<f32>),
@@ -303,8 +319,9 @@ pub enum EmbeddingVector {
 }
 
 /// `POST /v1/reranking` (alias `/v1/rerank`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"model": "bge-reranker-GGUF", "query": "What is a panda?", "documents": ["hi", "The giant panda is a bear."]}))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"model": "bge-reranker-GGUF", "query": "What is a panda?", "documents": ["hi", "The giant panda is a bear."]})))]
 pub struct RerankRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
@@ -313,11 +330,12 @@ pub struct RerankRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_n: Option<u32>,
     #[serde(flatten)]
-    #[schema(ignore)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
     pub extra: Extra,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RerankResponse {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
@@ -328,7 +346,8 @@ pub struct RerankResponse {
     pub usage: Option<Usage>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RerankResult {
     pub index: u32,
     pub relevance_score: f64,

@@ -4,10 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use utoipa::ToSchema;
 
 /// Ollama's error body: `{"error": "…"}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OllamaError {
     pub error: String,
 }
@@ -18,19 +18,22 @@ pub struct OllamaError {
 pub type OllamaOptions = Map<String, Value>;
 
 /// A tool call as Ollama writes it: the arguments are an object, not a JSON string.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OllamaToolCall {
     pub function: OllamaFunctionCall,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OllamaFunctionCall {
     pub name: String,
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub arguments: Value,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OllamaMessage {
     /// `system`, `user`, `assistant` or `tool` (default `user`).
     #[serde(default)]
@@ -50,8 +53,9 @@ pub struct OllamaMessage {
 }
 
 /// `POST /api/chat`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"model": "SmolLM2-135M-Instruct-GGUF", "messages": [{"role": "user", "content": "Hello"}], "stream": false}))]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"model": "SmolLM2-135M-Instruct-GGUF", "messages": [{"role": "user", "content": "Hello"}], "stream": false})))]
 pub struct OllamaChatRequest {
     #[serde(default)]
     pub model: Option<String>,
@@ -59,14 +63,14 @@ pub struct OllamaChatRequest {
     pub messages: Option<Vec<OllamaMessage>>,
     /// OpenAI-style function tools.
     #[serde(default)]
-    #[schema(value_type = Option<Vec<Object>>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<Object>>))]
     pub tools: Option<Vec<Value>>,
     /// `"json"` or a JSON schema: structured output.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub format: Option<Value>,
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub options: Option<OllamaOptions>,
     /// Default true.
     #[serde(default)]
@@ -74,17 +78,18 @@ pub struct OllamaChatRequest {
     /// `0` unloads the model after the answer; a duration (`"10m"`, `300` seconds) sets its
     /// idle timeout; a negative value keeps it loaded until it is unloaded.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub keep_alive: Option<Value>,
     /// Thinking on or off (`true`/`false`, or `"low"`/`"medium"`/`"high"` = on).
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub think: Option<Value>,
 }
 
 /// `POST /api/generate`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"model": "SmolLM2-135M-Instruct-GGUF", "prompt": "Why is the sky blue?", "stream": false}))]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"model": "SmolLM2-135M-Instruct-GGUF", "prompt": "Why is the sky blue?", "stream": false})))]
 pub struct OllamaGenerateRequest {
     #[serde(default)]
     pub model: Option<String>,
@@ -96,10 +101,10 @@ pub struct OllamaGenerateRequest {
     #[serde(default)]
     pub images: Option<Vec<String>>,
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub format: Option<Value>,
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub options: Option<OllamaOptions>,
     #[serde(default)]
     pub stream: Option<bool>,
@@ -107,50 +112,53 @@ pub struct OllamaGenerateRequest {
     #[serde(default)]
     pub raw: Option<bool>,
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub keep_alive: Option<Value>,
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub think: Option<Value>,
 }
 
 /// `POST /api/embed`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"model": "all-MiniLM-L6-v2-GGUF", "input": ["hello", "world"]}))]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"model": "all-MiniLM-L6-v2-GGUF", "input": ["hello", "world"]})))]
 pub struct OllamaEmbedRequest {
     #[serde(default)]
     pub model: Option<String>,
     /// A string or an array of strings.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub input: Option<Value>,
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub keep_alive: Option<Value>,
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub options: Option<OllamaOptions>,
 }
 
 /// `POST /api/embeddings` (the older single-prompt form).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"model": "all-MiniLM-L6-v2-GGUF", "prompt": "hello"}))]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"model": "all-MiniLM-L6-v2-GGUF", "prompt": "hello"})))]
 pub struct OllamaEmbeddingsRequest {
     #[serde(default)]
     pub model: Option<String>,
     #[serde(default)]
     pub prompt: Option<String>,
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub keep_alive: Option<Value>,
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub options: Option<OllamaOptions>,
 }
 
 /// `POST /api/show`, `/api/pull`, `DELETE /api/delete`: a model by `model` (or `name`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"model": "SmolLM2-135M-Instruct-GGUF"}))]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"model": "SmolLM2-135M-Instruct-GGUF"})))]
 pub struct OllamaModelRequest {
     #[serde(default)]
     pub model: Option<String>,
@@ -162,13 +170,15 @@ pub struct OllamaModelRequest {
 }
 
 /// `GET /api/version`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OllamaVersion {
     pub version: String,
 }
 
 /// `details` of tags, show and ps.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OllamaDetails {
     pub parent_model: String,
     pub format: String,
@@ -179,7 +189,8 @@ pub struct OllamaDetails {
 }
 
 /// One model of `GET /api/tags`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OllamaModel {
     pub name: String,
     pub model: String,
@@ -189,13 +200,15 @@ pub struct OllamaModel {
     pub details: OllamaDetails,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OllamaTags {
     pub models: Vec<OllamaModel>,
 }
 
 /// One loaded model of `GET /api/ps`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OllamaRunning {
     pub name: String,
     pub model: String,
@@ -209,19 +222,21 @@ pub struct OllamaRunning {
     pub context_length: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OllamaPs {
     pub models: Vec<OllamaRunning>,
 }
 
 /// `POST /api/show`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OllamaShow {
     pub modelfile: String,
     pub parameters: String,
     pub template: String,
     pub details: OllamaDetails,
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub model_info: Value,
     /// `completion`, `embedding`, `vision`, `tools`, `thinking`, as they apply.
     pub capabilities: Vec<String>,
@@ -229,7 +244,8 @@ pub struct OllamaShow {
 }
 
 /// A non-streaming `/api/chat` answer, and each NDJSON line of a streaming one.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OllamaChatResponse {
     pub model: String,
     pub created_at: String,
@@ -243,7 +259,8 @@ pub struct OllamaChatResponse {
 }
 
 /// A non-streaming `/api/generate` answer, and each NDJSON line of a streaming one.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OllamaGenerateResponse {
     pub model: String,
     pub created_at: String,
@@ -260,7 +277,8 @@ pub struct OllamaGenerateResponse {
 }
 
 /// Counts and durations (nanoseconds) of the last line, from llama-server's timings.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OllamaMetrics {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_duration: Option<u64>,
@@ -277,7 +295,8 @@ pub struct OllamaMetrics {
 }
 
 /// `POST /api/embed`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OllamaEmbedResponse {
     pub model: String,
     pub embeddings: Vec<Vec<f32>>,
@@ -286,13 +305,15 @@ pub struct OllamaEmbedResponse {
 }
 
 /// `POST /api/embeddings`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OllamaEmbeddingsResponse {
     pub embedding: Vec<f32>,
 }
 
 /// One NDJSON line of `POST /api/pull`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OllamaPullStatus {
     pub status: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]

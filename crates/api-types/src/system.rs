@@ -3,10 +3,10 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 /// `GET system-info`: the machine and every recipe's backends (Lemonade v9's keys).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SystemInfo {
     #[serde(rename = "OS Version")]
     pub os_version: String,
@@ -23,7 +23,8 @@ pub struct SystemInfo {
 }
 
 /// The devices lemonade looks for. A device that is absent has `available: false`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Devices {
     pub cpu: CpuDevice,
     pub amd_igpu: GpuDevice,
@@ -35,7 +36,8 @@ pub struct Devices {
     pub amd_npu: NpuDevice,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CpuDevice {
     pub name: String,
     pub cores: usize,
@@ -45,7 +47,8 @@ pub struct CpuDevice {
     pub family: String,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GpuDevice {
     pub name: String,
     pub available: bool,
@@ -59,7 +62,8 @@ pub struct GpuDevice {
     pub error: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NpuDevice {
     pub name: String,
     pub available: bool,
@@ -70,7 +74,8 @@ pub struct NpuDevice {
 }
 
 /// One recipe's backends.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RecipeInfo {
     pub default_backend: String,
     /// The release page of the default backend's pinned version, where the recipe has releases.
@@ -80,7 +85,8 @@ pub struct RecipeInfo {
 }
 
 /// One backend's state on this machine.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct BackendInfo {
     /// Devices it would run on here (`cpu`, `amd_igpu`, `amd_dgpu`, `amd_npu`, `metal`).
     pub devices: Vec<String>,
@@ -99,7 +105,8 @@ pub struct BackendInfo {
 }
 
 /// `system-info?verbose=true` details.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SystemDetails {
     pub lemonade_version: String,
     pub kernel: Option<String>,
@@ -115,7 +122,8 @@ pub struct SystemDetails {
 }
 
 /// `GET system-stats`. GPU figures are null where no GPU reports them.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SystemStats {
     /// CPU use since the previous call (0 on the first).
     pub cpu_percent: Option<f64>,
@@ -127,7 +135,8 @@ pub struct SystemStats {
 }
 
 /// Body of `install` and `uninstall`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct InstallRequest {
     /// Recipe, e.g. `llamacpp`.
     pub recipe: Option<String>,
@@ -146,7 +155,8 @@ pub struct InstallRequest {
     pub stream: Option<bool>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct InstallResponse {
     pub status: String,
     pub recipe: String,
@@ -163,13 +173,15 @@ pub struct InstallResponse {
 }
 
 /// Body of `log-level`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LogLevelRequest {
     /// critical, error, warning, info, debug or trace.
     pub level: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LogLevelResponse {
     pub status: String,
     pub level: String,

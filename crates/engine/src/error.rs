@@ -1,6 +1,6 @@
 //! The engine's one error type. It wraps the lower crates' errors as they are (registry,
 //! scheduler, backends, host) and adds the application's own failures; the server turns it
-//! into HTTP in exactly one place (`From<EngineError> for ApiError`, server/src/error.rs).
+//! into HTTP in exactly one place (a `From<EngineError>` impl in server/src/error.rs).
 
 use registry::LookupError;
 use scheduler::{LoadOutcome, Rejection};
