@@ -74,6 +74,11 @@ impl Config {
         paths.iter().filter(|(p, _)| p.len() > 1).fold(text.to_string(), |t, (p, label)| t.replace(p.as_str(), label))
     }
 
+    /// [`Config::redact`] with this process's `$HOME`: the text an API client may read.
+    pub fn redact_here(&self, text: &str) -> String {
+        self.redact(text, std::env::var("HOME").ok().as_deref())
+    }
+
     /// Defaults for tests and embedding; the CLI fills every field from flags/env.
     pub fn new(cache_dir: PathBuf, hf_cache: PathBuf) -> Config {
         Config {

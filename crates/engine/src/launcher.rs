@@ -106,8 +106,6 @@ pub struct RealLauncher {
     http: reqwest::Client,
     locks: Arc<Locks>,
     prompt_cache: host::prompt_cache::Store,
-    /// `text` without this machine's paths.
-    redact: Arc<dyn Fn(&str) -> String + Send + Sync>,
 }
 
 impl RealLauncher {
@@ -117,9 +115,7 @@ impl RealLauncher {
         locks: Arc<Locks>,
         prompt_cache: host::prompt_cache::Store,
     ) -> RealLauncher {
-        let c = cfg.clone();
-        let redact = Arc::new(move |t: &str| c.redact(t, std::env::var("HOME").ok().as_deref()));
-        RealLauncher { cfg, http, locks, prompt_cache, redact }
+        RealLauncher { cfg, http, locks, prompt_cache }
     }
 
     /// The backend's executable; a missing one is installed first when this platform has a
@@ -134,7 +130,7 @@ impl RealLauncher {
         let (cfg, locks, b) = (self.cfg.clone(), self.locks.clone(), backend.to_string());
         let install =
             tokio::spawn(async move { crate::installs::auto_install(&cfg, &locks, recipe.as_str(), &b).await });
-        let fatal = |m: String| StartFailure::Fatal((self.redact)(&m));
+        let fatal = |m: String| StartFailure::Fatal(self.cfg.redact_here(&m));
         let installed = install.await.map_err(|e| fatal(format!("the install task failed: {e}")))?;
         if installed.map_err(|e| fatal(e.to_string()))? {
             if let Some(r) = resolve() {
@@ -154,7 +150,7 @@ impl RealLauncher {
     }
 
     async fn prepare_now(&self, info: &ModelInfo, options: &RecipeOptions) -> Result<Prepared, StartFailure> {
-        let fatal = |message: String| StartFailure::Fatal((self.redact)(&message));
+        let fatal = |message: String| StartFailure::Fatal(self.cfg.redact_here(&message));
         let name = info.name.as_str();
         let main = info
             .main_path
@@ -202,7 +198,7 @@ impl Launcher for RealLauncher {
     }
 
     fn spawn(&self, _name: &str, spec: SpawnSpec) -> Result<Arc<dyn Process>, StartFailure> {
-        let backend = Backend::spawn(spec).map_err(|e| StartFailure::Fatal((self.redact)(&e.to_string())))?;
+        let backend = Backend::spawn(spec).map_err(|e| StartFailure::Fatal(self.cfg.redact_here(&e.to_string())))?;
         Ok(Arc::new(RealProcess { backend, http: self.http.clone() }))
     }
 

@@ -73,7 +73,7 @@ pub fn catalogue_config(cfg: &Config) -> CatalogueConfig {
 }
 
 /// The client lemonade talks to its own backends with.
-fn backend_client() -> reqwest::Client {
+pub fn backend_client() -> reqwest::Client {
     reqwest::Client::builder()
         .tcp_nodelay(true)
         // llama-server (cpp-httplib) closes idle keep-alive connections after 5 s; reusing
@@ -112,18 +112,22 @@ impl Engine {
         let cfg = Arc::new(cfg);
         let locks = Arc::new(locks::Locks::default());
         let prompt_cache = host::prompt_cache::Store::open(&cfg.cache_dir.join("prompt-cache"));
-        let launcher = RealLauncher::new(cfg.clone(), backend_client(), locks.clone(), prompt_cache.clone());
-        Ok(Engine::with_launcher(cfg, catalogue, Arc::new(launcher), locks, prompt_cache))
+        // One pool of connections to the backends: the launcher's probes and the proxy's requests.
+        let http = backend_client();
+        let launcher = RealLauncher::new(cfg.clone(), http.clone(), locks.clone(), prompt_cache.clone());
+        Ok(Engine::with_launcher(cfg, catalogue, Arc::new(launcher), locks, prompt_cache, http))
     }
 
     /// The engine over `catalogue`, starting backends with `launcher` (tests pass
-    /// [`fake::FakeLauncher`]). Remote providers are read from the cache dir and refreshed.
+    /// [`fake::FakeLauncher`]) and talking to them with `http`. Remote providers are read from
+    /// the cache dir and refreshed.
     pub fn with_launcher(
         cfg: Arc<Config>,
         catalogue: Arc<Catalogue>,
         launcher: Arc<dyn Launcher>,
         locks: Arc<locks::Locks>,
         prompt_cache: host::prompt_cache::Store,
+        http: reqwest::Client,
     ) -> Engine {
         let metrics = Arc::new(Metrics::new());
         let remotes = Arc::new(Remotes::new(cfg.cache_dir.clone(), cfg.remote_timeout));
@@ -134,20 +138,14 @@ impl Engine {
                 tokio::spawn(async move { r.refresh().await });
             }
         }
-        let lifecycle = Lifecycle::new(
-            cfg.clone(),
-            catalogue.clone(),
-            launcher,
-            backend_client(),
-            metrics.clone(),
-            prompt_cache.clone(),
-        );
+        let lifecycle =
+            Lifecycle::new(cfg.clone(), catalogue.clone(), launcher, http, metrics.clone(), prompt_cache.clone());
         Engine { cfg, catalogue, lifecycle, remotes, prompt_cache, metrics, locks }
     }
 
     /// `text` without this machine's paths (see [`Config::redact`]).
     pub fn redact(&self, text: &str) -> String {
-        self.cfg.redact(text, std::env::var("HOME").ok().as_deref())
+        self.cfg.redact_here(text)
     }
 
     /// lemonade's Prometheus exposition, its gauges from the state as last published.

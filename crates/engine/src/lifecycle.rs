@@ -293,7 +293,7 @@ impl Lifecycle {
 
     /// `text` without this machine's paths (see [`Config::redact`]).
     pub fn redact(&self, text: &str) -> String {
-        self.cfg.redact(text, std::env::var("HOME").ok().as_deref())
+        self.cfg.redact_here(text)
     }
 
     /// Milliseconds of a monotonic clock (since the server started).

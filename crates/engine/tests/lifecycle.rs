@@ -40,7 +40,8 @@ fn setup_with(adjust: impl FnOnce(&mut Config), catalogue: impl FnOnce(&Config) 
     let launcher = FakeLauncher::new();
     let store = host::prompt_cache::Store::open(&tmp.path().join("cache/prompt-cache"));
     let catalogue = Arc::new(catalogue(&cfg));
-    let engine = Engine::with_launcher(Arc::new(cfg), catalogue, launcher.clone(), Default::default(), store);
+    let http = engine::backend_client();
+    let engine = Engine::with_launcher(Arc::new(cfg), catalogue, launcher.clone(), Default::default(), store, http);
     Setup { engine, launcher, _tmp: tmp }
 }
 
