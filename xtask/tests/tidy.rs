@@ -448,3 +448,38 @@ fn no_lock_poison_idiom() {
         .collect();
     assert!(bad.is_empty(), "lock-poison idiom (use parking_lot's locks):\n{}", bad.join("\n"));
 }
+
+/// Load options are typed (`api_types::LoadOptions`): below api-types, no code looks one up
+/// by its wire name in a JSON map (`.get("ctx_size")`, `["steps"]`, `.insert("llamacpp_args"`),
+/// and the untyped `RecipeOptions` map is gone. Tests may build maps by name.
+#[test]
+fn load_options_are_read_as_fields() {
+    let mut files = Vec::new();
+    rust_files(&root().join("crates"), &mut files);
+    let mut bad = Vec::new();
+    for f in files.iter().filter(|f| !f.starts_with(root().join("crates/api-types"))) {
+        let text = std::fs::read_to_string(f).unwrap();
+        if f.file_name().is_some_and(|n| n.to_string_lossy().ends_with("tests.rs"))
+            || f.to_string_lossy().contains("/tests/")
+        {
+            continue;
+        }
+        for (n, line) in code_lines(before_tests(&text)) {
+            let by_name = api_types::OptionKey::ALL.iter().any(|k| {
+                let w = k.as_str();
+                [
+                    format!(".get(\"{w}\")"),
+                    format!("[\"{w}\"]"),
+                    format!(".insert(\"{w}\""),
+                    format!(".remove(\"{w}\")"),
+                ]
+                .iter()
+                .any(|p| line.contains(p.as_str()))
+            });
+            if by_name || line.contains("RecipeOptions") {
+                bad.push(format!("{}:{n}: {}", f.display(), line.trim()));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "a load option looked up by name (read LoadOptions' fields):\n{}", bad.join("\n"));
+}

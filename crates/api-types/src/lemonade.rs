@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// What a model does; decides its endpoint family and its slot pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -40,10 +40,6 @@ impl ModelType {
     }
 }
 
-/// Per-recipe load options (`ctx_size`, `llamacpp_backend`, `llamacpp_args`, …). Only keys
-/// that were set at some level of the precedence chain appear.
-pub type RecipeOptions = Map<String, Value>;
-
 /// An entry of `GET /v1/models`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -71,7 +67,7 @@ pub struct Model {
     pub labels: Vec<String>,
     /// Saved per-model options (`recipe_options.json`).
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
-    pub recipe_options: RecipeOptions,
+    pub recipe_options: crate::LoadOptions,
     /// Approximate size in GB; absent when unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<f64>,
@@ -119,7 +115,7 @@ pub struct LoadedModel {
     pub recipe: String,
     /// Effective options the model was loaded with.
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
-    pub recipe_options: RecipeOptions,
+    pub recipe_options: crate::LoadOptions,
     /// Milliseconds of a monotonic clock at the model's last use.
     pub last_use: u64,
     /// Never evicted nor unloaded for idleness (`POST /api/v1/pin`, or `load` with `pinned`).

@@ -18,6 +18,7 @@ mod cloud;
 mod images;
 mod lemonade;
 mod ollama;
+mod options;
 mod system;
 pub use admin::*;
 pub use anthropic::*;
@@ -26,6 +27,7 @@ pub use cloud::*;
 pub use images::*;
 pub use lemonade::*;
 pub use ollama::*;
+pub use options::*;
 pub use system::*;
 
 /// Fields a request carries that lemonade does not model; forwarded verbatim.

@@ -22,7 +22,7 @@ pub mod whispercpp;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use api_types::{ModelType, RecipeOptions};
+use api_types::{LoadOptions, ModelType};
 
 pub use recipe::{Device, Recipe};
 pub use releases::Hardware;
@@ -89,7 +89,7 @@ pub struct LaunchInput<'a> {
     pub mmproj_path: Option<&'a Path>,
     pub model_type: ModelType,
     /// Effective options (request > saved > CLI > defaults), already filtered to the recipe.
-    pub options: &'a RecipeOptions,
+    pub options: &'a LoadOptions,
     pub hardware: &'a Hardware,
     /// A port chosen by the caller, for recipes whose backend cannot bind port 0 and report it.
     pub port: Option<u16>,
@@ -115,17 +115,12 @@ impl Recipe {
 }
 
 /// The backend a model runs on: the recipe's backend option, else its default.
-pub fn backend_of(recipe: Recipe, options: &RecipeOptions) -> String {
-    recipe
-        .backend_option()
-        .and_then(|k| options.get(k))
-        .and_then(|v| v.as_str())
-        .unwrap_or(recipe.default_backend())
-        .to_string()
+pub fn backend_of(recipe: Recipe, options: &LoadOptions) -> String {
+    recipe.chosen_backend(options).unwrap_or(recipe.default_backend()).to_string()
 }
 
-pub(crate) fn ctx_size(options: &RecipeOptions) -> u32 {
-    options.get("ctx_size").and_then(|v| v.as_u64()).map(|v| v as u32).unwrap_or(llamacpp::DEFAULT_CTX_SIZE)
+pub(crate) fn ctx_size(options: &LoadOptions) -> u32 {
+    options.ctx_size.unwrap_or(llamacpp::DEFAULT_CTX_SIZE)
 }
 
 /// The launch of `recipe`'s backend for one model.
@@ -171,7 +166,7 @@ impl SpawnSpec {
 mod tests {
     use super::*;
 
-    fn input<'a>(opts: &'a RecipeOptions, hw: &'a Hardware, port: Option<u16>) -> LaunchInput<'a> {
+    fn input<'a>(opts: &'a LoadOptions, hw: &'a Hardware, port: Option<u16>) -> LaunchInput<'a> {
         LaunchInput {
             name: "user.M",
             main_path: Path::new("/hub/m.gguf"),
@@ -185,9 +180,8 @@ mod tests {
 
     #[test]
     fn each_runnable_recipe_has_an_adapter_and_the_others_say_so() {
-        let mut opts = RecipeOptions::new();
-        opts.insert("ctx_size".into(), 2048.into());
-        opts.insert("llamacpp_backend".into(), "vulkan".into());
+        let opts =
+            LoadOptions { ctx_size: Some(2048), llamacpp_backend: Some("vulkan".into()), ..LoadOptions::default() };
         let hw = Hardware::default();
         let l = launch(Recipe::LlamaCpp, &input(&opts, &hw, None)).unwrap();
         assert_eq!(l.readiness, Readiness::ListeningLine);
@@ -212,10 +206,10 @@ mod tests {
 
     #[test]
     fn backend_option_or_default() {
-        let mut o = RecipeOptions::new();
+        let mut o = LoadOptions::default();
         assert_eq!(backend_of(Recipe::LlamaCpp, &o), "cpu");
         assert_eq!(backend_of(Recipe::RyzenAiLlm, &o), "npu");
-        o.insert("llamacpp_backend".into(), "rocm".into());
+        o.llamacpp_backend = Some("rocm".into());
         assert_eq!(backend_of(Recipe::LlamaCpp, &o), "rocm");
     }
 }

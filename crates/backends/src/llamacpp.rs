@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use api_types::{ModelType, RecipeOptions};
+use api_types::{LoadOptions, ModelType};
 
 /// Flags lemonade manages itself; `llamacpp_args` may not set them.
 pub const RESERVED_FLAGS: &[&str] = &[
@@ -65,7 +65,7 @@ impl crate::Adapter for LlamaCpp {
             model_type: input.model_type,
             ctx_size: crate::ctx_size(input.options),
             backend: crate::backend_of(recipe, input.options),
-            user_args: input.options.get("llamacpp_args").and_then(|v| v.as_str()).unwrap_or_default().to_string(),
+            user_args: input.options.llamacpp_args.clone().unwrap_or_default(),
             amd_igpu: input.hardware.amd_igpu.is_some(),
             alias: input.name.to_string(),
             rpc: crate::rpc::workers(input.options),
@@ -399,11 +399,10 @@ pub struct CacheSettings {
     pub cache_type_v: String,
 }
 
-pub fn cache_settings(options: &RecipeOptions, model_type: ModelType) -> CacheSettings {
+pub fn cache_settings(options: &LoadOptions, model_type: ModelType) -> CacheSettings {
     let ctx = crate::ctx_size(options);
     let ctx = if model_type == ModelType::Embedding { ctx.max(MIN_EMBEDDING_CTX_SIZE) } else { ctx };
-    let tokens =
-        options.get("llamacpp_args").and_then(|a| a.as_str()).and_then(|a| tokenize(a).ok()).unwrap_or_default();
+    let tokens = options.llamacpp_args.as_deref().and_then(|a| tokenize(a).ok()).unwrap_or_default();
     let flag = |names: &[&str]| -> Option<String> {
         let mut it = tokens.iter();
         let mut found = None;
@@ -432,11 +431,11 @@ mod cache_settings_tests {
 
     #[test]
     fn cache_settings_read_ctx_slots_and_cache_types_from_the_options() {
-        let mut o = RecipeOptions::new();
+        let mut o = LoadOptions::default();
         let s = cache_settings(&o, ModelType::Llm);
         assert_eq!((s.ctx_size, s.slots, s.cache_type_k.as_str()), (DEFAULT_CTX_SIZE, 4, "f16"));
-        o.insert("ctx_size".into(), 2048.into());
-        o.insert("llamacpp_args".into(), "-np 2 --cache-type-k=q8_0 -ctv q4_0".into());
+        o.ctx_size = Some(2048);
+        o.llamacpp_args = Some("-np 2 --cache-type-k=q8_0 -ctv q4_0".into());
         let s = cache_settings(&o, ModelType::Llm);
         assert_eq!((s.ctx_size, s.slots, s.cache_type_k.as_str(), s.cache_type_v.as_str()), (2048, 2, "q8_0", "q4_0"));
         assert_eq!(cache_settings(&o, ModelType::Embedding).ctx_size, MIN_EMBEDDING_CTX_SIZE);

@@ -6,6 +6,8 @@
 
 use std::fmt;
 
+use api_types::{LoadOptions, OptionKey};
+
 use serde::{Deserialize, Serialize};
 
 /// A recipe: which backend program serves a model (reference §2.13).
@@ -135,23 +137,24 @@ impl Recipe {
         }
     }
 
-    /// The option keys the recipe accepts (reference §2.9).
-    pub fn option_keys(self) -> &'static [&'static str] {
+    /// The options the recipe accepts (reference §2.9).
+    pub fn option_keys(self) -> &'static [OptionKey] {
+        use OptionKey::*;
         match self {
-            Recipe::LlamaCpp => &["ctx_size", "llamacpp_backend", "llamacpp_args", "rpc_servers"],
-            Recipe::Flm | Recipe::RyzenAiLlm => &["ctx_size"],
-            Recipe::WhisperCpp => &["whispercpp_backend"],
-            Recipe::SdCpp => &["sd-cpp_backend", "steps", "cfg_scale", "width", "height"],
+            Recipe::LlamaCpp => &[CtxSize, LlamacppBackend, LlamacppArgs, RpcServers],
+            Recipe::Flm | Recipe::RyzenAiLlm => &[CtxSize],
+            Recipe::WhisperCpp => &[WhispercppBackend],
+            Recipe::SdCpp => &[SdcppBackend, Steps, CfgScale, Width, Height],
             Recipe::Kokoro => &[],
         }
     }
 
-    /// The option key that picks the backend (`llamacpp_backend`, …), if the recipe has one.
-    pub fn backend_option(self) -> Option<&'static str> {
+    /// The backend `options` choose for this recipe (`llamacpp_backend`, …), if they do.
+    pub fn chosen_backend(self, options: &LoadOptions) -> Option<&str> {
         match self {
-            Recipe::LlamaCpp => Some("llamacpp_backend"),
-            Recipe::WhisperCpp => Some("whispercpp_backend"),
-            Recipe::SdCpp => Some("sd-cpp_backend"),
+            Recipe::LlamaCpp => options.llamacpp_backend.as_deref(),
+            Recipe::WhisperCpp => options.whispercpp_backend.as_deref(),
+            Recipe::SdCpp => options.sdcpp_backend.as_deref(),
             _ => None,
         }
     }

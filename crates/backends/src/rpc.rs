@@ -4,11 +4,6 @@
 
 use core::net::IpAddr;
 
-use serde_json::Value;
-
-/// The load option naming the workers.
-pub const OPTION: &str = "rpc_servers";
-
 /// A worker's `host:port`, checked: a host name, an IPv4 address or a bracketed IPv6 one, and a
 /// port from 1 to 65535.
 pub fn check_worker(w: &str) -> Result<(), String> {
@@ -26,12 +21,8 @@ pub fn check_worker(w: &str) -> Result<(), String> {
 }
 
 /// The workers saved in `options` (none when absent or empty).
-pub fn workers(options: &api_types::RecipeOptions) -> Vec<String> {
-    options
-        .get(OPTION)
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
-        .unwrap_or_default()
+pub fn workers(options: &api_types::LoadOptions) -> Vec<String> {
+    options.rpc_servers.clone().unwrap_or_default()
 }
 
 /// Whether the worker's host is loopback or on a private network (RFC 1918, IPv6 unique-local,

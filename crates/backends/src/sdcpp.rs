@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use api_types::{RecipeOptions, SdParameters};
+use api_types::{LoadOptions, SdParameters};
 use serde_json::{json, Value};
 
 /// The stable-diffusion.cpp adapter: `sd-server`, told its port.
@@ -18,9 +18,9 @@ pub const EDITS_PATH: &str = "/v1/images/edits";
 pub const SERVED_PATHS: &[&str] = &[GENERATIONS_PATH, EDITS_PATH];
 
 /// v9's built-in defaults for an sd-cpp model without `image_defaults` (reference §2.9).
-pub const DEFAULT_STEPS: u64 = 20;
+pub const DEFAULT_STEPS: u32 = 20;
 pub const DEFAULT_CFG_SCALE: f64 = 7.0;
-pub const DEFAULT_SIZE: u64 = 512;
+pub const DEFAULT_SIZE: u32 = 512;
 
 impl crate::Adapter for SdCpp {
     fn needs_port(&self) -> bool {
@@ -35,15 +35,11 @@ impl crate::Adapter for SdCpp {
     }
 }
 
-fn option_u64(options: &RecipeOptions, key: &str, default: u64) -> u64 {
-    options.get(key).and_then(Value::as_u64).unwrap_or(default)
-}
-
 /// `sd-server -m <model> --listen-ip 127.0.0.1 --listen-port <P> --steps N --cfg-scale X -W w
 /// -H h`: the model's options (its `image_defaults` under the saved ones) become the server's
 /// defaults, which each request may override.
-pub fn command_line(model: &Path, port: u16, options: &RecipeOptions) -> Vec<String> {
-    let cfg = options.get("cfg_scale").and_then(Value::as_f64).unwrap_or(DEFAULT_CFG_SCALE);
+pub fn command_line(model: &Path, port: u16, options: &LoadOptions) -> Vec<String> {
+    let cfg = options.cfg_scale.unwrap_or(DEFAULT_CFG_SCALE);
     vec![
         "-m".into(),
         model.display().to_string(),
@@ -52,13 +48,13 @@ pub fn command_line(model: &Path, port: u16, options: &RecipeOptions) -> Vec<Str
         "--listen-port".into(),
         port.to_string(),
         "--steps".into(),
-        option_u64(options, "steps", DEFAULT_STEPS).to_string(),
+        options.steps.unwrap_or(DEFAULT_STEPS).to_string(),
         "--cfg-scale".into(),
         cfg.to_string(),
         "-W".into(),
-        option_u64(options, "width", DEFAULT_SIZE).to_string(),
+        options.width.unwrap_or(DEFAULT_SIZE).to_string(),
         "-H".into(),
-        option_u64(options, "height", DEFAULT_SIZE).to_string(),
+        options.height.unwrap_or(DEFAULT_SIZE).to_string(),
     ]
 }
 
@@ -170,15 +166,12 @@ mod tests {
 
     #[test]
     fn command_line_turns_the_options_into_server_defaults() {
-        let mut o = RecipeOptions::new();
+        let mut o = LoadOptions::default();
         assert_eq!(
             command_line(Path::new("/hub/sd.safetensors"), 9000, &o).join(" "),
             "-m /hub/sd.safetensors --listen-ip 127.0.0.1 --listen-port 9000 --steps 20 --cfg-scale 7 -W 512 -H 512"
         );
-        o.insert("steps".into(), 4.into());
-        o.insert("cfg_scale".into(), json!(1.5));
-        o.insert("width".into(), 256.into());
-        o.insert("height".into(), 320.into());
+        o = LoadOptions { steps: Some(4), cfg_scale: Some(1.5), width: Some(256), height: Some(320), ..o };
         let args = command_line(Path::new("/m"), 1, &o).join(" ");
         assert!(args.ends_with("--steps 4 --cfg-scale 1.5 -W 256 -H 320"), "{args}");
     }

@@ -2,7 +2,7 @@
 //! the load overrides (gguf_n_ctx, gguf_flash_attn, gguf_type_k/v) as options, and the admin
 //! load, whose conditions the lifecycle's owner decides (`scheduler::Event::AdminLoad`).
 
-use api_types::{AdminLoadRequest, AdminModel, RecipeOptions};
+use api_types::{AdminLoadRequest, AdminModel, LoadOptions};
 use registry::ModelInfo;
 use scheduler::{LoadOutcome, Rejection, State as RtState};
 use serde_json::{json, Map, Value};
@@ -96,7 +96,7 @@ pub fn model(rt: &Engine, info: &ModelInfo, v: Option<&ModelView>) -> AdminModel
             "replicas": 1,
             "replica_max": 1,
             "target_inflight": LLAMA_SERVER_SLOTS,
-            "gguf_n_ctx": rt.lifecycle.effective_options(info, &Map::new()).get("ctx_size").cloned().unwrap_or(json!(backends::llamacpp::DEFAULT_CTX_SIZE)),
+            "gguf_n_ctx": rt.lifecycle.effective_options(info, &LoadOptions::default()).ctx_size.unwrap_or(backends::llamacpp::DEFAULT_CTX_SIZE),
             "gguf_flash_attn": "auto",
             "gguf_type_k": null,
             "gguf_type_v": null,
@@ -123,7 +123,7 @@ fn invalid(message: String) -> EngineError {
 
 /// The admin body's overrides as recipe options: 422 for schema errors, 400 for values the
 /// llama.cpp backend cannot take. The flags go through `backends::llamacpp::override_args`.
-pub fn overrides(req: &AdminLoadRequest) -> Result<RecipeOptions> {
+pub fn overrides(req: &AdminLoadRequest) -> Result<LoadOptions> {
     if req.gguf_n_ctx == Some(0) {
         return Err(EngineError::Unprocessable("Invalid value for 'gguf_n_ctx': must be at least 1".into()));
     }
@@ -138,24 +138,18 @@ pub fn overrides(req: &AdminLoadRequest) -> Result<RecipeOptions> {
     }
     let (fa, k, v) = (req.gguf_flash_attn.as_deref(), req.gguf_type_k.as_deref(), req.gguf_type_v.as_deref());
     let args = backends::llamacpp::override_args(fa, k, v).map_err(|e| invalid(e.to_string()))?;
-    let mut opts = Map::new();
-    if let Some(n) = req.gguf_n_ctx {
-        opts.insert("ctx_size".into(), n.into());
-    }
-    if !args.is_empty() {
-        opts.insert("llamacpp_args".into(), args.join(" ").into());
-    }
-    Ok(opts)
+    let ctx_size = req.gguf_n_ctx.map(u32::try_from).transpose().map_err(|_| {
+        EngineError::Unprocessable(format!("Invalid value for 'gguf_n_ctx': must be at most {}", u32::MAX))
+    })?;
+    Ok(LoadOptions { ctx_size, llamacpp_args: (!args.is_empty()).then(|| args.join(" ")), ..LoadOptions::default() })
 }
 
 /// The effective options with the admin overrides applied (flags appended to `llamacpp_args`).
-fn with_overrides(mut effective: RecipeOptions, opts: &RecipeOptions) -> RecipeOptions {
-    if let Some(n) = opts.get("ctx_size") {
-        effective.insert("ctx_size".into(), n.clone());
-    }
-    if let Some(Value::String(extra)) = opts.get("llamacpp_args") {
-        let base = effective.get("llamacpp_args").and_then(Value::as_str).unwrap_or_default();
-        effective.insert("llamacpp_args".into(), format!("{base} {extra}").trim().to_string().into());
+fn with_overrides(mut effective: LoadOptions, opts: &LoadOptions) -> LoadOptions {
+    effective.ctx_size = opts.ctx_size.or(effective.ctx_size);
+    if let Some(extra) = &opts.llamacpp_args {
+        let base = effective.llamacpp_args.as_deref().unwrap_or_default();
+        effective.llamacpp_args = Some(format!("{base} {extra}").trim().to_string());
     }
     effective
 }
@@ -176,7 +170,7 @@ pub async fn load(rt: &Engine, name: &str, req: &AdminLoadRequest) -> Result<Adm
     if !info.downloaded {
         return Err(invalid(format!("Model '{name}' is not downloaded")));
     }
-    let effective = with_overrides(rt.lifecycle.effective_options(&info, &Map::new()), &opts);
+    let effective = with_overrides(rt.lifecycle.effective_options(&info, &LoadOptions::default()), &opts);
     let before = rt.lifecycle.load_override(name);
     rt.lifecycle.set_load_override(name, (!opts.is_empty()).then(|| override_value(req)));
     let outcome = rt.lifecycle.admin_load(&info, effective, !opts.is_empty()).await;

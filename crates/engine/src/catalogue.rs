@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use api_types::RecipeOptions;
+use api_types::LoadOptions;
 use host::catalogue::{CatalogueConfig, HeaderCache};
 use registry::{CatalogueEntry, ModelInfo, Registry, USER_PREFIX};
 
@@ -200,7 +200,7 @@ impl Catalogue {
     }
 
     /// Saves `options` as `name`'s defaults (None: forgets them).
-    pub fn save_options(&self, name: &str, options: Option<&RecipeOptions>) -> Result<()> {
+    pub fn save_options(&self, name: &str, options: Option<&LoadOptions>) -> Result<()> {
         self.mutate(|| host::files::save_recipe_options(&self.cfg.cache_dir, name, options))
     }
 }

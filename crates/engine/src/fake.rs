@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use api_types::RecipeOptions;
+use api_types::LoadOptions;
 use backends::SpawnSpec;
 use futures_util::future::BoxFuture;
 use host::ExitInfo;
@@ -126,7 +126,7 @@ impl Launcher for FakeLauncher {
     fn prepare<'a>(
         &'a self,
         info: &'a ModelInfo,
-        _options: &'a RecipeOptions,
+        _options: &'a LoadOptions,
     ) -> BoxFuture<'a, Result<Prepared, StartFailure>> {
         Box::pin(async move {
             let failed = {
@@ -172,7 +172,7 @@ impl Launcher for FakeLauncher {
     fn probe<'a>(
         &'a self,
         process: &'a dyn Process,
-        _options: &'a RecipeOptions,
+        _options: &'a LoadOptions,
         _within: Duration,
     ) -> BoxFuture<'a, Health> {
         Box::pin(async move {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use api_types::RecipeOptions;
+use api_types::LoadOptions;
 use backends::{LaunchInput, Recipe, SpawnSpec};
 use futures_util::future::BoxFuture;
 use host::{binary, Backend, ExitInfo};
@@ -84,7 +84,7 @@ pub trait Launcher: Send + Sync + 'static {
     fn prepare<'a>(
         &'a self,
         info: &'a ModelInfo,
-        options: &'a RecipeOptions,
+        options: &'a LoadOptions,
     ) -> BoxFuture<'a, Result<Prepared, StartFailure>>;
     /// Starts the process and returns at once; [`Process::ready`] waits for it.
     fn spawn(&self, name: &str, spec: SpawnSpec) -> Result<Arc<dyn Process>, StartFailure>;
@@ -92,7 +92,7 @@ pub trait Launcher: Send + Sync + 'static {
     fn probe<'a>(
         &'a self,
         process: &'a dyn Process,
-        options: &'a RecipeOptions,
+        options: &'a LoadOptions,
         within: Duration,
     ) -> BoxFuture<'a, Health>;
 }
@@ -149,7 +149,7 @@ impl RealLauncher {
         }))
     }
 
-    async fn prepare_now(&self, info: &ModelInfo, options: &RecipeOptions) -> Result<Prepared, StartFailure> {
+    async fn prepare_now(&self, info: &ModelInfo, options: &LoadOptions) -> Result<Prepared, StartFailure> {
         let fatal = |message: String| StartFailure::Fatal(self.cfg.redact_here(&message));
         let name = info.name.as_str();
         let main = info
@@ -192,7 +192,7 @@ impl Launcher for RealLauncher {
     fn prepare<'a>(
         &'a self,
         info: &'a ModelInfo,
-        options: &'a RecipeOptions,
+        options: &'a LoadOptions,
     ) -> BoxFuture<'a, Result<Prepared, StartFailure>> {
         Box::pin(self.prepare_now(info, options))
     }
@@ -205,7 +205,7 @@ impl Launcher for RealLauncher {
     fn probe<'a>(
         &'a self,
         process: &'a dyn Process,
-        options: &'a RecipeOptions,
+        options: &'a LoadOptions,
         within: Duration,
     ) -> BoxFuture<'a, Health> {
         Box::pin(async move {
@@ -285,7 +285,7 @@ async fn check_workers(model: &str, workers: &[String]) -> Result<(), Unreachabl
 /// The first of the model's RPC workers that is gone (nothing listens, or its host is
 /// unreachable), and why. A worker that is merely slow to accept is not gone: rpc-server
 /// serves one client at a time, and llama-server is that client.
-async fn lost_worker(options: &RecipeOptions, within: Duration) -> Option<(String, String)> {
+async fn lost_worker(options: &LoadOptions, within: Duration) -> Option<(String, String)> {
     for w in backends::rpc::workers(options) {
         if let host::net::Worker::Gone(e) = host::net::probe(&w, within).await {
             return Some((w, e));

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use api_types::{LoadedModel, ModelType, RecipeOptions, Stats};
+use api_types::{LoadOptions, LoadedModel, ModelType, Stats};
 use backends::Recipe;
 use parking_lot::{Mutex, RwLock};
 use registry::ModelInfo;
@@ -55,7 +55,7 @@ impl Acquired {
 /// Failed health probes in a row after which a backend counts as wedged and is killed.
 const WATCHDOG_STRIKES: u32 = 3;
 
-type Opts = RecipeOptions;
+type Opts = LoadOptions;
 
 /// What the owner answers a waiting handler.
 enum Answer {
@@ -491,7 +491,7 @@ impl Lifecycle {
         keep_alive: Option<u64>,
     ) -> std::result::Result<Lease, Acquired> {
         let name = info.name.as_str();
-        let options = self.effective_options(info, &RecipeOptions::new());
+        let options = self.effective_options(info, &LoadOptions::default());
         let mut model = self.model_ref(info, &options, None);
         if let Some(ms) = keep_alive {
             (model.idle_timeout_ms, model.sets_idle_timeout) = (Some(ms), true);
@@ -599,24 +599,21 @@ impl Lifecycle {
     }
 
     /// Effective options: `request` over saved per-model options over CLI/env settings.
-    /// Built-in defaults apply when read; only keys set at some level are listed.
+    /// Built-in defaults apply when read; only options set at some level are set.
     pub fn effective_options(&self, info: &ModelInfo, request: &Opts) -> Opts {
-        let mut o = Opts::new();
-        o.insert("llamacpp_backend".into(), Value::String(self.cfg.llamacpp_backend.clone()));
-        if let Some(c) = self.cfg.ctx_size {
-            o.insert("ctx_size".into(), c.into());
-        }
-        if let Some(a) = &self.cfg.llamacpp_args {
-            o.insert("llamacpp_args".into(), Value::String(a.clone()));
-        }
+        let mut o = LoadOptions {
+            llamacpp_backend: Some(self.cfg.llamacpp_backend.clone()),
+            ctx_size: self.cfg.ctx_size,
+            llamacpp_args: self.cfg.llamacpp_args.clone(),
+            ..LoadOptions::default()
+        };
         // An image model's catalogue `image_defaults` sit under its saved options (as v9).
         if let Some(Value::Object(defaults)) = &info.image_defaults {
-            o.extend(defaults.clone());
+            o.overlay(&LoadOptions::from_map_lossy(defaults).0);
         }
-        for (k, v) in self.catalogue.registry().saved_options(info).into_iter().chain(request.clone()) {
-            o.insert(k, v);
-        }
-        registry::filter_recipe_options(info.recipe, &o)
+        o.overlay(&self.catalogue.registry().saved_options(info));
+        o.overlay(request);
+        registry::recipe_options(info.recipe, o)
     }
 
     fn answer(&self, req: ReqId, a: Answer) -> bool {

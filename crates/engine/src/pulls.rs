@@ -217,13 +217,9 @@ pub fn pull_in_background(rt: &Engine, m: ModelInfo) -> mpsc::Receiver<PullEvent
 }
 
 /// The request's recipe options, validated (400 naming the field).
-pub fn request_options(req: &LoadRequest) -> Result<RecipeOptions> {
-    let mut o = RecipeOptions::new();
-    if let Some(c) = req.ctx_size {
-        if c == 0 {
-            return Err(EngineError::invalid("ctx_size must be at least 1", Some("ctx_size")));
-        }
-        o.insert("ctx_size".into(), c.into());
+pub fn request_options(req: &LoadRequest) -> Result<LoadOptions> {
+    if req.ctx_size == Some(0) {
+        return Err(EngineError::invalid("ctx_size must be at least 1", Some("ctx_size")));
     }
     if let Some(b) = &req.llamacpp_backend {
         if !backends::Recipe::LlamaCpp.backends().contains(&b.as_str()) {
@@ -235,22 +231,23 @@ pub fn request_options(req: &LoadRequest) -> Result<RecipeOptions> {
                 Some("llamacpp_backend"),
             ));
         }
-        o.insert("llamacpp_backend".into(), b.clone().into());
     }
     if let Some(a) = &req.llamacpp_args {
         let check = backends::llamacpp::tokenize(a).and_then(|t| backends::llamacpp::validate_user_args(&t));
         if let Err(e) = check {
             return Err(EngineError::invalid_code(e.to_string(), "llamacpp_args", "invalid_llamacpp_args"));
         }
-        o.insert("llamacpp_args".into(), a.clone().into());
     }
-    if let Some(workers) = &req.rpc_servers {
-        for w in workers {
-            backends::rpc::check_worker(w).map_err(|m| EngineError::invalid(m, Some("rpc_servers")))?;
-        }
-        o.insert(backends::rpc::OPTION.into(), workers.clone().into());
+    for w in req.rpc_servers.iter().flatten() {
+        backends::rpc::check_worker(w).map_err(|m| EngineError::invalid(m, Some("rpc_servers")))?;
     }
-    Ok(o)
+    Ok(LoadOptions {
+        ctx_size: req.ctx_size,
+        llamacpp_backend: req.llamacpp_backend.clone(),
+        llamacpp_args: req.llamacpp_args.clone(),
+        rpc_servers: req.rpc_servers.clone(),
+        ..LoadOptions::default()
+    })
 }
 
 /// `POST /load`: the model `req` names, pulled first when it is registered but not
@@ -262,10 +259,7 @@ pub async fn load(rt: &Engine, req: &LoadRequest) -> Result<ModelInfo> {
     let opts = request_options(req)?;
     let info = ensure_downloaded(rt, &info).await?;
     if req.save_options == Some(true) {
-        let mut saved = opts.clone();
-        if let Some(t) = req.idle_timeout {
-            saved.insert(registry::IDLE_TIMEOUT_KEY.into(), t.into());
-        }
+        let saved = LoadOptions { idle_timeout: req.idle_timeout, ..opts.clone() };
         rt.catalogue.save_options(&info.name, Some(&saved))?;
     }
     let effective = rt.lifecycle.effective_options(&info, &opts);
@@ -325,7 +319,7 @@ pub fn preload(rt: &Engine) {
             let result = async {
                 let info = rt.catalogue.get(&name)?;
                 let info = ensure_downloaded(&rt, &info).await?;
-                let options = rt.lifecycle.effective_options(&info, &api_types::RecipeOptions::new());
+                let options = rt.lifecycle.effective_options(&info, &LoadOptions::default());
                 EngineError::from_load(&name, rt.lifecycle.load(&info, options, None, None).await)
             }
             .await;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use lemonade_engine as engine;
 use std::time::Duration;
 
-use api_types::{ModelType, RecipeOptions};
+use api_types::{LoadOptions, ModelType};
 use engine::fake::{self, FakeLauncher};
 use engine::pulls::{self, PullEvent};
 use engine::{Config, Engine, EngineError};
@@ -61,7 +61,7 @@ impl Setup {
 
     async fn load(&self, model: &str, pin: Option<bool>) -> LoadOutcome {
         let info = self.engine.catalogue.get(model).unwrap();
-        let options = self.engine.lifecycle.effective_options(&info, &RecipeOptions::new());
+        let options = self.engine.lifecycle.effective_options(&info, &LoadOptions::default());
         self.engine.lifecycle.load(&info, options, pin, None).await
     }
 }
@@ -122,7 +122,7 @@ async fn an_unload_during_a_load_cancels_it_and_stops_the_starting_process() {
         let e = s.engine.clone();
         tokio::spawn(async move {
             let info = e.catalogue.get(A).unwrap();
-            let o = e.lifecycle.effective_options(&info, &RecipeOptions::new());
+            let o = e.lifecycle.effective_options(&info, &LoadOptions::default());
             e.lifecycle.load(&info, o, None, None).await
         })
     };

@@ -120,7 +120,7 @@ pub fn load(cfg: &CatalogueConfig) -> Result<Registry, HostError> {
 /// reported at once, before the slower scan of the model files.
 pub fn check_files(cfg: &CatalogueConfig) -> Result<(), HostError> {
     json_file::<std::collections::BTreeMap<String, registry::CatalogueEntry>>(&cfg.cache_dir.join(USER_MODELS_FILE))?;
-    json_file::<std::collections::BTreeMap<String, api_types::RecipeOptions>>(
+    json_file::<std::collections::BTreeMap<String, serde_json::Map<String, serde_json::Value>>>(
         &cfg.cache_dir.join(RECIPE_OPTIONS_FILE),
     )?;
     Ok(())

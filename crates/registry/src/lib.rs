@@ -16,7 +16,7 @@ pub use error::{LookupError, RegistryError};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use api_types::{Model, ModelType, RecipeOptions};
+use api_types::{LoadOptions, Model, ModelType};
 use backends::Recipe;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -32,9 +32,6 @@ pub const USER_PREFIX: &str = "user.";
 pub const EXTRA_PREFIX: &str = "extra.";
 pub const USER_MODELS_FILE: &str = "user_models.json";
 pub const RECIPE_OPTIONS_FILE: &str = "recipe_options.json";
-/// The key under which `save_options` keeps a model's own idle timeout (seconds) beside its
-/// recipe options; it is not a backend option, so it never restarts a backend.
-pub const IDLE_TIMEOUT_KEY: &str = "idle_timeout";
 
 /// Name of the manifest Lemonade v9 keeps in a snapshot while a download is in progress.
 pub const DOWNLOAD_MANIFEST: &str = ".download_manifest.json";
@@ -74,8 +71,8 @@ pub struct ExtraFile {
 pub struct UserFiles {
     /// `user_models.json`: registrations by key (without `user.`).
     pub user_models: BTreeMap<String, CatalogueEntry>,
-    /// `recipe_options.json`: saved options by full model name.
-    pub recipe_options: BTreeMap<String, RecipeOptions>,
+    /// `recipe_options.json` as written: saved options by full model name.
+    pub recipe_options: BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
     /// Every `*.gguf` under the extra models dir (recursively), when one is set.
     pub extra_files: Vec<ExtraFile>,
 }
@@ -154,14 +151,9 @@ pub fn type_from_labels(labels: &[String]) -> ModelType {
     ModelType::Llm
 }
 
-/// Keeps the keys of `opts` that belong to `recipe`, dropping "unset" values (-1 and "").
-pub fn filter_recipe_options(recipe: Recipe, opts: &RecipeOptions) -> RecipeOptions {
-    let keys = recipe.option_keys();
-    opts.iter()
-        .filter(|(k, _)| keys.contains(&k.as_str()))
-        .filter(|(_, v)| !(v.as_i64() == Some(-1) || v.as_str() == Some("")))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
+/// The options of `opts` that belong to `recipe`.
+pub fn recipe_options(recipe: Recipe, opts: LoadOptions) -> LoadOptions {
+    opts.keep(recipe.option_keys())
 }
 
 /// How the registry filters and names what it finds.
@@ -179,8 +171,9 @@ pub struct Registry {
     models: BTreeMap<String, ModelInfo>,
     /// Models hidden on this host, with the reason.
     filtered: BTreeMap<String, String>,
-    /// Saved per-model options, keyed by full model name.
-    recipe_options: BTreeMap<String, RecipeOptions>,
+    /// Saved per-model options, keyed by full model name (a value of the wrong type in the
+    /// file reads as unset).
+    recipe_options: BTreeMap<String, LoadOptions>,
 }
 
 impl Registry {
@@ -189,7 +182,9 @@ impl Registry {
     pub fn build(cfg: &RegistryConfig, user: UserFiles, files: &dyn ModelFiles) -> Result<Registry, RegistryError> {
         let builtin: BTreeMap<String, CatalogueEntry> = serde_json::from_str(BUILTIN_CATALOGUE)
             .map_err(|e| RegistryError::Json { path: "built-in catalogue".into(), source: e })?;
-        let mut reg = Registry { recipe_options: user.recipe_options, ..Default::default() };
+        let recipe_options =
+            user.recipe_options.iter().map(|(k, m)| (k.clone(), LoadOptions::from_map_lossy(m).0)).collect();
+        let mut reg = Registry { recipe_options, ..Default::default() };
         for (name, e) in builtin {
             reg.add(name, e, Source::BuiltIn, cfg, files);
         }
@@ -260,11 +255,11 @@ impl Registry {
     /// Saved options of a model (`recipe_options.json`), filtered to its recipe's keys.
     /// The idle timeout saved for `m` with `save_options` (seconds; 0 = never).
     pub fn saved_idle_timeout(&self, m: &ModelInfo) -> Option<u64> {
-        self.recipe_options.get(&m.name)?.get(IDLE_TIMEOUT_KEY)?.as_u64()
+        self.recipe_options.get(&m.name)?.idle_timeout
     }
 
-    pub fn saved_options(&self, m: &ModelInfo) -> RecipeOptions {
-        self.recipe_options.get(&m.name).map(|o| filter_recipe_options(m.recipe, o)).unwrap_or_default()
+    pub fn saved_options(&self, m: &ModelInfo) -> LoadOptions {
+        self.recipe_options.get(&m.name).map(|o| recipe_options(m.recipe, o.clone())).unwrap_or_default()
     }
 
     /// The API view of a model.

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use api_types::{ModelType, RecipeOptions};
+use api_types::{LoadOptions, ModelType};
 use backends::Recipe;
 use registry::gguf::{build_header as build, MetaValue};
 use registry::{CatalogueEntry, LookupError, Source, RECIPE_OPTIONS_FILE, USER_MODELS_FILE};
@@ -123,7 +123,7 @@ fn user_models_resolve_in_hf_cache_and_are_downloaded_when_complete() {
     );
     put(
         &e.cfg.cache_dir.join(RECIPE_OPTIONS_FILE),
-        br#"{"user.Smol": {"ctx_size": 2048, "llamacpp_args": "", "steps": 3}}"#,
+        br#"{"user.Smol": {"ctx_size": 2048, "llamacpp_args": "", "steps": 3, "llamacpp_backend": 7}}"#,
     );
     let snap = e.cfg.hf_cache.join("models--org--Smol-GGUF/snapshots/abc");
     put(&snap.join("Smol.Q4_1.gguf"), &llm_gguf());
@@ -136,8 +136,8 @@ fn user_models_resolve_in_hf_cache_and_are_downloaded_when_complete() {
     assert_eq!(m.main_path.as_deref(), Some(snap.join("Smol.Q4_1.gguf").as_path()));
     assert!(m.downloaded);
     let api = reg.to_api(m);
-    // Only llamacpp keys, and "" counts as unset.
-    assert_eq!(api.recipe_options, serde_json::json!({"ctx_size": 2048}).as_object().unwrap().clone());
+    // Only llamacpp keys, "" counts as unset, and a value of the wrong type reads as unset.
+    assert_eq!(api.recipe_options, LoadOptions { ctx_size: Some(2048), ..LoadOptions::default() });
 
     // A partial file next to it means not downloaded.
     put(&snap.join("Smol.Q4_1.gguf.partial"), b"");
@@ -194,10 +194,9 @@ fn extra_models_dir_naming_grouping_and_gguf_types() {
 #[test]
 fn saved_options_are_replaced_atomically_and_read_back() {
     let e = env();
-    let mut o = RecipeOptions::new();
-    o.insert("ctx_size".into(), 8192.into());
+    let mut o = LoadOptions { ctx_size: Some(8192), ..LoadOptions::default() };
     save_recipe_options(&e.cfg.cache_dir, "user.X", Some(&o)).unwrap();
-    o.insert("llamacpp_args".into(), "--threads 1".into());
+    o.llamacpp_args = Some("--threads 1".into());
     save_recipe_options(&e.cfg.cache_dir, "Qwen3-0.6B-GGUF", Some(&o)).unwrap();
     let reg = load(&e.cfg).unwrap();
     let q = reg.get("Qwen3-0.6B-GGUF").unwrap();
