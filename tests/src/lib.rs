@@ -392,6 +392,13 @@ impl Lemonade {
         (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        let r = self.http.delete(self.url(path)).send().await.expect("DELETE");
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap_or_default();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         self.post_raw(path, body.to_string()).await
     }

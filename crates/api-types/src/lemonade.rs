@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// What a model does; decides its endpoint family and its slot pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -217,26 +217,62 @@ pub struct Live {
     pub status: String,
 }
 
-/// `POST /v1/load`.
+/// `POST /v1/load`. Each option is three-state, as Lemonade v11's: absent keeps the model's
+/// saved value, `null` ignores the saved value for this load (the server's, then the recipe's
+/// default applies), a value overrides it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "openapi", schema(example = json!({"model_name": "Qwen3-0.6B-GGUF", "ctx_size": 8192, "save_options": true})))]
 pub struct LoadRequest {
     pub model_name: String,
-    /// Context size for this load.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ctx_size: Option<u32>,
+    /// Context size for this load; `-1`: the largest the model was trained for that fits.
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<i64>, nullable))]
+    pub ctx_size: Option<Option<crate::CtxSize>>,
     /// `cpu`, `vulkan`, `rocm`, `metal`, or `system` (the llama-server on PATH).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub llamacpp_backend: Option<String>,
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable))]
+    pub llamacpp_backend: Option<Option<String>>,
     /// Extra llama-server arguments; flags lemonade manages are rejected.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub llamacpp_args: Option<String>,
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable))]
+    pub llamacpp_args: Option<Option<String>>,
     /// llama.cpp RPC workers (`host:port` of each `rpc-server`): llama-server spreads the
     /// model's layers over them (`--rpc`). An empty list clears saved ones.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rpc_servers: Option<Vec<String>>,
-    /// Save these options (and only these) as the model's defaults in `recipe_options.json`.
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<String>>, nullable))]
+    pub rpc_servers: Option<Option<Vec<String>>>,
+    /// whisper.cpp's backend (`cpu`, `vulkan`, `npu`).
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable))]
+    pub whispercpp_backend: Option<Option<String>>,
+    /// sd.cpp's backend (`cpu`, `rocm`).
+    #[serde(
+        rename = "sd-cpp_backend",
+        default,
+        deserialize_with = "crate::nullable",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable))]
+    pub sdcpp_backend: Option<Option<String>>,
+    /// sd.cpp models: default sampling steps (1 to 150).
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u32>, nullable))]
+    pub steps: Option<Option<u32>>,
+    /// sd.cpp models: default guidance scale (0 to 30).
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>, nullable))]
+    pub cfg_scale: Option<Option<f64>>,
+    /// sd.cpp models: default image width in pixels.
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u32>, nullable))]
+    pub width: Option<Option<u32>>,
+    /// sd.cpp models: default image height in pixels.
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u32>, nullable))]
+    pub height: Option<Option<u32>>,
+    /// Save these options as the model's saved options in `recipe_options.json`, replacing
+    /// what was saved (a `null` keeps the saved value of its key).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub save_options: Option<bool>,
     /// Pin it: never evicted nor unloaded for idleness until unpinned or unloaded.
@@ -244,8 +280,67 @@ pub struct LoadRequest {
     pub pinned: Option<bool>,
     /// Unload it after this many seconds without a request (0 = never), instead of the
     /// server's `--idle-timeout`. Saved by `save_options`.
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>, nullable))]
+    pub idle_timeout: Option<Option<u64>>,
+}
+
+impl LoadRequest {
+    /// The request's options: what it sets and what it clears (`null`).
+    pub fn patch(&self) -> crate::OptionsPatch {
+        use crate::OptionKey as K;
+        let mut p = crate::OptionsPatch::default();
+        fn one<T: Clone>(p: &mut crate::OptionsPatch, key: K, v: &Option<Option<T>>) -> Option<T> {
+            match v {
+                Some(None) => {
+                    p.cleared.push(key);
+                    None
+                }
+                Some(Some(v)) => Some(v.clone()),
+                None => None,
+            }
+        }
+        p.set.ctx_size = one(&mut p, K::CtxSize, &self.ctx_size);
+        p.set.llamacpp_backend = one(&mut p, K::LlamacppBackend, &self.llamacpp_backend);
+        p.set.llamacpp_args = one(&mut p, K::LlamacppArgs, &self.llamacpp_args);
+        p.set.rpc_servers = one(&mut p, K::RpcServers, &self.rpc_servers);
+        p.set.whispercpp_backend = one(&mut p, K::WhispercppBackend, &self.whispercpp_backend);
+        p.set.sdcpp_backend = one(&mut p, K::SdcppBackend, &self.sdcpp_backend);
+        p.set.steps = one(&mut p, K::Steps, &self.steps);
+        p.set.cfg_scale = one(&mut p, K::CfgScale, &self.cfg_scale);
+        p.set.width = one(&mut p, K::Width, &self.width);
+        p.set.height = one(&mut p, K::Height, &self.height);
+        p.set.idle_timeout = one(&mut p, K::IdleTimeout, &self.idle_timeout);
+        p
+    }
+}
+
+/// `GET`, `POST` and `DELETE /v1/models/{id}/options`: a model's options by layer (Lemonade
+/// v11). `effective` and `defaults` are complete `/load` bodies.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"model_name": "Qwen3-0.6B-GGUF", "recipe": "llamacpp",
+    "saved": {"llamacpp_args": "--no-mmap"},
+    "effective": {"model_name": "Qwen3-0.6B-GGUF", "ctx_size": 4096, "llamacpp_backend": "cpu", "llamacpp_args": "--no-mmap", "rpc_servers": [], "idle_timeout": 0},
+    "defaults": {"model_name": "Qwen3-0.6B-GGUF", "ctx_size": 4096, "llamacpp_backend": "cpu", "llamacpp_args": "", "rpc_servers": [], "idle_timeout": 0},
+    "resolved_ctx_size": 4096})))]
+pub struct ModelOptions {
+    /// The id from the URL.
+    pub model_name: String,
+    pub recipe: String,
+    /// The model's own entry in `recipe_options.json`, as written (`{}` when none).
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub saved: Map<String, Value>,
+    /// The `/load` body a load now uses: every option the recipe takes, resolved through
+    /// request > saved > server configuration > recipe default.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub effective: Map<String, Value>,
+    /// What `effective` becomes once `saved` is erased.
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub defaults: Map<String, Value>,
+    /// The context size a load now would use (`-1` resolved); absent for recipes without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub idle_timeout: Option<u64>,
+    pub resolved_ctx_size: Option<u32>,
 }
 
 /// `POST /api/v1/pin`.

@@ -30,6 +30,13 @@ pub use ollama::*;
 pub use options::*;
 pub use system::*;
 
+/// A field that tells `null` from absent: absent is `None`, `null` is `Some(None)`.
+pub(crate) fn nullable<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
 /// Fields a request carries that lemonade does not model; forwarded verbatim.
 pub type Extra = Map<String, Value>;
 

@@ -60,6 +60,12 @@ macro_rules! load_options {
                 self
             }
 
+            /// These options without `keys`.
+            pub fn clear(mut self, keys: &[OptionKey]) -> LoadOptions {
+                $( if keys.contains(&OptionKey::$key) { self.$field = None; } )*
+                self
+            }
+
             /// The keys that are set.
             pub fn keys(&self) -> Vec<OptionKey> {
                 let mut k = Vec::new();
@@ -84,8 +90,8 @@ macro_rules! load_options {
 }
 
 load_options! {
-    /// Context size in tokens (llama.cpp, FLM, Ryzen AI).
-    ctx_size: u32 = CtxSize "ctx_size",
+    /// Context size in tokens (llama.cpp, FLM, Ryzen AI), or `-1`: sized automatically.
+    ctx_size: CtxSize = CtxSize "ctx_size",
     /// `cpu`, `vulkan`, `rocm`, `metal` or `system`.
     llamacpp_backend: String = LlamacppBackend "llamacpp_backend",
     /// Extra llama-server arguments (flags lemonade manages are refused when given).
@@ -109,9 +115,52 @@ load_options! {
     idle_timeout: u64 = IdleTimeout "idle_timeout",
 }
 
-/// `-1` and `""` mean "not set" in v9's files and requests.
+/// A context size: a number of tokens, or `-1` on the wire: the largest context the model
+/// was trained for that fits the memory there is (as Lemonade v11's `ctx_size: -1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CtxSize {
+    Auto,
+    Tokens(u32),
+}
+
+impl Serialize for CtxSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            CtxSize::Auto => s.serialize_i64(-1),
+            CtxSize::Tokens(n) => s.serialize_u32(*n),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for CtxSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<CtxSize, D::Error> {
+        match i64::deserialize(d)? {
+            -1 => Ok(CtxSize::Auto),
+            n if (1..=i64::from(u32::MAX)).contains(&n) => Ok(CtxSize::Tokens(n as u32)),
+            n => Err(serde::de::Error::custom(format!(
+                "expected a positive number of tokens or -1 (automatic), got {n}"
+            ))),
+        }
+    }
+}
+
+impl std::str::FromStr for CtxSize {
+    type Err = String;
+    /// `-1` or `auto`, or a positive number of tokens (a command line's `--ctx-size`).
+    fn from_str(s: &str) -> Result<CtxSize, String> {
+        match s {
+            "-1" | "auto" => Ok(CtxSize::Auto),
+            _ => match s.parse::<u32>() {
+                Ok(n) if n > 0 => Ok(CtxSize::Tokens(n)),
+                _ => Err(format!("expected a positive number of tokens, or -1 or auto (automatic), got '{s}'")),
+            },
+        }
+    }
+}
+
+/// In files, `null` and `""` mean "not set" (v9 wrote `""` for an unset option).
 fn is_unset(v: &Value) -> bool {
-    v.as_i64() == Some(-1) || v.as_str() == Some("") || v.is_null()
+    v.as_str() == Some("") || v.is_null()
 }
 
 impl LoadOptions {
@@ -153,6 +202,41 @@ impl LoadOptions {
     }
 }
 
+/// The options of a request, three-state as Lemonade v11's `/load`: an absent key keeps the
+/// saved value, `null` ignores it (falls through to the layers below), a value overrides it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OptionsPatch {
+    pub set: LoadOptions,
+    pub cleared: Vec<OptionKey>,
+    /// Keys that name no load option.
+    pub unknown: Vec<String>,
+}
+
+impl OptionsPatch {
+    /// Parses a request's options object; `skip` lists keys that belong to the request, not
+    /// to the options (`model_name`, `dry_run`, …). A value of the wrong type names its key.
+    pub fn from_map(m: &Map<String, Value>, skip: &[&str]) -> Result<OptionsPatch, OptionError> {
+        let mut p = OptionsPatch::default();
+        for (k, v) in m.iter().filter(|(k, _)| !skip.contains(&k.as_str())) {
+            match OptionKey::ALL.iter().find(|o| o.as_str() == k) {
+                Some(key) if v.is_null() => p.cleared.push(*key),
+                Some(_) => {
+                    p.set.set(k, v.clone())?;
+                }
+                None => p.unknown.push(k.clone()),
+            }
+        }
+        Ok(p)
+    }
+
+    /// `saved` with this patch applied: values replace, `null` removes.
+    pub fn apply_to(&self, saved: &LoadOptions) -> LoadOptions {
+        let mut o = saved.clone();
+        o.overlay(&self.set);
+        o.clear(&self.cleared)
+    }
+}
+
 impl TryFrom<Map<String, Value>> for LoadOptions {
     type Error = OptionError;
     fn try_from(m: Map<String, Value>) -> Result<LoadOptions, OptionError> {
@@ -184,10 +268,33 @@ mod tests {
 
     #[test]
     fn unset_values_read_as_absent_and_unknown_keys_are_skipped() {
-        let o =
-            LoadOptions::from_map(&map(json!({"ctx_size": -1, "llamacpp_args": "", "x": 1, "steps": null}))).unwrap();
+        let o = LoadOptions::from_map(&map(json!({"llamacpp_args": "", "x": 1, "steps": null}))).unwrap();
         assert!(o.is_empty(), "{o:?}");
         assert_eq!(Value::Object(o.to_map()), json!({}));
+    }
+
+    #[test]
+    fn ctx_size_is_a_positive_count_or_minus_one_for_automatic() {
+        let o = LoadOptions::from_map(&map(json!({"ctx_size": -1}))).unwrap();
+        assert_eq!(o.ctx_size, Some(CtxSize::Auto));
+        assert_eq!(Value::Object(o.to_map()), json!({"ctx_size": -1}));
+        for bad in [json!(0), json!(-2), json!(1u64 << 33), json!(1.5), json!("8192")] {
+            let e = LoadOptions::from_map(&map(json!({"ctx_size": bad.clone()}))).unwrap_err();
+            assert_eq!(e.key, "ctx_size", "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_patch_sets_clears_and_lists_unknown_keys() {
+        let body = map(json!({"model_name": "m", "ctx_size": 2048, "llamacpp_args": null, "llamacpp_argz": "-t 1"}));
+        let p = OptionsPatch::from_map(&body, &["model_name"]).unwrap();
+        assert_eq!(p.set.ctx_size, Some(CtxSize::Tokens(2048)));
+        assert_eq!(p.cleared, vec![OptionKey::LlamacppArgs]);
+        assert_eq!(p.unknown, vec!["llamacpp_argz".to_string()]);
+        let saved = LoadOptions { llamacpp_args: Some("-t 2".into()), steps: Some(3), ..Default::default() };
+        let after = p.apply_to(&saved);
+        assert_eq!((after.ctx_size, after.llamacpp_args, after.steps), (Some(CtxSize::Tokens(2048)), None, Some(3)));
+        assert_eq!(OptionsPatch::from_map(&map(json!({"steps": "many"})), &[]).unwrap_err().key, "steps");
     }
 
     #[test]
@@ -203,9 +310,10 @@ mod tests {
 
     #[test]
     fn overlay_replaces_what_is_set_and_keep_filters_by_key() {
-        let mut base = LoadOptions { ctx_size: Some(4096), llamacpp_args: Some("-t 1".into()), ..Default::default() };
-        base.overlay(&LoadOptions { ctx_size: Some(8192), steps: Some(2), ..Default::default() });
-        assert_eq!((base.ctx_size, base.llamacpp_args.as_deref(), base.steps), (Some(8192), Some("-t 1"), Some(2)));
+        let tokens = |n| Some(CtxSize::Tokens(n));
+        let mut base = LoadOptions { ctx_size: tokens(4096), llamacpp_args: Some("-t 1".into()), ..Default::default() };
+        base.overlay(&LoadOptions { ctx_size: tokens(8192), steps: Some(2), ..Default::default() });
+        assert_eq!((base.ctx_size, base.llamacpp_args.as_deref(), base.steps), (tokens(8192), Some("-t 1"), Some(2)));
         let kept = base.keep(&[OptionKey::CtxSize, OptionKey::Steps]);
         assert_eq!(kept.keys(), vec![OptionKey::CtxSize, OptionKey::Steps]);
         assert_eq!(OptionKey::SdcppBackend.as_str(), "sd-cpp_backend");

@@ -11,6 +11,7 @@
 pub mod cloud;
 pub mod kokoro;
 pub mod llamacpp;
+pub mod options;
 pub mod prompt_cache;
 pub mod recipe;
 pub mod releases;
@@ -119,8 +120,13 @@ pub fn backend_of(recipe: Recipe, options: &LoadOptions) -> String {
     recipe.chosen_backend(options).unwrap_or(recipe.default_backend()).to_string()
 }
 
-pub(crate) fn ctx_size(options: &LoadOptions) -> u32 {
-    options.ctx_size.unwrap_or(llamacpp::DEFAULT_CTX_SIZE)
+/// The context size the options give. `-1` (automatic) is resolved by the engine, which knows
+/// the memory there is, before a launch; unresolved, it reads as the default.
+pub fn ctx_size(options: &LoadOptions) -> u32 {
+    match options.ctx_size {
+        Some(api_types::CtxSize::Tokens(n)) => n,
+        _ => llamacpp::DEFAULT_CTX_SIZE,
+    }
 }
 
 /// The launch of `recipe`'s backend for one model.
@@ -180,8 +186,11 @@ mod tests {
 
     #[test]
     fn each_runnable_recipe_has_an_adapter_and_the_others_say_so() {
-        let opts =
-            LoadOptions { ctx_size: Some(2048), llamacpp_backend: Some("vulkan".into()), ..LoadOptions::default() };
+        let opts = LoadOptions {
+            ctx_size: Some(api_types::CtxSize::Tokens(2048)),
+            llamacpp_backend: Some("vulkan".into()),
+            ..LoadOptions::default()
+        };
         let hw = Hardware::default();
         let l = launch(Recipe::LlamaCpp, &input(&opts, &hw, None)).unwrap();
         assert_eq!(l.readiness, Readiness::ListeningLine);

@@ -434,7 +434,7 @@ mod cache_settings_tests {
         let mut o = LoadOptions::default();
         let s = cache_settings(&o, ModelType::Llm);
         assert_eq!((s.ctx_size, s.slots, s.cache_type_k.as_str()), (DEFAULT_CTX_SIZE, 4, "f16"));
-        o.ctx_size = Some(2048);
+        o.ctx_size = Some(api_types::CtxSize::Tokens(2048));
         o.llamacpp_args = Some("-np 2 --cache-type-k=q8_0 -ctv q4_0".into());
         let s = cache_settings(&o, ModelType::Llm);
         assert_eq!((s.ctx_size, s.slots, s.cache_type_k.as_str(), s.cache_type_v.as_str()), (2048, 2, "q8_0", "q4_0"));

@@ -187,9 +187,9 @@ pub async fn list(t: &Target, json_out: bool) -> Result<()> {
 /// Load settings shared by `load` and `run`.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct LoadArgs {
-    /// Context size for this load.
-    #[arg(long)]
-    pub ctx_size: Option<u32>,
+    /// Context size for this load; -1 or auto: the largest the model was trained for that fits.
+    #[arg(long, allow_hyphen_values = true)]
+    pub ctx_size: Option<api_types::CtxSize>,
     /// llama.cpp backend for this load.
     #[arg(long, value_parser = ["cpu", "vulkan", "rocm", "metal", "system"])]
     pub llamacpp: Option<String>,
@@ -216,13 +216,14 @@ impl LoadArgs {
     pub fn body(&self, model: &str) -> LoadRequest {
         LoadRequest {
             model_name: model.to_string(),
-            ctx_size: self.ctx_size,
-            llamacpp_backend: self.llamacpp.clone(),
-            llamacpp_args: self.llamacpp_args.clone(),
-            rpc_servers: self.rpc_servers.clone(),
+            ctx_size: self.ctx_size.map(Some),
+            llamacpp_backend: self.llamacpp.clone().map(Some),
+            llamacpp_args: self.llamacpp_args.clone().map(Some),
+            rpc_servers: self.rpc_servers.clone().map(Some),
             save_options: self.save_options.then_some(true),
             pinned: self.pin.then_some(true),
-            idle_timeout: self.idle_timeout,
+            idle_timeout: self.idle_timeout.map(Some),
+            ..LoadRequest::default()
         }
     }
 }

@@ -515,3 +515,70 @@ async fn real_llama_server_per_type_limits_3_2_1_are_enforced() {
     assert_eq!(loaded, expected, "the least recently used of each type gave way: 3 LLMs, 2 embedding, 1 reranking");
     assert_eq!(backends(&l).len(), 6, "one llama-server per loaded model, no more");
 }
+
+/// Lemonade v11's per-model options API through `lemonade serve` on real llama-server: saving
+/// never loads, the file and `/options` agree after each call, `/load` is three-state (`null`
+/// ignores the saved value for one load, `-1` sizes the context from the model's header), and
+/// `effective` replays as a `/load` body.
+#[tokio::test]
+async fn real_llama_server_per_model_options_api_and_three_state_load() {
+    let l = Lemonade::start(bin(), &[]).await;
+    let opts = format!("/api/v1/models/{SMOL}/options");
+    let saved_file = || -> Value {
+        serde_json::from_slice(&std::fs::read(l.sandbox.cache().join("recipe_options.json")).unwrap_or(b"{}".to_vec()))
+            .unwrap()
+    };
+    let n_ctx =
+        || async { l.get(&format!("/props?model={SMOL}")).await.1["default_generation_settings"]["n_ctx"].clone() };
+
+    let (s, v) = l.get(&opts).await;
+    assert_eq!((s, v["saved"].clone(), v["recipe"].clone()), (200, json!({}), json!("llamacpp")), "{v}");
+    assert_eq!(v["effective"], v["defaults"]);
+    assert_eq!(v["effective"]["model_name"], SMOL);
+    assert_eq!((v["effective"]["ctx_size"].clone(), v["resolved_ctx_size"].clone()), (json!(4096), json!(4096)));
+
+    let (s, v) =
+        l.post(&format!("/v1/models/{SMOL}/options"), &json!({"ctx_size": 2048, "llamacpp_args": "--threads 1"})).await;
+    assert_eq!((s, v["saved"].clone()), (200, json!({"ctx_size": 2048, "llamacpp_args": "--threads 1"})), "{v}");
+    assert_eq!(saved_file(), json!({SMOL: {"ctx_size": 2048, "llamacpp_args": "--threads 1"}}));
+    assert!(loaded_names(&l.get("/api/v1/health").await.1).is_empty(), "saving options loads nothing");
+
+    let (s, v) = l.post(&opts, &json!({"ctx_size": -1, "dry_run": true})).await;
+    assert_eq!((s, v["effective"]["ctx_size"].clone(), v["saved"]["ctx_size"].clone()), (200, json!(-1), json!(2048)));
+    assert_eq!(v["resolved_ctx_size"], 8192, "automatic: SmolLM2's trained context fits");
+    assert_eq!(saved_file()[SMOL]["ctx_size"], 2048, "a dry run writes nothing");
+
+    for (body, param) in
+        [(json!({"steps": 4}), "steps"), (json!({"ctx_size": "big"}), "ctx_size"), (json!({"nope": 1}), "nope")]
+    {
+        let (s, e) = l.post(&opts, &body).await;
+        assert_eq!((s, e["error"]["param"].as_str()), (400, Some(param)), "{body}: {e}");
+    }
+    assert_eq!(l.post("/api/v1/models/nope/options", &json!({})).await.0, 404);
+    assert_eq!(l.post(&format!("/api/v1/models/{SMOL}"), &json!({})).await.0, 405);
+    assert_eq!(
+        saved_file(),
+        json!({SMOL: {"ctx_size": 2048, "llamacpp_args": "--threads 1"}}),
+        "refused bodies wrote nothing"
+    );
+
+    // A load uses the saved options; null ignores the saved context for this load only.
+    let (s, v) = l.post("/api/v1/load", &json!({"model_name": SMOL})).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(n_ctx().await, 2048);
+    let cmdline = std::fs::read_to_string(format!("/proc/{}/cmdline", child_pids(l.pid())[0])).unwrap();
+    assert!(cmdline.contains("--threads\01\0"), "{cmdline:?}");
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL, "ctx_size": null})).await.0, 200);
+    assert_eq!(n_ctx().await, 4096, "null: the server's default, not the saved 2048");
+    assert_eq!(l.get(&opts).await.1["saved"]["ctx_size"], 2048, "still saved");
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL, "ctx_size": -1})).await.0, 200);
+    assert_eq!(n_ctx().await, 8192, "-1: sized from the header");
+
+    // Reset, then replay `effective` as a load body.
+    let (s, v) = l.delete(&opts).await;
+    assert_eq!((s, v["saved"].clone()), (200, json!({})));
+    assert_eq!(saved_file(), json!({}));
+    let effective = l.get(&opts).await.1["effective"].clone();
+    assert_eq!(l.post("/api/v1/load", &effective).await.0, 200, "{effective}");
+    assert_eq!(n_ctx().await, 4096);
+}

@@ -96,7 +96,7 @@ pub fn model(rt: &Engine, info: &ModelInfo, v: Option<&ModelView>) -> AdminModel
             "replicas": 1,
             "replica_max": 1,
             "target_inflight": LLAMA_SERVER_SLOTS,
-            "gguf_n_ctx": rt.lifecycle.effective_options(info, &LoadOptions::default()).ctx_size.unwrap_or(backends::llamacpp::DEFAULT_CTX_SIZE),
+            "gguf_n_ctx": rt.lifecycle.ctx_size(info, &rt.lifecycle.effective_options(info, &Default::default())),
             "gguf_flash_attn": "auto",
             "gguf_type_k": null,
             "gguf_type_v": null,
@@ -141,7 +141,11 @@ pub fn overrides(req: &AdminLoadRequest) -> Result<LoadOptions> {
     let ctx_size = req.gguf_n_ctx.map(u32::try_from).transpose().map_err(|_| {
         EngineError::Unprocessable(format!("Invalid value for 'gguf_n_ctx': must be at most {}", u32::MAX))
     })?;
-    Ok(LoadOptions { ctx_size, llamacpp_args: (!args.is_empty()).then(|| args.join(" ")), ..LoadOptions::default() })
+    Ok(LoadOptions {
+        ctx_size: ctx_size.map(api_types::CtxSize::Tokens),
+        llamacpp_args: (!args.is_empty()).then(|| args.join(" ")),
+        ..LoadOptions::default()
+    })
 }
 
 /// The effective options with the admin overrides applied (flags appended to `llamacpp_args`).
@@ -170,7 +174,7 @@ pub async fn load(rt: &Engine, name: &str, req: &AdminLoadRequest) -> Result<Adm
     if !info.downloaded {
         return Err(invalid(format!("Model '{name}' is not downloaded")));
     }
-    let effective = with_overrides(rt.lifecycle.effective_options(&info, &LoadOptions::default()), &opts);
+    let effective = with_overrides(rt.lifecycle.effective_options(&info, &Default::default()), &opts);
     let before = rt.lifecycle.load_override(name);
     rt.lifecycle.set_load_override(name, (!opts.is_empty()).then(|| override_value(req)));
     let outcome = rt.lifecycle.admin_load(&info, effective, !opts.is_empty()).await;

@@ -18,9 +18,9 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use api_types::LoadOptions;
 use host::catalogue::{CatalogueConfig, HeaderCache};
 use registry::{CatalogueEntry, ModelInfo, Registry, USER_PREFIX};
+use serde_json::{Map, Value};
 
 use crate::error::{EngineError, Result};
 
@@ -199,9 +199,18 @@ impl Catalogue {
         self.mutate(|| host::files::save_user_model(&self.cfg.cache_dir, key, None))
     }
 
-    /// Saves `options` as `name`'s defaults (None: forgets them).
-    pub fn save_options(&self, name: &str, options: Option<&LoadOptions>) -> Result<()> {
-        self.mutate(|| host::files::save_recipe_options(&self.cfg.cache_dir, name, options))
+    /// Replaces `name`'s entry in `recipe_options.json` with what `change` makes of it as
+    /// written (None: removes it). Read, change and write are one step: two changes never
+    /// lose each other's keys.
+    pub fn update_options(
+        &self,
+        name: &str,
+        change: impl FnOnce(Map<String, Value>) -> Option<Map<String, Value>>,
+    ) -> Result<()> {
+        self.mutate(|| {
+            let entry = change(self.current.read().saved_entry(name));
+            host::files::save_recipe_options(&self.cfg.cache_dir, name, entry.as_ref())
+        })
     }
 }
 

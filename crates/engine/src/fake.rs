@@ -39,7 +39,7 @@ struct Knobs {
     /// Every process spawned, in order.
     spawned: Vec<(String, Arc<FakeProcess>)>,
     /// Every start that reached `prepare`, in order.
-    prepared: Vec<String>,
+    prepared: Vec<(String, LoadOptions)>,
 }
 
 impl FakeLauncher {
@@ -99,7 +99,13 @@ impl FakeLauncher {
 
     /// How many starts reached `prepare` for `model`.
     pub fn starts(&self, model: &str) -> usize {
-        self.state.lock().prepared.iter().filter(|m| *m == model).count()
+        self.state.lock().prepared.iter().filter(|(m, _)| m == model).count()
+    }
+
+    /// The options each start of `model` was prepared with, in order (a context size of `-1`
+    /// already resolved).
+    pub fn launched_with(&self, model: &str) -> Vec<LoadOptions> {
+        self.state.lock().prepared.iter().filter(|(m, _)| m == model).map(|(_, o)| o.clone()).collect()
     }
 
     /// Waits (at most `within`) until `cond` holds of this launcher; false if it never did.
@@ -126,12 +132,12 @@ impl Launcher for FakeLauncher {
     fn prepare<'a>(
         &'a self,
         info: &'a ModelInfo,
-        _options: &'a LoadOptions,
+        options: &'a LoadOptions,
     ) -> BoxFuture<'a, Result<Prepared, StartFailure>> {
         Box::pin(async move {
             let failed = {
                 let mut s = self.state.lock();
-                s.prepared.push(info.name.clone());
+                s.prepared.push((info.name.clone(), options.clone()));
                 s.fail_prepare.remove(&info.name)
             };
             self.bump();
@@ -288,18 +294,24 @@ impl Process for FakeProcess {
 /// A catalogue of downloaded extra models, `extra.<name>` for each of `names` (no file
 /// behind them: the fake launcher needs none).
 pub fn catalogue(names: &[&str]) -> Catalogue {
+    catalogue_at(std::path::Path::new("/nonexistent/lemonade"), names)
+}
+
+/// [`catalogue`] whose own files (saved options, user models) are read from and written to
+/// `cache_dir`.
+pub fn catalogue_at(cache_dir: &std::path::Path, names: &[&str]) -> Catalogue {
     let dir = std::path::PathBuf::from("/fake-models");
     let found: Vec<registry::ExtraFile> =
         names.iter().map(|n| registry::ExtraFile { path: dir.join(n), bytes: 1 << 20 }).collect();
     let cfg = host::catalogue::CatalogueConfig {
-        cache_dir: "/nonexistent/lemonade".into(),
+        cache_dir: cache_dir.to_path_buf(),
         hf_cache: "/nonexistent/hub".into(),
         extra_models_dir: Some(dir.clone()),
         physical_memory_gb: None,
         disable_filtering: true,
     };
-    let scan = move |_: &host::catalogue::CatalogueConfig| {
-        let user = registry::UserFiles { extra_files: found.clone(), ..Default::default() };
+    let scan = move |cfg: &host::catalogue::CatalogueConfig| {
+        let user = registry::UserFiles { extra_files: found.clone(), ..host::catalogue::own_files(cfg)? };
         let rc = registry::RegistryConfig {
             extra_models_dir: Some(dir.clone()),
             disable_filtering: true,

@@ -21,6 +21,7 @@ pub mod launcher;
 pub mod lifecycle;
 pub mod locks;
 pub mod metrics;
+pub mod options;
 pub mod progress;
 pub mod prompt_cache;
 pub mod pulls;

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use api_types::{LoadOptions, LoadedModel, ModelType, Stats};
+use api_types::{CtxSize, LoadOptions, LoadedModel, ModelType, OptionsPatch, Stats};
 use backends::Recipe;
 use parking_lot::{Mutex, RwLock};
 use registry::ModelInfo;
@@ -381,9 +381,10 @@ impl Lifecycle {
 
     /// What the scheduler needs to know of `info` when it runs with `options`: its memory
     /// estimate, its concurrency and its idle timeout (`idle_timeout_s`, else the saved one).
-    fn model_ref(&self, info: &ModelInfo, options: &Opts, idle_timeout_s: Option<u64>) -> ModelRef {
+    fn model_ref(&self, info: &ModelInfo, options: &Opts, idle_timeout_s: Option<Option<u64>>) -> ModelRef {
+        let options = &self.with_ctx_resolved(info, options);
         let mut m = ModelRef::new(&info.name, info.model_type, info.device() == "npu");
-        let idle = idle_timeout_s.or_else(|| self.catalogue.registry().saved_idle_timeout(info));
+        let idle = idle_timeout_s.unwrap_or_else(|| self.catalogue.registry().saved_idle_timeout(info));
         m.idle_timeout_ms = idle.map(|s| s.saturating_mul(1000));
         m.max_concurrent = self.cfg.max_concurrent;
         if info.recipe == Recipe::LlamaCpp {
@@ -491,7 +492,7 @@ impl Lifecycle {
         keep_alive: Option<u64>,
     ) -> std::result::Result<Lease, Acquired> {
         let name = info.name.as_str();
-        let options = self.effective_options(info, &LoadOptions::default());
+        let options = self.effective_options(info, &OptionsPatch::default());
         let mut model = self.model_ref(info, &options, None);
         if let Some(ms) = keep_alive {
             (model.idle_timeout_ms, model.sets_idle_timeout) = (Some(ms), true);
@@ -522,7 +523,7 @@ impl Lifecycle {
         info: &ModelInfo,
         options: Opts,
         pin: Option<bool>,
-        idle_timeout_s: Option<u64>,
+        idle_timeout_s: Option<Option<u64>>,
     ) -> LoadOutcome {
         let model = self.model_ref(info, &options, idle_timeout_s);
         let (req, rx) = self.request();
@@ -598,22 +599,72 @@ impl Lifecycle {
         r.backend.stop(self.cfg.stop_grace).await;
     }
 
-    /// Effective options: `request` over saved per-model options over CLI/env settings.
-    /// Built-in defaults apply when read; only options set at some level are set.
-    pub fn effective_options(&self, info: &ModelInfo, request: &Opts) -> Opts {
-        let mut o = LoadOptions {
+    /// Effective options: `request` over the model's saved options over the server's
+    /// configuration (`registry::options`). Recipe defaults apply when read.
+    pub fn effective_options(&self, info: &ModelInfo, request: &OptionsPatch) -> Opts {
+        self.resolve(info, &self.catalogue.registry().saved(info), request)
+    }
+
+    /// [`Lifecycle::effective_options`] with `saved` as the model's saved options.
+    pub fn resolve(&self, info: &ModelInfo, saved: &LoadOptions, request: &OptionsPatch) -> Opts {
+        let config = LoadOptions {
             llamacpp_backend: Some(self.cfg.llamacpp_backend.clone()),
-            ctx_size: self.cfg.ctx_size,
+            ctx_size: self.cfg.ctx_size.map(CtxSize::Tokens),
             llamacpp_args: self.cfg.llamacpp_args.clone(),
             ..LoadOptions::default()
         };
         // An image model's catalogue `image_defaults` sit under its saved options (as v9).
-        if let Some(Value::Object(defaults)) = &info.image_defaults {
-            o.overlay(&LoadOptions::from_map_lossy(defaults).0);
+        let catalogue = match &info.image_defaults {
+            Some(Value::Object(defaults)) => LoadOptions::from_map_lossy(defaults).0,
+            _ => LoadOptions::default(),
+        };
+        registry::options::resolve(
+            info.recipe,
+            registry::options::Layers { config: &config, catalogue: &catalogue, saved, request },
+        )
+    }
+
+    /// The server's idle timeout in seconds (0: never).
+    pub fn idle_timeout_s(&self) -> u64 {
+        self.scheduler_view().settings.idle_timeout_ms.flatten().map_or(0, |ms| ms / 1000)
+    }
+
+    /// The context size a load of `info` with `options` gets: the number given, or for `-1`
+    /// the largest the model was trained for that fits the budget of the pool it lands in
+    /// (the scheduler's budget, else the free memory now), or the default.
+    pub fn ctx_size(&self, info: &ModelInfo, options: &Opts) -> u32 {
+        match (options.ctx_size, info.shape) {
+            (Some(CtxSize::Tokens(n)), _) => n,
+            (Some(CtxSize::Auto), Some(shape)) => {
+                let s = backends::llamacpp::cache_settings(options, info.model_type);
+                let input = registry::memory::EstimateInput {
+                    ctx_size: 0,
+                    slots: s.slots,
+                    cache_type_k: &s.cache_type_k,
+                    cache_type_v: &s.cache_type_v,
+                };
+                let offloaded = backends::llamacpp::offloads(&backends::backend_of(info.recipe, options));
+                let settings = self.scheduler_view().settings;
+                let budget = if offloaded {
+                    settings.vram_budget.flatten().or_else(host::hardware::auto_vram_budget)
+                } else {
+                    settings.memory_budget.flatten().or_else(host::hardware::auto_memory_budget)
+                };
+                let fallback = backends::llamacpp::DEFAULT_CTX_SIZE;
+                registry::memory::auto_ctx_size(&shape, &input, budget, offloaded, fallback)
+            }
+            _ => backends::llamacpp::DEFAULT_CTX_SIZE,
         }
-        o.overlay(&self.catalogue.registry().saved_options(info));
-        o.overlay(request);
-        registry::recipe_options(info.recipe, o)
+    }
+
+    /// `options` with an automatic context size (`-1`) resolved to a number of tokens.
+    fn with_ctx_resolved(&self, info: &ModelInfo, options: &Opts) -> Opts {
+        match options.ctx_size {
+            Some(CtxSize::Auto) => {
+                LoadOptions { ctx_size: Some(CtxSize::Tokens(self.ctx_size(info, options))), ..options.clone() }
+            }
+            _ => options.clone(),
+        }
     }
 
     fn answer(&self, req: ReqId, a: Answer) -> bool {
@@ -721,8 +772,9 @@ impl Lifecycle {
         let cancelled = || StartFailure::NotReady("the load was cancelled by an unload".into());
         // Preparing may install the binary (minutes): an unload meanwhile cancels the load at
         // once, while the install itself runs on to the end.
+        let launched_with = self.with_ctx_resolved(&info, &options);
         let prepared = tokio::select! {
-            p = self.launcher.prepare(&info, &options) => p?,
+            p = self.launcher.prepare(&info, &launched_with) => p?,
             _ = cancel.wait_for(|c| *c) => return Err(cancelled()),
         };
         let started = Instant::now();

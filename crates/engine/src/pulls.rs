@@ -216,51 +216,16 @@ pub fn pull_in_background(rt: &Engine, m: ModelInfo) -> mpsc::Receiver<PullEvent
     rx
 }
 
-/// The request's recipe options, validated (400 naming the field).
-pub fn request_options(req: &LoadRequest) -> Result<LoadOptions> {
-    if req.ctx_size == Some(0) {
-        return Err(EngineError::invalid("ctx_size must be at least 1", Some("ctx_size")));
-    }
-    if let Some(b) = &req.llamacpp_backend {
-        if !backends::Recipe::LlamaCpp.backends().contains(&b.as_str()) {
-            return Err(EngineError::invalid(
-                format!(
-                    "llamacpp_backend must be one of {}, got '{b}'",
-                    backends::Recipe::LlamaCpp.backends().join(", ")
-                ),
-                Some("llamacpp_backend"),
-            ));
-        }
-    }
-    if let Some(a) = &req.llamacpp_args {
-        let check = backends::llamacpp::tokenize(a).and_then(|t| backends::llamacpp::validate_user_args(&t));
-        if let Err(e) = check {
-            return Err(EngineError::invalid_code(e.to_string(), "llamacpp_args", "invalid_llamacpp_args"));
-        }
-    }
-    for w in req.rpc_servers.iter().flatten() {
-        backends::rpc::check_worker(w).map_err(|m| EngineError::invalid(m, Some("rpc_servers")))?;
-    }
-    Ok(LoadOptions {
-        ctx_size: req.ctx_size,
-        llamacpp_backend: req.llamacpp_backend.clone(),
-        llamacpp_args: req.llamacpp_args.clone(),
-        rpc_servers: req.rpc_servers.clone(),
-        ..LoadOptions::default()
-    })
-}
-
 /// `POST /load`: the model `req` names, pulled first when it is registered but not
 /// downloaded, its options validated (a 400 naming the field), saved as its defaults when
 /// asked, layered over the saved ones and the flags, then loaded (reloaded in place when it
 /// runs with other options). Returns the model.
 pub async fn load(rt: &Engine, req: &LoadRequest) -> Result<ModelInfo> {
     let info = rt.catalogue.get(&req.model_name)?;
-    let opts = request_options(req)?;
+    let opts = crate::options::of_request(req)?;
     let info = ensure_downloaded(rt, &info).await?;
     if req.save_options == Some(true) {
-        let saved = LoadOptions { idle_timeout: req.idle_timeout, ..opts.clone() };
-        rt.catalogue.save_options(&info.name, Some(&saved))?;
+        crate::options::save_from_load(rt, &info.name, &opts)?;
     }
     let effective = rt.lifecycle.effective_options(&info, &opts);
     EngineError::from_load(&info.name, rt.lifecycle.load(&info, effective, req.pinned, req.idle_timeout).await)?;
@@ -319,7 +284,7 @@ pub fn preload(rt: &Engine) {
             let result = async {
                 let info = rt.catalogue.get(&name)?;
                 let info = ensure_downloaded(&rt, &info).await?;
-                let options = rt.lifecycle.effective_options(&info, &LoadOptions::default());
+                let options = rt.lifecycle.effective_options(&info, &Default::default());
                 EngineError::from_load(&name, rt.lifecycle.load(&info, options, None, None).await)
             }
             .await;

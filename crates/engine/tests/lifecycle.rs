@@ -9,11 +9,12 @@ use std::sync::Arc;
 use lemonade_engine as engine;
 use std::time::Duration;
 
-use api_types::{LoadOptions, ModelType};
+use api_types::{CtxSize, LoadRequest, ModelType};
 use engine::fake::{self, FakeLauncher};
 use engine::pulls::{self, PullEvent};
 use engine::{Config, Engine, EngineError};
 use scheduler::{LoadOutcome, Rejection, State};
+use serde_json::{json, Value};
 
 const A: &str = "extra.a.gguf";
 const B: &str = "extra.b.gguf";
@@ -28,7 +29,7 @@ struct Setup {
 
 /// An engine over the fake catalogue (`extra.a.gguf`, `extra.b.gguf`) and the fake launcher.
 fn setup(adjust: impl FnOnce(&mut Config)) -> Setup {
-    setup_with(adjust, |_| fake::catalogue(&["a.gguf", "b.gguf"]))
+    setup_with(adjust, |cfg| fake::catalogue_at(&cfg.cache_dir, &["a.gguf", "b.gguf"]))
 }
 
 fn setup_with(adjust: impl FnOnce(&mut Config), catalogue: impl FnOnce(&Config) -> engine::Catalogue) -> Setup {
@@ -61,7 +62,7 @@ impl Setup {
 
     async fn load(&self, model: &str, pin: Option<bool>) -> LoadOutcome {
         let info = self.engine.catalogue.get(model).unwrap();
-        let options = self.engine.lifecycle.effective_options(&info, &LoadOptions::default());
+        let options = self.engine.lifecycle.effective_options(&info, &Default::default());
         self.engine.lifecycle.load(&info, options, pin, None).await
     }
 }
@@ -122,7 +123,7 @@ async fn an_unload_during_a_load_cancels_it_and_stops_the_starting_process() {
         let e = s.engine.clone();
         tokio::spawn(async move {
             let info = e.catalogue.get(A).unwrap();
-            let o = e.lifecycle.effective_options(&info, &LoadOptions::default());
+            let o = e.lifecycle.effective_options(&info, &Default::default());
             e.lifecycle.load(&info, o, None, None).await
         })
     };
@@ -380,4 +381,110 @@ async fn an_admin_load_racing_a_load_is_decided_on_the_state_the_owner_holds() {
     assert_eq!(s.launcher.processes(A).len(), 1);
     let e = engine::admin::load(&s.engine, A, &with_ctx).await.unwrap_err();
     assert!(e.to_string().contains("is loaded: unload it before loading with overrides"), "{e}");
+}
+
+fn body(v: Value) -> serde_json::Map<String, Value> {
+    v.as_object().unwrap().clone()
+}
+
+/// `POST /models/{id}/options` merges, `null` removes, a dry run saves nothing, a refused body
+/// saves nothing, `DELETE` erases; none of it loads the model.
+#[tokio::test]
+async fn per_model_options_merge_dry_run_refuse_and_reset_without_loading() {
+    let s = setup(|_| {});
+    let e = &s.engine;
+    let info = e.catalogue.get(A).unwrap();
+    let fresh = engine::options::view(e, &info);
+    assert_eq!(Value::Object(fresh.saved.clone()), json!({}));
+    assert_eq!(fresh.effective, fresh.defaults, "nothing saved: effective is the defaults");
+    assert_eq!(fresh.effective["model_name"], A);
+    assert_eq!((fresh.effective["ctx_size"].clone(), fresh.resolved_ctx_size), (json!(4096), Some(4096)));
+
+    let v = engine::options::save(
+        e,
+        &info,
+        &body(json!({"ctx_size": 2048, "llamacpp_args": "--no-mmap", "model_name": "ignored"})),
+    )
+    .unwrap();
+    assert_eq!(Value::Object(v.saved), json!({"ctx_size": 2048, "llamacpp_args": "--no-mmap"}));
+    assert_eq!(
+        (v.effective["ctx_size"].clone(), v.effective["llamacpp_args"].clone()),
+        (json!(2048), json!("--no-mmap"))
+    );
+    assert_eq!(v.defaults["ctx_size"], 4096, "defaults do not move");
+    let file = std::fs::read_to_string(e.cfg.cache_dir.join("recipe_options.json")).unwrap();
+    assert!(file.contains("--no-mmap"), "{file}");
+
+    let v = engine::options::save(e, &info, &body(json!({"llamacpp_args": null}))).unwrap();
+    assert_eq!(Value::Object(v.saved), json!({"ctx_size": 2048}), "null removes only its key");
+
+    let dry = engine::options::save(e, &info, &body(json!({"ctx_size": -1, "dry_run": true}))).unwrap();
+    assert_eq!((dry.effective["ctx_size"].clone(), Value::Object(dry.saved)), (json!(-1), json!({"ctx_size": 2048})));
+    assert_eq!(engine::options::view(e, &info).effective["ctx_size"], 2048, "the dry run saved nothing");
+
+    for (bad, param) in [
+        (json!({"ctx_size": 0}), "ctx_size"),
+        (json!({"ctx_size": "big"}), "ctx_size"),
+        (json!({"steps": 4}), "steps"),
+        (json!({"llamacpp_argz": "-t 1"}), "llamacpp_argz"),
+        (json!({"llamacpp_args": "--port 1"}), "llamacpp_args"),
+        (json!({"ctx_size": 1024, "dry_run": "yes"}), "dry_run"),
+    ] {
+        match engine::options::save(e, &info, &body(bad.clone())) {
+            Err(EngineError::Invalid { param: Some(p), .. }) => assert_eq!(p, param, "{bad}"),
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        Value::Object(engine::options::view(e, &info).saved),
+        json!({"ctx_size": 2048}),
+        "refused bodies saved nothing"
+    );
+
+    let v = engine::options::reset(e, &info).unwrap();
+    assert_eq!((Value::Object(v.saved), v.effective == v.defaults), (json!({}), true));
+    assert_eq!(s.launcher.starts(A), 0, "no option call loads the model");
+}
+
+/// `/load`: absent keeps the saved value, `null` ignores it for this load only, a value
+/// overrides; the same options twice start once; `-1` is resolved before the backend starts;
+/// `save_options` replaces the saved entry but keeps what a `null` named.
+#[tokio::test]
+async fn load_options_are_three_state_and_a_same_options_load_is_a_no_op() {
+    let s = setup(|_| {});
+    let e = &s.engine;
+    let info = e.catalogue.get(A).unwrap();
+    engine::options::save(e, &info, &body(json!({"ctx_size": 2048, "llamacpp_args": "--no-mmap"}))).unwrap();
+    let load = |v: Value| {
+        let mut v = v;
+        v["model_name"] = json!(A);
+        let req: LoadRequest = serde_json::from_value(v).unwrap();
+        let e = e.clone();
+        async move { pulls::load(&e, &req).await.map(|_| ()) }
+    };
+    let last = || s.launcher.launched_with(A).last().cloned().unwrap();
+
+    load(json!({})).await.unwrap();
+    assert_eq!((last().ctx_size, last().llamacpp_args.as_deref()), (Some(CtxSize::Tokens(2048)), Some("--no-mmap")));
+    load(json!({})).await.unwrap();
+    assert_eq!(s.launcher.starts(A), 1, "the same options again: no reload");
+
+    load(json!({"ctx_size": null})).await.unwrap();
+    assert_eq!((last().ctx_size, s.launcher.starts(A)), (None, 2), "null: the saved 2048 is ignored, reloaded");
+    assert_eq!(Value::Object(engine::options::view(e, &info).saved)["ctx_size"], 2048, "and stays saved");
+
+    load(json!({"ctx_size": -1})).await.unwrap();
+    assert_eq!(
+        last().ctx_size,
+        Some(CtxSize::Tokens(4096)),
+        "-1 reaches the backend resolved (no header: the default)"
+    );
+
+    load(json!({"ctx_size": 1024, "llamacpp_args": null, "save_options": true})).await.unwrap();
+    assert_eq!(
+        Value::Object(engine::options::view(e, &info).saved),
+        json!({"ctx_size": 1024, "llamacpp_args": "--no-mmap"}),
+        "save_options replaced the entry, keeping the key the request set to null"
+    );
+    assert_eq!(last().llamacpp_args, None, "but this load ran without it");
 }

@@ -126,12 +126,21 @@ pub fn check_files(cfg: &CatalogueConfig) -> Result<(), HostError> {
     Ok(())
 }
 
+/// Lemonade's own files (`user_models.json`, `recipe_options.json`) as the registry takes
+/// them; absent files are empty.
+pub fn own_files(cfg: &CatalogueConfig) -> Result<UserFiles, HostError> {
+    Ok(UserFiles {
+        user_models: json_file(&cfg.cache_dir.join(USER_MODELS_FILE))?,
+        recipe_options: json_file(&cfg.cache_dir.join(RECIPE_OPTIONS_FILE))?,
+        extra_files: Vec::new(),
+    })
+}
+
 /// [`load`], reading a GGUF header only when `headers` has no fact of its file as it is now.
 pub fn load_with(cfg: &CatalogueConfig, headers: Option<&HeaderCache>) -> Result<Registry, HostError> {
     let user = UserFiles {
-        user_models: json_file(&cfg.cache_dir.join(USER_MODELS_FILE))?,
-        recipe_options: json_file(&cfg.cache_dir.join(RECIPE_OPTIONS_FILE))?,
         extra_files: cfg.extra_models_dir.as_deref().map(list_ggufs).unwrap_or_default(),
+        ..own_files(cfg)?
     };
     let rcfg = RegistryConfig {
         extra_models_dir: cfg.extra_models_dir.clone(),

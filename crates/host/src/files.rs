@@ -5,7 +5,6 @@
 use parking_lot::Mutex;
 use std::path::Path;
 
-use api_types::LoadOptions;
 use registry::{CatalogueEntry, RECIPE_OPTIONS_FILE, USER_MODELS_FILE};
 use serde::Serialize;
 
@@ -73,7 +72,11 @@ pub(crate) fn update_json_map<T: Serialize + serde::de::DeserializeOwned>(
 }
 
 /// Replaces `name`'s saved options in `<cache_dir>/recipe_options.json` (None removes them).
-pub fn save_recipe_options(cache_dir: &Path, name: &str, options: Option<&LoadOptions>) -> Result<(), HostError> {
+pub fn save_recipe_options(
+    cache_dir: &Path,
+    name: &str,
+    options: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> Result<(), HostError> {
     update_json_map(&cache_dir.join(RECIPE_OPTIONS_FILE), name, options.cloned())
 }
 

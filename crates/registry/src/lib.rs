@@ -9,6 +9,7 @@ pub mod checkpoint;
 pub mod error;
 pub mod gguf;
 pub mod memory;
+pub mod options;
 pub mod plan;
 
 pub use error::{LookupError, RegistryError};
@@ -174,6 +175,8 @@ pub struct Registry {
     /// Saved per-model options, keyed by full model name (a value of the wrong type in the
     /// file reads as unset).
     recipe_options: BTreeMap<String, LoadOptions>,
+    /// The same entries as written, keys this build does not know included.
+    saved_entries: BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
 }
 
 impl Registry {
@@ -184,7 +187,7 @@ impl Registry {
             .map_err(|e| RegistryError::Json { path: "built-in catalogue".into(), source: e })?;
         let recipe_options =
             user.recipe_options.iter().map(|(k, m)| (k.clone(), LoadOptions::from_map_lossy(m).0)).collect();
-        let mut reg = Registry { recipe_options, ..Default::default() };
+        let mut reg = Registry { recipe_options, saved_entries: user.recipe_options, ..Default::default() };
         for (name, e) in builtin {
             reg.add(name, e, Source::BuiltIn, cfg, files);
         }
@@ -256,6 +259,16 @@ impl Registry {
     /// The idle timeout saved for `m` with `save_options` (seconds; 0 = never).
     pub fn saved_idle_timeout(&self, m: &ModelInfo) -> Option<u64> {
         self.recipe_options.get(&m.name)?.idle_timeout
+    }
+
+    /// `name`'s entry in `recipe_options.json` as written (`{}` when none).
+    pub fn saved_entry(&self, name: &str) -> serde_json::Map<String, serde_json::Value> {
+        self.saved_entries.get(name).cloned().unwrap_or_default()
+    }
+
+    /// `m`'s saved options, every one (the idle timeout included), typed.
+    pub fn saved(&self, m: &ModelInfo) -> LoadOptions {
+        self.recipe_options.get(&m.name).cloned().unwrap_or_default()
     }
 
     pub fn saved_options(&self, m: &ModelInfo) -> LoadOptions {

@@ -79,6 +79,8 @@ pub struct ModelShape {
     /// BERT-family encoders keep no KV cache.
     pub encoder_only: bool,
     pub vocab: u64,
+    /// The context the model was trained for (`<arch>.context_length`; 0: not given).
+    pub trained_ctx: u64,
 }
 
 impl ModelShape {
@@ -105,6 +107,7 @@ impl ModelShape {
                 Some(MetaValue::Array(n)) => *n,
                 _ => 0,
             },
+            trained_ctx: key("context_length").unwrap_or(0),
         }
     }
 }
@@ -175,6 +178,52 @@ pub fn estimate(shape: &ModelShape, input: &EstimateInput) -> Estimate {
     Estimate { weights, kv_cache, buffers, host, total: weights + kv_cache + buffers }
 }
 
+/// Automatic context sizes are multiples of this.
+pub const AUTO_CTX_STEP: u32 = 256;
+/// Automatic sizing never goes below this (or the trained context, when smaller): a model
+/// that does not fit with it is refused by the scheduler's budget, not shrunk further.
+pub const AUTO_CTX_FLOOR: u32 = 2048;
+
+/// The context size `-1` (automatic) means for a model of `shape`: the context it was trained
+/// for (`fallback` when the header does not say), lowered in steps of [`AUTO_CTX_STEP`] until
+/// its estimate fits `budget` bytes on its own, in the pool it lands in (`offloaded`: VRAM).
+/// No budget: the trained context.
+pub fn auto_ctx_size(
+    shape: &ModelShape,
+    input: &EstimateInput,
+    budget: Option<u64>,
+    offloaded: bool,
+    fallback: u32,
+) -> u32 {
+    let ceiling = match shape.trained_ctx {
+        0 => fallback,
+        n => u32::try_from(n).unwrap_or(u32::MAX),
+    };
+    let Some(budget) = budget else { return ceiling };
+    let fits = |ctx: u32| {
+        let e = estimate(shape, &EstimateInput { ctx_size: ctx, ..input.clone() }).placed(offloaded);
+        (if offloaded { e.vram } else { e.memory }) <= budget
+    };
+    let floor = AUTO_CTX_FLOOR.min(ceiling);
+    if fits(ceiling) {
+        return ceiling;
+    }
+    // The estimate grows with the context: the largest step that fits, by bisection.
+    let (mut lo, mut hi) = (floor / AUTO_CTX_STEP, ceiling / AUTO_CTX_STEP);
+    if !fits(lo * AUTO_CTX_STEP) {
+        return floor;
+    }
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if fits(mid * AUTO_CTX_STEP) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    (lo * AUTO_CTX_STEP).max(floor)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,6 +244,36 @@ mod tests {
 
     fn of(m: &GgufMeta, input: &EstimateInput) -> Estimate {
         estimate(&ModelShape::from_meta(m, 0), input)
+    }
+
+    #[test]
+    fn auto_context_is_the_trained_one_lowered_in_steps_until_it_fits() {
+        let m = meta(
+            "llama",
+            &[
+                ("ARCH.block_count", Int(30)),
+                ("ARCH.attention.head_count", Int(9)),
+                ("ARCH.attention.head_count_kv", Int(3)),
+                ("ARCH.embedding_length", Int(576)),
+                ("ARCH.context_length", Int(8192)),
+                ("tokenizer.ggml.tokens", Array(49152)),
+            ],
+        );
+        let shape = ModelShape::from_meta(&m, 100 * MIB);
+        assert_eq!(shape.trained_ctx, 8192);
+        let i = input(0);
+        assert_eq!(auto_ctx_size(&shape, &i, None, false, 4096), 8192, "no budget: the trained context");
+        let need = |ctx| estimate(&shape, &EstimateInput { ctx_size: ctx, ..i.clone() }).total;
+        assert_eq!(auto_ctx_size(&shape, &i, Some(need(8192)), false, 4096), 8192, "it fits exactly");
+        let budget = need(5000);
+        let got = auto_ctx_size(&shape, &i, Some(budget), false, 4096);
+        assert_eq!(got % AUTO_CTX_STEP, 0);
+        assert!(need(got) <= budget && need(got + AUTO_CTX_STEP) > budget, "the largest step that fits: {got}");
+        assert_eq!(auto_ctx_size(&shape, &i, Some(1), false, 4096), AUTO_CTX_FLOOR, "never below the floor");
+        let unknown = ModelShape { trained_ctx: 0, ..shape };
+        assert_eq!(auto_ctx_size(&unknown, &i, None, false, 4096), 4096, "no trained context: the fallback");
+        // Offloaded, the VRAM budget is what counts.
+        assert_eq!(auto_ctx_size(&shape, &i, Some(need(8192)), true, 4096), 8192);
     }
 
     #[test]

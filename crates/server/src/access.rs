@@ -81,14 +81,16 @@ fn protected(path: &str) -> bool {
 }
 
 /// The endpoints that change what is on the machine or how it runs: pull, delete, install,
-/// uninstall, load, unload, log-level, the admin API's load and unload, and emptying the
-/// prompt cache.
+/// uninstall, load, unload, log-level, the admin API's load and unload, saving or erasing a
+/// model's options, and emptying the prompt cache.
 pub fn admin_path(method: &Method, path: &str) -> bool {
     let Some(rest) = crate::routes::PREFIXES.iter().find_map(|p| path.strip_prefix(p)) else { return false };
     const CONTROL: [&str; 7] = ["/pull", "/delete", "/install", "/uninstall", "/load", "/unload", "/log-level"];
     let admin_mutation = rest.starts_with("/admin/models/") && (rest.ends_with("/load") || rest.ends_with("/unload"));
+    let options = rest.starts_with("/models/") && rest.ends_with("/options");
     (*method == Method::POST && (CONTROL.contains(&rest) || admin_mutation))
         || (*method == Method::DELETE && rest == "/prompt-cache")
+        || ((*method == Method::POST || *method == Method::DELETE) && options)
 }
 
 /// Constant-time comparison, so a key cannot be guessed byte by byte from timings.
@@ -234,6 +236,7 @@ mod tests {
             "/v0/unload",
             "/api/v0/install",
             "/v1/admin/models/x.gguf/load",
+            "/api/v1/models/user.x/options",
             "/api/v1/log-level",
         ] {
             assert!(admin_path(&Method::POST, p), "{p}");
@@ -241,6 +244,8 @@ mod tests {
         for p in ["/api/v1/chat/completions", "/v1/admin/models", "/api/v1/models", "/api/v1/health"] {
             assert!(!admin_path(&Method::POST, p) && !admin_path(&Method::GET, p), "{p}");
         }
+        assert!(admin_path(&Method::DELETE, "/v1/models/user.x/options"), "erasing options needs the admin key");
+        assert!(!admin_path(&Method::GET, "/v1/models/user.x/options"), "reading them does not");
     }
 
     #[test]

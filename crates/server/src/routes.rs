@@ -5,7 +5,7 @@ use axum::routing::{any, delete, get, post, MethodRouter};
 use axum::Router;
 
 use crate::api::{
-    admin, anthropic, audio, images, install, lifecycle, logs, metrics, native, ollama, openai, pull, system,
+    admin, anthropic, audio, images, install, lifecycle, logs, metrics, native, ollama, openai, options, pull, system,
 };
 use crate::state::AppState;
 use crate::webui;
@@ -31,6 +31,14 @@ fn get_only<H: axum::handler::Handler<T, AppState>, T: 'static>(h: H) -> MethodR
 /// A DELETE route; other methods get a JSON 405 naming DELETE.
 fn delete_only<H: axum::handler::Handler<T, AppState>, T: 'static>(h: H) -> MethodRouter<AppState> {
     delete(h).fallback(native::method_not_allowed("DELETE"))
+}
+
+/// `/models/{*id}`: GET a model (or `{id}/options`); POST and DELETE `{id}/options`.
+fn model_paths<H: axum::handler::Handler<T, AppState>, T: 'static>(h: H) -> MethodRouter<AppState> {
+    get(h)
+        .post(options::post_model_path)
+        .delete(options::delete_model_path)
+        .fallback(native::method_not_allowed("GET, POST, DELETE"))
 }
 
 /// Every method.
@@ -65,7 +73,8 @@ macro_rules! route_table {
 
         /// The documentation of the API routes, from the same table.
         #[derive(utoipa::OpenApi)]
-        #[openapi(paths($($($handler)::+),*, $($($rhandler)::+),*, lifecycle::live, native::native_post, native::native_get))]
+        #[openapi(paths($($($handler)::+),*, $($($rhandler)::+),*, lifecycle::live, native::native_post, native::native_get,
+            options::get_options, options::save_options, options::reset_options))]
         pub struct RoutePaths;
     };
 }
@@ -84,7 +93,7 @@ route_table! {
     post_only "/images/edits" => images::edits;
     post_only "/images/variations" => images::variations;
     get_only "/models" => openai::list_models;
-    get_only "/models/{*id}" => openai::get_model;
+    model_paths "/models/{*id}" => openai::get_model;
     get_only "/health" => lifecycle::health;
     get_only "/stats" => lifecycle::stats;
     post_only "/load" => lifecycle::load;
@@ -193,7 +202,7 @@ mod tests {
             .collect();
         // The HTTP method a route helper of the table serves.
         let http = |helper: &str| match helper {
-            "get_only" => "GET",
+            "get_only" | "model_paths" => "GET",
             "delete_only" => "DELETE",
             _ => "POST",
         };
@@ -216,6 +225,7 @@ mod tests {
             API_ROUTES.iter().any(|(h, rp)| http(h) == m && doc_path(&rp.replace("{*id}", "{id}")) == p)
                 || ROOT_ROUTES.iter().any(|(h, rp)| http(h) == m && rp == &p)
                 || (m == "GET" && p == "/live")
+                || (p == "/api/v1/models/{id}/options" && ["GET", "POST", "DELETE"].contains(&m))
                 || (m == "POST" && NATIVE_POST.contains(&p))
                 || (m == "GET" && NATIVE_GET.contains(&p))
         };

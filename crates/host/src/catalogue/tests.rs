@@ -137,7 +137,10 @@ fn user_models_resolve_in_hf_cache_and_are_downloaded_when_complete() {
     assert!(m.downloaded);
     let api = reg.to_api(m);
     // Only llamacpp keys, "" counts as unset, and a value of the wrong type reads as unset.
-    assert_eq!(api.recipe_options, LoadOptions { ctx_size: Some(2048), ..LoadOptions::default() });
+    assert_eq!(
+        api.recipe_options,
+        LoadOptions { ctx_size: Some(api_types::CtxSize::Tokens(2048)), ..LoadOptions::default() }
+    );
 
     // A partial file next to it means not downloaded.
     put(&snap.join("Smol.Q4_1.gguf.partial"), b"");
@@ -194,10 +197,10 @@ fn extra_models_dir_naming_grouping_and_gguf_types() {
 #[test]
 fn saved_options_are_replaced_atomically_and_read_back() {
     let e = env();
-    let mut o = LoadOptions { ctx_size: Some(8192), ..LoadOptions::default() };
-    save_recipe_options(&e.cfg.cache_dir, "user.X", Some(&o)).unwrap();
+    let mut o = LoadOptions { ctx_size: Some(api_types::CtxSize::Tokens(8192)), ..LoadOptions::default() };
+    save_recipe_options(&e.cfg.cache_dir, "user.X", Some(&o.to_map())).unwrap();
     o.llamacpp_args = Some("--threads 1".into());
-    save_recipe_options(&e.cfg.cache_dir, "Qwen3-0.6B-GGUF", Some(&o)).unwrap();
+    save_recipe_options(&e.cfg.cache_dir, "Qwen3-0.6B-GGUF", Some(&o.to_map())).unwrap();
     let reg = load(&e.cfg).unwrap();
     let q = reg.get("Qwen3-0.6B-GGUF").unwrap();
     assert_eq!(reg.saved_options(q), o);

@@ -12,5 +12,6 @@ pub mod metrics;
 pub mod native;
 pub mod ollama;
 pub mod openai;
+pub mod options;
 pub mod pull;
 pub mod system;

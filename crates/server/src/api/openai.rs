@@ -3,7 +3,7 @@
 
 use api_types::*;
 use axum::extract::{Path, Query, State};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
 use http::Method;
@@ -193,11 +193,14 @@ pub async fn list_models(State(rt): State<AppState>, Query(q): Query<ModelsQuery
         (status = 200, description = "The model", body = Model),
         (status = 404, description = "Unknown (`model_not_found`) or not available here (`model_not_supported`)", body = ErrorResponse),
     ))]
-pub async fn get_model(State(rt): State<AppState>, Path(id): Path<String>) -> Result<Json<Model>, ApiError> {
+pub async fn get_model(State(rt): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    if let Some(model) = id.strip_suffix("/options").filter(|m| !m.is_empty()) {
+        return Ok(crate::api::options::get_options(&rt, model).await?.into_response());
+    }
     let reg = rt.catalogue.registry();
     match (reg.get(&id), rt.remotes.model(&id)) {
-        (Err(_), Some(remote)) => Ok(Json(remote)),
-        (m, _) => Ok(Json(reg.to_api(m.map_err(engine::EngineError::from)?))),
+        (Err(_), Some(remote)) => Ok(Json(remote).into_response()),
+        (m, _) => Ok(Json(reg.to_api(m.map_err(engine::EngineError::from)?)).into_response()),
     }
 }
 

@@ -28,6 +28,7 @@ const POSTS: &[&str] = &[
     "/tokenize",
     "/admin/models/extra.m.gguf/load",
     "/admin/models/extra.m.gguf/unload",
+    "/models/extra.m.gguf/options",
     "/messages",
     "/messages/count_tokens",
     "/audio/transcriptions",
@@ -285,6 +286,9 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
             format!("/api/v1/props?model={enc}"),
             format!("/metrics?model={enc}"),
             format!("/v1/admin/models/{enc}/load"),
+            format!("/api/v1/models/{enc}/options"),
+            format!("/v1/models/{enc}/options?post"),
+            format!("/v1/models/{enc}/options?delete"),
         ] {
             if path.len() > 8000 {
                 // Longer than a URL client will build: sent by hand. hyper answers a request
@@ -297,8 +301,10 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
                 }
                 continue;
             }
-            let r = if path.ends_with("/load") {
-                l.http.post(l.url(&path)).json(&json!({}))
+            let r = if path.ends_with("/load") || path.ends_with("?post") {
+                l.http.post(l.url(&path)).json(&json!({"ctx_size": "big", "steps": -1}))
+            } else if path.ends_with("?delete") {
+                l.http.delete(l.url(&path))
             } else {
                 l.http.get(l.url(&path))
             };

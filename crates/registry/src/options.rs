@@ -1,0 +1,110 @@
+//! The one precedence chain of load options, lowest first:
+//!
+//! 1. the recipe's defaults (`backends::options::defaults`);
+//! 2. the server's configuration (flags, `LEMONADE_*` variables);
+//! 3. the catalogue's `image_defaults` of an image model (as v9);
+//! 4. the model's saved options (`recipe_options.json`);
+//! 5. the request: a value overrides, `null` ignores the saved value (layer 4) for this load.
+//!
+//! [`resolve`] layers 2 to 5 (what a backend is started with; a default is read where it is
+//! used); [`load_body`] adds layer 1 and makes a complete `/load` body of the result.
+
+use api_types::{LoadOptions, OptionsPatch};
+use backends::Recipe;
+use serde_json::{Map, Value};
+
+/// The layers above the recipe's defaults.
+#[derive(Debug, Clone, Copy)]
+pub struct Layers<'a> {
+    pub config: &'a LoadOptions,
+    pub catalogue: &'a LoadOptions,
+    pub saved: &'a LoadOptions,
+    pub request: &'a OptionsPatch,
+}
+
+/// The options `recipe` runs with: request > saved > catalogue > configuration, only the
+/// recipe's own options kept.
+pub fn resolve(recipe: Recipe, l: Layers) -> LoadOptions {
+    let mut o = l.config.clone();
+    o.overlay(l.catalogue);
+    o.overlay(&l.saved.clone().clear(&l.request.cleared));
+    o.overlay(&l.request.set);
+    crate::recipe_options(recipe, o)
+}
+
+/// A complete `/load` body for `name`: every option `recipe` takes, resolved over its
+/// defaults, then `idle_timeout` (seconds; 0 = never) and `model_name`.
+pub fn load_body(name: &str, recipe: Recipe, resolved: &LoadOptions, idle_timeout: u64) -> Map<String, Value> {
+    let mut o = backends::options::defaults(recipe);
+    o.overlay(resolved);
+    let mut body = o.keep(recipe.option_keys()).to_map();
+    body.insert("idle_timeout".into(), idle_timeout.into());
+    body.insert("model_name".into(), name.into());
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use api_types::{CtxSize, OptionKey};
+    use serde_json::json;
+
+    fn ctx(n: u32) -> LoadOptions {
+        LoadOptions { ctx_size: Some(CtxSize::Tokens(n)), ..Default::default() }
+    }
+
+    /// Why, configuration, catalogue, saved, request, and the context size a load gets.
+    type Row<'a> = (&'a str, &'a LoadOptions, &'a LoadOptions, &'a LoadOptions, OptionsPatch, Option<CtxSize>);
+
+    /// The precedence table: each row's layers, and the context size a load gets.
+    #[test]
+    fn precedence_table() {
+        let none = LoadOptions::default();
+        let set = |o: LoadOptions| OptionsPatch { set: o, ..Default::default() };
+        let null = OptionsPatch { cleared: vec![OptionKey::CtxSize], ..Default::default() };
+        let auto = LoadOptions { ctx_size: Some(CtxSize::Auto), ..Default::default() };
+        #[rustfmt::skip]
+        let rows: [Row; 8] = [
+            ("nothing set: the recipe default applies when read", &none, &none, &none, OptionsPatch::default(), None),
+            ("configuration",                                     &ctx(1000), &none, &none, OptionsPatch::default(), Some(CtxSize::Tokens(1000))),
+            ("catalogue over configuration",                      &ctx(1000), &ctx(2000), &none, OptionsPatch::default(), Some(CtxSize::Tokens(2000))),
+            ("saved over catalogue and configuration",            &ctx(1000), &ctx(2000), &ctx(3000), OptionsPatch::default(), Some(CtxSize::Tokens(3000))),
+            ("request over everything",                           &ctx(1000), &ctx(2000), &ctx(3000), set(ctx(4000)), Some(CtxSize::Tokens(4000))),
+            ("null ignores the saved value only",                 &ctx(1000), &none, &ctx(3000), null.clone(), Some(CtxSize::Tokens(1000))),
+            ("null with nothing below: the default",              &none, &none, &ctx(3000), null, None),
+            ("-1 is a value: automatic over a saved number",      &ctx(1000), &none, &ctx(3000), set(auto), Some(CtxSize::Auto)),
+        ];
+        for (why, config, catalogue, saved, request, want) in rows {
+            let got = resolve(Recipe::LlamaCpp, Layers { config, catalogue, saved, request: &request });
+            assert_eq!(got.ctx_size, want, "{why}");
+        }
+    }
+
+    #[test]
+    fn request_args_replace_the_saved_args_and_other_recipes_options_drop() {
+        let saved = LoadOptions { llamacpp_args: Some("--no-mmap".into()), steps: Some(4), ..Default::default() };
+        let config = LoadOptions { llamacpp_args: Some("-t 2".into()), ..Default::default() };
+        let request = OptionsPatch {
+            set: LoadOptions { llamacpp_args: Some("-t 1".into()), ..Default::default() },
+            ..Default::default()
+        };
+        let none = LoadOptions::default();
+        let o =
+            resolve(Recipe::LlamaCpp, Layers { config: &config, catalogue: &none, saved: &saved, request: &request });
+        assert_eq!((o.llamacpp_args.as_deref(), o.steps), (Some("-t 1"), None));
+    }
+
+    #[test]
+    fn a_load_body_has_every_option_of_the_recipe() {
+        let b = load_body("M", Recipe::LlamaCpp, &ctx(2048), 0);
+        assert_eq!(
+            Value::Object(b),
+            json!({"model_name": "M", "ctx_size": 2048, "llamacpp_backend": "cpu", "llamacpp_args": "",
+                   "rpc_servers": [], "idle_timeout": 0})
+        );
+        let sd = load_body("S", Recipe::SdCpp, &LoadOptions::default(), 300);
+        assert_eq!(sd["steps"], 20);
+        assert_eq!(sd["width"], 512);
+        assert_eq!(sd["idle_timeout"], 300);
+    }
+}
