@@ -495,6 +495,11 @@ pub struct PullRequest {
     /// Do nothing when the model is already downloaded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub do_not_upgrade: Option<bool>,
+    /// Options saved for the model as it is registered (`recipe_options.json`), kept to its
+    /// recipe's own, e.g. `{"sd-cpp_backend": "cpu"}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub recipe_options: Option<Map<String, Value>>,
 }
 
 /// An SSE `progress` (or `complete`) event of `POST /v1/pull`.

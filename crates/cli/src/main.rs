@@ -174,9 +174,10 @@ struct ServeArgs {
     /// Log level.
     #[arg(long, env = "LEMONADE_LOG_LEVEL", value_enum, default_value = "info")]
     log_level: LogLevel,
-    /// Context size for loaded models [default: 4096; embedding models at least 8192].
-    #[arg(long, env = "LEMONADE_CTX_SIZE")]
-    ctx_size: Option<u32>,
+    /// Context size for loaded models [default: 4096; embedding models at least 8192]; -1 or
+    /// auto: the largest each model was trained for that fits the memory there is.
+    #[arg(long, env = "LEMONADE_CTX_SIZE", allow_hyphen_values = true)]
+    ctx_size: Option<api_types::CtxSize>,
     /// llama.cpp backend to run models with (`system`: the llama-server on PATH). A missing
     /// backend is installed on first use where a release exists for this platform.
     #[arg(long, env = "LEMONADE_LLAMACPP", value_enum, default_value = "cpu")]

@@ -567,7 +567,7 @@ async fn real_llama_server_per_model_options_api_and_three_state_load() {
     assert_eq!(s, 200, "{v}");
     assert_eq!(n_ctx().await, 2048);
     let cmdline = std::fs::read_to_string(format!("/proc/{}/cmdline", child_pids(l.pid())[0])).unwrap();
-    assert!(cmdline.contains("--threads\01\0"), "{cmdline:?}");
+    assert!(cmdline.contains("--threads\u{0}1\u{0}"), "{cmdline:?}");
     assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL, "ctx_size": null})).await.0, 200);
     assert_eq!(n_ctx().await, 4096, "null: the server's default, not the saved 2048");
     assert_eq!(l.get(&opts).await.1["saved"]["ctx_size"], 2048, "still saved");

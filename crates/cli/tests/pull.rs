@@ -44,6 +44,34 @@ async fn setup_with(knobs: Knobs, args: &[&str], env: &[(&str, &str)]) -> (tempf
     (tmp, double, l)
 }
 
+/// v9's `test_021_pull_multi`: a multi-checkpoint sd-cpp pull with `recipe_options` keeps the
+/// recipe's own options (the backend included) as the model's saved options; a bad option
+/// value registers nothing.
+#[tokio::test]
+async fn a_pull_with_recipe_options_saves_the_recipes_own() {
+    let (_tmp, _double, l) = setup(Knobs::default()).await;
+    let checkpoints = json!({"main": "org/shard-GGUF:m-Q8_0.gguf", "text_encoder": "org/shard-GGUF:mmproj-f16.gguf",
+                             "vae": "org/big-GGUF:big-Q4_0.gguf"});
+    let bad =
+        json!({"model": "user.Bad", "checkpoints": checkpoints, "recipe": "sd-cpp", "recipe_options": {"steps": 0}});
+    let (s, e) = l.post("/api/v1/pull", &bad).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("steps")), "{e}");
+    assert_eq!(l.get("/api/v1/models/user.Bad").await.0, 404, "a refused pull registers nothing");
+
+    let body = json!({"model": "user.Dummy", "checkpoints": checkpoints, "recipe": "sd-cpp",
+                      "recipe_options": {"sd-cpp_backend": "cpu", "steps": 3, "ctx_size": 2048}});
+    let (s, v) = l.post("/api/v1/pull", &body).await;
+    assert_eq!(s, 200, "{v}");
+    let (_, m) = l.get("/api/v1/models/user.Dummy").await;
+    assert!(m["labels"].as_array().unwrap().contains(&json!("image")), "{m}");
+    assert_eq!(m["recipe_options"], json!({"sd-cpp_backend": "cpu", "steps": 3}), "ctx_size is no sd-cpp option");
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(l.sandbox.cache().join("recipe_options.json")).unwrap()).unwrap();
+    assert_eq!(saved, json!({"user.Dummy": {"sd-cpp_backend": "cpu", "steps": 3}}));
+    let (_, o) = l.get("/api/v1/models/user.Dummy/options").await;
+    assert_eq!((o["effective"]["steps"].clone(), o["defaults"]["steps"].clone()), (json!(3), json!(20)), "{o}");
+}
+
 #[tokio::test]
 async fn pull_registers_downloads_and_the_model_then_answers() {
     let (_tmp, _double, l) = setup(Knobs::default()).await;

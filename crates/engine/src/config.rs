@@ -19,7 +19,7 @@ pub struct Config {
     pub hf_cache: PathBuf,
     pub extra_models_dir: Option<PathBuf>,
     /// `--ctx-size`, when given (else the built-in 4096 applies).
-    pub ctx_size: Option<u32>,
+    pub ctx_size: Option<api_types::CtxSize>,
     /// `--llamacpp`: the llama.cpp backend (`cpu`, `vulkan`, `rocm`, `metal`).
     pub llamacpp_backend: String,
     /// `--llamacpp-args`, when given.

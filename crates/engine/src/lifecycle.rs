@@ -609,7 +609,7 @@ impl Lifecycle {
     pub fn resolve(&self, info: &ModelInfo, saved: &LoadOptions, request: &OptionsPatch) -> Opts {
         let config = LoadOptions {
             llamacpp_backend: Some(self.cfg.llamacpp_backend.clone()),
-            ctx_size: self.cfg.ctx_size.map(CtxSize::Tokens),
+            ctx_size: self.cfg.ctx_size,
             llamacpp_args: self.cfg.llamacpp_args.clone(),
             ..LoadOptions::default()
         };

@@ -11,7 +11,7 @@ use crate::{Engine, EngineError, Result};
 /// Keys of a `POST /models/{id}/options` body that are not options.
 const NOT_OPTIONS: [&str; 2] = ["model_name", "dry_run"];
 
-fn refused(e: backends::options::Invalid) -> EngineError {
+pub(crate) fn refused(e: backends::options::Invalid) -> EngineError {
     EngineError::Invalid { message: e.message, param: Some(e.key.as_str().to_string()), code: e.code }
 }
 

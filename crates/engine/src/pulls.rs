@@ -89,6 +89,14 @@ pub fn resolve(rt: &Engine, req: &PullRequest) -> Result<ModelInfo> {
             Some("checkpoint"),
         ));
     }
+    let options = match &req.recipe_options {
+        Some(m) => {
+            let o = LoadOptions::from_map(m).map_err(|e| invalid(e.to_string(), e.key))?;
+            backends::options::check(&o).map_err(crate::options::refused)?;
+            backends::Recipe::parse(&recipe).map(|r| registry::recipe_options(r, o))
+        }
+        None => None,
+    };
     let flag = |f: Option<bool>| f.unwrap_or(false);
     let entry = CatalogueEntry {
         checkpoint: checkpoint.clone(),
@@ -107,7 +115,15 @@ pub fn resolve(rt: &Engine, req: &PullRequest) -> Result<ModelInfo> {
         ..Default::default()
     };
     // Registered before the download, so a failed download can be resumed by name.
-    rt.catalogue.register(&name, &entry)
+    let info = rt.catalogue.register(&name, &entry)?;
+    match options {
+        // v9: the pull's options replace the model's saved entry.
+        Some(o) => {
+            rt.catalogue.update_options(&name, |_| Some(o.to_map()))?;
+            rt.catalogue.get(&name)
+        }
+        None => Ok(info),
+    }
 }
 
 fn hub_error(e: HubError) -> EngineError {
