@@ -97,7 +97,12 @@ pub fn check_keys(recipe: Recipe, keys: &[OptionKey]) -> Result<(), Invalid> {
             format!(
                 "'{}' is not an option of the {recipe} recipe (it takes: {})",
                 k.as_str(),
-                takes.iter().map(|k| k.as_str()).chain(["idle_timeout"]).collect::<Vec<_>>().join(", ")
+                takes
+                    .iter()
+                    .map(|k| k.as_str())
+                    .chain([OptionKey::IdleTimeout.as_str()])
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         )),
         None => Ok(()),

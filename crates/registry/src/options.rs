@@ -37,8 +37,8 @@ pub fn resolve(recipe: Recipe, l: Layers) -> LoadOptions {
 pub fn load_body(name: &str, recipe: Recipe, resolved: &LoadOptions, idle_timeout: u64) -> Map<String, Value> {
     let mut o = backends::options::defaults(recipe);
     o.overlay(resolved);
-    let mut body = o.keep(recipe.option_keys()).to_map();
-    body.insert("idle_timeout".into(), idle_timeout.into());
+    let o = LoadOptions { idle_timeout: Some(idle_timeout), ..o.keep(recipe.option_keys()) };
+    let mut body = o.to_map();
     body.insert("model_name".into(), name.into());
     body
 }
