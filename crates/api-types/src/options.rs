@@ -145,14 +145,17 @@ impl<'de> Deserialize<'de> for CtxSize {
 }
 
 impl std::str::FromStr for CtxSize {
-    type Err = String;
+    type Err = OptionError;
     /// `-1` or `auto`, or a positive number of tokens (a command line's `--ctx-size`).
-    fn from_str(s: &str) -> Result<CtxSize, String> {
+    fn from_str(s: &str) -> Result<CtxSize, OptionError> {
         match s {
             "-1" | "auto" => Ok(CtxSize::Auto),
             _ => match s.parse::<u32>() {
                 Ok(n) if n > 0 => Ok(CtxSize::Tokens(n)),
-                _ => Err(format!("expected a positive number of tokens, or -1 or auto (automatic), got '{s}'")),
+                _ => Err(OptionError {
+                    key: "ctx_size",
+                    message: format!("expected a positive number of tokens, or -1 or auto (automatic), got '{s}'"),
+                }),
             },
         }
     }
