@@ -537,3 +537,48 @@ pub struct StatusResponse {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }
+
+/// An entry of `GET /internal/aliases` (Lemonade v11).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AliasEntry {
+    pub alias: String,
+    /// The model name the alias points at, as it was given.
+    pub target: String,
+    /// Whether the target is a model here and downloaded.
+    pub downloaded: bool,
+    /// The target's recipe; absent while the target is not a model here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recipe: Option<String>,
+}
+
+/// `GET /internal/aliases`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AliasList {
+    pub aliases: Vec<AliasEntry>,
+}
+
+/// `POST /internal/aliases`: point `alias` at `target` (`model` is accepted for `target`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"alias": "default-llm", "target": "Qwen3-0.6B-GGUF"})))]
+pub struct AliasRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+/// The answer of `POST /internal/aliases` (`status: "ok"`) and of `DELETE
+/// /internal/aliases/{alias}` (`status: "deleted"`, no `target`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AliasResponse {
+    pub status: String,
+    pub alias: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+}

@@ -490,6 +490,52 @@ fn key_from(arg: Option<String>) -> Result<Option<String>> {
     }
 }
 
+#[derive(clap::Subcommand, Debug)]
+pub enum AliasAction {
+    /// Point ALIAS at TARGET_MODEL (creating or repointing it).
+    Add {
+        /// The alias (not a model's name, nor starting with user., extra. or builtin.).
+        alias: String,
+        /// The model it means (need not be pulled yet).
+        target_model: String,
+    },
+    /// The aliases, their targets, and whether each target is here and downloaded.
+    List,
+    /// Remove an alias.
+    Remove {
+        /// The alias to remove.
+        alias: String,
+    },
+}
+
+/// `lemonade alias add|list|remove`.
+pub async fn alias(t: &Target, action: AliasAction, json_out: bool) -> Result<()> {
+    let c = t.client(None);
+    match action {
+        AliasAction::Add { alias, target_model } => {
+            let v = c.set_alias(&alias, &target_model).await.context("Error setting the alias")?;
+            out(json_out, &json_of(&v), || format!("Alias {alias} -> {target_model}"));
+        }
+        AliasAction::Remove { alias } => {
+            let v = c.remove_alias(&alias).await.context("Error removing the alias")?;
+            out(json_out, &json_of(&v), || format!("Alias removed: {alias}"));
+        }
+        AliasAction::List => {
+            let v = c.aliases().await.context("Error listing aliases")?;
+            out(json_out, &json_of(&v), || {
+                let mut s = format!("{:<30} {:<40} {:<10} {}", "Alias", "Target", "Recipe", "Downloaded");
+                for a in &v.aliases {
+                    let recipe = a.recipe.as_deref().unwrap_or("-");
+                    let down = if a.downloaded { "Yes" } else { "No" };
+                    s.push_str(&format!("\n{:<30} {:<40} {recipe:<10} {down}", a.alias, a.target));
+                }
+                s
+            });
+        }
+    }
+    Ok(())
+}
+
 pub async fn cloud(t: &Target, action: CloudAction, json_out: bool) -> Result<()> {
     let install = |name: String, base_url: Option<String>, api_key: Option<String>| InstallRequest {
         recipe: Some("cloud".into()),

@@ -121,6 +121,11 @@ enum Command {
         #[command(subcommand)]
         action: client::CloudAction,
     },
+    /// Model aliases: names that mean another model, wherever a model name is taken.
+    Alias {
+        #[command(subcommand)]
+        action: client::AliasAction,
+    },
     /// Show the hardware and the backends' state.
     SystemInfo {
         /// Add details: versions, paths, the backend binaries in use.
@@ -480,6 +485,7 @@ async fn client_command(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
                 .await?
         }
         Command::Cloud { action } => client::cloud(&t, action, json).await?,
+        Command::Alias { action } => client::alias(&t, action, json).await?,
         Command::SystemInfo { verbose } => {
             with_server(&t, true, vec![], false, async |t| client::system_info(t, verbose, json).await).await?
         }

@@ -40,6 +40,9 @@ fn routes() -> Vec<(&'static str, String, Option<Value>)> {
             ("POST", p("/reranking"), Some(json!({"model": "extra.m.gguf", "query": "q", "documents": ["a"]}))),
             ("GET", p("/models"), None),
             ("GET", p("/models/extra.m.gguf"), None),
+            ("GET", p("/models/extra.m.gguf/options"), None),
+            ("POST", p("/models/extra.m.gguf/options"), Some(json!({"ctx_size": 2048, "dry_run": true}))),
+            ("DELETE", p("/models/extra.m.gguf/options"), None),
             ("GET", p("/stats"), None),
             ("GET", p("/system-info"), None),
             ("GET", p("/system-stats"), None),
@@ -63,6 +66,9 @@ fn routes() -> Vec<(&'static str, String, Option<Value>)> {
         ("GET", "/props?model=extra.m.gguf".to_string(), None),
         ("GET", "/metrics?model=extra.m.gguf".to_string(), None),
         ("GET", "/api/tags".to_string(), None),
+        ("GET", "/internal/aliases".to_string(), None),
+        ("POST", "/internal/aliases".to_string(), Some(json!({"alias": "a1", "target": "extra.m.gguf"}))),
+        ("DELETE", "/internal/aliases/nope".to_string(), None),
     ]);
     v
 }
@@ -70,6 +76,7 @@ fn routes() -> Vec<(&'static str, String, Option<Value>)> {
 async fn call(l: &Lemonade, method: &str, path: &str, body: &Option<Value>, key: Option<&str>) -> (u16, String) {
     let mut r = match method {
         "GET" => l.http.get(l.url(path)),
+        "DELETE" => l.http.delete(l.url(path)),
         _ => l.http.post(l.url(path)).json(body.as_ref().unwrap_or(&json!({}))),
     };
     if let Some(k) = key {

@@ -582,3 +582,65 @@ async fn real_llama_server_per_model_options_api_and_three_state_load() {
     assert_eq!(l.post("/api/v1/load", &effective).await.0, 200, "{effective}");
     assert_eq!(n_ctx().await, 4096);
 }
+
+/// Lemonade v11's aliases and naming through `lemonade serve` on real llama-server: an alias
+/// (and a registered model's bare name) works in every dialect, `/load`, `/pin` and the options
+/// API, is listed under its own id, is kept in `aliases.json`, may not take a model's name, and
+/// once removed names nothing.
+#[tokio::test]
+async fn real_llama_server_aliases_and_bare_names_work_everywhere_a_model_name_does() {
+    let l = Lemonade::start(bin(), &[]).await;
+    let bare = SMOL.strip_prefix("user.").unwrap();
+    let (s, v) = l.post("/internal/aliases", &json!({"alias": "fast", "target": bare})).await;
+    assert_eq!((s, v.clone()), (200, json!({"status": "ok", "alias": "fast", "target": bare})));
+    let file: Value = serde_json::from_slice(&std::fs::read(l.sandbox.cache().join("aliases.json")).unwrap()).unwrap();
+    assert_eq!(file, json!({"fast": bare}));
+    let (_, v) = l.get("/internal/aliases").await;
+    assert_eq!(v, json!({"aliases": [{"alias": "fast", "target": bare, "downloaded": true, "recipe": "llamacpp"}]}));
+    let (_, m) = l.get("/v1/models/fast").await;
+    assert_eq!((m["id"].clone(), m["recipe"].clone()), (json!("fast"), json!("llamacpp")));
+    let listed = l.get("/api/v1/models").await.1;
+    assert!(listed["data"].as_array().unwrap().iter().any(|m| m["id"] == "fast"), "{listed}");
+    let tags = l.get("/api/tags").await.1;
+    assert!(tags["models"].as_array().unwrap().iter().any(|m| m["name"] == "fast:latest"), "{tags}");
+
+    // Every dialect, one backend: the alias means the model.
+    assert_eq!(l.chat("fast").await.0, 200);
+    let ollama = json!({"model": "fast", "messages": [{"role": "user", "content": "hi"}], "stream": false, "options": {"num_predict": 2}});
+    assert_eq!(l.post("/api/chat", &ollama).await.0, 200);
+    let anthropic = json!({"model": "fast", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(l.post("/v1/messages", &anthropic).await.0, 200);
+    assert_eq!(l.chat(bare).await.0, 200, "the bare name of a registered model");
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(loaded_names(&h), [SMOL], "one model, one backend");
+    assert_eq!(child_pids(l.pid()).len(), 1);
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": "fast", "ctx_size": 1024})).await.0, 200);
+    let (s, v) = l.post("/api/v1/pin", &json!({"model_name": "fast"})).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(l.get("/api/v1/health").await.1["all_models_loaded"][0]["pinned"], true);
+    let (_, o) = l.get("/v1/models/fast/options").await;
+    assert_eq!(o["model_name"], SMOL, "{o}");
+
+    // A model's name is not free for an alias; reserved prefixes neither.
+    let (s, e) = l.post("/internal/aliases", &json!({"alias": bare, "target": "x"})).await;
+    assert_eq!((s, e["error"]["code"].as_str()), (400, Some("alias_conflict")), "{e}");
+    let (s, e) = l.post("/internal/aliases", &json!({"alias": "builtin.x", "target": "x"})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("alias")), "{e}");
+    let (s, e) = l.post("/internal/aliases", &json!({"alias": "y"})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("target")), "{e}");
+
+    // The CLI, then removal.
+    let (code, out, err) = l.cli(&["alias", "add", "slow", SMOL]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, _) = l.cli(&["alias", "list"]).await;
+    assert!(code == 0 && out.contains("slow") && out.contains("fast"), "{out}");
+    let (code, _, _) = l.cli(&["alias", "remove", "slow"]).await;
+    assert_eq!(code, 0);
+    let (s, v) = l.delete("/internal/aliases/fast").await;
+    assert_eq!((s, v), (200, json!({"status": "deleted", "alias": "fast"})));
+    let (s, e) = l.delete("/internal/aliases/fast").await;
+    assert_eq!((s, e["error"]["code"].as_str()), (404, Some("not_found")));
+    assert_eq!(l.chat("fast").await.0, 404, "a removed alias names nothing");
+    let file: Value = serde_json::from_slice(&std::fs::read(l.sandbox.cache().join("aliases.json")).unwrap()).unwrap();
+    assert_eq!(file, json!({}));
+}

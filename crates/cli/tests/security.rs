@@ -220,6 +220,8 @@ fn admin_answers() -> Vec<(&'static str, Value, u16)> {
         ("/v0/log-level", json!({"level": "info"}), 200),
         ("/v1/admin/models/extra.m.gguf/load", json!({}), 200),
         ("/v1/admin/models/extra.m.gguf/unload", json!({}), 200),
+        ("/v1/models/extra.m.gguf/options", json!({"ctx_size": 2048, "dry_run": true}), 200),
+        ("/internal/aliases", json!({"alias": "a1", "target": M}), 200),
     ]
 }
 

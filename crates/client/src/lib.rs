@@ -69,7 +69,11 @@ impl Client {
     }
 
     fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let mut r = self.http.request(method, self.url(path));
+        self.request_to(method, self.url(path))
+    }
+
+    fn request_to(&self, method: reqwest::Method, url: String) -> reqwest::RequestBuilder {
+        let mut r = self.http.request(method, url);
         if let Some(k) = &self.api_key {
             r = r.bearer_auth(k);
         }
@@ -129,6 +133,28 @@ impl Client {
     pub async fn delete_path<R: DeserializeOwned>(&self, path: &str) -> Result<R, ClientError> {
         let r = self.send(self.request(reqwest::Method::DELETE, path)).await?;
         Self::answer(path, r).await
+    }
+
+    /// `GET /internal/aliases`.
+    pub async fn aliases(&self) -> Result<AliasList, ClientError> {
+        let path = "/internal/aliases";
+        let r = self.send(self.request_to(reqwest::Method::GET, format!("{}{path}", self.base))).await?;
+        Self::answer(path, r).await
+    }
+
+    /// `POST /internal/aliases`: points `alias` at `target`.
+    pub async fn set_alias(&self, alias: &str, target: &str) -> Result<AliasResponse, ClientError> {
+        let path = "/internal/aliases";
+        let body = AliasRequest { alias: Some(alias.into()), target: Some(target.into()), model: None };
+        let r = self.send(self.request_to(reqwest::Method::POST, format!("{}{path}", self.base)).json(&body)).await?;
+        Self::answer(path, r).await
+    }
+
+    /// `DELETE /internal/aliases/{alias}`.
+    pub async fn remove_alias(&self, alias: &str) -> Result<AliasResponse, ClientError> {
+        let path = format!("/internal/aliases/{}", encode_segment(alias));
+        let r = self.send(self.request_to(reqwest::Method::DELETE, format!("{}{path}", self.base))).await?;
+        Self::answer(&path, r).await
     }
 
     /// Empties the prompt cache.
@@ -202,6 +228,16 @@ impl Client {
     pub async fn embeddings(&self, req: &EmbeddingRequest) -> Result<EmbeddingResponse, ClientError> {
         self.post("/embeddings", req).await
     }
+}
+
+/// `s` as one URL path segment: every byte but the unreserved ones (RFC 3986) percent-encoded.
+fn encode_segment(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            b => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// The server's error message, from an OpenAI-style or flat error body.

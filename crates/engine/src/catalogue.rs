@@ -199,6 +199,32 @@ impl Catalogue {
         self.mutate(|| host::files::save_user_model(&self.cfg.cache_dir, key, None))
     }
 
+    /// Points `alias` at `target` (None: removes it). An alias may not take a model's name, nor a
+    /// reserved prefix; its target need not exist yet. Returns whether the alias existed.
+    pub fn set_alias(&self, alias: &str, target: Option<&str>) -> Result<bool> {
+        let _one = self.writer.lock();
+        let reg = self.current.read().clone();
+        let existed = reg.aliases().any(|(a, _)| a == alias);
+        if let Some(t) = target {
+            registry::validate_alias(alias).map_err(|e| EngineError::invalid(e.to_string(), Some("alias")))?;
+            if reg.is_model_name(alias) {
+                return Err(EngineError::invalid_code(
+                    format!("'{alias}' is the name of a model; an alias cannot take it"),
+                    "alias",
+                    "alias_conflict",
+                ));
+            }
+            if t.trim().is_empty() || t.chars().any(char::is_control) {
+                return Err(EngineError::invalid("target must name a model", Some("target")));
+            }
+        } else if !existed {
+            return Ok(false);
+        }
+        host::files::save_alias(&self.cfg.cache_dir, alias, target)?;
+        self.rescan()?;
+        Ok(existed)
+    }
+
     /// Replaces `name`'s entry in `recipe_options.json` with what `change` makes of it as
     /// written (None: removes it). Read, change and write are one step: two changes never
     /// lose each other's keys.

@@ -27,6 +27,9 @@ pub enum EngineError {
     /// The model's state forbids the operation now.
     #[error("{0}")]
     Conflict(String),
+    /// A thing other than a model (an alias, …) that does not exist.
+    #[error("{0}")]
+    NotFound(String),
     /// A backend or a download could not be reached, or died.
     #[error("{0}")]
     Unavailable(String),

@@ -12,6 +12,7 @@
 //! * [`installs`], [`remote`], [`prompt_cache`], [`settings`], [`metrics`], [`config`].
 
 pub mod admin;
+pub mod aliases;
 pub mod catalogue;
 pub mod config;
 pub mod error;

@@ -547,10 +547,16 @@ impl Lifecycle {
     /// Pins or unpins a loaded model.
     pub async fn pin(&self, name: &str, pinned: bool) -> Result<()> {
         let (req, rx) = self.request();
-        match self.ask(req, rx, Event::Pin { req, model: name.to_string(), pinned }).await {
+        match self.ask(req, rx, Event::Pin { req, model: self.canonical(name), pinned }).await {
             Answer::Pin(r) => Ok(r?),
             _ => Err(SchedulerError::NotLoaded(name.to_string()).into()),
         }
+    }
+
+    /// The name the scheduler knows the model `name` means by (a bare name or an alias
+    /// resolved); `name` itself when it names no model here.
+    fn canonical(&self, name: &str) -> String {
+        self.catalogue.registry().get(name).map(|m| m.name.clone()).unwrap_or_else(|_| name.to_string())
     }
 
     /// Changes the scheduler's settings while it runs.
@@ -562,7 +568,7 @@ impl Lifecycle {
     /// Unloads one model, or all (None). Err when the named model is not loaded.
     pub async fn unload(&self, name: Option<&str>) -> Result<Vec<String>> {
         let (req, rx) = self.request();
-        match self.ask(req, rx, Event::Unload { req, model: name.map(str::to_string) }).await {
+        match self.ask(req, rx, Event::Unload { req, model: name.map(|n| self.canonical(n)) }).await {
             Answer::Unload(r) => Ok(r?),
             _ => Ok(Vec::new()),
         }

@@ -42,6 +42,16 @@ pub fn resolve(rt: &Engine, req: &PullRequest) -> Result<ModelInfo> {
         ));
     }
     let is_user = name.starts_with(USER_PREFIX);
+    let reserved = [registry::EXTRA_PREFIX, registry::BUILTIN_PREFIX].into_iter().find(|p| name.starts_with(p));
+    if let (Some(p), true) = (reserved, checkpoint.is_some() || recipe.is_some()) {
+        return Err(EngineError::invalid(
+            format!(
+                "The prefix '{p}' is reserved (it names models lemonade finds itself); register the model as `user.{}`",
+                &name[p.len()..]
+            ),
+            Some("model"),
+        ));
+    }
     if (checkpoint.is_some() || recipe.is_some()) && !is_user {
         return Err(EngineError::invalid(
             format!("When providing 'checkpoint' or 'recipe', the model name must include the `user.` prefix, for example `user.Phi-4-Mini-GGUF`. Received: {name}"),

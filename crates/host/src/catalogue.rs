@@ -123,15 +123,17 @@ pub fn check_files(cfg: &CatalogueConfig) -> Result<(), HostError> {
     json_file::<std::collections::BTreeMap<String, serde_json::Map<String, serde_json::Value>>>(
         &cfg.cache_dir.join(RECIPE_OPTIONS_FILE),
     )?;
+    json_file::<std::collections::BTreeMap<String, String>>(&cfg.cache_dir.join(registry::ALIASES_FILE))?;
     Ok(())
 }
 
-/// Lemonade's own files (`user_models.json`, `recipe_options.json`) as the registry takes
+/// Lemonade's own files (`user_models.json`, `recipe_options.json`, `aliases.json`) as the registry takes
 /// them; absent files are empty.
 pub fn own_files(cfg: &CatalogueConfig) -> Result<UserFiles, HostError> {
     Ok(UserFiles {
         user_models: json_file(&cfg.cache_dir.join(USER_MODELS_FILE))?,
         recipe_options: json_file(&cfg.cache_dir.join(RECIPE_OPTIONS_FILE))?,
+        aliases: json_file(&cfg.cache_dir.join(registry::ALIASES_FILE))?,
         extra_files: Vec::new(),
     })
 }

@@ -80,6 +80,11 @@ pub fn save_recipe_options(
     update_json_map(&cache_dir.join(RECIPE_OPTIONS_FILE), name, options.cloned())
 }
 
+/// Points `alias` at `target` in `<cache_dir>/aliases.json`, or removes it (None).
+pub fn save_alias(cache_dir: &Path, alias: &str, target: Option<&str>) -> Result<(), HostError> {
+    update_json_map(&cache_dir.join(registry::ALIASES_FILE), alias, target.map(str::to_string))
+}
+
 /// Adds or replaces `user.<key>` in `<cache_dir>/user_models.json`, or removes it (None).
 pub fn save_user_model(cache_dir: &Path, key: &str, entry: Option<&CatalogueEntry>) -> Result<(), HostError> {
     update_json_map(&cache_dir.join(USER_MODELS_FILE), key, entry.cloned())

@@ -31,6 +31,10 @@ pub const BACKEND_VERSIONS: &str = include_str!("../data/backend_versions.json")
 
 pub const USER_PREFIX: &str = "user.";
 pub const EXTRA_PREFIX: &str = "extra.";
+/// The canonical prefix of a built-in model (Lemonade v11); built-ins are listed by bare name.
+pub const BUILTIN_PREFIX: &str = "builtin.";
+/// `aliases.json`: alias → target model name.
+pub const ALIASES_FILE: &str = "aliases.json";
 pub const USER_MODELS_FILE: &str = "user_models.json";
 pub const RECIPE_OPTIONS_FILE: &str = "recipe_options.json";
 
@@ -76,6 +80,8 @@ pub struct UserFiles {
     pub recipe_options: BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
     /// Every `*.gguf` under the extra models dir (recursively), when one is set.
     pub extra_files: Vec<ExtraFile>,
+    /// `aliases.json`: alias → target model name.
+    pub aliases: BTreeMap<String, String>,
 }
 
 /// One entry of a catalogue file (`server_models.json`, `user_models.json`).
@@ -177,6 +183,8 @@ pub struct Registry {
     recipe_options: BTreeMap<String, LoadOptions>,
     /// The same entries as written, keys this build does not know included.
     saved_entries: BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
+    /// Alias → target model name (`aliases.json`).
+    aliases: BTreeMap<String, String>,
 }
 
 impl Registry {
@@ -187,7 +195,12 @@ impl Registry {
             .map_err(|e| RegistryError::Json { path: "built-in catalogue".into(), source: e })?;
         let recipe_options =
             user.recipe_options.iter().map(|(k, m)| (k.clone(), LoadOptions::from_map_lossy(m).0)).collect();
-        let mut reg = Registry { recipe_options, saved_entries: user.recipe_options, ..Default::default() };
+        let mut reg = Registry {
+            recipe_options,
+            saved_entries: user.recipe_options,
+            aliases: user.aliases,
+            ..Default::default()
+        };
         for (name, e) in builtin {
             reg.add(name, e, Source::BuiltIn, cfg, files);
         }
@@ -229,12 +242,25 @@ impl Registry {
     }
 
     /// Looks a model up; the error carries v9's message (suggestions or the filter reason).
+    /// The model `name` means (Lemonade v11's naming): `user.X` and `extra.X` exactly, `builtin.X`
+    /// the built-in `X`, a bare name the first of `user.X`, `extra.X` and built-in `X` (a
+    /// registered model shadows a built-in of the same name), else an alias's target (named
+    /// in any of those forms; an alias never names another alias).
     pub fn get(&self, name: &str) -> Result<&ModelInfo, LookupError> {
-        if let Some(m) = self.models.get(name) {
-            return Ok(m);
+        match self.primary(name) {
+            Some(Ok(m)) => return Ok(m),
+            Some(Err(reason)) => return Err(LookupError::NotSupported { name: name.into(), reason: reason.clone() }),
+            None => {}
         }
-        if let Some(reason) = self.filtered.get(name) {
-            return Err(LookupError::NotSupported { name: name.into(), reason: reason.clone() });
+        if let Some(target) = self.aliases.get(name) {
+            return match self.primary(target) {
+                Some(Ok(m)) => Ok(m),
+                Some(Err(reason)) => Err(LookupError::NotSupported { name: name.into(), reason: reason.clone() }),
+                None => Err(LookupError::NotFound {
+                    name: name.into(),
+                    hint: format!("It is an alias of '{target}', which is not a model here. Pull or register '{target}', or point the alias elsewhere."),
+                }),
+            };
         }
         let names: Vec<&str> = self.models.keys().map(String::as_str).collect();
         let shown: Vec<String> = names.iter().take(3).map(|n| format!("'{n}'")).collect();
@@ -248,6 +274,54 @@ impl Registry {
         }
         hint.push_str("Use 'lemonade list' or GET /api/v1/models?show_all=true to see all available models.");
         Err(LookupError::NotFound { name: name.into(), hint })
+    }
+
+    /// The model (or the reason it is hidden) a concrete name means, aliases aside.
+    fn primary(&self, name: &str) -> Option<Result<&ModelInfo, &String>> {
+        let exact = |n: &str| self.models.get(n).map(Ok).or_else(|| self.filtered.get(n).map(Err));
+        let builtin = |n: &str| match exact(n) {
+            Some(Ok(m)) if m.source != Source::BuiltIn => None,
+            other => other,
+        };
+        if name.starts_with(USER_PREFIX) || name.starts_with(EXTRA_PREFIX) {
+            return exact(name);
+        }
+        if let Some(bare) = name.strip_prefix(BUILTIN_PREFIX) {
+            return builtin(bare);
+        }
+        exact(&format!("{USER_PREFIX}{name}"))
+            .or_else(|| exact(&format!("{EXTRA_PREFIX}{name}")))
+            .or_else(|| builtin(name))
+    }
+
+    /// Whether `name` names a model (or a hidden one) by itself, aliases aside.
+    pub fn is_model_name(&self, name: &str) -> bool {
+        self.primary(name).is_some()
+    }
+
+    /// What the listings show, by id: every model (downloaded ones unless `show_all`), then
+    /// every alias whose target is shown, under the alias's own id.
+    pub fn listed(&self, show_all: bool) -> Vec<(String, &ModelInfo)> {
+        let shown = |m: &ModelInfo| show_all || m.downloaded;
+        let models = self.models().filter(|m| shown(m)).map(|m| (m.name.clone(), m));
+        let aliases = self
+            .aliases
+            .keys()
+            .filter(|a| !self.is_model_name(a))
+            .filter_map(|a| self.get(a).ok().filter(|m| shown(m)).map(|m| (a.clone(), m)));
+        models.chain(aliases).collect()
+    }
+
+    /// The API view of the model `name` means, under the id asked for when that is an alias.
+    pub fn entry(&self, name: &str) -> Result<Model, LookupError> {
+        let m = self.get(name)?;
+        let id = if self.is_model_name(name) { m.name.clone() } else { name.to_string() };
+        Ok(Model { id, ..self.to_api(m) })
+    }
+
+    /// Every alias and its target, sorted by alias.
+    pub fn aliases(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.aliases.iter().map(|(a, t)| (a.as_str(), t.as_str()))
     }
 
     /// All models usable on this host, sorted by name.
@@ -528,6 +602,30 @@ pub fn validate_user_name(name: &str) -> Result<(), RegistryError> {
         return Err(RegistryError::Invalid(format!(
             "Invalid model name '{}': after `user.` use 1 to 200 characters without control characters, '/', '\\', '..' or surrounding spaces",
             name.escape_debug()
+        )));
+    }
+    Ok(())
+}
+
+/// Why `alias` cannot be an alias: it must be 1–200 characters with no control characters,
+/// no `/` or `\\`, no `..` and no surrounding spaces, and must not start with a canonical
+/// prefix (`user.`, `extra.`, `builtin.`), which name models.
+pub fn validate_alias(alias: &str) -> Result<(), RegistryError> {
+    let bad = alias.is_empty()
+        || alias.chars().count() > 200
+        || alias.chars().any(|c| c.is_control() || c == '/' || c == '\\')
+        || alias.contains("..")
+        || alias.trim() != alias;
+    if bad {
+        return Err(RegistryError::Invalid(format!(
+            "Invalid alias '{}': use 1 to 200 characters without control characters, '/', '\\', '..' or surrounding spaces",
+            alias.escape_debug()
+        )));
+    }
+    if let Some(p) = [USER_PREFIX, EXTRA_PREFIX, BUILTIN_PREFIX].iter().find(|p| alias.starts_with(**p)) {
+        return Err(RegistryError::Invalid(format!(
+            "Invalid alias '{}': the prefix '{p}' is reserved for model names",
+            alias.escape_debug()
         )));
     }
     Ok(())

@@ -189,3 +189,61 @@ fn registrations_reject_names_and_checkpoints_that_could_escape_or_corrupt() {
         assert!(e.starts_with(&named), "{bad:?}: {e}");
     }
 }
+
+/// Lemonade v11's naming spec (its five reference cases) and aliases: a bare name means the
+/// registered model, else the imported one, else the built-in; each prefix means its source;
+/// an alias means its target.
+#[test]
+fn names_resolve_as_v11_and_aliases_name_their_target() {
+    let dir = PathBuf::from("/models");
+    let mut files = Mem::default();
+    let found: Vec<ExtraFile> = ["Qwen3-0.6B-GGUF/q.gguf", "SD-Turbo/s.gguf"]
+        .iter()
+        .map(|p| ExtraFile { path: dir.join(p), bytes: 1 << 20 })
+        .collect();
+    for f in &found {
+        files.complete.insert(f.path.clone());
+    }
+    let entry =
+        || CatalogueEntry { checkpoint: "org/Smol:Q4_1".into(), recipe: "llamacpp".into(), ..Default::default() };
+    let user = UserFiles {
+        user_models: BTreeMap::from([("Qwen3-0.6B-GGUF".to_string(), entry()), ("MyModel".to_string(), entry())]),
+        extra_files: found,
+        aliases: BTreeMap::from([
+            ("fast".to_string(), "MyModel".to_string()),
+            ("old".to_string(), "builtin.Qwen3-0.6B-GGUF".to_string()),
+            ("gone".to_string(), "user.Nope".to_string()),
+        ]),
+        ..Default::default()
+    };
+    let reg = Registry::build(&RegistryConfig { extra_models_dir: Some(dir), ..cfg() }, user, &files).unwrap();
+    let name = |n: &str| reg.get(n).map(|m| m.name.clone()).map_err(|e| e.to_string());
+    // Built-in + registered + imported: the bare name is the registered one.
+    assert_eq!(name("Qwen3-0.6B-GGUF").unwrap(), "user.Qwen3-0.6B-GGUF");
+    assert_eq!(name("user.Qwen3-0.6B-GGUF").unwrap(), "user.Qwen3-0.6B-GGUF");
+    assert_eq!(name("extra.Qwen3-0.6B-GGUF").unwrap(), "extra.Qwen3-0.6B-GGUF");
+    assert_eq!(name("builtin.Qwen3-0.6B-GGUF").unwrap(), "Qwen3-0.6B-GGUF");
+    // Built-in + imported: the imported one.
+    assert_eq!(name("SD-Turbo").unwrap(), "extra.SD-Turbo");
+    assert_eq!(name("builtin.SD-Turbo").unwrap(), "SD-Turbo");
+    // Built-in only.
+    assert_eq!(name("SmolLM3-3B-GGUF").unwrap(), "SmolLM3-3B-GGUF");
+    assert_eq!(name("builtin.SmolLM3-3B-GGUF").unwrap(), "SmolLM3-3B-GGUF");
+    assert!(name("user.SmolLM3-3B-GGUF").is_err());
+    // Registered only.
+    assert_eq!(name("MyModel").unwrap(), "user.MyModel");
+    assert!(name("builtin.MyModel").unwrap_err().starts_with("Model 'builtin.MyModel' was not found."));
+    assert!(name("extra.MyModel").is_err());
+    // Aliases.
+    assert_eq!(name("fast").unwrap(), "user.MyModel");
+    assert_eq!(name("old").unwrap(), "Qwen3-0.6B-GGUF");
+    let e = name("gone").unwrap_err();
+    assert!(e.contains("alias of 'user.Nope'"), "{e}");
+    assert!(reg.is_model_name("MyModel") && !reg.is_model_name("fast"));
+    assert_eq!(reg.aliases().count(), 3);
+    // Alias names.
+    assert!(validate_alias("default-llm").is_ok());
+    for bad in ["", " x", "user.x", "extra.x", "builtin.x", "a/b", "a\\b", "..", "x\u{7}"] {
+        assert!(validate_alias(bad).is_err(), "{bad:?}");
+    }
+}

@@ -74,7 +74,7 @@ pub fn origin_allowed(a: &Access, origin: &str, host: Option<&str>) -> bool {
 
 fn protected(path: &str) -> bool {
     let native = crate::routes::NATIVE_POST.iter().chain(&crate::routes::NATIVE_GET).any(|n| *n == path);
-    let api = ["/api/", "/v0/", "/v1/"].iter().any(|p| path.starts_with(p)) || native;
+    let api = ["/api/", "/v0/", "/v1/", "/internal/"].iter().any(|p| path.starts_with(p)) || native;
     let public = crate::routes::PREFIXES.iter().any(|p| path.strip_prefix(p) == Some("/health"))
         || path == "/api/v1/openapi.json";
     api && !public
@@ -82,8 +82,12 @@ fn protected(path: &str) -> bool {
 
 /// The endpoints that change what is on the machine or how it runs: pull, delete, install,
 /// uninstall, load, unload, log-level, the admin API's load and unload, saving or erasing a
-/// model's options, and emptying the prompt cache.
+/// model's options, emptying the prompt cache, and everything under `/internal/` (Lemonade
+/// v11's management endpoints, reads included, as v11 guards them).
 pub fn admin_path(method: &Method, path: &str) -> bool {
+    if path.starts_with("/internal/") {
+        return true;
+    }
     let Some(rest) = crate::routes::PREFIXES.iter().find_map(|p| path.strip_prefix(p)) else { return false };
     const CONTROL: [&str; 7] = ["/pull", "/delete", "/install", "/uninstall", "/load", "/unload", "/log-level"];
     let admin_mutation = rest.starts_with("/admin/models/") && (rest.ends_with("/load") || rest.ends_with("/unload"));
@@ -245,6 +249,10 @@ mod tests {
             assert!(!admin_path(&Method::POST, p) && !admin_path(&Method::GET, p), "{p}");
         }
         assert!(admin_path(&Method::DELETE, "/v1/models/user.x/options"), "erasing options needs the admin key");
+        assert!(
+            admin_path(&Method::GET, "/internal/aliases") && protected("/internal/aliases"),
+            "v11 guards reads too"
+        );
         assert!(!admin_path(&Method::GET, "/v1/models/user.x/options"), "reading them does not");
     }
 

@@ -39,6 +39,9 @@ pub enum ApiError {
     /// The model's state forbids the operation now (admin API).
     #[error("{0}")]
     Conflict(String),
+    /// A thing other than a model or a path (an alias, …) that does not exist (404 `not_found`).
+    #[error("{0}")]
+    NotFound(String),
     /// Unload of a model that is not loaded.
     #[error("{message}")]
     NotLoaded { message: String },
@@ -90,6 +93,7 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
         }
@@ -136,6 +140,7 @@ impl ApiError {
             }
             ApiError::Unprocessable(_) => ErrorResponse::new("invalid_request_error", msg).code("validation_error"),
             ApiError::Conflict(_) => ErrorResponse::new("invalid_request_error", msg).code("conflict"),
+            ApiError::NotFound(_) => ErrorResponse::new("not_found", msg).code("not_found"),
             ApiError::PayloadTooLarge { .. } => {
                 ErrorResponse::new("invalid_request_error", msg).code("payload_too_large")
             }
@@ -167,6 +172,7 @@ impl From<EngineError> for ApiError {
             E::LoadFailed { model, message } => ApiError::LoadFailed { model, message },
             E::Rejected { model, why } => ApiError::Rejected { model, why },
             E::Conflict(m) => ApiError::Conflict(m),
+            E::NotFound(m) => ApiError::NotFound(m),
             E::Unavailable(m) => ApiError::BackendUnavailable(m),
             E::UpstreamFailed(m) => ApiError::UpstreamFailed(m),
             E::UpstreamTimeout(m) => ApiError::UpstreamTimeout(m),

@@ -5,7 +5,8 @@ use axum::routing::{any, delete, get, post, MethodRouter};
 use axum::Router;
 
 use crate::api::{
-    admin, anthropic, audio, images, install, lifecycle, logs, metrics, native, ollama, openai, options, pull, system,
+    admin, anthropic, audio, images, install, internal, lifecycle, logs, metrics, native, ollama, openai, options,
+    pull, system,
 };
 use crate::state::AppState;
 use crate::webui;
@@ -134,6 +135,9 @@ route_table! {
         post_only "/api/embed" => ollama::embed;
         post_only "/api/embeddings" => ollama::embeddings;
         post_only "/api/create" => ollama::not_supported;
+        get_only "/internal/aliases" => internal::aliases;
+        post_also "/internal/aliases" => internal::set_alias;
+        delete_only "/internal/aliases/{alias}" => internal::delete_alias;
     }
     root_aliases {
         any_method "/api/copy" => ollama::not_supported;

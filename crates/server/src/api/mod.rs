@@ -6,6 +6,7 @@ pub mod anthropic;
 pub mod audio;
 pub mod images;
 pub mod install;
+pub mod internal;
 pub mod lifecycle;
 pub mod logs;
 pub mod metrics;

@@ -234,11 +234,11 @@ fn size(m: &registry::ModelInfo) -> u64 {
 pub async fn tags(State(rt): State<AppState>) -> Json<OllamaTags> {
     let reg = rt.catalogue.registry();
     let models = reg
-        .models()
-        .filter(|m| m.downloaded)
-        .map(|m| OllamaModel {
-            name: dialect::tagged(&m.name),
-            model: dialect::tagged(&m.name),
+        .listed(false)
+        .into_iter()
+        .map(|(id, m)| OllamaModel {
+            name: dialect::tagged(&id),
+            model: dialect::tagged(&id),
             modified_at: MODIFIED_AT.into(),
             size: size(m),
             digest: dialect::DIGEST.into(),
