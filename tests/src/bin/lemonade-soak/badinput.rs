@@ -105,7 +105,8 @@ fn forms(names: &[String]) -> Vec<(String, String, Vec<u8>)> {
 
 /// The Ollama API at the root (POST, then `DELETE /api/delete`). `/api/create` is checked on
 /// its own: it answers 501 to everything.
-const ROOT_POSTS: &[&str] = &["/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show", "/api/pull"];
+const ROOT_POSTS: &[&str] =
+    &["/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show", "/api/pull", "/internal/aliases"];
 
 fn odd_names() -> Vec<String> {
     vec![
@@ -169,7 +170,7 @@ fn bodies(names: &[String]) -> Vec<(String, Vec<u8>)> {
     for n in names {
         let v = json!({"model": n, "model_name": n, "messages": [{"role": "user", "content": "hi"}], "input": "x",
                        "query": "q", "documents": ["d"], "checkpoint": format!("{n}:Q4_0"), "recipe": "llamacpp",
-                       "backend": n, "level": n});
+                       "backend": n, "level": n, "alias": n, "target": n});
         out.push((format!("name {:?}", n.chars().take(30).collect::<String>()), v.to_string().into_bytes()));
     }
     for ckpt in [
@@ -289,6 +290,7 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
             format!("/api/v1/models/{enc}/options"),
             format!("/v1/models/{enc}/options?post"),
             format!("/v1/models/{enc}/options?delete"),
+            format!("/internal/aliases/{enc}?delete"),
         ] {
             if path.len() > 8000 {
                 // Longer than a URL client will build: sent by hand. hyper answers a request
