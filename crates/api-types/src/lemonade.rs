@@ -381,8 +381,9 @@ pub enum SlotLimits {
 }
 
 /// `POST /api/v1/params`: the scheduler settings to change (absent fields stay). They apply at
-/// once and are saved to `settings.json` in lemonade's cache dir, which `serve` reads at start
-/// (flags and environment variables take precedence over it).
+/// once and are saved to `config.json` in lemonade's cache dir (the keys of `POST
+/// /internal/set`), which `serve` reads at start (flags and environment variables given at
+/// start take precedence over it).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -581,4 +582,14 @@ pub struct AliasResponse {
     pub alias: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
+}
+
+/// The answer of `POST /internal/set` (Lemonade v11): `status: "success"` and the values set
+/// (a `null` that reset a key shows the default it restored).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ConfigSetResponse {
+    pub status: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub updated: Map<String, Value>,
 }

@@ -491,6 +491,44 @@ fn key_from(arg: Option<String>) -> Result<Option<String>> {
 }
 
 #[derive(clap::Subcommand, Debug)]
+pub enum ConfigAction {
+    /// Change keys: `lemonade config set ctx_size=8192 log_level=debug`.
+    Set {
+        /// key=value pairs.
+        #[arg(required = true, value_name = "KEY=VALUE")]
+        pairs: Vec<String>,
+    },
+}
+
+/// `key=value` as a configuration entry: the value as JSON where it parses, else as text.
+fn config_pair(pair: &str) -> Result<(String, Value)> {
+    let (k, v) = pair.split_once('=').with_context(|| format!("'{pair}' is not key=value"))?;
+    let value = serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_string()));
+    Ok((k.trim().to_string(), value))
+}
+
+/// `lemonade config [set key=value …]`.
+pub async fn config(t: &Target, action: Option<ConfigAction>, json_out: bool) -> Result<()> {
+    let c = t.client(None);
+    match action {
+        None => {
+            let v = c.config().await.context("Error reading the configuration")?;
+            out(json_out, &Value::Object(v.clone()), || {
+                v.iter().map(|(k, v)| format!("{k:<20} {v}")).collect::<Vec<_>>().join("\n")
+            });
+        }
+        Some(ConfigAction::Set { pairs }) => {
+            let values = pairs.iter().map(|p| config_pair(p)).collect::<Result<serde_json::Map<_, _>>>()?;
+            let v = c.set_config(&values).await.context("Error changing the configuration")?;
+            out(json_out, &json_of(&v), || {
+                v.updated.iter().map(|(k, v)| format!("{k} = {v}")).collect::<Vec<_>>().join("\n")
+            });
+        }
+    }
+    Ok(())
+}
+
+#[derive(clap::Subcommand, Debug)]
 pub enum AliasAction {
     /// Point ALIAS at TARGET_MODEL (creating or repointing it).
     Add {

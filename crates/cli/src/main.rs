@@ -121,6 +121,13 @@ enum Command {
         #[command(subcommand)]
         action: client::CloudAction,
     },
+    /// Show the server's configuration (every key, the value in force), or change it with
+    /// `set key=value …` (saved in config.json; a value is JSON where it parses, else text;
+    /// `key=null` resets a key).
+    Config {
+        #[command(subcommand)]
+        action: Option<client::ConfigAction>,
+    },
     /// Model aliases: names that mean another model, wherever a model name is taken.
     Alias {
         #[command(subcommand)]
@@ -196,7 +203,7 @@ struct ServeArgs {
     extra_models_dir: Option<PathBuf>,
     /// Models of each type kept loaded (-1 = unlimited). One value sets every type; up to
     /// three set llm, embedding and reranking (other types get 1). Default 1 (or the saved
-    /// setting, see `POST /api/v1/params`).
+    /// value in config.json, see `lemonade config`).
     #[arg(long, env = "LEMONADE_MAX_LOADED_MODELS", num_args = 1..=3, value_delimiter = ' ',
           allow_negative_numbers = true)]
     max_loaded_models: Option<Vec<i64>>,
@@ -271,38 +278,38 @@ struct ServeArgs {
     crash_reset_ms: u64,
 }
 
-/// The scheduler settings: flags and LEMONADE_* variables, else `settings.json` (saved by
-/// `POST /api/v1/params`), else the defaults; validated as the API validates them.
-fn scheduler_settings(args: &ServeArgs, cfg: &mut engine::Config, cache: &std::path::Path) -> anyhow::Result<()> {
-    use api_types::{MemoryBudget, ParamsUpdate, SlotLimits};
-    let saved = host::files::load_settings(cache).context("cannot read the saved settings")?;
-    let flags = ParamsUpdate {
-        max_loaded_models: args.max_loaded_models.clone().map(SlotLimits::Per),
-        idle_timeout: args.idle_timeout,
-        max_queue: args.max_queue,
-        memory_budget: args.memory_budget.clone().map(MemoryBudget::Word),
-        vram_budget: args.vram_budget.clone().map(MemoryBudget::Word),
-        swap_hold_ms: args.swap_hold_ms,
+/// The configuration keys the flags and `LEMONADE_*` variables given on this command line set
+/// (defaults left out): this run's overrides of `config.json`, never written back.
+fn config_flags(a: &ServeArgs, m: Option<&clap::ArgMatches>) -> serde_json::Map<String, serde_json::Value> {
+    use serde_json::Value;
+    let given =
+        |id: &str| m.and_then(|m| m.value_source(id)).is_some_and(|s| s != clap::parser::ValueSource::DefaultValue);
+    let backend = match a.llamacpp {
+        LlamaBackend::Cpu => "cpu",
+        LlamaBackend::Vulkan => "vulkan",
+        LlamaBackend::Rocm => "rocm",
+        LlamaBackend::Metal => "metal",
+        LlamaBackend::System => "system",
     };
-    let mut update = engine::settings::over(flags, saved);
-    update.memory_budget.get_or_insert_with(|| MemoryBudget::Word("auto".into()));
-    update.vram_budget.get_or_insert_with(|| MemoryBudget::Word("auto".into()));
-    let settings = engine::settings::settings(&update).map_err(|e| match e {
-        engine::EngineError::Invalid { message, param: Some(p), .. } => {
-            anyhow::anyhow!("--{} (or {p} in settings.json): {message}", p.replace('_', "-"))
-        }
-        e => anyhow::anyhow!("{e}"),
-    })?;
-    cfg.scheduler = settings.over(cfg.scheduler.clone());
-    cfg.max_concurrent = args.max_concurrent.filter(|n| *n > 0);
-    cfg.preload = args.preload.iter().map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
-    if let Some(Some(b)) = cfg.scheduler.memory_budget {
-        tracing::info!(budget = %engine::error::bytes(b), "memory budget");
-    }
-    if let Some(Some(b)) = cfg.scheduler.vram_budget {
-        tracing::info!(budget = %engine::error::bytes(b), "VRAM budget");
-    }
-    Ok(())
+    let limits =
+        a.max_loaded_models.as_ref().map(|v| if v.len() == 1 { Value::from(v[0]) } else { Value::from(v.clone()) });
+    let all: [(&str, &str, Value); 14] = [
+        ("log_level", "log_level", a.log_level.name().into()),
+        ("extra_models_dir", "extra_models_dir", a.extra_models_dir.as_ref().map(|d| d.display().to_string()).into()),
+        ("load_timeout", "load_timeout", a.load_timeout.into()),
+        ("pull_timeout", "pull_timeout", a.pull_timeout.into()),
+        ("remote_timeout", "remote_timeout", a.remote_timeout.into()),
+        ("max_loaded_models", "max_loaded_models", limits.unwrap_or(Value::Null)),
+        ("idle_timeout", "idle_timeout", a.idle_timeout.into()),
+        ("max_queue", "max_queue", a.max_queue.into()),
+        ("memory_budget", "memory_budget", a.memory_budget.clone().into()),
+        ("vram_budget", "vram_budget", a.vram_budget.clone().into()),
+        ("swap_hold_ms", "swap_hold_ms", a.swap_hold_ms.into()),
+        ("ctx_size", "ctx_size", serde_json::to_value(a.ctx_size).unwrap_or(Value::Null)),
+        ("llamacpp_backend", "llamacpp", backend.into()),
+        ("llamacpp_args", "llamacpp_args", a.llamacpp_args.clone().into()),
+    ];
+    all.into_iter().filter(|(_, id, v)| given(id) && !v.is_null()).map(|(k, _, v)| (k.to_string(), v)).collect()
 }
 
 fn cache_dir() -> PathBuf {
@@ -319,39 +326,29 @@ fn truthy(var: &str) -> bool {
 
 async fn serve(
     args: ServeArgs,
+    start: engine::live::StartValues,
     host: String,
     port: u16,
     api_key: Option<String>,
     logs: std::sync::Arc<server::logging::LogHub>,
 ) -> anyhow::Result<()> {
-    let backend = match args.llamacpp {
-        LlamaBackend::Cpu => "cpu",
-        LlamaBackend::Vulkan => "vulkan",
-        LlamaBackend::Rocm => "rocm",
-        LlamaBackend::Metal => "metal",
-        LlamaBackend::System => "system",
-    };
-    if let Some(a) = &args.llamacpp_args {
-        let tokens = backends::llamacpp::tokenize(a)?;
-        backends::llamacpp::validate_user_args(&tokens).context("--llamacpp-args")?;
-    }
     let cache = cache_dir();
     let mut cfg = engine::Config::new(cache.clone(), host::hf_cache::cache_root_from_env(|k| std::env::var(k).ok()));
-    cfg.extra_models_dir = args.extra_models_dir.clone();
-    cfg.ctx_size = args.ctx_size;
-    cfg.llamacpp_backend = backend.into();
-    cfg.llamacpp_args = args.llamacpp_args.clone().filter(|a| !a.trim().is_empty());
+    engine::live::configure(&mut cfg, &start)?;
+    cfg.max_concurrent = args.max_concurrent.filter(|n| *n > 0);
+    cfg.preload = args.preload.iter().map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
+    for (pool, b) in [("memory", cfg.scheduler.memory_budget), ("VRAM", cfg.scheduler.vram_budget)] {
+        if let Some(Some(b)) = b {
+            tracing::info!(budget = %engine::error::bytes(b), "{pool} budget");
+        }
+    }
     cfg.disable_filtering = truthy("LEMONADE_DISABLE_MODEL_FILTERING");
-    cfg.ready_timeout = Duration::from_secs(args.load_timeout);
     cfg.auto_load = !args.no_auto_load;
     cfg.stop_grace = Duration::from_secs(args.stop_timeout);
-    cfg.pull_timeout = Duration::from_secs(args.pull_timeout);
-    cfg.remote_timeout = Duration::from_secs(args.remote_timeout);
     cfg.remote_refresh = (args.remote_refresh > 0).then(|| Duration::from_secs(args.remote_refresh));
     cfg.prompt_cache_size = engine::settings::parse_bytes(&args.prompt_cache_size).with_context(|| {
         format!("--prompt-cache-size: '{}' is not a size (4G, 512M, bytes or 0)", args.prompt_cache_size)
     })?;
-    scheduler_settings(&args, &mut cfg, &cache)?;
     cfg.crash_backoff = (Duration::from_millis(args.crash_backoff_ms), Duration::from_millis(args.crash_reset_ms));
     cfg.watchdog_interval = (args.watchdog_interval_ms > 0).then(|| Duration::from_millis(args.watchdog_interval_ms));
     let mut http = server::Http { logs: Some(logs), ..server::Http::default() };
@@ -486,6 +483,7 @@ async fn client_command(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         }
         Command::Cloud { action } => client::cloud(&t, action, json).await?,
         Command::Alias { action } => client::alias(&t, action, json).await?,
+        Command::Config { action } => client::config(&t, action, json).await?,
         Command::SystemInfo { verbose } => {
             with_server(&t, true, vec![], false, async |t| client::system_info(t, verbose, json).await).await?
         }
@@ -516,12 +514,22 @@ fn stop(t: &Target, timeout: Duration, json: bool) -> anyhow::Result<()> {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::Serve(args) => {
-            let logs = server::logging::init(args.log_level.name());
+            let flags = config_flags(&args, matches.subcommand_matches("serve"));
+            let start = match engine::live::start_values(&cache_dir(), &flags) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("Error: {e}");
+                    return std::process::ExitCode::FAILURE;
+                }
+            };
+            let logs = server::logging::init(engine::live::log_level(&start.values));
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-            match rt.block_on(serve(args, cli.host, cli.port, cli.api_key, logs)) {
+            match rt.block_on(serve(args, start, cli.host, cli.port, cli.api_key, logs)) {
                 Ok(()) => std::process::ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("Error: {e:#}");

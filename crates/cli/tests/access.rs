@@ -69,6 +69,9 @@ fn routes() -> Vec<(&'static str, String, Option<Value>)> {
         ("GET", "/internal/aliases".to_string(), None),
         ("POST", "/internal/aliases".to_string(), Some(json!({"alias": "a1", "target": "extra.m.gguf"}))),
         ("DELETE", "/internal/aliases/nope".to_string(), None),
+        ("GET", "/internal/config".to_string(), None),
+        ("GET", "/internal/config/defaults".to_string(), None),
+        ("POST", "/internal/set".to_string(), Some(json!({"swap_hold_ms": 2000}))),
     ]);
     v
 }

@@ -135,6 +135,23 @@ impl Client {
         Self::answer(path, r).await
     }
 
+    /// `GET /internal/config`: every configuration key with its value in force.
+    pub async fn config(&self) -> Result<serde_json::Map<String, serde_json::Value>, ClientError> {
+        let path = "/internal/config";
+        let r = self.send(self.request_to(reqwest::Method::GET, format!("{}{path}", self.base))).await?;
+        Self::answer(path, r).await
+    }
+
+    /// `POST /internal/set`.
+    pub async fn set_config(
+        &self,
+        values: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<ConfigSetResponse, ClientError> {
+        let path = "/internal/set";
+        let r = self.send(self.request_to(reqwest::Method::POST, format!("{}{path}", self.base)).json(values)).await?;
+        Self::answer(path, r).await
+    }
+
     /// `GET /internal/aliases`.
     pub async fn aliases(&self) -> Result<AliasList, ClientError> {
         let path = "/internal/aliases";

@@ -28,7 +28,8 @@ use crate::error::{EngineError, Result};
 pub type Scanner = Box<dyn Fn(&CatalogueConfig) -> Result<Registry, host::HostError> + Send + Sync>;
 
 pub struct Catalogue {
-    cfg: CatalogueConfig,
+    /// Where to scan; the extra models dir changes at run time (`POST /internal/set`).
+    cfg: RwLock<CatalogueConfig>,
     scan: Scanner,
     current: RwLock<Arc<Registry>>,
     /// Held while a scan runs and until it is published; mutations hold it around their write.
@@ -85,7 +86,7 @@ impl Catalogue {
 
     fn unscanned(cfg: CatalogueConfig, scan: Scanner, headers: Option<Arc<HeaderCache>>) -> Catalogue {
         Catalogue {
-            cfg,
+            cfg: RwLock::new(cfg),
             scan,
             current: RwLock::new(Arc::new(Registry::default())),
             writer: Mutex::new(()),
@@ -131,8 +132,20 @@ impl Catalogue {
         self.headers.as_ref().map(|h| h.reads())
     }
 
-    pub fn config(&self) -> &CatalogueConfig {
-        &self.cfg
+    pub fn config(&self) -> CatalogueConfig {
+        self.cfg.read().clone()
+    }
+
+    fn cache_dir(&self) -> std::path::PathBuf {
+        self.cfg.read().cache_dir.clone()
+    }
+
+    /// Scans `dir` as the extra models dir from now on (None: none), and publishes the scan
+    /// before it returns.
+    pub fn set_extra_models_dir(&self, dir: Option<std::path::PathBuf>) -> Result<()> {
+        let _one = self.writer.lock();
+        self.cfg.write().extra_models_dir = dir;
+        self.rescan()
     }
 
     /// The registry as last published (before the first scan is done, it waits for it).
@@ -165,7 +178,8 @@ impl Catalogue {
     /// Scans and publishes; the caller holds `writer`.
     fn rescan(&self) -> Result<()> {
         let (t, reads) = (Instant::now(), self.header_reads());
-        let reg = (self.scan)(&self.cfg)?;
+        let cfg = self.config();
+        let reg = (self.scan)(&cfg)?;
         let models = reg.models().count();
         *self.current.write() = Arc::new(reg);
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
@@ -189,14 +203,14 @@ impl Catalogue {
         let key = name
             .strip_prefix(USER_PREFIX)
             .ok_or_else(|| EngineError::invalid(format!("'{name}' is not a user.* model"), Some("model")))?;
-        self.mutate(|| host::files::save_user_model(&self.cfg.cache_dir, key, Some(entry)))?;
+        self.mutate(|| host::files::save_user_model(&self.cache_dir(), key, Some(entry)))?;
         self.get(name)
     }
 
     /// Forgets a `user.*` registration (its files are the caller's to remove).
     pub fn unregister(&self, name: &str) -> Result<()> {
         let Some(key) = name.strip_prefix(USER_PREFIX) else { return self.reload() };
-        self.mutate(|| host::files::save_user_model(&self.cfg.cache_dir, key, None))
+        self.mutate(|| host::files::save_user_model(&self.cache_dir(), key, None))
     }
 
     /// Points `alias` at `target` (None: removes it). An alias may not take a model's name, nor a
@@ -220,7 +234,7 @@ impl Catalogue {
         } else if !existed {
             return Ok(false);
         }
-        host::files::save_alias(&self.cfg.cache_dir, alias, target)?;
+        host::files::save_alias(&self.cache_dir(), alias, target)?;
         self.rescan()?;
         Ok(existed)
     }
@@ -235,7 +249,7 @@ impl Catalogue {
     ) -> Result<()> {
         self.mutate(|| {
             let entry = change(self.current.read().saved_entry(name));
-            host::files::save_recipe_options(&self.cfg.cache_dir, name, entry.as_ref())
+            host::files::save_recipe_options(&self.cache_dir(), name, entry.as_ref())
         })
     }
 }

@@ -2,8 +2,12 @@
 //! HTTP layer's own, such as access rules and the body limit, are the server's).
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use api_types::LoadOptions;
+use parking_lot::RwLock;
 use scheduler::{Limits, Settings};
 
 /// `--max-queue`'s default.
@@ -17,27 +21,19 @@ pub struct Config {
     pub cache_dir: PathBuf,
     /// Hugging Face hub cache root.
     pub hf_cache: PathBuf,
-    pub extra_models_dir: Option<PathBuf>,
-    /// `--ctx-size`, when given (else the built-in 4096 applies).
-    pub ctx_size: Option<api_types::CtxSize>,
-    /// `--llamacpp`: the llama.cpp backend (`cpu`, `vulkan`, `rocm`, `metal`).
-    pub llamacpp_backend: String,
-    /// `--llamacpp-args`, when given.
-    pub llamacpp_args: Option<String>,
+    /// What `POST /internal/set` changes while lemonade runs (the extra models dir, the
+    /// timeouts, the server-wide load options): shared by every clone of this `Config`.
+    pub live: Arc<Live>,
     /// Slot limits, idle timeout, queue bound, memory budget and anti-thrash hold: what the
     /// scheduler starts with (every field set; `POST /api/v1/params` changes them later).
     pub scheduler: Settings,
     /// Inference on a model that is not loaded loads it (else the request is rejected).
     pub auto_load: bool,
     pub disable_filtering: bool,
-    /// How long a backend may take to load a model.
-    pub ready_timeout: Duration,
     /// Grace period between SIGTERM and SIGKILL when a backend is stopped.
     pub stop_grace: Duration,
     /// How often loaded backends are probed; 3 failed probes in a row kill a wedged one.
     pub watchdog_interval: Option<Duration>,
-    /// How long an automatic pull (inference or `/load` on a model not downloaded) may take.
-    pub pull_timeout: Duration,
     /// Requests a model serves at once (None: its backend's parallel slots).
     pub max_concurrent: Option<u32>,
     /// Models loaded (and pulled if needed) at start.
@@ -47,12 +43,88 @@ pub struct Config {
     pub crash_backoff: (Duration, Duration),
     /// Bytes the prompt cache may take on disk (`--prompt-cache-size`); 0 turns it off.
     pub prompt_cache_size: u64,
-    /// How long a remote provider may take to start answering (headers, then between chunks).
-    pub remote_timeout: Duration,
     /// How often remote providers' model lists are refreshed (None: only on demand).
     pub remote_refresh: Option<Duration>,
     /// The Hugging Face endpoint to pull from (None: `HF_ENDPOINT`, else huggingface.co).
     pub hub_endpoint: Option<String>,
+}
+
+/// `config.json`'s writer: one change at a time (read, check, write, apply; `crate::live`).
+#[derive(Debug, Default)]
+pub struct ConfigStore {
+    pub(crate) writer: tokio::sync::Mutex<()>,
+}
+
+/// The parts of the configuration that change while lemonade runs (`POST /internal/set`),
+/// read where they are used and never copied, so a change takes effect at once.
+#[derive(Debug)]
+pub struct Live {
+    load_timeout_ms: AtomicU64,
+    pull_timeout_ms: AtomicU64,
+    remote_timeout_ms: AtomicU64,
+    extra_models_dir: RwLock<Option<PathBuf>>,
+    /// The server-wide layer of the load options (`--ctx-size`, `--llamacpp`,
+    /// `--llamacpp-args`, `config.json`'s option keys).
+    options: RwLock<LoadOptions>,
+}
+
+impl Live {
+    /// The defaults: loads 600 s, automatic pulls 3600 s, remote providers 300 s, no extra
+    /// models dir, the llama.cpp `cpu` backend.
+    pub fn new() -> Live {
+        Live {
+            load_timeout_ms: AtomicU64::new(600_000),
+            pull_timeout_ms: AtomicU64::new(3_600_000),
+            remote_timeout_ms: AtomicU64::new(300_000),
+            extra_models_dir: RwLock::new(None),
+            options: RwLock::new(LoadOptions { llamacpp_backend: Some("cpu".into()), ..LoadOptions::default() }),
+        }
+    }
+
+    /// How long a backend may take to load a model.
+    pub fn load_timeout(&self) -> Duration {
+        Duration::from_millis(self.load_timeout_ms.load(Ordering::Relaxed))
+    }
+    /// How long an automatic pull (inference or `/load` on a model not downloaded) may take.
+    pub fn pull_timeout(&self) -> Duration {
+        Duration::from_millis(self.pull_timeout_ms.load(Ordering::Relaxed))
+    }
+    /// How long a remote provider may take to start answering (headers, then between chunks).
+    pub fn remote_timeout(&self) -> Duration {
+        Duration::from_millis(self.remote_timeout_ms.load(Ordering::Relaxed))
+    }
+    pub fn set_load_timeout(&self, d: Duration) {
+        self.load_timeout_ms.store(d.as_millis() as u64, Ordering::Relaxed);
+    }
+    pub fn set_pull_timeout(&self, d: Duration) {
+        self.pull_timeout_ms.store(d.as_millis() as u64, Ordering::Relaxed);
+    }
+    pub fn set_remote_timeout(&self, d: Duration) {
+        self.remote_timeout_ms.store(d.as_millis() as u64, Ordering::Relaxed);
+    }
+    pub fn extra_models_dir(&self) -> Option<PathBuf> {
+        self.extra_models_dir.read().clone()
+    }
+    pub fn set_extra_models_dir(&self, d: Option<PathBuf>) {
+        *self.extra_models_dir.write() = d;
+    }
+    /// The server-wide load options.
+    pub fn options(&self) -> LoadOptions {
+        self.options.read().clone()
+    }
+    pub fn set_options(&self, o: LoadOptions) {
+        *self.options.write() = o;
+    }
+    /// The llama.cpp backend models run on unless a model or a load says otherwise.
+    pub fn llamacpp_backend(&self) -> String {
+        self.options.read().llamacpp_backend.clone().unwrap_or_else(|| "cpu".into())
+    }
+}
+
+impl Default for Live {
+    fn default() -> Live {
+        Live::new()
+    }
 }
 
 impl Config {
@@ -63,7 +135,7 @@ impl Config {
             (self.hf_cache.display().to_string(), "<hf-cache>"),
             (self.cache_dir.display().to_string(), "<lemonade-cache>"),
         ];
-        if let Some(d) = &self.extra_models_dir {
+        if let Some(d) = &self.live.extra_models_dir() {
             paths.push((d.display().to_string(), "<extra-models-dir>"));
         }
         if let Some(h) = home {
@@ -84,10 +156,7 @@ impl Config {
         Config {
             cache_dir,
             hf_cache,
-            extra_models_dir: None,
-            ctx_size: None,
-            llamacpp_backend: "cpu".into(),
-            llamacpp_args: None,
+            live: Arc::new(Live::new()),
             scheduler: Settings {
                 limits: Some(Limits::uniform(1)),
                 idle_timeout_ms: Some(None),
@@ -98,10 +167,8 @@ impl Config {
             },
             auto_load: true,
             disable_filtering: false,
-            ready_timeout: Duration::from_secs(600),
             stop_grace: Duration::from_secs(5),
             watchdog_interval: Some(Duration::from_secs(5)),
-            pull_timeout: Duration::from_secs(3600),
             max_concurrent: None,
             preload: Vec::new(),
             crash_backoff: (
@@ -109,7 +176,6 @@ impl Config {
                 Duration::from_millis(scheduler::machine::CRASH_RESET_MS),
             ),
             prompt_cache_size: 4 << 30,
-            remote_timeout: Duration::from_secs(300),
             remote_refresh: Some(Duration::from_secs(60)),
             hub_endpoint: None,
         }
@@ -122,8 +188,8 @@ mod tests {
 
     #[test]
     fn errors_for_clients_carry_no_local_paths() {
-        let mut cfg = Config::new("/home/u/.cache/lemonade".into(), "/home/u/.cache/huggingface/hub".into());
-        cfg.extra_models_dir = Some("/data/models".into());
+        let cfg = Config::new("/home/u/.cache/lemonade".into(), "/home/u/.cache/huggingface/hub".into());
+        cfg.live.set_extra_models_dir(Some("/data/models".into()));
         let text = "llama_model_load: failed to load /home/u/.cache/huggingface/hub/models--a--b/x.gguf; \
                     see /home/u/.cache/lemonade/logs and /data/models/y.gguf, or /home/u/notes";
         assert_eq!(

@@ -130,7 +130,7 @@ pub fn recipes(cfg: &Config) -> BTreeMap<String, RecipeInfo> {
         }
         // llama.cpp models run on the configured backend, so that is the default we report.
         if recipe == Recipe::LlamaCpp {
-            info.default_backend = cfg.llamacpp_backend.clone();
+            info.default_backend = cfg.live.llamacpp_backend();
         }
         let default = info.backends.get(&info.default_backend).or_else(|| info.backends.values().next());
         info.release_url = default.map(|b| b.release_url.clone()).unwrap_or_default();

@@ -184,7 +184,7 @@ impl RealLauncher {
             .flatten();
         let backend_name = backends::backend_of(info.recipe, options);
         let program = self.backend_binary(info.recipe, &backend_name).await?;
-        Ok(Prepared { spec: SpawnSpec::new(name, program, launch, self.cfg.ready_timeout), cache })
+        Ok(Prepared { spec: SpawnSpec::new(name, program, launch, self.cfg.live.load_timeout()), cache })
     }
 }
 

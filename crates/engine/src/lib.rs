@@ -20,6 +20,7 @@ pub mod fake;
 pub mod installs;
 pub mod launcher;
 pub mod lifecycle;
+pub mod live;
 pub mod locks;
 pub mod metrics;
 pub mod options;
@@ -61,6 +62,8 @@ pub struct Engine {
     pub metrics: Arc<Metrics>,
     /// One download per repository, one install per backend at a time.
     pub locks: Arc<locks::Locks>,
+    /// `config.json`'s writer (`POST /internal/set`, `POST /params`).
+    pub config: Arc<config::ConfigStore>,
 }
 
 /// Where the catalogue is read from, for `cfg`.
@@ -68,7 +71,7 @@ pub fn catalogue_config(cfg: &Config) -> CatalogueConfig {
     CatalogueConfig {
         cache_dir: cfg.cache_dir.clone(),
         hf_cache: cfg.hf_cache.clone(),
-        extra_models_dir: cfg.extra_models_dir.clone(),
+        extra_models_dir: cfg.live.extra_models_dir(),
         physical_memory_gb: host::hardware::physical_memory_gb(),
         disable_filtering: cfg.disable_filtering,
     }
@@ -132,7 +135,7 @@ impl Engine {
         http: reqwest::Client,
     ) -> Engine {
         let metrics = Arc::new(Metrics::new());
-        let remotes = Arc::new(Remotes::new(cfg.cache_dir.clone(), cfg.remote_timeout));
+        let remotes = Arc::new(Remotes::new(cfg.cache_dir.clone(), cfg.live.clone()));
         match cfg.remote_refresh {
             Some(every) => remote::refresh_every(Arc::downgrade(&remotes), every),
             None => {
@@ -142,7 +145,7 @@ impl Engine {
         }
         let lifecycle =
             Lifecycle::new(cfg.clone(), catalogue.clone(), launcher, http, metrics.clone(), prompt_cache.clone());
-        Engine { cfg, catalogue, lifecycle, remotes, prompt_cache, metrics, locks }
+        Engine { cfg, catalogue, lifecycle, remotes, prompt_cache, metrics, locks, config: Default::default() }
     }
 
     /// `text` without this machine's paths (see [`Config::redact`]).

@@ -211,7 +211,7 @@ impl Lease {
     pub fn remote_timeout(&self) -> Duration {
         match &self.target {
             Target::Remote(r) => r.timeout,
-            Target::Local { .. } => self.rt.cfg.remote_timeout,
+            Target::Local { .. } => self.rt.cfg.live.remote_timeout(),
         }
     }
 
@@ -613,12 +613,7 @@ impl Lifecycle {
 
     /// [`Lifecycle::effective_options`] with `saved` as the model's saved options.
     pub fn resolve(&self, info: &ModelInfo, saved: &LoadOptions, request: &OptionsPatch) -> Opts {
-        let config = LoadOptions {
-            llamacpp_backend: Some(self.cfg.llamacpp_backend.clone()),
-            ctx_size: self.cfg.ctx_size,
-            llamacpp_args: self.cfg.llamacpp_args.clone(),
-            ..LoadOptions::default()
-        };
+        let config = self.cfg.live.options();
         // An image model's catalogue `image_defaults` sit under its saved options (as v9).
         let catalogue = match &info.image_defaults {
             Some(Value::Object(defaults)) => LoadOptions::from_map_lossy(defaults).0,

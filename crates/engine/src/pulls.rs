@@ -159,11 +159,11 @@ pub async fn ensure_downloaded(rt: &Engine, m: &ModelInfo) -> Result<ModelInfo> 
     }
     tracing::info!(model = %m.name, checkpoint = %m.checkpoint, "model not downloaded: pulling it before loading");
     let t = Instant::now();
-    tokio::time::timeout(rt.cfg.pull_timeout, download(rt, m, None)).await.map_err(|_| {
+    tokio::time::timeout(rt.cfg.live.pull_timeout(), download(rt, m, None)).await.map_err(|_| {
         EngineError::Unavailable(format!(
             "Pulling '{}' took longer than {} s; the partial download is kept",
             m.name,
-            rt.cfg.pull_timeout.as_secs()
+            rt.cfg.live.pull_timeout().as_secs()
         ))
     })??;
     rt.catalogue.reload()?;

@@ -124,16 +124,17 @@ pub struct Remotes {
     providers: RwLock<BTreeMap<String, Arc<Provider>>>,
     cache_dir: PathBuf,
     http: reqwest::Client,
-    pub timeout: Duration,
+    /// The live configuration, for the remote timeout in force.
+    live: Arc<crate::config::Live>,
 }
 
 impl Remotes {
     /// The providers saved in `<cache>/cloud_providers.json` (keys come from the environment,
     /// or a later `auth`). A damaged file is logged and ignored, never overwritten silently.
-    pub fn new(cache_dir: PathBuf, timeout: Duration) -> Remotes {
+    pub fn new(cache_dir: PathBuf, live: Arc<crate::config::Live>) -> Remotes {
         let http = reqwest::Client::builder()
             .tcp_nodelay(true)
-            .connect_timeout(Duration::from_secs(5).min(timeout))
+            .connect_timeout(Duration::from_secs(5))
             .pool_idle_timeout(Duration::from_secs(30))
             .build()
             .expect("reqwest client");
@@ -149,7 +150,12 @@ impl Remotes {
                 Some((name.clone(), Arc::new(Provider { name, base, url: s.base_url, key: RwLock::default(), seen })))
             })
             .collect();
-        Remotes { providers: RwLock::new(providers), cache_dir, http, timeout }
+        Remotes { providers: RwLock::new(providers), cache_dir, http, live }
+    }
+
+    /// How long a provider may take to start answering (`remote_timeout`, live).
+    pub fn timeout(&self) -> Duration {
+        self.live.remote_timeout()
     }
 
     pub fn http(&self) -> &reqwest::Client {
@@ -219,8 +225,13 @@ impl Remotes {
     /// it is marked down.
     async fn discover(&self, p: &Provider) {
         let t = Instant::now();
-        match host::cloud::discover(&self.http, &p.base, p.key().as_deref(), self.timeout.min(Duration::from_secs(10)))
-            .await
+        match host::cloud::discover(
+            &self.http,
+            &p.base,
+            p.key().as_deref(),
+            self.timeout().min(Duration::from_secs(10)),
+        )
+        .await
         {
             Ok(models) => {
                 let changed = {
@@ -278,7 +289,7 @@ impl Remotes {
     }
 
     fn route_to(&self, provider: Arc<Provider>, id: &str, name: &str) -> Route {
-        let (http, timeout) = (self.http.clone(), self.timeout);
+        let (http, timeout) = (self.http.clone(), self.timeout());
         Route { provider, id: id.to_string(), name: name.to_string(), http, timeout }
     }
 

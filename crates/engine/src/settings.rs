@@ -1,12 +1,12 @@
-//! The scheduler settings of `GET/POST /api/v1/params` and of `settings.json`: validation of
-//! an update into the scheduler's [`Settings`], and the view of the settings in force.
+//! The scheduler settings of `GET/POST /api/v1/params` (kept in `config.json`, see
+//! `crate::live`): validation of an update into the scheduler's [`Settings`], and the view of
+//! the settings in force.
 
 use api_types::{MemoryBudget, ModelType, Params, ParamsUpdate, SlotLimits};
 use scheduler::{Limits, Pool, Settings};
 
 use crate::error::{EngineError, Result};
 use crate::lifecycle::Lifecycle;
-use crate::Engine;
 
 /// `8G`, `512MiB`, `1073741824`: bytes (binary multiples).
 pub fn parse_bytes(s: &str) -> Option<u64> {
@@ -125,15 +125,6 @@ pub fn current(rt: &Lifecycle) -> Params {
         vram_in_use: v.vram_in_use,
         swap_hold_ms: s.swap_hold_ms.unwrap_or(0),
     }
-}
-
-/// Applies `update` to the running scheduler and saves it to `settings.json` (read at the
-/// next start); returns the settings now in force. A bad value changes nothing.
-pub async fn update(engine: &Engine, update: &ParamsUpdate) -> Result<Params> {
-    let settings = settings(update)?;
-    host::files::save_settings(&engine.cfg.cache_dir, update)?;
-    engine.lifecycle.configure(settings).await;
-    Ok(current(&engine.lifecycle))
 }
 
 #[cfg(test)]

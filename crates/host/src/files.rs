@@ -111,6 +111,34 @@ mod tests {
     }
 }
 
+/// `<cache_dir>/config.json` as written (absent: `{}`). A file that is not a JSON object is an
+/// error naming it and the parse error: it is never reset silently.
+pub fn load_config(cache_dir: &Path) -> Result<serde_json::Map<String, serde_json::Value>, HostError> {
+    let path = cache_dir.join(registry::config::CONFIG_FILE);
+    match read_if_exists(&path)? {
+        None => Ok(serde_json::Map::new()),
+        Some(bytes) => serde_json::from_slice(&bytes).map_err(|source| {
+            HostError::Registry(registry::RegistryError::Json { path: path.display().to_string(), source })
+        }),
+    }
+}
+
+/// Replaces `<cache_dir>/config.json` with `values` (atomically: a reader, or a restart after
+/// a kill, sees the old file or the new one, whole).
+pub fn save_config(cache_dir: &Path, values: &serde_json::Map<String, serde_json::Value>) -> Result<(), HostError> {
+    let path = cache_dir.join(registry::config::CONFIG_FILE);
+    let _one_writer = FILES.lock();
+    let bytes = serde_json::to_vec_pretty(values).expect("a JSON map serializes");
+    write_atomic(&path, &bytes).map_err(HostError::io(&path))
+}
+
+/// `settings.json` (before `config.json`) moved aside once its keys are in `config.json`.
+pub fn retire_settings(cache_dir: &Path) -> Result<(), HostError> {
+    let from = cache_dir.join(SETTINGS_FILE);
+    let to = cache_dir.join(format!("{SETTINGS_FILE}.migrated"));
+    std::fs::rename(&from, &to).map_err(HostError::io(&from))
+}
+
 /// `settings.json` in lemonade's cache dir: scheduler settings changed through the admin API.
 pub const SETTINGS_FILE: &str = "settings.json";
 
@@ -126,35 +154,26 @@ pub fn load_settings(cache_dir: &Path) -> Result<api_types::ParamsUpdate, HostEr
     }
 }
 
-/// Saves the fields `update` sets into `settings.json`, keeping the others.
-pub fn save_settings(cache_dir: &Path, update: &api_types::ParamsUpdate) -> Result<(), HostError> {
-    let path = cache_dir.join(SETTINGS_FILE);
-    let _one_writer = FILES.lock();
-    let mut current = match read_if_exists(&path)? {
-        Some(b) => serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&b).unwrap_or_default(),
-        None => serde_json::Map::new(),
-    };
-    if let Ok(serde_json::Value::Object(new)) = serde_json::to_value(update) {
-        current.extend(new);
-    }
-    let bytes = serde_json::to_vec_pretty(&current).expect("a JSON map serializes");
-    write_atomic(&path, &bytes).map_err(HostError::io(&path))
-}
-
 #[cfg(test)]
 mod settings_tests {
     use super::*;
 
     #[test]
-    fn settings_are_merged_field_by_field_and_survive_a_reload() {
+    fn the_config_file_is_written_whole_a_corrupt_one_is_named_and_old_settings_are_read() {
         let dir = tempfile::tempdir().unwrap();
+        assert!(load_config(dir.path()).unwrap().is_empty(), "no file: no overrides");
+        let mut m = serde_json::Map::new();
+        m.insert("ctx_size".into(), 2048.into());
+        save_config(dir.path(), &m).unwrap();
+        assert_eq!(load_config(dir.path()).unwrap(), m);
+        std::fs::write(dir.path().join("config.json"), b"{\"ctx_size\": ").unwrap();
+        let err = load_config(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("config.json") && err.contains("EOF"), "{err}");
         assert_eq!(load_settings(dir.path()).unwrap(), api_types::ParamsUpdate::default());
-        let a = api_types::ParamsUpdate { idle_timeout: Some(30), ..Default::default() };
-        save_settings(dir.path(), &a).unwrap();
-        let b = api_types::ParamsUpdate { max_queue: Some(8), ..Default::default() };
-        save_settings(dir.path(), &b).unwrap();
-        let got = load_settings(dir.path()).unwrap();
-        assert_eq!((got.idle_timeout, got.max_queue), (Some(30), Some(8)));
+        std::fs::write(dir.path().join(SETTINGS_FILE), b"{\"idle_timeout\": 30}").unwrap();
+        assert_eq!(load_settings(dir.path()).unwrap().idle_timeout, Some(30));
+        retire_settings(dir.path()).unwrap();
+        assert!(!dir.path().join(SETTINGS_FILE).exists() && dir.path().join("settings.json.migrated").exists());
         std::fs::write(dir.path().join(SETTINGS_FILE), b"{\"idle_timeout\": \"soon\"}").unwrap();
         let err = load_settings(dir.path()).unwrap_err().to_string();
         assert!(err.contains("settings.json"), "{err}");

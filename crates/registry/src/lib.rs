@@ -6,6 +6,7 @@
 //! over the real file system; tests do, in memory). Nothing here opens a file.
 
 pub mod checkpoint;
+pub mod config;
 pub mod error;
 pub mod gguf;
 pub mod memory;

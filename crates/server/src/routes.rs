@@ -138,6 +138,9 @@ route_table! {
         get_only "/internal/aliases" => internal::aliases;
         post_also "/internal/aliases" => internal::set_alias;
         delete_only "/internal/aliases/{alias}" => internal::delete_alias;
+        get_only "/internal/config" => internal::config;
+        get_only "/internal/config/defaults" => internal::config_defaults;
+        post_only "/internal/set" => internal::set;
     }
     root_aliases {
         any_method "/api/copy" => ollama::not_supported;

@@ -50,3 +50,49 @@ pub async fn delete_alias(
 ) -> Result<Json<AliasResponse>, ApiError> {
     Ok(Json(engine::aliases::remove(&rt, &alias)?))
 }
+
+/// The configuration in force.
+#[utoipa::path(get, path = "/internal/config", tag = "Lemonade",
+    description = "Lemonade v11. Every key of `config.json` with the value in force now: the defaults, under \
+        `config.json`, under the flags and `LEMONADE_*` variables this run was started with, under every \
+        `POST /internal/set` since. Needs the admin key when one is set.",
+    responses((status = 200, description = "Flat object of every key", body = Object)))]
+pub async fn config(State(rt): State<AppState>) -> Json<serde_json::Map<String, serde_json::Value>> {
+    let mut m = engine::live::snapshot(&rt);
+    let level = rt.http.logs.as_ref().map_or_else(|| "info".to_string(), |h| h.level());
+    m.insert("log_level".into(), level.into());
+    Json(m)
+}
+
+/// The factory defaults.
+#[utoipa::path(get, path = "/internal/config/defaults", tag = "Lemonade",
+    description = "Lemonade v11. What a fresh `config.json` means, independent of this instance. Needs the admin key \
+        when one is set.",
+    responses((status = 200, description = "Flat object of every key", body = Object)))]
+pub async fn config_defaults() -> Json<serde_json::Map<String, serde_json::Value>> {
+    Json(engine::live::defaults())
+}
+
+/// Changes the configuration: every key checked first, saved to `config.json`, applied.
+#[utoipa::path(post, path = "/internal/set", tag = "Lemonade",
+    description = "Lemonade v11. A flat object of keys to change (see `GET /internal/config`); `null` resets a key to \
+        its default. All keys are checked before any applies: a 400 names the first unknown key or bad value and \
+        nothing changes. `config.json` is written atomically (keys this build does not know are kept). At once: \
+        `log_level`, `extra_models_dir` (rescanned before the answer), the timeouts, the scheduler's settings; at the \
+        next load: the load options (`ctx_size`, `llamacpp_backend`, `llamacpp_args`, `sdcpp_backend`, \
+        `whispercpp_backend`, `steps`, `cfg_scale`, `width`, `height`). Needs the admin key when one is set.",
+    request_body(content = Object, description = "e.g. {\"ctx_size\": 8192, \"max_loaded_models\": 3, \"log_level\": \"debug\"}"),
+    responses(
+        (status = 200, description = "Applied", body = ConfigSetResponse),
+        (status = 400, description = "Unknown key or bad value (`param` names it); nothing changed", body = ErrorResponse),
+    ))]
+pub async fn set(
+    State(rt): State<AppState>,
+    body: JsonBody<serde_json::Map<String, serde_json::Value>>,
+) -> Result<Json<ConfigSetResponse>, ApiError> {
+    let updated = engine::live::set(&rt, &body.value).await?;
+    if let (Some(h), Some(_)) = (&rt.http.logs, updated.get("log_level")) {
+        h.set_level(engine::live::log_level(&updated)).map_err(ApiError::Internal)?;
+    }
+    Ok(Json(ConfigSetResponse { status: "success".into(), updated }))
+}

@@ -143,13 +143,14 @@ pub async fn params(State(rt): State<AppState>) -> Json<Params> {
 #[utoipa::path(post, path = "/api/v1/params", tag = "Lemonade",
     description = "Also under /api/v0, /v0 and /v1. Absent fields stay as they are. The change applies at once \
                    (lower limits take effect at the next load: nothing running is stopped) and is saved to \
-                   `settings.json` in lemonade's cache dir, which `lemonade serve` reads at start; flags and \
-                   LEMONADE_* variables take precedence over the file.",
+                   `config.json` in lemonade's cache dir (the same keys as `POST /internal/set`), which \
+                   `lemonade serve` reads at start; flags and LEMONADE_* variables given at start take precedence \
+                   over the file until the next change.",
     request_body = ParamsUpdate,
     responses(
         (status = 200, description = "The settings now in force", body = Params),
         (status = 400, description = "An invalid value (named)", body = ErrorResponse),
     ))]
 pub async fn set_params(State(rt): State<AppState>, body: JsonBody<ParamsUpdate>) -> Result<Json<Params>, ApiError> {
-    Ok(Json(engine::settings::update(&rt, &body.value).await?))
+    Ok(Json(engine::live::update_params(&rt, &body.value).await?))
 }

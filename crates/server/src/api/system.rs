@@ -68,7 +68,7 @@ fn details(rt: &AppState) -> SystemDetails {
         hf_cache: rt.cfg.hf_cache.display().to_string(),
         releases_url: host::install::releases_url(),
         backend_binaries,
-        llamacpp_backend: rt.cfg.llamacpp_backend.clone(),
+        llamacpp_backend: rt.cfg.live.llamacpp_backend(),
     }
 }
 

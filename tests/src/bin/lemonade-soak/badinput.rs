@@ -105,8 +105,16 @@ fn forms(names: &[String]) -> Vec<(String, String, Vec<u8>)> {
 
 /// The Ollama API at the root (POST, then `DELETE /api/delete`). `/api/create` is checked on
 /// its own: it answers 501 to everything.
-const ROOT_POSTS: &[&str] =
-    &["/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show", "/api/pull", "/internal/aliases"];
+const ROOT_POSTS: &[&str] = &[
+    "/api/chat",
+    "/api/generate",
+    "/api/embed",
+    "/api/embeddings",
+    "/api/show",
+    "/api/pull",
+    "/internal/aliases",
+    "/internal/set",
+];
 
 fn odd_names() -> Vec<String> {
     vec![

@@ -1,0 +1,114 @@
+//! Lemonade v11's live configuration through `lemonade serve` on real llama-server:
+//! `config.json` read at start under the flags, `GET /internal/config`, `POST /internal/set`
+//! (checked whole, written atomically, applied where it takes effect), a corrupt file refused,
+//! `settings.json` folded in, `POST /params` writing the same file, and `lemonade config`.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+use test_support::*;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_lemonade"))
+}
+
+fn file(l: &Lemonade) -> Value {
+    serde_json::from_slice(&std::fs::read(l.sandbox.cache().join("config.json")).unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn real_llama_server_config_json_flags_and_internal_set() {
+    let s = Sandbox::new();
+    std::fs::create_dir_all(s.cache()).unwrap();
+    let saved = json!({"ctx_size": 2048, "max_loaded_models": 2, "log_level": "debug", "future_key": {"kept": true}});
+    std::fs::write(s.cache().join("config.json"), saved.to_string()).unwrap();
+    std::fs::write(s.cache().join("settings.json"), r#"{"swap_hold_ms": 1500}"#).unwrap();
+    let l = Lemonade::start_in(bin(), s, &["--max-loaded-models", "3"], &[]).await;
+
+    // Defaults < config.json < flags; settings.json folded into config.json once.
+    let (s, c) = l.get("/internal/config").await;
+    assert_eq!(s, 200, "{c}");
+    assert_eq!((c["ctx_size"].clone(), c["log_level"].clone()), (json!(2048), json!("debug")), "{c}");
+    assert_eq!(c["max_loaded_models"], 3, "the flag wins over the file for this run");
+    assert_eq!((c["swap_hold_ms"].clone(), c["load_timeout"].clone()), (json!(1500), json!(600)));
+    assert_eq!(file(&l)["max_loaded_models"], 2, "flags are never written back");
+    assert_eq!(file(&l)["swap_hold_ms"], 1500);
+    assert!(l.sandbox.cache().join("settings.json.migrated").exists());
+    assert!(!l.sandbox.cache().join("settings.json").exists());
+    let (_, d) = l.get("/internal/config/defaults").await;
+    assert_eq!((d["ctx_size"].clone(), d["max_loaded_models"].clone()), (json!(4096), json!(1)));
+
+    // A bad key or value: 400 naming it, nothing changes.
+    let before = (l.get("/internal/config").await.1, file(&l));
+    for (body, param) in [
+        (json!({"ctx_size": 3072, "nope": 1}), "nope"),
+        (json!({"log_level": "loud"}), "log_level"),
+        (json!({"llamacpp_args": "--port 9"}), "llamacpp_args"),
+        (json!({"memory_budget": "lots"}), "memory_budget"),
+    ] {
+        let (s, e) = l.post("/internal/set", &body).await;
+        assert_eq!((s, e["error"]["param"].as_str()), (400, Some(param)), "{body}: {e}");
+    }
+    assert_eq!((l.get("/internal/config").await.1, file(&l)), before, "refused updates changed nothing");
+
+    // A good one: saved (unknown keys kept), applied at once or at the next load.
+    let extra = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(model(SMOL_FILE), extra.path().join("tiny.gguf")).unwrap();
+    let set = json!({"ctx_size": 3072, "max_loaded_models": 4, "log_level": "info",
+                     "extra_models_dir": extra.path().display().to_string(), "load_timeout": 120});
+    let (s, v) = l.post("/internal/set", &set).await;
+    assert_eq!((s, v["status"].as_str()), (200, Some("success")), "{v}");
+    assert_eq!(v["updated"]["ctx_size"], 3072);
+    let f = file(&l);
+    assert_eq!((f["ctx_size"].clone(), f["future_key"].clone()), (json!(3072), json!({"kept": true})), "{f}");
+    assert_eq!(l.get("/api/v1/params").await.1["max_loaded_models"]["llm"], 4, "the scheduler at once");
+    assert_eq!(l.get("/api/v1/log-level").await.1["level"], "info", "the log level at once");
+    let (s, m) = l.get("/api/v1/models/extra.tiny.gguf").await;
+    assert_eq!((s, m["downloaded"].clone()), (200, json!(true)), "the new extra models dir is scanned: {m}");
+    assert_eq!(l.get("/internal/config").await.1["load_timeout"], 120);
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL})).await.0, 200);
+    let (_, props) = l.get(&format!("/props?model={SMOL}")).await;
+    assert_eq!(props["default_generation_settings"]["n_ctx"], 3072, "options at the next load");
+
+    // null resets a key to its default and removes it from the file.
+    let (s, v) = l.post("/internal/set", &json!({"ctx_size": null})).await;
+    assert_eq!((s, v["updated"]["ctx_size"].clone()), (200, json!(4096)));
+    assert!(file(&l).get("ctx_size").is_none());
+    // POST /params writes the same store.
+    assert_eq!(l.post("/api/v1/params", &json!({"max_queue": 8})).await.0, 200);
+    assert_eq!(file(&l)["max_queue"], 8);
+    assert_eq!(l.get("/internal/config").await.1["max_queue"], 8);
+
+    // The CLI.
+    let (code, out, err) = l.cli(&["config", "set", "swap_hold_ms=0", "idle_timeout=30"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, _) = l.cli(&["config", "--json"]).await;
+    let shown: Value = serde_json::from_str(out.trim()).unwrap_or_else(|_| panic!("{out}"));
+    assert_eq!((code, shown["swap_hold_ms"].clone(), shown["idle_timeout"].clone()), (0, json!(0), json!(30)));
+    let (code, _, err) = l.cli(&["config", "set", "nope=1"]).await;
+    assert!(code != 0 && err.contains("nope"), "{err}");
+}
+
+#[tokio::test]
+async fn a_corrupt_config_json_is_refused_at_start_naming_it() {
+    let cache = tempfile::tempdir().unwrap();
+    std::fs::write(cache.path().join("config.json"), "{\"ctx_size\": ").unwrap();
+    let out = std::process::Command::new(bin())
+        .args(["serve", "--port", "0"])
+        .env("LEMONADE_CACHE_DIR", cache.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("config.json") && err.contains("EOF"), "{err}");
+    assert_eq!(std::fs::read_to_string(cache.path().join("config.json")).unwrap(), "{\"ctx_size\": ", "never reset");
+    // A bad value in it is named too.
+    std::fs::write(cache.path().join("config.json"), r#"{"llamacpp_backend": "cuda"}"#).unwrap();
+    let out = std::process::Command::new(bin())
+        .args(["serve", "--port", "0"])
+        .env("LEMONADE_CACHE_DIR", cache.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("llamacpp_backend") && err.contains("config.json"), "{err}");
+}

@@ -1,0 +1,202 @@
+//! Lemonade v11's live configuration: `config.json` in the cache dir (sparse overrides of the
+//! defaults), `GET /internal/config`, `GET /internal/config/defaults` and `POST /internal/set`.
+//! The keys, their checks and defaults are `registry::config`'s; this module reads and writes
+//! the file and applies a change where it takes effect. One store: `POST /params` writes here
+//! too, and a `settings.json` from before is folded in once, at start.
+//!
+//! The log level is the one key the engine does not apply itself: logging belongs to the
+//! process (the CLI sets it up, the server changes it), so [`set`] checks it, saves it and
+//! hands it back.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use registry::config::{self as keys, ConfigError};
+use serde_json::{Map, Value};
+
+use crate::config::Config;
+use crate::{Engine, EngineError, Result};
+
+fn refused(e: ConfigError) -> EngineError {
+    EngineError::Invalid { message: e.message, param: Some(e.key), code: Some("invalid_config") }
+}
+
+/// What lemonade starts with: every key's value, and the keys set by `config.json` or a flag
+/// (the options among them form the server-wide options layer; a default is read where it
+/// is used, so answers list only options that were set, as v9's).
+#[derive(Debug, Clone)]
+pub struct StartValues {
+    pub values: Map<String, Value>,
+    pub overrides: Map<String, Value>,
+}
+
+/// The values lemonade starts with: the defaults, under `config.json` (a `settings.json` of an
+/// earlier version folded in and moved aside), under `flags` (the flags and `LEMONADE_*`
+/// variables given, never written back). A corrupt file, or a bad value in it or in the flags,
+/// is an error naming it.
+pub fn start_values(cache_dir: &Path, flags: &Map<String, Value>) -> Result<StartValues> {
+    let mut file = host::files::load_config(cache_dir)?;
+    let old = host::files::load_settings(cache_dir)?;
+    if old != api_types::ParamsUpdate::default() {
+        if let Ok(Value::Object(o)) = serde_json::to_value(&old) {
+            for (k, v) in o {
+                file.entry(k).or_insert(v);
+            }
+        }
+        host::files::save_config(cache_dir, &file)?;
+        host::files::retire_settings(cache_dir)?;
+        tracing::info!("settings.json folded into config.json");
+    }
+    let known: Map<String, Value> =
+        file.iter().filter(|(k, _)| keys::find(k).is_some()).map(|(k, v)| (k.clone(), v.clone())).collect();
+    keys::check(&known).map_err(|e| {
+        EngineError::invalid(
+            format!("{} in {}: {}", e.key, cache_dir.join(keys::CONFIG_FILE).display(), e.message),
+            Some(&e.key),
+        )
+    })?;
+    keys::check(flags).map_err(refused)?;
+    let mut overrides = known;
+    keys::deep_merge(&mut overrides, flags);
+    let mut values = keys::defaults();
+    keys::deep_merge(&mut values, &overrides);
+    Ok(StartValues { values, overrides })
+}
+
+/// `cfg` set from `start`: the live parts and the scheduler's settings.
+pub fn configure(cfg: &mut Config, start: &StartValues) -> Result<()> {
+    let values = &start.values;
+    apply_server(cfg, values);
+    let mut options = keys::options(&start.overrides).map_err(refused)?;
+    options.llamacpp_backend = keys::options(values).map_err(refused)?.llamacpp_backend;
+    cfg.live.set_options(options);
+    let update = keys::scheduler(values).map_err(refused)?;
+    cfg.scheduler = crate::settings::settings(&update)?.over(cfg.scheduler.clone());
+    Ok(())
+}
+
+/// The timeouts and the extra models dir of `values` (the keys it has) into `cfg`'s live part.
+fn apply_server(cfg: &Config, values: &Map<String, Value>) -> Option<Option<PathBuf>> {
+    let secs = |k: &str| values.get(k).and_then(Value::as_u64).map(Duration::from_secs);
+    if let Some(d) = secs("load_timeout") {
+        cfg.live.set_load_timeout(d);
+    }
+    if let Some(d) = secs("pull_timeout") {
+        cfg.live.set_pull_timeout(d);
+    }
+    if let Some(d) = secs("remote_timeout") {
+        cfg.live.set_remote_timeout(d);
+    }
+    let dir = values.get("extra_models_dir").and_then(Value::as_str)?;
+    let dir = (!dir.is_empty()).then(|| PathBuf::from(dir));
+    cfg.live.set_extra_models_dir(dir.clone());
+    Some(dir)
+}
+
+/// The configuration in force, every key but `log_level` (the server's): read from where each
+/// value lives, so it is what lemonade does now, not what a file says.
+pub fn snapshot(rt: &Engine) -> Map<String, Value> {
+    let live = &rt.cfg.live;
+    let mut m = Map::new();
+    let dir = live.extra_models_dir().map(|d| d.display().to_string()).unwrap_or_default();
+    m.insert("extra_models_dir".into(), dir.into());
+    m.insert("load_timeout".into(), live.load_timeout().as_secs().into());
+    m.insert("pull_timeout".into(), live.pull_timeout().as_secs().into());
+    m.insert("remote_timeout".into(), live.remote_timeout().as_secs().into());
+    // The scheduler's keys are `/params`' fields, but for the slot limits (one number when every
+    // type has the same) and the budgets (`none` rather than null).
+    let p = crate::settings::current(&rt.lifecycle);
+    let params = match serde_json::to_value(&p) {
+        Ok(Value::Object(o)) => o,
+        _ => Map::new(),
+    };
+    for k in keys::KEYS.iter().filter(|k| k.group == keys::Group::Scheduler) {
+        let v = params.get(k.name).cloned().unwrap_or(Value::Null);
+        m.insert(k.name.to_string(), if v.is_null() { Value::from("none") } else { v });
+    }
+    let limits: Vec<i64> =
+        ["llm", "embedding", "reranking"].iter().map(|t| p.max_loaded_models.get(*t).copied().unwrap_or(1)).collect();
+    let uniform = p.max_loaded_models.values().all(|v| *v == limits[0]);
+    m.insert("max_loaded_models".into(), if uniform { limits[0].into() } else { limits.into() });
+    let mut o = backends::options::defaults(backends::Recipe::LlamaCpp);
+    for r in [backends::Recipe::SdCpp, backends::Recipe::WhisperCpp] {
+        o.overlay(&backends::options::defaults(r));
+    }
+    o.overlay(&live.options());
+    for (k, v) in o.to_map() {
+        let k = if k == "sd-cpp_backend" { "sdcpp_backend".to_string() } else { k };
+        if keys::find(&k).is_some() {
+            m.insert(k, v);
+        }
+    }
+    m
+}
+
+/// `POST /internal/set`: every key checked before any applies (a 400 names the first bad
+/// one and nothing changes), the file updated atomically (a `null` removes a key: back to its
+/// default), then each change applied where it takes effect: the catalogue rescans a new
+/// extra models dir, the timeouts and the scheduler's settings change at once, the options
+/// at the next load. Returns the values set (a `null` as the default it restores).
+pub async fn set(rt: &Engine, update: &Map<String, Value>) -> Result<Map<String, Value>> {
+    let _one = rt.config.writer.lock().await;
+    keys::check(update).map_err(refused)?;
+    let defaults = keys::defaults();
+    let resolved: Map<String, Value> =
+        update.iter().map(|(k, v)| (k.clone(), if v.is_null() { defaults[k].clone() } else { v.clone() })).collect();
+    let sched = crate::settings::settings(&keys::scheduler(&resolved).map_err(refused)?)?;
+    let set: Map<String, Value> =
+        update.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut options = rt.cfg.live.options();
+    options.overlay(&keys::options(&set).map_err(refused)?);
+    // A reset option leaves the layer (its default applies where it is read).
+    let reset: Vec<api_types::OptionKey> = api_types::OptionKey::ALL
+        .iter()
+        .filter(|k| {
+            let name = if k.as_str() == "sd-cpp_backend" { "sdcpp_backend" } else { k.as_str() };
+            update.get(name).is_some_and(Value::is_null)
+        })
+        .copied()
+        .collect();
+    let mut options = options.clear(&reset);
+    if options.llamacpp_backend.is_none() {
+        options.llamacpp_backend = Some("cpu".into());
+    }
+    let file = host::files::load_config(&rt.cfg.cache_dir)?;
+    host::files::save_config(&rt.cfg.cache_dir, &keys::updated_file(&file, update))?;
+    if let Some(dir) = apply_server(&rt.cfg, &resolved) {
+        rt.catalogue.set_extra_models_dir(dir)?;
+    }
+    rt.cfg.live.set_options(options);
+    rt.lifecycle.configure(sched).await;
+    tracing::info!(keys = ?resolved.keys().collect::<Vec<_>>(), "configuration changed");
+    Ok(resolved)
+}
+
+/// `GET /internal/config/defaults`: the factory defaults.
+pub fn defaults() -> Map<String, Value> {
+    keys::defaults()
+}
+
+/// The log level `values` set, as lemonade names it (v11's `fatal` and `none` are `critical`).
+pub fn log_level(values: &Map<String, Value>) -> &'static str {
+    match values.get("log_level").and_then(Value::as_str) {
+        Some("trace") => "trace",
+        Some("debug") => "debug",
+        Some("warning") => "warning",
+        Some("error") => "error",
+        Some("critical" | "fatal" | "none") => "critical",
+        _ => "info",
+    }
+}
+
+/// `POST /params`: applies `update` to the running scheduler and saves it in `config.json`
+/// (the one store of settings); returns the settings now in force. A bad value changes nothing.
+pub async fn update_params(rt: &Engine, update: &api_types::ParamsUpdate) -> Result<api_types::Params> {
+    crate::settings::settings(update)?;
+    let keys = match serde_json::to_value(update) {
+        Ok(Value::Object(m)) => m,
+        _ => Map::new(),
+    };
+    set(rt, &keys).await?;
+    Ok(crate::settings::current(&rt.lifecycle))
+}

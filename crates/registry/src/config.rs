@@ -1,0 +1,290 @@
+//! `config.json`, Lemonade v11's live configuration, the pure part: the keys there are and when
+//! each takes effect, the factory defaults, the check of a value, and the deep merge of the
+//! file's sparse overrides. The engine keeps the values in force and writes the file.
+//!
+//! Precedence, highest first: a `POST /internal/set` (written to the file), flags and
+//! `LEMONADE_*` variables (this run only, never written), `config.json`, the defaults here.
+
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+use api_types::{LoadOptions, ParamsUpdate};
+
+/// The file, in lemonade's cache dir.
+pub const CONFIG_FILE: &str = "config.json";
+
+/// When a change takes effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Effect {
+    /// At once (the log filter, the catalogue, the timeouts, the scheduler).
+    Now,
+    /// At the next load of a model (the options' configuration layer).
+    NextLoad,
+}
+
+/// What part of lemonade a key configures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Group {
+    /// `log_level`, `extra_models_dir`, the timeouts.
+    Server,
+    /// The scheduler's settings (what `POST /params` sets).
+    Scheduler,
+    /// The server-wide layer of the load options.
+    Options,
+}
+
+/// One key of `config.json`.
+#[derive(Debug, Clone, Copy)]
+pub struct Key {
+    pub name: &'static str,
+    pub group: Group,
+    pub effect: Effect,
+}
+
+const fn key(name: &'static str, group: Group, effect: Effect) -> Key {
+    Key { name, group, effect }
+}
+
+/// Every key, in the order `GET /internal/config` lists them.
+pub const KEYS: &[Key] = &[
+    key("log_level", Group::Server, Effect::Now),
+    key("extra_models_dir", Group::Server, Effect::Now),
+    key("load_timeout", Group::Server, Effect::Now),
+    key("pull_timeout", Group::Server, Effect::Now),
+    key("remote_timeout", Group::Server, Effect::Now),
+    key("max_loaded_models", Group::Scheduler, Effect::Now),
+    key("idle_timeout", Group::Scheduler, Effect::Now),
+    key("max_queue", Group::Scheduler, Effect::Now),
+    key("memory_budget", Group::Scheduler, Effect::Now),
+    key("vram_budget", Group::Scheduler, Effect::Now),
+    key("swap_hold_ms", Group::Scheduler, Effect::Now),
+    key("ctx_size", Group::Options, Effect::NextLoad),
+    key("llamacpp_backend", Group::Options, Effect::NextLoad),
+    key("llamacpp_args", Group::Options, Effect::NextLoad),
+    key("sdcpp_backend", Group::Options, Effect::NextLoad),
+    key("whispercpp_backend", Group::Options, Effect::NextLoad),
+    key("steps", Group::Options, Effect::NextLoad),
+    key("cfg_scale", Group::Options, Effect::NextLoad),
+    key("width", Group::Options, Effect::NextLoad),
+    key("height", Group::Options, Effect::NextLoad),
+];
+
+/// The key named `name`.
+pub fn find(name: &str) -> Option<&'static Key> {
+    KEYS.iter().find(|k| k.name == name)
+}
+
+/// Log levels `log_level` takes: lemonade's, and v11's names for the same (`fatal` is
+/// `critical`; `none` logs errors only, as lemonade always reports those).
+pub const LOG_LEVELS: &[&str] = &["critical", "error", "warning", "info", "debug", "trace", "fatal", "none"];
+
+/// The factory defaults: what a fresh `config.json` means (`GET /internal/config/defaults`).
+pub fn defaults() -> Map<String, Value> {
+    let v = json!({
+        "log_level": "info",
+        "extra_models_dir": "",
+        "load_timeout": 600,
+        "pull_timeout": 3600,
+        "remote_timeout": 300,
+        "max_loaded_models": 1,
+        "idle_timeout": 0,
+        "max_queue": 256,
+        "memory_budget": "auto",
+        "vram_budget": "auto",
+        "swap_hold_ms": 2000,
+        "ctx_size": backends::llamacpp::DEFAULT_CTX_SIZE,
+        "llamacpp_backend": "cpu",
+        "llamacpp_args": "",
+        "sdcpp_backend": "cpu",
+        "whispercpp_backend": "cpu",
+        "steps": backends::sdcpp::DEFAULT_STEPS,
+        "cfg_scale": backends::sdcpp::DEFAULT_CFG_SCALE,
+        "width": backends::sdcpp::DEFAULT_SIZE,
+        "height": backends::sdcpp::DEFAULT_SIZE,
+    });
+    match v {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}
+
+/// A refused key or value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ConfigError {
+    pub key: String,
+    pub message: String,
+}
+
+fn refuse(key: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError { key: key.to_string(), message: message.into() }
+}
+
+/// The options group of `values` as load options (the server-wide layer).
+pub fn options(values: &Map<String, Value>) -> Result<LoadOptions, ConfigError> {
+    let mut m = Map::new();
+    for k in KEYS.iter().filter(|k| k.group == Group::Options) {
+        if let Some(v) = values.get(k.name) {
+            // v11 writes `sdcpp_backend`; the load option is `sd-cpp_backend`.
+            let name = if k.name == "sdcpp_backend" { "sd-cpp_backend" } else { k.name };
+            m.insert(name.to_string(), v.clone());
+        }
+    }
+    let o = LoadOptions::from_map(&m).map_err(|e| refuse(wire(e.key), e.message))?;
+    backends::options::check(&o).map_err(|e| refuse(wire(e.key.as_str()), e.message))?;
+    Ok(o)
+}
+
+fn wire(option: &str) -> &str {
+    if option == "sd-cpp_backend" {
+        "sdcpp_backend"
+    } else {
+        option
+    }
+}
+
+/// The scheduler group of `values` as a `/params` update (its values are checked where the
+/// scheduler's settings are built).
+pub fn scheduler(values: &Map<String, Value>) -> Result<ParamsUpdate, ConfigError> {
+    let mut u = ParamsUpdate::default();
+    for k in KEYS.iter().filter(|k| k.group == Group::Scheduler) {
+        let Some(v) = values.get(k.name) else { continue };
+        let one = Value::Object(Map::from_iter([(k.name.to_string(), v.clone())]));
+        let parsed: ParamsUpdate = serde_json::from_value(one).map_err(|e| refuse(k.name, e.to_string()))?;
+        u = ParamsUpdate {
+            max_loaded_models: parsed.max_loaded_models.or(u.max_loaded_models),
+            idle_timeout: parsed.idle_timeout.or(u.idle_timeout),
+            max_queue: parsed.max_queue.or(u.max_queue),
+            memory_budget: parsed.memory_budget.or(u.memory_budget),
+            vram_budget: parsed.vram_budget.or(u.vram_budget),
+            swap_hold_ms: parsed.swap_hold_ms.or(u.swap_hold_ms),
+        };
+    }
+    Ok(u)
+}
+
+/// Checks the server group's values that `values` holds.
+pub fn check_server(values: &Map<String, Value>) -> Result<(), ConfigError> {
+    if let Some(v) = values.get("log_level") {
+        match v.as_str() {
+            Some(l) if LOG_LEVELS.contains(&l) => {}
+            _ => {
+                return Err(refuse("log_level", format!("log_level must be one of {}, got {v}", LOG_LEVELS.join(", "))))
+            }
+        }
+    }
+    if let Some(v) = values.get("extra_models_dir") {
+        match v.as_str() {
+            Some(d) if !d.chars().any(char::is_control) => {}
+            _ => {
+                return Err(refuse(
+                    "extra_models_dir",
+                    format!("extra_models_dir must be a folder path or \"\", got {v}"),
+                ))
+            }
+        }
+    }
+    for k in ["load_timeout", "pull_timeout", "remote_timeout"] {
+        if let Some(v) = values.get(k) {
+            if v.as_u64().is_none_or(|s| s == 0) {
+                return Err(refuse(k, format!("{k} must be a positive number of seconds, got {v}")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks an update: every key known, every value of its kind (`null` resets a key to its
+/// default and is always valid). The first refusal names its key; nothing is half applied.
+pub fn check(update: &Map<String, Value>) -> Result<(), ConfigError> {
+    if let Some(k) = update.keys().find(|k| find(k).is_none()) {
+        let known: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+        return Err(refuse(k, format!("Unknown configuration key '{k}' (known: {})", known.join(", "))));
+    }
+    let set: Map<String, Value> =
+        update.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
+    check_server(&set)?;
+    scheduler(&set)?;
+    options(&set)?;
+    Ok(())
+}
+
+/// `over` merged into `base`: objects key by key (recursively), anything else replaced.
+pub fn deep_merge(base: &mut Map<String, Value>, over: &Map<String, Value>) {
+    for (k, v) in over {
+        match (base.get_mut(k), v) {
+            (Some(Value::Object(b)), Value::Object(o)) => deep_merge(b, o),
+            _ => {
+                base.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+/// The file after `update`: values set, `null` removes a key (back to its default); keys the
+/// file has that this build does not know are kept.
+pub fn updated_file(file: &Map<String, Value>, update: &Map<String, Value>) -> Map<String, Value> {
+    let mut out = file.clone();
+    for (k, v) in update {
+        if v.is_null() {
+            out.remove(k);
+        } else {
+            out.insert(k.clone(), v.clone());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn every_key_has_a_default_and_the_defaults_pass_the_check() {
+        let d = defaults();
+        assert_eq!(d.len(), KEYS.len());
+        for k in KEYS {
+            assert!(d.contains_key(k.name), "{}", k.name);
+        }
+        check(&d).unwrap();
+        assert_eq!(
+            options(&d).unwrap().sdcpp_backend.as_deref(),
+            Some("cpu"),
+            "v11's sdcpp_backend is the sd-cpp_backend option"
+        );
+        assert_eq!(scheduler(&d).unwrap().max_queue, Some(256));
+    }
+
+    #[test]
+    fn a_bad_key_or_value_is_named() {
+        for (update, key) in [
+            (json!({"nope": 1}), "nope"),
+            (json!({"log_level": "loud"}), "log_level"),
+            (json!({"load_timeout": 0}), "load_timeout"),
+            (json!({"ctx_size": 0}), "ctx_size"),
+            (json!({"llamacpp_backend": "cuda"}), "llamacpp_backend"),
+            (json!({"sdcpp_backend": "vulkan"}), "sdcpp_backend"),
+            (json!({"llamacpp_args": "--port 1"}), "llamacpp_args"),
+            (json!({"max_queue": "many"}), "max_queue"),
+            (json!({"steps": 0}), "steps"),
+        ] {
+            assert_eq!(check(&map(update.clone())).unwrap_err().key, key, "{update}");
+        }
+        check(&map(json!({"ctx_size": -1, "log_level": "fatal", "extra_models_dir": null}))).unwrap();
+    }
+
+    #[test]
+    fn the_file_merges_deeply_keeps_unknown_keys_and_null_removes() {
+        let mut base = map(json!({"a": {"x": 1, "y": 2}, "b": 1}));
+        deep_merge(&mut base, &map(json!({"a": {"y": 3}, "c": 4})));
+        assert_eq!(Value::Object(base), json!({"a": {"x": 1, "y": 3}, "b": 1, "c": 4}));
+        let file = map(json!({"ctx_size": 2048, "future_key": {"k": true}}));
+        let after = updated_file(&file, &map(json!({"ctx_size": null, "log_level": "debug"})));
+        assert_eq!(Value::Object(after), json!({"future_key": {"k": true}, "log_level": "debug"}));
+    }
+}
