@@ -45,6 +45,7 @@ async fn chat_ok(l: &Lemonade, model: &str) -> bool {
 /// The subset `cargo xtask test` runs on every CI run (`LEMONADE_SOAK_ONLY=ci`).
 pub async fn run_ci(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
     kill_lemonade_mid_registration(bin, report).await?;
+    kill_lemonade_mid_config_sets(bin, report).await?;
     kill_lemonade_mid_pull(bin, report).await?;
     kill_mid_stream(bin, report).await?;
     disk_full(bin, report).await?;
@@ -60,6 +61,7 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
     disk_full(bin, report).await?;
     kill_lemonade_mid_pull(bin, report).await?;
     kill_lemonade_mid_registration(bin, report).await?;
+    kill_lemonade_mid_config_sets(bin, report).await?;
     kill_lemonade_mid_cache_save(bin, report).await?;
     Ok(())
 }
@@ -525,6 +527,79 @@ async fn kill_lemonade_mid_registration(bin: &Path, report: &mut Report) -> anyh
         TRIALS,
         if starts { held } else { 0 },
         format!("registrations in the file after each kill: {seen:?}; every entry whole; temp files left by the kills {killed_temps:?}, {cleaned} after the restart; the server restarts and lists them ({listed}). {}", notes.join("; ")),
+    );
+    Ok(())
+}
+
+/// Two clients changing the configuration at once (`POST /internal/set`, 32 changes each) while
+/// a model loads, lemonade killed with SIGKILL at a pseudo-random moment: `config.json` always
+/// parses, holds only whole values of one change or another, keeps a key this build does not
+/// know, and the restarted server serves exactly what the file says.
+async fn kill_lemonade_mid_config_sets(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
+    const TRIALS: usize = 10;
+    let fake = fake_llama_server();
+    let env = [("LEMONADE_LLAMACPP_CPU_BIN", fake.to_str().unwrap_or_default())];
+    let mut sandbox = fake_sandbox(&[("m", None, json!({"load_delay_ms": 50}))]);
+    std::fs::create_dir_all(sandbox.cache())?;
+    std::fs::write(sandbox.cache().join("config.json"), r#"{"future_key": {"kept": true}}"#)?;
+    let (mut held, mut notes, mut changes) = (0, Vec::new(), Vec::new());
+    for trial in 0..TRIALS {
+        let l = Lemonade::start_in(bin, sandbox, &[], &env).await;
+        let client = |body: fn(usize) -> Value| {
+            let (url, http) = (l.url("/internal/set"), l.http.clone());
+            tokio::spawn(async move {
+                let mut ok = 0;
+                for i in 0..32 {
+                    let sent = http.post(url.as_str()).json(&body(i)).timeout(Duration::from_secs(10)).send().await;
+                    ok += sent.is_ok_and(|r| r.status().is_success()) as usize;
+                }
+                ok
+            })
+        };
+        let a = client(|i| json!({"ctx_size": 1000 + i, "swap_hold_ms": i}));
+        let b = client(|i| json!({"max_queue": 100 + i, "idle_timeout": i}));
+        let load = {
+            let (url, http) = (l.url("/api/v1/load"), l.http.clone());
+            tokio::spawn(async move { http.post(url).json(&json!({"model_name": "extra.m.gguf"})).send().await })
+        };
+        tokio::time::sleep(Duration::from_millis((trial as u64 * 7919) % 23)).await;
+        sandbox = l.kill_keeping_sandbox();
+        changes.push(a.await.unwrap_or(0) + b.await.unwrap_or(0));
+        let _ = load.await;
+        let text = std::fs::read_to_string(sandbox.cache().join("config.json")).unwrap_or_default();
+        let whole = match serde_json::from_str::<Value>(&text) {
+            Ok(Value::Object(m)) => {
+                let n = |k: &str, lo: u64, hi: u64| {
+                    m.get(k).is_none_or(|v| v.as_u64().is_some_and(|x| (lo..hi).contains(&x)))
+                };
+                m["future_key"] == json!({"kept": true})
+                    && n("ctx_size", 1000, 1032)
+                    && n("swap_hold_ms", 0, 32)
+                    && n("max_queue", 100, 132)
+                    && n("idle_timeout", 0, 32)
+            }
+            _ => false,
+        };
+        if whole {
+            held += 1;
+        } else {
+            notes.push(format!("trial {trial}: config.json is {text:?}"));
+        }
+    }
+    let file: Value =
+        serde_json::from_slice(&std::fs::read(sandbox.cache().join("config.json"))?).unwrap_or(Value::Null);
+    let l = Lemonade::start_in(bin, sandbox, &[], &env).await;
+    let (s, c) = l.get("/internal/config").await;
+    let same = ["ctx_size", "swap_hold_ms", "max_queue", "idle_timeout"]
+        .iter()
+        .all(|k| file.get(k).is_none_or(|v| c[k] == *v));
+    let restarts = s == 200 && same && leftovers(&l.sandbox) == 0;
+    report.add(
+        "faults",
+        "kill -9 lemonade during config.json writes (two clients' POST /internal/set racing a load)",
+        TRIALS,
+        if restarts { held } else { 0 },
+        format!("changes answered before each kill {changes:?}; the file parsed whole with the unknown key kept after every kill; the restart serves what it says: {restarts}. {}", notes.join("; ")),
     );
     Ok(())
 }
