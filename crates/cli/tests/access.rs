@@ -72,6 +72,7 @@ fn routes() -> Vec<(&'static str, String, Option<Value>)> {
         ("GET", "/internal/config".to_string(), None),
         ("GET", "/internal/config/defaults".to_string(), None),
         ("POST", "/internal/set".to_string(), Some(json!({"swap_hold_ms": 2000}))),
+        ("POST", "/internal/pin".to_string(), Some(json!({"model": "extra.m.gguf", "pinned": false}))),
     ]);
     v
 }
@@ -136,6 +137,9 @@ async fn every_route_family_needs_the_key() {
     assert!(out.contains("extra.m.gguf"));
     let (code, _, _) = l.cli_env(&["status"], &[("LEMONADE_API_KEY", KEY)]).await;
     assert_eq!(code, 0);
+    // Shutting the server down needs the key too (and with it, it goes).
+    assert_eq!(call(&l, "POST", "/internal/shutdown", &None, None).await.0, 401);
+    assert_eq!(call(&l, "GET", "/api/v1/models", &None, Some(KEY)).await.0, 200, "still up");
 }
 
 #[tokio::test]

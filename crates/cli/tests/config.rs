@@ -112,3 +112,23 @@ async fn a_corrupt_config_json_is_refused_at_start_naming_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("llamacpp_backend") && err.contains("config.json"), "{err}");
 }
+
+#[tokio::test]
+async fn real_llama_server_internal_pin_then_shutdown_unloads_and_exits() {
+    let mut l = Lemonade::start(bin(), &[]).await;
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL})).await.0, 200);
+    let (s, e) = l.post("/internal/pin", &json!({"model": SMOL})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("pinned")), "{e}");
+    let (s, e) = l.post("/internal/pin", &json!({"pinned": true})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("model")), "{e}");
+    let (s, v) = l.post("/internal/pin", &json!({"model": SMOL, "pinned": true})).await;
+    assert_eq!((s, v), (200, json!({"status": "success", "model_name": SMOL, "pinned": true})));
+    assert_eq!(l.get("/api/v1/health").await.1["all_models_loaded"][0]["pinned"], true);
+    let backend = child_pids(l.pid());
+    assert_eq!(backend.len(), 1);
+    let (s, v) = l.post("/internal/shutdown", &json!({})).await;
+    assert_eq!((s, v), (200, json!({"status": "shutting down"})));
+    assert!(!alive(backend[0]), "the backend was stopped before the answer");
+    let status = l.wait_exit(std::time::Duration::from_secs(15)).expect("lemonade exits after /internal/shutdown");
+    assert!(status.success(), "{status:?}");
+}

@@ -88,8 +88,12 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     use axum::serve::ListenerExt;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let asked = rt.http.shutdown.clone();
     tokio::spawn(async move {
-        shutdown.await;
+        tokio::select! {
+            _ = shutdown => {}
+            _ = asked.notified() => tracing::info!("shutdown asked for (POST /internal/shutdown)"),
+        }
         let _ = stop_tx.send(true);
     });
     // Only loopback names are served when every listener is a loopback one (DNS rebinding).

@@ -141,6 +141,8 @@ route_table! {
         get_only "/internal/config" => internal::config;
         get_only "/internal/config/defaults" => internal::config_defaults;
         post_only "/internal/set" => internal::set;
+        post_only "/internal/pin" => internal::pin;
+        post_only "/internal/shutdown" => internal::shutdown;
     }
     root_aliases {
         any_method "/api/copy" => ollama::not_supported;

@@ -18,6 +18,8 @@ pub struct Http {
     /// The process's log (tail and live lines), when the binary set one up; `logs/stream`
     /// and `log-level` use it.
     pub logs: Option<Arc<LogHub>>,
+    /// `POST /internal/shutdown` asks [`crate::serve`] to stop, as a signal does.
+    pub shutdown: Arc<tokio::sync::Notify>,
 }
 
 impl Default for Http {
@@ -26,6 +28,7 @@ impl Default for Http {
             access: Access { loopback_only: true, listen_host: "127.0.0.1".into(), ..Access::default() },
             body_limit: 64 << 20,
             logs: None,
+            shutdown: Arc::default(),
         }
     }
 }

@@ -96,3 +96,40 @@ pub async fn set(
     }
     Ok(Json(ConfigSetResponse { status: "success".into(), updated }))
 }
+
+/// Pins or unpins a loaded model (Lemonade v11's form of `POST /pin`).
+#[utoipa::path(post, path = "/internal/pin", tag = "Lemonade",
+    description = "Lemonade v11. `model` (or `model_name`) and `pinned` (a boolean) are required. Needs the admin key \
+        when one is set.",
+    request_body(content = Object, description = "{\"model\": \"Qwen3-0.6B-GGUF\", \"pinned\": true}"),
+    responses(
+        (status = 200, description = "Pinned or unpinned", body = PinResponse),
+        (status = 400, description = "A missing model or a `pinned` that is not a boolean", body = ErrorResponse),
+        (status = 404, description = "The model is not loaded (`model_not_loaded`) or unknown", body = ErrorResponse),
+    ))]
+pub async fn pin(
+    State(rt): State<AppState>,
+    body: JsonBody<serde_json::Map<String, serde_json::Value>>,
+) -> Result<Json<PinResponse>, ApiError> {
+    let b = &body.value;
+    let model = b.get("model").or_else(|| b.get("model_name")).and_then(|m| m.as_str()).filter(|m| !m.is_empty());
+    let model =
+        model.ok_or_else(|| ApiError::bad_request("Parameter 'model' or 'model_name' is required", Some("model")))?;
+    let pinned = b.get("pinned").and_then(|p| p.as_bool());
+    let pinned = pinned
+        .ok_or_else(|| ApiError::bad_request("Parameter 'pinned' is required and must be a boolean", Some("pinned")))?;
+    rt.catalogue.get(model)?;
+    rt.lifecycle.pin(model, pinned).await?;
+    Ok(Json(PinResponse { status: "success".into(), model_name: model.into(), pinned }))
+}
+
+/// Unloads every model, answers, then stops the server as SIGTERM does.
+#[utoipa::path(post, path = "/internal/shutdown", tag = "Lemonade",
+    description = "Lemonade v11. Every model is unloaded (its backend stopped) before the answer; then the server stops \
+        accepting connections, lets the open ones finish and exits. Needs the admin key when one is set.",
+    responses((status = 200, description = "`{\"status\": \"shutting down\"}`", body = StatusResponse)))]
+pub async fn shutdown(State(rt): State<AppState>) -> Result<Json<StatusResponse>, ApiError> {
+    rt.lifecycle.unload(None).await?;
+    rt.http.shutdown.notify_one();
+    Ok(Json(StatusResponse { status: "shutting down".into(), model_name: None, message: None }))
+}
