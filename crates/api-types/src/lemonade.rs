@@ -593,3 +593,47 @@ pub struct ConfigSetResponse {
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub updated: Map<String, Value>,
 }
+
+/// `POST /v1/models/register` (Lemonade v11): a `user.*` model definition, registered (or
+/// updated) without downloading anything.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"model_name": "user.Phi-4-Mini-GGUF",
+    "checkpoint": "unsloth/Phi-4-mini-instruct-GGUF:Q4_K_M", "recipe": "llamacpp"})))]
+pub struct RegisterRequest {
+    /// `user.<name>`.
+    #[serde(default)]
+    pub model_name: String,
+    #[serde(default)]
+    pub recipe: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoints: Option<BTreeMap<String, String>>,
+    /// `huggingface` (the only source lemonade pulls from).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<Vec<String>>,
+}
+
+/// The model part of [`RegisterResponse`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RegisteredModel {
+    pub id: String,
+    pub recipe: String,
+    pub downloaded: bool,
+}
+
+/// The answer of `POST /v1/models/register`: `model_name` is the public id (the bare name
+/// when no other source's model of that name outranks it), `canonical_model_name` the
+/// `user.*` id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RegisterResponse {
+    pub status: String,
+    pub model_name: String,
+    pub canonical_model_name: String,
+    pub model: RegisteredModel,
+}

@@ -409,3 +409,34 @@ async fn shutdown_ends_an_ollama_pull_stream_instead_of_waiting_for_it() {
     assert!(code.is_some_and(|c| c.success()), "{code:?}");
     assert!(!log.contains("connections still open"), "{log}");
 }
+
+/// Lemonade v11's `POST /v1/models/register`: registers (or updates) without downloading;
+/// a later pull by the bare name downloads it.
+#[tokio::test]
+async fn register_defines_a_model_without_downloading_and_pull_by_bare_name_fetches_it() {
+    let (_tmp, _double, l) = setup(Knobs::default()).await;
+    let (s, e) = l.post("/v1/models/register", &json!({"model_name": "Reg", "recipe": "llamacpp"})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("model_name")), "{e}");
+    let (s, e) = l.post("/v1/models/register", &json!({"model_name": "user.Reg"})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("recipe")), "{e}");
+    let body = json!({"model_name": "user.Reg", "checkpoint": "org/big-GGUF:Q4_0", "recipe": "llamacpp"});
+    let (s, v) = l.post("/v1/models/register", &body).await;
+    assert_eq!(
+        (s, v.clone()),
+        (
+            200,
+            json!({"status": "success", "model_name": "Reg", "canonical_model_name": "user.Reg",
+                     "model": {"id": "Reg", "recipe": "llamacpp", "downloaded": false}})
+        )
+    );
+    assert!(!l.sandbox.hf_cache().join("models--org--big-GGUF").exists(), "nothing downloaded");
+    // Updated in place.
+    let body = json!({"model_name": "user.Reg", "checkpoint": "HuggingFaceTB/SmolLM2-GGUF:Q4_1", "recipe": "llamacpp"});
+    assert_eq!(l.post("/api/v1/models/register", &body).await.0, 200);
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(l.sandbox.cache().join("user_models.json")).unwrap()).unwrap();
+    assert_eq!(saved["Reg"]["checkpoint"], "HuggingFaceTB/SmolLM2-GGUF:Q4_1");
+    let (s, v) = l.post("/api/v1/pull", &json!({"model": "Reg"})).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(l.get("/api/v1/models/Reg").await.1["downloaded"], true);
+}

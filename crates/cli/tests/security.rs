@@ -223,6 +223,7 @@ fn admin_answers() -> Vec<(&'static str, Value, u16)> {
         ("/v1/models/extra.m.gguf/options", json!({"ctx_size": 2048, "dry_run": true}), 200),
         ("/internal/aliases", json!({"alias": "a1", "target": M}), 200),
         ("/internal/set", json!({"swap_hold_ms": 2000}), 200),
+        ("/api/v0/models/register", json!({"model_name": "user.R"}), 400),
     ]
 }
 

@@ -336,3 +336,44 @@ pub async fn delete(rt: &Engine, m: &ModelInfo) -> Result<()> {
     host::hf_cache::remove_repo(&rt.cfg.hf_cache, &registry::Checkpoint::parse(&m.checkpoint).repo).await?;
     rt.catalogue.unregister(&m.name)
 }
+
+/// `POST /models/register` (Lemonade v11): registers or updates the `user.*` model `req`
+/// defines, downloading nothing; checked as a pull's registration is (a 400 names the field).
+pub fn register(rt: &Engine, req: &RegisterRequest) -> Result<ModelInfo> {
+    if req.model_name.is_empty() {
+        return Err(EngineError::invalid("Missing required field 'model_name'", Some("model_name")));
+    }
+    if !req.model_name.starts_with(USER_PREFIX) {
+        return Err(EngineError::invalid(
+            format!("'{}' must be named under `user.`, for example `user.Phi-4-Mini-GGUF`", req.model_name),
+            Some("model_name"),
+        ));
+    }
+    if req.recipe.is_empty() {
+        return Err(EngineError::invalid("Missing required field 'recipe'", Some("recipe")));
+    }
+    if let Some(s) = req.source.as_deref().filter(|s| *s != "huggingface") {
+        return Err(EngineError::invalid(
+            format!("Unsupported source '{s}': lemonade pulls from huggingface"),
+            Some("source"),
+        ));
+    }
+    let pull = PullRequest {
+        model: Some(req.model_name.clone()),
+        checkpoint: req.checkpoint.clone(),
+        checkpoints: req.checkpoints.clone(),
+        recipe: Some(req.recipe.clone()),
+        labels: req.labels.clone(),
+        ..Default::default()
+    };
+    resolve(rt, &pull)
+}
+
+/// The id the listings show for `m`: its bare name when that name means `m`, else its own.
+pub fn public_id(rt: &Engine, m: &ModelInfo) -> String {
+    let bare = m.name.strip_prefix(USER_PREFIX).unwrap_or(&m.name);
+    match rt.catalogue.registry().get(bare) {
+        Ok(w) if w.name == m.name => bare.to_string(),
+        _ => m.name.clone(),
+    }
+}

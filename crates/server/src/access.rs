@@ -91,7 +91,7 @@ pub fn admin_path(method: &Method, path: &str) -> bool {
     let Some(rest) = crate::routes::PREFIXES.iter().find_map(|p| path.strip_prefix(p)) else { return false };
     const CONTROL: [&str; 7] = ["/pull", "/delete", "/install", "/uninstall", "/load", "/unload", "/log-level"];
     let admin_mutation = rest.starts_with("/admin/models/") && (rest.ends_with("/load") || rest.ends_with("/unload"));
-    let options = rest.starts_with("/models/") && rest.ends_with("/options");
+    let options = rest.starts_with("/models/") && rest.ends_with("/options") || rest == "/models/register";
     (*method == Method::POST && (CONTROL.contains(&rest) || admin_mutation))
         || (*method == Method::DELETE && rest == "/prompt-cache")
         || ((*method == Method::POST || *method == Method::DELETE) && options)

@@ -104,6 +104,7 @@ route_table! {
     get_only "/params" => lifecycle::params;
     post_also "/params" => lifecycle::set_params;
     post_only "/pull" => pull::pull;
+    post_only "/models/register" => pull::register;
     post_only "/delete" => pull::delete;
     post_only "/install" => install::install_route;
     post_only "/uninstall" => install::uninstall_route;

@@ -67,3 +67,27 @@ pub async fn delete(
         message: Some(format!("Deleted model: {name}")),
     }))
 }
+
+/// Registers (or updates) a `user.*` model definition without downloading it.
+#[utoipa::path(post, path = "/api/v1/models/register", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1 (Lemonade v11). The definition is checked as a pull's registration \
+        is, saved in `user_models.json`, and the catalogue rescanned; nothing is downloaded (`POST /pull` does that). \
+        Needs the admin key when one is set.",
+    request_body = RegisterRequest,
+    responses(
+        (status = 200, description = "Registered", body = RegisterResponse),
+        (status = 400, description = "A missing or invalid field (`param` names it)", body = ErrorResponse),
+    ))]
+pub async fn register(
+    State(rt): State<AppState>,
+    body: JsonBody<RegisterRequest>,
+) -> Result<Json<RegisterResponse>, ApiError> {
+    let m = engine::pulls::register(&rt, &body.value)?;
+    let id = engine::pulls::public_id(&rt, &m);
+    Ok(Json(RegisterResponse {
+        status: "success".into(),
+        model_name: id.clone(),
+        canonical_model_name: m.name.clone(),
+        model: RegisteredModel { id, recipe: m.recipe.to_string(), downloaded: m.downloaded },
+    }))
+}

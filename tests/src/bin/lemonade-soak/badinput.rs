@@ -29,6 +29,7 @@ const POSTS: &[&str] = &[
     "/admin/models/extra.m.gguf/load",
     "/admin/models/extra.m.gguf/unload",
     "/models/extra.m.gguf/options",
+    "/models/register",
     "/messages",
     "/messages/count_tokens",
     "/audio/transcriptions",
