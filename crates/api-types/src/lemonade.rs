@@ -80,6 +80,10 @@ pub struct Model {
     /// A remote model's provider (recipe `cloud`; see `GET /api/v1/cloud`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<String>,
+    /// The context the model was trained for, in tokens, from its GGUF header (Lemonade v11);
+    /// absent when not known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_length: Option<u64>,
 }
 
 /// `GET /v1/models`.
@@ -144,6 +148,20 @@ pub struct LoadedModel {
     pub prompt_cache_files: u64,
     #[serde(default)]
     pub prompt_cache_bytes: u64,
+    /// The backend's process id (Lemonade v11); absent for a backend that is not a process
+    /// of this machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// Requests are being served (v11).
+    #[serde(default)]
+    pub is_busy: bool,
+    /// A streamed answer has sent its first chunk and not ended (v11).
+    #[serde(default)]
+    pub is_streaming: bool,
+    /// How the backend was started: the program's name and its arguments, this machine's
+    /// paths as placeholders (`<hf-cache>`, `<lemonade-cache>`, `<extra-models-dir>`, `~`).
+    #[serde(default)]
+    pub command: Vec<String>,
 }
 
 /// The prompt cache: what it holds, and its bound (`--prompt-cache-size`; 0: off).
@@ -187,6 +205,9 @@ pub struct Health {
     /// Remote providers (recipe `cloud`): their models take no local slot.
     #[serde(default)]
     pub upstreams: Vec<crate::Upstream>,
+    /// Pinned models loaded now, per model type (Lemonade v11).
+    #[serde(default)]
+    pub pinned_models: BTreeMap<String, i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -644,3 +644,45 @@ async fn real_llama_server_aliases_and_bare_names_work_everywhere_a_model_name_d
     let file: Value = serde_json::from_slice(&std::fs::read(l.sandbox.cache().join("aliases.json")).unwrap()).unwrap();
     assert_eq!(file, json!({}));
 }
+
+/// Lemonade v11's health fields on real llama-server: the backend's pid, `is_busy` and
+/// `is_streaming` (true once a stream's first chunk went out, false once it ended), the launch
+/// command with this machine's paths as placeholders, `pinned_models`; `/models` lists the
+/// context a model was trained for.
+#[tokio::test]
+async fn real_llama_server_health_shows_pid_busy_streaming_and_the_launch_command() {
+    use futures_util::StreamExt;
+    let l = Lemonade::start(bin(), &[]).await;
+    let (_, m) = l.get(&format!("/api/v1/models/{SMOL}")).await;
+    assert_eq!(m["context_length"], 8192, "SmolLM2's GGUF header: {m}");
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL, "pinned": true})).await.0, 200);
+    let h = l.get("/api/v1/health").await.1;
+    let e = &h["all_models_loaded"][0];
+    assert_eq!(e["pid"], child_pids(l.pid())[0], "{e}");
+    assert_eq!((e["is_busy"].clone(), e["is_streaming"].clone()), (json!(false), json!(false)));
+    assert_eq!(h["pinned_models"]["llm"], 1, "{h}");
+    assert_eq!(h["pinned_models"]["embedding"], 0);
+    let cmd: Vec<String> = serde_json::from_value(e["command"].clone()).unwrap();
+    assert!(cmd.windows(2).any(|w| w == ["--ctx-size", "4096"]), "{cmd:?}");
+    assert!(cmd.iter().any(|a| a.starts_with("<hf-cache>/")), "the model path as a placeholder: {cmd:?}");
+    let home = std::env::var("HOME").unwrap();
+    assert!(!cmd.iter().any(|a| a.contains(&home)), "no home directory: {cmd:?}");
+
+    let body = json!({"model": SMOL, "stream": true, "max_tokens": 200, "temperature": 0,
+                      "messages": [{"role": "user", "content": "Count from one to one hundred."}]});
+    let r = l.http.post(l.url("/api/v1/chat/completions")).json(&body).send().await.unwrap();
+    let mut stream = r.bytes_stream();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(30), stream.next()).await;
+    assert!(matches!(first, Ok(Some(Ok(_)))), "a first chunk");
+    let e = l.get("/api/v1/health").await.1["all_models_loaded"][0].clone();
+    assert_eq!((e["is_busy"].clone(), e["is_streaming"].clone()), (json!(true), json!(true)), "{e}");
+    let drained =
+        tokio::time::timeout(std::time::Duration::from_secs(60), async { while stream.next().await.is_some() {} });
+    assert!(drained.await.is_ok(), "the stream ends");
+    let idle = wait_for(std::time::Duration::from_secs(5), || async {
+        let e = l.get("/api/v1/health").await.1["all_models_loaded"][0].clone();
+        (e["is_streaming"] == false && e["is_busy"] == false).then_some(())
+    })
+    .await;
+    assert!(idle.is_some(), "not streaming nor busy once the stream ended");
+}

@@ -74,6 +74,10 @@ pub trait Process: Send + Sync + 'static {
     fn ready(&self) -> BoxFuture<'_, Result<(), StartFailure>>;
     /// Stops it (SIGTERM, SIGKILL after `grace`); resolves once it is gone.
     fn stop(&self, grace: Duration) -> BoxFuture<'_, ()>;
+    /// Its operating-system process id, when it is a process of this machine.
+    fn pid(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// Starts backends and probes them.
@@ -229,6 +233,9 @@ pub struct RealProcess {
 impl Process for RealProcess {
     fn base_url(&self) -> String {
         self.backend.base_url()
+    }
+    fn pid(&self) -> Option<u32> {
+        Some(self.backend.pid())
     }
     fn port(&self) -> u16 {
         self.backend.port()

@@ -83,6 +83,11 @@ pub struct Running {
     reported: tokio::sync::watch::Sender<bool>,
     /// Its prompt cache, when this load keeps one (an LLM on llama-server).
     pub cache: Option<crate::prompt_cache::Attached>,
+    /// How it was started: the program and its arguments, this machine's paths as
+    /// placeholders (`Config::redact`).
+    pub command: Vec<String>,
+    /// Streams whose first chunk went out and that have not ended.
+    streams: std::sync::atomic::AtomicUsize,
 }
 
 impl Running {
@@ -153,6 +158,8 @@ pub struct Lease {
     /// When the request asked for the model, and how long it waited for it.
     pub asked: Instant,
     pub waited: Duration,
+    /// Whether this lease's stream counts as streaming (see [`Lease::streaming`]).
+    streaming: bool,
 }
 
 /// What a lease forwards to.
@@ -164,10 +171,19 @@ pub enum Target {
 }
 
 impl Lease {
+    /// Marks the lease's answer as streaming (its first chunk went out): the model shows
+    /// `is_streaming` until every such lease has ended.
+    pub fn streaming(&mut self) {
+        if let (false, Target::Local { model, .. }) = (self.streaming, &self.target) {
+            model.streams.fetch_add(1, Ordering::Relaxed);
+            self.streaming = true;
+        }
+    }
+
     /// A lease on a remote model (the scheduler never sees it).
     pub fn remote(rt: &Arc<Lifecycle>, route: crate::remote::Route) -> Lease {
         let asked = Instant::now();
-        Lease { target: Target::Remote(route), rt: rt.clone(), asked, waited: Duration::ZERO }
+        Lease { target: Target::Remote(route), rt: rt.clone(), asked, waited: Duration::ZERO, streaming: false }
     }
 
     /// The model's name, as the client gave it.
@@ -230,6 +246,9 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        if let (true, Target::Local { model, .. }) = (self.streaming, &self.target) {
+            model.streams.fetch_sub(1, Ordering::Relaxed);
+        }
         if let Target::Local { req, .. } = &self.target {
             let _ = self.rt.tx.send(Event::Release { req: *req });
         }
@@ -424,6 +443,10 @@ impl Lifecycle {
             vram_estimate: v.vram,
             in_flight: v.in_flight as u64,
             queued: v.queue_depth as u64,
+            pid: r.backend.pid(),
+            is_busy: v.in_flight > 0,
+            is_streaming: r.streams.load(Ordering::Relaxed) > 0,
+            command: r.command.clone(),
             prompt_cache_files: cached.0,
             prompt_cache_bytes: cached.1,
         }
@@ -504,7 +527,14 @@ impl Lifecycle {
             Answer::Granted => match self.running_model(name) {
                 Some(model) if model.backend.exit_status().is_none() => {
                     self.metrics.granted(name);
-                    Ok(Lease { target: Target::Local { model, req }, rt: self.clone(), asked, waited: asked.elapsed() })
+                    let waited = asked.elapsed();
+                    Ok(Lease {
+                        target: Target::Local { model, req },
+                        rt: self.clone(),
+                        asked,
+                        waited,
+                        streaming: false,
+                    })
                 }
                 dead => {
                     let _ = self.tx.send(Event::Release { req });
@@ -779,6 +809,10 @@ impl Lifecycle {
             _ = cancel.wait_for(|c| *c) => return Err(cancelled()),
         };
         let started = Instant::now();
+        let spec = &prepared.spec;
+        // The program by its name (where lemonade keeps or finds it is its own business).
+        let program = spec.program.file_name().map_or_else(|| "backend".into(), |n| n.to_string_lossy().to_string());
+        let command = std::iter::once(program).chain(spec.args.iter().map(|a| self.cfg.redact_here(a))).collect();
         let backend = self.launcher.spawn(name, prepared.spec)?;
         let running = Arc::new(Running {
             info,
@@ -790,6 +824,8 @@ impl Lifecycle {
             lost_worker: std::sync::OnceLock::new(),
             reported: tokio::sync::watch::channel(false).0,
             cache: prepared.cache,
+            command,
+            streams: Default::default(),
         });
         // Registered unless a stop came first (it found no process): checked under the lock the
         // stop takes, so one of the two always sees the other.

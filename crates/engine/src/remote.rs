@@ -114,6 +114,7 @@ impl Provider {
                 model_type: Some(cloud::model_type(&m.id, &m.labels)),
                 image_defaults: None,
                 upstream: Some(self.name.clone()),
+                context_length: None,
             })
             .collect()
     }

@@ -111,6 +111,18 @@ pub fn limits_by_type(limits: &Limits) -> std::collections::BTreeMap<String, i64
     ModelType::ALL.iter().map(|t| (t.as_str().to_string(), limits.get(*t))).collect()
 }
 
+/// Pinned models among `loaded`, per model type (every type listed, 0 when none).
+pub fn pinned_by_type(
+    loaded: &[(std::sync::Arc<crate::lifecycle::Running>, crate::lifecycle::ModelView)],
+) -> std::collections::BTreeMap<String, i64> {
+    ModelType::ALL
+        .iter()
+        .map(|t| {
+            (t.as_str().to_string(), loaded.iter().filter(|(r, v)| v.pinned && r.info.model_type == *t).count() as i64)
+        })
+        .collect()
+}
+
 /// The settings in force, as the scheduler last published them.
 pub fn current(rt: &Lifecycle) -> Params {
     let v = rt.scheduler_view();

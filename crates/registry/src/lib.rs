@@ -368,6 +368,7 @@ impl Registry {
             model_type: Some(m.model_type),
             image_defaults: m.image_defaults.clone(),
             upstream: None,
+            context_length: m.shape.map(|s| s.trained_ctx).filter(|c| *c > 0),
         }
     }
 }

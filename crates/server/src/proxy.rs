@@ -549,6 +549,7 @@ impl StreamState {
     fn first_byte(&mut self) {
         if !self.started {
             self.started = true;
+            self.lease.streaming();
             self.lease.metrics().first_token(self.lease.name(), self.lease.asked.elapsed());
         }
     }

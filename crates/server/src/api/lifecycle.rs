@@ -28,6 +28,7 @@ pub async fn health(State(rt): State<AppState>) -> Json<Health> {
         log_streaming: LogStreaming { sse: rt.http.logs.is_some(), websocket: false },
         prompt_cache: rt.prompt_cache_usage(),
         upstreams: rt.remotes.views(),
+        pinned_models: engine::settings::pinned_by_type(&loaded),
     })
 }
 
