@@ -658,3 +658,36 @@ pub struct RegisterResponse {
     pub canonical_model_name: String,
     pub model: RegisteredModel,
 }
+
+/// One GGUF variant of a repository (`GET /v1/pull/variants`, Lemonade v11).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PullVariant {
+    /// What to put after `:` in a checkpoint to pull exactly these files.
+    pub name: String,
+    pub primary_file: String,
+    pub files: Vec<String>,
+    pub sharded: bool,
+    pub size_bytes: u64,
+}
+
+/// `GET /v1/pull/variants?checkpoint=org/repo` (Lemonade v11).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PullVariants {
+    pub checkpoint: String,
+    pub recipe: String,
+    pub suggested_name: String,
+    pub suggested_labels: Vec<String>,
+    pub mmproj_files: Vec<String>,
+    /// At most 5, the most used quantizations first.
+    pub variants: Vec<PullVariant>,
+}
+
+/// The query of `GET /v1/pull/variants`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams))]
+pub struct VariantsQuery {
+    /// A Hugging Face repository id, `org/repo`.
+    pub checkpoint: Option<String>,
+}

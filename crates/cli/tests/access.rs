@@ -44,6 +44,7 @@ fn routes() -> Vec<(&'static str, String, Option<Value>)> {
             ("POST", p("/models/extra.m.gguf/options"), Some(json!({"ctx_size": 2048, "dry_run": true}))),
             ("DELETE", p("/models/extra.m.gguf/options"), None),
             ("POST", p("/models/register"), Some(json!({"model_name": "user.R"}))),
+            ("GET", p("/pull/variants"), None),
             ("GET", p("/stats"), None),
             ("GET", p("/system-info"), None),
             ("GET", p("/system-stats"), None),

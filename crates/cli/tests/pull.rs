@@ -440,3 +440,46 @@ async fn register_defines_a_model_without_downloading_and_pull_by_bare_name_fetc
     assert_eq!(s, 200, "{v}");
     assert_eq!(l.get("/api/v1/models/Reg").await.1["downloaded"], true);
 }
+
+/// Lemonade v11's `GET /v1/pull/variants` against the Hub double: the variants of a repo with
+/// shards and a projector, each name pulling exactly its files.
+#[tokio::test]
+async fn pull_variants_lists_what_a_checkpoint_can_name_and_the_name_pulls_it() {
+    let (_tmp, _double, l) = setup(Knobs::default()).await;
+    let (s, v) = l.get("/v1/pull/variants?checkpoint=org/shard-GGUF").await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!((v["suggested_name"].clone(), v["recipe"].clone()), (json!("shard-GGUF"), json!("llamacpp")));
+    assert_eq!(
+        (v["mmproj_files"].clone(), v["suggested_labels"].clone()),
+        (json!(["mmproj-f16.gguf"]), json!(["vision"]))
+    );
+    let names: Vec<&str> = v["variants"].as_array().unwrap().iter().map(|x| x["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["Q8_0", "Q4_0"], "{v}");
+    let q4 = &v["variants"][1];
+    assert_eq!(q4["files"], json!(["m-Q4_0-00001-of-00002.gguf", "m-Q4_0-00002-of-00002.gguf"]));
+    assert_eq!((q4["sharded"].clone(), q4["size_bytes"].clone()), (json!(true), json!(52)), "the two files' sizes");
+    for (q, code) in [("", 400), ("?checkpoint=nope", 400), ("?checkpoint=org/nope-GGUF", 404)] {
+        let (s, e) = l.get(&format!("/api/v1/pull/variants{q}")).await;
+        assert_eq!(s, code, "{q}: {e}");
+        assert!(e["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{e}");
+    }
+    let body = json!({"model": "user.V", "checkpoint": "org/shard-GGUF:Q4_0", "recipe": "llamacpp"});
+    assert_eq!(l.post("/api/v1/pull", &body).await.0, 200);
+    for f in ["m-Q4_0-00001-of-00002.gguf", "m-Q4_0-00002-of-00002.gguf"] {
+        let found = walk(&l.sandbox.hf_cache()).iter().any(|p| p.ends_with(f));
+        assert!(found, "{f} pulled");
+    }
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

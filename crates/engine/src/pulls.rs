@@ -377,3 +377,26 @@ pub fn public_id(rt: &Engine, m: &ModelInfo) -> String {
         _ => m.name.clone(),
     }
 }
+
+/// `GET /pull/variants` (Lemonade v11): the GGUF variants of the Hugging Face repository
+/// `checkpoint` (`org/repo`), from its file listing. 400 for a missing or malformed
+/// checkpoint, 404 when the Hub has no such repository.
+pub async fn variants(rt: &Engine, checkpoint: Option<&str>) -> Result<PullVariants> {
+    let repo = checkpoint.map(str::trim).filter(|c| !c.is_empty());
+    let repo =
+        repo.ok_or_else(|| EngineError::invalid("Missing required query parameter 'checkpoint'", Some("checkpoint")))?;
+    let repo = repo.split(':').next().unwrap_or(repo);
+    registry::checkpoint::validate(repo).ok().filter(|_| repo.contains('/')).ok_or_else(|| {
+        EngineError::invalid(
+            format!("Invalid checkpoint '{repo}': expected a Hugging Face repository id, org/repo"),
+            Some("checkpoint"),
+        )
+    })?;
+    match hub(rt).list(repo, "main").await {
+        Ok((_, files)) => Ok(registry::variants::of(repo, &files)),
+        Err(HubError::Status { status: 404, .. }) => {
+            Err(EngineError::NotFound(format!("Repository '{repo}' was not found on Hugging Face")))
+        }
+        Err(e) => Err(EngineError::Internal(format!("Cannot list '{repo}': {e}"))),
+    }
+}

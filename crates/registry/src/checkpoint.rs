@@ -71,7 +71,7 @@ fn lower(s: &str) -> String {
     s.to_ascii_lowercase()
 }
 
-fn is_mmproj(path: &str) -> bool {
+pub fn is_mmproj(path: &str) -> bool {
     file_name(path).contains("mmproj")
 }
 
@@ -176,7 +176,7 @@ pub fn resolve_main<'a>(files: &'a [String], variant: &str) -> Option<&'a str> {
     }
 }
 
-fn is_gguf(path: &str) -> bool {
+pub fn is_gguf(path: &str) -> bool {
     lower_name(path).ends_with(".gguf")
 }
 

@@ -105,6 +105,7 @@ route_table! {
     post_also "/params" => lifecycle::set_params;
     post_only "/pull" => pull::pull;
     post_only "/models/register" => pull::register;
+    get_only "/pull/variants" => pull::variants;
     post_only "/delete" => pull::delete;
     post_only "/install" => install::install_route;
     post_only "/uninstall" => install::uninstall_route;

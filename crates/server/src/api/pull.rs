@@ -2,7 +2,7 @@
 //! `user.*` registration), and remove them.
 
 use api_types::*;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
@@ -90,4 +90,23 @@ pub async fn register(
         canonical_model_name: m.name.clone(),
         model: RegisteredModel { id, recipe: m.recipe.to_string(), downloaded: m.downloaded },
     }))
+}
+
+/// The GGUF variants of a Hugging Face repository, to choose what to pull.
+#[utoipa::path(get, path = "/api/v1/pull/variants", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1 (Lemonade v11). Reads the repository's file listing on the Hub \
+        (`HF_TOKEN` is sent when set): at most 5 variants, the most used quantizations first; each `name` after `:` \
+        in a checkpoint pulls exactly its `files`.",
+    params(VariantsQuery),
+    responses(
+        (status = 200, description = "The variants", body = PullVariants),
+        (status = 400, description = "A missing or malformed `checkpoint`", body = ErrorResponse),
+        (status = 404, description = "No such repository on the Hub (`not_found`)", body = ErrorResponse),
+        (status = 500, description = "The Hub could not be read", body = ErrorResponse),
+    ))]
+pub async fn variants(
+    State(rt): State<AppState>,
+    Query(q): Query<VariantsQuery>,
+) -> Result<Json<PullVariants>, ApiError> {
+    Ok(Json(engine::pulls::variants(&rt, q.checkpoint.as_deref()).await?))
 }
