@@ -2,6 +2,9 @@
 //! API and headers, and misbehaves on request.
 //!
 //! Layout: `<root>/<org>/<repo>/<files…>`. Endpoints:
+//! * `GET /api/models?search=Q&limit=N[&filter=gguf]` → `[{"id", "downloads", "likes", "tags",
+//!   "pipeline_tag"}]`: the repos whose id contains Q (any case), with `X-Total-Count`; 429
+//!   when Q is `rate-limit-me`.
 //! * `GET /api/models/{org}/{repo}` → `{"id", "sha", "siblings": [{"rfilename"}]}`
 //! * `GET /api/models/{org}/{repo}/tree/{rev}?recursive=true` → `[{"type", "path", "size",
 //!   "oid", "lfs": {"oid", "size"}}]` (every file is "LFS", with its sha256)
@@ -81,6 +84,7 @@ impl HubDouble {
         let shared =
             Shared { root: root.to_path_buf(), inner: Arc::new(Mutex::new(Inner { knobs, ..Default::default() })) };
         let app = Router::new()
+            .route("/api/models", get(search))
             .route("/api/models/{org}/{repo}", get(info))
             .route("/api/models/{org}/{repo}/tree/{rev}", get(tree))
             .route("/{org}/{repo}/resolve/{rev}/{*path}", get(file).head(file))
@@ -136,6 +140,36 @@ fn files(dir: &Path, prefix: &str, out: &mut Vec<(String, PathBuf)>) {
 
 fn not_found() -> Response {
     (StatusCode::NOT_FOUND, axum::Json(json!({"error": "Repository not found"}))).into_response()
+}
+
+async fn search(
+    State(s): State<Shared>,
+    axum::extract::Query(q): axum::extract::Query<BTreeMap<String, String>>,
+) -> Response {
+    let query = q.get("search").cloned().unwrap_or_default().to_ascii_lowercase();
+    if query == "rate-limit-me" {
+        return (StatusCode::TOO_MANY_REQUESTS, axum::Json(json!({"error": "slow down"}))).into_response();
+    }
+    let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(10);
+    let gguf_only = q.get("filter").is_some_and(|f| f == "gguf");
+    let mut repos = Vec::new();
+    for org in std::fs::read_dir(&s.root).into_iter().flatten().flatten().filter(|e| e.path().is_dir()) {
+        for repo in std::fs::read_dir(org.path()).into_iter().flatten().flatten().filter(|e| e.path().is_dir()) {
+            let id = format!("{}/{}", org.file_name().to_string_lossy(), repo.file_name().to_string_lossy());
+            let mut list = Vec::new();
+            files(&repo.path(), "", &mut list);
+            let gguf = list.iter().any(|(rel, _)| rel.ends_with(".gguf"));
+            if id.to_ascii_lowercase().contains(&query) && (gguf || !gguf_only) {
+                let tags: Vec<&str> = if gguf { vec!["gguf", "text-generation"] } else { vec!["text-generation"] };
+                repos.push(json!({"id": id, "downloads": list.len() * 100, "likes": list.len(), "tags": tags,
+                                  "pipeline_tag": "text-generation"}));
+            }
+        }
+    }
+    repos.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
+    let total = repos.len();
+    repos.truncate(limit);
+    ([("x-total-count", total.to_string())], axum::Json(repos)).into_response()
 }
 
 async fn info(State(s): State<Shared>, UrlPath((org, repo)): UrlPath<(String, String)>) -> Response {

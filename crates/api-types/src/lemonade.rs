@@ -691,3 +691,49 @@ pub struct VariantsQuery {
     /// A Hugging Face repository id, `org/repo`.
     pub checkpoint: Option<String>,
 }
+
+/// The query of `GET /v1/registry/search` (Lemonade v11).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams))]
+pub struct SearchQuery {
+    /// Search text, at least 3 characters after trimming (`q` is accepted too).
+    pub query: Option<String>,
+    pub q: Option<String>,
+    /// `huggingface` (default; `hf` too). ModelScope is not searched by lemonade.
+    pub source: Option<String>,
+    /// 1 to 50; default 12.
+    pub limit: Option<String>,
+    /// Only `gguf`: GGUF repositories only.
+    pub format: Option<String>,
+}
+
+/// One repository found by `GET /v1/registry/search`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SearchResult {
+    pub repository_id: String,
+    pub display_name: String,
+    pub source: String,
+    pub repository_type: String,
+    pub description: String,
+    pub tags: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    pub downloads: u64,
+    pub likes: u64,
+    /// A hint from the registry's tags; `/v1/pull/variants` checks the files.
+    pub has_gguf: bool,
+}
+
+/// `GET /v1/registry/search`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SearchResults {
+    pub source: String,
+    pub query: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
+    /// Matches the registry reports (may exceed the results returned).
+    pub total: u64,
+    pub results: Vec<SearchResult>,
+}

@@ -45,6 +45,7 @@ fn routes() -> Vec<(&'static str, String, Option<Value>)> {
             ("DELETE", p("/models/extra.m.gguf/options"), None),
             ("POST", p("/models/register"), Some(json!({"model_name": "user.R"}))),
             ("GET", p("/pull/variants"), None),
+            ("GET", p("/registry/search?query=ab"), None),
             ("GET", p("/stats"), None),
             ("GET", p("/system-info"), None),
             ("GET", p("/system-stats"), None),

@@ -483,3 +483,36 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// Lemonade v11's `GET /v1/registry/search` against the Hub double's search.
+#[tokio::test]
+async fn registry_search_finds_hub_repositories_and_refuses_bad_queries() {
+    let (_tmp, _double, l) = setup(Knobs::default()).await;
+    let (s, v) = l.get("/v1/registry/search?query=gguf&limit=2&format=gguf").await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        (v["source"].clone(), v["query"].clone(), v["format"].clone()),
+        (json!("huggingface"), json!("gguf"), json!("gguf"))
+    );
+    assert_eq!(v["total"], 4, "every repo of the double is a GGUF one: {v}");
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "limit");
+    assert_eq!(results[0]["repository_id"], "HuggingFaceTB/SmolLM2-GGUF");
+    assert_eq!(
+        (results[0]["display_name"].clone(), results[0]["has_gguf"].clone()),
+        (json!("SmolLM2-GGUF"), json!(true))
+    );
+    let (s, v) = l.get("/api/v1/registry/search?q=shard").await;
+    assert_eq!((s, v["results"][0]["repository_id"].clone()), (200, json!("org/shard-GGUF")), "q is query");
+    for (q, param) in [
+        ("query=ab", "query"),
+        ("query=abc&limit=0", "limit"),
+        ("query=abc&source=pypi", "source"),
+        ("query=abc&format=onnx", "format"),
+    ] {
+        let (s, e) = l.get(&format!("/v1/registry/search?{q}")).await;
+        assert_eq!((s, e["error"]["param"].as_str()), (400, Some(param)), "{q}: {e}");
+    }
+    let (s, e) = l.get("/v1/registry/search?query=rate-limit-me").await;
+    assert_eq!((s, e["error"]["code"].as_str()), (429, Some("rate_limited")), "{e}");
+}

@@ -27,6 +27,9 @@ pub enum EngineError {
     /// The model's state forbids the operation now.
     #[error("{0}")]
     Conflict(String),
+    /// An upstream (the Hub) asked us to slow down (a 429).
+    #[error("{0}")]
+    RateLimited(String),
     /// A thing other than a model (an alias, …) that does not exist.
     #[error("{0}")]
     NotFound(String),

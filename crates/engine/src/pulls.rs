@@ -400,3 +400,54 @@ pub async fn variants(rt: &Engine, checkpoint: Option<&str>) -> Result<PullVaria
         Err(e) => Err(EngineError::Internal(format!("Cannot list '{repo}': {e}"))),
     }
 }
+
+/// `GET /registry/search` (Lemonade v11): Hugging Face repositories matching a query. 400 for a
+/// query under 3 characters or a bad `source`, `limit` or `format`; 429 when the Hub
+/// rate-limits; a 502 naming the Hub's status otherwise.
+pub async fn search(rt: &Engine, q: &SearchQuery) -> Result<SearchResults> {
+    let query = q.query.as_deref().or(q.q.as_deref()).map(str::trim).unwrap_or_default();
+    if query.chars().count() < 3 {
+        return Err(EngineError::invalid("query must be at least 3 characters", Some("query")));
+    }
+    let source = match q.source.as_deref().map(str::to_ascii_lowercase).as_deref() {
+        None | Some("huggingface" | "hf") => "huggingface",
+        Some("modelscope" | "ms") => {
+            return Err(EngineError::invalid(
+                "source 'modelscope' is not searched by lemonade (it pulls from Hugging Face)",
+                Some("source"),
+            ))
+        }
+        Some(other) => {
+            return Err(EngineError::invalid(format!("Unknown source '{other}': use huggingface"), Some("source")))
+        }
+    };
+    let limit = match q.limit.as_deref().map(str::parse::<u32>) {
+        None => 12,
+        Some(Ok(n)) if (1..=50).contains(&n) => n,
+        _ => return Err(EngineError::invalid("limit must be a whole number from 1 to 50", Some("limit"))),
+    };
+    let gguf = match q.format.as_deref() {
+        None => false,
+        Some("gguf") => true,
+        Some(f) => {
+            return Err(EngineError::invalid(format!("Unknown format '{f}': the only format is gguf"), Some("format")))
+        }
+    };
+    let (total, found) = hub(rt).search(query, limit, gguf).await.map_err(|e| match e {
+        HubError::Status { status: 429, .. } => {
+            EngineError::RateLimited("Hugging Face rate-limited the search; try again later".into())
+        }
+        HubError::Status { status, .. } => {
+            EngineError::UpstreamFailed(format!("Hugging Face answered the search with {status}"))
+        }
+        e => EngineError::UpstreamFailed(format!("Hugging Face search failed: {e}")),
+    })?;
+    let results = found.iter().filter_map(registry::search::result).take(limit as usize).collect();
+    Ok(SearchResults {
+        source: source.into(),
+        query: query.into(),
+        format: gguf.then(|| "gguf".into()),
+        total,
+        results,
+    })
+}

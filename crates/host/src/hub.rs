@@ -94,6 +94,35 @@ impl Hub {
         Ok((commit, files))
     }
 
+    /// Repositories whose id matches `query` (the Hub's `/api/models?search=`), most downloaded
+    /// first, at most `limit`, GGUF ones only when `gguf`; with the total count the Hub reports
+    /// (its `X-Total-Count`, else the number returned).
+    pub async fn search(&self, query: &str, limit: u32, gguf: bool) -> Result<(u64, Vec<serde_json::Value>), HubError> {
+        let mut url = reqwest::Url::parse(&format!("{}/api/models", self.endpoint))
+            .map_err(|e| HubError::Protocol { url: self.endpoint.clone(), message: e.to_string() })?;
+        url.query_pairs_mut()
+            .append_pair("search", query)
+            .append_pair("limit", &limit.to_string())
+            .append_pair("sort", "downloads")
+            .append_pair("direction", "-1");
+        if gguf {
+            url.query_pairs_mut().append_pair("filter", "gguf");
+        }
+        let url = url.to_string();
+        let resp = self.get(&url).timeout(Duration::from_secs(30)).send().await.map_err(|e| HubError::GaveUp {
+            url: url.clone(),
+            message: e.to_string(),
+            attempts: 1,
+        })?;
+        if !resp.status().is_success() {
+            return Err(HubError::Status { url, status: resp.status().as_u16() });
+        }
+        let total = resp.headers().get("x-total-count").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+        let list: Vec<serde_json::Value> =
+            resp.json().await.map_err(|e| HubError::Protocol { url: url.clone(), message: e.to_string() })?;
+        Ok((total.unwrap_or(list.len() as u64), list))
+    }
+
     pub fn resolve_url(&self, repo: &str, rev: &str, path: &str) -> String {
         format!("{}/{repo}/resolve/{rev}/{path}", self.endpoint)
     }

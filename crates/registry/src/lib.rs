@@ -12,6 +12,7 @@ pub mod gguf;
 pub mod memory;
 pub mod options;
 pub mod plan;
+pub mod search;
 pub mod variants;
 
 pub use error::{LookupError, RegistryError};

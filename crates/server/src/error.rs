@@ -39,6 +39,9 @@ pub enum ApiError {
     /// The model's state forbids the operation now (admin API).
     #[error("{0}")]
     Conflict(String),
+    /// An upstream rate-limited the request (429 `rate_limited`).
+    #[error("{0}")]
+    RateLimited(String),
     /// A thing other than a model or a path (an alias, …) that does not exist (404 `not_found`).
     #[error("{0}")]
     NotFound(String),
@@ -94,6 +97,7 @@ impl ApiError {
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
         }
@@ -141,6 +145,7 @@ impl ApiError {
             ApiError::Unprocessable(_) => ErrorResponse::new("invalid_request_error", msg).code("validation_error"),
             ApiError::Conflict(_) => ErrorResponse::new("invalid_request_error", msg).code("conflict"),
             ApiError::NotFound(_) => ErrorResponse::new("not_found", msg).code("not_found"),
+            ApiError::RateLimited(_) => ErrorResponse::new("rate_limited", msg).code("rate_limited"),
             ApiError::PayloadTooLarge { .. } => {
                 ErrorResponse::new("invalid_request_error", msg).code("payload_too_large")
             }
@@ -173,6 +178,7 @@ impl From<EngineError> for ApiError {
             E::Rejected { model, why } => ApiError::Rejected { model, why },
             E::Conflict(m) => ApiError::Conflict(m),
             E::NotFound(m) => ApiError::NotFound(m),
+            E::RateLimited(m) => ApiError::RateLimited(m),
             E::Unavailable(m) => ApiError::BackendUnavailable(m),
             E::UpstreamFailed(m) => ApiError::UpstreamFailed(m),
             E::UpstreamTimeout(m) => ApiError::UpstreamTimeout(m),

@@ -106,6 +106,7 @@ route_table! {
     post_only "/pull" => pull::pull;
     post_only "/models/register" => pull::register;
     get_only "/pull/variants" => pull::variants;
+    get_only "/registry/search" => pull::search;
     post_only "/delete" => pull::delete;
     post_only "/install" => install::install_route;
     post_only "/uninstall" => install::uninstall_route;

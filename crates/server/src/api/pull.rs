@@ -110,3 +110,18 @@ pub async fn variants(
 ) -> Result<Json<PullVariants>, ApiError> {
     Ok(Json(engine::pulls::variants(&rt, q.checkpoint.as_deref()).await?))
 }
+
+/// Searches Hugging Face for model repositories.
+#[utoipa::path(get, path = "/api/v1/registry/search", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1 (Lemonade v11). Candidate repositories from the Hub's metadata, most \
+        downloaded first; `/v1/pull/variants` checks a candidate's files.",
+    params(SearchQuery),
+    responses(
+        (status = 200, description = "The results", body = SearchResults),
+        (status = 400, description = "A query under 3 characters, or a bad `source`, `limit` or `format`", body = ErrorResponse),
+        (status = 429, description = "The Hub rate-limited the search (`rate_limited`)", body = ErrorResponse),
+        (status = 502, description = "The Hub failed (its status named)", body = ErrorResponse),
+    ))]
+pub async fn search(State(rt): State<AppState>, Query(q): Query<SearchQuery>) -> Result<Json<SearchResults>, ApiError> {
+    Ok(Json(engine::pulls::search(&rt, &q).await?))
+}
