@@ -257,8 +257,21 @@ def pull(b, model, checkpoint, cancelled, cancelled_checkpoint, missing, broken,
     check(bar and bar[-1] == 100, f"the bar never reached 100: {bar}")
     check(any(0 < v < 100 for v in bar), f"the bar jumped without showing progress: {bar}")
     check(all(a <= c for a, c in zip(bar, bar[1:])), f"the bar went backwards: {bar}")
-    # Load with options, pin, unload.
+    # The load dialog reads the options API: what a load uses now; it saves without loading
+    # and resets to the defaults.
     page.click(f'tr[data-model="{model}"] button:text-is("Load")')
+    expect(page.locator("#load-ctx")).to_have_value("4096")
+    expect(page.locator("#load-saved")).to_contain_text("Nothing saved")
+    page.fill("#load-ctx", "2048")
+    page.click("#load-save-only")
+    expect(page.locator("#load-saved")).to_contain_text("ctx_size 2048")
+    opts = http("GET", f"/api/v1/models/{model}/options")
+    check(opts["saved"].get("ctx_size") == 2048 and opts["effective"]["ctx_size"] == 2048, f"saved from the dialog: {opts}")
+    check(not any(m["model_name"] == model for m in http("GET", "/api/v1/health")["all_models_loaded"]), "saving loaded it")
+    page.click("#load-reset")
+    expect(page.locator("#load-saved")).to_contain_text("Nothing saved")
+    check(http("GET", f"/api/v1/models/{model}/options")["saved"] == {}, "reset from the dialog")
+    # Load with options, pin, unload.
     page.fill("#load-ctx", "1024")
     page.click("#load-ok")
     expect(state(page, model)).to_have_attribute("data-state", "loaded")

@@ -1,7 +1,8 @@
 // Models: the whole catalogue with filters and each model's state (not downloaded,
 // downloading with live progress, downloaded, loading, loaded, pinned, failed with its
 // reason); pull and cancel, register a `user.*` model from a Hugging Face checkpoint, load
-// with options, unload, pin, delete. Pulls run on in this module while the page lives, so
+// with options (prefilled from the options API; saved without loading, or reset), unload,
+// pin, delete. Pulls run on in this module while the page lives, so
 // they survive switching views.
 
 import { api, sse } from "./api.js";
@@ -203,32 +204,58 @@ export function mount(main) {
   }
 
   // Load dialog
-  const ctx = h("input", { id: "load-ctx", type: "number", min: 256, step: 256, placeholder: "4096" });
+  const ctx = h("input", { id: "load-ctx", type: "number", min: -1, placeholder: "4096 (-1: automatic)" });
   const backend = h("select", { id: "load-backend" }, ["", "cpu", "vulkan", "rocm", "metal", "system"].map((v) => h("option", { value: v }, v || "server default")));
   const args = h("input", { id: "load-args", type: "text", placeholder: "--flash-attn on" });
   const saveOpts = h("input", { id: "load-save", type: "checkbox" });
   const pin = h("input", { id: "load-pin", type: "checkbox" });
   const llamaOnly = h("div", {}, field("Context size", ctx), field("llama.cpp backend", backend), field("llama-server arguments", args));
   const loadTitle = h("h2", { id: "load-title" }, "Load");
+  const savedLine = h("p", { id: "load-saved", class: "muted small" });
   let loadModel = null;
   const loadDialog = h("dialog", { id: "load-dialog", "aria-labelledby": "load-title" },
     h("form", { method: "dialog", onsubmit: (ev) => { ev.preventDefault(); doLoad(); } },
-      loadTitle, llamaOnly,
+      loadTitle, savedLine, llamaOnly,
       h("div", { class: "field inline" }, saveOpts, h("label", { for: "load-save" }, "Save these options as the model's defaults")),
       h("div", { class: "field inline" }, pin, h("label", { for: "load-pin" }, "Pin (never evicted)")),
       h("div", { class: "row end" },
         h("button", { type: "button", class: "secondary", onclick: () => loadDialog.close() }, "Cancel"),
+        h("button", { type: "button", class: "secondary", id: "load-reset", onclick: () => saveOptions(true) }, "Reset to defaults"),
+        h("button", { type: "button", class: "secondary", id: "load-save-only", onclick: () => saveOptions(false) }, "Save without loading"),
         h("button", { type: "submit", id: "load-ok" }, "Load"))));
   main.append(loadDialog);
 
-  function openLoad(m) {
+  const optionsPath = (m) => `/api/v1/models/${encodeURI(m.id)}/options`;
+
+  /** Fills the dialog from the options API: what a load uses now, and what is saved. */
+  function showOptions(o) {
+    const e = o.effective || {};
+    ctx.value = e.ctx_size ?? ""; backend.value = e.llamacpp_backend || ""; args.value = e.llamacpp_args || "";
+    const saved = Object.entries(o.saved || {}).map(([k, v]) => `${k} ${JSON.stringify(v)}`).join(", ");
+    savedLine.textContent = saved ? `Saved for this model: ${saved}.` : "Nothing saved for this model: the server's defaults apply.";
+  }
+
+  async function openLoad(m) {
     loadModel = m;
     loadTitle.textContent = `Load ${m.id}`;
-    const o = m.recipe_options || {};
-    ctx.value = o.ctx_size || ""; backend.value = o.llamacpp_backend || ""; args.value = o.llamacpp_args || "";
     saveOpts.checked = false; pin.checked = false;
     llamaOnly.classList.toggle("hidden", m.recipe !== "llamacpp");
+    try { showOptions(await api(optionsPath(m))); } catch (e) { savedLine.textContent = `Cannot read the options: ${e.message}`; }
     loadDialog.showModal();
+  }
+
+  /** The dialog's options: a cleared field is null (the saved value is removed). */
+  function dialogOptions() {
+    return { ctx_size: ctx.value === "" ? null : Number(ctx.value), llamacpp_backend: backend.value || null, llamacpp_args: args.value.trim() || null };
+  }
+
+  async function saveOptions(reset) {
+    const m = loadModel;
+    try {
+      const o = reset ? await api(optionsPath(m), undefined, { method: "DELETE" }) : await api(optionsPath(m), m.recipe === "llamacpp" ? dialogOptions() : {});
+      showOptions(o);
+      toast(reset ? `${m.id}: options reset to the defaults` : `${m.id}: options saved`);
+    } catch (e) { toast(`${m.id}: ${e.message}`, "bad"); }
   }
 
   async function doLoad() {
