@@ -48,6 +48,8 @@ pub struct Knobs {
     pub corrupt: bool,
     /// Pause this long between 64 KiB chunks.
     pub chunk_delay: Option<std::time::Duration>,
+    /// The commit the repos' info reports instead of [`COMMIT`] (an upstream update).
+    pub commit: Option<String>,
 }
 
 /// A logged file request: path and the `Range` header, if any.
@@ -180,7 +182,8 @@ async fn info(State(s): State<Shared>, UrlPath((org, repo)): UrlPath<(String, St
     let mut list = Vec::new();
     files(&dir, "", &mut list);
     let siblings: Vec<_> = list.iter().map(|(rel, _)| json!({"rfilename": rel})).collect();
-    axum::Json(json!({"id": format!("{org}/{repo}"), "sha": COMMIT, "siblings": siblings})).into_response()
+    let sha = s.inner.lock().unwrap().knobs.commit.clone().unwrap_or_else(|| COMMIT.to_string());
+    axum::Json(json!({"id": format!("{org}/{repo}"), "sha": sha, "siblings": siblings})).into_response()
 }
 
 async fn tree(State(s): State<Shared>, UrlPath((org, repo, _rev)): UrlPath<(String, String, String)>) -> Response {

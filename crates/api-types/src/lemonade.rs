@@ -737,3 +737,43 @@ pub struct SearchResults {
     pub total: u64,
     pub results: Vec<SearchResult>,
 }
+
+/// The answer of `POST /v1/models/check-updates` (Lemonade v11).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CheckUpdates {
+    pub status: String,
+    pub updates_available: usize,
+    /// The downloaded models whose repository has a newer commit than the one downloaded.
+    pub models: Vec<String>,
+}
+
+/// One file of `GET /v1/models/{id}/files` (Lemonade v11).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ModelFile {
+    pub name: String,
+    /// The absolute path; only with `?include_paths=true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// `main` (every shard of it) or `mmproj`.
+    pub role: String,
+    pub size_bytes: u64,
+    pub exists: bool,
+}
+
+/// `GET /v1/models/{id}/files`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ModelFiles {
+    pub model_id: String,
+    pub files: Vec<ModelFile>,
+}
+
+/// The query of `GET /v1/models/{id}/files`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::IntoParams))]
+pub struct FilesQuery {
+    /// `true`: each file's absolute path too (it may reveal the user name and cache layout).
+    pub include_paths: Option<String>,
+}

@@ -546,6 +546,20 @@ pub enum AliasAction {
     },
 }
 
+/// `lemonade check-updates`.
+pub async fn check_updates(t: &Target, json_out: bool) -> Result<()> {
+    let v: api_types::CheckUpdates = t
+        .client(Some(Duration::from_secs(300)))
+        .post("/models/check-updates", &serde_json::json!({}))
+        .await
+        .context("Error checking for updates")?;
+    out(json_out, &json_of(&v), || match v.models.len() {
+        0 => "Every downloaded model is up to date".into(),
+        _ => format!("Updates available ({}): {}", v.updates_available, v.models.join(", ")),
+    });
+    Ok(())
+}
+
 /// `lemonade alias add|list|remove`.
 pub async fn alias(t: &Target, action: AliasAction, json_out: bool) -> Result<()> {
     let c = t.client(None);

@@ -46,6 +46,8 @@ fn routes() -> Vec<(&'static str, String, Option<Value>)> {
             ("POST", p("/models/register"), Some(json!({"model_name": "user.R"}))),
             ("GET", p("/pull/variants"), None),
             ("GET", p("/registry/search?query=ab"), None),
+            ("GET", p("/models/extra.m.gguf/files"), None),
+            ("POST", p("/models/check-updates"), Some(json!({}))),
             ("GET", p("/stats"), None),
             ("GET", p("/system-info"), None),
             ("GET", p("/system-stats"), None),

@@ -516,3 +516,43 @@ async fn registry_search_finds_hub_repositories_and_refuses_bad_queries() {
     let (s, e) = l.get("/v1/registry/search?query=rate-limit-me").await;
     assert_eq!((s, e["error"]["code"].as_str()), (429, Some("rate_limited")), "{e}");
 }
+
+/// Lemonade v11's provenance, `POST /v1/models/check-updates` and `GET /v1/models/{id}/files`
+/// against the Hub double: a pull records the commit; an upstream commit after it is an update.
+#[tokio::test]
+async fn a_pull_records_provenance_check_updates_sees_a_new_commit_and_files_lists_them() {
+    let (_tmp, double, l) = setup(Knobs::default()).await;
+    let body = json!({"model": "user.Smol", "checkpoint": "HuggingFaceTB/SmolLM2-GGUF:Q4_1", "recipe": "llamacpp"});
+    assert_eq!(l.post("/api/v1/pull", &body).await.0, 200);
+    let prov: Value = serde_json::from_slice(
+        &std::fs::read(l.sandbox.hf_cache().join("models--HuggingFaceTB--SmolLM2-GGUF/.lemonade_registry.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        (prov["source"].clone(), prov["repo_id"].clone()),
+        (json!("huggingface"), json!("HuggingFaceTB/SmolLM2-GGUF"))
+    );
+    assert_eq!(prov["snapshot_id"], test_support::hub::COMMIT);
+    assert_eq!(prov["processed_models"]["user.Smol"]["snapshot_id"], test_support::hub::COMMIT);
+    assert!(prov["downloaded_at"].as_u64().is_some_and(|t| t > 1_700_000_000), "{prov}");
+
+    let (s, v) = l.post("/v1/models/check-updates", &json!({})).await;
+    assert_eq!((s, v), (200, json!({"status": "success", "updates_available": 0, "models": []})));
+    double.set_knobs(Knobs { commit: Some("fedcba9876543210fedcba9876543210fedcba98".into()), ..Knobs::default() });
+    let (_, v) = l.post("/api/v1/models/check-updates", &json!({})).await;
+    assert_eq!(v, json!({"status": "success", "updates_available": 1, "models": ["user.Smol"]}));
+    let (code, out, err) = l.cli(&["check-updates"]).await;
+    assert!(code == 0 && out.contains("Updates available (1): user.Smol"), "{out}{err}");
+
+    let (s, f) = l.get("/v1/models/user.Smol/files").await;
+    assert_eq!(s, 200, "{f}");
+    let size = std::fs::metadata(model(SMOL_FILE)).unwrap().len();
+    assert_eq!(
+        f,
+        json!({"model_id": "user.Smol", "files": [{"name": "SmolLM2-135M-Instruct.Q4_1.gguf", "role": "main", "size_bytes": size, "exists": true}]})
+    );
+    let (_, f) = l.get("/v1/models/user.Smol/files?include_paths=true").await;
+    assert!(f["files"][0]["path"].as_str().is_some_and(|p| p.starts_with('/') && p.ends_with(".gguf")), "{f}");
+    assert_eq!(l.get("/v1/models/nope/files").await.0, 404);
+}

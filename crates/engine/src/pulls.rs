@@ -215,6 +215,14 @@ pub async fn download(rt: &Engine, m: &ModelInfo, events: Option<&mpsc::Sender<P
             let _ = tx.send(done).await;
         }
     }
+    // Where the files came from (v11's provenance), for `check-updates`.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    for r in &repos {
+        let model = (*r == main.repo).then_some(m.name.as_str());
+        if let Err(e) = host::hf_cache::record_provenance(&rt.cfg.hf_cache, r, "main", &commits[r], model, now) {
+            tracing::warn!(repo = %r, error = %e, "provenance not recorded");
+        }
+    }
     Ok(total)
 }
 
@@ -450,4 +458,61 @@ pub async fn search(rt: &Engine, q: &SearchQuery) -> Result<SearchResults> {
         total,
         results,
     })
+}
+
+/// `POST /models/check-updates` (Lemonade v11): each downloaded Hugging Face model whose
+/// repository's `main` now points past the commit it was downloaded at (its provenance, else
+/// the cache's `refs/main`). A repository that cannot be asked counts as updated, as v11
+/// assumes; every repository is asked once, one after another.
+pub async fn check_updates(rt: &Engine) -> Result<CheckUpdates> {
+    let reg = rt.catalogue.registry();
+    let mut by_repo: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for m in reg.models().filter(|m| m.downloaded && m.source != registry::Source::ExtraModelsDir) {
+        by_repo.entry(Checkpoint::parse(&m.checkpoint).repo.to_string()).or_default().push(m.name.clone());
+    }
+    let hub = hub(rt);
+    let mut models = Vec::new();
+    for (repo, names) in by_repo {
+        let local = host::hf_cache::local_commit(&rt.cfg.hf_cache, &repo);
+        let newer = match hub.commit(&repo, "main").await {
+            Ok(remote) => local.as_deref() != Some(remote.as_str()),
+            Err(e) => {
+                tracing::warn!(repo = %repo, error = %e, "update check failed; assuming an update");
+                true
+            }
+        };
+        if newer {
+            models.extend(names);
+        }
+    }
+    Ok(CheckUpdates { status: "success".into(), updates_available: models.len(), models })
+}
+
+/// `GET /models/{id}/files` (Lemonade v11): the model's resolved files (every shard of the
+/// main file, the projector), their sizes and whether each exists; absolute paths only when
+/// asked for.
+pub fn files(rt: &Engine, name: &str, include_paths: bool) -> Result<ModelFiles> {
+    let m = rt.catalogue.get(name)?;
+    let mut found: Vec<(&str, std::path::PathBuf)> = Vec::new();
+    if let Some(main) = &m.main_path {
+        found.push(("main", main.clone()));
+        found.extend(registry::memory::other_shards(main).into_iter().map(|p| ("main", p)));
+    }
+    if let Some(mm) = &m.mmproj_path {
+        found.push(("mmproj", mm.clone()));
+    }
+    let files = found
+        .into_iter()
+        .map(|(role, p)| {
+            let size = host::files::size_of(&p);
+            ModelFile {
+                name: p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default(),
+                path: include_paths.then(|| p.display().to_string()),
+                role: role.into(),
+                size_bytes: size.unwrap_or(0),
+                exists: size.is_some(),
+            }
+        })
+        .collect();
+    Ok(ModelFiles { model_id: m.name.clone(), files })
 }

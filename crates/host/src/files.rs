@@ -179,3 +179,17 @@ mod settings_tests {
         assert!(err.contains("settings.json"), "{err}");
     }
 }
+
+/// The size of the file at `path` (following links; a folder: every file under it), or None
+/// when nothing is there.
+pub fn size_of(path: &Path) -> Option<u64> {
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.is_dir() {
+        return Some(meta.len());
+    }
+    let mut total = 0;
+    for e in std::fs::read_dir(path).ok()?.flatten() {
+        total += size_of(&e.path()).unwrap_or(0);
+    }
+    Some(total)
+}

@@ -159,3 +159,66 @@ mod tests {
         assert!(!is_complete(&tmp.path().join("absent.gguf")));
     }
 }
+
+/// Lemonade v11's provenance file in a repository's cache folder.
+pub const PROVENANCE_FILE: &str = ".lemonade_registry.json";
+
+/// Records where `repo`'s files came from, as Lemonade v11 does in
+/// `models--org--repo/.lemonade_registry.json`: the source, the revision asked for, the commit
+/// downloaded, when (Unix seconds), and each model pulled from it (`model`, merged with the
+/// models the file already lists). Written atomically.
+pub fn record_provenance(
+    root: &Path,
+    repo: &str,
+    revision: &str,
+    commit: &str,
+    model: Option<&str>,
+    at_unix: u64,
+) -> Result<(), crate::HostError> {
+    use serde_json::{json, Value};
+    let path = root.join(repo_folder_name(repo)).join(PROVENANCE_FILE);
+    let previous: Value =
+        std::fs::read(&path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(Value::Null);
+    let mut models = previous["processed_models"].as_object().cloned().unwrap_or_default();
+    if let Some(m) = model {
+        models.insert(m.to_string(), json!({"snapshot_id": commit, "downloaded_at": at_unix}));
+    }
+    let v = json!({"source": "huggingface", "repo_id": repo, "revision": revision, "snapshot_id": commit,
+                   "downloaded_at": at_unix, "processed_models": models});
+    let bytes = serde_json::to_vec_pretty(&v).expect("JSON serializes");
+    crate::files::write_atomic(&path, &bytes).map_err(crate::HostError::io(&path))
+}
+
+/// The commit `repo`'s files were downloaded at, from its provenance file, else from the
+/// snapshot `refs/main` names.
+pub fn local_commit(root: &Path, repo: &str) -> Option<String> {
+    let dir = root.join(repo_folder_name(repo));
+    let from_file = std::fs::read(dir.join(PROVENANCE_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["snapshot_id"].as_str().map(str::to_string));
+    from_file.or_else(|| std::fs::read_to_string(dir.join("refs").join("main")).ok().map(|s| s.trim().to_string()))
+}
+
+#[cfg(test)]
+mod provenance_tests {
+    use super::*;
+
+    #[test]
+    fn provenance_is_recorded_merged_and_read_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("models--org--r")).unwrap();
+        assert_eq!(local_commit(tmp.path(), "org/r"), None);
+        record_provenance(tmp.path(), "org/r", "main", "abc", Some("user.A"), 10).unwrap();
+        record_provenance(tmp.path(), "org/r", "main", "def", Some("user.B"), 20).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(tmp.path().join("models--org--r").join(PROVENANCE_FILE)).unwrap())
+                .unwrap();
+        assert_eq!(
+            (v["snapshot_id"].as_str(), v["source"].as_str(), v["downloaded_at"].as_u64()),
+            (Some("def"), Some("huggingface"), Some(20))
+        );
+        assert_eq!(v["processed_models"]["user.A"]["snapshot_id"], "abc", "earlier models kept");
+        assert_eq!(local_commit(tmp.path(), "org/r").as_deref(), Some("def"));
+    }
+}

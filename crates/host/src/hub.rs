@@ -60,9 +60,8 @@ impl Hub {
         resp.json().await.map_err(|e| HubError::Protocol { url: url.into(), message: e.to_string() })
     }
 
-    /// The commit `rev` points to, and every file of the repo at it (recursive, with sizes and
-    /// LFS sha256s).
-    pub async fn list(&self, repo: &str, rev: &str) -> Result<(String, Vec<RepoFile>), HubError> {
+    /// The commit `rev` of `repo` points to now.
+    pub async fn commit(&self, repo: &str, rev: &str) -> Result<String, HubError> {
         let info_url = format!("{}/api/models/{repo}/revision/{rev}", self.endpoint);
         let info = match self.json(&info_url).await {
             Ok(v) => v,
@@ -72,7 +71,13 @@ impl Hub {
             }
             Err(e) => return Err(e),
         };
-        let commit = info["sha"].as_str().unwrap_or(rev).to_string();
+        Ok(info["sha"].as_str().unwrap_or(rev).to_string())
+    }
+
+    /// The commit `rev` points to, and every file of the repo at it (recursive, with sizes and
+    /// LFS sha256s).
+    pub async fn list(&self, repo: &str, rev: &str) -> Result<(String, Vec<RepoFile>), HubError> {
+        let commit = self.commit(repo, rev).await?;
         let tree_url = format!("{}/api/models/{repo}/tree/{commit}?recursive=true", self.endpoint);
         let tree = self.json(&tree_url).await?;
         let entries = tree

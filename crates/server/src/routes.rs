@@ -75,7 +75,7 @@ macro_rules! route_table {
         /// The documentation of the API routes, from the same table.
         #[derive(utoipa::OpenApi)]
         #[openapi(paths($($($handler)::+),*, $($($rhandler)::+),*, lifecycle::live, native::native_post, native::native_get,
-            options::get_options, options::save_options, options::reset_options))]
+            options::get_options, options::save_options, options::reset_options, options::files))]
         pub struct RoutePaths;
     };
 }
@@ -105,6 +105,7 @@ route_table! {
     post_also "/params" => lifecycle::set_params;
     post_only "/pull" => pull::pull;
     post_only "/models/register" => pull::register;
+    post_only "/models/check-updates" => pull::check_updates;
     get_only "/pull/variants" => pull::variants;
     get_only "/registry/search" => pull::search;
     post_only "/delete" => pull::delete;
@@ -238,6 +239,7 @@ mod tests {
                 || ROOT_ROUTES.iter().any(|(h, rp)| http(h) == m && rp == &p)
                 || (m == "GET" && p == "/live")
                 || (p == "/api/v1/models/{id}/options" && ["GET", "POST", "DELETE"].contains(&m))
+                || (p == "/api/v1/models/{id}/files" && m == "GET")
                 || (m == "POST" && NATIVE_POST.contains(&p))
                 || (m == "GET" && NATIVE_GET.contains(&p))
         };

@@ -193,9 +193,16 @@ pub async fn list_models(State(rt): State<AppState>, Query(q): Query<ModelsQuery
         (status = 200, description = "The model", body = Model),
         (status = 404, description = "Unknown (`model_not_found`) or not available here (`model_not_supported`)", body = ErrorResponse),
     ))]
-pub async fn get_model(State(rt): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn get_model(
+    State(rt): State<AppState>,
+    Path(id): Path<String>,
+    Query(q): Query<FilesQuery>,
+) -> Result<Response, ApiError> {
     if let Some(model) = id.strip_suffix("/options").filter(|m| !m.is_empty()) {
         return Ok(crate::api::options::get_options(&rt, model).await?.into_response());
+    }
+    if let Some(model) = id.strip_suffix("/files").filter(|m| !m.is_empty()) {
+        return Ok(crate::api::options::files(&rt, model, &q).await?.into_response());
     }
     let reg = rt.catalogue.registry();
     match (reg.get(&id), rt.remotes.model(&id)) {

@@ -85,3 +85,16 @@ pub async fn delete_model_path(
     let id = options_of(&path, "GET")?;
     reset_options(&rt, &id).await
 }
+
+/// A model's resolved files.
+#[utoipa::path(get, path = "/api/v1/models/{id}/files", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1 (Lemonade v11). Every shard of the main file and the projector, \
+        with size and whether each exists; absolute paths only with `include_paths=true`.",
+    params(("id" = String, Path, description = "Model id"), FilesQuery),
+    responses(
+        (status = 200, description = "The files", body = ModelFiles),
+        (status = 404, description = "Unknown model (`model_not_found`)", body = ErrorResponse),
+    ))]
+pub async fn files(rt: &AppState, id: &str, q: &FilesQuery) -> Result<Json<ModelFiles>, ApiError> {
+    Ok(Json(engine::pulls::files(rt, id, q.include_paths.as_deref() == Some("true"))?))
+}

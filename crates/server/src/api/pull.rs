@@ -125,3 +125,14 @@ pub async fn variants(
 pub async fn search(State(rt): State<AppState>, Query(q): Query<SearchQuery>) -> Result<Json<SearchResults>, ApiError> {
     Ok(Json(engine::pulls::search(&rt, &q).await?))
 }
+
+/// Checks downloaded models for newer upstream commits.
+#[utoipa::path(post, path = "/api/v1/models/check-updates", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1 (Lemonade v11). Asks the Hub, once per repository, whether `main` \
+        points past the commit each downloaded model was pulled at (recorded in the repository's \
+        `.lemonade_registry.json`, else the cache's `refs/main`); a repository that cannot be asked counts as \
+        updated. Downloads nothing.",
+    responses((status = 200, description = "The models with an update", body = CheckUpdates)))]
+pub async fn check_updates(State(rt): State<AppState>) -> Result<Json<CheckUpdates>, ApiError> {
+    Ok(Json(engine::pulls::check_updates(&rt).await?))
+}
