@@ -517,6 +517,11 @@ pub struct PullRequest {
     /// Do nothing when the model is already downloaded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub do_not_upgrade: Option<bool>,
+    /// With `stream: true`, `false` makes the download a server-owned job (Lemonade v11): the
+    /// answer is the job's snapshot at once, the download outlives the request, and
+    /// `GET /v1/downloads` shows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subscribe: Option<bool>,
     /// Options saved for the model as it is registered (`recipe_options.json`), kept to its
     /// recipe's own, e.g. `{"sd-cpp_backend": "cpu"}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -776,4 +781,53 @@ pub struct ModelFiles {
 pub struct FilesQuery {
     /// `true`: each file's absolute path too (it may reveal the user name and cache layout).
     pub include_paths: Option<String>,
+}
+
+/// A server-owned download job (Lemonade v11's `GET /v1/downloads`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DownloadJob {
+    /// `model:<model_name>`.
+    pub id: String,
+    /// `model`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub model_name: String,
+    /// `downloading`, `paused`, `cancelled`, `completed` or `error`.
+    pub status: String,
+    /// Whether its worker is still active.
+    pub running: bool,
+    /// The file being downloaded, its 1-based index and how many there are.
+    pub file: String,
+    pub file_index: usize,
+    pub total_files: usize,
+    /// Bytes of the current file, and its size.
+    pub bytes_downloaded: u64,
+    pub bytes_total: u64,
+    /// Every file's bytes together, when known.
+    pub total_download_size: u64,
+    /// Bytes of the current file already on disk when this run began (a resume).
+    pub bytes_previously_downloaded: u64,
+    /// Bytes of the files completed before the current one.
+    pub completed_files_bytes: u64,
+    pub cumulative_bytes_downloaded: u64,
+    /// The same as `cumulative_bytes_downloaded` (v11 keeps both).
+    pub overall_bytes_downloaded: u64,
+    pub percent: u64,
+    pub complete: bool,
+    /// Bytes per second over the last run, while it runs.
+    #[serde(default)]
+    pub rate_bytes_per_s: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `POST /v1/downloads/control`: `action` is `pause`, `resume`, `cancel` or `remove`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct DownloadControl {
+    #[serde(default)]
+    pub id: String,
+    #[serde(default)]
+    pub action: String,
 }

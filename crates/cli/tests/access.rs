@@ -48,6 +48,8 @@ fn routes() -> Vec<(&'static str, String, Option<Value>)> {
             ("GET", p("/registry/search?query=ab"), None),
             ("GET", p("/models/extra.m.gguf/files"), None),
             ("POST", p("/models/check-updates"), Some(json!({}))),
+            ("GET", p("/downloads"), None),
+            ("POST", p("/downloads/control"), Some(json!({"id": "model:nope", "action": "remove"}))),
             ("GET", p("/stats"), None),
             ("GET", p("/system-info"), None),
             ("GET", p("/system-stats"), None),

@@ -556,3 +556,110 @@ async fn a_pull_records_provenance_check_updates_sees_a_new_commit_and_files_lis
     assert!(f["files"][0]["path"].as_str().is_some_and(|p| p.starts_with('/') && p.ends_with(".gguf")), "{f}");
     assert_eq!(l.get("/v1/models/nope/files").await.0, 404);
 }
+
+/// The job `model:user.Big` as `GET /v1/downloads` lists it.
+async fn job(l: &Lemonade) -> Option<Value> {
+    l.get("/v1/downloads").await.1.as_array()?.iter().find(|j| j["id"] == "model:user.Big").cloned()
+}
+
+/// Lemonade v11's server-owned downloads: a job outlives its request, pauses mid-file (the
+/// partial file stays), is listed as paused after lemonade is killed and restarted, resumes
+/// with `Range` from exactly what is on disk and completes with the right sha256; a cancelled
+/// job keeps its partial file; removal, a missing job and a bad action answer as v11.
+#[tokio::test]
+async fn a_download_job_pauses_survives_a_restart_as_paused_and_resumes_where_it_stopped() {
+    let slow = Knobs { chunk_delay: Some(std::time::Duration::from_millis(15)), ..Default::default() };
+    let (_tmp, double, l) = setup(slow.clone()).await;
+    let body = json!({"model": "user.Big", "checkpoint": "org/big-GGUF:Q4_0", "recipe": "llamacpp", "stream": true, "subscribe": false});
+    let (s, v) = l.post("/v1/pull", &body).await;
+    assert_eq!(
+        (s, v["id"].clone(), v["status"].clone(), v["running"].clone()),
+        (200, json!("model:user.Big"), json!("downloading"), json!(true)),
+        "{v}"
+    );
+
+    let going = wait_for(std::time::Duration::from_secs(10), || async {
+        job(&l).await.filter(|j| j["bytes_downloaded"].as_u64() > Some(0))
+    })
+    .await;
+    assert!(going.is_some(), "the job reports progress");
+    let (s, v) = l.post("/v1/downloads/control", &json!({"id": "model:user.Big", "action": "pause"})).await;
+    assert_eq!((s, v["id"].clone()), (200, json!("model:user.Big")), "{v}");
+    let paused =
+        wait_for(std::time::Duration::from_secs(10), || async { job(&l).await.filter(|j| j["running"] == false) })
+            .await;
+    let paused = paused.expect("the worker stops");
+    assert_eq!((paused["status"].clone(), paused["complete"].clone()), (json!("paused"), json!(false)), "{paused}");
+    let blobs = l.sandbox.hf_cache().join("models--org--big-GGUF/blobs");
+    let partial = || {
+        std::fs::read_dir(&blobs)
+            .ok()?
+            .flatten()
+            .find(|e| e.file_name().to_string_lossy().ends_with(".incomplete"))?
+            .metadata()
+            .ok()
+            .map(|m| m.len())
+    };
+    let kept = partial().expect("the partial file stays");
+    assert!(kept > 0 && kept < 3 << 20, "{kept}");
+    assert_eq!(partial(), Some(kept), "nothing is written once paused");
+
+    // Killed and restarted: the job is listed, paused.
+    let sandbox = l.kill_keeping_sandbox();
+    double.set_knobs(Knobs::default());
+    let url = double.url.clone();
+    let l = Lemonade::start_in(bin(), sandbox, &[], &[("HF_ENDPOINT", &url)]).await;
+    let after = job(&l).await.expect("the job survived the restart");
+    assert_eq!((after["status"].clone(), after["running"].clone()), (json!("paused"), json!(false)), "{after}");
+    let (s, v) = l.post("/v1/downloads/control", &json!({"id": "model:user.Big", "action": "resume"})).await;
+    assert_eq!((s, v["status"].clone()), (200, json!("downloading")), "{v}");
+    let done =
+        wait_for(std::time::Duration::from_secs(20), || async { job(&l).await.filter(|j| j["status"] == "completed") })
+            .await;
+    let done = done.expect("the resumed job completes");
+    assert_eq!(
+        (done["complete"].clone(), done["percent"].clone(), done["running"].clone()),
+        (json!(true), json!(100), json!(false))
+    );
+    let last = double.log().last().unwrap().clone();
+    assert_eq!(
+        last.range.as_deref(),
+        Some(format!("bytes={kept}-").as_str()),
+        "resumed from exactly what was on disk: {last:?}"
+    );
+    assert_eq!(l.get("/api/v1/models/user.Big").await.1["downloaded"], true);
+    let blob = std::fs::read_dir(&blobs)
+        .unwrap()
+        .flatten()
+        .find(|e| !e.file_name().to_string_lossy().ends_with(".incomplete"))
+        .unwrap();
+    assert_eq!(host::download::sha256_file(&blob.path()).unwrap(), double.sha256("org/big-GGUF", "big-Q4_0.gguf"));
+
+    // Cancel keeps the partial file; remove drops the job; controls of what is not there.
+    double.set_knobs(slow);
+    let body = json!({"model": "user.Shard", "checkpoint": "org/shard-GGUF:Q8_0", "recipe": "llamacpp", "stream": true, "subscribe": false});
+    assert_eq!(l.post("/v1/pull", &body).await.0, 200);
+    let (s, _) = l.post("/api/v1/downloads/control", &json!({"id": "model:user.Shard", "action": "cancel"})).await;
+    assert_eq!(s, 200);
+    let stopped = wait_for(std::time::Duration::from_secs(10), || async {
+        l.get("/v1/downloads")
+            .await
+            .1
+            .as_array()?
+            .iter()
+            .find(|j| j["id"] == "model:user.Shard" && j["running"] == false)
+            .cloned()
+    })
+    .await;
+    assert_eq!(stopped.expect("cancelled")["status"], "cancelled");
+    let (s, v) = l.post("/v1/downloads/control", &json!({"id": "model:user.Shard", "action": "remove"})).await;
+    assert_eq!((s, v), (200, json!({"status": "ok"})));
+    let (s, v) = l.post("/v1/downloads/control", &json!({"id": "model:user.Shard", "action": "remove"})).await;
+    assert_eq!((s, v), (200, json!({"status": "ok", "missing": true})));
+    let (s, e) = l.post("/v1/downloads/control", &json!({"id": "model:user.Shard", "action": "pause"})).await;
+    assert_eq!((s, e["error"]["code"].as_str()), (404, Some("not_found")));
+    let (s, e) = l.post("/v1/downloads/control", &json!({"id": "model:user.Big", "action": "explode"})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("action")), "{e}");
+    let (s, e) = l.post("/v1/downloads/control", &json!({"action": "pause"})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("id")));
+}

@@ -224,6 +224,7 @@ fn admin_answers() -> Vec<(&'static str, Value, u16)> {
         ("/internal/aliases", json!({"alias": "a1", "target": M}), 200),
         ("/internal/set", json!({"swap_hold_ms": 2000}), 200),
         ("/api/v0/models/register", json!({"model_name": "user.R"}), 400),
+        ("/v1/downloads/control", json!({"id": "model:nope", "action": "pause"}), 404),
     ]
 }
 

@@ -15,9 +15,11 @@ pub mod admin;
 pub mod aliases;
 pub mod catalogue;
 pub mod config;
+pub mod downloads;
 pub mod error;
 pub mod fake;
 pub mod installs;
+pub mod jobs;
 pub mod launcher;
 pub mod lifecycle;
 pub mod live;
@@ -64,6 +66,8 @@ pub struct Engine {
     pub locks: Arc<locks::Locks>,
     /// `config.json`'s writer (`POST /internal/set`, `POST /params`).
     pub config: Arc<config::ConfigStore>,
+    /// Server-owned download jobs (`GET /downloads`).
+    pub downloads: Arc<downloads::Downloads>,
 }
 
 /// Where the catalogue is read from, for `cfg`.
@@ -145,7 +149,18 @@ impl Engine {
         }
         let lifecycle =
             Lifecycle::new(cfg.clone(), catalogue.clone(), launcher, http, metrics.clone(), prompt_cache.clone());
-        Engine { cfg, catalogue, lifecycle, remotes, prompt_cache, metrics, locks, config: Default::default() }
+        let downloads = Arc::new(downloads::Downloads::open(&cfg.cache_dir));
+        Engine {
+            cfg,
+            catalogue,
+            lifecycle,
+            remotes,
+            prompt_cache,
+            metrics,
+            locks,
+            config: Default::default(),
+            downloads,
+        }
     }
 
     /// `text` without this machine's paths (see [`Config::redact`]).

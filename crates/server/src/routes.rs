@@ -108,6 +108,8 @@ route_table! {
     post_only "/models/check-updates" => pull::check_updates;
     get_only "/pull/variants" => pull::variants;
     get_only "/registry/search" => pull::search;
+    get_only "/downloads" => pull::downloads;
+    post_only "/downloads/control" => pull::control;
     post_only "/delete" => pull::delete;
     post_only "/install" => install::install_route;
     post_only "/uninstall" => install::uninstall_route;

@@ -17,7 +17,9 @@ use engine::pulls;
     description = "Also under /api/v0, /v0 and /v1. Files go to the Hugging Face cache in huggingface_hub's layout; a \
                    partial download resumes. With `stream: true` the answer is SSE: `event: progress` (PullProgress), \
                    one `event: complete`, or `event: error` with `{\"error\": message}`. A client that disconnects \
-                   cancels the download (the partial file stays for a later pull).",
+                   cancels the download (the partial file stays for a later pull). With `stream: true` and \
+                   `subscribe: false` the download is a server-owned job (Lemonade v11): the answer is its snapshot \
+                   (DownloadJob) at once, and `GET /v1/downloads` follows it.",
     request_body = PullRequest,
     responses(
         (status = 200, description = "Downloaded (or SSE events)", body = StatusResponse),
@@ -33,6 +35,9 @@ pub async fn pull(State(rt): State<AppState>, body: JsonBody<PullRequest>) -> Re
         return Ok(
             Json(StatusResponse { status: "success".into(), model_name: Some(m.name), message: None }).into_response()
         );
+    }
+    if req.stream == Some(true) && req.subscribe == Some(false) {
+        return Ok(Json(engine::jobs::start(&rt, m)).into_response());
     }
     if req.stream != Some(true) {
         pulls::pull_now(&rt, &m).await?;
@@ -135,4 +140,39 @@ pub async fn search(State(rt): State<AppState>, Query(q): Query<SearchQuery>) ->
     responses((status = 200, description = "The models with an update", body = CheckUpdates)))]
 pub async fn check_updates(State(rt): State<AppState>) -> Result<Json<CheckUpdates>, ApiError> {
     Ok(Json(engine::pulls::check_updates(&rt).await?))
+}
+
+/// Server-owned download jobs.
+#[utoipa::path(get, path = "/api/v1/downloads", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1 (Lemonade v11). Jobs started by `POST /v1/pull` with `stream: true, \
+        subscribe: false`: running, paused, cancelled and failed ones until removed, completed ones for a minute. \
+        They survive a restart (an unfinished one is listed as paused).",
+    responses((status = 200, description = "The jobs", body = [DownloadJob])))]
+pub async fn downloads(State(rt): State<AppState>) -> Json<Vec<DownloadJob>> {
+    Json(rt.downloads.list())
+}
+
+/// Pauses, resumes, cancels or removes a download job.
+#[utoipa::path(post, path = "/api/v1/downloads/control", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1 (Lemonade v11). `pause` and `cancel` stop the worker at once (its \
+        partial files stay, so `resume` continues with Range) and answer the job; `resume` starts it again; `remove` \
+        drops a stopped job (`{\"status\":\"ok\"}`, with `\"missing\": true` when there was none) and cancels a \
+        running one. Needs the admin key when one is set.",
+    request_body = DownloadControl,
+    responses(
+        (status = 200, description = "The job, or {\"status\":\"ok\"} for a removal", body = DownloadJob),
+        (status = 400, description = "A missing id or an unknown action", body = ErrorResponse),
+        (status = 404, description = "No such job (`not_found`)", body = ErrorResponse),
+    ))]
+pub async fn control(State(rt): State<AppState>, body: JsonBody<DownloadControl>) -> Result<Response, ApiError> {
+    let c = &body.value;
+    if c.id.is_empty() {
+        return Err(ApiError::bad_request("Missing required field 'id'", Some("id")));
+    }
+    let missing = rt.downloads.get(&c.id).is_none();
+    Ok(match engine::jobs::control(&rt, &c.id, &c.action)? {
+        Some(job) => Json(job).into_response(),
+        None if missing => Json(serde_json::json!({"status": "ok", "missing": true})).into_response(),
+        None => Json(serde_json::json!({"status": "ok"})).into_response(),
+    })
 }

@@ -30,6 +30,7 @@ const POSTS: &[&str] = &[
     "/admin/models/extra.m.gguf/unload",
     "/models/extra.m.gguf/options",
     "/models/register",
+    "/downloads/control",
     "/messages",
     "/messages/count_tokens",
     "/audio/transcriptions",

@@ -1,0 +1,123 @@
+//! Running server-owned download jobs (`crate::downloads` keeps their state): start or resume
+//! one, its worker, and the controls.
+
+use std::time::Instant;
+
+use api_types::DownloadJob;
+use registry::ModelInfo;
+use tokio::sync::{mpsc, watch};
+
+use crate::downloads::{apply, id_of, Job, Stop};
+use crate::{Engine, EngineError, Result};
+
+/// Starts (or resumes) `m`'s job; a running one is answered as it is. Returns the snapshot.
+pub fn start(rt: &Engine, m: ModelInfo) -> DownloadJob {
+    let d = &rt.downloads;
+    let id = id_of(&m.name);
+    let (tx, rx) = watch::channel(Stop::Run);
+    let snap = {
+        let mut jobs = d.jobs.lock();
+        if let Some(j) = jobs.get(&id).filter(|j| j.stop.is_some()) {
+            return j.snap.clone();
+        }
+        let mut snap = jobs.remove(&id).map(|j| j.snap).unwrap_or_default();
+        // Done bytes are counted again by this run, from what is on disk.
+        (snap.id, snap.kind, snap.model_name) = (id.clone(), "model".into(), m.name.clone());
+        (snap.status, snap.running, snap.complete, snap.error) = ("downloading".into(), true, false, None);
+        (snap.completed_files_bytes, snap.rate_bytes_per_s) = (0, 0);
+        jobs.insert(id.clone(), Job { snap: snap.clone(), stop: Some(tx), completed_at: None });
+        snap
+    };
+    d.save(true);
+    let rt = rt.clone();
+    tokio::spawn(async move { run(rt, m, id, rx).await });
+    snap
+}
+
+async fn run(rt: Engine, m: ModelInfo, id: String, mut stop: watch::Receiver<Stop>) {
+    let (tx, mut events) = mpsc::channel(64);
+    let started = Instant::now();
+    let run_start = rt.downloads.get(&id).map_or(0, |s| s.cumulative_bytes_downloaded);
+    // Boxed, so that dropping it below ends the download (and frees the repository's lock).
+    let mut work = Box::pin(crate::pulls::download(&rt, &m, Some(&tx)));
+    let outcome = loop {
+        tokio::select! {
+            r = &mut work => break Ok(r),
+            Some(ev) = events.recv() => {
+                rt.downloads.update(&id, |j| apply(&mut j.snap, &ev, started, run_start));
+                rt.downloads.save(false);
+            }
+            _ = stop.changed() => break Err(*stop.borrow()),
+        }
+    };
+    // Dropping the download stops it at once; its partial file stays for a resume.
+    drop(work);
+    while let Ok(ev) = events.try_recv() {
+        rt.downloads.update(&id, |j| apply(&mut j.snap, &ev, started, run_start));
+    }
+    // The failure, if the download (or the rescan after it) failed.
+    let failed: Option<String> = match outcome {
+        Ok(Ok(_)) => rt.catalogue.reload().err().map(|e| e.to_string()),
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => None,
+    };
+    let stopped = *stop.borrow();
+    rt.downloads.update(&id, |j| {
+        let s = &mut j.snap;
+        (s.running, s.rate_bytes_per_s, j.stop) = (false, 0, None);
+        match (failed, stopped) {
+            (_, Stop::Pause) => s.status = "paused".into(),
+            (_, Stop::Cancel) => s.status = "cancelled".into(),
+            (None, Stop::Run) => {
+                (s.status, s.complete, s.percent) = ("completed".into(), true, 100);
+                j.completed_at = Some(Instant::now());
+            }
+            (Some(e), Stop::Run) => (s.status, s.error) = ("error".into(), Some(e)),
+        }
+    });
+    rt.downloads.save(true);
+    tracing::info!(job = %id, status = ?rt.downloads.get(&id).map(|s| s.status), "download job ended");
+}
+
+/// `POST /downloads/control`: `pause`, `cancel` (the worker stops at once; partial files
+/// stay), `resume` (starts it again), `remove` (a stopped job leaves the list; a running one
+/// is cancelled and stays until its worker stops). `None`: the job was removed (or was
+/// already gone, with `remove`).
+pub fn control(rt: &Engine, id: &str, action: &str) -> Result<Option<DownloadJob>> {
+    let d = &rt.downloads;
+    let known = d.get(id);
+    let stop = |s: Stop| {
+        if let Some(tx) = d.jobs.lock().get(id).and_then(|j| j.stop.clone()) {
+            let _ = tx.send(s);
+        }
+    };
+    match (action, known) {
+        ("remove", None) => Ok(None),
+        (_, None) => Err(EngineError::NotFound(format!("No download job '{id}'"))),
+        ("pause", Some(j)) => {
+            stop(Stop::Pause);
+            Ok(Some(j))
+        }
+        ("cancel", Some(j)) => {
+            stop(Stop::Cancel);
+            Ok(Some(j))
+        }
+        ("resume", Some(j)) => {
+            let m = rt.catalogue.get(&j.model_name)?;
+            Ok(Some(start(rt, m)))
+        }
+        ("remove", Some(j)) if j.running => {
+            stop(Stop::Cancel);
+            Ok(Some(j))
+        }
+        ("remove", Some(_)) => {
+            d.jobs.lock().remove(id);
+            d.save(true);
+            Ok(None)
+        }
+        (other, _) => Err(EngineError::invalid(
+            format!("Unknown action '{other}': use pause, resume, cancel or remove"),
+            Some("action"),
+        )),
+    }
+}
