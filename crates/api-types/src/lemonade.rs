@@ -208,6 +208,10 @@ pub struct Health {
     /// Pinned models loaded now, per model type (Lemonade v11).
     #[serde(default)]
     pub pinned_models: BTreeMap<String, i64>,
+    /// Where v11's WebSocket log stream (`/logs/stream`) answers: this server's own port, as
+    /// the request reached it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub websocket_port: Option<u16>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

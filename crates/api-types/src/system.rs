@@ -186,3 +186,17 @@ pub struct LogLevelResponse {
     pub status: String,
     pub level: String,
 }
+
+/// One log line as Lemonade v11's WebSocket log stream sends it (`ws://…/logs/stream`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LogEntry {
+    /// Increases by one per line; pass the last one seen as `after_seq` to resume.
+    pub seq: u64,
+    pub timestamp: String,
+    /// `Trace`, `Debug`, `Info`, `Warning` or `Error`.
+    pub severity: String,
+    /// Where the line comes from (the module that logged it).
+    pub tag: String,
+    pub line: String,
+}

@@ -146,6 +146,7 @@ async fn every_route_family_needs_the_key() {
     assert_eq!(code, 0);
     // Shutting the server down needs the key too (and with it, it goes).
     assert_eq!(call(&l, "POST", "/internal/shutdown", &None, None).await.0, 401);
+    assert_eq!(call(&l, "GET", "/logs/stream", &None, None).await.0, 401, "the WebSocket log stream too");
     assert_eq!(call(&l, "GET", "/api/v1/models", &None, Some(KEY)).await.0, 200, "still up");
 }
 

@@ -132,3 +132,73 @@ async fn real_llama_server_internal_pin_then_shutdown_unloads_and_exits() {
     let status = l.wait_exit(std::time::Duration::from_secs(15)).expect("lemonade exits after /internal/shutdown");
     assert!(status.success(), "{status:?}");
 }
+
+type Ws = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// The next text message of `ws` as JSON (bounded: 10 s).
+async fn next(ws: &mut Ws) -> Value {
+    use futures_util::StreamExt;
+    match tokio::time::timeout(std::time::Duration::from_secs(10), ws.next()).await {
+        Ok(Some(Ok(tokio_tungstenite::tungstenite::Message::Text(t)))) => serde_json::from_str(&t).unwrap(),
+        other => panic!("no message: {other:?}"),
+    }
+}
+
+/// Lemonade v11's WebSocket log stream at `/logs/stream`: an error for a bad message, a
+/// snapshot after `logs.subscribe`, then live entries with increasing `seq`; `after_seq`
+/// resumes; a foreign Origin is refused before the upgrade.
+#[tokio::test]
+async fn logs_stream_over_websocket_with_v11_messages() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
+    let l = Lemonade::start_in(bin(), Sandbox::empty(), &[], &[]).await;
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(
+        (h["websocket_port"].clone(), h["log_streaming"]["websocket"].clone()),
+        (json!(l.port()), json!(true)),
+        "{h}"
+    );
+    let url = format!("ws://127.0.0.1:{}/logs/stream", l.port());
+    let within = std::time::Duration::from_secs(10);
+    let (mut ws, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+    ws.send(Message::Text("hello".into())).await.unwrap();
+    let e = next(&mut ws).await;
+    assert_eq!(e["type"], "error", "{e}");
+    ws.send(Message::Text(json!({"type": "logs.subscribe", "after_seq": null}).to_string().into())).await.unwrap();
+    let snap = next(&mut ws).await;
+    assert_eq!(snap["type"], "logs.snapshot");
+    let entries = snap["entries"].as_array().unwrap().clone();
+    assert!(entries.iter().any(|e| e["line"].as_str().unwrap().contains("listening on")), "{snap}");
+    assert!(entries.windows(2).all(|w| w[1]["seq"].as_u64() == w[0]["seq"].as_u64().map(|s| s + 1)), "consecutive seq");
+    let info = entries.iter().find(|e| e["line"].as_str().unwrap().contains("listening on")).unwrap();
+    assert_eq!(info["severity"], "Info");
+    assert!(info["tag"].as_str().is_some_and(|t| t.starts_with("lemonade")), "{info}");
+    let last = entries.last().unwrap()["seq"].as_u64().unwrap();
+    assert_eq!(l.post("/api/v1/log-level", &json!({"level": "info"})).await.0, 200);
+    let live = tokio::time::timeout(within, async {
+        loop {
+            let m = next(&mut ws).await;
+            if m["entry"]["line"].as_str().is_some_and(|l| l.contains("log level changed")) {
+                return m;
+            }
+        }
+    })
+    .await
+    .expect("the new line arrives live");
+    assert_eq!(live["type"], "logs.entry");
+    assert!(live["entry"]["seq"].as_u64().unwrap() > last);
+    // Resuming after the last seq seen sends only what came after it.
+    let (mut again, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+    again.send(Message::Text(json!({"type": "logs.subscribe", "after_seq": last}).to_string().into())).await.unwrap();
+    let snap = next(&mut again).await;
+    let seqs: Vec<u64> = snap["entries"].as_array().unwrap().iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert!(!seqs.is_empty() && seqs.iter().all(|s| *s > last), "{seqs:?} after {last}");
+    // A page of another origin may not open it.
+    let mut req = url.as_str().into_client_request().unwrap();
+    req.headers_mut().insert("origin", "http://evil.example".parse().unwrap());
+    let refused = tokio_tungstenite::connect_async(req).await;
+    match refused {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => assert_eq!(r.status().as_u16(), 403),
+        other => panic!("a foreign origin got {other:?}"),
+    }
+}

@@ -92,6 +92,16 @@ impl LogHub {
         (from + lines.len() as u64, lines)
     }
 
+    /// The kept lines after sequence number `after` (1-based, as [`entry`] numbers them; None:
+    /// every kept line), and a receiver of every later line, whose first has number `next`.
+    pub fn entries_after(&self, after: Option<u64>) -> (Vec<api_types::LogEntry>, u64, broadcast::Receiver<Arc<str>>) {
+        let (first, end, rx) = self.subscribe();
+        let from = after.map_or(first, |a| a.max(first));
+        let (_, lines) = self.past(from, end, TAIL_LINES);
+        let entries = lines.iter().enumerate().map(|(i, l)| entry(from + i as u64 + 1, l)).collect();
+        (entries, end + 1, rx)
+    }
+
     pub fn level(&self) -> String {
         self.level.lock().clone()
     }
@@ -184,6 +194,22 @@ pub fn init(level: &str) -> Arc<LogHub> {
         .with(fmt::layer().with_ansi(false).with_writer(move || w.clone()))
         .init();
     hub
+}
+
+/// A formatted line (`2026-11-25T10:00:00.000Z  INFO lemonade_engine::x: text`) as a v11 log
+/// entry: its timestamp, severity and tag (the module) read from it.
+pub fn entry(seq: u64, line: &str) -> api_types::LogEntry {
+    let mut parts = line.split_whitespace();
+    let timestamp = parts.next().unwrap_or_default().to_string();
+    let severity = match parts.next().unwrap_or_default() {
+        "TRACE" => "Trace",
+        "DEBUG" => "Debug",
+        "WARN" => "Warning",
+        "ERROR" => "Error",
+        _ => "Info",
+    };
+    let tag = parts.next().unwrap_or_default().trim_end_matches(':').to_string();
+    api_types::LogEntry { seq, timestamp, severity: severity.into(), tag, line: line.trim_end().to_string() }
 }
 
 fn event(line: &str) -> Bytes {

@@ -149,6 +149,7 @@ route_table! {
         post_only "/internal/set" => internal::set;
         post_only "/internal/pin" => internal::pin;
         post_only "/internal/shutdown" => internal::shutdown;
+        get_only "/logs/stream" => logs::ws_stream;
     }
     root_aliases {
         any_method "/api/copy" => ollama::not_supported;

@@ -14,7 +14,7 @@ use engine::pulls;
 #[utoipa::path(get, path = "/api/v1/health", tag = "Lemonade",
     description = "Also under /api/v0, /v0 and /v1.",
     responses((status = 200, description = "Status", body = Health)))]
-pub async fn health(State(rt): State<AppState>) -> Json<Health> {
+pub async fn health(State(rt): State<AppState>, headers: http::HeaderMap) -> Json<Health> {
     let loaded = rt.lifecycle.loaded();
     let max_models =
         engine::settings::limits_by_type(&rt.lifecycle.scheduler_view().settings.limits.unwrap_or_default());
@@ -25,11 +25,18 @@ pub async fn health(State(rt): State<AppState>) -> Json<Health> {
         all_models_loaded: loaded.iter().map(|(r, v)| rt.lifecycle.health_entry(r, v)).collect(),
         models_loading: rt.lifecycle.loading(),
         max_models,
-        log_streaming: LogStreaming { sse: rt.http.logs.is_some(), websocket: false },
+        log_streaming: LogStreaming { sse: rt.http.logs.is_some(), websocket: rt.http.logs.is_some() },
         prompt_cache: rt.prompt_cache_usage(),
         upstreams: rt.remotes.views(),
         pinned_models: engine::settings::pinned_by_type(&loaded),
+        websocket_port: rt.http.logs.as_ref().and_then(|_| host_port(&headers)),
     })
+}
+
+/// The port of the request's `Host` header (where the client reached this server).
+fn host_port(headers: &http::HeaderMap) -> Option<u16> {
+    let host = headers.get(http::header::HOST)?.to_str().ok()?;
+    host.rsplit_once(':').filter(|(h, _)| !h.contains(':') || h.ends_with(']')).and_then(|(_, p)| p.parse().ok())
 }
 
 /// Empties the prompt cache.

@@ -5,8 +5,13 @@ use axum::extract::State;
 use axum::response::Response;
 use axum::Json;
 
+use std::sync::Arc;
+
+use axum::extract::ws::{Message, WebSocket};
+
 use crate::error::ApiError;
 use crate::extract::JsonBody;
+use crate::logging::LogHub;
 use crate::logging::{filter_for, LEVELS};
 use crate::sse;
 use crate::state::AppState;
@@ -61,4 +66,88 @@ pub async fn stream(State(rt): State<AppState>) -> Result<Response, ApiError> {
         return Err(ApiError::bad_request("Log streaming is not enabled in this process", None));
     };
     Ok(sse::response(&rt.lifecycle, h.stream()))
+}
+
+/// Lemonade v11's log stream at the root of the port. A WebSocket upgrade gets v11's
+/// messages: send `{"type": "logs.subscribe", "after_seq": N|null}`, get one `logs.snapshot`
+/// of the kept lines after N, then a `logs.entry` per new line (`error` answers a bad
+/// message). A plain GET gets the SSE stream of `/api/v1/logs/stream`.
+#[utoipa::path(get, path = "/logs/stream", tag = "System",
+    description = "Lemonade v11's WebSocket log stream (`logs.subscribe` → `logs.snapshot`, then `logs.entry` \
+        messages, each entry `{seq, timestamp, severity, tag, line}`); without an upgrade, the SSE stream. Needs the \
+        API key when one is set, and an allowed Origin, as every route.",
+    responses(
+        (status = 101, description = "WebSocket"),
+        (status = 200, description = "text/event-stream of log lines"),
+        (status = 400, description = "Log streaming is not enabled in this process", body = api_types::ErrorResponse),
+    ))]
+pub async fn ws_stream(State(rt): State<AppState>, req: axum::extract::Request) -> Result<Response, ApiError> {
+    use axum::extract::{ws::WebSocketUpgrade, FromRequestParts};
+    let Some(hub) = rt.http.logs.clone() else {
+        return Err(ApiError::bad_request("Log streaming is not enabled in this process", None));
+    };
+    let (mut parts, _) = req.into_parts();
+    Ok(match WebSocketUpgrade::from_request_parts(&mut parts, &rt).await {
+        Ok(ws) => ws.on_upgrade(move |socket| serve_ws(hub, socket)),
+        Err(_) => sse::response(&rt.lifecycle, hub.stream()),
+    })
+}
+
+/// `after_seq` of a `logs.subscribe` message, or why the message is not one.
+fn subscribe_after(text: &str) -> Result<Option<u64>, &'static str> {
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|_| "the message is not JSON")?;
+    if v["type"] != "logs.subscribe" {
+        return Err("send {\"type\": \"logs.subscribe\", \"after_seq\": null} first");
+    }
+    match &v["after_seq"] {
+        serde_json::Value::Null => Ok(None),
+        n => n.as_u64().map(Some).ok_or("after_seq must be a whole number or null"),
+    }
+}
+
+async fn send_json(socket: &mut WebSocket, v: serde_json::Value) -> bool {
+    socket.send(Message::Text(v.to_string().into())).await.is_ok()
+}
+
+/// Waits (at most a minute) for a valid subscribe message, answering bad ones with `error`.
+async fn subscribed(socket: &mut WebSocket) -> Option<Option<u64>> {
+    loop {
+        let msg = tokio::time::timeout(std::time::Duration::from_secs(60), socket.recv()).await.ok()??.ok()?;
+        match msg {
+            Message::Text(t) => match subscribe_after(&t) {
+                Ok(after) => return Some(after),
+                Err(why) => {
+                    if !send_json(socket, serde_json::json!({"type": "error", "message": why})).await {
+                        return None;
+                    }
+                }
+            },
+            Message::Close(_) => return None,
+            _ => {}
+        }
+    }
+}
+
+async fn serve_ws(hub: Arc<LogHub>, mut socket: WebSocket) {
+    let Some(after) = subscribed(&mut socket).await else { return };
+    let (entries, mut next, mut rx) = hub.entries_after(after);
+    if !send_json(&mut socket, serde_json::json!({"type": "logs.snapshot", "entries": entries})).await {
+        return;
+    }
+    loop {
+        tokio::select! {
+            r = rx.recv() => match r {
+                Ok(line) => {
+                    let entry = crate::logging::entry(next, &line);
+                    next += 1;
+                    if !send_json(&mut socket, serde_json::json!({"type": "logs.entry", "entry": entry})).await {
+                        return;
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => next += n,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            },
+            m = socket.recv() => if matches!(m, None | Some(Err(_)) | Some(Ok(Message::Close(_)))) { return },
+        }
+    }
 }
