@@ -153,6 +153,72 @@ pub struct InstallRequest {
     /// Answer with SSE progress events (`progress`, `complete`, `error`), as `pull` does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
+    /// Lemonade v11's cloud form (`backend: "cloud"`): the provider's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// Lemonade v11: allow the key to go over plain `http://` to another machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_insecure_http: Option<bool>,
+}
+
+/// Lemonade v11's view of where a cloud provider's key comes from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AuthState {
+    /// `LEMONADE_<PROVIDER>_API_KEY` is set (it wins).
+    pub env_var_set: bool,
+    /// A key is held in memory (never written).
+    pub runtime_key_set: bool,
+}
+
+/// The answer of Lemonade v11's cloud `POST /v1/install` (`backend: "cloud"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CloudInstalled {
+    pub status: String,
+    pub backend: String,
+    pub provider: String,
+    pub base_url: String,
+    pub models_discovered: usize,
+    pub auth_state: AuthState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
+/// The answer of Lemonade v11's cloud `POST /v1/uninstall`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CloudUninstalled {
+    pub status: String,
+    pub backend: String,
+    pub provider: String,
+    pub models_evicted: usize,
+}
+
+/// `POST /v1/cloud/auth` (Lemonade v11).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CloudAuthRequest {
+    #[serde(default)]
+    pub provider: String,
+    #[serde(default)]
+    pub api_key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_insecure_http: Option<bool>,
+}
+
+/// The answer of `POST /v1/cloud/auth` and `DELETE /v1/cloud/auth/{provider}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CloudAuth {
+    pub provider: String,
+    pub auth_state: AuthState,
+    /// After `POST`: the models the provider lists now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models_discovered: Option<usize>,
+    /// After `DELETE`: whether a key held in memory was dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleared_runtime_key: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

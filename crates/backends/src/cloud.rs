@@ -61,6 +61,19 @@ pub fn upstream_url(base: &str, path: &str) -> String {
     }
 }
 
+/// Whether an API base's host is this machine (`localhost`, `127.x`, `::1`): a key sent there
+/// over plain HTTP never crosses a network.
+pub fn is_loopback_base(base: &str) -> bool {
+    let rest = base.split_once("://").map_or(base, |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => authority.split(':').next().unwrap_or(""),
+    };
+    host.eq_ignore_ascii_case("localhost") || host.parse::<core::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
 /// `LEMONADE_<NAME>_API_KEY`: the name upper-cased, '-' as '_'.
 pub fn key_variable(name: &str) -> String {
     format!("LEMONADE_{}_API_KEY", name.to_ascii_uppercase().replace('-', "_"))
@@ -177,6 +190,21 @@ pub fn echo_model(json: &[u8], upstream: &str, requested: &str) -> Option<Vec<u8
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loopback_bases_are_this_machine() {
+        for b in ["http://127.0.0.1:8000/v1", "http://localhost/v1", "http://[::1]:9/v1", "http://127.9.9.9/v1"] {
+            assert!(is_loopback_base(b), "{b}");
+        }
+        for b in [
+            "http://10.0.0.5:8000/v1",
+            "http://localhost.evil.example/v1",
+            "https://api.example.com/v1",
+            "http://user@evil:1/v1",
+        ] {
+            assert!(!is_loopback_base(b), "{b}");
+        }
+    }
 
     #[test]
     fn answers_echo_the_requested_id_and_nothing_else_changes() {

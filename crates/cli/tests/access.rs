@@ -49,6 +49,8 @@ fn routes() -> Vec<(&'static str, String, Option<Value>)> {
             ("GET", p("/models/extra.m.gguf/files"), None),
             ("POST", p("/models/check-updates"), Some(json!({}))),
             ("GET", p("/downloads"), None),
+            ("POST", p("/cloud/auth"), Some(json!({"provider": "nope", "api_key": "x"}))),
+            ("DELETE", p("/cloud/auth/nope"), None),
             ("POST", p("/downloads/control"), Some(json!({"id": "model:nope", "action": "remove"}))),
             ("GET", p("/stats"), None),
             ("GET", p("/system-info"), None),

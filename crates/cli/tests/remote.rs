@@ -385,3 +385,79 @@ async fn real_llama_server_a_model_over_two_rpc_workers_answers_as_local_and_a_l
     .expect("reloaded once the worker is back");
     assert_eq!(text(&answered), text(&local));
 }
+
+/// Lemonade v11's cloud surface against a real llama-server upstream: install with
+/// `backend: "cloud"`, `POST /v1/cloud/auth` (in memory; 404 unknown, 409 when the environment's
+/// key wins), `DELETE /v1/cloud/auth/{provider}`, the cloud uninstall; and the http:// rule: a key
+/// is never sent in plain text to another machine without `allow_insecure_http` (the refusal
+/// is made before any connection, so this test reaches nothing beyond loopback).
+#[tokio::test]
+async fn real_llama_server_v11_cloud_install_auth_clear_uninstall_and_the_http_key_rule() {
+    let up = Upstream::start(SMOL_FILE, "smol-chat", &[], free_port().unwrap()).await;
+    let l = Lemonade::start_in(bin(), Sandbox::new(), &[], &[("LEMONADE_ENVP_API_KEY", KEY)]).await;
+    let install = json!({"backend": "cloud", "provider": "up", "base_url": up.url()});
+    let (s, v) = l.post("/v1/install", &install).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        (v["backend"].clone(), v["provider"].clone(), v["models_discovered"].clone()),
+        (json!("cloud"), json!("up"), json!(0)),
+        "no key yet: {v}"
+    );
+    assert_eq!(v["auth_state"], json!({"env_var_set": false, "runtime_key_set": false}));
+    let (s, v) = l.post("/v1/cloud/auth", &json!({"provider": "up", "api_key": KEY})).await;
+    assert_eq!(
+        (s, v.clone()),
+        (
+            200,
+            json!({"provider": "up", "auth_state": {"env_var_set": false, "runtime_key_set": true}, "models_discovered": 1})
+        )
+    );
+    assert_eq!(l.post("/api/v1/chat/completions", &chat_body("up.smol-chat", false)).await.0, 200);
+    let (s, e) = l.post("/v1/cloud/auth", &json!({"provider": "nope", "api_key": "x"})).await;
+    assert_eq!((s, e["error"]["code"].as_str()), (404, Some("not_found")), "{e}");
+    let (s, e) = l.post("/v1/cloud/auth", &json!({"provider": "up"})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("api_key")), "{e}");
+
+    // The environment's key wins over one given at run time: 409, nothing stored.
+    let envp = json!({"backend": "cloud", "provider": "envp", "base_url": up.url()});
+    let (_, v) = l.post("/v1/install", &envp).await;
+    assert_eq!(
+        (v["models_discovered"].clone(), v["auth_state"]["env_var_set"].clone()),
+        (json!(1), json!(true)),
+        "{v}"
+    );
+    let (s, e) = l.post("/v1/cloud/auth", &json!({"provider": "envp", "api_key": "other"})).await;
+    assert_eq!(
+        (s, e["error"]["type"].as_str(), e["error"]["env_var"].as_str()),
+        (409, Some("auth_conflict"), Some("LEMONADE_ENVP_API_KEY")),
+        "{e}"
+    );
+
+    // Clearing the key held in memory drops the models nothing can reach any more.
+    let (s, v) = l.delete("/v1/cloud/auth/up").await;
+    assert_eq!(
+        (s, v),
+        (
+            200,
+            json!({"provider": "up", "auth_state": {"env_var_set": false, "runtime_key_set": false}, "cleared_runtime_key": true})
+        )
+    );
+    let listed = l.get("/api/v1/models").await.1;
+    assert!(!listed["data"].as_array().unwrap().iter().any(|m| m["id"] == "up.smol-chat"), "{listed}");
+    assert_eq!(l.delete("/v1/cloud/auth/nope").await.0, 404);
+    let (s, v) = l.post("/v1/uninstall", &json!({"backend": "cloud", "provider": "envp"})).await;
+    assert_eq!(
+        (s, v),
+        (200, json!({"status": "success", "backend": "cloud", "provider": "envp", "models_evicted": 1}))
+    );
+    assert_eq!(l.post("/v1/uninstall", &json!({"backend": "cloud", "provider": "envp"})).await.0, 404);
+
+    // A key for a plain-http provider on another machine needs the opt-in; nothing is sent.
+    let far = json!({"backend": "cloud", "provider": "far", "base_url": "http://10.255.255.1:9/v1", "api_key": "k"});
+    let (s, v) = l.post("/v1/install", &far).await;
+    assert_eq!((s, v["models_discovered"].clone()), (200, json!(0)), "{v}");
+    let (_, c) = l.get("/api/v1/cloud").await;
+    let probe = c["upstreams"].as_array().unwrap().iter().find(|u| u["name"] == "far").unwrap()["last_probe"].clone();
+    assert!(probe["error"].as_str().is_some_and(|e| e.contains("allow_insecure_http=true")), "{probe}");
+    assert!(probe["ms"].as_u64().is_some_and(|ms| ms < 100), "refused before any connection: {probe}");
+}

@@ -27,6 +27,8 @@ pub struct Provider {
     /// A key given to this process (install or auth); else the environment's.
     key: RwLock<Option<String>>,
     seen: RwLock<Seen>,
+    /// Lemonade v11's `allow_insecure_http`: a key may go over plain `http://` to another host.
+    insecure_ok: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -51,7 +53,36 @@ impl Provider {
     /// The key to send: the one held in memory, else `LEMONADE_<NAME>_API_KEY`.
     pub fn key(&self) -> Option<String> {
         let held = self.key.read().clone();
-        held.or_else(|| std::env::var(cloud::key_variable(&self.name)).ok().filter(|k| !k.is_empty()))
+        held.or_else(|| self.env_key())
+    }
+
+    fn env_key(&self) -> Option<String> {
+        std::env::var(cloud::key_variable(&self.name)).ok().filter(|k| !k.is_empty())
+    }
+
+    /// The key to send, unless it would cross the network in plain text (Lemonade v11's rule:
+    /// a key goes to an `http://` base only with `allow_insecure_http`; a loopback host is this
+    /// machine, so its key never crosses a network).
+    pub fn sendable_key(&self) -> std::result::Result<Option<String>, EngineError> {
+        let key = self.key();
+        let plain = self.base.starts_with("http://") && !cloud::is_loopback_base(&self.base);
+        if key.is_some() && plain && !self.insecure_ok.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(EngineError::Invalid {
+                message: format!(
+                    "Cloud provider '{}' uses http:// with an API key. Reinstall or re-authenticate with allow_insecure_http=true to opt in.",
+                    self.name
+                ),
+                param: Some("model".into()),
+                code: Some("insecure_http_requires_opt_in"),
+            });
+        }
+        Ok(key)
+    }
+
+    /// Lemonade v11's auth state: whether `LEMONADE_<NAME>_API_KEY` is set, and whether a key
+    /// is held in memory.
+    pub fn auth_state(&self) -> (bool, bool) {
+        (self.env_key().is_some(), self.key.read().is_some())
     }
 
     /// Records how a probe or a request went (a failed request marks it down until the next
@@ -148,7 +179,10 @@ impl Remotes {
             .filter_map(|(name, s)| {
                 let base = cloud::api_base(&s.base_url).ok()?;
                 let seen = RwLock::new(Seen { models: s.models, probe: None });
-                Some((name.clone(), Arc::new(Provider { name, base, url: s.base_url, key: RwLock::default(), seen })))
+                let insecure_ok = s.allow_insecure_http.into();
+                let p =
+                    Provider { name: name.clone(), base, url: s.base_url, key: RwLock::default(), seen, insecure_ok };
+                Some((name, Arc::new(p)))
             })
             .collect();
         Remotes { providers: RwLock::new(providers), cache_dir, http, live }
@@ -175,21 +209,38 @@ impl Remotes {
     /// discovers its models. The answer is its view after discovery (a provider that is down
     /// is registered all the same, and shown down).
     pub async fn install(&self, name: &str, base_url: Option<&str>, key: Option<String>) -> Result<Upstream> {
+        self.install_with(name, base_url, key, None).await
+    }
+
+    /// [`Remotes::install`] with Lemonade v11's `allow_insecure_http` (None: kept as it was).
+    pub async fn install_with(
+        &self,
+        name: &str,
+        base_url: Option<&str>,
+        key: Option<String>,
+        allow_insecure_http: Option<bool>,
+    ) -> Result<Upstream> {
         let bad = |e: cloud::CloudError, param: &str| EngineError::invalid(e.to_string(), Some(param));
         cloud::check_name(name).map_err(|e| bad(e, "backend"))?;
         let key = key.filter(|k| !k.is_empty());
         let provider = match base_url {
             Some(url) => {
                 let base = cloud::api_base(url).map_err(|e| bad(e, "base_url"))?;
-                let saved = host::cloud::Saved { base_url: url.to_string(), models: vec![] };
+                let old = self.get(name);
+                let insecure = allow_insecure_http.unwrap_or_else(|| {
+                    old.as_ref().is_some_and(|p| p.insecure_ok.load(std::sync::atomic::Ordering::Relaxed))
+                });
+                let saved =
+                    host::cloud::Saved { base_url: url.to_string(), models: vec![], allow_insecure_http: insecure };
                 host::cloud::save(&self.cache_dir, name, Some(&saved))?;
-                let old_key = self.get(name).and_then(|p| p.key.read().clone());
+                let old_key = old.and_then(|p| p.key.read().clone());
                 let p = Arc::new(Provider {
                     name: name.to_string(),
                     base,
                     url: url.to_string(),
                     key: RwLock::new(key.or(old_key)),
                     seen: RwLock::default(),
+                    insecure_ok: insecure.into(),
                 });
                 self.providers.write().insert(name.to_string(), p.clone());
                 tracing::info!(provider = %name, base = %p.base, "remote provider registered");
@@ -212,6 +263,53 @@ impl Remotes {
         Ok(provider.view())
     }
 
+    /// A registered provider.
+    pub fn provider(&self, name: &str) -> Result<Arc<Provider>> {
+        self.get(name).ok_or_else(|| EngineError::NotFound(format!("Cloud provider '{name}' is not installed")))
+    }
+
+    /// Lemonade v11's `POST /cloud/auth`: holds `key` for `name` in memory and rediscovers its
+    /// models. 404 for an unknown provider; a 409 (`Conflict`) when `LEMONADE_<NAME>_API_KEY`
+    /// is set, which wins and is kept.
+    pub async fn auth(&self, name: &str, key: &str, allow_insecure_http: Option<bool>) -> Result<Arc<Provider>> {
+        let p = self.provider(name)?;
+        if p.env_key().is_some() {
+            return Err(EngineError::Conflict(format!(
+                "{} is set in the lemonade process; the env var takes precedence and the supplied API key was not stored.",
+                cloud::key_variable(name)
+            )));
+        }
+        if let Some(ok) = allow_insecure_http {
+            p.insecure_ok.store(ok, std::sync::atomic::Ordering::Relaxed);
+            let saved = host::cloud::Saved {
+                base_url: p.url.clone(),
+                models: p.seen.read().models.clone(),
+                allow_insecure_http: ok,
+            };
+            host::cloud::save(&self.cache_dir, name, Some(&saved))?;
+        }
+        *p.key.write() = Some(key.to_string());
+        self.discover(&p).await;
+        Ok(p)
+    }
+
+    /// Lemonade v11's `DELETE /cloud/auth/{provider}`: drops the key held in memory (whether
+    /// there was one is returned); with no key in the environment either, its discovered
+    /// models are dropped too (nothing can reach them).
+    pub fn clear_auth(&self, name: &str) -> Result<(Arc<Provider>, bool)> {
+        let p = self.provider(name)?;
+        let cleared = p.key.write().take().is_some();
+        if p.env_key().is_none() {
+            p.seen.write().models.clear();
+        }
+        Ok((p, cleared))
+    }
+
+    /// How many models `name` offers now.
+    pub fn model_count(p: &Provider) -> usize {
+        p.seen.read().models.len()
+    }
+
     /// Forgets a provider. Idempotent: an unknown one answers Ok(false).
     pub fn uninstall(&self, name: &str) -> Result<bool> {
         let gone = self.providers.write().remove(name).is_some();
@@ -226,13 +324,12 @@ impl Remotes {
     /// it is marked down.
     async fn discover(&self, p: &Provider) {
         let t = Instant::now();
-        match host::cloud::discover(
-            &self.http,
-            &p.base,
-            p.key().as_deref(),
-            self.timeout().min(Duration::from_secs(10)),
-        )
-        .await
+        let key = match p.sendable_key() {
+            Ok(k) => k,
+            Err(e) => return p.record(false, t.elapsed(), Some(e.to_string())),
+        };
+        match host::cloud::discover(&self.http, &p.base, key.as_deref(), self.timeout().min(Duration::from_secs(10)))
+            .await
         {
             Ok(models) => {
                 let changed = {
@@ -245,7 +342,8 @@ impl Remotes {
                 // Kept on disk for a restart while it is down; written only when it changed.
                 let still_registered = self.get(&p.name).is_some_and(|q| std::ptr::eq(&*q, p));
                 if changed && still_registered {
-                    let saved = host::cloud::Saved { base_url: p.url.clone(), models };
+                    let insecure = p.insecure_ok.load(std::sync::atomic::Ordering::Relaxed);
+                    let saved = host::cloud::Saved { base_url: p.url.clone(), models, allow_insecure_http: insecure };
                     if let Err(e) = host::cloud::save(&self.cache_dir, &p.name, Some(&saved)) {
                         tracing::warn!(provider = %p.name, error = %e, "remote provider's models not saved");
                     }

@@ -20,6 +20,9 @@ pub struct Saved {
     /// Its last discovered models, so a restarted server lists them while it is down.
     #[serde(default)]
     pub models: Vec<Discovered>,
+    /// Lemonade v11's opt-in to send a key over plain `http://` beyond this machine.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_insecure_http: bool,
 }
 
 /// The saved providers (none: empty). A damaged file is an error naming it.
@@ -84,9 +87,22 @@ mod tests {
     fn providers_are_saved_without_keys_and_forgotten() {
         let dir = tempfile::tempdir().unwrap();
         assert!(load(dir.path()).unwrap().is_empty());
-        save(dir.path(), "vllm", Some(&Saved { base_url: "http://10.0.0.5:8000/v1".into(), models: vec![] })).unwrap();
-        save(dir.path(), "peer", Some(&Saved { base_url: "http://127.0.0.1:8001/api/v1".into(), models: vec![] }))
-            .unwrap();
+        save(
+            dir.path(),
+            "vllm",
+            Some(&Saved { base_url: "http://10.0.0.5:8000/v1".into(), models: vec![], allow_insecure_http: false }),
+        )
+        .unwrap();
+        save(
+            dir.path(),
+            "peer",
+            Some(&Saved {
+                base_url: "http://127.0.0.1:8001/api/v1".into(),
+                models: vec![],
+                allow_insecure_http: false,
+            }),
+        )
+        .unwrap();
         save(dir.path(), "peer", None).unwrap();
         let got = load(dir.path()).unwrap();
         assert_eq!(got.keys().collect::<Vec<_>>(), ["vllm"]);

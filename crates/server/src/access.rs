@@ -90,13 +90,23 @@ pub fn admin_path(method: &Method, path: &str) -> bool {
         return true;
     }
     let Some(rest) = crate::routes::PREFIXES.iter().find_map(|p| path.strip_prefix(p)) else { return false };
-    const CONTROL: [&str; 8] =
-        ["/pull", "/delete", "/install", "/uninstall", "/load", "/unload", "/log-level", "/downloads/control"];
+    const CONTROL: [&str; 9] = [
+        "/pull",
+        "/delete",
+        "/install",
+        "/uninstall",
+        "/load",
+        "/unload",
+        "/log-level",
+        "/downloads/control",
+        "/cloud/auth",
+    ];
     let admin_mutation = rest.starts_with("/admin/models/") && (rest.ends_with("/load") || rest.ends_with("/unload"));
     let options = rest.starts_with("/models/") && rest.ends_with("/options") || rest == "/models/register";
     (*method == Method::POST && (CONTROL.contains(&rest) || admin_mutation))
         || (*method == Method::DELETE && rest == "/prompt-cache")
         || ((*method == Method::POST || *method == Method::DELETE) && options)
+        || (*method == Method::DELETE && rest.starts_with("/cloud/auth/"))
 }
 
 /// Constant-time comparison, so a key cannot be guessed byte by byte from timings.

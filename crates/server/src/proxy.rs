@@ -61,7 +61,7 @@ async fn send_remote(
     let Target::Remote(route) = &lease.target else { unreachable!("send_remote is for remote leases") };
     let body = body.map(|b| backends::cloud::rewrite_model(&b, &route.id).map(Bytes::from).unwrap_or(b));
     let url = lease.url(path_and_query);
-    let key = route.provider.key();
+    let key = route.provider.sendable_key()?;
     let started = std::time::Instant::now();
     let mut attempt = 0;
     loop {

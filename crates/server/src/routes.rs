@@ -114,6 +114,8 @@ route_table! {
     post_only "/install" => install::install_route;
     post_only "/uninstall" => install::uninstall_route;
     get_only "/cloud" => install::cloud_list;
+    post_only "/cloud/auth" => install::cloud_auth;
+    delete_only "/cloud/auth/{provider}" => install::cloud_auth_clear;
     get_only "/system-info" => system::system_info;
     get_only "/system-stats" => system::system_stats;
     get_only "/log-level" => logs::get_level;

@@ -1,7 +1,8 @@
 //! `install` / `uninstall`: backend release archives into `<cache>/bin/<dir>/<backend>/`
 //! (the transaction is `host::install`; see crate::installs).
 
-use api_types::{InstallRequest, InstallResponse};
+use api_types::*;
+use axum::extract::Path;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -37,6 +38,9 @@ fn required(req: &InstallRequest) -> Result<(String, String), ApiError> {
     ))]
 pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallRequest>) -> Result<Response, ApiError> {
     let req = body.value;
+    if req.backend.as_deref() == Some(backends::cloud::RECIPE) && req.recipe.is_none() {
+        return Ok(Json(v11_cloud_install(&rt, req).await?).into_response());
+    }
     let (recipe, backend) = required(&req)?;
     if recipe == backends::cloud::RECIPE {
         return Ok(Json(cloud_install(&rt, backend, req).await?).into_response());
@@ -66,10 +70,16 @@ pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallReq
         (status = 200, description = "Uninstalled, or nothing to remove", body = InstallResponse),
         (status = 400, description = "Missing or unknown recipe/backend, or the `system` backend", body = api_types::ErrorResponse),
     ))]
-pub async fn uninstall_route(
-    State(rt): State<AppState>,
-    body: JsonBody<InstallRequest>,
-) -> Result<Json<InstallResponse>, ApiError> {
+pub async fn uninstall_route(State(rt): State<AppState>, body: JsonBody<InstallRequest>) -> Result<Response, ApiError> {
+    if body.value.backend.as_deref() == Some(backends::cloud::RECIPE) && body.value.recipe.is_none() {
+        let name = provider_of(&body.value)?;
+        let p = rt.remotes.provider(&name)?;
+        let models_evicted = engine::remote::Remotes::model_count(&p);
+        rt.remotes.uninstall(&name)?;
+        let backend = backends::cloud::RECIPE.into();
+        return Ok(Json(CloudUninstalled { status: "success".into(), backend, provider: name, models_evicted })
+            .into_response());
+    }
     let (recipe, backend) = required(&body.value)?;
     let message = match recipe == backends::cloud::RECIPE {
         true => {
@@ -77,7 +87,107 @@ pub async fn uninstall_route(
         }
         false => rt.uninstall_backend(&recipe, &backend).await?,
     };
-    Ok(Json(InstallResponse { status: "success".into(), recipe, backend, version: None, message, upstream: None }))
+    Ok(Json(InstallResponse { status: "success".into(), recipe, backend, version: None, message, upstream: None })
+        .into_response())
+}
+
+/// Lemonade v11's `provider` of a cloud body (400 when missing).
+fn provider_of(req: &InstallRequest) -> Result<String, ApiError> {
+    req.provider
+        .clone()
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| ApiError::bad_request("Missing required field 'provider'", Some("provider")))
+}
+
+fn auth_state(p: &engine::remote::Provider) -> AuthState {
+    let (env_var_set, runtime_key_set) = p.auth_state();
+    AuthState { env_var_set, runtime_key_set }
+}
+
+/// Lemonade v11's cloud install: `{backend: "cloud", provider, base_url, api_key?,
+/// allow_insecure_http?}`.
+async fn v11_cloud_install(rt: &AppState, req: InstallRequest) -> Result<CloudInstalled, ApiError> {
+    let name = provider_of(&req)?;
+    let url = req.base_url.clone().filter(|u| !u.is_empty());
+    let url = url.ok_or_else(|| ApiError::bad_request("Missing required field 'base_url'", Some("base_url")))?;
+    let up = rt.remotes.install_with(&name, Some(&url), req.api_key.clone(), req.allow_insecure_http).await?;
+    let p = rt.remotes.provider(&name)?;
+    let state = auth_state(&p);
+    let warning = (req.api_key.is_some() && state.env_var_set).then(|| {
+        format!(
+            "{} is set in the lemonade process; it takes precedence over the api_key given",
+            backends::cloud::key_variable(&name)
+        )
+    });
+    let models_discovered = up.models.len();
+    let (backend, base_url) = (backends::cloud::RECIPE.to_string(), up.base_url);
+    Ok(CloudInstalled {
+        status: "success".into(),
+        backend,
+        provider: name,
+        base_url,
+        models_discovered,
+        auth_state: state,
+        warning,
+    })
+}
+
+/// Sets a cloud provider's API key, held in memory only.
+#[utoipa::path(post, path = "/api/v1/cloud/auth", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1 (Lemonade v11). The key lives in this process only; the provider's \
+        models are discovered again. When `LEMONADE_<PROVIDER>_API_KEY` is set it wins: 409 `auth_conflict`, and the \
+        key given is not stored. Needs the admin key when one is set.",
+    request_body = CloudAuthRequest,
+    responses(
+        (status = 200, description = "Stored", body = CloudAuth),
+        (status = 400, description = "A missing or empty `provider` or `api_key`", body = ErrorResponse),
+        (status = 404, description = "No such provider (`not_found`)", body = ErrorResponse),
+        (status = 409, description = "The environment's key wins (`auth_conflict`, naming the variable)", body = Object),
+    ))]
+pub async fn cloud_auth(State(rt): State<AppState>, body: JsonBody<CloudAuthRequest>) -> Result<Response, ApiError> {
+    let b = &body.value;
+    if b.provider.is_empty() || b.api_key.is_empty() {
+        let param = if b.provider.is_empty() { "provider" } else { "api_key" };
+        return Err(ApiError::bad_request(format!("Missing required field '{param}'"), Some(param)));
+    }
+    let p = rt.remotes.provider(&b.provider)?;
+    if p.auth_state().0 {
+        let env_var = backends::cloud::key_variable(&b.provider);
+        let message = format!("{env_var} is set in the lemonade process; the env var takes precedence and the supplied API key was not stored.");
+        let body = serde_json::json!({"error": {"type": "auth_conflict", "env_var": env_var, "message": message}});
+        return Ok((http::StatusCode::CONFLICT, Json(body)).into_response());
+    }
+    let p = rt.remotes.auth(&b.provider, &b.api_key, b.allow_insecure_http).await?;
+    let models_discovered = Some(engine::remote::Remotes::model_count(&p));
+    Ok(Json(CloudAuth {
+        provider: b.provider.clone(),
+        auth_state: auth_state(&p),
+        models_discovered,
+        cleared_runtime_key: None,
+    })
+    .into_response())
+}
+
+/// Drops a cloud provider's key held in memory.
+#[utoipa::path(delete, path = "/api/v1/cloud/auth/{provider}", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1 (Lemonade v11). The environment's key, if any, stays in effect; \
+        without one the provider's models are dropped until a key is given. Needs the admin key when one is set.",
+    params(("provider" = String, Path, description = "The provider")),
+    responses(
+        (status = 200, description = "Cleared", body = CloudAuth),
+        (status = 404, description = "No such provider (`not_found`)", body = ErrorResponse),
+    ))]
+pub async fn cloud_auth_clear(
+    State(rt): State<AppState>,
+    Path(provider): Path<String>,
+) -> Result<Json<CloudAuth>, ApiError> {
+    let (p, cleared) = rt.remotes.clear_auth(&provider)?;
+    Ok(Json(CloudAuth {
+        provider,
+        auth_state: auth_state(&p),
+        models_discovered: None,
+        cleared_runtime_key: Some(cleared),
+    }))
 }
 
 /// Registers a remote provider (or changes its key) and discovers its models.

@@ -31,6 +31,7 @@ const POSTS: &[&str] = &[
     "/models/extra.m.gguf/options",
     "/models/register",
     "/downloads/control",
+    "/cloud/auth",
     "/messages",
     "/messages/count_tokens",
     "/audio/transcriptions",
