@@ -292,10 +292,23 @@ def pull(b, model, checkpoint, cancelled, cancelled_checkpoint, missing, broken,
     page.click(f'tr[data-model="{model}"] button:text-is("Delete")')
     expect(page.locator(f'tr[data-model="{model}"]')).to_have_count(0)
     check(not any(m["id"] == model for m in http("GET", "/api/v1/models?show_all=true")["data"]), "still listed")
-    # A pull cancelled mid-way goes back to not downloaded.
+    # A server-owned job: paused and resumed from the page, then cancelled mid-way: back to not
+    # downloaded. A page opened while it runs shows it too.
     register(cancelled.removeprefix("user."), cancelled_checkpoint)
     page.fill("#m-search", cancelled)
     wait_until(page, "(m) => Number(document.querySelector(`tr[data-model=\"${m}\"] progress`)?.value) > 0", cancelled)
+    other = b.page()
+    other.goto(base + "/models")
+    other.wait_for_selector("tbody[data-ready]")
+    other.fill("#m-search", cancelled)
+    expect(state(other, cancelled)).to_have_attribute("data-state", "downloading")
+    other.close()
+    page.click(f'tr[data-model="{cancelled}"] button:text-is("Pause")')
+    expect(state(page, cancelled)).to_have_attribute("data-state", "paused")
+    job = [j for j in http("GET", "/api/v1/downloads") if j["model_name"] == cancelled]
+    check(job and job[0]["status"] == "paused" and not job[0]["running"], f"the job after Pause: {job}")
+    page.click(f'tr[data-model="{cancelled}"] button:text-is("Resume")')
+    expect(state(page, cancelled)).to_have_attribute("data-state", "downloading")
     page.click(f'tr[data-model="{cancelled}"] button:text-is("Cancel")')
     expect(state(page, cancelled)).to_have_attribute("data-state", "absent")
     # A pull that cannot succeed shows failed, with the reason.

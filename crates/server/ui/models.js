@@ -1,37 +1,85 @@
 // Models: the whole catalogue with filters and each model's state (not downloaded,
 // downloading with live progress, downloaded, loading, loaded, pinned, failed with its
-// reason); pull and cancel, register a `user.*` model from a Hugging Face checkpoint, load
-// with options (prefilled from the options API; saved without loading, or reset), unload,
-// pin, delete. Pulls run on in this module while the page lives, so
-// they survive switching views.
+// reason); pull (a server-owned download job: it goes on when the page closes, and the page
+// shows it again), pause, resume and cancel; register a `user.*` model from a Hugging Face
+// checkpoint; load with options (prefilled from the options API; saved without loading, or
+// reset); unload, pin, delete.
 
-import { api, sse } from "./api.js";
+import { api } from "./api.js";
 import { h, fill, field, toast, bytes, confirmed, table, row } from "./dom.js";
 
-/** model id → {percent, file, file_index, total_files, bytes_downloaded, bytes_total, controller} or {failed}. */
+/** model id → the progress of its server-owned download job ({percent, file_index, total_files,
+ * bytes_downloaded, bytes_total, paused?}) or {failed}. */
 const pulls = new Map();
 const listeners = new Set();
 const changed = (id) => listeners.forEach((f) => f(id));
+let polling = null;
 
-/** Pulls `body.model` (registering it when the body has a checkpoint) with live progress. */
+const progress = (j) => ({ percent: j.percent, file_index: j.file_index, total_files: j.total_files,
+  bytes_downloaded: j.bytes_downloaded, bytes_total: j.bytes_total, paused: j.status === "paused" });
+const control = (id, action) => api("/api/v1/downloads/control", { id: `model:${id}`, action });
+
+/** Follows the server's download jobs (GET /api/v1/downloads) while any runs. */
+async function poll() {
+  let jobs = [];
+  try { jobs = await api("/api/v1/downloads"); } catch { return; }
+  let running = false;
+  for (const j of jobs) {
+    const id = j.model_name;
+    const had = pulls.get(id);
+    if (j.running || j.status === "downloading") {
+      running = true;
+      pulls.set(id, progress(j));
+    } else if (j.status === "paused") {
+      pulls.set(id, progress(j));
+    } else if (j.status === "completed") {
+      if (!had || had.done) continue;
+      // Shown at 100 % for a moment, then the row shows the model downloaded.
+      pulls.set(id, { ...progress(j), percent: 100, done: true });
+      setTimeout(() => { pulls.delete(id); changed(id); }, 400);
+      control(id, "remove").catch(() => {});
+      toast(`${id} downloaded`);
+    } else if (j.status === "error") {
+      if (had && had.failed) continue;
+      pulls.set(id, { failed: j.error || "The download failed" });
+      control(id, "remove").catch(() => {});
+      toast(`${id}: ${j.error}`, "bad");
+    } else if (j.status === "cancelled") {
+      pulls.delete(id);
+      control(id, "remove").catch(() => {});
+      toast(`Stopped downloading ${id}; what was downloaded is kept`);
+    }
+    changed(id);
+  }
+  if (!running && polling) { clearInterval(polling); polling = null; }
+}
+
+function follow() {
+  if (!polling) polling = setInterval(poll, 300);
+}
+
+/** Pulls `body.model` (registering it when the body has a checkpoint) as a server-owned job:
+ * it goes on if the page closes, and the page shows it again when it opens. */
 export function pull(body) {
   const id = body.model;
   if (pulls.has(id) && !pulls.get(id).failed) return;
-  const controller = new AbortController();
-  const p = { percent: 0, file_index: 0, total_files: 0, bytes_downloaded: 0, bytes_total: 0, controller };
-  pulls.set(id, p);
+  pulls.set(id, { percent: 0, file_index: 0, total_files: 0, bytes_downloaded: 0, bytes_total: 0 });
   changed(id);
-  sse("/api/v1/pull", { ...body, stream: true }, ({ event, data }) => {
-    if (event === "progress") { Object.assign(p, data); changed(id); }
-    else if (event === "complete") { p.done = true; }
-    else if (event === "error") { throw new Error((data && data.error && (data.error.message || data.error)) || "The pull failed"); }
-  }, controller.signal).then(() => {
-    pulls.delete(id);
-    if (p.done) toast(`${id} downloaded`); else pulls.set(id, { failed: "The download ended before it was complete" });
+  api("/api/v1/pull", { ...body, stream: true, subscribe: false }).then((job) => {
+    pulls.set(id, progress(job));
+    changed(id);
+    follow();
   }).catch((e) => {
-    if (e.name === "AbortError") { pulls.delete(id); toast(`Stopped downloading ${id}; what was downloaded is kept`); }
-    else { pulls.set(id, { failed: e.message }); toast(`${id}: ${e.message}`, "bad"); }
-  }).finally(() => changed(id));
+    pulls.set(id, { failed: e.message });
+    toast(`${id}: ${e.message}`, "bad");
+    changed(id);
+  });
+}
+
+/** The jobs already on the server (started before this page, or paused by a restart). */
+async function resume() {
+  await poll();
+  follow();
 }
 
 const LABELS = ["reasoning", "vision", "embedding", "reranking", "tool-calling", "coding", "hot"];
@@ -70,6 +118,7 @@ export function mount(main) {
   function stateOf(m) {
     const p = pulls.get(m.id);
     if (p && p.failed) return { key: "failed", text: "failed", why: p.failed };
+    if (p && p.paused) return { key: "paused", text: "paused" };
     if (p) return { key: "downloading", text: "downloading" };
     const loaded = health.all_models_loaded.find((x) => x.model_name === m.id);
     if (loaded) return { key: loaded.pinned ? "pinned" : "loaded", text: loaded.pinned ? "loaded · pinned" : "loaded", loaded };
@@ -79,12 +128,12 @@ export function mount(main) {
     return m.downloaded ? { key: "downloaded", text: "downloaded" } : { key: "absent", text: "not downloaded" };
   }
 
-  const KIND = { absent: "plain", downloading: "info", downloaded: "ok", loading: "warn", loaded: "ok", pinned: "ok", failed: "bad" };
+  const KIND = { absent: "plain", paused: "warn", downloading: "info", downloaded: "ok", loading: "warn", loaded: "ok", pinned: "ok", failed: "bad" };
 
   function stateCell(m, s) {
     const cell = h("div", {}, h("span", { class: `badge ${KIND[s.key]}`, "data-state": s.key }, s.text));
     const p = pulls.get(m.id);
-    if (s.key === "downloading") {
+    if (s.key === "downloading" || s.key === "paused") {
       const pct = Math.min(100, p.percent || 0);
       cell.append(h("progress", { max: 100, value: pct, "aria-label": `Download of ${m.id}`, "data-model": m.id }),
         h("div", { class: "muted small", "data-progress-text": "" },
@@ -103,9 +152,14 @@ export function mount(main) {
   function actions(m, s) {
     const b = (text, onclick, cls) => h("button", { type: "button", class: `small ${cls || ""}`, onclick, "aria-label": `${text} ${m.id}` }, text);
     const out = [];
-    if (s.key === "downloading") out.push(b("Cancel", () => pulls.get(m.id).controller.abort(), "secondary"));
+    const ctl = (action) => () => control(m.id, action).then(follow).catch((e) => toast(e.message, "bad"));
+    if (s.key === "downloading") {
+      out.push(b("Pause", ctl("pause"), "secondary"), b("Cancel", ctl("cancel"), "secondary"));
+    } else if (s.key === "paused") {
+      out.push(b("Resume", ctl("resume")), b("Cancel", ctl("cancel"), "secondary"));
+    }
     else if (!m.downloaded) out.push(b(s.key === "failed" ? "Retry" : "Pull", () => pull({ model: m.id })));
-    if (m.downloaded && s.key !== "downloading") {
+    if (m.downloaded && s.key !== "downloading" && s.key !== "paused") {
       if (s.loaded) {
         out.push(b("Unload", () => act("/api/v1/unload", { model_name: m.id }, `${m.id} unloaded`), "secondary"));
         out.push(b(s.loaded.pinned ? "Unpin" : "Pin", () => act("/api/v1/pin", { model_name: m.id, pinned: !s.loaded.pinned }, s.loaded.pinned ? `${m.id} unpinned` : `${m.id} pinned`), "secondary"));
@@ -309,6 +363,7 @@ export function mount(main) {
   };
   listeners.add(onPull);
   refresh(true);
+  resume();
   const timer = setInterval(() => refresh(false), 2000);
   return () => { clearInterval(timer); listeners.delete(onPull); };
 }
