@@ -265,6 +265,10 @@ struct ServeArgs {
     /// stream) before the request fails with 504 naming it.
     #[arg(long, env = "LEMONADE_REMOTE_TIMEOUT", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     remote_timeout: u64,
+    /// Export OpenTelemetry spans (each request, load and pull) over OTLP/HTTP to this endpoint,
+    /// e.g. http://127.0.0.1:4318 (its /v1/traces). Off by default.
+    #[arg(long, env = "LEMONADE_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
     /// Seconds between refreshes of the remote providers' model lists (0: only on demand,
     /// `lemonade cloud list --refresh`).
     #[arg(long, env = "LEMONADE_REMOTE_REFRESH", default_value_t = 60)]
@@ -530,9 +534,13 @@ fn main() -> std::process::ExitCode {
                     return std::process::ExitCode::FAILURE;
                 }
             };
-            let logs = server::logging::init(engine::live::log_level(&start.values));
+            let otlp = args.otlp_endpoint.clone().filter(|e| !e.is_empty());
+            let logs = server::logging::init(engine::live::log_level(&start.values), otlp.as_deref());
+            let telemetry = logs.clone();
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-            match rt.block_on(serve(args, start, cli.host, cli.port, cli.api_key, logs)) {
+            let served = rt.block_on(serve(args, start, cli.host, cli.port, cli.api_key, logs));
+            telemetry.shutdown_telemetry();
+            match served {
                 Ok(()) => std::process::ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("Error: {e:#}");

@@ -202,3 +202,70 @@ async fn logs_stream_over_websocket_with_v11_messages() {
         other => panic!("a foreign origin got {other:?}"),
     }
 }
+
+/// An OTLP/HTTP collector on 127.0.0.1: keeps the body of every `POST /v1/traces`.
+async fn collector() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = bodies.clone();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let kept = kept.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        let mut chunk = [0u8; 8192];
+                        match conn.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:").map(|v| v.trim().parse().unwrap_or(0)))
+                        .unwrap_or(0);
+                    while buf.len() < end + 4 + len {
+                        let mut chunk = [0u8; 8192];
+                        match conn.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    kept.lock().unwrap().push(buf[end + 4..end + 4 + len].to_vec());
+                    buf.drain(..end + 4 + len);
+                    let ok = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+                    if conn.write_all(ok).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, bodies)
+}
+
+/// OpenTelemetry: with `LEMONADE_OTLP_ENDPOINT`, requests, loads and pulls are spans sent over
+/// OTLP/HTTP; `POST /internal/telemetry/flush` sends them at once. Without it, nothing.
+#[tokio::test]
+async fn real_llama_server_spans_reach_an_otlp_collector_on_flush() {
+    let (url, bodies) = collector().await;
+    let l = Lemonade::start_in(bin(), Sandbox::new(), &[], &[("LEMONADE_OTLP_ENDPOINT", &url)]).await;
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL})).await.0, 200);
+    assert_eq!(l.chat(SMOL).await.0, 200);
+    let (s, v) = l.post("/internal/telemetry/flush", &json!({})).await;
+    assert_eq!((s, v["status"].clone()), (200, json!("flushed")), "{v}");
+    let all: Vec<u8> = bodies.lock().unwrap().concat();
+    let has = |needle: &str| all.windows(needle.len()).any(|w| w == needle.as_bytes());
+    for needle in ["lemonade", "http.request", "/api/v1/chat/completions", "load", SMOL] {
+        assert!(has(needle), "no '{needle}' in the {} bytes the collector got", all.len());
+    }
+    drop(l);
+    let l = Lemonade::start_in(bin(), Sandbox::empty(), &[], &[]).await;
+    let (s, v) = l.post("/internal/telemetry/flush", &json!({})).await;
+    assert_eq!((s, v["status"].clone()), (200, json!("disabled")));
+}

@@ -226,6 +226,7 @@ fn admin_answers() -> Vec<(&'static str, Value, u16)> {
         ("/api/v0/models/register", json!({"model_name": "user.R"}), 400),
         ("/v1/downloads/control", json!({"id": "model:nope", "action": "pause"}), 404),
         ("/v1/cloud/auth", json!({"provider": "nope", "api_key": "x"}), 404),
+        ("/internal/telemetry/flush", json!({}), 200),
     ]
 }
 

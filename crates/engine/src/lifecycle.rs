@@ -740,11 +740,15 @@ impl Lifecycle {
                 let (cancel, cancelled) = tokio::sync::watch::channel(false);
                 self.starts.lock().insert(model.clone(), cancel);
                 let rt = self.clone();
-                tokio::spawn(async move {
-                    let result = rt.start(&model, options, cancelled).await.map_err(load_error);
-                    rt.starts.lock().remove(&model);
-                    let _ = rt.tx.send(Event::Started { model, result });
-                });
+                let span = tracing::debug_span!(target: "lemonade::spans", "load", model = %model);
+                tokio::spawn(tracing::Instrument::instrument(
+                    async move {
+                        let result = rt.start(&model, options, cancelled).await.map_err(load_error);
+                        rt.starts.lock().remove(&model);
+                        let _ = rt.tx.send(Event::Started { model, result });
+                    },
+                    span,
+                ));
             }
             Effect::Stop { model } => {
                 let rt = self.clone();

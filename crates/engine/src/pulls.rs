@@ -180,6 +180,11 @@ pub async fn ensure_downloaded(rt: &Engine, m: &ModelInfo) -> Result<ModelInfo> 
 /// a concurrent pull of the same model waits, then finds the verified files and fetches none.
 /// Returns how many files the model has.
 pub async fn download(rt: &Engine, m: &ModelInfo, events: Option<&mpsc::Sender<PullEvent>>) -> Result<usize> {
+    let span = tracing::debug_span!(target: "lemonade::spans", "pull", model = %m.name, checkpoint = %m.checkpoint);
+    tracing::Instrument::instrument(download_files(rt, m, events), span).await
+}
+
+async fn download_files(rt: &Engine, m: &ModelInfo, events: Option<&mpsc::Sender<PullEvent>>) -> Result<usize> {
     let received = rt.metrics.pull_counter(&m.name);
     let hub = hub(rt).on_received(move |n| {
         received.inc_by(n);

@@ -17,7 +17,10 @@ use bytes::Bytes;
 use tokio::sync::broadcast;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{fmt, reload, EnvFilter};
+use tracing_subscriber::{fmt, reload, EnvFilter, Layer};
+
+/// The target of the spans exported over OpenTelemetry (requests, loads, pulls).
+pub const SPANS: &str = "lemonade::spans";
 
 /// Lines kept for a new `logs/stream` client.
 const TAIL_LINES: usize = 2000;
@@ -47,6 +50,8 @@ pub struct LogHub {
     tx: broadcast::Sender<Arc<str>>,
     level: Mutex<String>,
     reload: Reload,
+    /// The OpenTelemetry exporter, when one is configured (`--otlp-endpoint`).
+    telemetry: Mutex<Option<opentelemetry_sdk::trace::SdkTracerProvider>>,
 }
 
 struct Tail {
@@ -100,6 +105,21 @@ impl LogHub {
         let (_, lines) = self.past(from, end, TAIL_LINES);
         let entries = lines.iter().enumerate().map(|(i, l)| entry(from + i as u64 + 1, l)).collect();
         (entries, end + 1, rx)
+    }
+
+    /// Sends every finished span not sent yet (`POST /internal/telemetry/flush`); false when
+    /// no exporter is configured.
+    pub fn flush_telemetry(&self) -> Result<bool, crate::error::ApiError> {
+        let Some(p) = self.telemetry.lock().clone() else { return Ok(false) };
+        p.force_flush().map_err(|e| crate::error::ApiError::Internal(format!("telemetry flush failed: {e}")))?;
+        Ok(true)
+    }
+
+    /// Flushes and stops the exporter (at exit).
+    pub fn shutdown_telemetry(&self) {
+        if let Some(p) = self.telemetry.lock().take() {
+            let _ = p.shutdown();
+        }
     }
 
     pub fn level(&self) -> String {
@@ -176,8 +196,10 @@ impl Write for HubWriter {
     }
 }
 
-/// Installs the global subscriber: stderr plus the hub, filtered by `level` (or `RUST_LOG`).
-pub fn init(level: &str) -> Arc<LogHub> {
+/// Installs the global subscriber: stderr plus the hub, filtered by `level` (or `RUST_LOG`);
+/// with `otlp` (an OTLP/HTTP endpoint, e.g. `http://127.0.0.1:4318`), the [`SPANS`] spans are
+/// exported there too, batched. Without it no span of that target is ever created.
+pub fn init(level: &str, otlp: Option<&str>) -> Arc<LogHub> {
     let initial = std::env::var("RUST_LOG").ok().unwrap_or_else(|| filter_for(level).unwrap_or("info").to_string());
     let (filter, handle) = reload::Layer::new(EnvFilter::new(initial));
     let (tx, _) = broadcast::channel(1024);
@@ -186,14 +208,44 @@ pub fn init(level: &str) -> Arc<LogHub> {
         tx,
         level: Mutex::new(level.to_string()),
         reload: Box::new(move |f: &str| handle.reload(EnvFilter::new(f)).map_err(|e| e.to_string())),
+        telemetry: Mutex::new(None),
     });
     let w = HubWriter(hub.clone());
-    tracing_subscriber::registry()
-        .with(filter)
-        .with(fmt::layer().with_writer(std::io::stderr))
-        .with(fmt::layer().with_ansi(false).with_writer(move || w.clone()))
-        .init();
+    let logs = fmt::layer()
+        .with_writer(std::io::stderr)
+        .and_then(fmt::layer().with_ansi(false).with_writer(move || w.clone()))
+        .with_filter(filter);
+    let provider = otlp.and_then(|ep| match exporter(ep) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            eprintln!("OpenTelemetry export to {ep} is off: {e}");
+            None
+        }
+    });
+    let otel = provider.as_ref().map(|p| {
+        use opentelemetry::trace::TracerProvider as _;
+        let targets = tracing_subscriber::filter::Targets::new().with_target(SPANS, tracing::Level::DEBUG);
+        tracing_opentelemetry::layer().with_tracer(p.tracer("lemonade")).with_filter(targets)
+    });
+    *hub.telemetry.lock() = provider;
+    tracing_subscriber::registry().with(logs).with(otel).init();
     hub
+}
+
+/// A batching OTLP/HTTP (protobuf) span exporter to `endpoint`'s `/v1/traces`.
+fn exporter(endpoint: &str) -> Result<opentelemetry_sdk::trace::SdkTracerProvider, String> {
+    use opentelemetry_otlp::WithExportConfig;
+    let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_endpoint(url)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let resource = opentelemetry_sdk::Resource::builder().with_service_name("lemonade").build();
+    Ok(opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource)
+        .build())
 }
 
 /// A formatted line (`2026-11-25T10:00:00.000Z  INFO lemonade_engine::x: text`) as a v11 log
@@ -244,6 +296,7 @@ mod tests {
             tx,
             level: Mutex::new("info".into()),
             reload: Box::new(|_| Ok(())),
+            telemetry: Mutex::new(None),
         };
         for i in 0..TAIL_LINES + 5 {
             hub.push(format!("line {i}"));

@@ -152,6 +152,7 @@ route_table! {
         post_only "/internal/pin" => internal::pin;
         post_only "/internal/shutdown" => internal::shutdown;
         get_only "/logs/stream" => logs::ws_stream;
+        post_only "/internal/telemetry/flush" => internal::telemetry_flush;
     }
     root_aliases {
         any_method "/api/copy" => ollama::not_supported;

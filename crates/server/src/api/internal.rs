@@ -133,3 +133,20 @@ pub async fn shutdown(State(rt): State<AppState>) -> Result<Json<StatusResponse>
     rt.http.shutdown.notify_one();
     Ok(Json(StatusResponse { status: "shutting down".into(), model_name: None, message: None }))
 }
+
+/// Exports every finished span now.
+#[utoipa::path(post, path = "/internal/telemetry/flush", tag = "Lemonade",
+    description = "Lemonade v11. With `--otlp-endpoint` (`LEMONADE_OTLP_ENDPOINT`), sends the OpenTelemetry spans \
+        (requests, loads, pulls) not sent yet and answers once they are; without it there is nothing to send. Needs \
+        the admin key when one is set.",
+    responses((status = 200, description = "`{\"status\": \"flushed\"}`, or `\"disabled\"` without an exporter", body = StatusResponse)))]
+pub async fn telemetry_flush(State(rt): State<AppState>) -> Result<Json<StatusResponse>, ApiError> {
+    let Some(hub) = rt.http.logs.clone() else {
+        return Ok(Json(StatusResponse { status: "disabled".into(), model_name: None, message: None }));
+    };
+    let sent = tokio::task::spawn_blocking(move || hub.flush_telemetry())
+        .await
+        .map_err(|e| ApiError::Internal(format!("telemetry flush failed: {e}")))??;
+    let status = if sent { "flushed" } else { "disabled" };
+    Ok(Json(StatusResponse { status: status.into(), model_name: None, message: None }))
+}
