@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use api_types::{
-    DeleteRequest, Health, InstallRequest, LoadRequest, ModelList, PinRequest, PullProgress, PullRequest, SystemInfo,
-    UnloadRequest,
+    DeleteRequest, DownloadControl, DownloadJob, Health, InstallRequest, LoadRequest, ModelList, PinRequest,
+    PullProgress, PullRequest, SystemInfo, UnloadRequest,
 };
 pub use client::error_text;
 use client::Client;
@@ -77,6 +77,10 @@ pub struct PullArgs {
     /// mmproj file name in the checkpoint's repository.
     #[arg(long)]
     pub mmproj: Option<String>,
+    /// Start a server-owned download job and return at once (`lemonade downloads` follows
+    /// it); without it the pull shows its progress and Ctrl+C cancels it.
+    #[arg(long)]
+    pub background: bool,
 }
 
 /// Renders a pull-style SSE stream (`progress`, `complete`, `error`) as a progress bar.
@@ -144,8 +148,16 @@ pub async fn pull(t: &Target, a: PullArgs, json_out: bool) -> Result<()> {
         embedding: flag(a.embedding),
         reranking: flag(a.reranking),
         stream: Some(true),
+        subscribe: a.background.then_some(false),
         ..Default::default()
     };
+    if a.background {
+        let job: DownloadJob = t.client(None).post("/pull", &body).await.context("Error pulling model")?;
+        out(json_out, &json_of(&job), || {
+            format!("Downloading {} in the server ({}); see `lemonade downloads`", job.model_name, job.id)
+        });
+        return Ok(());
+    }
     let r = t.client(None).post_stream("/pull", &body).await.context("Error pulling model")?;
     progress_stream(r, json_out, "pulling model").await?;
     out(json_out, &json!({"status": "success", "model_name": a.model}), || {
@@ -487,6 +499,66 @@ fn key_from(arg: Option<String>) -> Result<Option<String>> {
             Ok(Some(line.trim().to_string()).filter(|k| !k.is_empty()))
         }
         _ => Ok(arg),
+    }
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum DownloadAction {
+    /// Stop a job's transfer; its partial files stay for `resume`.
+    Pause {
+        /// The model being downloaded.
+        model: String,
+    },
+    /// Start a paused or cancelled job again, from the bytes on disk.
+    Resume {
+        /// The model being downloaded.
+        model: String,
+    },
+    /// Stop a job for good (its partial files stay for a later pull).
+    Cancel {
+        /// The model being downloaded.
+        model: String,
+    },
+    /// Forget a stopped job.
+    Remove {
+        /// The model of the job.
+        model: String,
+    },
+}
+
+/// `lemonade downloads [pause|resume|cancel|remove MODEL]`: the server-owned download jobs.
+pub async fn downloads(t: &Target, action: Option<DownloadAction>, json_out: bool) -> Result<()> {
+    let c = t.client(None);
+    let (model, act) = match action {
+        None => {
+            let jobs: Vec<DownloadJob> = c.get("/downloads").await.context("Error listing downloads")?;
+            out(json_out, &json_of(&jobs), || {
+                let mut s = format!("{:<44} {:<12} {:>5}  {:>12}", "Model", "State", "%", "Rate");
+                for j in &jobs {
+                    let rate = if j.running { format!("{}/s", bytes_text(j.rate_bytes_per_s)) } else { String::new() };
+                    let err = j.error.as_deref().map(|e| format!("  {e}")).unwrap_or_default();
+                    s += &format!("\n{:<44} {:<12} {:>4}%  {rate:>12}{err}", j.model_name, j.status, j.percent);
+                }
+                s
+            });
+            return Ok(());
+        }
+        Some(DownloadAction::Pause { model }) => (model, "pause"),
+        Some(DownloadAction::Resume { model }) => (model, "resume"),
+        Some(DownloadAction::Cancel { model }) => (model, "cancel"),
+        Some(DownloadAction::Remove { model }) => (model, "remove"),
+    };
+    let body = DownloadControl { id: format!("model:{model}"), action: act.into() };
+    let v: Value = c.post("/downloads/control", &body).await.with_context(|| format!("Error: {act} {model}"))?;
+    out(json_out, &v, || format!("{model}: {act} done"));
+    Ok(())
+}
+
+fn bytes_text(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
+        n => format!("{:.1} KiB", n as f64 / 1024.0),
     }
 }
 

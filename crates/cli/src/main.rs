@@ -130,6 +130,11 @@ enum Command {
     },
     /// Ask Hugging Face whether downloaded models have newer commits than the ones pulled.
     CheckUpdates,
+    /// The server's download jobs (`pull --background`), or pause, resume, cancel or remove one.
+    Downloads {
+        #[command(subcommand)]
+        action: Option<client::DownloadAction>,
+    },
     /// Model aliases: names that mean another model, wherever a model name is taken.
     Alias {
         #[command(subcommand)]
@@ -490,6 +495,7 @@ async fn client_command(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Command::Cloud { action } => client::cloud(&t, action, json).await?,
         Command::Alias { action } => client::alias(&t, action, json).await?,
         Command::CheckUpdates => client::check_updates(&t, json).await?,
+        Command::Downloads { action } => client::downloads(&t, action, json).await?,
         Command::Config { action } => client::config(&t, action, json).await?,
         Command::SystemInfo { verbose } => {
             with_server(&t, true, vec![], false, async |t| client::system_info(t, verbose, json).await).await?

@@ -662,4 +662,16 @@ async fn a_download_job_pauses_survives_a_restart_as_paused_and_resumes_where_it
     assert_eq!((s, e["error"]["param"].as_str()), (400, Some("action")), "{e}");
     let (s, e) = l.post("/v1/downloads/control", &json!({"action": "pause"})).await;
     assert_eq!((s, e["error"]["param"].as_str()), (400, Some("id")));
+
+    // The CLI: a background pull is a job; `downloads` lists and controls it.
+    let (code, out, err) =
+        cli(&l, &["pull", "user.Bg", "--checkpoint", "org/shard-GGUF:Q8_0", "--recipe", "llamacpp", "--background"])
+            .await;
+    assert!(code == 0 && out.contains("model:user.Bg"), "{out}{err}");
+    let (code, out, _) = cli(&l, &["downloads"]).await;
+    assert!(code == 0 && out.contains("user.Bg"), "{out}");
+    let (code, out, err) = cli(&l, &["downloads", "cancel", "user.Bg"]).await;
+    assert!(code == 0 && out.contains("user.Bg: cancel done"), "{out}{err}");
+    let (code, _, err) = cli(&l, &["downloads", "pause", "user.Nope"]).await;
+    assert!(code != 0 && err.contains("No download job"), "{err}");
 }
