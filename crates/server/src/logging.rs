@@ -233,14 +233,12 @@ pub fn init(level: &str, otlp: Option<&str>) -> Arc<LogHub> {
 }
 
 /// A batching OTLP/HTTP (protobuf) span exporter to `endpoint`'s `/v1/traces`.
-fn exporter(endpoint: &str) -> Result<opentelemetry_sdk::trace::SdkTracerProvider, String> {
+fn exporter(
+    endpoint: &str,
+) -> Result<opentelemetry_sdk::trace::SdkTracerProvider, opentelemetry_otlp::ExporterBuildError> {
     use opentelemetry_otlp::WithExportConfig;
     let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_endpoint(url)
-        .build()
-        .map_err(|e| e.to_string())?;
+    let exporter = opentelemetry_otlp::SpanExporter::builder().with_http().with_endpoint(url).build()?;
     let resource = opentelemetry_sdk::Resource::builder().with_service_name("lemonade").build();
     Ok(opentelemetry_sdk::trace::SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
