@@ -292,13 +292,8 @@ impl Process for FakeProcess {
 }
 
 /// A catalogue of downloaded extra models, `extra.<name>` for each of `names` (no file
-/// behind them: the fake launcher needs none).
-pub fn catalogue(names: &[&str]) -> Catalogue {
-    catalogue_at(std::path::Path::new("/nonexistent/lemonade"), names)
-}
-
-/// [`catalogue`] whose own files (saved options, user models) are read from and written to
-/// `cache_dir`.
+/// behind them: the fake launcher needs none); its own files (saved options, user models,
+/// aliases) are read from and written to `cache_dir`.
 pub fn catalogue_at(cache_dir: &std::path::Path, names: &[&str]) -> Catalogue {
     let dir = std::path::PathBuf::from("/fake-models");
     let found: Vec<registry::ExtraFile> =

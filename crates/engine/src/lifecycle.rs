@@ -661,8 +661,8 @@ impl Lifecycle {
     }
 
     /// The context size a load of `info` with `options` gets: the number given, or for `-1`
-    /// the largest the model was trained for that fits the budget of the pool it lands in
-    /// (the scheduler's budget, else the free memory now), or the default.
+    /// the largest the model was trained for that fits the scheduler's budget of the pool it
+    /// lands in (no budget: the trained context), or the default.
     pub fn ctx_size(&self, info: &ModelInfo, options: &Opts) -> u32 {
         match (options.ctx_size, info.shape) {
             (Some(CtxSize::Tokens(n)), _) => n,
@@ -675,12 +675,10 @@ impl Lifecycle {
                     cache_type_v: &s.cache_type_v,
                 };
                 let offloaded = backends::llamacpp::offloads(&backends::backend_of(info.recipe, options));
+                // The scheduler's budget (`auto` was resolved to bytes at start): no memory is
+                // read here, on every acquire of such a model.
                 let settings = self.scheduler_view().settings;
-                let budget = if offloaded {
-                    settings.vram_budget.flatten().or_else(host::hardware::auto_vram_budget)
-                } else {
-                    settings.memory_budget.flatten().or_else(host::hardware::auto_memory_budget)
-                };
+                let budget = if offloaded { settings.vram_budget.flatten() } else { settings.memory_budget.flatten() };
                 let fallback = backends::llamacpp::DEFAULT_CTX_SIZE;
                 registry::memory::auto_ctx_size(&shape, &input, budget, offloaded, fallback)
             }

@@ -124,9 +124,9 @@ pub fn snapshot(rt: &Engine) -> Map<String, Value> {
     }
     o.overlay(&live.options());
     for (k, v) in o.to_map() {
-        let k = if k == "sd-cpp_backend" { "sdcpp_backend".to_string() } else { k };
-        if keys::find(&k).is_some() {
-            m.insert(k, v);
+        let k = keys::config_key(&k);
+        if keys::find(k).is_some() {
+            m.insert(k.to_string(), v);
         }
     }
     m
@@ -151,10 +151,7 @@ pub async fn set(rt: &Engine, update: &Map<String, Value>) -> Result<Map<String,
     // A reset option leaves the layer (its default applies where it is read).
     let reset: Vec<api_types::OptionKey> = api_types::OptionKey::ALL
         .iter()
-        .filter(|k| {
-            let name = if k.as_str() == "sd-cpp_backend" { "sdcpp_backend" } else { k.as_str() };
-            update.get(name).is_some_and(Value::is_null)
-        })
+        .filter(|k| update.get(keys::config_key(k.as_str())).is_some_and(Value::is_null))
         .copied()
         .collect();
     let mut options = options.clear(&reset);

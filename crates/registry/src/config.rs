@@ -126,17 +126,26 @@ pub fn options(values: &Map<String, Value>) -> Result<LoadOptions, ConfigError> 
     let mut m = Map::new();
     for k in KEYS.iter().filter(|k| k.group == Group::Options) {
         if let Some(v) = values.get(k.name) {
-            // v11 writes `sdcpp_backend`; the load option is `sd-cpp_backend`.
-            let name = if k.name == "sdcpp_backend" { "sd-cpp_backend" } else { k.name };
-            m.insert(name.to_string(), v.clone());
+            m.insert(option_name(k.name).to_string(), v.clone());
         }
     }
-    let o = LoadOptions::from_map(&m).map_err(|e| refuse(wire(e.key), e.message))?;
-    backends::options::check(&o).map_err(|e| refuse(wire(e.key.as_str()), e.message))?;
+    let o = LoadOptions::from_map(&m).map_err(|e| refuse(config_key(e.key), e.message))?;
+    backends::options::check(&o).map_err(|e| refuse(config_key(e.key.as_str()), e.message))?;
     Ok(o)
 }
 
-fn wire(option: &str) -> &str {
+/// The load option a config key of the options group sets: the same name, but v11's
+/// `sdcpp_backend`, which is the `sd-cpp_backend` option.
+pub fn option_name(config_key: &str) -> &str {
+    if config_key == "sdcpp_backend" {
+        "sd-cpp_backend"
+    } else {
+        config_key
+    }
+}
+
+/// The config key of a load option (the inverse of [`option_name`]).
+pub fn config_key(option: &str) -> &str {
     if option == "sd-cpp_backend" {
         "sdcpp_backend"
     } else {
