@@ -84,6 +84,17 @@ pub struct Model {
     /// absent when not known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_length: Option<u64>,
+    /// Whether the Hub has a newer commit of its repository than the one pulled (Lemonade v11);
+    /// absent until an update check ran (`POST /models/check-updates`, `serve --check-updates`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_available: Option<bool>,
+}
+
+/// Lemonade v11's `telemetry` object in health.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TelemetryState {
+    pub enabled: bool,
 }
 
 /// `GET /v1/models`.
@@ -212,6 +223,13 @@ pub struct Health {
     /// the request reached it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub websocket_port: Option<u16>,
+    /// Lemonade v11: whether an update check has completed since the start (then the models of
+    /// `/models` carry `update_available`).
+    #[serde(default)]
+    pub update_check_done: bool,
+    /// Lemonade v11: whether OpenTelemetry spans are exported (`--otlp-endpoint`).
+    #[serde(default)]
+    pub telemetry: TelemetryState,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -755,6 +773,54 @@ pub struct CheckUpdates {
     pub updates_available: usize,
     /// The downloaded models whose repository has a newer commit than the one downloaded.
     pub models: Vec<String>,
+}
+
+/// The body of `POST /internal/cleanup-cache` (Lemonade v11).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CleanupCacheRequest {
+    /// List what would be removed without removing it. Default `true`, as v11.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<bool>,
+}
+
+/// A file `POST /internal/cleanup-cache` found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct OrphanedFile {
+    /// Relative to the Hugging Face cache folder (`models--org--repo/blobs/<etag>…`).
+    pub path: String,
+    pub size: u64,
+    /// A model whose files live in that repository's folder.
+    pub model: String,
+    /// `incomplete` (a partial download nothing will resume) or `unreferenced` (a blob no
+    /// snapshot links to).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The repository.
+    pub belongs_to: String,
+}
+
+/// A repository `POST /internal/cleanup-cache` left alone, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SkippedRepo {
+    pub repo: String,
+    pub reason: String,
+}
+
+/// The answer of `POST /internal/cleanup-cache` (Lemonade v11's fields, plus `skipped`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CleanupCacheResponse {
+    pub orphaned_files: Vec<OrphanedFile>,
+    pub total_bytes: u64,
+    pub dry_run: bool,
+    /// Repositories not looked at: a download into them is running, or a download job that
+    /// can be resumed keeps its partial files there.
+    #[serde(default)]
+    pub skipped: Vec<SkippedRepo>,
 }
 
 /// One file of `GET /v1/models/{id}/files` (Lemonade v11).

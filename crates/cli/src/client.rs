@@ -272,8 +272,8 @@ pub async fn pin(t: &Target, model: String, pinned: bool, json_out: bool) -> Res
     Ok(())
 }
 
-/// `lemonade cleanup-cache`: empties the server's prompt cache.
-pub async fn cleanup_cache(t: &Target, json_out: bool) -> Result<()> {
+/// `lemonade cleanup-cache --prompt-cache`: empties the server's prompt cache.
+pub async fn clear_prompt_cache(t: &Target, json_out: bool) -> Result<()> {
     let v = t.client(None).clear_prompt_cache().await.context("Failed to empty the prompt cache")?;
     out(json_out, &json_of(&v), || {
         format!("Removed {} saved prompts ({:.1} MB).", v.files_removed, v.bytes_freed as f64 / 1e6)
@@ -628,6 +628,32 @@ pub async fn check_updates(t: &Target, json_out: bool) -> Result<()> {
     out(json_out, &json_of(&v), || match v.models.len() {
         0 => "Every downloaded model is up to date".into(),
         _ => format!("Updates available ({}): {}", v.updates_available, v.models.join(", ")),
+    });
+    Ok(())
+}
+
+/// `lemonade cleanup-cache [--dry-run]`.
+pub async fn cleanup_cache(t: &Target, dry_run: bool, json_out: bool) -> Result<()> {
+    let v =
+        t.client(Some(Duration::from_secs(300))).cleanup_cache(dry_run).await.context("Error cleaning the cache")?;
+    out(json_out, &json_of(&v), || {
+        let mb = |b: u64| b as f64 / (1024.0 * 1024.0);
+        let mut s = String::new();
+        for f in &v.orphaned_files {
+            s.push_str(&format!("  {} ({:.1} MB, {}) [from {}]\n", f.path, mb(f.size), f.kind, f.model));
+        }
+        for k in &v.skipped {
+            s.push_str(&format!("  skipped {}: {}\n", k.repo, k.reason));
+        }
+        let n = v.orphaned_files.len();
+        s.push_str(&match (n, dry_run) {
+            (0, _) => "No orphaned files found. Cache is clean.".to_string(),
+            (_, true) => {
+                format!("Would free {:.1} MB from {n} file(s). Run without --dry-run to delete.", mb(v.total_bytes))
+            }
+            (_, false) => format!("Freed {:.1} MB from {n} file(s).", mb(v.total_bytes)),
+        });
+        s
     });
     Ok(())
 }

@@ -97,8 +97,6 @@ enum Command {
     /// Say whether a server answers on --host/--port, with its loaded models (exit 0 if it
     /// does, 1 if not).
     Status,
-    /// Empty the server's prompt cache (the KV state saved before backends stop).
-    CleanupCache,
     /// Stop the server on --port and every backend it started: SIGTERM, then SIGKILL for
     /// anything left after --timeout (also for a wedged server).
     Stop {
@@ -130,6 +128,18 @@ enum Command {
     },
     /// Ask Hugging Face whether downloaded models have newer commits than the ones pulled.
     CheckUpdates,
+    /// Remove orphaned files from the models' folders of the Hugging Face cache: partial
+    /// downloads nothing will resume, blobs no snapshot uses.
+    /// With --prompt-cache: empty the server's prompt cache (the KV state saved before
+    /// backends stop) instead.
+    CleanupCache {
+        /// List what would be removed, removing nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Empty the prompt cache instead of cleaning the Hugging Face cache.
+        #[arg(long, conflicts_with = "dry_run")]
+        prompt_cache: bool,
+    },
     /// The server's download jobs (`pull --background`), or pause, resume, cancel or remove one.
     Downloads {
         #[command(subcommand)]
@@ -281,6 +291,12 @@ struct ServeArgs {
     /// Models to load at start, pulling them if needed (comma-separated).
     #[arg(long, env = "LEMONADE_PRELOAD", value_delimiter = ',')]
     preload: Vec<String>,
+    /// Ask Hugging Face at start, in the background, whether the downloaded models have newer
+    /// commits (Lemonade v11's start-up update check: `update_check_done` in health,
+    /// `update_available` in /models). Off by default: lemonade makes no request a user did
+    /// not ask for.
+    #[arg(long, env = "LEMONADE_CHECK_UPDATES")]
+    check_updates: bool,
     /// The crash back-off's first pause (ms); it doubles with each crash in a row.
     #[arg(long, env = "LEMONADE_CRASH_BACKOFF_MS", default_value_t = 1_000, hide = true)]
     crash_backoff_ms: u64,
@@ -372,6 +388,9 @@ async fn serve(
 
     let engine = engine::Engine::start(cfg)?;
     engine::pulls::preload(&engine);
+    if args.check_updates {
+        engine::pulls::check_updates_in_background(&engine);
+    }
     let rt = server::AppState::new(engine, http);
     let listeners = server::bind(&host, port).await?;
     // One PID file per port actually bound (port 0 picks one), removed again at exit.
@@ -479,7 +498,6 @@ async fn client_command(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Command::Unload { model } => client::unload(&t, model, json).await?,
         Command::Pin { model } => client::pin(&t, model, true, json).await?,
         Command::Unpin { model } => client::pin(&t, model, false, json).await?,
-        Command::CleanupCache => client::cleanup_cache(&t, json).await?,
         Command::Status => {
             let pid = process::server_pid(&cache_dir(), t.port);
             if !client::status(&t, pid, json).await? {
@@ -495,6 +513,8 @@ async fn client_command(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Command::Cloud { action } => client::cloud(&t, action, json).await?,
         Command::Alias { action } => client::alias(&t, action, json).await?,
         Command::CheckUpdates => client::check_updates(&t, json).await?,
+        Command::CleanupCache { prompt_cache: true, .. } => client::clear_prompt_cache(&t, json).await?,
+        Command::CleanupCache { dry_run, .. } => client::cleanup_cache(&t, dry_run, json).await?,
         Command::Downloads { action } => client::downloads(&t, action, json).await?,
         Command::Config { action } => client::config(&t, action, json).await?,
         Command::SystemInfo { verbose } => {

@@ -82,6 +82,7 @@ fn routes() -> Vec<(&'static str, String, Option<Value>)> {
         ("GET", "/internal/config/defaults".to_string(), None),
         ("POST", "/internal/set".to_string(), Some(json!({"swap_hold_ms": 2000}))),
         ("POST", "/internal/pin".to_string(), Some(json!({"model": "extra.m.gguf", "pinned": false}))),
+        ("POST", "/internal/cleanup-cache".to_string(), Some(json!({"dry_run": true}))),
     ]);
     v
 }

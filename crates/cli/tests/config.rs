@@ -255,6 +255,7 @@ async fn collector() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>)
 async fn real_llama_server_spans_reach_an_otlp_collector_on_flush() {
     let (url, bodies) = collector().await;
     let l = Lemonade::start_in(bin(), Sandbox::new(), &[], &[("LEMONADE_OTLP_ENDPOINT", &url)]).await;
+    assert_eq!(l.get("/v1/health").await.1["telemetry"], json!({"enabled": true}), "v11's telemetry state");
     assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL})).await.0, 200);
     assert_eq!(l.chat(SMOL).await.0, 200);
     let (s, v) = l.post("/internal/telemetry/flush", &json!({})).await;
@@ -268,4 +269,5 @@ async fn real_llama_server_spans_reach_an_otlp_collector_on_flush() {
     let l = Lemonade::start_in(bin(), Sandbox::empty(), &[], &[]).await;
     let (s, v) = l.post("/internal/telemetry/flush", &json!({})).await;
     assert_eq!((s, v["status"].clone()), (200, json!("disabled")));
+    assert_eq!(l.get("/v1/health").await.1["telemetry"], json!({"enabled": false}));
 }

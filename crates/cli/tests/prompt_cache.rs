@@ -2,7 +2,7 @@
 //! and back resumes with only its new tokens prefilled (llama-server's own `timings.prompt_n`
 //! says how many it processed); a changed context size does not restore; a corrupt file is
 //! discarded and the request still answers; the cache shows in health, the admin API and
-//! /metrics, and `lemonade cleanup-cache` empties it.
+//! /metrics, and `lemonade cleanup-cache --prompt-cache` empties it.
 
 use std::path::{Path, PathBuf};
 
@@ -99,7 +99,7 @@ async fn real_llama_server_a_swapped_out_conversation_resumes_with_only_its_new_
     // cleanup-cache empties it (SmolLM2's next stop saves again, so unload first).
     assert_eq!(l.post("/api/v1/unload", &json!({})).await.0, 200);
     assert!(!cache_files(&l).is_empty());
-    let (code, out, err) = l.cli(&["cleanup-cache", "--json"]).await;
+    let (code, out, err) = l.cli(&["cleanup-cache", "--prompt-cache", "--json"]).await;
     assert_eq!(code, 0, "{out}{err}");
     let v: Value = serde_json::from_str(out.trim()).unwrap();
     assert!(v["files_removed"].as_u64().unwrap() >= 1 && v["bytes_freed"].as_u64().unwrap() > 0, "{v}");

@@ -537,13 +537,35 @@ async fn a_pull_records_provenance_check_updates_sees_a_new_commit_and_files_lis
     assert_eq!(prov["processed_models"]["user.Smol"]["snapshot_id"], test_support::hub::COMMIT);
     assert!(prov["downloaded_at"].as_u64().is_some_and(|t| t > 1_700_000_000), "{prov}");
 
+    // Before any check: no `update_available`, `update_check_done` false (v11's fields).
+    let update = |v: &Value| v.get("update_available").cloned();
+    assert_eq!(update(&l.get("/v1/models/user.Smol").await.1), None);
+    let (_, h) = l.get("/v1/health").await;
+    assert_eq!((h["update_check_done"].clone(), h["telemetry"].clone()), (json!(false), json!({"enabled": false})));
     let (s, v) = l.post("/v1/models/check-updates", &json!({})).await;
     assert_eq!((s, v), (200, json!({"status": "success", "updates_available": 0, "models": []})));
+    assert_eq!(update(&l.get("/v1/models/user.Smol").await.1), Some(json!(false)));
+    assert_eq!(l.get("/v1/health").await.1["update_check_done"], true);
     double.set_knobs(Knobs { commit: Some("fedcba9876543210fedcba9876543210fedcba98".into()), ..Knobs::default() });
     let (_, v) = l.post("/api/v1/models/check-updates", &json!({})).await;
     assert_eq!(v, json!({"status": "success", "updates_available": 1, "models": ["user.Smol"]}));
     let (code, out, err) = l.cli(&["check-updates"]).await;
     assert!(code == 0 && out.contains("Updates available (1): user.Smol"), "{out}{err}");
+    assert_eq!(update(&l.get("/v1/models/user.Smol").await.1), Some(json!(true)));
+    let (_, list) = l.get("/v1/models").await;
+    let listed = list["data"].as_array().unwrap().iter().find(|m| m["id"] == "user.Smol").cloned().unwrap();
+    assert_eq!(update(&listed), Some(json!(true)), "{listed}");
+
+    // `serve --check-updates` runs the check at start, in the background.
+    let sandbox = l.kill_keeping_sandbox();
+    let url = double.url.clone();
+    let l = Lemonade::start_in(bin(), sandbox, &["--check-updates"], &[("HF_ENDPOINT", &url)]).await;
+    let done = wait_for(std::time::Duration::from_secs(20), || async {
+        Some(l.get("/v1/health").await.1).filter(|h| h["update_check_done"] == true)
+    })
+    .await;
+    assert!(done.is_some(), "the start-up check completes");
+    assert_eq!(update(&l.get("/v1/models/user.Smol").await.1), Some(json!(true)));
 
     let (s, f) = l.get("/v1/models/user.Smol/files").await;
     assert_eq!(s, 200, "{f}");
@@ -674,4 +696,82 @@ async fn a_download_job_pauses_survives_a_restart_as_paused_and_resumes_where_it
     assert!(code == 0 && out.contains("user.Bg: cancel done"), "{out}{err}");
     let (code, _, err) = cli(&l, &["downloads", "pause", "user.Nope"]).await;
     assert!(code != 0 && err.contains("No download job"), "{err}");
+}
+
+/// Lemonade v11's `POST /internal/cleanup-cache` and `lemonade cleanup-cache`: a dry run (the
+/// default) lists a model repository's partial download and unlinked blob and removes
+/// nothing; a real run removes exactly those, so the model stays downloaded and served; a
+/// repository with a paused job is skipped (its partial file is its progress) and another
+/// tool's repository in the same cache is never touched.
+#[tokio::test]
+async fn cleanup_cache_removes_orphans_of_our_repositories_only() {
+    let slow = Knobs { chunk_delay: Some(std::time::Duration::from_millis(15)), ..Default::default() };
+    let (_tmp, double, l) = setup(Knobs::default()).await;
+    let body = json!({"model": "user.Smol", "checkpoint": "HuggingFaceTB/SmolLM2-GGUF:Q4_1", "recipe": "llamacpp"});
+    assert_eq!(l.post("/api/v1/pull", &body).await.0, 200);
+    let clean = json!({"orphaned_files": [], "total_bytes": 0, "dry_run": true, "skipped": []});
+    assert_eq!(l.post("/internal/cleanup-cache", &json!({})).await, (200, clean));
+
+    let hf = l.sandbox.hf_cache();
+    let blobs = hf.join("models--HuggingFaceTB--SmolLM2-GGUF/blobs");
+    std::fs::write(blobs.join("0123.incomplete"), [7u8; 100]).unwrap();
+    std::fs::write(blobs.join("stale"), [7u8; 50]).unwrap();
+    let other = hf.join("models--other--tool/blobs");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("x.incomplete"), b"not ours").unwrap();
+    // A paused job in another repository.
+    double.set_knobs(slow);
+    let big = json!({"model": "user.Big", "checkpoint": "org/big-GGUF:Q4_0", "recipe": "llamacpp", "stream": true, "subscribe": false});
+    assert_eq!(l.post("/v1/pull", &big).await.0, 200);
+    let going = wait_for(std::time::Duration::from_secs(10), || async {
+        job(&l).await.filter(|j| j["bytes_downloaded"].as_u64() > Some(0))
+    })
+    .await;
+    assert!(going.is_some(), "the job reports progress");
+    assert_eq!(l.post("/v1/downloads/control", &json!({"id": "model:user.Big", "action": "pause"})).await.0, 200);
+    let paused =
+        wait_for(std::time::Duration::from_secs(10), || async { job(&l).await.filter(|j| j["running"] == false) })
+            .await;
+    assert!(paused.is_some(), "the worker stops");
+
+    let orphan = |path: &str, size: u64, kind: &str| {
+        json!({"path": format!("models--HuggingFaceTB--SmolLM2-GGUF/blobs/{path}"), "size": size,
+               "model": "user.Smol", "type": kind, "belongs_to": "HuggingFaceTB/SmolLM2-GGUF"})
+    };
+    let skipped = json!([{"repo": "org/big-GGUF", "reason": "the download job of 'user.Big' keeps its partial files"}]);
+    let (s, v) = l.post("/internal/cleanup-cache", &json!({})).await;
+    let found = json!([orphan("0123.incomplete", 100, "incomplete"), orphan("stale", 50, "unreferenced")]);
+    assert_eq!(
+        (s, v),
+        (200, json!({"orphaned_files": found, "total_bytes": 150, "dry_run": true, "skipped": skipped}))
+    );
+    assert!(blobs.join("0123.incomplete").exists() && blobs.join("stale").exists(), "a dry run removes nothing");
+    let (code, out, err) = l.cli(&["cleanup-cache", "--dry-run"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("blobs/stale (0.0 MB, unreferenced) [from user.Smol]"), "{out}");
+    assert!(out.contains("Would free 0.0 MB from 2 file(s). Run without --dry-run to delete."), "{out}");
+
+    let (code, out, err) = l.cli(&["cleanup-cache", "--json"]).await;
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!((v["dry_run"].clone(), v["total_bytes"].clone()), (json!(false), json!(150)), "{v}");
+    assert!(!blobs.join("0123.incomplete").exists() && !blobs.join("stale").exists());
+    assert_eq!(std::fs::read(other.join("x.incomplete")).unwrap(), b"not ours", "another tool's files untouched");
+    let big_partial = std::fs::read_dir(hf.join("models--org--big-GGUF/blobs"))
+        .unwrap()
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().ends_with(".incomplete"));
+    assert!(big_partial, "the paused job's partial file is kept");
+    assert_eq!(l.get("/api/v1/models/user.Smol").await.1["downloaded"], true, "the linked blob stays");
+    let (s, v) = l.chat("user.Smol").await;
+    assert_eq!(s, 200, "{v}");
+    let (code, out, _) = l.cli(&["cleanup-cache"]).await;
+    assert_eq!((code, out.trim_end()), (0, "  skipped org/big-GGUF: the download job of 'user.Big' keeps its partial files\nNo orphaned files found. Cache is clean."));
+
+    // Bad bodies: a 400 naming the field; nothing removed.
+    let (s, e) = l.post("/internal/cleanup-cache", &json!({"dry_run": "no"})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("dry_run")), "{e}");
+    let (s, e) = l.post("/internal/cleanup-cache", &json!({"dryrun": false})).await;
+    assert_eq!(s, 400, "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("dryrun"), "{e}");
 }

@@ -227,6 +227,7 @@ fn admin_answers() -> Vec<(&'static str, Value, u16)> {
         ("/v1/downloads/control", json!({"id": "model:nope", "action": "pause"}), 404),
         ("/v1/cloud/auth", json!({"provider": "nope", "api_key": "x"}), 404),
         ("/internal/telemetry/flush", json!({}), 200),
+        ("/internal/cleanup-cache", json!({"dry_run": true}), 200),
     ]
 }
 

@@ -135,11 +135,25 @@ impl Client {
         Self::answer(path, r).await
     }
 
-    /// `GET /internal/config`: every configuration key with its value in force.
-    pub async fn config(&self) -> Result<serde_json::Map<String, serde_json::Value>, ClientError> {
-        let path = "/internal/config";
+    /// GET `path` at the root of the port (`/internal/*`) as `R`.
+    async fn get_root<R: DeserializeOwned>(&self, path: &str) -> Result<R, ClientError> {
         let r = self.send(self.request_to(reqwest::Method::GET, format!("{}{path}", self.base))).await?;
         Self::answer(path, r).await
+    }
+
+    /// POST `body` as JSON to `path` at the root of the port (`/internal/*`), answer as `R`.
+    async fn post_root<B: Serialize + ?Sized, R: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<R, ClientError> {
+        let r = self.send(self.request_to(reqwest::Method::POST, format!("{}{path}", self.base)).json(body)).await?;
+        Self::answer(path, r).await
+    }
+
+    /// `GET /internal/config`: every configuration key with its value in force.
+    pub async fn config(&self) -> Result<serde_json::Map<String, serde_json::Value>, ClientError> {
+        self.get_root("/internal/config").await
     }
 
     /// `POST /internal/set`.
@@ -147,24 +161,23 @@ impl Client {
         &self,
         values: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<ConfigSetResponse, ClientError> {
-        let path = "/internal/set";
-        let r = self.send(self.request_to(reqwest::Method::POST, format!("{}{path}", self.base)).json(values)).await?;
-        Self::answer(path, r).await
+        self.post_root("/internal/set", values).await
+    }
+
+    /// `POST /internal/cleanup-cache`: the orphaned cache files, removed unless `dry_run`.
+    pub async fn cleanup_cache(&self, dry_run: bool) -> Result<CleanupCacheResponse, ClientError> {
+        self.post_root("/internal/cleanup-cache", &CleanupCacheRequest { dry_run: Some(dry_run) }).await
     }
 
     /// `GET /internal/aliases`.
     pub async fn aliases(&self) -> Result<AliasList, ClientError> {
-        let path = "/internal/aliases";
-        let r = self.send(self.request_to(reqwest::Method::GET, format!("{}{path}", self.base))).await?;
-        Self::answer(path, r).await
+        self.get_root("/internal/aliases").await
     }
 
     /// `POST /internal/aliases`: points `alias` at `target`.
     pub async fn set_alias(&self, alias: &str, target: &str) -> Result<AliasResponse, ClientError> {
-        let path = "/internal/aliases";
         let body = AliasRequest { alias: Some(alias.into()), target: Some(target.into()), model: None };
-        let r = self.send(self.request_to(reqwest::Method::POST, format!("{}{path}", self.base)).json(&body)).await?;
-        Self::answer(path, r).await
+        self.post_root("/internal/aliases", &body).await
     }
 
     /// `DELETE /internal/aliases/{alias}`.

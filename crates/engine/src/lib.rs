@@ -13,6 +13,7 @@
 
 pub mod admin;
 pub mod aliases;
+pub mod cache;
 pub mod catalogue;
 pub mod config;
 pub mod downloads;
@@ -33,6 +34,7 @@ pub mod remote;
 pub mod settings;
 #[cfg(test)]
 pub(crate) mod testing;
+pub mod updates;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,6 +70,8 @@ pub struct Engine {
     pub config: Arc<config::ConfigStore>,
     /// Server-owned download jobs (`GET /downloads`).
     pub downloads: Arc<downloads::Downloads>,
+    /// What the last update check found.
+    pub updates: Arc<updates::Updates>,
 }
 
 /// Where the catalogue is read from, for `cfg`.
@@ -160,6 +164,7 @@ impl Engine {
             locks,
             config: Default::default(),
             downloads,
+            updates: Default::default(),
         }
     }
 

@@ -490,7 +490,20 @@ pub async fn check_updates(rt: &Engine) -> Result<CheckUpdates> {
             models.extend(names);
         }
     }
+    rt.updates.record(&models);
     Ok(CheckUpdates { status: "success".into(), updates_available: models.len(), models })
+}
+
+/// [`check_updates`] in its own task (`serve --check-updates`); its result is kept in
+/// `rt.updates`.
+pub fn check_updates_in_background(rt: &Engine) {
+    let rt = rt.clone();
+    tokio::spawn(async move {
+        match check_updates(&rt).await {
+            Ok(c) => tracing::info!(updates = c.updates_available, models = ?c.models, "update check done"),
+            Err(e) => tracing::warn!(error = %e, "update check failed"),
+        }
+    });
 }
 
 /// `GET /models/{id}/files` (Lemonade v11): the model's resolved files (every shard of the

@@ -146,6 +146,7 @@ impl Provider {
                 image_defaults: None,
                 upstream: Some(self.name.clone()),
                 context_length: None,
+                update_available: None,
             })
             .collect()
     }

@@ -222,3 +222,115 @@ mod provenance_tests {
         assert_eq!(local_commit(tmp.path(), "org/r").as_deref(), Some("def"));
     }
 }
+
+/// Why a file in a repository's cache folder is an orphan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrphanKind {
+    /// `blobs/<etag>.incomplete`: a download that stopped and that nothing will resume.
+    Incomplete,
+    /// `blobs/<etag>` that no snapshot links to.
+    Unreferenced,
+}
+
+/// A file [`orphans`] found: its path relative to the cache root, its size and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Orphan {
+    pub path: String,
+    pub size: u64,
+    pub kind: OrphanKind,
+}
+
+/// The orphaned files of `repo`'s cache folder: partial downloads (`blobs/*.incomplete`) and
+/// blobs no snapshot symlink points to. Plain files in snapshots (v9's layout) and the
+/// blobs they do not use are not orphans of this layout: a folder with no `blobs` has none.
+pub fn orphans(root: &Path, repo: &str) -> Vec<Orphan> {
+    let folder = repo_folder_name(repo);
+    let repo_dir = root.join(&folder);
+    let Ok(entries) = std::fs::read_dir(repo_dir.join("blobs")) else {
+        return Vec::new();
+    };
+    let mut linked = std::collections::HashSet::new();
+    linked_blobs(&repo_dir.join("snapshots"), &mut linked);
+    let mut found: Vec<Orphan> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let kind = if name.ends_with(".incomplete") {
+                OrphanKind::Incomplete
+            } else if !linked.contains(&name) {
+                OrphanKind::Unreferenced
+            } else {
+                return None;
+            };
+            let size = e.metadata().map_or(0, |m| m.len());
+            Some(Orphan { path: format!("{folder}/blobs/{name}"), size, kind })
+        })
+        .collect();
+    found.sort_by(|a, b| a.path.cmp(&b.path));
+    found
+}
+
+/// The blob names the symlinks under `dir` point to (followed one level: `../../blobs/<x>`).
+fn linked_blobs(dir: &Path, out: &mut std::collections::HashSet<String>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.filter_map(|e| e.ok()) {
+        let Ok(t) = e.file_type() else { continue };
+        if t.is_dir() {
+            linked_blobs(&e.path(), out);
+        } else if t.is_symlink() {
+            if let Some(name) = std::fs::read_link(e.path()).ok().and_then(|l| l.file_name().map(|n| n.to_owned())) {
+                out.extend(name.into_string().ok());
+            }
+        }
+    }
+}
+
+/// Removes the orphans `found` under `root` (paths as [`orphans`] gives them); a file already
+/// gone is fine.
+pub fn remove_orphans(root: &Path, found: &[Orphan]) -> Result<(), crate::HostError> {
+    for o in found {
+        let p = root.join(&o.path);
+        match std::fs::remove_file(&p) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(crate::HostError::io(&p)(e)),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod orphan_tests {
+    use super::*;
+
+    #[test]
+    fn partial_and_unlinked_blobs_are_orphans_linked_ones_are_not() {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = tmp.path().join("models--org--r");
+        std::fs::create_dir_all(repo.join("blobs")).unwrap();
+        std::fs::create_dir_all(repo.join("snapshots/c1/sub")).unwrap();
+        std::fs::write(repo.join("blobs/used"), b"1234").unwrap();
+        std::fs::write(repo.join("blobs/used2"), b"12").unwrap();
+        std::fs::write(repo.join("blobs/stale"), b"123").unwrap();
+        std::fs::write(repo.join("blobs/next.incomplete"), b"12345").unwrap();
+        std::os::unix::fs::symlink("../../blobs/used", repo.join("snapshots/c1/a.gguf")).unwrap();
+        std::os::unix::fs::symlink("../../../blobs/used2", repo.join("snapshots/c1/sub/b.gguf")).unwrap();
+
+        let found = orphans(tmp.path(), "org/r");
+        let got: Vec<_> = found.iter().map(|o| (o.path.as_str(), o.size, o.kind)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("models--org--r/blobs/next.incomplete", 5, OrphanKind::Incomplete),
+                ("models--org--r/blobs/stale", 3, OrphanKind::Unreferenced),
+            ]
+        );
+        remove_orphans(tmp.path(), &found).unwrap();
+        remove_orphans(tmp.path(), &found).unwrap();
+        assert!(orphans(tmp.path(), "org/r").is_empty());
+        assert!(repo.join("blobs/used").exists() && repo.join("blobs/used2").exists(), "linked blobs kept");
+        assert!(orphans(tmp.path(), "org/absent").is_empty());
+    }
+}

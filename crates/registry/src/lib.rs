@@ -371,6 +371,7 @@ impl Registry {
             image_defaults: m.image_defaults.clone(),
             upstream: None,
             context_length: m.shape.map(|s| s.trained_ctx).filter(|c| *c > 0),
+            update_available: None,
         }
     }
 }

@@ -115,6 +115,11 @@ impl LogHub {
         Ok(true)
     }
 
+    /// Whether spans are exported.
+    pub fn telemetry_enabled(&self) -> bool {
+        self.telemetry.lock().is_some()
+    }
+
     /// Flushes and stops the exporter (at exit).
     pub fn shutdown_telemetry(&self) {
         if let Some(p) = self.telemetry.lock().take() {

@@ -151,6 +151,7 @@ route_table! {
         post_only "/internal/set" => internal::set;
         post_only "/internal/pin" => internal::pin;
         post_only "/internal/shutdown" => internal::shutdown;
+        post_only "/internal/cleanup-cache" => internal::cleanup_cache;
         get_only "/logs/stream" => logs::ws_stream;
         post_only "/internal/telemetry/flush" => internal::telemetry_flush;
     }

@@ -1,5 +1,5 @@
 //! Lemonade v11's internal endpoints (`/internal/*`, at the root of the port, not under the
-//! API prefixes): model aliases. They need the admin key when one is set.
+//! API prefixes): aliases, configuration, pinning, shutdown, cache clean-up, telemetry. They need the admin key when one is set.
 
 use api_types::*;
 use axum::extract::{Path, State};
@@ -132,6 +132,29 @@ pub async fn shutdown(State(rt): State<AppState>) -> Result<Json<StatusResponse>
     rt.lifecycle.unload(None).await?;
     rt.http.shutdown.notify_one();
     Ok(Json(StatusResponse { status: "shutting down".into(), model_name: None, message: None }))
+}
+
+/// Lists, and removes unless a dry run, the orphaned files of the models' repositories.
+#[utoipa::path(post, path = "/internal/cleanup-cache", tag = "Lemonade",
+    description = "Lemonade v11. Looks in the Hugging Face cache folders of the repositories lemonade's models use \
+        (never another tool's) for partial downloads nothing will resume (`blobs/*.incomplete`) and blobs no snapshot \
+        links to. `dry_run` (default `true`, as v11) lists them; `false` removes them. A repository with a download \
+        running, or a listed download job that may be resumed, is skipped and named in `skipped`. Paths are relative \
+        to the cache folder. Needs the admin key when one is set.",
+    request_body = CleanupCacheRequest,
+    responses(
+        (status = 200, description = "What was found (and removed unless a dry run)", body = CleanupCacheResponse),
+        (status = 400, description = "A body that is not `{\"dry_run\": <bool>}`", body = ErrorResponse),
+    ))]
+pub async fn cleanup_cache(
+    State(rt): State<AppState>,
+    body: JsonBody<CleanupCacheRequest>,
+) -> Result<Json<CleanupCacheResponse>, ApiError> {
+    let dry_run = body.value.dry_run.unwrap_or(true);
+    let found = tokio::task::spawn_blocking(move || engine::cache::cleanup(&rt, dry_run))
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))??;
+    Ok(Json(found))
 }
 
 /// Exports every finished span now.

@@ -180,7 +180,12 @@ pub async fn reranking(State(rt): State<AppState>, body: JsonBody<RerankRequest>
 pub async fn list_models(State(rt): State<AppState>, Query(q): Query<ModelsQuery>) -> Json<ModelList> {
     let show_all = q.show_all.as_deref() == Some("true");
     let reg = rt.catalogue.registry();
-    let mut data: Vec<Model> = reg.listed(show_all).into_iter().map(|(id, m)| Model { id, ..reg.to_api(m) }).collect();
+    let updates = |m: &registry::ModelInfo| rt.updates.available(&m.name);
+    let mut data: Vec<Model> = reg
+        .listed(show_all)
+        .into_iter()
+        .map(|(id, m)| Model { id, update_available: updates(m), ..reg.to_api(m) })
+        .collect();
     data.extend(rt.remotes.models());
     Json(ModelList { object: "list".into(), data })
 }
@@ -207,7 +212,10 @@ pub async fn get_model(
     let reg = rt.catalogue.registry();
     match (reg.get(&id), rt.remotes.model(&id)) {
         (Err(_), Some(remote)) => Ok(Json(remote).into_response()),
-        (Ok(_), _) => Ok(Json(reg.entry(&id).map_err(engine::EngineError::from)?).into_response()),
+        (Ok(m), _) => {
+            let entry = reg.entry(&id).map_err(engine::EngineError::from)?;
+            Ok(Json(Model { update_available: rt.updates.available(&m.name), ..entry }).into_response())
+        }
         (Err(e), None) => Err(engine::EngineError::from(e).into()),
     }
 }

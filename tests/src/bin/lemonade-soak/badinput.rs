@@ -117,6 +117,8 @@ const ROOT_POSTS: &[&str] = &[
     "/api/pull",
     "/internal/aliases",
     "/internal/set",
+    "/internal/pin",
+    "/internal/cleanup-cache",
 ];
 
 fn odd_names() -> Vec<String> {
