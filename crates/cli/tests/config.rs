@@ -87,6 +87,56 @@ async fn real_llama_server_config_json_flags_and_internal_set() {
     assert_eq!((code, shown["swap_hold_ms"].clone(), shown["idle_timeout"].clone()), (0, json!(0), json!(30)));
     let (code, _, err) = l.cli(&["config", "set", "nope=1"]).await;
     assert!(code != 0 && err.contains("nope"), "{err}");
+
+    // Lemonade v11.7's nested sections, dotted keys and global_timeout.
+    let v11 = json!({"llamacpp": {"args": "--no-mmap"}, "sdcpp": {"steps": 4}, "global_timeout": 900});
+    let (s, v) = l.post("/internal/set", &v11).await;
+    assert_eq!((s, v["updated"]["llamacpp_args"].clone()), (200, json!("--no-mmap")), "{v}");
+    let (_, c) = l.get("/internal/config").await;
+    assert_eq!(
+        (c["llamacpp"]["args"].clone(), c["llamacpp_args"].clone(), c["sdcpp"]["steps"].clone()),
+        (json!("--no-mmap"), json!("--no-mmap"), json!(4)),
+        "{c}"
+    );
+    assert_eq!(
+        (c["load_timeout"].clone(), c["remote_timeout"].clone(), c["global_timeout"].clone()),
+        (json!(900), json!(900), json!(900))
+    );
+    let (s, e) = l.post("/internal/set", &json!({"llamacpp": {"cpu_bin": "latest"}})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("llamacpp.cpu_bin")), "{e}");
+    let (code, out, err) = l.cli(&["config", "set", "llamacpp.backend=auto", "llamacpp.args=null"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let (_, c) = l.get("/internal/config").await;
+    assert_eq!(c["llamacpp"], json!({"backend": "cpu", "args": ""}), "auto is the default; null resets");
+}
+
+/// A Lemonade v11.7 `config.json` (nested sections, keys lemonade lacks) is read at start:
+/// what lemonade has applies, the rest is kept in the file untouched.
+#[tokio::test]
+async fn a_v11_config_json_with_nested_sections_is_read_at_start() {
+    let s = Sandbox::empty();
+    std::fs::create_dir_all(s.cache()).unwrap();
+    let v11 = json!({"config_version": 2, "port": 13305, "global_timeout": 120, "ctx_size": -1,
+                     "llamacpp": {"backend": "auto", "args": "--no-mmap", "cpu_bin": "builtin", "prefer_system": true},
+                     "sdcpp": {"steps": 3, "cpu_bin": "builtin"}, "telemetry": {"enabled": false}});
+    std::fs::write(s.cache().join("config.json"), v11.to_string()).unwrap();
+    let l = Lemonade::start_in(bin(), s, &[], &[]).await;
+    let (_, c) = l.get("/internal/config").await;
+    assert_eq!(
+        (
+            c["llamacpp_args"].clone(),
+            c["llamacpp_backend"].clone(),
+            c["steps"].clone(),
+            c["load_timeout"].clone(),
+            c["ctx_size"].clone()
+        ),
+        (json!("--no-mmap"), json!("cpu"), json!(3), json!(120), json!(-1)),
+        "{c}"
+    );
+    assert_eq!(file(&l), v11, "the file is not rewritten at start");
+    assert_eq!(l.post("/internal/set", &json!({"sdcpp.steps": 5})).await.0, 200);
+    let f = file(&l);
+    assert_eq!((f["steps"].clone(), f["sdcpp"].clone()), (json!(5), json!({"cpu_bin": "builtin"})), "{f}");
 }
 
 #[tokio::test]

@@ -47,8 +47,14 @@ pub fn start_values(cache_dir: &Path, flags: &Map<String, Value>) -> Result<Star
         host::files::retire_settings(cache_dir)?;
         tracing::info!("settings.json folded into config.json");
     }
-    let known: Map<String, Value> =
-        file.iter().filter(|(k, _)| keys::find(k).is_some()).map(|(k, v)| (k.clone(), v.clone())).collect();
+    // A v11.7 file's nested sections read as the flat keys (what lemonade lacks is skipped).
+    let flat = keys::flatten(&file, false).map_err(|e| {
+        EngineError::invalid(
+            format!("{} in {}: {}", e.key, cache_dir.join(keys::CONFIG_FILE).display(), e.message),
+            Some(&e.key),
+        )
+    })?;
+    let known: Map<String, Value> = flat.into_iter().filter(|(k, v)| keys::find(k).is_some() && !v.is_null()).collect();
     keys::check(&known).map_err(|e| {
         EngineError::invalid(
             format!("{} in {}: {}", e.key, cache_dir.join(keys::CONFIG_FILE).display(), e.message),
@@ -129,7 +135,7 @@ pub fn snapshot(rt: &Engine) -> Map<String, Value> {
             m.insert(k.to_string(), v);
         }
     }
-    m
+    keys::with_sections(m)
 }
 
 /// `POST /internal/set`: every key checked before any applies (a 400 names the first bad
@@ -139,6 +145,7 @@ pub fn snapshot(rt: &Engine) -> Map<String, Value> {
 /// at the next load. Returns the values set (a `null` as the default it restores).
 pub async fn set(rt: &Engine, update: &Map<String, Value>) -> Result<Map<String, Value>> {
     let _one = rt.config.writer.lock().await;
+    let update = &keys::flatten(update, true).map_err(refused)?;
     keys::check(update).map_err(refused)?;
     let defaults = keys::defaults();
     let resolved: Map<String, Value> =

@@ -219,6 +219,93 @@ pub fn check(update: &Map<String, Value>) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// Lemonade v11.7's nested per-backend settings lemonade has, as its flat keys:
+/// `(section, key, flat key)`. `llamacpp.backend` is `llamacpp_backend`, and so on.
+pub const SECTIONS: &[(&str, &str, &str)] = &[
+    ("llamacpp", "backend", "llamacpp_backend"),
+    ("llamacpp", "args", "llamacpp_args"),
+    ("sdcpp", "backend", "sdcpp_backend"),
+    ("sdcpp", "steps", "steps"),
+    ("sdcpp", "cfg_scale", "cfg_scale"),
+    ("sdcpp", "width", "width"),
+    ("sdcpp", "height", "height"),
+    ("whispercpp", "backend", "whispercpp_backend"),
+];
+
+/// v11.7's `global_timeout` (HTTP, inference and readiness) sets these.
+pub const GLOBAL_TIMEOUT_KEYS: &[&str] = &["load_timeout", "remote_timeout"];
+
+/// `update` in lemonade's flat keys: v11.7's nested sections (`{"llamacpp": {"backend": …}}`)
+/// and dotted keys (`"llamacpp.backend"`, as `lemonade config set` takes them) become the flat
+/// keys of [`SECTIONS`], a section's `null` resets its keys, a backend of `"auto"` (v11's
+/// "choose for me") is the default, and `global_timeout` sets [`GLOBAL_TIMEOUT_KEYS`]. Other
+/// keys pass through for [`check`]. `strict` (a `POST /internal/set`) refuses a section key
+/// lemonade does not have, naming it; otherwise (a v11 `config.json` read at start) such keys
+/// are skipped.
+pub fn flatten(update: &Map<String, Value>, strict: bool) -> Result<Map<String, Value>, ConfigError> {
+    let mut out = Map::new();
+    for (k, v) in update {
+        let section = SECTIONS.iter().any(|(s, _, _)| s == k);
+        match (k.split_once('.'), v) {
+            (Some((sec, sub)), _) => section_key(&mut out, sec, sub, v, strict)?,
+            (None, Value::Object(o)) if section => {
+                for (sub, sv) in o {
+                    section_key(&mut out, k, sub, sv, strict)?;
+                }
+            }
+            (None, Value::Null) if section => {
+                for (_, _, flat) in SECTIONS.iter().filter(|(s, _, _)| s == k) {
+                    out.insert(flat.to_string(), Value::Null);
+                }
+            }
+            (None, _) if section => return Err(refuse(k, format!("'{k}' must be an object of settings, got {v}"))),
+            (None, _) if k == "global_timeout" => {
+                for t in GLOBAL_TIMEOUT_KEYS {
+                    out.insert(t.to_string(), v.clone());
+                }
+            }
+            (None, _) => {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn section_key(out: &mut Map<String, Value>, sec: &str, sub: &str, v: &Value, strict: bool) -> Result<(), ConfigError> {
+    let name = format!("{sec}.{sub}");
+    match SECTIONS.iter().find(|(s, k, _)| *s == sec && *k == sub) {
+        Some((_, k, flat)) => {
+            let auto = *k == "backend" && v.as_str() == Some("auto");
+            out.insert(flat.to_string(), if auto { Value::Null } else { v.clone() });
+        }
+        None if strict => {
+            let have: Vec<String> = SECTIONS.iter().map(|(s, k, _)| format!("{s}.{k}")).collect();
+            return Err(refuse(
+                &name,
+                format!("'{name}' is not a setting of lemonade (its backend settings: {})", have.join(", ")),
+            ));
+        }
+        None => {}
+    }
+    Ok(())
+}
+
+/// `values` (flat) with v11.7's nested sections beside the flat keys, and `global_timeout`
+/// (the load timeout), so a v11.7 client reads `llamacpp.backend` where it expects it.
+pub fn with_sections(mut values: Map<String, Value>) -> Map<String, Value> {
+    for (sec, sub, flat) in SECTIONS {
+        let Some(v) = values.get(*flat).cloned() else { continue };
+        if let Value::Object(o) = values.entry(sec.to_string()).or_insert_with(|| Value::Object(Map::new())) {
+            o.insert(sub.to_string(), v);
+        }
+    }
+    if let Some(t) = values.get(GLOBAL_TIMEOUT_KEYS[0]).cloned() {
+        values.insert("global_timeout".into(), t);
+    }
+    values
+}
+
 /// `over` merged into `base`: objects key by key (recursively), anything else replaced.
 pub fn deep_merge(base: &mut Map<String, Value>, over: &Map<String, Value>) {
     for (k, v) in over {
@@ -236,6 +323,12 @@ pub fn deep_merge(base: &mut Map<String, Value>, over: &Map<String, Value>) {
 pub fn updated_file(file: &Map<String, Value>, update: &Map<String, Value>) -> Map<String, Value> {
     let mut out = file.clone();
     for (k, v) in update {
+        // A v11.7 file's nested form of the key gives way to the flat one written now.
+        for (sec, sub, _) in SECTIONS.iter().filter(|(_, _, flat)| flat == k) {
+            if let Some(Value::Object(o)) = out.get_mut(*sec) {
+                o.remove(*sub);
+            }
+        }
         if v.is_null() {
             out.remove(k);
         } else {
@@ -288,6 +381,40 @@ mod tests {
     }
 
     #[test]
+    fn v11_nested_sections_dotted_keys_and_global_timeout_flatten() {
+        let update = map(json!({
+            "llamacpp": {"backend": "auto", "args": "--no-mmap"},
+            "sdcpp.steps": 4,
+            "whispercpp": null,
+            "global_timeout": 900,
+            "ctx_size": 2048,
+        }));
+        let flat = flatten(&update, true).unwrap();
+        assert_eq!(
+            Value::Object(flat.clone()),
+            json!({"llamacpp_backend": null, "llamacpp_args": "--no-mmap", "steps": 4, "whispercpp_backend": null,
+                   "load_timeout": 900, "remote_timeout": 900, "ctx_size": 2048})
+        );
+        check(&flat).unwrap();
+        for (bad, key) in [
+            (json!({"llamacpp": {"cpu_bin": "latest"}}), "llamacpp.cpu_bin"),
+            (json!({"llamacpp.device": "0"}), "llamacpp.device"),
+            (json!({"sdcpp": 3}), "sdcpp"),
+        ] {
+            assert_eq!(flatten(&map(bad.clone()), true).unwrap_err().key, key, "{bad}");
+        }
+        // A v11.7 config.json read at start: what lemonade lacks is skipped.
+        let file = map(json!({"llamacpp": {"backend": "auto", "cpu_bin": "builtin", "prefer_system": true},
+                              "port": 13305}));
+        assert_eq!(Value::Object(flatten(&file, false).unwrap()), json!({"llamacpp_backend": null, "port": 13305}));
+        let shown = with_sections(map(json!({"llamacpp_backend": "cpu", "steps": 20, "load_timeout": 600})));
+        assert_eq!(
+            (shown["llamacpp"].clone(), shown["sdcpp"].clone(), shown["global_timeout"].clone()),
+            (json!({"backend": "cpu"}), json!({"steps": 20}), json!(600))
+        );
+    }
+
+    #[test]
     fn the_file_merges_deeply_keeps_unknown_keys_and_null_removes() {
         let mut base = map(json!({"a": {"x": 1, "y": 2}, "b": 1}));
         deep_merge(&mut base, &map(json!({"a": {"y": 3}, "c": 4})));
@@ -295,5 +422,8 @@ mod tests {
         let file = map(json!({"ctx_size": 2048, "future_key": {"k": true}}));
         let after = updated_file(&file, &map(json!({"ctx_size": null, "log_level": "debug"})));
         assert_eq!(Value::Object(after), json!({"future_key": {"k": true}, "log_level": "debug"}));
+        let v11 = map(json!({"llamacpp": {"backend": "vulkan", "cpu_bin": "builtin"}}));
+        let after = updated_file(&v11, &map(json!({"llamacpp_backend": "cpu"})));
+        assert_eq!(Value::Object(after), json!({"llamacpp": {"cpu_bin": "builtin"}, "llamacpp_backend": "cpu"}));
     }
 }

@@ -55,8 +55,9 @@ pub async fn delete_alias(
 #[utoipa::path(get, path = "/internal/config", tag = "Lemonade",
     description = "Lemonade v11. Every key of `config.json` with the value in force now: the defaults, under \
         `config.json`, under the flags and `LEMONADE_*` variables this run was started with, under every \
-        `POST /internal/set` since. Needs the admin key when one is set.",
-    responses((status = 200, description = "Flat object of every key", body = Object)))]
+        `POST /internal/set` since; Lemonade v11.7's nested sections (`llamacpp`, `sdcpp`, `whispercpp`) and \
+        `global_timeout` are listed beside the flat keys. Needs the admin key when one is set.",
+    responses((status = 200, description = "Every key, and the v11.7 sections", body = Object)))]
 pub async fn config(State(rt): State<AppState>) -> Json<serde_json::Map<String, serde_json::Value>> {
     let mut m = engine::live::snapshot(&rt);
     let level = rt.http.logs.as_ref().map_or_else(|| "info".to_string(), |h| h.level());
@@ -80,7 +81,9 @@ pub async fn config_defaults() -> Json<serde_json::Map<String, serde_json::Value
         nothing changes. `config.json` is written atomically (keys this build does not know are kept). At once: \
         `log_level`, `extra_models_dir` (rescanned before the answer), the timeouts, the scheduler's settings; at the \
         next load: the load options (`ctx_size`, `llamacpp_backend`, `llamacpp_args`, `sdcpp_backend`, \
-        `whispercpp_backend`, `steps`, `cfg_scale`, `width`, `height`). Needs the admin key when one is set.",
+        `whispercpp_backend`, `steps`, `cfg_scale`, `width`, `height`). Lemonade v11.7's nested sections are taken as \
+        these keys (`{\"llamacpp\": {\"backend\": \"vulkan\"}}` or `\"llamacpp.backend\"`; `\"auto\"` is the default), and \
+        `global_timeout` sets `load_timeout` and `remote_timeout`. Needs the admin key when one is set.",
     request_body(content = Object, description = "e.g. {\"ctx_size\": 8192, \"max_loaded_models\": 3, \"log_level\": \"debug\"}"),
     responses(
         (status = 200, description = "Applied", body = ConfigSetResponse),
