@@ -289,6 +289,15 @@ pub struct LoadRequest {
     #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable))]
     pub whispercpp_backend: Option<Option<String>>,
+    /// Extra whisper-server arguments; `-m`, `--model`, `--host` and `--port` are rejected.
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable))]
+    pub whispercpp_args: Option<Option<String>>,
+    /// Merge the model's `*_args` with the server's (default true, as Lemonade v11: the
+    /// model's flags win) or replace them (`false`).
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<bool>, nullable))]
+    pub merge_args: Option<Option<bool>>,
     /// sd.cpp's backend (`cpu`, `rocm`).
     #[serde(
         rename = "sd-cpp_backend",
@@ -348,6 +357,8 @@ impl LoadRequest {
         p.set.llamacpp_args = one(&mut p, K::LlamacppArgs, &self.llamacpp_args);
         p.set.rpc_servers = one(&mut p, K::RpcServers, &self.rpc_servers);
         p.set.whispercpp_backend = one(&mut p, K::WhispercppBackend, &self.whispercpp_backend);
+        p.set.whispercpp_args = one(&mut p, K::WhispercppArgs, &self.whispercpp_args);
+        p.set.merge_args = one(&mut p, K::MergeArgs, &self.merge_args);
         p.set.sdcpp_backend = one(&mut p, K::SdcppBackend, &self.sdcpp_backend);
         p.set.steps = one(&mut p, K::Steps, &self.steps);
         p.set.cfg_scale = one(&mut p, K::CfgScale, &self.cfg_scale);

@@ -100,6 +100,11 @@ load_options! {
     rpc_servers: Vec<String> = RpcServers "rpc_servers",
     /// whisper.cpp's backend.
     whispercpp_backend: String = WhispercppBackend "whispercpp_backend",
+    /// Extra whisper-server arguments (`-m`, `--model`, `--host`, `--port` are refused).
+    whispercpp_args: String = WhispercppArgs "whispercpp_args",
+    /// Whether a model's `*_args` are merged with the server's (default, as Lemonade v11: the
+    /// model's flags win, the server's others are kept) or replace them (`false`).
+    merge_args: bool = MergeArgs "merge_args",
     /// sd.cpp's backend.
     sdcpp_backend: String = SdcppBackend "sd-cpp_backend",
     /// Image defaults of an sd.cpp model: sampling steps.
@@ -260,13 +265,19 @@ mod tests {
     fn round_trips_through_the_v9_object() {
         let v = json!({"ctx_size": 2048, "llamacpp_backend": "vulkan", "llamacpp_args": "-np 2",
             "rpc_servers": ["10.0.0.2:50052"], "sd-cpp_backend": "cpu", "steps": 4, "cfg_scale": 1.5,
-            "width": 256, "height": 320, "whispercpp_backend": "cpu", "idle_timeout": 30});
+            "width": 256, "height": 320, "whispercpp_backend": "cpu", "whispercpp_args": "-t 2",
+            "merge_args": false, "idle_timeout": 30});
         let o = LoadOptions::from_map(&map(v.clone())).unwrap();
         assert_eq!(o.sdcpp_backend.as_deref(), Some("cpu"));
         assert_eq!(o.rpc_servers, Some(vec!["10.0.0.2:50052".to_string()]));
         assert_eq!(Value::Object(o.to_map()), v);
         assert_eq!(serde_json::from_value::<LoadOptions>(v.clone()).unwrap(), o);
         assert_eq!(o.keys().len(), OptionKey::ALL.len(), "every key is in the example");
+        // `/load` takes every option: its patch sets each one.
+        let mut body = map(v);
+        body.insert("model_name".into(), "m".into());
+        let load: crate::LoadRequest = serde_json::from_value(Value::Object(body)).unwrap();
+        assert_eq!(load.patch().set, o, "a LoadRequest field for every option");
     }
 
     #[test]

@@ -37,6 +37,8 @@ pub enum BackendError {
     NotRunnable(Recipe),
     #[error(transparent)]
     Args(#[from] llamacpp::ArgsError),
+    #[error(transparent)]
+    WhisperArgs(#[from] whispercpp::WhisperArgsError),
     #[error("{0}")]
     InvalidOverride(String),
     #[error("the {0} adapter needs a port chosen before the start")]

@@ -29,6 +29,8 @@ pub fn defaults(recipe: Recipe) -> LoadOptions {
         llamacpp_args: Some(String::new()),
         rpc_servers: Some(Vec::new()),
         whispercpp_backend: backend.clone(),
+        whispercpp_args: Some(String::new()),
+        merge_args: Some(true),
         sdcpp_backend: backend,
         steps: Some(sdcpp::DEFAULT_STEPS),
         cfg_scale: Some(sdcpp::DEFAULT_CFG_SCALE),
@@ -72,6 +74,13 @@ pub fn check(o: &LoadOptions) -> Result<(), Invalid> {
             message: e.to_string(),
             key: OptionKey::LlamacppArgs,
             code: Some("invalid_llamacpp_args"),
+        })?;
+    }
+    if let Some(a) = &o.whispercpp_args {
+        crate::whispercpp::user_args(a).map_err(|e| Invalid {
+            message: e.to_string(),
+            key: OptionKey::WhispercppArgs,
+            code: Some("invalid_whispercpp_args"),
         })?;
     }
     for w in o.rpc_servers.iter().flatten() {
@@ -137,5 +146,83 @@ mod tests {
         }
         assert_eq!(check_keys(Recipe::WhisperCpp, &[OptionKey::CtxSize]).unwrap_err().key, OptionKey::CtxSize);
         assert!(check_keys(Recipe::LlamaCpp, &[OptionKey::CtxSize, OptionKey::IdleTimeout]).is_ok());
+    }
+}
+
+/// `higher` merged with `lower` (Lemonade v11's `merge_args`): every flag of `higher` with its
+/// values, then each flag of `lower` that `higher` does not set, unless it is a switch whose
+/// negation (`--no-x` for `--x` and back) `higher` sets. Order is kept (`higher`'s first). An
+/// empty side gives the other.
+pub fn merge_args(higher: &str, lower: &str) -> Result<String, llamacpp::ArgsError> {
+    let (h, l) = (llamacpp::tokenize(higher)?, llamacpp::tokenize(lower)?);
+    if h.is_empty() || l.is_empty() {
+        return Ok(if h.is_empty() { lower } else { higher }.to_string());
+    }
+    let (hg, lg) = (flag_groups(&h), flag_groups(&l));
+    let has = |f: &str| hg.iter().any(|(g, _)| *g == f);
+    let mut out: Vec<&str> = h.iter().map(String::as_str).collect();
+    for (flag, tokens) in &lg {
+        let switch = tokens.len() == 1 && !tokens[0].contains('=');
+        if has(flag) || (switch && negation(flag).is_some_and(|n| has(&n))) {
+            continue;
+        }
+        out.extend(tokens.iter().map(String::as_str));
+    }
+    Ok(out.iter().map(|t| quote(t)).collect::<Vec<_>>().join(" "))
+}
+
+/// Tokens grouped by the flag they belong to (a value follows its flag; `--a=b` is `--a`).
+fn flag_groups(tokens: &[String]) -> Vec<(String, Vec<String>)> {
+    let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+    for t in tokens {
+        match groups.last_mut() {
+            Some((_, g)) if !t.starts_with('-') => g.push(t.clone()),
+            _ => groups.push((t.split_once('=').map_or(t.as_str(), |(f, _)| f).to_string(), vec![t.clone()])),
+        }
+    }
+    groups
+}
+
+fn negation(flag: &str) -> Option<String> {
+    match flag.strip_prefix("--no-") {
+        Some(rest) => Some(format!("--{rest}")),
+        None => flag.strip_prefix("--").map(|rest| format!("--no-{rest}")),
+    }
+}
+
+/// A token as [`llamacpp::tokenize`] reads it back.
+fn quote(t: &str) -> String {
+    if t.is_empty() || t.chars().any(|c| c.is_whitespace() || c == '"' || c == '\'') {
+        if t.contains('"') {
+            format!("'{t}'")
+        } else {
+            format!("\"{t}\"")
+        }
+    } else {
+        t.to_string()
+    }
+}
+
+#[cfg(test)]
+mod merge_tests {
+    use super::*;
+
+    #[test]
+    fn merged_args_keep_the_higher_layers_flags_and_add_the_lowers_others() {
+        for (higher, lower, want) in [
+            ("-t 4", "-t 2 --no-mmap", "-t 4 --no-mmap"),
+            ("", "--no-mmap", "--no-mmap"),
+            ("-t 4", "", "-t 4"),
+            ("--no-mmap", "--mmap -np 2", "--no-mmap -np 2"),
+            ("--mmap", "--no-mmap", "--mmap"),
+            ("--keep=4", "--keep 8 --lora a.gguf --lora b.gguf", "--keep=4 --lora a.gguf --lora b.gguf"),
+            ("--chat-template-kwargs '{\"a\": 1}'", "-t 2", "--chat-template-kwargs '{\"a\": 1}' -t 2"),
+        ] {
+            let got = merge_args(higher, lower).unwrap();
+            assert_eq!(got, want, "{higher} over {lower}");
+            let back = llamacpp::tokenize(&got).unwrap();
+            assert_eq!(back.len(), llamacpp::tokenize(want).unwrap().len());
+        }
+        assert!(merge_args("'open", "-t 1").is_err());
     }
 }

@@ -141,9 +141,9 @@ impl Recipe {
     pub fn option_keys(self) -> &'static [OptionKey] {
         use OptionKey::*;
         match self {
-            Recipe::LlamaCpp => &[CtxSize, LlamacppBackend, LlamacppArgs, RpcServers],
+            Recipe::LlamaCpp => &[CtxSize, LlamacppBackend, LlamacppArgs, RpcServers, MergeArgs],
             Recipe::Flm | Recipe::RyzenAiLlm => &[CtxSize],
-            Recipe::WhisperCpp => &[WhispercppBackend],
+            Recipe::WhisperCpp => &[WhispercppBackend, WhispercppArgs, MergeArgs],
             Recipe::SdCpp => &[SdcppBackend, Steps, CfgScale, Width, Height],
             Recipe::Kokoro => &[],
         }

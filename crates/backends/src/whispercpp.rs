@@ -21,9 +21,36 @@ impl crate::Adapter for WhisperCpp {
     }
 
     fn launch(&self, input: &crate::LaunchInput) -> Result<crate::Launch, crate::BackendError> {
+        let user = user_args(input.options.whispercpp_args.as_deref().unwrap_or_default())?;
         crate::Launch::on_port(crate::Recipe::WhisperCpp, input, "/health", SERVED_PATHS, |port| {
-            command_line(input.main_path, port)
+            let mut a = command_line(input.main_path, port);
+            a.extend(user);
+            a
         })
+    }
+}
+
+/// The flags lemonade gives whisper-server itself.
+pub const RESERVED_FLAGS: &[&str] = &["-m", "--model", "--host", "--port"];
+
+/// A refused `whispercpp_args`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WhisperArgsError {
+    #[error(
+        "Invalid custom whisper-server arguments: argument '{0}' is managed by lemonade and cannot be overridden. \
+         Reserved arguments: -m, --model, --host, --port"
+    )]
+    Reserved(String),
+    #[error("Invalid custom whisper-server arguments: unterminated quote in: {0}")]
+    UnterminatedQuote(String),
+}
+
+/// `whispercpp_args` split into arguments (quotes group words), none of them a reserved flag.
+pub fn user_args(args: &str) -> Result<Vec<String>, WhisperArgsError> {
+    let tokens = crate::llamacpp::tokenize(args).map_err(|_| WhisperArgsError::UnterminatedQuote(args.into()))?;
+    match tokens.iter().map(|t| t.split_once('=').map_or(t.as_str(), |(f, _)| f)).find(|f| RESERVED_FLAGS.contains(f)) {
+        Some(f) => Err(WhisperArgsError::Reserved(f.to_string())),
+        None => Ok(tokens),
     }
 }
 
@@ -68,6 +95,14 @@ mod tests {
             command_line(Path::new("/hub/ggml-tiny.en.bin"), 8123).join(" "),
             "-m /hub/ggml-tiny.en.bin --host 127.0.0.1 --port 8123"
         );
+    }
+
+    #[test]
+    fn user_args_are_split_and_reserved_flags_refused() {
+        assert_eq!(user_args("-t 2 --prompt 'hello there'").unwrap(), vec!["-t", "2", "--prompt", "hello there"]);
+        assert_eq!(user_args("--port=9").unwrap_err(), WhisperArgsError::Reserved("--port".into()));
+        assert_eq!(user_args("-m x.bin").unwrap_err(), WhisperArgsError::Reserved("-m".into()));
+        assert!(matches!(user_args("'open"), Err(WhisperArgsError::UnterminatedQuote(_))));
     }
 
     #[test]

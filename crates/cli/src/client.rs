@@ -212,6 +212,13 @@ pub struct LoadArgs {
     /// (run them only on a private network: rpc-server has no authentication).
     #[arg(long, value_delimiter = ',', value_name = "HOST:PORT")]
     pub rpc_servers: Option<Vec<String>>,
+    /// Extra whisper-server arguments for this load.
+    #[arg(long, allow_hyphen_values = true)]
+    pub whispercpp_args: Option<String>,
+    /// Merge the model's --llamacpp-args / --whispercpp-args with the server's (true, the
+    /// default) or replace them (false).
+    #[arg(long)]
+    pub merge_args: Option<bool>,
     /// Save these settings as the model's defaults (recipe_options.json).
     #[arg(long)]
     pub save_options: bool,
@@ -232,6 +239,8 @@ impl LoadArgs {
             llamacpp_backend: self.llamacpp.clone().map(Some),
             llamacpp_args: self.llamacpp_args.clone().map(Some),
             rpc_servers: self.rpc_servers.clone().map(Some),
+            whispercpp_args: self.whispercpp_args.clone().map(Some),
+            merge_args: self.merge_args.map(Some),
             save_options: self.save_options.then_some(true),
             pinned: self.pin.then_some(true),
             idle_timeout: self.idle_timeout.map(Some),

@@ -203,3 +203,34 @@ async fn real_whisper_server_cli_pulls_lists_and_deletes_whisper_models() {
     let blobs = l.sandbox.hf_cache().join("models--ggerganov--whisper.cpp/blobs");
     assert_eq!(std::fs::read_dir(&blobs).map(|d| d.count()).unwrap_or(0), 0, "the files are gone");
 }
+
+/// Lemonade v11's `whispercpp_args`: given at `/load`, whisper-server runs with them (and still
+/// transcribes); a flag lemonade manages is a 400 naming the option; they are in the model's
+/// options and merge with the server's `whispercpp_args`.
+#[tokio::test]
+async fn real_whisper_server_runs_with_whispercpp_args() {
+    let l = Lemonade::start_in(bin(), Sandbox::new().with_whisper(), &[], &[]).await;
+    let (s, e) = l.post("/api/v1/load", &json!({"model_name": WHISPER, "whispercpp_args": "--port 9"})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("whispercpp_args")), "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("'--port' is managed by lemonade"), "{e}");
+    assert!(loaded_names(&l.get("/api/v1/health").await.1).is_empty());
+
+    assert_eq!(l.post("/internal/set", &json!({"whispercpp": {"args": "-t 2 --no-timestamps"}})).await.0, 200);
+    let (s, v) = l.post("/api/v1/load", &json!({"model_name": WHISPER, "whispercpp_args": "-t 1"})).await;
+    assert_eq!(s, 200, "{v}");
+    let cmdline = std::fs::read_to_string(format!("/proc/{}/cmdline", child_pids(l.pid())[0])).unwrap();
+    assert!(
+        cmdline.ends_with("\u{0}-t\u{0}1\u{0}--no-timestamps\u{0}"),
+        "the model's -t wins, the server's other flag is kept: {cmdline:?}"
+    );
+    let (_, o) = l.get(&format!("/api/v1/models/{WHISPER}/options")).await;
+    assert_eq!(
+        (o["effective"]["whispercpp_args"].clone(), o["defaults"]["merge_args"].clone()),
+        (json!("-t 2 --no-timestamps"), json!(true)),
+        "a load's options are not saved: {o}"
+    );
+    let wav = std::fs::read(speak(l.sandbox.dir.path(), "s.wav", SENTENCE)).unwrap();
+    let (s, b) = transcribe(&l, &[("model", WHISPER)], Some(("s.wav", wav))).await;
+    assert_eq!(s, 200, "{b}");
+    assert!(b.to_lowercase().contains("lemonade"), "{b}");
+}

@@ -574,6 +574,22 @@ async fn real_llama_server_per_model_options_api_and_three_state_load() {
     assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL, "ctx_size": -1})).await.0, 200);
     assert_eq!(n_ctx().await, 8192, "-1: sized from the header");
 
+    // merge_args (v11, default true): the model's args merge with the server's; false replaces.
+    assert_eq!(l.post("/internal/set", &json!({"llamacpp_args": "--no-warmup --threads 2"})).await.0, 200);
+    let cmdline = || std::fs::read_to_string(format!("/proc/{}/cmdline", child_pids(l.pid())[0])).unwrap();
+    assert_eq!(
+        l.get(&opts).await.1["effective"]["llamacpp_args"],
+        "--threads 1 --no-warmup",
+        "the model's --threads wins"
+    );
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL})).await.0, 200);
+    let c = cmdline();
+    assert!(c.contains("--threads\u{0}1\u{0}") && c.contains("--no-warmup") && !c.contains("--threads\u{0}2"), "{c:?}");
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL, "merge_args": false})).await.0, 200);
+    let c = cmdline();
+    assert!(c.contains("--threads\u{0}1\u{0}") && !c.contains("--no-warmup"), "replaced: {c:?}");
+    assert_eq!(l.post("/internal/set", &json!({"llamacpp_args": null})).await.0, 200);
+
     // Reset, then replay `effective` as a load body.
     let (s, v) = l.delete(&opts).await;
     assert_eq!((s, v["saved"].clone()), (200, json!({})));

@@ -64,6 +64,7 @@ pub const KEYS: &[Key] = &[
     key("llamacpp_args", Group::Options, Effect::NextLoad),
     key("sdcpp_backend", Group::Options, Effect::NextLoad),
     key("whispercpp_backend", Group::Options, Effect::NextLoad),
+    key("whispercpp_args", Group::Options, Effect::NextLoad),
     key("steps", Group::Options, Effect::NextLoad),
     key("cfg_scale", Group::Options, Effect::NextLoad),
     key("width", Group::Options, Effect::NextLoad),
@@ -98,6 +99,7 @@ pub fn defaults() -> Map<String, Value> {
         "llamacpp_args": "",
         "sdcpp_backend": "cpu",
         "whispercpp_backend": "cpu",
+        "whispercpp_args": "",
         "steps": backends::sdcpp::DEFAULT_STEPS,
         "cfg_scale": backends::sdcpp::DEFAULT_CFG_SCALE,
         "width": backends::sdcpp::DEFAULT_SIZE,
@@ -230,6 +232,7 @@ pub const SECTIONS: &[(&str, &str, &str)] = &[
     ("sdcpp", "width", "width"),
     ("sdcpp", "height", "height"),
     ("whispercpp", "backend", "whispercpp_backend"),
+    ("whispercpp", "args", "whispercpp_args"),
 ];
 
 /// v11.7's `global_timeout` (HTTP, inference and readiness) sets these.
@@ -392,7 +395,7 @@ mod tests {
         let flat = flatten(&update, true).unwrap();
         assert_eq!(
             Value::Object(flat.clone()),
-            json!({"llamacpp_backend": null, "llamacpp_args": "--no-mmap", "steps": 4, "whispercpp_backend": null,
+            json!({"llamacpp_backend": null, "llamacpp_args": "--no-mmap", "steps": 4, "whispercpp_backend": null, "whispercpp_args": null,
                    "load_timeout": 900, "remote_timeout": 900, "ctx_size": 2048})
         );
         check(&flat).unwrap();

@@ -23,12 +23,33 @@ pub struct Layers<'a> {
 }
 
 /// The options `recipe` runs with: request > saved > catalogue > configuration, only the
-/// recipe's own options kept.
+/// recipe's own options kept. The `*_args` are merged as Lemonade v11 merges them unless
+/// `merge_args` is `false`: the model's own (the request's replacing the saved ones) over the
+/// catalogue's over the configuration's, a higher layer's flag winning
+/// ([`backends::options::merge_args`]).
 pub fn resolve(recipe: Recipe, l: Layers) -> LoadOptions {
+    let mut model = l.saved.clone().clear(&l.request.cleared);
+    model.overlay(&l.request.set);
     let mut o = l.config.clone();
     o.overlay(l.catalogue);
-    o.overlay(&l.saved.clone().clear(&l.request.cleared));
-    o.overlay(&l.request.set);
+    o.overlay(&model);
+    if o.merge_args != Some(false) {
+        let merged = |f: fn(&LoadOptions) -> &Option<String>| {
+            [&model, l.catalogue, l.config].into_iter().filter_map(|x| f(x).as_deref()).try_fold(
+                None::<String>,
+                |acc, lower| match acc {
+                    None => Ok(Some(lower.to_string())),
+                    Some(higher) => backends::options::merge_args(&higher, lower).map(Some),
+                },
+            )
+        };
+        if let Ok(a) = merged(|x| &x.llamacpp_args) {
+            o.llamacpp_args = a;
+        }
+        if let Ok(a) = merged(|x| &x.whispercpp_args) {
+            o.whispercpp_args = a;
+        }
+    }
     crate::recipe_options(recipe, o)
 }
 
@@ -81,17 +102,31 @@ mod tests {
     }
 
     #[test]
-    fn request_args_replace_the_saved_args_and_other_recipes_options_drop() {
-        let saved = LoadOptions { llamacpp_args: Some("--no-mmap".into()), steps: Some(4), ..Default::default() };
-        let config = LoadOptions { llamacpp_args: Some("-t 2".into()), ..Default::default() };
-        let request = OptionsPatch {
-            set: LoadOptions { llamacpp_args: Some("-t 1".into()), ..Default::default() },
-            ..Default::default()
-        };
+    fn request_args_replace_the_saved_args_merge_with_the_servers_and_other_recipes_options_drop() {
+        let args = |a: &str| LoadOptions { llamacpp_args: Some(a.into()), ..Default::default() };
+        let saved = LoadOptions { steps: Some(4), ..args("--no-mmap -np 2") };
+        let config = args("-t 2 --mmap -fa on");
+        let request = OptionsPatch { set: args("-t 1"), ..Default::default() };
         let none = LoadOptions::default();
-        let o =
-            resolve(Recipe::LlamaCpp, Layers { config: &config, catalogue: &none, saved: &saved, request: &request });
-        assert_eq!((o.llamacpp_args.as_deref(), o.steps), (Some("-t 1"), None));
+        let run = |saved: &LoadOptions, request: &OptionsPatch| {
+            resolve(Recipe::LlamaCpp, Layers { config: &config, catalogue: &none, saved, request })
+        };
+        let o = run(&saved, &request);
+        assert_eq!(
+            (o.llamacpp_args.as_deref(), o.steps),
+            (Some("-t 1 --mmap -fa on"), None),
+            "the request's args replace the saved ones and merge with the server's"
+        );
+        let o = run(&saved, &OptionsPatch::default());
+        assert_eq!(o.llamacpp_args.as_deref(), Some("--no-mmap -np 2 -t 2 -fa on"), "--no-mmap beats --mmap");
+        let off = OptionsPatch { set: LoadOptions { merge_args: Some(false), ..args("-t 1") }, ..Default::default() };
+        assert_eq!(run(&saved, &off).llamacpp_args.as_deref(), Some("-t 1"), "merge_args: false replaces");
+        let empty = OptionsPatch { set: args(""), ..Default::default() };
+        assert_eq!(
+            run(&saved, &empty).llamacpp_args.as_deref(),
+            Some("-t 2 --mmap -fa on"),
+            "an empty layer adds nothing"
+        );
     }
 
     #[test]
@@ -100,7 +135,7 @@ mod tests {
         assert_eq!(
             Value::Object(b),
             json!({"model_name": "M", "ctx_size": 2048, "llamacpp_backend": "cpu", "llamacpp_args": "",
-                   "rpc_servers": [], "idle_timeout": 0})
+                   "rpc_servers": [], "merge_args": true, "idle_timeout": 0})
         );
         let sd = load_body("S", Recipe::SdCpp, &LoadOptions::default(), 300);
         assert_eq!(sd["steps"], 20);

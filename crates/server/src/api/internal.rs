@@ -81,7 +81,7 @@ pub async fn config_defaults() -> Json<serde_json::Map<String, serde_json::Value
         nothing changes. `config.json` is written atomically (keys this build does not know are kept). At once: \
         `log_level`, `extra_models_dir` (rescanned before the answer), the timeouts, the scheduler's settings; at the \
         next load: the load options (`ctx_size`, `llamacpp_backend`, `llamacpp_args`, `sdcpp_backend`, \
-        `whispercpp_backend`, `steps`, `cfg_scale`, `width`, `height`). Lemonade v11.7's nested sections are taken as \
+        `whispercpp_backend`, `whispercpp_args`, `steps`, `cfg_scale`, `width`, `height`). Lemonade v11.7's nested sections are taken as \
         these keys (`{\"llamacpp\": {\"backend\": \"vulkan\"}}` or `\"llamacpp.backend\"`; `\"auto\"` is the default), and \
         `global_timeout` sets `load_timeout` and `remote_timeout`. Needs the admin key when one is set.",
     request_body(content = Object, description = "e.g. {\"ctx_size\": 8192, \"max_loaded_models\": 3, \"log_level\": \"debug\"}"),
