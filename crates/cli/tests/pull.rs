@@ -775,3 +775,50 @@ async fn cleanup_cache_removes_orphans_of_our_repositories_only() {
     assert_eq!(s, 400, "{e}");
     assert!(e["error"]["message"].as_str().unwrap().contains("dryrun"), "{e}");
 }
+
+/// Ctrl+C in `lemonade pull` cancels the download it started: the server stops downloading
+/// (the repository's download lock is free, the partial file stays for a later resume) and no
+/// job is left listed.
+#[tokio::test]
+async fn ctrl_c_in_lemonade_pull_cancels_the_servers_download() {
+    let slow = Knobs { chunk_delay: Some(std::time::Duration::from_millis(15)), ..Default::default() };
+    let (_tmp, _double, l) = setup(slow).await;
+    let mut cmd = std::process::Command::new(&l.bin);
+    l.sandbox.apply(&mut cmd);
+    cmd.args(["pull", "user.Big", "--checkpoint", "org/big-GGUF:Q4_0", "--recipe", "llamacpp"])
+        .args(["--host", "127.0.0.1", "--port", &l.port().to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    let blobs = l.sandbox.hf_cache().join("models--org--big-GGUF/blobs");
+    let partial = || {
+        std::fs::read_dir(&blobs)
+            .ok()?
+            .flatten()
+            .find(|e| e.file_name().to_string_lossy().ends_with(".incomplete"))
+            .and_then(|e| e.metadata().ok())
+            .map(|m| m.len())
+            .filter(|n| *n > 0)
+    };
+    let started = wait_for(std::time::Duration::from_secs(20), || async { partial() }).await;
+    assert!(started.is_some(), "the download started");
+    let running = l.post("/internal/cleanup-cache", &json!({})).await.1;
+    assert_eq!(running["skipped"][0]["reason"], "a download into it is running", "{running}");
+
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "Ctrl+C ends the CLI");
+    // The server's download stops: the repository's lock is released, its partial file is left.
+    let stopped = wait_for(std::time::Duration::from_secs(10), || async {
+        let v = l.post("/internal/cleanup-cache", &json!({})).await.1;
+        let left = v["orphaned_files"].as_array()?.iter().any(|f| f["type"] == "incomplete");
+        (left && v["skipped"].as_array()?.is_empty()).then_some(v)
+    })
+    .await;
+    assert!(stopped.is_some(), "the server stopped the download Ctrl+C left");
+    let kept = partial().expect("the partial file stays for a resume");
+    assert!(kept < 3 << 20, "{kept}");
+    assert_eq!(partial(), Some(kept), "nothing is written after the cancel");
+    assert_eq!(l.get("/v1/downloads").await.1, json!([]), "a foreground pull leaves no job");
+    assert_eq!(l.get("/api/v1/models/user.Big").await.1["downloaded"], false);
+}
