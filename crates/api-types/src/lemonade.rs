@@ -912,3 +912,66 @@ pub struct DownloadControl {
     #[serde(default)]
     pub action: String,
 }
+
+/// A `collection.router` decision (Lemonade v11's `x_lemonade_route`): the candidate that
+/// answered, the rule that matched (`""` when none did and the default was used), the rule's
+/// `outputs`, and with a trace each condition evaluated.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RouteDecision {
+    /// `"1"`.
+    pub version: String,
+    pub route_to: String,
+    pub matched_rule: String,
+    pub default_used: bool,
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub outputs: serde_json::Map<String, Value>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trace: Vec<RouteTraceEntry>,
+}
+
+/// One evaluated condition of a [`RouteDecision`]'s trace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RouteTraceEntry {
+    /// The condition (`keywords_any`, `regex`, `metadata`, …, or `classifier:<id>`).
+    pub condition: String,
+    pub result: bool,
+    /// A classifier's score for the label tested.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// An LLM router's stated reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rationale: Option<String>,
+}
+
+/// `POST /v1/routing/validate` (Lemonade v11): a policy and, optionally, a sample request's
+/// features to decide on.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RoutingValidateRequest {
+    /// A whole `collection.router` definition (`version`, `recipe`, `components`, `routing`).
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub policy: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub has_images: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub has_tools: Option<bool>,
+    /// String values only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+/// The answer of `POST /v1/routing/validate`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RoutingValidateResponse {
+    pub decision: RouteDecision,
+    /// The policy as evaluated (`routing.router` written out as its classifier and rules).
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub normalized_policy: Value,
+}
