@@ -88,6 +88,9 @@ pub struct Model {
     /// absent until an update check ran (`POST /models/check-updates`, `serve --check-updates`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub update_available: Option<bool>,
+    /// A collection's models (recipe `collection.router`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub components: Option<Vec<String>>,
 }
 
 /// Lemonade v11's `telemetry` object in health.
@@ -518,6 +521,23 @@ pub struct UnloadResponse {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "openapi", schema(example = json!({"model": "user.SmolLM2-GGUF", "checkpoint": "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1", "recipe": "llamacpp", "stream": true})))]
 pub struct PullRequest {
+    /// A collection's models (Lemonade v11, with `recipe: "collection.router"`): names of
+    /// registered models.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<String>>))]
+    pub components: Option<Value>,
+    /// A `collection.router`'s policy (see `POST /v1/routing/validate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub routing: Option<Value>,
+    /// A collection definition's schema version (`"1"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub version: Option<Value>,
+    /// Inline component definitions (refused: register each component first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<Object>>))]
+    pub models: Option<Value>,
     /// Model name (`model_name` is accepted too; `model` wins).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,

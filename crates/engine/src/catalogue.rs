@@ -207,6 +207,18 @@ impl Catalogue {
         self.get(name)
     }
 
+    /// Registers (or replaces) the collection `name` with `entry`.
+    pub fn register_collection(&self, name: &str, entry: &CatalogueEntry) -> Result<()> {
+        let key = name
+            .strip_prefix(USER_PREFIX)
+            .ok_or_else(|| EngineError::invalid(format!("'{name}' is not a user.* model"), Some("model")))?;
+        self.mutate(|| host::files::save_user_model(&self.cache_dir(), key, Some(entry)))?;
+        match self.registry().collection(name) {
+            Some(_) => Ok(()),
+            None => Err(EngineError::Internal(format!("collection '{name}' was saved but does not read back"))),
+        }
+    }
+
     /// Forgets a `user.*` registration (its files are the caller's to remove).
     pub fn unregister(&self, name: &str) -> Result<()> {
         let Some(key) = name.strip_prefix(USER_PREFIX) else { return self.reload() };

@@ -31,6 +31,7 @@ pub mod progress;
 pub mod prompt_cache;
 pub mod pulls;
 pub mod remote;
+pub mod router;
 pub mod settings;
 #[cfg(test)]
 pub(crate) mod testing;

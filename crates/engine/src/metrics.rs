@@ -37,6 +37,12 @@ struct ModelLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    route_to: String,
+    rule: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TypeLabel {
     r#type: &'static str,
 }
@@ -91,6 +97,7 @@ pub struct Metrics {
     crashes: Family<ModelLabel, Counter>,
     restarts: Family<ModelLabel, Counter>,
     pull_bytes: Family<ModelLabel, Counter>,
+    routing_decisions: Family<RouteLabels, Counter>,
     cache_saves: Family<ModelLabel, Counter>,
     cache_restores: Family<ModelLabel, Counter>,
     cache_restored_tokens: Family<ModelLabel, Counter>,
@@ -127,6 +134,7 @@ impl Metrics {
             crashes: Family::default(),
             restarts: Family::default(),
             pull_bytes: Family::default(),
+            routing_decisions: Family::default(),
             cache_saves: Family::default(),
             cache_restores: Family::default(),
             cache_restored_tokens: Family::default(),
@@ -142,6 +150,11 @@ impl Metrics {
             m.requests.clone(),
         );
         r.register("model_requests", "Requests granted a model (served or streaming)", m.model_requests.clone());
+        r.register(
+            "routing_decisions",
+            "Decisions of collection.router models: the candidate and the rule (\"default\" when none matched)",
+            m.routing_decisions.clone(),
+        );
         r.register("prompt_tokens", "Prompt tokens, cached ones included", m.prompt_tokens.clone());
         r.register("generated_tokens", "Generated tokens", m.generated_tokens.clone());
         r.register_with_unit(
@@ -269,6 +282,12 @@ impl Metrics {
     pub fn crashed(&self, model: &str) {
         self.crashes.get_or_create(&label(model)).inc();
         self.crashed.lock().insert(model.to_string());
+    }
+
+    /// A `collection.router` sent a request to `route_to` by `rule` (`""`: the default).
+    pub fn routing_decision(&self, route_to: &str, rule: &str) {
+        let rule = if rule.is_empty() { "default" } else { rule };
+        self.routing_decisions.get_or_create(&RouteLabels { route_to: route_to.into(), rule: rule.into() }).inc();
     }
 
     /// A counter of the bytes a download of `model` receives.

@@ -147,6 +147,7 @@ impl Provider {
                 upstream: Some(self.name.clone()),
                 context_length: None,
                 update_available: None,
+                components: None,
             })
             .collect()
     }

@@ -108,6 +108,12 @@ pub struct CatalogueEntry {
     pub image_defaults: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// A collection's models (`collection.router`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub components: Vec<String>,
+    /// A `collection.router`'s policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<Value>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -188,6 +194,26 @@ pub struct Registry {
     saved_entries: BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
     /// Alias → target model name (`aliases.json`).
     aliases: BTreeMap<String, String>,
+    /// Collections (`collection.router`), by full name.
+    collections: BTreeMap<String, Collection>,
+}
+
+/// A collection (Lemonade v11's `collection.router`): a name that means a decision among
+/// registered models, made per request by its policy.
+#[derive(Debug, Clone)]
+pub struct Collection {
+    pub name: String,
+    pub recipe: String,
+    pub components: Vec<String>,
+    /// The policy, parsed and checked when the catalogue was built.
+    pub policy: std::sync::Arc<routing::Policy>,
+    /// The policy as stored.
+    pub routing: Value,
+}
+
+/// The definition `POST /pull` takes for a collection, from its stored entry.
+pub fn collection_definition(recipe: &str, components: &[String], routing: &Value) -> Value {
+    serde_json::json!({"version": routing::VERSION, "recipe": recipe, "components": components, "routing": routing})
 }
 
 impl Registry {
@@ -223,6 +249,9 @@ impl Registry {
     }
 
     fn add(&mut self, name: String, e: CatalogueEntry, source: Source, cfg: &RegistryConfig, files: &dyn ModelFiles) {
+        if e.recipe.starts_with("collection.") {
+            return self.add_collection(name, e);
+        }
         let recipe = match Recipe::parse(&e.recipe) {
             Some(r) => r,
             None => {
@@ -242,6 +271,44 @@ impl Registry {
         }
         resolve_files(&mut info, files);
         self.models.insert(name, info);
+    }
+
+    fn add_collection(&mut self, name: String, e: CatalogueEntry) {
+        let routing = e.routing.unwrap_or(Value::Null);
+        let parsed = match e.recipe.as_str() {
+            routing::ROUTER_RECIPE => {
+                routing::Policy::parse(&collection_definition(&e.recipe, &e.components, &routing))
+                    .map_err(|e| e.to_string())
+            }
+            other => Err(format!("The '{other}' recipe is not supported by this lemonade build yet")),
+        };
+        match parsed {
+            Ok(p) => {
+                let c = Collection {
+                    name: name.clone(),
+                    recipe: e.recipe,
+                    components: e.components,
+                    policy: p.into(),
+                    routing,
+                };
+                self.collections.insert(name, c);
+            }
+            Err(reason) => {
+                self.filtered.insert(name, format!("The collection cannot be used: {reason}"));
+            }
+        }
+    }
+
+    /// The collection `name` means: its full name, its bare name (`X` for `user.X`), or an
+    /// alias of either.
+    pub fn collection(&self, name: &str) -> Option<&Collection> {
+        let direct = |n: &str| self.collections.get(n).or_else(|| self.collections.get(&format!("{USER_PREFIX}{n}")));
+        direct(name).or_else(|| self.aliases.get(name).and_then(|t| direct(t)))
+    }
+
+    /// Every collection, by name.
+    pub fn collections(&self) -> impl Iterator<Item = &Collection> {
+        self.collections.values()
     }
 
     /// Looks a model up; the error carries v9's message (suggestions or the filter reason).
@@ -297,9 +364,9 @@ impl Registry {
             .or_else(|| builtin(name))
     }
 
-    /// Whether `name` names a model (or a hidden one) by itself, aliases aside.
+    /// Whether `name` names a model (or a hidden one, or a collection) by itself, aliases aside.
     pub fn is_model_name(&self, name: &str) -> bool {
-        self.primary(name).is_some()
+        self.primary(name).is_some() || self.collections.contains_key(name)
     }
 
     /// What the listings show, by id: every model (downloaded ones unless `show_all`), then
@@ -372,6 +439,7 @@ impl Registry {
             upstream: None,
             context_length: m.shape.map(|s| s.trained_ctx).filter(|c| *c > 0),
             update_available: None,
+            components: None,
         }
     }
 }

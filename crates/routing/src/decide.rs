@@ -38,6 +38,9 @@ pub enum Outcome {
     Needs(String),
 }
 
+/// A classifier whose scores the evaluation reached and does not have.
+struct Needs(String);
+
 struct Eval<'a> {
     policy: &'a Policy,
     features: &'a Features,
@@ -65,7 +68,7 @@ pub fn decide(policy: &Policy, features: &Features, scores: &BTreeMap<String, Sc
     };
     for rule in &policy.rules {
         match e.eval(&rule.cond) {
-            Err(needed) => return Outcome::Needs(needed),
+            Err(Needs(id)) => return Outcome::Needs(id),
             Ok(true) => {
                 return Outcome::Decided(decision(&rule.route_to, &rule.id, false, rule.outputs.clone(), e.trace));
             }
@@ -93,7 +96,7 @@ fn decision(
 }
 
 impl Eval<'_> {
-    fn eval(&mut self, c: &Cond) -> Result<bool, String> {
+    fn eval(&mut self, c: &Cond) -> Result<bool, Needs> {
         let (name, result) = match c {
             Cond::Any(parts) => {
                 for p in parts {
@@ -137,9 +140,9 @@ impl Eval<'_> {
         }
     }
 
-    fn band(&mut self, id: &str, label: Option<&str>, min: Option<f64>, max: Option<f64>) -> Result<bool, String> {
+    fn band(&mut self, id: &str, label: Option<&str>, min: Option<f64>, max: Option<f64>) -> Result<bool, Needs> {
         let c: &Classifier = self.policy.classifier(id).expect("checked when parsed");
-        let Some(score) = self.scores.get(id) else { return Err(id.to_string()) };
+        let Some(score) = self.scores.get(id) else { return Err(Needs(id.to_string())) };
         let label = label.or(c.default_label.as_deref());
         let (result, value) = if score.ok {
             let v = match label {

@@ -160,7 +160,7 @@ impl Policy {
     /// policy names must be one of `components`.
     pub fn parse(def: &Value) -> Result<Policy, PolicyError> {
         let top = object(def, "policy")?;
-        only(top, "policy", &["version", "model_name", "recipe", "components", "models", "routing"])?;
+        only(top, "policy", &["version", "model", "model_name", "recipe", "components", "models", "routing"])?;
         if top.contains_key("models") {
             return err(
                 "models",

@@ -6,7 +6,7 @@ use axum::Router;
 
 use crate::api::{
     admin, anthropic, audio, images, install, internal, lifecycle, logs, metrics, native, ollama, openai, options,
-    pull, system,
+    pull, router, system,
 };
 use crate::state::AppState;
 use crate::webui;
@@ -107,6 +107,7 @@ route_table! {
     post_only "/models/register" => pull::register;
     post_only "/models/check-updates" => pull::check_updates;
     get_only "/pull/variants" => pull::variants;
+    post_only "/routing/validate" => router::validate;
     get_only "/registry/search" => pull::search;
     get_only "/downloads" => pull::downloads;
     post_only "/downloads/control" => pull::control;

@@ -77,6 +77,11 @@ pub async fn stats(State(rt): State<AppState>) -> Json<Stats> {
         (status = 507, description = "`insufficient_memory`: its estimate can never fit the memory budget (figures named)", body = ErrorResponse),
     ))]
 pub async fn load(State(rt): State<AppState>, body: JsonBody<LoadRequest>) -> Result<Json<LoadResponse>, ApiError> {
+    // A router collection is virtual (v11): each request loads the candidate it routes to.
+    if let Some(c) = rt.catalogue.registry().collection(&body.value.model_name) {
+        let (model_name, recipe) = (c.name.clone(), c.recipe.clone());
+        return Ok(Json(LoadResponse { status: "success".into(), model_name, checkpoint: String::new(), recipe }));
+    }
     let info = pulls::load(&rt, &body.value).await?;
     Ok(Json(LoadResponse {
         status: "success".into(),

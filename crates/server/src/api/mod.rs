@@ -15,4 +15,5 @@ pub mod ollama;
 pub mod openai;
 pub mod options;
 pub mod pull;
+pub mod router;
 pub mod system;

@@ -55,7 +55,25 @@ fn rewrite_chat(mut req: ChatCompletionRequest, raw: Bytes) -> Result<Bytes, Api
     Ok(serde_json::to_vec(&req).map(Bytes::from)?)
 }
 
+/// Forwards to `model`, or, when it names a router collection, to the candidate its policy
+/// picks for this request (with the route header and, when asked, the decision).
 async fn dispatch(
+    rt: &AppState,
+    model: &str,
+    want: &[ModelType],
+    endpoint: &str,
+    path: &str,
+    body: Bytes,
+    stream: bool,
+) -> Result<Response, ApiError> {
+    let collection = (want == LLM).then(|| rt.catalogue.registry().collection(model).cloned()).flatten();
+    let Some(c) = collection else { return forward_to(rt, model, want, endpoint, path, body, stream).await };
+    let (chosen, body, decision, trace) = crate::api::router::route(rt, &c, &body).await?;
+    let answer = forward_to(rt, &chosen, want, endpoint, path, body, stream).await?;
+    Ok(crate::api::router::decorate(answer, &decision, trace, stream).await)
+}
+
+async fn forward_to(
     rt: &AppState,
     model: &str,
     want: &[ModelType],
@@ -187,6 +205,7 @@ pub async fn list_models(State(rt): State<AppState>, Query(q): Query<ModelsQuery
         .map(|(id, m)| Model { id, update_available: updates(m), ..reg.to_api(m) })
         .collect();
     data.extend(rt.remotes.models());
+    data.extend(engine::router::listed(&rt, show_all));
     Json(ModelList { object: "list".into(), data })
 }
 
@@ -210,6 +229,9 @@ pub async fn get_model(
         return Ok(crate::api::options::files(&rt, model, &q).await?.into_response());
     }
     let reg = rt.catalogue.registry();
+    if let Some(c) = reg.collection(&id) {
+        return Ok(Json(engine::router::model(&rt, c)).into_response());
+    }
     match (reg.get(&id), rt.remotes.model(&id)) {
         (Err(_), Some(remote)) => Ok(Json(remote).into_response()),
         (Ok(m), _) => {

@@ -30,6 +30,12 @@ use engine::pulls;
     ))]
 pub async fn pull(State(rt): State<AppState>, body: JsonBody<PullRequest>) -> Result<Response, ApiError> {
     let req = body.value;
+    if engine::router::is_collection_pull(&req) {
+        let name = engine::router::register(&rt, &req)?;
+        return Ok(
+            Json(StatusResponse { status: "success".into(), model_name: Some(name), message: None }).into_response()
+        );
+    }
     let m = pulls::resolve(&rt, &req)?;
     if req.do_not_upgrade == Some(true) && m.downloaded {
         return Ok(
@@ -64,6 +70,11 @@ pub async fn delete(
 ) -> Result<Json<StatusResponse>, ApiError> {
     let name = body.value.model.or(body.value.model_name).filter(|n| !n.is_empty());
     let name = name.ok_or_else(|| ApiError::bad_request("Missing required field 'model'", Some("model")))?;
+    if let Some(c) = rt.catalogue.registry().collection(&name).cloned() {
+        rt.catalogue.unregister(&c.name)?;
+        let message = Some(format!("Deleted model: {}", c.name));
+        return Ok(Json(StatusResponse { status: "success".into(), model_name: None, message }));
+    }
     let m = rt.catalogue.get(&name).map_err(|_| ApiError::Unprocessable(format!("Model not found: {name}")))?;
     pulls::delete(&rt, &m).await?;
     Ok(Json(StatusResponse {

@@ -12,6 +12,7 @@
 mod modalities;
 mod more;
 mod prompt_cache;
+mod routing;
 mod scaling;
 mod startup;
 mod twin;
@@ -118,6 +119,7 @@ async fn main() -> anyhow::Result<()> {
         Ok("scaling") => return scaling::scaling(&bin).await.map(|_| ()),
         Ok("twin") => return twin::twin(&bin).await.map(|_| ()),
         Ok("startup") => return startup::startup(&bin).await.map(|_| ()),
+        Ok("routing") => return routing::routing(&bin).await.map(|_| ()),
         Ok("modalities") => {
             modalities::transcription(&bin).await?;
             modalities::images(&bin).await?;
@@ -214,6 +216,7 @@ async fn main() -> anyhow::Result<()> {
     out["scaling"] = scaling::scaling(&bin).await?;
     out["twin"] = twin::twin(&bin).await?;
     out["startup"] = startup::startup(&bin).await?;
+    out["routing"] = routing::routing(&bin).await?;
     if let Some(path) = std::env::var_os("LEMONADE_BENCH_OUT") {
         std::fs::write(&path, serde_json::to_vec_pretty(&out)?)?;
         println!("\nwritten to {}", PathBuf::from(path).display());

@@ -30,6 +30,7 @@ const POSTS: &[&str] = &[
     "/admin/models/extra.m.gguf/unload",
     "/models/extra.m.gguf/options",
     "/models/register",
+    "/routing/validate",
     "/downloads/control",
     "/cloud/auth",
     "/messages",
@@ -120,6 +121,39 @@ const ROOT_POSTS: &[&str] = &[
     "/internal/pin",
     "/internal/cleanup-cache",
 ];
+
+/// Hostile `collection.router` policies (for `/routing/validate`, and as pulls): deep nesting,
+/// huge and catastrophic-backtracking regexes against long inputs, unknown conditions, many
+/// rules, wrong types. A 400 or a decision, in bounded time.
+fn hostile_policies() -> Vec<(String, Value)> {
+    let with = |rules: Value, prompt: String| {
+        json!({"policy": {"model": "user.Hostile", "version": "1", "recipe": "collection.router", "components": ["extra.m.gguf", "B"],
+                          "routing": {"candidates": ["extra.m.gguf", "B"], "default_model": "extra.m.gguf", "rules": rules}},
+               "prompt": prompt})
+    };
+    let rule = |m: Value| json!([{"id": "r", "match": m, "route_to": "B"}]);
+    let mut nested = json!({"min_chars": 0});
+    for _ in 0..40 {
+        nested = json!({"not": {"any": [nested]}});
+    }
+    let many: Vec<Value> = (0..5000)
+        .map(|i| json!({"id": format!("r{i}"), "match": {"regex": format!("x{i}y")}, "route_to": "B"}))
+        .collect();
+    let long = "a".repeat(1 << 20);
+    vec![
+        ("nested 80 deep".into(), with(rule(nested), "x".into())),
+        ("(a+)+$ on 1 MiB".into(), with(rule(json!({"regex": "^(a+)+$"})), format!("{long}!"))),
+        ("(.*a){20} on 1 MiB".into(), with(rule(json!({"regex": "(.*a){20}b"})), long.clone())),
+        ("huge counted regex".into(), with(rule(json!({"regex": "((a{1000}){1000}){1000}"})), "a".into())),
+        ("back-reference".into(), with(rule(json!({"regex": "(a)\\1"})), "aa".into())),
+        ("unknown condition".into(), with(rule(json!({"sentiment": "angry"})), "x".into())),
+        ("5000 rules".into(), with(Value::Array(many), long)),
+        ("keywords not strings".into(), with(rule(json!({"keywords_any": [1, null, {}]})), "x".into())),
+        ("classifier undeclared".into(), with(rule(json!({"classifier": "c", "label": "x"})), "x".into())),
+        ("rules an object".into(), with(json!({"r": 1}), "x".into())),
+        ("min_chars huge".into(), with(rule(json!({"min_chars": 1e300})), "x".into())),
+    ]
+}
 
 fn odd_names() -> Vec<String> {
     vec![
@@ -275,6 +309,13 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
             check(format!("POST /api/v1{path} multipart {label}"), status, &text, &mut bad);
         }
     }
+    for (label, body) in hostile_policies() {
+        for (path, b) in [("/api/v1/routing/validate", body.clone()), ("/api/v1/pull", body["policy"].clone())] {
+            let (status, text) = send(l.http.post(l.url(path)).json(&b)).await;
+            sent += 1;
+            check(format!("POST {path} {label}"), status, &text, &mut bad);
+        }
+    }
     for (label, body) in &bodies {
         let requests = ROOT_POSTS
             .iter()
@@ -344,7 +385,7 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
     let panicked = l.log().contains("panicked");
     report.add(
         "bad input",
-        "hand-written corpus: every POST endpoint (Ollama, Anthropic, audio and images included) × malformed JSON, wrong types, unknown fields, odd names, traversal, flag injection; malformed and hostile multipart forms; names in paths; a 65 MiB body",
+        "hand-written corpus: every POST endpoint (Ollama, Anthropic, audio and images included) × malformed JSON, wrong types, unknown fields, odd names, traversal, flag injection; malformed and hostile multipart forms; hostile routing policies (deep nesting, catastrophic-backtracking and huge regexes on 1 MiB inputs, 5,000 rules, unknown conditions); names in paths; a 65 MiB body",
         sent,
         if alive && !panicked { sent - bad.len() } else { 0 },
         format!("0 5xx required; server up afterwards {alive}, panics in its log {panicked}. Failures: {:?}", bad.iter().take(10).collect::<Vec<_>>()),

@@ -1,0 +1,260 @@
+//! Lemonade v11's router collections (`collection.router`) through `lemonade serve` on real
+//! llama-server: SmolLM2 and Gemma 3 270M as candidates, all-MiniLM-L6-v2 for
+//! `semantic_similarity`, SmolLM2 as the LLM-as-router. Each test asserts which model answered
+//! (the answer's `model`, and the backend that served it), the `x-lemonade-route` header and
+//! the trace.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+use test_support::*;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_lemonade"))
+}
+
+fn policy() -> Value {
+    json!({
+        "model": "user.Route", "recipe": "collection.router", "version": "1",
+        "components": [SMOL, GEMMA, MINILM],
+        "routing": {
+            "candidates": [SMOL, GEMMA], "default_model": SMOL,
+            "classifiers": [{"id": "topic", "type": "semantic_similarity", "model": MINILM,
+                             "reference_phrases": {"cooking": ["a recipe for soup", "how to bake bread", "cooking dinner in the kitchen"]}}],
+            "rules": [
+                {"id": "private", "match": {"metadata": {"key": "consent", "equals": "denied"}}, "route_to": SMOL, "outputs": {"reason": "privacy"}},
+                {"id": "code", "match": {"keywords_any": ["def ", "function"]}, "route_to": GEMMA},
+                {"id": "ticket", "match": {"regex": "TICKET-[0-9]+"}, "route_to": GEMMA},
+                {"id": "long", "match": {"min_chars": 300}, "route_to": GEMMA},
+                {"id": "tools", "match": {"has_tools": true}, "route_to": SMOL},
+                {"id": "cooking", "match": {"classifier": "topic", "label": "cooking", "min_score": 0.5}, "route_to": GEMMA}
+            ]
+        }
+    })
+}
+
+/// POSTs `body` to `path`; the status, the route header and the JSON answer.
+async fn routed(l: &Lemonade, path: &str, body: Value) -> (u16, String, Value) {
+    let r = l.http.post(l.url(path)).json(&body).send().await.unwrap();
+    let status = r.status().as_u16();
+    let header = r.headers().get("x-lemonade-route").map(|h| h.to_str().unwrap().to_string()).unwrap_or_default();
+    let text = r.text().await.unwrap();
+    (status, header, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+fn ask(text: &str) -> Value {
+    json!({"model": "user.Route", "messages": [{"role": "user", "content": text}], "max_tokens": 3, "temperature": 0})
+}
+
+#[tokio::test]
+async fn real_llama_server_router_collection_routes_each_request_and_says_why() {
+    let l = Lemonade::start(bin(), &["--max-loaded-models", "2"]).await;
+    let (s, v) = l.post("/api/v1/pull", &policy()).await;
+    assert_eq!((s, v.clone()), (200, json!({"status": "success", "model_name": "user.Route"})), "{v}");
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(l.sandbox.cache().join("user_models.json")).unwrap()).unwrap();
+    assert_eq!(
+        (saved["Route"]["recipe"].clone(), saved["Route"]["components"][2].clone()),
+        (json!("collection.router"), json!(MINILM))
+    );
+    let (_, m) = l.get("/api/v1/models/user.Route").await;
+    assert_eq!(
+        (m["recipe"].clone(), m["downloaded"].clone(), m["components"].clone()),
+        (json!("collection.router"), json!(true), json!([SMOL, GEMMA, MINILM])),
+        "{m}"
+    );
+    let listed = l.get("/api/v1/models").await.1;
+    assert!(
+        listed["data"].as_array().unwrap().iter().any(|m| m["id"] == "user.Route"),
+        "listed once its components are here"
+    );
+    // Loading a router collection loads nothing.
+    let (s, v) = l.post("/api/v1/load", &json!({"model_name": "user.Route"})).await;
+    assert_eq!((s, v["recipe"].clone()), (200, json!("collection.router")));
+    assert!(loaded_names(&l.get("/api/v1/health").await.1).is_empty());
+
+    // Deterministic rules: the chosen model answers, the header names the rule.
+    let (s, h, v) = routed(&l, "/api/v1/chat/completions", ask("Write a function that adds two numbers")).await;
+    assert_eq!((s, h.as_str(), v["model"].as_str()), (200, "code", Some(GEMMA)), "{v}");
+    assert!(v.get("x_lemonade_route").is_none(), "no trace unless asked");
+    let mut private = ask("Write a function, please");
+    private["metadata"] = json!({"consent": "denied"});
+    private["route_trace"] = json!(true);
+    let (s, h, v) = routed(&l, "/v1/chat/completions", private).await;
+    assert_eq!((s, h.as_str(), v["model"].as_str()), (200, "private", Some(SMOL)), "first match wins: {v}");
+    assert_eq!(
+        v["x_lemonade_route"],
+        json!({"version": "1", "route_to": SMOL, "matched_rule": "private", "default_used": false, "outputs": {"reason": "privacy"},
+               "trace": [{"condition": "metadata", "result": true}]})
+    );
+    let (s, h, v) = routed(
+        &l,
+        "/api/v1/completions",
+        json!({"model": "user.Route", "prompt": "Status of TICKET-42:", "max_tokens": 3}),
+    )
+    .await;
+    assert_eq!((s, h.as_str(), v["model"].as_str()), (200, "ticket", Some(GEMMA)), "{v}");
+    let long = "Tell me about the sea. ".repeat(15);
+    let (s, h, v) = routed(&l, "/api/v1/chat/completions", ask(&long)).await;
+    assert_eq!((s, h.as_str(), v["model"].as_str()), (200, "long", Some(GEMMA)), "{v}");
+    let mut tools = ask("What is the weather?");
+    tools["tools"] = json!([{"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {}}}}]);
+    let (s, h, _) = routed(&l, "/api/v1/chat/completions", tools).await;
+    assert_eq!((s, h.as_str()), (200, "tools"));
+    let (s, h, v) =
+        routed(&l, "/v1/responses", json!({"model": "user.Route", "input": "def add(a, b):", "max_output_tokens": 3}))
+            .await;
+    assert_eq!((s, h.as_str(), v["model"].as_str()), (200, "code", Some(GEMMA)), "{v}");
+
+    // semantic_similarity through the embedding model; below its band, the default.
+    let mut soup = ask("Give me a recipe for tomato soup");
+    soup["route_trace"] = json!(true);
+    let (s, h, v) = routed(&l, "/api/v1/chat/completions", soup).await;
+    assert_eq!((s, h.as_str(), v["model"].as_str()), (200, "cooking", Some(GEMMA)), "{v}");
+    let last = v["x_lemonade_route"]["trace"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(
+        (last["condition"].clone(), last["label"].clone(), last["result"].clone()),
+        (json!("classifier:topic"), json!("cooking"), json!(true))
+    );
+    assert!(last["score"].as_f64().unwrap() >= 0.5, "{last}");
+    let mut hi = ask("Say hello to my friend");
+    hi["route_trace"] = json!(true);
+    let (s, h, v) = routed(&l, "/api/v1/chat/completions", hi).await;
+    assert_eq!((s, h.as_str(), v["model"].as_str()), (200, "default", Some(SMOL)), "{v}");
+    let d = &v["x_lemonade_route"];
+    assert_eq!((d["default_used"].clone(), d["matched_rule"].clone()), (json!(true), json!("")));
+    assert!(d["trace"].as_array().unwrap().last().unwrap()["score"].as_f64().unwrap() < 0.5, "{d}");
+
+    // Streamed: the header, and the decision in the first event only.
+    let mut streamed = ask("Write a function in Rust");
+    streamed["stream"] = json!(true);
+    streamed["route_trace"] = json!(true);
+    let (s, h, v) = routed(&l, "/api/v1/chat/completions", streamed).await;
+    let text = v.as_str().unwrap_or_default().to_string();
+    assert_eq!((s, h.as_str()), (200, "code"), "{text}");
+    let events: Vec<Value> =
+        text.lines().filter_map(|l| l.strip_prefix("data: ")).filter_map(|d| serde_json::from_str(d).ok()).collect();
+    assert!(events.len() >= 2 && text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert_eq!(events[0]["x_lemonade_route"]["route_to"], GEMMA, "{text}");
+    assert_eq!(events[0]["model"], GEMMA);
+    assert!(events[1..].iter().all(|e| e.get("x_lemonade_route").is_none()));
+
+    // No thrash: small and big requests alternate, both candidates stay loaded in one backend each.
+    let pids = child_pids(l.pid());
+    for i in 0..4 {
+        let q = if i % 2 == 0 { ask("Hi there") } else { ask("Write a function") };
+        assert_eq!(routed(&l, "/api/v1/chat/completions", q).await.0, 200);
+    }
+    let loaded = loaded_names(&l.get("/api/v1/health").await.1);
+    assert!(loaded.contains(&SMOL.to_string()) && loaded.contains(&GEMMA.to_string()), "{loaded:?}");
+    assert_eq!(child_pids(l.pid()), pids, "no backend was restarted");
+    let metrics = l.http.get(l.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(
+        metrics.contains("routing_decisions_total{route_to=\"extra.gemma-3-270m-Q4_K_M.gguf\",rule=\"code\"}"),
+        "{metrics}"
+    );
+
+    // It survives a restart; delete removes only the collection.
+    let sandbox = l.kill_keeping_sandbox();
+    let l = Lemonade::start_in(bin(), sandbox, &[], &[]).await;
+    let (s, h, _) = routed(&l, "/api/v1/chat/completions", ask("Write a function")).await;
+    assert_eq!((s, h.as_str()), (200, "code"));
+    let (s, v) = l.post("/api/v1/delete", &json!({"model": "user.Route"})).await;
+    assert_eq!((s, v["message"].clone()), (200, json!("Deleted model: user.Route")));
+    assert_eq!(l.get("/api/v1/models/user.Route").await.0, 404);
+    assert_eq!(l.get(&format!("/api/v1/models/{SMOL}")).await.1["downloaded"], true, "components stay");
+}
+
+#[tokio::test]
+async fn bad_collections_are_refused_naming_the_field() {
+    let l = Lemonade::start(bin(), &[]).await;
+    let with = |f: &dyn Fn(&mut Value)| {
+        let mut p = policy();
+        f(&mut p);
+        p
+    };
+    let cases: Vec<(Value, &str)> = vec![
+        (with(&|p| p["model"] = json!("Route")), "model"),
+        (with(&|p| p["recipe"] = json!("collection.omni")), "recipe"),
+        (
+            with(&|p| {
+                p.as_object_mut().unwrap().remove("components");
+            }),
+            "components",
+        ),
+        (with(&|p| p["components"] = json!([])), "components"),
+        (with(&|p| p["components"][0] = json!({"checkpoint": "x/y:Q4_0"})), "components[0]"),
+        (with(&|p| p["components"].as_array_mut().unwrap().push(json!("user.Nope"))), "components[3]"),
+        (with(&|p| p["components"].as_array_mut().unwrap().push(json!("user.Route"))), "components[3]"),
+        (with(&|p| p["version"] = json!("2")), "version"),
+        (with(&|p| p["routing"]["rules"][2]["match"]["regex"] = json!("(?<=a)b")), "routing.rules[2].match.regex"),
+        (with(&|p| p["routing"]["router"] = json!({"type": "llm", "model": SMOL, "prompt": "p"})), "routing.router"),
+        (with(&|p| p["routing"]["rules"][0]["route_to"] = json!(MINILM)), "routing.rules[0].route_to"),
+    ];
+    for (body, param) in cases {
+        let (s, e) = l.post("/api/v1/pull", &body).await;
+        assert_eq!((s, e["error"]["param"].as_str()), (400, Some(param)), "{body}: {e}");
+    }
+    assert!(
+        !l.sandbox.cache().join("user_models.json").exists()
+            || !std::fs::read_to_string(l.sandbox.cache().join("user_models.json")).unwrap().contains("Route"),
+        "nothing registered"
+    );
+    // A nested collection.
+    assert_eq!(l.post("/api/v1/pull", &policy()).await.0, 200);
+    let mut nested = policy();
+    nested["model"] = json!("user.Outer");
+    nested["components"].as_array_mut().unwrap().push(json!("user.Route"));
+    let (s, e) = l.post("/api/v1/pull", &nested).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("components[3]")), "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("cannot be nested"), "{e}");
+}
+
+#[tokio::test]
+async fn real_llama_server_routing_validate_and_the_llm_as_router() {
+    let l = Lemonade::start(bin(), &["--max-loaded-models", "2"]).await;
+    let mut p = policy();
+    p.as_object_mut().unwrap().remove("model");
+    let body = json!({"policy": p, "prompt": "Fix TICKET-7", "metadata": {"consent": "granted"}});
+    let (s, v) = l.post("/api/v1/routing/validate", &body).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        (v["decision"]["route_to"].clone(), v["decision"]["matched_rule"].clone()),
+        (json!(GEMMA), json!("ticket"))
+    );
+    assert_eq!(v["decision"]["trace"].as_array().unwrap().len(), 3, "metadata, keywords_any, regex: {v}");
+    let (s, v) = l.post("/api/v1/routing/validate", &json!({"policy": p, "has_tools": true, "prompt": "x"})).await;
+    assert_eq!((s, v["decision"]["matched_rule"].clone()), (200, json!("tools")));
+    for (bad, param) in [
+        (json!({"policy": "x"}), "policy"),
+        (json!({"policy": p, "has_tools": "yes"}), "has_tools"),
+        (json!({"policy": p, "metadata": {"k": 1}}), "metadata.k"),
+        (
+            json!({"policy": {"version": "1", "recipe": "collection.router", "components": ["A"], "routing": {"candidates": ["B"], "default_model": "B", "rules": []}}}),
+            "routing.candidates[0]",
+        ),
+    ] {
+        let (s, e) = l.post("/api/v1/routing/validate", &bad).await;
+        assert_eq!((s, e["error"]["param"].as_str()), (400, Some(param)), "{bad}: {e}");
+    }
+
+    // routing.router: SmolLM2 picks the candidate; whatever it says, the decision is a candidate
+    // and the trace shows its classifier (a malformed reply falls open to the default).
+    let router = json!({
+        "model": "user.LlmRoute", "recipe": "collection.router", "version": "1", "components": [SMOL, GEMMA],
+        "routing": {"candidates": [SMOL, GEMMA], "default_model": SMOL,
+                    "router": {"type": "llm", "model": SMOL, "prompt": format!("Use {GEMMA} for programming questions and {SMOL} for everything else.")}}
+    });
+    assert_eq!(l.post("/api/v1/pull", &router).await.0, 200);
+    let mut q = json!({"model": "user.LlmRoute", "messages": [{"role": "user", "content": "How do I reverse a list in Python?"}], "max_tokens": 3, "route_trace": true});
+    let (s, h, v) = routed(&l, "/api/v1/chat/completions", q.clone()).await;
+    assert_eq!(s, 200, "{v}");
+    let d = &v["x_lemonade_route"];
+    assert_eq!(d["trace"][0]["condition"], "classifier:__router", "{d}");
+    assert!([SMOL, GEMMA].contains(&d["route_to"].as_str().unwrap()), "{d}");
+    assert_eq!(v["model"], d["route_to"], "the chosen candidate answered");
+    assert!(h == "default" || h.starts_with("__route_"), "{h}");
+    // The same request decides the same way (temperature 0).
+    q["route_trace"] = json!(false);
+    assert_eq!(routed(&l, "/api/v1/chat/completions", q).await.1, h);
+}

@@ -1,0 +1,213 @@
+//! Collections (Lemonade v11's `collection.router`): registering one from a pull, listing
+//! them, and deciding per request which candidate answers. The policy and the decision are
+//! the `routing` crate's (pure); this module runs the model-backed classifiers the decision
+//! asks for, as requests to their models (loaded as for any request), and keeps no state of
+//! its own: a collection lives in `user_models.json` like any `user.*` model.
+
+use std::collections::BTreeMap;
+
+use api_types::{Model, ModelType, PullRequest, RouteDecision, RoutingValidateRequest, RoutingValidateResponse};
+use registry::{CatalogueEntry, Collection, USER_PREFIX};
+use routing::{classifiers, Classifier, ClassifierKind, Features, Outcome, Policy, Score};
+use serde_json::{Map, Value};
+
+use crate::error::{EngineError, Result};
+use crate::Engine;
+
+/// Whether a pull body defines a collection (`recipe: "collection.*"`).
+pub fn is_collection_pull(req: &PullRequest) -> bool {
+    req.recipe.as_deref().is_some_and(|r| r.starts_with("collection."))
+}
+
+fn policy_error(e: routing::PolicyError) -> EngineError {
+    EngineError::invalid_code(format!("Invalid routing policy: {e}"), &e.path, "invalid_routing_policy")
+}
+
+/// `POST /pull` of a collection definition: checked as v11 checks it (a `user.` name, the
+/// policy, each component a registered model or a remote provider's, none of them a collection
+/// or the collection itself), then registered; nothing is downloaded. Re-pulling replaces it.
+pub fn register(rt: &Engine, req: &PullRequest) -> Result<String> {
+    let name = req.model.clone().or_else(|| req.model_name.clone()).filter(|n| !n.is_empty());
+    let name = name.ok_or_else(|| EngineError::invalid("Missing required field 'model'", Some("model")))?;
+    if !name.starts_with(USER_PREFIX) {
+        return Err(EngineError::invalid(
+            format!(
+                "A collection's name must include the `user.` prefix, for example `user.My-Router`. Received: {name}"
+            ),
+            Some("model"),
+        ));
+    }
+    registry::validate_user_name(&name).map_err(|e| EngineError::invalid(e.to_string(), Some("model")))?;
+    let recipe = req.recipe.clone().unwrap_or_default();
+    if recipe != routing::ROUTER_RECIPE {
+        return Err(EngineError::invalid(
+            format!(
+                "The '{recipe}' recipe is not supported by this lemonade build yet (collections: {})",
+                routing::ROUTER_RECIPE
+            ),
+            Some("recipe"),
+        ));
+    }
+    let mut def = Map::new();
+    def.insert("recipe".into(), recipe.clone().into());
+    for (k, v) in
+        [("version", &req.version), ("components", &req.components), ("routing", &req.routing), ("models", &req.models)]
+    {
+        if let Some(v) = v {
+            def.insert(k.into(), v.clone());
+        }
+    }
+    let policy = Policy::parse(&Value::Object(def)).map_err(policy_error)?;
+    let reg = rt.catalogue.registry();
+    let bare = name.strip_prefix(USER_PREFIX).unwrap_or(&name);
+    for (i, c) in policy.components.iter().enumerate() {
+        let param = format!("components[{i}]");
+        if c == &name || c == bare {
+            return Err(EngineError::invalid(format!("A collection cannot contain itself ('{c}')"), Some(&param)));
+        }
+        if reg.collection(c).is_some() {
+            return Err(EngineError::invalid(
+                format!("'{c}' is a collection; collections cannot be nested"),
+                Some(&param),
+            ));
+        }
+        if reg.get(c).is_err() && rt.remotes.model(c).is_none() {
+            return Err(EngineError::invalid_code(
+                format!("Component '{c}' is not a registered model: pull or register it first"),
+                &param,
+                "model_not_found",
+            ));
+        }
+    }
+    let entry = CatalogueEntry {
+        recipe,
+        components: policy.components.clone(),
+        routing: req.routing.clone(),
+        labels: vec!["collection".into()],
+        ..Default::default()
+    };
+    rt.catalogue.register_collection(&name, &entry)?;
+    Ok(name)
+}
+
+/// Whether every component of `c` can answer here: a downloaded local model or a remote one.
+fn ready(rt: &Engine, c: &Collection) -> bool {
+    let reg = rt.catalogue.registry();
+    c.components.iter().all(|m| reg.get(m).map_or_else(|_| rt.remotes.model(m).is_some(), |i| i.downloaded))
+}
+
+/// The collections as `/models` lists them: those whose components are all here (every one
+/// with `show_all`).
+pub fn listed(rt: &Engine, show_all: bool) -> Vec<Model> {
+    let reg = rt.catalogue.registry();
+    reg.collections().filter(|c| show_all || ready(rt, c)).map(|c| model(rt, c)).collect()
+}
+
+/// The API view of a collection.
+pub fn model(rt: &Engine, c: &Collection) -> Model {
+    Model {
+        id: c.name.clone(),
+        object: "model".into(),
+        created: 0,
+        owned_by: "lemonade".into(),
+        checkpoint: String::new(),
+        checkpoints: BTreeMap::new(),
+        recipe: c.recipe.clone(),
+        downloaded: ready(rt, c),
+        suggested: true,
+        labels: vec!["collection".into()],
+        recipe_options: Default::default(),
+        size: None,
+        model_type: Some(ModelType::Llm),
+        image_defaults: None,
+        upstream: None,
+        context_length: None,
+        update_available: None,
+        components: Some(c.components.clone()),
+    }
+}
+
+/// The decision for an OpenAI-shaped request `body` to collection `c`.
+pub async fn decide_request(rt: &Engine, c: &Collection, body: &Value, want_trace: bool) -> RouteDecision {
+    decide(rt, &c.policy, &Features::of_request(body), want_trace).await
+}
+
+/// The decision for a request's `features` under `policy`: each classifier a rule reaches is
+/// run once (a failure is its `on_error`, never the request's), then the first match wins.
+pub async fn decide(rt: &Engine, policy: &Policy, features: &Features, want_trace: bool) -> RouteDecision {
+    let mut scores = BTreeMap::new();
+    loop {
+        match routing::decide(policy, features, &scores, want_trace) {
+            Outcome::Decided(d) => {
+                rt.metrics.routing_decision(&d.route_to, &d.matched_rule);
+                return d;
+            }
+            Outcome::Needs(id) => {
+                let c = policy.classifier(&id).expect("decide asks for declared classifiers");
+                let s = score(rt, c, features).await;
+                scores.insert(id, s);
+            }
+        }
+    }
+}
+
+async fn score(rt: &Engine, c: &Classifier, f: &Features) -> Score {
+    let result = match c.kind {
+        ClassifierKind::Llm => {
+            call(rt, &c.model, ModelType::Llm, "/v1/chat/completions", &classifiers::llm_request(c, f))
+                .await
+                .map(|v| classifiers::parse_llm_reply(classifiers::chat_text(&v).unwrap_or_default(), &c.labels))
+        }
+        ClassifierKind::Classifier => {
+            call(rt, &c.model, ModelType::Llm, "/v1/chat/completions", &classifiers::classifier_request(c, f))
+                .await
+                .map(|v| classifiers::parse_scores(&v))
+        }
+        ClassifierKind::SemanticSimilarity => {
+            call(rt, &c.model, ModelType::Embedding, "/v1/embeddings", &classifiers::semantic_request(c, f))
+                .await
+                .map(|v| classifiers::semantic_scores(c, &v))
+        }
+    };
+    result.unwrap_or_else(|e| {
+        tracing::warn!(classifier = %c.id, model = %c.model, error = %e, "routing classifier failed; its on_error applies");
+        Score::failed()
+    })
+}
+
+/// A JSON request to `model` (loaded as for any request), its JSON answer.
+async fn call(rt: &Engine, model: &str, want: ModelType, path: &str, body: &Value) -> Result<Value> {
+    let lease = crate::pulls::lease(rt, model, &[want], path.trim_start_matches("/v1/")).await?;
+    if lease.local().is_none() {
+        return Err(EngineError::Unavailable(format!(
+            "'{model}' is a remote model; routing classifiers run on local models"
+        )));
+    }
+    let r = lease.http().post(lease.url(path)).json(body).send().await;
+    let r = r.map_err(|e| EngineError::Unavailable(format!("'{model}' did not answer: {e}")))?;
+    if !r.status().is_success() {
+        return Err(EngineError::Unavailable(format!("'{model}' answered {}", r.status())));
+    }
+    r.json().await.map_err(|e| EngineError::Unavailable(format!("'{model}' answered with invalid JSON: {e}")))
+}
+
+/// `POST /routing/validate` (Lemonade v11): the policy checked (its components need not be
+/// registered, but every model it names must be one of them) and, for the sample request,
+/// the decision it makes (model-backed conditions run on their models), with its trace.
+pub async fn validate(rt: &Engine, req: &RoutingValidateRequest) -> Result<RoutingValidateResponse> {
+    if !req.policy.is_object() {
+        return Err(EngineError::invalid("'policy' must be a JSON object", Some("policy")));
+    }
+    let policy = Policy::parse(&req.policy).map_err(policy_error)?;
+    let prompt = req.prompt.clone().unwrap_or_default();
+    let features = Features {
+        input: prompt,
+        has_tools: req.has_tools.unwrap_or(false),
+        has_images: req.has_images.unwrap_or(false),
+        metadata: req.metadata.clone().unwrap_or_default(),
+    };
+    let decision = decide(rt, &policy, &features, true).await;
+    let mut normalized = req.policy.clone();
+    normalized["routing"] = policy.normalized.clone();
+    Ok(RoutingValidateResponse { decision, normalized_policy: normalized })
+}

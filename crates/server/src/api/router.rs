@@ -1,0 +1,134 @@
+//! Lemonade v11's router collections on the wire: a request naming a `collection.router` is
+//! sent to the candidate its policy picks (`engine::router`), answered as that model answers,
+//! with the `x-lemonade-route` header (the matched rule or `default`) and, when the request
+//! asks with `"route_trace": true`, the decision as `x_lemonade_route` in the body (in the
+//! first event of a stream). And `POST /v1/routing/validate`.
+
+use api_types::*;
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::Response;
+use axum::Json;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use registry::Collection;
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::extract::JsonBody;
+use crate::state::AppState;
+
+/// The header naming the rule that routed a request.
+pub const ROUTE_HEADER: &str = "x-lemonade-route";
+
+/// Decides where a request `body` for collection `c` goes and rewrites it for that model.
+/// Returns the chosen model, the body to send it, and the decision (when the request asked
+/// for its trace, `route_trace` removed).
+pub async fn route(
+    rt: &AppState,
+    c: &Collection,
+    body: &Bytes,
+) -> Result<(String, Bytes, RouteDecision, bool), ApiError> {
+    let mut v: Value = serde_json::from_slice(body)?;
+    let want_trace = v.get("route_trace").and_then(Value::as_bool).unwrap_or(false);
+    if let Some(o) = v.as_object_mut() {
+        o.remove("route_trace");
+    }
+    let decision = engine::router::decide_request(rt, c, &v, want_trace).await;
+    v["model"] = Value::from(decision.route_to.clone());
+    tracing::debug!(collection = %c.name, route_to = %decision.route_to, rule = %decision.matched_rule, "routed");
+    Ok((decision.route_to.clone(), Bytes::from(serde_json::to_vec(&v)?), decision, want_trace))
+}
+
+/// `answer` with the route header, and the decision in its body when asked for.
+pub async fn decorate(answer: Response, decision: &RouteDecision, trace: bool, stream: bool) -> Response {
+    let (mut parts, body) = answer.into_parts();
+    let rule = if decision.matched_rule.is_empty() { "default" } else { decision.matched_rule.as_str() };
+    if let Ok(h) = http::HeaderValue::from_str(rule) {
+        parts.headers.insert(ROUTE_HEADER, h);
+    }
+    if !trace || !parts.status.is_success() {
+        return Response::from_parts(parts, body);
+    }
+    let value = serde_json::to_value(decision).unwrap_or(Value::Null);
+    parts.headers.remove(http::header::CONTENT_LENGTH);
+    if stream {
+        return Response::from_parts(parts, Body::from_stream(first_event_with(body, value)));
+    }
+    let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
+    let out = match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(mut o)) => {
+            o.insert("x_lemonade_route".into(), value);
+            serde_json::to_vec(&o).map(Bytes::from).unwrap_or(bytes)
+        }
+        _ => bytes,
+    };
+    Response::from_parts(parts, Body::from(out))
+}
+
+/// The SSE `body` with `x_lemonade_route` added to the JSON of its first `data:` event.
+fn first_event_with(
+    body: Body,
+    value: Value,
+) -> impl futures_util::Stream<Item = Result<Bytes, axum::Error>> + Send + 'static {
+    let mut pending = Some((Vec::<u8>::new(), value));
+    body.into_data_stream().map(move |chunk| {
+        let chunk = chunk?;
+        let Some((buf, value)) = pending.as_mut() else { return Ok(chunk) };
+        buf.extend_from_slice(&chunk);
+        let Some(end) = buf.windows(2).position(|w| w == b"\n\n") else { return Ok(Bytes::new()) };
+        let (event, rest) = buf.split_at(end);
+        let mut out = inject(event, value);
+        out.extend_from_slice(rest);
+        pending = None;
+        Ok(Bytes::from(out))
+    })
+}
+
+/// One SSE event with `value` as `x_lemonade_route` in its `data:` JSON (unchanged if it has none).
+fn inject(event: &[u8], value: &Value) -> Vec<u8> {
+    let text = String::from_utf8_lossy(event);
+    let lines: Vec<String> = text
+        .lines()
+        .map(|l| match l.strip_prefix("data: ").map(serde_json::from_str::<Value>) {
+            Some(Ok(Value::Object(mut o))) => {
+                o.insert("x_lemonade_route".into(), value.clone());
+                format!("data: {}", Value::Object(o))
+            }
+            _ => l.to_string(),
+        })
+        .collect();
+    lines.join("\n").into_bytes()
+}
+
+/// Checks a routing policy and decides for a sample request.
+#[utoipa::path(post, path = "/api/v1/routing/validate", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1. Lemonade v11. Checks a `collection.router` definition without \
+        registering it (its components need not exist, but every model it names must be one of them) and returns the \
+        decision for the sample `prompt`, `has_images`, `has_tools` and `metadata`, with its trace. Model-backed \
+        conditions run on their models. `normalized_policy` writes a `routing.router` block out as its classifier and \
+        rules.",
+    request_body = RoutingValidateRequest,
+    responses(
+        (status = 200, description = "The decision", body = RoutingValidateResponse),
+        (status = 400, description = "A bad policy (`param` names the field), or a sample field of the wrong type", body = ErrorResponse),
+    ))]
+pub async fn validate(
+    State(rt): State<AppState>,
+    body: JsonBody<RoutingValidateRequest>,
+) -> Result<Json<RoutingValidateResponse>, ApiError> {
+    Ok(Json(engine::router::validate(&rt, &body.value).await?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_decision_goes_into_the_first_event_only() {
+        let v = serde_json::json!({"route_to": "A"});
+        let out = inject(b"data: {\"id\":\"1\"}", &v);
+        assert_eq!(String::from_utf8(out).unwrap(), r#"data: {"id":"1","x_lemonade_route":{"route_to":"A"}}"#);
+        assert_eq!(inject(b"data: [DONE]", &v), b"data: [DONE]");
+    }
+}
