@@ -139,6 +139,33 @@ async fn real_llama_server_router_collection_routes_each_request_and_says_why() 
     assert_eq!(events[0]["model"], GEMMA);
     assert!(events[1..].iter().all(|e| e.get("x_lemonade_route").is_none()));
 
+    // Ollama and Anthropic: routed the same way, answered as the chosen model.
+    let ollama = json!({"model": "user.Route", "messages": [{"role": "user", "content": "Write a function"}], "stream": false, "options": {"num_predict": 2}});
+    let (s, h, v) = routed(&l, "/api/chat", ollama).await;
+    assert_eq!((s, h.as_str()), (200, "code"), "{v}");
+    assert!(v["model"].as_str().unwrap().starts_with(GEMMA), "{v}");
+    let generate =
+        json!({"model": "user.Route:latest", "prompt": "Say hi", "stream": true, "options": {"num_predict": 2}});
+    let (s, h, v) = routed(&l, "/api/generate", generate).await;
+    let lines = v.as_str().unwrap_or_default().to_string();
+    assert_eq!((s, h.as_str()), (200, "default"), "{lines}");
+    let first: Value = serde_json::from_str(lines.lines().next().unwrap()).unwrap();
+    assert!(first["model"].as_str().unwrap().starts_with(SMOL), "{lines}");
+    let anthropic = json!({"model": "user.Route", "max_tokens": 2, "messages": [{"role": "user", "content": "Status of TICKET-9"}]});
+    let (s, h, v) = routed(&l, "/v1/messages", anthropic.clone()).await;
+    assert_eq!((s, h.as_str(), v["model"].as_str()), (200, "ticket", Some(GEMMA)), "{v}");
+    let mut streamed = anthropic;
+    streamed["stream"] = json!(true);
+    let (s, h, v) = routed(&l, "/v1/messages", streamed).await;
+    let events = v.as_str().unwrap_or_default().to_string();
+    assert_eq!((s, h.as_str()), (200, "ticket"), "{events}");
+    assert!(
+        events.starts_with("event: message_start") && events.contains(&format!("\"model\":\"{GEMMA}\"")),
+        "{events}"
+    );
+    let tags = l.get("/api/tags").await.1;
+    assert!(tags["models"].as_array().unwrap().iter().any(|m| m["name"] == "user.Route:latest"), "{tags}");
+
     // No thrash: small and big requests alternate, both candidates stay loaded in one backend each.
     let pids = child_pids(l.pid());
     for i in 0..4 {

@@ -49,14 +49,28 @@ pub async fn messages(
     body: DialectJson<MessagesRequest, AnthropicApiError>,
 ) -> Result<Response, AnthropicApiError> {
     let req = body.value;
-    let openai = dialect::request(&req, &req.model).map_err(bad)?;
-    let lease = pulls::lease(&rt, &req.model, LLM, "messages").await?;
-    if req.stream == Some(true) {
-        let t = Box::new(EventStream::new(&req.model, &message_id()));
+    let mut openai = dialect::request(&req, &req.model).map_err(bad)?;
+    // A router collection: the candidate its policy picks answers, as if asked directly.
+    let Some(d) = crate::api::router::route_value(&rt, &req.model, &mut openai).await else {
+        return answer(&rt, &req.model, openai, req.stream == Some(true)).await;
+    };
+    let a = answer(&rt, &d.route_to, openai, req.stream == Some(true)).await?;
+    Ok(crate::api::router::decorate(a, &d, false, req.stream == Some(true)).await)
+}
+
+async fn answer(
+    rt: &AppState,
+    model: &str,
+    openai: serde_json::Value,
+    stream: bool,
+) -> Result<Response, AnthropicApiError> {
+    let lease = pulls::lease(rt, model, LLM, "messages").await?;
+    if stream {
+        let t = Box::new(EventStream::new(model, &message_id()));
         return Ok(proxy::forward_translated(lease, "/v1/chat/completions", &openai, t).await?);
     }
     let v = proxy::call_json(&lease, "/v1/chat/completions", &openai, true).await?;
-    Ok(Json(dialect::response(&v, &req.model, &message_id())).into_response())
+    Ok(Json(dialect::response(&v, model, &message_id())).into_response())
 }
 
 /// Tokens of a conversation (Anthropic), counted by the model's own template and tokenizer.

@@ -86,7 +86,17 @@ fn endpoint(chat: bool) -> &'static str {
 }
 
 /// Serves a translated chat or generate request: NDJSON as the backend streams, or one answer.
-async fn serve(rt: &AppState, model: &str, keep: Option<KeepAlive>, path: &str, body: Value, chat: bool) -> Answer {
+async fn serve(rt: &AppState, model: &str, keep: Option<KeepAlive>, path: &str, mut body: Value, chat: bool) -> Answer {
+    // A router collection: the candidate its policy picks answers, as if asked directly.
+    let Some(d) = crate::api::router::route_value(rt, model, &mut body).await else {
+        return answer(rt, model, keep, path, body, chat).await;
+    };
+    let stream = body["stream"] == true;
+    let a = answer(rt, &d.route_to, keep, path, body, chat).await?;
+    Ok(crate::api::router::decorate(a, &d, false, stream).await)
+}
+
+async fn answer(rt: &AppState, model: &str, keep: Option<KeepAlive>, path: &str, body: Value, chat: bool) -> Answer {
     let lease = lease(rt, model, endpoint(chat), keep).await?;
     if body["stream"] == true {
         let t: Box<dyn dialects::StreamTranslator> = if chat {
@@ -244,6 +254,14 @@ pub async fn tags(State(rt): State<AppState>) -> Json<OllamaTags> {
             digest: dialect::DIGEST.into(),
             details: details(m),
         })
+        .chain(engine::router::listed(&rt, false).into_iter().map(|c| OllamaModel {
+            name: dialect::tagged(&c.id),
+            model: dialect::tagged(&c.id),
+            modified_at: MODIFIED_AT.into(),
+            size: 0,
+            digest: dialect::DIGEST.into(),
+            details: dialect::details(&c.id, "", &c.recipe),
+        }))
         .collect();
     Json(OllamaTags { models })
 }

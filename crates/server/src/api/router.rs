@@ -66,23 +66,40 @@ pub async fn decorate(answer: Response, decision: &RouteDecision, trace: bool, s
     Response::from_parts(parts, Body::from(out))
 }
 
-/// The SSE `body` with `x_lemonade_route` added to the JSON of its first `data:` event.
+/// The SSE `body` with `x_lemonade_route` added to the JSON of its first `data:` event (what
+/// was held back waiting for that event's end goes out as it was if the stream ends first).
 fn first_event_with(
     body: Body,
     value: Value,
 ) -> impl futures_util::Stream<Item = Result<Bytes, axum::Error>> + Send + 'static {
-    let mut pending = Some((Vec::<u8>::new(), value));
-    body.into_data_stream().map(move |chunk| {
+    let pending = std::sync::Arc::new(parking_lot::Mutex::new(Some((Vec::<u8>::new(), value))));
+    let left = pending.clone();
+    let events = body.into_data_stream().map(move |chunk| {
         let chunk = chunk?;
-        let Some((buf, value)) = pending.as_mut() else { return Ok(chunk) };
+        let mut held = pending.lock();
+        let Some((buf, value)) = held.as_mut() else { return Ok(chunk) };
         buf.extend_from_slice(&chunk);
         let Some(end) = buf.windows(2).position(|w| w == b"\n\n") else { return Ok(Bytes::new()) };
         let (event, rest) = buf.split_at(end);
         let mut out = inject(event, value);
         out.extend_from_slice(rest);
-        pending = None;
+        *held = None;
         Ok(Bytes::from(out))
-    })
+    });
+    let rest =
+        futures_util::stream::once(
+            async move { Ok(Bytes::from(left.lock().take().map(|(b, _)| b).unwrap_or_default())) },
+        );
+    events.chain(rest)
+}
+
+/// When `model` names a router collection: the decision for the (OpenAI-shaped) `body`, whose
+/// `model` becomes the candidate chosen. For the dialects that translate a request first.
+pub async fn route_value(rt: &AppState, model: &str, body: &mut Value) -> Option<RouteDecision> {
+    let c = rt.catalogue.registry().collection(model).cloned()?;
+    let decision = engine::router::decide_request(rt, &c, body, false).await;
+    body["model"] = Value::from(decision.route_to.clone());
+    Some(decision)
 }
 
 /// One SSE event with `value` as `x_lemonade_route` in its `data:` JSON (unchanged if it has none).
