@@ -630,6 +630,13 @@ pub struct AliasEntry {
     /// The target's recipe; absent while the target is not a model here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recipe: Option<String>,
+    /// A parameter variant's forced fields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub params: Option<Map<String, Value>>,
+    /// A parameter variant's removed fields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strip: Option<Vec<String>>,
 }
 
 /// `GET /internal/aliases`.
@@ -650,6 +657,26 @@ pub struct AliasRequest {
     pub target: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// A parameter variant (as llama-swap's `setParamsByID`): request fields forced on every
+    /// request through the alias (e.g. `{"reasoning_effort": "high"}`). No reload: the alias
+    /// shares its target's backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub params: Option<Map<String, Value>>,
+    /// Request fields removed from every request through the alias.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strip: Option<Vec<String>>,
+}
+
+/// A parameter variant's forced and removed request fields (`alias_params.json`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AliasParams {
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub params: Map<String, Value>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub strip: Vec<String>,
 }
 
 /// The answer of `POST /internal/aliases` (`status: "ok"`) and of `DELETE

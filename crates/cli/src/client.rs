@@ -617,6 +617,13 @@ pub enum AliasAction {
         alias: String,
         /// The model it means (need not be pulled yet).
         target_model: String,
+        /// Make it a parameter variant: a request field forced through the alias, KEY=VALUE
+        /// (VALUE is JSON where it parses, else text); repeatable.
+        #[arg(long = "param", value_name = "KEY=VALUE")]
+        params: Vec<String>,
+        /// A request field removed through the alias; repeatable.
+        #[arg(long = "strip", value_name = "KEY")]
+        strip: Vec<String>,
     },
     /// The aliases, their targets, and whether each target is here and downloaded.
     List,
@@ -671,8 +678,14 @@ pub async fn cleanup_cache(t: &Target, dry_run: bool, json_out: bool) -> Result<
 pub async fn alias(t: &Target, action: AliasAction, json_out: bool) -> Result<()> {
     let c = t.client(None);
     match action {
-        AliasAction::Add { alias, target_model } => {
-            let v = c.set_alias(&alias, &target_model).await.context("Error setting the alias")?;
+        AliasAction::Add { alias, target_model, params, strip } => {
+            let mut forced = serde_json::Map::new();
+            for p in &params {
+                let (k, v) = p.split_once('=').with_context(|| format!("--param {p}: expected KEY=VALUE"))?;
+                forced.insert(k.to_string(), serde_json::from_str(v).unwrap_or_else(|_| Value::from(v)));
+            }
+            let variant = (!params.is_empty() || !strip.is_empty()).then_some((forced, strip));
+            let v = c.set_alias(&alias, &target_model, variant).await.context("Error setting the alias")?;
             out(json_out, &json_of(&v), || format!("Alias {alias} -> {target_model}"));
         }
         AliasAction::Remove { alias } => {

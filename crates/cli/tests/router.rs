@@ -285,3 +285,57 @@ async fn real_llama_server_routing_validate_and_the_llm_as_router() {
     q["route_trace"] = json!(false);
     assert_eq!(routed(&l, "/api/v1/chat/completions", q).await.1, h);
 }
+
+/// Parameter variants (llama-swap's `setParamsByID`): an alias that forces request fields and
+/// removes others, with no reload: it shares its target's backend.
+#[tokio::test]
+async fn real_llama_server_parameter_variants_force_fields_without_a_reload() {
+    let l = Lemonade::start(bin(), &[]).await;
+    let body = json!({"alias": "smol:short", "target": SMOL, "params": {"max_tokens": 1}, "strip": ["logprobs", "top_logprobs"]});
+    let (s, v) = l.post("/internal/aliases", &body).await;
+    assert_eq!((s, v["target"].clone()), (200, json!(SMOL)), "{v}");
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(l.sandbox.cache().join("alias_params.json")).unwrap()).unwrap();
+    assert_eq!(saved, json!({"smol:short": {"params": {"max_tokens": 1}, "strip": ["logprobs", "top_logprobs"]}}));
+    let ask = |model: &str| {
+        json!({"model": model, "messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 6,
+               "ignore_eos": true, "temperature": 0, "logprobs": true, "top_logprobs": 2})
+    };
+    let (s, base) = l.post("/api/v1/chat/completions", &ask(SMOL)).await;
+    assert_eq!((s, base["usage"]["completion_tokens"].clone()), (200, json!(6)), "{base}");
+    assert!(base["choices"][0]["logprobs"]["content"].is_array(), "{base}");
+    let pids = child_pids(l.pid());
+    let (s, v) = l.post("/api/v1/chat/completions", &ask("smol:short")).await;
+    assert_eq!((s, v["usage"]["completion_tokens"].clone()), (200, json!(1)), "forced max_tokens: {v}");
+    assert!(v["choices"][0]["logprobs"].is_null(), "logprobs stripped: {v}");
+    assert_eq!(child_pids(l.pid()), pids, "the variant shares the base model's backend");
+    assert_eq!(loaded_names(&l.get("/api/v1/health").await.1), [SMOL]);
+    let ollama = json!({"model": "smol:short", "messages": [{"role": "user", "content": "Count to ten."}], "stream": false, "options": {"num_predict": 6}});
+    let (s, v) = l.post("/api/chat", &ollama).await;
+    assert_eq!((s, v["eval_count"].clone()), (200, json!(1)), "{v}");
+
+    let (_, list) = l.get("/internal/aliases").await;
+    assert_eq!(list["aliases"][0]["params"], json!({"max_tokens": 1}), "{list}");
+    assert!(l.get("/api/v1/models").await.1["data"].as_array().unwrap().iter().any(|m| m["id"] == "smol:short"));
+    for (bad, param) in [
+        (json!({"alias": "x", "target": SMOL, "params": {"model": "other"}}), "params.model"),
+        (json!({"alias": "x", "target": SMOL, "strip": ["messages"]}), "strip.messages"),
+    ] {
+        let (s, e) = l.post("/internal/aliases", &bad).await;
+        assert_eq!((s, e["error"]["param"].as_str()), (400, Some(param)), "{e}");
+    }
+    let (code, out, err) =
+        l.cli(&["alias", "add", "smol:hot", SMOL, "--param", "temperature=1.5", "--strip", "top_p"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let (_, list) = l.get("/internal/aliases").await;
+    let hot = list["aliases"].as_array().unwrap().iter().find(|a| a["alias"] == "smol:hot").cloned().unwrap();
+    assert_eq!((hot["params"].clone(), hot["strip"].clone()), (json!({"temperature": 1.5}), json!(["top_p"])));
+    assert_eq!(l.delete("/internal/aliases/smol:short").await.0, 200);
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(l.sandbox.cache().join("alias_params.json")).unwrap()).unwrap();
+    assert_eq!(
+        saved,
+        json!({"smol:hot": {"params": {"temperature": 1.5}, "strip": ["top_p"]}}),
+        "removed with its alias"
+    );
+}

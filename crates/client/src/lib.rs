@@ -175,8 +175,20 @@ impl Client {
     }
 
     /// `POST /internal/aliases`: points `alias` at `target`.
-    pub async fn set_alias(&self, alias: &str, target: &str) -> Result<AliasResponse, ClientError> {
-        let body = AliasRequest { alias: Some(alias.into()), target: Some(target.into()), model: None };
+    pub async fn set_alias(
+        &self,
+        alias: &str,
+        target: &str,
+        variant: Option<(serde_json::Map<String, serde_json::Value>, Vec<String>)>,
+    ) -> Result<AliasResponse, ClientError> {
+        let (params, strip) = variant.map_or((None, None), |(p, s)| (Some(p), Some(s)));
+        let body = AliasRequest {
+            alias: Some(alias.into()),
+            target: Some(target.into()),
+            params,
+            strip,
+            ..Default::default()
+        };
         self.post_root("/internal/aliases", &body).await
     }
 

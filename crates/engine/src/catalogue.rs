@@ -225,9 +225,15 @@ impl Catalogue {
         self.mutate(|| host::files::save_user_model(&self.cache_dir(), key, None))
     }
 
-    /// Points `alias` at `target` (None: removes it). An alias may not take a model's name, nor a
-    /// reserved prefix; its target need not exist yet. Returns whether the alias existed.
-    pub fn set_alias(&self, alias: &str, target: Option<&str>) -> Result<bool> {
+    /// Points `alias` at `target` (None: removes it), a parameter variant when `params` is given.
+    /// An alias may not take a model's name, nor a reserved prefix; its target need not exist
+    /// yet. Returns whether the alias existed.
+    pub fn set_alias(
+        &self,
+        alias: &str,
+        target: Option<&str>,
+        params: Option<&api_types::AliasParams>,
+    ) -> Result<bool> {
         let _one = self.writer.lock();
         let reg = self.current.read().clone();
         let existed = reg.aliases().any(|(a, _)| a == alias);
@@ -246,6 +252,7 @@ impl Catalogue {
         } else if !existed {
             return Ok(false);
         }
+        host::files::save_alias_params(&self.cache_dir(), alias, params.filter(|_| target.is_some()))?;
         host::files::save_alias(&self.cache_dir(), alias, target)?;
         self.rescan()?;
         Ok(existed)

@@ -124,6 +124,9 @@ pub fn check_files(cfg: &CatalogueConfig) -> Result<(), HostError> {
         &cfg.cache_dir.join(RECIPE_OPTIONS_FILE),
     )?;
     json_file::<std::collections::BTreeMap<String, String>>(&cfg.cache_dir.join(registry::ALIASES_FILE))?;
+    json_file::<std::collections::BTreeMap<String, api_types::AliasParams>>(
+        &cfg.cache_dir.join(registry::ALIAS_PARAMS_FILE),
+    )?;
     Ok(())
 }
 
@@ -134,6 +137,7 @@ pub fn own_files(cfg: &CatalogueConfig) -> Result<UserFiles, HostError> {
         user_models: json_file(&cfg.cache_dir.join(USER_MODELS_FILE))?,
         recipe_options: json_file(&cfg.cache_dir.join(RECIPE_OPTIONS_FILE))?,
         aliases: json_file(&cfg.cache_dir.join(registry::ALIASES_FILE))?,
+        alias_params: json_file(&cfg.cache_dir.join(registry::ALIAS_PARAMS_FILE))?,
         extra_files: Vec::new(),
     })
 }

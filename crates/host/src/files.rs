@@ -85,6 +85,15 @@ pub fn save_alias(cache_dir: &Path, alias: &str, target: Option<&str>) -> Result
     update_json_map(&cache_dir.join(registry::ALIASES_FILE), alias, target.map(str::to_string))
 }
 
+/// Sets `alias`'s parameter variant in `<cache_dir>/alias_params.json`, or removes it (None).
+pub fn save_alias_params(
+    cache_dir: &Path,
+    alias: &str,
+    params: Option<&api_types::AliasParams>,
+) -> Result<(), HostError> {
+    update_json_map(&cache_dir.join(registry::ALIAS_PARAMS_FILE), alias, params.cloned())
+}
+
 /// Adds or replaces `user.<key>` in `<cache_dir>/user_models.json`, or removes it (None).
 pub fn save_user_model(cache_dir: &Path, key: &str, entry: Option<&CatalogueEntry>) -> Result<(), HostError> {
     update_json_map(&cache_dir.join(USER_MODELS_FILE), key, entry.cloned())

@@ -38,6 +38,8 @@ pub const EXTRA_PREFIX: &str = "extra.";
 pub const BUILTIN_PREFIX: &str = "builtin.";
 /// `aliases.json`: alias → target model name.
 pub const ALIASES_FILE: &str = "aliases.json";
+/// Parameter variants of aliases (forced and removed request fields), by alias.
+pub const ALIAS_PARAMS_FILE: &str = "alias_params.json";
 pub const USER_MODELS_FILE: &str = "user_models.json";
 pub const RECIPE_OPTIONS_FILE: &str = "recipe_options.json";
 
@@ -85,6 +87,8 @@ pub struct UserFiles {
     pub extra_files: Vec<ExtraFile>,
     /// `aliases.json`: alias → target model name.
     pub aliases: BTreeMap<String, String>,
+    /// `alias_params.json`: an alias's forced and removed request fields.
+    pub alias_params: BTreeMap<String, api_types::AliasParams>,
 }
 
 /// One entry of a catalogue file (`server_models.json`, `user_models.json`).
@@ -196,6 +200,8 @@ pub struct Registry {
     aliases: BTreeMap<String, String>,
     /// Collections (`collection.router`), by full name.
     collections: BTreeMap<String, Collection>,
+    /// Parameter variants, by alias.
+    alias_params: BTreeMap<String, api_types::AliasParams>,
 }
 
 /// A collection (Lemonade v11's `collection.router`): a name that means a decision among
@@ -228,6 +234,7 @@ impl Registry {
             recipe_options,
             saved_entries: user.recipe_options,
             aliases: user.aliases,
+            alias_params: user.alias_params,
             ..Default::default()
         };
         for (name, e) in builtin {
@@ -304,6 +311,25 @@ impl Registry {
     pub fn collection(&self, name: &str) -> Option<&Collection> {
         let direct = |n: &str| self.collections.get(n).or_else(|| self.collections.get(&format!("{USER_PREFIX}{n}")));
         direct(name).or_else(|| self.aliases.get(name).and_then(|t| direct(t)))
+    }
+
+    /// The forced and removed request fields of `name` when it is a parameter variant (an alias
+    /// with params; a model's own name never is one).
+    pub fn variant(&self, name: &str) -> Option<&api_types::AliasParams> {
+        self.alias_params.get(name).filter(|_| self.aliases.contains_key(name) && !self.is_model_name(name))
+    }
+
+    /// `body` as a request through the variant `name` sends it: its `strip` fields removed, its
+    /// `params` set over the request's. False (nothing changed) when `name` is no variant.
+    pub fn apply_variant(&self, name: &str, body: &mut Value) -> bool {
+        let (Some(v), Some(o)) = (self.variant(name), body.as_object_mut()) else { return false };
+        for k in &v.strip {
+            o.remove(k);
+        }
+        for (k, val) in &v.params {
+            o.insert(k.clone(), val.clone());
+        }
+        true
     }
 
     /// Every collection, by name.

@@ -23,7 +23,10 @@ pub async fn aliases(State(rt): State<AppState>) -> Json<AliasList> {
     description = "Lemonade v11. An alias works wherever a model name does (every dialect, `/load`, `/pin`, the \
         options API) and is listed in `/v1/models` under its own id while its target is. A model's own name always \
         wins over an alias, so an alias may not take one; the target need not exist yet. Needs the admin key when \
-        one is set.",
+        one is set. With `params` (request fields forced through the alias) or `strip` (fields removed), the alias is \
+        a parameter variant, as llama-swap's `setParamsByID`: it shares its target's backend, no reload; the fields \
+        that say what is asked of which model (`model`, `messages`, `prompt`, `input`, `stream`, `route_trace`) are \
+        refused. Kept in `alias_params.json`.",
     request_body = AliasRequest,
     responses(
         (status = 200, description = "Set", body = AliasResponse),

@@ -66,6 +66,7 @@ async fn dispatch(
     body: Bytes,
     stream: bool,
 ) -> Result<Response, ApiError> {
+    let body = crate::api::router::apply_variant(rt, model, body)?;
     let collection = (want == LLM).then(|| rt.catalogue.registry().collection(model).cloned()).flatten();
     let Some(c) = collection else { return forward_to(rt, model, want, endpoint, path, body, stream).await };
     let (chosen, body, decision, trace) = crate::api::router::route(rt, &c, &body).await?;

@@ -93,9 +93,23 @@ fn first_event_with(
     events.chain(rest)
 }
 
-/// When `model` names a router collection: the decision for the (OpenAI-shaped) `body`, whose
-/// `model` becomes the candidate chosen. For the dialects that translate a request first.
+/// `body` as a request through the parameter variant `model` sends it (its forced fields set,
+/// its removed ones gone); unchanged when `model` is no variant.
+pub fn apply_variant(rt: &AppState, model: &str, body: Bytes) -> Result<Bytes, ApiError> {
+    let reg = rt.catalogue.registry();
+    if reg.variant(model).is_none() {
+        return Ok(body);
+    }
+    let mut v: Value = serde_json::from_slice(&body)?;
+    reg.apply_variant(model, &mut v);
+    Ok(Bytes::from(serde_json::to_vec(&v)?))
+}
+
+/// For the dialects that translate a request first: a parameter variant's fields applied to the
+/// (OpenAI-shaped) `body`, then, when `model` names a router collection, the decision for it
+/// (`body`'s `model` becomes the candidate chosen).
 pub async fn route_value(rt: &AppState, model: &str, body: &mut Value) -> Option<RouteDecision> {
+    rt.catalogue.registry().apply_variant(model, body);
     let c = rt.catalogue.registry().collection(model).cloned()?;
     let decision = engine::router::decide_request(rt, &c, body, false).await;
     body["model"] = Value::from(decision.route_to.clone());
