@@ -159,6 +159,7 @@ const PY_PACKAGES: &[&str] = &[
     "openai==3.54.0",
     "ollama==0.6.3",
     "anthropic==2.12.0",
+    "mcp==2.3.0",
     "prometheus_client==0.26.0",
     // The web UI's browser tests drive Debian's chromium with it (it downloads no browser).
     "playwright==1.65.2",
@@ -749,10 +750,11 @@ fn python_venv(dev: &Path) -> Result<PathBuf> {
         Command::new(&py)
             .args([
                 "-c",
-                "import numpy, gguf, huggingface_hub, openai, ollama, anthropic, prometheus_client, playwright, \
+                "import numpy, gguf, huggingface_hub, openai, ollama, anthropic, mcp, prometheus_client, playwright, \
                  importlib.metadata as m; \
                  assert huggingface_hub.__version__ == '2.4.0' and anthropic.__version__ == '2.12.0' \
-                 and m.version('ollama') == '0.6.3' and m.version('playwright') == '1.65.2'",
+                 and m.version('ollama') == '0.6.3' and m.version('playwright') == '1.65.2' \
+                 and m.version('mcp') == '2.3.0'",
             ])
             .output()
             .map(|o| o.status.success())

@@ -84,6 +84,7 @@ fn routes() -> Vec<(&'static str, String, Option<Value>)> {
         ("POST", "/internal/set".to_string(), Some(json!({"swap_hold_ms": 2000}))),
         ("POST", "/internal/pin".to_string(), Some(json!({"model": "extra.m.gguf", "pinned": false}))),
         ("POST", "/internal/cleanup-cache".to_string(), Some(json!({"dry_run": true}))),
+        ("POST", "/mcp".to_string(), Some(json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}))),
     ]);
     v
 }

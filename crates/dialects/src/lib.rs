@@ -5,6 +5,7 @@
 //! arguments a dialect wants whole. No I/O and no clock: timestamps and ids come in as values.
 
 pub mod anthropic;
+pub mod mcp;
 pub mod ollama;
 mod sse;
 

@@ -74,8 +74,10 @@ pub fn origin_allowed(a: &Access, origin: &str, host: Option<&str>) -> bool {
 
 fn protected(path: &str) -> bool {
     let native = crate::routes::NATIVE_POST.iter().chain(&crate::routes::NATIVE_GET).any(|n| *n == path);
-    let api =
-        ["/api/", "/v0/", "/v1/", "/internal/"].iter().any(|p| path.starts_with(p)) || native || path == "/logs/stream";
+    let api = ["/api/", "/v0/", "/v1/", "/internal/"].iter().any(|p| path.starts_with(p))
+        || native
+        || path == "/logs/stream"
+        || path == "/mcp";
     let public = crate::routes::PREFIXES.iter().any(|p| path.strip_prefix(p) == Some("/health"))
         || path == "/api/v1/openapi.json";
     api && !public

@@ -5,7 +5,7 @@ use axum::routing::{any, delete, get, post, MethodRouter};
 use axum::Router;
 
 use crate::api::{
-    admin, anthropic, audio, images, install, internal, lifecycle, logs, metrics, native, ollama, openai, options,
+    admin, anthropic, audio, images, install, internal, lifecycle, logs, mcp, metrics, native, ollama, openai, options,
     pull, router, system,
 };
 use crate::state::AppState;
@@ -154,6 +154,7 @@ route_table! {
         post_only "/internal/shutdown" => internal::shutdown;
         post_only "/internal/cleanup-cache" => internal::cleanup_cache;
         get_only "/logs/stream" => logs::ws_stream;
+        post_only "/mcp" => mcp::mcp;
         post_only "/internal/telemetry/flush" => internal::telemetry_flush;
     }
     root_aliases {

@@ -9,6 +9,7 @@ pub mod install;
 pub mod internal;
 pub mod lifecycle;
 pub mod logs;
+pub mod mcp;
 pub mod metrics;
 pub mod native;
 pub mod ollama;

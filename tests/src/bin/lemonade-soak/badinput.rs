@@ -120,6 +120,7 @@ const ROOT_POSTS: &[&str] = &[
     "/internal/set",
     "/internal/pin",
     "/internal/cleanup-cache",
+    "/mcp",
 ];
 
 /// Hostile `collection.router` policies (for `/routing/validate`, and as pulls): deep nesting,
