@@ -1022,3 +1022,35 @@ pub struct RoutingValidateResponse {
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub normalized_policy: Value,
 }
+
+/// `POST /v1/classify` (Lemonade v11): label scores for a text.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(example = json!({"model": "Qwen3-0.6B-GGUF", "input": "Verify your account now at http://x.example", "labels": ["phishing", "safe"]})))]
+pub struct ClassifyRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The text to classify (`text` is accepted too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Only the `k` highest-scoring labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u32>,
+    /// The labels a chat model scores (lemonade: no encoder classifier backend here, so the
+    /// labels are the request's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<Vec<String>>,
+}
+
+/// The answer of `POST /v1/classify`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ClassifyResponse {
+    /// `classification`.
+    pub object: String,
+    pub model: String,
+    /// Each label's score in `[0, 1]`.
+    pub labels: BTreeMap<String, f64>,
+}

@@ -64,6 +64,7 @@ fn routes() -> Vec<(&'static str, String, Option<Value>)> {
             ("POST", p("/log-level"), Some(json!({"level": "info"}))),
             ("GET", p("/admin/models"), None),
             ("POST", p("/routing/validate"), Some(json!({"policy": {}}))),
+            ("POST", p("/classify"), Some(json!({}))),
             ("GET", p("/admin/gpu-memory"), None),
             ("POST", p("/admin/models/extra.m.gguf/unload"), Some(json!({}))),
             ("GET", p("/props?model=extra.m.gguf"), None),

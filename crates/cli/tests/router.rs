@@ -265,6 +265,41 @@ async fn real_llama_server_routing_validate_and_the_llm_as_router() {
         assert_eq!((s, e["error"]["param"].as_str()), (400, Some(param)), "{bad}: {e}");
     }
 
+    // A `classifier` condition on a chat model (v11's LLM-as-classifier), run for real: its
+    // reply is held to one score per label, so the trace carries a score.
+    let mut cp = p.clone();
+    cp["routing"]["classifiers"] =
+        json!([{"id": "mood", "type": "classifier", "model": SMOL, "labels": ["happy", "sad"]}]);
+    cp["routing"]["rules"] = json!([{"id": "happy", "match": {"classifier": "mood", "label": "happy", "min_score": 0.0}, "route_to": GEMMA}]);
+    let (s, v) =
+        l.post("/api/v1/routing/validate", &json!({"policy": cp, "prompt": "What a wonderful sunny day!"})).await;
+    assert_eq!(s, 200, "{v}");
+    let t = &v["decision"]["trace"][0];
+    assert_eq!((t["condition"].clone(), t["label"].clone()), (json!("classifier:mood"), json!("happy")), "{v}");
+    assert!(t["score"].as_f64().is_some_and(|s| (0.0..=1.0).contains(&s)), "the classifier answered scores: {v}");
+    assert_eq!(v["decision"]["matched_rule"], "happy", "a score ≥ 0 is in the band: {v}");
+
+    // POST /classify: the same path, as an endpoint.
+    let body =
+        json!({"model": SMOL, "input": "I love this film, it is wonderful.", "labels": ["positive", "negative"]});
+    let (s, v) = l.post("/api/v1/classify", &body).await;
+    assert_eq!((s, v["object"].clone(), v["model"].clone()), (200, json!("classification"), json!(SMOL)), "{v}");
+    let scores = v["labels"].as_object().unwrap();
+    assert_eq!(scores.keys().collect::<Vec<_>>(), ["negative", "positive"], "{v}");
+    assert!(scores.values().all(|s| s.as_f64().is_some_and(|s| (0.0..=1.0).contains(&s))), "{v}");
+    let best = scores.iter().max_by(|a, b| a.1.as_f64().unwrap().total_cmp(&b.1.as_f64().unwrap())).unwrap().0.clone();
+    let (s, v) = l.post("/v1/classify", &json!({"model": SMOL, "text": "I love this film, it is wonderful.", "labels": ["positive", "negative"], "top_k": 1})).await;
+    assert_eq!((s, v["labels"].as_object().unwrap().keys().cloned().collect::<Vec<_>>()), (200, vec![best]), "{v}");
+    for (bad, param) in [
+        (json!({"model": SMOL, "labels": ["a"]}), "input"),
+        (json!({"model": SMOL, "input": "x"}), "labels"),
+        (json!({"input": "x", "labels": ["a"]}), "model"),
+        (json!({"model": SMOL, "input": "x", "labels": ["a"], "top_k": 0}), "top_k"),
+    ] {
+        let (s, e) = l.post("/api/v1/classify", &bad).await;
+        assert_eq!((s, e["error"]["param"].as_str()), (400, Some(param)), "{bad}: {e}");
+    }
+
     // routing.router: SmolLM2 picks the candidate; whatever it says, the decision is a candidate
     // and the trace shows its classifier (a malformed reply falls open to the default).
     let router = json!({

@@ -161,7 +161,7 @@ async fn score(rt: &Engine, c: &Classifier, f: &Features) -> Score {
         ClassifierKind::Classifier => {
             call(rt, &c.model, ModelType::Llm, "/v1/chat/completions", &classifiers::classifier_request(c, f))
                 .await
-                .map(|v| classifiers::parse_scores(&v))
+                .map(|v| classifiers::parse_percent_scores(c, &v))
         }
         ClassifierKind::SemanticSimilarity => {
             call(rt, &c.model, ModelType::Embedding, "/v1/embeddings", &classifiers::semantic_request(c, f))
@@ -210,4 +210,36 @@ pub async fn validate(rt: &Engine, req: &RoutingValidateRequest) -> Result<Routi
     let mut normalized = req.policy.clone();
     normalized["routing"] = policy.normalized.clone();
     Ok(RoutingValidateResponse { decision, normalized_policy: normalized })
+}
+
+/// `POST /classify` (Lemonade v11) on a chat model: the request's `labels` scored by the model
+/// (v11's LLM-as-classifier; there is no encoder classifier backend here). A reply without a
+/// score in `[0, 1]` for each label is a 502 naming the model.
+pub async fn classify(rt: &Engine, req: &api_types::ClassifyRequest) -> Result<api_types::ClassifyResponse> {
+    let model = req.model.clone().filter(|m| !m.is_empty());
+    let model = model.ok_or_else(|| EngineError::invalid("'model' is required", Some("model")))?;
+    let input = req.input.clone().or_else(|| req.text.clone());
+    let input = input.ok_or_else(|| EngineError::invalid("'input' (or 'text') is required", Some("input")))?;
+    if req.top_k == Some(0) {
+        return Err(EngineError::invalid("'top_k' must be a positive number", Some("top_k")));
+    }
+    let labels: Vec<String> = req.labels.clone().unwrap_or_default();
+    if labels.is_empty() || labels.iter().any(|l| l.trim().is_empty()) {
+        return Err(EngineError::invalid(
+            "'labels' must list the labels to score: a chat model classifies into the labels given (no encoder classifier backend here)",
+            Some("labels"),
+        ));
+    }
+    let c = classifiers::llm_classifier(&model, labels.clone());
+    let f = Features { input, ..Features::default() };
+    let answer =
+        call(rt, &model, ModelType::Llm, "/v1/chat/completions", &classifiers::classifier_request(&c, &f)).await?;
+    let score = classifiers::parse_percent_scores(&c, &answer);
+    let mut scored: Vec<(String, f64)> = score.labels.into_iter().filter(|(l, _)| labels.contains(l)).collect();
+    if !score.ok || scored.len() != labels.len() {
+        return Err(EngineError::Unavailable(format!("'{model}' answered no score from 0 to 1 for each label")));
+    }
+    scored.sort_by(|a, b| b.1.total_cmp(&a.1));
+    scored.truncate(req.top_k.map_or(usize::MAX, |k| k as usize));
+    Ok(api_types::ClassifyResponse { object: "classification".into(), model, labels: scored.into_iter().collect() })
 }

@@ -66,15 +66,58 @@ pub fn parse_llm_reply(reply: &str, labels: &[String]) -> Score {
 }
 
 /// The chat request a `classifier` sends a model that is not an encoder (v11's
-/// LLM-as-classifier).
+/// LLM-as-classifier). With declared labels the reply is held to exactly those keys, each a
+/// whole percentage from 0 to 100 (a JSON schema the backend turns into a grammar: llama.cpp's
+/// grammars bound integers, not fractions); [`parse_percent_scores`] reads it.
 pub fn classifier_request(c: &Classifier, f: &Features) -> Value {
     let mut system = "Classify the user input. Return only JSON mapping label names to numeric scores.".to_string();
-    if !c.labels.is_empty() {
-        system.push_str(&format!(" Labels: {}.", c.labels.join(", ")));
-    }
+    let format = if c.labels.is_empty() {
+        json!({"type": "json_object"})
+    } else {
+        system = format!(
+            "Classify the user input: how likely is each label, as a percentage from 0 to 100. Labels: {}.",
+            c.labels.join(", ")
+        );
+        let props: serde_json::Map<String, Value> =
+            c.labels.iter().map(|l| (l.clone(), json!({"type": "integer", "minimum": 0, "maximum": 100}))).collect();
+        json!({"type": "json_schema", "json_schema": {"name": "scores", "schema":
+            {"type": "object", "properties": props, "required": c.labels, "additionalProperties": false}}})
+    };
     json!({"model": c.model, "stream": false, "temperature": 0.0, "max_tokens": LLM_MAX_TOKENS,
-           "response_format": {"type": "json_object"},
+           "response_format": format,
            "messages": [{"role": "system", "content": system}, {"role": "user", "content": f.input}]})
+}
+
+/// A classifier for `POST /classify` on a chat model: `labels` scored by `model`.
+pub fn llm_classifier(model: &str, labels: Vec<String>) -> Classifier {
+    Classifier {
+        id: "classify".into(),
+        kind: crate::ClassifierKind::Classifier,
+        model: model.into(),
+        prompt: None,
+        labels,
+        default_label: None,
+        reference_phrases: Default::default(),
+        on_error: crate::OnError::MatchFalse,
+    }
+}
+
+/// The answer to [`classifier_request`] for `c`: with declared labels, each label's percentage
+/// as a score (÷ 100); a label missing or out of range is a failure. Without labels, as
+/// [`parse_scores`].
+pub fn parse_percent_scores(c: &Classifier, v: &Value) -> Score {
+    if c.labels.is_empty() {
+        return parse_scores(v);
+    }
+    let Some(o) = chat_text(v).and_then(|t| serde_json::from_str::<Value>(t.trim()).ok()) else {
+        return Score::failed();
+    };
+    let scores: Option<BTreeMap<String, f64>> = c
+        .labels
+        .iter()
+        .map(|l| o[l].as_f64().filter(|p| (0.0..=100.0).contains(p)).map(|p| (l.clone(), p / 100.0)))
+        .collect();
+    scores.map_or_else(Score::failed, Score::of)
 }
 
 /// Label scores from a classifier's answer: `{label: score}`, `[{label, score}]`, or either

@@ -295,6 +295,13 @@ fn classifier_answers_and_embeddings_are_read() {
     assert_eq!(s.labels["food"], 0.0, "a negative cosine counts as 0");
     assert!(!semantic_scores(c, &json!({"data": []})).ok);
     assert_eq!(embedding(&answer), Some(vec![1.0, 0.0]));
+    let c = llm_classifier("m", vec!["spam".into(), "ham".into()]);
+    let req = classifier_request(&c, &chat("buy now"));
+    assert_eq!(req["response_format"]["json_schema"]["schema"]["required"], json!(["spam", "ham"]));
+    let reply = |t: &str| json!({"choices": [{"message": {"content": t}}]});
+    assert_eq!(parse_percent_scores(&c, &reply(r#"{"spam": 90, "ham": 5}"#)).labels["spam"], 0.9);
+    assert!(!parse_percent_scores(&c, &reply(r#"{"spam": 900, "ham": 5}"#)).ok);
+    assert!(!parse_percent_scores(&c, &reply(r#"{"spam": 90}"#)).ok);
 }
 
 // Properties over random deterministic conditions and inputs.

@@ -108,6 +108,7 @@ route_table! {
     post_only "/models/check-updates" => pull::check_updates;
     get_only "/pull/variants" => pull::variants;
     post_only "/routing/validate" => router::validate;
+    post_only "/classify" => router::classify;
     get_only "/registry/search" => pull::search;
     get_only "/downloads" => pull::downloads;
     post_only "/downloads/control" => pull::control;

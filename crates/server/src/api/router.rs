@@ -163,3 +163,23 @@ mod tests {
         assert_eq!(inject(b"data: [DONE]", &v), b"data: [DONE]");
     }
 }
+
+/// Label scores for a text from a chat model.
+#[utoipa::path(post, path = "/api/v1/classify", tag = "Lemonade",
+    description = "Also under /api/v0, /v0 and /v1. Lemonade v11 serves encoder classifiers (onnxruntime) here; lemonade \
+        has no such backend, so a chat model scores the request's `labels` (v11's LLM-as-classifier, the path a router's \
+        `classifier` condition takes): its reply is constrained to one number per label, each from 0 to 1. `input` (or \
+        `text`) and `labels` are required; `top_k` keeps the best k.",
+    request_body = ClassifyRequest,
+    responses(
+        (status = 200, description = "The scores", body = ClassifyResponse),
+        (status = 400, description = "A missing model, input or labels, or a bad top_k", body = ErrorResponse),
+        (status = 404, description = "Unknown model", body = ErrorResponse),
+        (status = 502, description = "The model answered no score for each label", body = ErrorResponse),
+    ))]
+pub async fn classify(
+    State(rt): State<AppState>,
+    body: JsonBody<ClassifyRequest>,
+) -> Result<Json<ClassifyResponse>, ApiError> {
+    Ok(Json(engine::router::classify(&rt, &body.value).await?))
+}

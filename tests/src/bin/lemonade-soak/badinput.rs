@@ -31,6 +31,7 @@ const POSTS: &[&str] = &[
     "/models/extra.m.gguf/options",
     "/models/register",
     "/routing/validate",
+    "/classify",
     "/downloads/control",
     "/cloud/auth",
     "/messages",
