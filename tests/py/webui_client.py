@@ -157,6 +157,25 @@ def state(page, model):
     return page.locator(f'tr[data-model="{model}"] [data-state]')
 
 
+def router(b, collection, big, small):
+    """A router collection in the chat view: each answer says which model answered and why."""
+    page = b.page()
+    page.goto(base + "/")
+    page.wait_for_selector("#chat-model[data-ready]")
+    page.select_option("#chat-model", collection)
+    page.fill("#chat-input", "Write a function that adds two numbers.")
+    page.click("#chat-send")
+    meta = page.locator(".msg.assistant .meta").last
+    expect(meta).to_contain_text("tokens/s")
+    check(meta.inner_text().startswith(f"routed to {big} by code · "), meta.inner_text())
+    page.fill("#chat-input", "Say hello.")
+    page.click("#chat-send")
+    expect(page.locator(".msg.assistant .meta").nth(1)).to_contain_text("tokens/s")
+    second = page.locator(".msg.assistant .meta").nth(1).inner_text()
+    check(second.startswith(f"routed to {small} by the default"), second)
+    b.shot(page, "router")
+
+
 def chat(b, model):
     page = b.page()
     page.goto(base + "/")
@@ -496,6 +515,6 @@ def bench(b, runs):
 
 with sync_playwright() as p:
     b = Browser(p)
-    {"chat": chat, "pull": pull, "logs": logs, "key": key, "system": system, "media": media, "install": install, "bench": bench}[scenario](b, *args)
+    {"chat": chat, "router": router, "pull": pull, "logs": logs, "key": key, "system": system, "media": media, "install": install, "bench": bench}[scenario](b, *args)
     b.finish()
 print("every check held")

@@ -40,6 +40,20 @@ async fn real_llama_server_chat_streams_into_the_page_keeps_conversations_and_st
     browse(&l, "chat", &[SMOL]).await;
 }
 
+/// A router collection (v11's `collection.router`) in the chat view: the page asks for the
+/// trace and shows under each answer which model answered and by which rule.
+#[tokio::test]
+async fn real_llama_server_the_chat_view_shows_the_route_a_router_collection_took() {
+    let l = Lemonade::start(bin(), &["--max-loaded-models", "2"]).await;
+    let policy = serde_json::json!({
+        "model": "user.Route", "recipe": "collection.router", "version": "1", "components": [SMOL, GEMMA],
+        "routing": {"candidates": [SMOL, GEMMA], "default_model": SMOL,
+                    "rules": [{"id": "code", "match": {"keywords_any": ["function"]}, "route_to": GEMMA}]}
+    });
+    assert_eq!(l.post("/api/v1/pull", &policy).await.0, 200);
+    browse(&l, "router", &["user.Route", GEMMA, SMOL]).await;
+}
+
 #[tokio::test]
 async fn real_llama_server_pull_shows_progress_to_100_then_load_pin_unload_delete_cancel_and_failures() {
     let tmp = tempfile::tempdir().unwrap();

@@ -152,12 +152,16 @@ export function mount(main) {
     if (current.system) history.unshift({ role: "system", content: current.system });
     let frame = 0;
     const paint = () => { frame = 0; fill(el, ...answerNodes(answer)); messages.scrollTop = messages.scrollHeight; };
+    // A router collection says which model answered and why (its trace, in the first event).
+    const router = models.some((m) => m.id === modelSelect.value && m.recipe === "collection.router");
     try {
       await sse("/api/v1/chat/completions", {
         model: modelSelect.value, messages: history, stream: true,
         temperature: Number(current.temperature), max_tokens: Number(current.max_tokens),
+        route_trace: router || undefined,
       }, ({ data }) => {
         if (data && data.error) throw new Error(data.error.message || "The stream failed");
+        if (data && data.x_lemonade_route) answer.route = data.x_lemonade_route;
         const delta = data && data.choices && data.choices[0] && data.choices[0].delta;
         if (delta && delta.reasoning_content) answer.reasoning = (answer.reasoning || "") + delta.reasoning_content;
         if (delta && delta.content) answer.content += delta.content;
@@ -165,6 +169,8 @@ export function mount(main) {
       }, controller.signal);
       const s = await api("/api/v1/stats").catch(() => null);
       if (s) answer.meta = `${s.output_tokens} tokens · ${s.tokens_per_second.toFixed(1)} tokens/s · first token ${(s.time_to_first_token * 1000).toFixed(0)} ms · prompt ${s.input_tokens} tokens`;
+      const r = answer.route;
+      if (r) answer.meta = `routed to ${r.route_to} by ${r.matched_rule || "the default"}${answer.meta ? ` · ${answer.meta}` : ""}`;
     } catch (e) {
       if (e.name === "AbortError") answer.meta = "(stopped)";
       else { controller.abort(); answer.error = true; answer.content += `${answer.content ? "\n\n" : ""}Error: ${e.message}`; }
