@@ -91,6 +91,10 @@ pub struct Model {
     /// A collection's models (recipe `collection.router`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub components: Option<Vec<String>>,
+    /// A `collection.router`'s policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub routing: Option<Value>,
 }
 
 /// Lemonade v11's `telemetry` object in health.

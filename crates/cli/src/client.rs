@@ -784,3 +784,48 @@ mod tests {
         assert_eq!(t.lines().nth(1).unwrap().len(), 148);
     }
 }
+
+/// A model's importable definition: what `POST /pull` registers it from.
+fn definition(m: &api_types::Model) -> Value {
+    let mut d = json!({"model_name": m.id, "recipe": m.recipe, "checkpoint": m.checkpoint, "labels": m.labels});
+    if !m.checkpoints.is_empty() {
+        d["checkpoints"] = json!(m.checkpoints);
+    }
+    d
+}
+
+/// `lemonade export MODEL`: a plain model's definition, or a collection's with its policy and
+/// the definitions of its `user.` components (others cannot be registered by an import).
+pub async fn export(t: &Target, model: &str, output: Option<&std::path::Path>) -> Result<()> {
+    let c = t.client(None);
+    let m: api_types::Model = c.get(&format!("/models/{model}")).await.context("Error exporting the model")?;
+    let mut file = definition(&m);
+    if let Some(components) = &m.components {
+        file = json!({"model_name": m.id, "recipe": m.recipe, "version": "1", "components": components, "routing": m.routing});
+        let mut models = Vec::new();
+        for name in components.iter().filter(|n| n.starts_with("user.")) {
+            let cm: api_types::Model =
+                c.get(&format!("/models/{name}")).await.with_context(|| format!("Error reading {name}"))?;
+            models.push(definition(&cm));
+        }
+        file["models"] = Value::Array(models);
+    }
+    let text = serde_json::to_string_pretty(&file)? + "\n";
+    match output {
+        Some(p) => std::fs::write(p, text).with_context(|| format!("Cannot write {}", p.display()))?,
+        None => print!("{text}"),
+    }
+    Ok(())
+}
+
+/// `lemonade import FILE`: registers what `lemonade export` wrote (`POST /pull`).
+pub async fn import(t: &Target, file: &std::path::Path, json_out: bool) -> Result<()> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("Cannot read {}", file.display()))?;
+    let body: Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?;
+    let v: api_types::StatusResponse =
+        t.client(Some(Duration::from_secs(3600))).post("/pull", &body).await.context("Error importing")?;
+    out(json_out, &json_of(&v), || {
+        format!("Model imported successfully: {}", v.model_name.clone().unwrap_or_default())
+    });
+    Ok(())
+}

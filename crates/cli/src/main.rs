@@ -126,6 +126,20 @@ enum Command {
         #[command(subcommand)]
         action: Option<client::ConfigAction>,
     },
+    /// Write a model's definition as a file `lemonade import` (or `POST /v1/pull`) takes: for a
+    /// collection, its policy and its registered components' definitions.
+    Export {
+        /// The model or collection.
+        model: String,
+        /// The file to write (default: standard output).
+        #[arg(long, short)]
+        output: Option<std::path::PathBuf>,
+    },
+    /// Register a model or collection from a file `lemonade export` wrote.
+    Import {
+        /// A file `lemonade export` wrote (a `POST /v1/pull` body).
+        file: std::path::PathBuf,
+    },
     /// Ask Hugging Face whether downloaded models have newer commits than the ones pulled.
     CheckUpdates,
     /// Remove orphaned files from the models' folders of the Hugging Face cache: partial
@@ -513,6 +527,8 @@ async fn client_command(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Command::Cloud { action } => client::cloud(&t, action, json).await?,
         Command::Alias { action } => client::alias(&t, action, json).await?,
         Command::CheckUpdates => client::check_updates(&t, json).await?,
+        Command::Export { model, output } => client::export(&t, &model, output.as_deref()).await?,
+        Command::Import { file } => client::import(&t, &file, json).await?,
         Command::CleanupCache { prompt_cache: true, .. } => client::clear_prompt_cache(&t, json).await?,
         Command::CleanupCache { dry_run, .. } => client::cleanup_cache(&t, dry_run, json).await?,
         Command::Downloads { action } => client::downloads(&t, action, json).await?,

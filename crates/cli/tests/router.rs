@@ -181,6 +181,39 @@ async fn real_llama_server_router_collection_routes_each_request_and_says_why() 
         "{metrics}"
     );
 
+    // Export and import round-trip it; an import registers a component it embeds.
+    let file = l.sandbox.dir.path().join("Route.json");
+    let (code, _, err) = l.cli(&["export", "user.Route", "--output", file.to_str().unwrap()]).await;
+    assert_eq!(code, 0, "{err}");
+    let exported: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(
+        (
+            exported["model_name"].clone(),
+            exported["recipe"].clone(),
+            exported["routing"].clone(),
+            exported["components"].clone()
+        ),
+        (json!("user.Route"), json!("collection.router"), policy()["routing"].clone(), json!([SMOL, GEMMA, MINILM]))
+    );
+    assert_eq!(exported["models"][0]["model_name"], SMOL, "user. components are embedded: {exported}");
+    assert_eq!(exported["models"].as_array().unwrap().len(), 1, "extra. models cannot be registered by an import");
+    assert_eq!(l.post("/api/v1/delete", &json!({"model": "user.Route"})).await.0, 200);
+    let (code, out, err) = l.cli(&["import", file.to_str().unwrap()]).await;
+    assert_eq!((code, out.trim()), (0, "Model imported successfully: user.Route"), "{err}");
+    assert_eq!(routed(&l, "/api/v1/chat/completions", ask("Write a function")).await.1, "code");
+    let mut twin = exported.clone();
+    twin["model_name"] = json!("user.Route2");
+    twin["components"].as_array_mut().unwrap().push(json!("user.Smol-Twin"));
+    twin["models"].as_array_mut().unwrap().push(json!({"model_name": "user.Smol-Twin", "recipe": "llamacpp",
+        "checkpoint": "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1", "labels": ["custom"]}));
+    let (s, v) = l.post("/api/v1/pull", &twin).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        l.get("/api/v1/models/user.Smol-Twin").await.1["downloaded"],
+        true,
+        "registered from its embedded definition"
+    );
+
     // It survives a restart; delete removes only the collection.
     let sandbox = l.kill_keeping_sandbox();
     let l = Lemonade::start_in(bin(), sandbox, &[], &[]).await;

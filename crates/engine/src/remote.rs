@@ -148,6 +148,7 @@ impl Provider {
                 context_length: None,
                 update_available: None,
                 components: None,
+                routing: None,
             })
             .collect()
     }

@@ -50,14 +50,15 @@ pub fn register(rt: &Engine, req: &PullRequest) -> Result<String> {
     }
     let mut def = Map::new();
     def.insert("recipe".into(), recipe.clone().into());
-    for (k, v) in
-        [("version", &req.version), ("components", &req.components), ("routing", &req.routing), ("models", &req.models)]
-    {
+    for (k, v) in [("version", &req.version), ("components", &req.components), ("routing", &req.routing)] {
         if let Some(v) = v {
             def.insert(k.into(), v.clone());
         }
     }
     let policy = Policy::parse(&Value::Object(def)).map_err(policy_error)?;
+    if let Some(models) = &req.models {
+        embedded(rt, models, &policy.components)?;
+    }
     let reg = rt.catalogue.registry();
     let bare = name.strip_prefix(USER_PREFIX).unwrap_or(&name);
     for (i, c) in policy.components.iter().enumerate() {
@@ -88,6 +89,32 @@ pub fn register(rt: &Engine, req: &PullRequest) -> Result<String> {
     };
     rt.catalogue.register_collection(&name, &entry)?;
     Ok(name)
+}
+
+/// A collection file's embedded component definitions (`models`, as `lemonade export` writes
+/// them): a component already registered here keeps its own definition; another is registered
+/// (downloading nothing) from its entry. Each must name one of `components`.
+fn embedded(rt: &Engine, models: &Value, components: &[String]) -> Result<()> {
+    let Some(items) = models.as_array() else {
+        return Err(EngineError::invalid("'models' must be an array of model definitions", Some("models")));
+    };
+    for (i, item) in items.iter().enumerate() {
+        let param = format!("models[{i}]");
+        let def: api_types::RegisterRequest = serde_json::from_value(item.clone())
+            .map_err(|e| EngineError::invalid(format!("Invalid model definition: {e}"), Some(&param)))?;
+        if !components.contains(&def.model_name) {
+            return Err(EngineError::invalid(format!("'{}' is not one of components", def.model_name), Some(&param)));
+        }
+        if rt.catalogue.registry().get(&def.model_name).is_ok() {
+            tracing::debug!(model = %def.model_name, "collection import: the component is registered; its own definition is kept");
+            continue;
+        }
+        crate::pulls::register(rt, &def).map_err(|e| match e {
+            EngineError::Invalid { message, .. } => EngineError::invalid(message, Some(&param)),
+            e => e,
+        })?;
+    }
+    Ok(())
 }
 
 /// Whether every component of `c` can answer here: a downloaded local model or a remote one.
@@ -124,6 +151,7 @@ pub fn model(rt: &Engine, c: &Collection) -> Model {
         context_length: None,
         update_available: None,
         components: Some(c.components.clone()),
+        routing: Some(c.routing.clone()),
     }
 }
 

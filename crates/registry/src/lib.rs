@@ -466,6 +466,7 @@ impl Registry {
             context_length: m.shape.map(|s| s.trained_ctx).filter(|c| *c > 0),
             update_available: None,
             components: None,
+            routing: None,
         }
     }
 }
