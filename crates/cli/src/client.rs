@@ -755,36 +755,6 @@ fn upstreams_table(ups: &[api_types::Upstream]) -> String {
     s.trim_end().to_string()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn recipe_backend_specs() {
-        assert_eq!(recipe_backend("llamacpp:cpu", "--install").unwrap(), ("llamacpp".into(), "cpu".into()));
-        let e = recipe_backend("llamacpp", "--install").unwrap_err().to_string();
-        assert!(e.contains("requires format 'recipe:backend'"), "{e}");
-        assert!(recipe_backend(":cpu", "--uninstall").is_err());
-    }
-
-    #[test]
-    fn recipes_table_shows_state_and_action() {
-        let v = json!({"recipes": {"llamacpp": {"backends": {
-            "cpu": {"state": "installable", "message": "Backend is supported but not installed.", "action": "lemonade recipes --install llamacpp:cpu", "version": "b8175"},
-            "vulkan": {"state": "installed", "message": "", "action": "", "version": "b8175"}
-        }}}});
-        let t = recipes_table(&v);
-        assert!(
-            t.lines().any(|l| l.starts_with("llamacpp")
-                && l.contains("installable")
-                && l.ends_with("--install llamacpp:cpu")),
-            "{t}"
-        );
-        assert!(t.lines().any(|l| l.contains("vulkan") && l.contains("installed") && l.contains("b8175")), "{t}");
-        assert_eq!(t.lines().nth(1).unwrap().len(), 148);
-    }
-}
-
 /// A model's importable definition: what `POST /pull` registers it from.
 fn definition(m: &api_types::Model) -> Value {
     let mut d = json!({"model_name": m.id, "recipe": m.recipe, "checkpoint": m.checkpoint, "labels": m.labels});
@@ -828,4 +798,34 @@ pub async fn import(t: &Target, file: &std::path::Path, json_out: bool) -> Resul
         format!("Model imported successfully: {}", v.model_name.clone().unwrap_or_default())
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recipe_backend_specs() {
+        assert_eq!(recipe_backend("llamacpp:cpu", "--install").unwrap(), ("llamacpp".into(), "cpu".into()));
+        let e = recipe_backend("llamacpp", "--install").unwrap_err().to_string();
+        assert!(e.contains("requires format 'recipe:backend'"), "{e}");
+        assert!(recipe_backend(":cpu", "--uninstall").is_err());
+    }
+
+    #[test]
+    fn recipes_table_shows_state_and_action() {
+        let v = json!({"recipes": {"llamacpp": {"backends": {
+            "cpu": {"state": "installable", "message": "Backend is supported but not installed.", "action": "lemonade recipes --install llamacpp:cpu", "version": "b8175"},
+            "vulkan": {"state": "installed", "message": "", "action": "", "version": "b8175"}
+        }}}});
+        let t = recipes_table(&v);
+        assert!(
+            t.lines().any(|l| l.starts_with("llamacpp")
+                && l.contains("installable")
+                && l.ends_with("--install llamacpp:cpu")),
+            "{t}"
+        );
+        assert!(t.lines().any(|l| l.contains("vulkan") && l.contains("installed") && l.contains("b8175")), "{t}");
+        assert_eq!(t.lines().nth(1).unwrap().len(), 148);
+    }
 }
