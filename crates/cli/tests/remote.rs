@@ -461,3 +461,39 @@ async fn real_llama_server_v11_cloud_install_auth_clear_uninstall_and_the_http_k
     assert!(probe["error"].as_str().is_some_and(|e| e.contains("allow_insecure_http=true")), "{probe}");
     assert!(probe["ms"].as_u64().is_some_and(|ms| ms < 100), "refused before any connection: {probe}");
 }
+
+/// A router collection with a remote candidate (v11's cloud candidates): a `consent: denied`
+/// request stays on the local model, a heavy one goes to the provider (a second lemonade), and
+/// the remote model never takes a slot here.
+#[tokio::test]
+async fn real_llama_server_a_router_collection_sends_heavy_requests_to_a_remote_candidate() {
+    let peer = Lemonade::start_in(bin(), Sandbox::new(), &[], &[("LEMONADE_API_KEY", KEY)]).await;
+    let l = Lemonade::start(bin(), &[]).await;
+    let install = json!({"recipe": "cloud", "backend": "peer", "base_url": peer.url("/api/v1"), "api_key": KEY});
+    assert_eq!(l.post("/api/v1/install", &install).await.0, 200);
+    let remote = format!("peer.{SMOL}");
+    let policy = json!({"model": "user.Split", "recipe": "collection.router", "version": "1", "components": [SMOL, remote],
+        "routing": {"candidates": [SMOL, remote], "default_model": SMOL, "rules": [
+            {"id": "private", "match": {"metadata": {"key": "consent", "equals": "denied"}}, "route_to": SMOL},
+            {"id": "heavy", "match": {"keywords_any": ["analyze"]}, "route_to": remote}]}});
+    let (s, v) = l.post("/api/v1/pull", &policy).await;
+    assert_eq!(s, 200, "{v}");
+    let ask = |text: &str, consent: &str| {
+        json!({"model": "user.Split", "max_tokens": 2, "metadata": {"consent": consent}, "route_trace": true,
+               "messages": [{"role": "user", "content": text}]})
+    };
+    let (s, v) = l.post("/api/v1/chat/completions", &ask("Please analyze this.", "granted")).await;
+    assert_eq!(
+        (s, v["x_lemonade_route"]["route_to"].clone(), v["model"].clone()),
+        (200, json!(remote), json!(remote)),
+        "{v}"
+    );
+    let (s, v) = l.post("/api/v1/chat/completions", &ask("Please analyze this.", "denied")).await;
+    assert_eq!(
+        (s, v["x_lemonade_route"]["matched_rule"].clone(), v["model"].clone()),
+        (200, json!("private"), json!(SMOL)),
+        "{v}"
+    );
+    assert_eq!(loaded_names(&l.get("/api/v1/health").await.1), [SMOL], "the remote candidate holds no slot here");
+    assert_eq!(loaded_names(&peer.get("/api/v1/health").await.1), [SMOL], "it ran on the peer");
+}
