@@ -309,6 +309,9 @@ impl Registry {
     /// The collection `name` means: its full name, its bare name (`X` for `user.X`), or an
     /// alias of either.
     pub fn collection(&self, name: &str) -> Option<&Collection> {
+        if self.collections.is_empty() {
+            return None;
+        }
         let direct = |n: &str| self.collections.get(n).or_else(|| self.collections.get(&format!("{USER_PREFIX}{n}")));
         direct(name).or_else(|| self.aliases.get(name).and_then(|t| direct(t)))
     }
@@ -316,6 +319,9 @@ impl Registry {
     /// The forced and removed request fields of `name` when it is a parameter variant (an alias
     /// with params; a model's own name never is one).
     pub fn variant(&self, name: &str) -> Option<&api_types::AliasParams> {
+        if self.alias_params.is_empty() {
+            return None;
+        }
         self.alias_params.get(name).filter(|_| self.aliases.contains_key(name) && !self.is_model_name(name))
     }
 
