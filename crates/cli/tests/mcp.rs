@@ -82,3 +82,33 @@ async fn mcp_json_rpc_edges_answer_as_the_spec_says() {
     let r = l.http.get(l.url("/mcp")).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 405);
 }
+
+/// `lemonade_generate_image` on real sd-server: a PNG written under the MCP image folder
+/// (`LEMONADE_MCP_IMAGE_DIR`) and its path answered, or the PNG inline as an image block.
+#[tokio::test]
+async fn real_sd_server_the_mcp_image_tool_writes_into_its_folder_or_answers_inline() {
+    let images = tempfile::tempdir().unwrap();
+    let dir = images.path().to_str().unwrap().to_string();
+    let l = Lemonade::start_in(bin(), Sandbox::new().with_sd(), &[], &[("LEMONADE_MCP_IMAGE_DIR", &dir)]).await;
+    let call = |args: Value| {
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "lemonade_generate_image", "arguments": args}})
+            .to_string()
+    };
+    let args = json!({"model": SD, "prompt": "a lemon", "size": "256x256", "steps": 1, "output_path": "lemon.png"});
+    let (s, v) = rpc(&l, &call(args)).await;
+    let v: Value = serde_json::from_str(&v).unwrap();
+    assert_eq!((s, v["result"]["isError"].clone()), (200, json!(false)), "{v}");
+    let written = images.path().join("lemon.png");
+    assert_eq!(v["result"]["content"][0]["text"], written.display().to_string(), "{v}");
+    assert!(std::fs::read(&written).unwrap().starts_with(b"\x89PNG"), "a PNG in the folder");
+    let (_, v) = rpc(&l, &call(json!({"model": SD, "prompt": "a lemon", "size": "256x256", "steps": 1}))).await;
+    let v: Value = serde_json::from_str(&v).unwrap();
+    let block = &v["result"]["content"][0];
+    assert_eq!((block["type"].clone(), block["mimeType"].clone()), (json!("image"), json!("image/png")), "{v}");
+    use base64::Engine as _;
+    let png = base64::engine::general_purpose::STANDARD.decode(block["data"].as_str().unwrap()).unwrap();
+    assert!(png.starts_with(b"\x89PNG"));
+    let outside = json!({"model": SD, "prompt": "a lemon", "output_path": format!("{dir}/../escape.png")});
+    let (_, v) = rpc(&l, &call(outside)).await;
+    assert!(v.contains("\"isError\":true") && !images.path().join("../escape.png").exists(), "{v}");
+}
