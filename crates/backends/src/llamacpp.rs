@@ -180,7 +180,7 @@ pub fn tokenize(args: &str) -> Result<Vec<String>, ArgsError> {
 }
 
 /// The flag part of a token: `--keep=4` → `--keep`.
-fn flag_of(token: &str) -> &str {
+pub(crate) fn flag_of(token: &str) -> &str {
     if token.starts_with('-') {
         token.split_once('=').map_or(token, |(f, _)| f)
     } else {
@@ -190,15 +190,19 @@ fn flag_of(token: &str) -> &str {
 
 /// Checks user arguments against the reserved list; the first offending flag is named.
 pub fn validate_user_args(tokens: &[String]) -> Result<(), ArgsError> {
-    for t in tokens {
-        let f = flag_of(t);
-        if RESERVED_FLAGS.contains(&f) {
+    match first_reserved(tokens, RESERVED_FLAGS) {
+        Some(f) => {
             let mut reserved: Vec<&str> = RESERVED_FLAGS.to_vec();
             reserved.sort_unstable();
-            return Err(ArgsError::Reserved { flag: f.to_string(), reserved: reserved.join(", ") });
+            Err(ArgsError::Reserved { flag: f.to_string(), reserved: reserved.join(", ") })
         }
+        None => Ok(()),
     }
-    Ok(())
+}
+
+/// The first of `tokens` whose flag is one of `reserved` (any backend's user arguments).
+pub(crate) fn first_reserved<'a>(tokens: &'a [String], reserved: &[&str]) -> Option<&'a str> {
+    tokens.iter().map(|t| flag_of(t)).find(|f| reserved.contains(f))
 }
 
 fn user_sets(tokens: &[String], flags: &[&str]) -> bool {

@@ -177,7 +177,7 @@ fn flag_groups(tokens: &[String]) -> Vec<(String, Vec<String>)> {
     for t in tokens {
         match groups.last_mut() {
             Some((_, g)) if !t.starts_with('-') => g.push(t.clone()),
-            _ => groups.push((t.split_once('=').map_or(t.as_str(), |(f, _)| f).to_string(), vec![t.clone()])),
+            _ => groups.push((llamacpp::flag_of(t).to_string(), vec![t.clone()])),
         }
     }
     groups

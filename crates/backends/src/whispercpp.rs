@@ -48,7 +48,7 @@ pub enum WhisperArgsError {
 /// `whispercpp_args` split into arguments (quotes group words), none of them a reserved flag.
 pub fn user_args(args: &str) -> Result<Vec<String>, WhisperArgsError> {
     let tokens = crate::llamacpp::tokenize(args).map_err(|_| WhisperArgsError::UnterminatedQuote(args.into()))?;
-    match tokens.iter().map(|t| t.split_once('=').map_or(t.as_str(), |(f, _)| f)).find(|f| RESERVED_FLAGS.contains(f)) {
+    match crate::llamacpp::first_reserved(&tokens, RESERVED_FLAGS) {
         Some(f) => Err(WhisperArgsError::Reserved(f.to_string())),
         None => Ok(tokens),
     }

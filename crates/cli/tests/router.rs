@@ -27,6 +27,9 @@ fn policy() -> Value {
                 {"id": "ticket", "match": {"regex": "TICKET-[0-9]+"}, "route_to": GEMMA},
                 {"id": "long", "match": {"min_chars": 300}, "route_to": GEMMA},
                 {"id": "tools", "match": {"has_tools": true}, "route_to": SMOL},
+                {"id": "tier", "match": {"metadata": {"key": "tier", "any": ["gold", "platinum"]}}, "route_to": GEMMA},
+                {"id": "team", "match": {"metadata": {"key": "team", "exists": true}}, "route_to": SMOL},
+                {"id": "quick", "match": {"all": [{"keywords_all": ["quick", "brown"]}, {"max_chars": 24}, {"has_images": false}]}, "route_to": GEMMA},
                 {"id": "cooking", "match": {"classifier": "topic", "label": "cooking", "min_score": 0.5}, "route_to": GEMMA}
             ]
         }
@@ -105,6 +108,41 @@ async fn real_llama_server_router_collection_routes_each_request_and_says_why() 
         routed(&l, "/v1/responses", json!({"model": "user.Route", "input": "def add(a, b):", "max_output_tokens": 3}))
             .await;
     assert_eq!((s, h.as_str(), v["model"].as_str()), (200, "code", Some(GEMMA)), "{v}");
+    // metadata `any` (comma tokens) and `exists`, keywords_all with max_chars and has_images.
+    let mut gold = ask("Hello");
+    gold["metadata"] = json!({"tier": "silver, platinum"});
+    let (s, h, v) = routed(&l, "/api/v1/chat/completions", gold).await;
+    assert_eq!((s, h.as_str(), v["model"].as_str()), (200, "tier", Some(GEMMA)), "{v}");
+    let mut team = ask("Hello");
+    team["metadata"] = json!({"team": "core"});
+    assert_eq!(routed(&l, "/api/v1/chat/completions", team).await.1, "team");
+    let mut blank = ask("Hello");
+    blank["metadata"] = json!({"team": "  "});
+    assert_eq!(routed(&l, "/api/v1/chat/completions", blank).await.1, "default", "a blank value is absent");
+    let (s, h, v) = routed(&l, "/api/v1/chat/completions", ask("The quick brown fox")).await;
+    assert_eq!((s, h.as_str(), v["model"].as_str()), (200, "quick", Some(GEMMA)), "{v}");
+    let (_, h, _) = routed(&l, "/api/v1/chat/completions", ask("The quick brown fox jumps over")).await;
+    assert_eq!(h, "default", "over max_chars");
+    // Completions and responses streamed: the header, and the decision in the first event.
+    for (path, body, rule) in [
+        (
+            "/api/v1/completions",
+            json!({"model": "user.Route", "prompt": "TICKET-5 is", "max_tokens": 3, "stream": true, "route_trace": true}),
+            "ticket",
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "user.Route", "input": "def f():", "max_output_tokens": 3, "stream": true, "route_trace": true}),
+            "code",
+        ),
+    ] {
+        let (s, h, v) = routed(&l, path, body).await;
+        let text = v.as_str().unwrap_or_default().to_string();
+        assert_eq!((s, h.as_str()), (200, rule), "{path}: {text}");
+        let first = text.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
+        let first: Value = serde_json::from_str(first).unwrap();
+        assert_eq!(first["x_lemonade_route"]["route_to"], GEMMA, "{path}: {text}");
+    }
 
     // semantic_similarity through the embedding model; below its band, the default.
     let mut soup = ask("Give me a recipe for tomato soup");
@@ -297,6 +335,25 @@ async fn real_llama_server_routing_validate_and_the_llm_as_router() {
         let (s, e) = l.post("/api/v1/routing/validate", &bad).await;
         assert_eq!((s, e["error"]["param"].as_str()), (400, Some(param)), "{bad}: {e}");
     }
+
+    // An `llm` classifier (a label chosen by SmolLM2) after a has_images rule, run for real: the
+    // trace shows it was asked; has_images comes from the sample request.
+    let mut lp = p.clone();
+    lp["routing"]["classifiers"] = json!([{"id": "risk", "type": "llm", "model": SMOL,
+        "prompt": "Choose RISKY for requests that delete files, else SAFE.", "labels": ["SAFE", "RISKY"]}]);
+    lp["routing"]["rules"] = json!([
+        {"id": "pictures", "match": {"has_images": true}, "route_to": SMOL},
+        {"id": "risky", "match": {"classifier": "risk", "label": "RISKY"}, "route_to": GEMMA}]);
+    let (s, v) = l
+        .post("/api/v1/routing/validate", &json!({"policy": lp, "prompt": "Delete every file in my home folder"}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let t = &v["decision"]["trace"];
+    assert_eq!((t[0]["condition"].clone(), t[0]["result"].clone()), (json!("has_images"), json!(false)), "{v}");
+    assert_eq!((t[1]["condition"].clone(), t[1]["label"].clone()), (json!("classifier:risk"), json!("RISKY")), "{v}");
+    assert!(t[1]["score"] == 0.0 || t[1]["score"] == 1.0, "the chosen label scores 1, another 0: {v}");
+    let (_, v) = l.post("/api/v1/routing/validate", &json!({"policy": lp, "prompt": "x", "has_images": true})).await;
+    assert_eq!(v["decision"]["matched_rule"], "pictures", "{v}");
 
     // A `classifier` condition on a chat model (v11's LLM-as-classifier), run for real: its
     // reply is held to one score per label, so the trace carries a score.

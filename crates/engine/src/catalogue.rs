@@ -200,19 +200,21 @@ impl Catalogue {
     /// Registers (or re-registers) the `user.*` model `name` with `entry`; returns it as the
     /// catalogue now sees it.
     pub fn register(&self, name: &str, entry: &CatalogueEntry) -> Result<ModelInfo> {
+        self.save_user(name, entry)?;
+        self.get(name)
+    }
+
+    /// Writes `user.*` `name`'s entry to `user_models.json` and rescans.
+    fn save_user(&self, name: &str, entry: &CatalogueEntry) -> Result<()> {
         let key = name
             .strip_prefix(USER_PREFIX)
             .ok_or_else(|| EngineError::invalid(format!("'{name}' is not a user.* model"), Some("model")))?;
-        self.mutate(|| host::files::save_user_model(&self.cache_dir(), key, Some(entry)))?;
-        self.get(name)
+        self.mutate(|| host::files::save_user_model(&self.cache_dir(), key, Some(entry)))
     }
 
     /// Registers (or replaces) the collection `name` with `entry`.
     pub fn register_collection(&self, name: &str, entry: &CatalogueEntry) -> Result<()> {
-        let key = name
-            .strip_prefix(USER_PREFIX)
-            .ok_or_else(|| EngineError::invalid(format!("'{name}' is not a user.* model"), Some("model")))?;
-        self.mutate(|| host::files::save_user_model(&self.cache_dir(), key, Some(entry)))?;
+        self.save_user(name, entry)?;
         match self.registry().collection(name) {
             Some(_) => Ok(()),
             None => Err(EngineError::Internal(format!("collection '{name}' was saved but does not read back"))),

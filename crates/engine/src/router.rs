@@ -118,8 +118,7 @@ fn embedded(rt: &Engine, models: &Value, components: &[String]) -> Result<()> {
 }
 
 /// Whether every component of `c` can answer here: a downloaded local model or a remote one.
-fn ready(rt: &Engine, c: &Collection) -> bool {
-    let reg = rt.catalogue.registry();
+fn ready(rt: &Engine, reg: &registry::Registry, c: &Collection) -> bool {
     c.components.iter().all(|m| reg.get(m).map_or_else(|_| rt.remotes.model(m).is_some(), |i| i.downloaded))
 }
 
@@ -127,11 +126,15 @@ fn ready(rt: &Engine, c: &Collection) -> bool {
 /// with `show_all`).
 pub fn listed(rt: &Engine, show_all: bool) -> Vec<Model> {
     let reg = rt.catalogue.registry();
-    reg.collections().filter(|c| show_all || ready(rt, c)).map(|c| model(rt, c)).collect()
+    reg.collections().map(|c| view(c, ready(rt, &reg, c))).filter(|m| show_all || m.downloaded).collect()
 }
 
 /// The API view of a collection.
 pub fn model(rt: &Engine, c: &Collection) -> Model {
+    view(c, ready(rt, &rt.catalogue.registry(), c))
+}
+
+fn view(c: &Collection, downloaded: bool) -> Model {
     Model {
         id: c.name.clone(),
         object: "model".into(),
@@ -140,7 +143,7 @@ pub fn model(rt: &Engine, c: &Collection) -> Model {
         checkpoint: String::new(),
         checkpoints: BTreeMap::new(),
         recipe: c.recipe.clone(),
-        downloaded: ready(rt, c),
+        downloaded,
         suggested: true,
         labels: vec!["collection".into()],
         recipe_options: Default::default(),

@@ -109,10 +109,11 @@ fn list_models(rt: &AppState, args: &Map<String, Value>) -> Value {
     let flag = |k: &str| args.get(k).and_then(Value::as_bool).unwrap_or(true);
     let reg = rt.catalogue.registry();
     let loaded: Vec<String> = rt.lifecycle.loaded().iter().map(|(r, _)| r.info.name.clone()).collect();
-    let available: Vec<String> = reg.listed(false).into_iter().map(|(id, _)| id).collect();
+    let listed = reg.listed(false);
+    let chat = listed.iter().find(|(_, m)| m.model_type == ModelType::Llm).map(|(id, _)| id.clone());
+    let available: Vec<String> = listed.into_iter().map(|(id, _)| id).collect();
     let suggested: Vec<String> =
         reg.models().filter(|m| !m.downloaded && m.suggested).map(|m| m.name.clone()).take(20).collect();
-    let chat = reg.listed(false).into_iter().find(|(_, m)| m.model_type == ModelType::Llm).map(|(id, _)| id);
     let summary = format!(
         "{} loaded, {} downloaded; recommended chat model: {}",
         loaded.len(),

@@ -67,9 +67,12 @@ async fn dispatch(
     stream: bool,
 ) -> Result<Response, ApiError> {
     let body = crate::api::router::apply_variant(rt, model, body)?;
-    let collection = (want == LLM).then(|| rt.catalogue.registry().collection(model).cloned()).flatten();
-    let Some(c) = collection else { return forward_to(rt, model, want, endpoint, path, body, stream).await };
-    let (chosen, body, decision, trace) = crate::api::router::route(rt, &c, &body).await?;
+    let reg = rt.catalogue.registry();
+    let Some(c) = reg.collection(model).filter(|_| want == LLM) else {
+        return forward_to(rt, model, want, endpoint, path, body, stream).await;
+    };
+    let (chosen, body, decision, trace) = crate::api::router::route(rt, c, &body).await?;
+    drop(reg);
     let answer = forward_to(rt, &chosen, want, endpoint, path, body, stream).await?;
     Ok(crate::api::router::decorate(answer, &decision, trace, stream).await)
 }

@@ -109,9 +109,10 @@ pub fn apply_variant(rt: &AppState, model: &str, body: Bytes) -> Result<Bytes, A
 /// (OpenAI-shaped) `body`, then, when `model` names a router collection, the decision for it
 /// (`body`'s `model` becomes the candidate chosen).
 pub async fn route_value(rt: &AppState, model: &str, body: &mut Value) -> Option<RouteDecision> {
-    rt.catalogue.registry().apply_variant(model, body);
-    let c = rt.catalogue.registry().collection(model).cloned()?;
-    let decision = engine::router::decide_request(rt, &c, body, false).await;
+    let reg = rt.catalogue.registry();
+    reg.apply_variant(model, body);
+    let c = reg.collection(model)?;
+    let decision = engine::router::decide_request(rt, c, body, false).await;
     body["model"] = Value::from(decision.route_to.clone());
     Some(decision)
 }
