@@ -34,7 +34,7 @@ async def main():
             tools = await session.list_tools()
             names = sorted(t.name for t in tools.tools)
             check(
-                names == ["lemonade_chat", "lemonade_generate_image", "lemonade_list_models", "lemonade_transcribe_audio"],
+                names == ["lemonade_chat", "lemonade_generate_image", "lemonade_list_models", "lemonade_omni", "lemonade_transcribe_audio"],
                 f"tools {names}",
             )
 

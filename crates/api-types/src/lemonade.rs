@@ -88,13 +88,24 @@ pub struct Model {
     /// absent until an update check ran (`POST /models/check-updates`, `serve --check-updates`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub update_available: Option<bool>,
-    /// A collection's models (recipe `collection.router`).
+    /// A collection's models (recipe `collection.router` or `collection.omni`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub components: Option<Vec<String>>,
     /// A `collection.router`'s policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub routing: Option<Value>,
+    /// A `collection.omni`'s own system prompt template, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<String>,
+    /// How a `collection.omni` asks its planner for tool calls: `native` or `json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_format: Option<String>,
+    /// The tools a `collection.omni` offers (OpenAI function definitions from the one tool
+    /// table, each with the component that runs it as `component`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<Object>>))]
+    pub omni_tools: Option<Vec<Value>>,
 }
 
 /// Lemonade v11's `telemetry` object in health.
@@ -538,6 +549,16 @@ pub struct PullRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub version: Option<Value>,
+    /// A `collection.omni`'s system prompt template (`{tool_list}` and `{tool_guidance}`
+    /// required); absent: the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub system_prompt: Option<Value>,
+    /// How a `collection.omni` asks its planner for tool calls: `native` (OpenAI tools, the
+    /// default) or `json` (a reply constrained by a JSON schema).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub tool_format: Option<Value>,
     /// Inline component definitions (refused: register each component first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<Object>>))]

@@ -273,7 +273,8 @@ async fn bad_collections_are_refused_naming_the_field() {
     };
     let cases: Vec<(Value, &str)> = vec![
         (with(&|p| p["model"] = json!("Route")), "model"),
-        (with(&|p| p["recipe"] = json!("collection.omni")), "recipe"),
+        (with(&|p| p["recipe"] = json!("collection.other")), "recipe"),
+        (with(&|p| p["recipe"] = json!("collection.omni")), "routing"),
         (
             with(&|p| {
                 p.as_object_mut().unwrap().remove("components");

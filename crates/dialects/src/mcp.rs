@@ -142,6 +142,19 @@ pub fn tools() -> Value {
                 "output_path": {"type": "string"},
                 "output_dir": {"type": "string"}
             }}
+        },
+        {
+            "name": "lemonade_omni",
+            "description": "One turn with an omni model (collection.omni): its planner calls the image and speech models as tools; the answer is its text plus each image and audio it made. Prefer output_dir (written under the server's MCP image folder). model defaults to the first omni model listed.",
+            "inputSchema": {"type": "object", "required": ["messages"], "properties": {
+                "model": {"type": "string"},
+                "messages": {"type": "array", "items": {"type": "object"}},
+                "max_tokens": {"type": "integer", "minimum": 1},
+                "temperature": {"type": "number"},
+                "tools": {"type": "array", "items": {"type": "object"}},
+                "tool_choice": {},
+                "output_dir": {"type": "string"}
+            }}
         }
     ])
 }

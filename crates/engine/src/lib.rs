@@ -26,6 +26,7 @@ pub mod lifecycle;
 pub mod live;
 pub mod locks;
 pub mod metrics;
+pub mod omni;
 pub mod options;
 pub mod progress;
 pub mod prompt_cache;

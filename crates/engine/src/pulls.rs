@@ -289,6 +289,12 @@ pub async fn lease_keeping(
     // Text endpoints are forwarded whatever the listed type (the upstream knows what its model
     // serves); audio and image requests are shaped for lemonade's own backends, not forwarded.
     if rt.catalogue.registry().get(name).is_err() {
+        if let Some(c) = rt.catalogue.registry().collection(name) {
+            return Err(EngineError::WrongModelType(match c.omni() {
+                Some(_) => format!("Model '{name}' is an omni collection: it answers /v1/chat/completions only, not {endpoint}"),
+                None => format!("Model '{name}' is a router collection: it answers chat, completions, responses, Ollama chat and generate and Anthropic messages, not {endpoint}"),
+            }));
+        }
         if let Some(route) = rt.remotes.route(name).await? {
             let text = [ModelType::Llm, ModelType::Embedding, ModelType::Reranking];
             if !want.iter().any(|t| text.contains(t)) {

@@ -149,6 +149,9 @@ impl Provider {
                 update_available: None,
                 components: None,
                 routing: None,
+                system_prompt: None,
+                tool_format: None,
+                omni_tools: None,
             })
             .collect()
     }

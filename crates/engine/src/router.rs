@@ -39,31 +39,73 @@ pub fn register(rt: &Engine, req: &PullRequest) -> Result<String> {
     }
     registry::validate_user_name(&name).map_err(|e| EngineError::invalid(e.to_string(), Some("model")))?;
     let recipe = req.recipe.clone().unwrap_or_default();
-    if recipe != routing::ROUTER_RECIPE {
+    let (components, omni) = match recipe.as_str() {
+        routing::ROUTER_RECIPE => (Policy::parse(&definition(req, &recipe)).map_err(policy_error)?.components, None),
+        routing::OMNI_RECIPE => {
+            let bad = |e: routing::PolicyError| {
+                EngineError::invalid_code(format!("Invalid omni collection: {e}"), &e.path, "invalid_collection")
+            };
+            if req.routing.is_some() {
+                return Err(EngineError::invalid("Only a collection.router has a routing policy", Some("routing")));
+            }
+            let components = routing::components(req.components.as_ref()).map_err(bad)?;
+            let o = routing::omni::Omni::parse(req.system_prompt.as_ref(), req.tool_format.as_ref()).map_err(bad)?;
+            (components, Some(o))
+        }
+        _ => {
+            return Err(EngineError::invalid(
+                format!(
+                    "The '{recipe}' recipe is not a collection this lemonade build has ({}, {})",
+                    routing::ROUTER_RECIPE,
+                    routing::OMNI_RECIPE
+                ),
+                Some("recipe"),
+            ))
+        }
+    };
+    if let Some(models) = &req.models {
+        embedded(rt, models, &components)?;
+    }
+    check_components(rt, &name, &components)?;
+    if omni.is_some() && crate::omni::planner(rt, &components).is_none() {
         return Err(EngineError::invalid(
-            format!(
-                "The '{recipe}' recipe is not supported by this lemonade build yet (collections: {})",
-                routing::ROUTER_RECIPE
-            ),
-            Some("recipe"),
+            "An omni collection needs a chat model among its components (the planner that calls the tools)",
+            Some("components"),
         ));
     }
+    let entry = CatalogueEntry {
+        recipe,
+        components,
+        routing: req.routing.clone().filter(|_| omni.is_none()),
+        system_prompt: omni.as_ref().and_then(|o| o.system_prompt.clone()),
+        tool_format: omni.map(|o| crate::omni::format_name(o.tool_format).into()),
+        labels: vec!["collection".into()],
+        ..Default::default()
+    };
+    rt.catalogue.register_collection(&name, &entry)?;
+    Ok(name)
+}
+
+/// The definition `Policy::parse` reads from a pull body.
+fn definition(req: &PullRequest, recipe: &str) -> Value {
     let mut def = Map::new();
-    def.insert("recipe".into(), recipe.clone().into());
+    def.insert("recipe".into(), recipe.into());
     for (k, v) in [("version", &req.version), ("components", &req.components), ("routing", &req.routing)] {
         if let Some(v) = v {
             def.insert(k.into(), v.clone());
         }
     }
-    let policy = Policy::parse(&Value::Object(def)).map_err(policy_error)?;
-    if let Some(models) = &req.models {
-        embedded(rt, models, &policy.components)?;
-    }
+    Value::Object(def)
+}
+
+/// Each component a registered model or a remote provider's, none of them a collection or the
+/// collection `name` itself.
+fn check_components(rt: &Engine, name: &str, components: &[String]) -> Result<()> {
     let reg = rt.catalogue.registry();
-    let bare = name.strip_prefix(USER_PREFIX).unwrap_or(&name);
-    for (i, c) in policy.components.iter().enumerate() {
+    let bare = name.strip_prefix(USER_PREFIX).unwrap_or(name);
+    for (i, c) in components.iter().enumerate() {
         let param = format!("components[{i}]");
-        if c == &name || c == bare {
+        if c == name || c == bare {
             return Err(EngineError::invalid(format!("A collection cannot contain itself ('{c}')"), Some(&param)));
         }
         if reg.collection(c).is_some() {
@@ -80,15 +122,7 @@ pub fn register(rt: &Engine, req: &PullRequest) -> Result<String> {
             ));
         }
     }
-    let entry = CatalogueEntry {
-        recipe,
-        components: policy.components.clone(),
-        routing: req.routing.clone(),
-        labels: vec!["collection".into()],
-        ..Default::default()
-    };
-    rt.catalogue.register_collection(&name, &entry)?;
-    Ok(name)
+    Ok(())
 }
 
 /// A collection file's embedded component definitions (`models`, as `lemonade export` writes
@@ -126,15 +160,16 @@ fn ready(rt: &Engine, reg: &registry::Registry, c: &Collection) -> bool {
 /// with `show_all`).
 pub fn listed(rt: &Engine, show_all: bool) -> Vec<Model> {
     let reg = rt.catalogue.registry();
-    reg.collections().map(|c| view(c, ready(rt, &reg, c))).filter(|m| show_all || m.downloaded).collect()
+    reg.collections().map(|c| view(rt, c, ready(rt, &reg, c))).filter(|m| show_all || m.downloaded).collect()
 }
 
 /// The API view of a collection.
 pub fn model(rt: &Engine, c: &Collection) -> Model {
-    view(c, ready(rt, &rt.catalogue.registry(), c))
+    view(rt, c, ready(rt, &rt.catalogue.registry(), c))
 }
 
-fn view(c: &Collection, downloaded: bool) -> Model {
+fn view(rt: &Engine, c: &Collection, downloaded: bool) -> Model {
+    let omni = c.omni();
     Model {
         id: c.name.clone(),
         object: "model".into(),
@@ -145,7 +180,7 @@ fn view(c: &Collection, downloaded: bool) -> Model {
         recipe: c.recipe.clone(),
         downloaded,
         suggested: true,
-        labels: vec!["collection".into()],
+        labels: vec!["collection".into(), if omni.is_some() { "omni" } else { "router" }.into()],
         recipe_options: Default::default(),
         size: None,
         model_type: Some(ModelType::Llm),
@@ -154,13 +189,16 @@ fn view(c: &Collection, downloaded: bool) -> Model {
         context_length: None,
         update_available: None,
         components: Some(c.components.clone()),
-        routing: Some(c.routing.clone()),
+        routing: Some(c.routing.clone()).filter(|_| omni.is_none()),
+        system_prompt: omni.and_then(|o| o.system_prompt.clone()),
+        tool_format: omni.map(|o| crate::omni::format_name(o.tool_format).into()),
+        omni_tools: omni.map(|_| crate::omni::listed_tools(rt, &c.components)),
     }
 }
 
-/// The decision for an OpenAI-shaped request `body` to collection `c`.
-pub async fn decide_request(rt: &Engine, c: &Collection, body: &Value, want_trace: bool) -> RouteDecision {
-    decide(rt, &c.policy, &Features::of_request(body), want_trace).await
+/// The decision for an OpenAI-shaped request `body` under a router collection's `policy`.
+pub async fn decide_request(rt: &Engine, policy: &Policy, body: &Value, want_trace: bool) -> RouteDecision {
+    decide(rt, policy, &Features::of_request(body), want_trace).await
 }
 
 /// The decision for a request's `features` under `policy`: each classifier a rule reaches is

@@ -118,6 +118,12 @@ pub struct CatalogueEntry {
     /// A `collection.router`'s policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routing: Option<Value>,
+    /// A `collection.omni`'s system prompt template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<String>,
+    /// A `collection.omni`'s planner format (`native`, `json`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_format: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,17 +210,43 @@ pub struct Registry {
     alias_params: BTreeMap<String, api_types::AliasParams>,
 }
 
-/// A collection (Lemonade v11's `collection.router`): a name that means a decision among
-/// registered models, made per request by its policy.
+/// A collection (Lemonade v11's `collection.router` and `collection.omni`): a name that means
+/// a decision among registered models made per request by its policy, or a chat model that
+/// calls its components as tools.
 #[derive(Debug, Clone)]
 pub struct Collection {
     pub name: String,
     pub recipe: String,
     pub components: Vec<String>,
-    /// The policy, parsed and checked when the catalogue was built.
-    pub policy: std::sync::Arc<routing::Policy>,
-    /// The policy as stored.
+    /// The policy or the omni settings, parsed and checked when the catalogue was built.
+    pub kind: CollectionKind,
+    /// The policy as stored (null for an omni collection).
     pub routing: Value,
+}
+
+/// What a collection does.
+#[derive(Debug, Clone)]
+pub enum CollectionKind {
+    Router(std::sync::Arc<routing::Policy>),
+    Omni(std::sync::Arc<routing::omni::Omni>),
+}
+
+impl Collection {
+    /// A router collection's policy.
+    pub fn policy(&self) -> Option<&routing::Policy> {
+        match &self.kind {
+            CollectionKind::Router(p) => Some(p),
+            CollectionKind::Omni(_) => None,
+        }
+    }
+
+    /// An omni collection's settings.
+    pub fn omni(&self) -> Option<&routing::omni::Omni> {
+        match &self.kind {
+            CollectionKind::Omni(o) => Some(o),
+            CollectionKind::Router(_) => None,
+        }
+    }
 }
 
 /// The definition `POST /pull` takes for a collection, from its stored entry.
@@ -285,19 +317,22 @@ impl Registry {
         let parsed = match e.recipe.as_str() {
             routing::ROUTER_RECIPE => {
                 routing::Policy::parse(&collection_definition(&e.recipe, &e.components, &routing))
-                    .map_err(|e| e.to_string())
+                    .map(|p| CollectionKind::Router(p.into()))
             }
-            other => Err(format!("The '{other}' recipe is not supported by this lemonade build yet")),
-        };
+            routing::OMNI_RECIPE => {
+                let prompt = e.system_prompt.map(Value::from);
+                let format = e.tool_format.map(Value::from);
+                routing::omni::Omni::parse(prompt.as_ref(), format.as_ref()).map(|o| CollectionKind::Omni(o.into()))
+            }
+            other => Err(routing::PolicyError {
+                path: "recipe".into(),
+                message: format!("The '{other}' recipe is not supported by this lemonade build"),
+            }),
+        }
+        .map_err(|e| e.to_string());
         match parsed {
-            Ok(p) => {
-                let c = Collection {
-                    name: name.clone(),
-                    recipe: e.recipe,
-                    components: e.components,
-                    policy: p.into(),
-                    routing,
-                };
+            Ok(kind) => {
+                let c = Collection { name: name.clone(), recipe: e.recipe, components: e.components, kind, routing };
                 self.collections.insert(name, c);
             }
             Err(reason) => {
@@ -473,6 +508,9 @@ impl Registry {
             update_available: None,
             components: None,
             routing: None,
+            system_prompt: None,
+            tool_format: None,
+            omni_tools: None,
         }
     }
 }

@@ -14,11 +14,12 @@
 pub mod classifiers;
 mod decide;
 mod features;
+pub mod omni;
 mod policy;
 
 pub use decide::{decide, Outcome, Score};
 pub use features::Features;
-pub use policy::{Classifier, ClassifierKind, Cond, MetaCmp, OnError, Policy, PolicyError, Rule};
+pub use policy::{components, Classifier, ClassifierKind, Cond, MetaCmp, OnError, Policy, PolicyError, Rule};
 
 /// The recipe of a router collection.
 pub const ROUTER_RECIPE: &str = "collection.router";

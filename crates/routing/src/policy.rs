@@ -239,7 +239,8 @@ impl Policy {
     }
 }
 
-fn components(v: Option<&Value>) -> Result<Vec<String>, PolicyError> {
+/// A collection's `components`: a non-empty list of model names (inline definitions refused).
+pub fn components(v: Option<&Value>) -> Result<Vec<String>, PolicyError> {
     let Some(v) = v else { return err("components", "is required: the registered models this policy may use") };
     if let Some(a) = v.as_array() {
         if let Some(i) = a.iter().position(Value::is_object) {

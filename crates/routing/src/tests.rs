@@ -434,3 +434,164 @@ fn any_json(depth: u32) -> impl Strategy<Value = Value> {
         ]
     })
 }
+
+mod omni_loop {
+    use serde_json::{json, Value};
+
+    use crate::omni::*;
+
+    fn labels(l: &[&str]) -> Vec<String> {
+        l.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_table_reads_and_each_tool_has_a_function_and_labels() {
+        let t = table();
+        let names: Vec<&str> = t.tools.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["generate_image", "edit_image", "text_to_speech", "transcribe_audio", "analyze_image"]);
+        assert!(t.tools.iter().all(|t| !t.requires.is_empty() && t.function["parameters"]["type"] == "object"));
+        assert!(t.system_prompt.contains("{tool_list}") && t.system_prompt.contains("{tool_guidance}"));
+    }
+
+    #[test]
+    fn components_offer_the_tools_their_labels_name() {
+        let c = vec![
+            ("LLM".to_string(), labels(&["chat"])),
+            ("SD".to_string(), labels(&["image"])),
+            ("Kokoro".to_string(), labels(&["tts"])),
+        ];
+        let o: Vec<(String, String)> = offered(&c).into_iter().map(|(t, m)| (t.name.clone(), m)).collect();
+        assert_eq!(o, [("generate_image".into(), "SD".into()), ("text_to_speech".into(), "Kokoro".into())]);
+    }
+
+    #[test]
+    fn the_system_prompt_lists_the_tools_and_a_json_planner_gets_the_contract() {
+        let tools: Vec<&Tool> = table().tools.iter().filter(|t| t.name == "edit_image").collect();
+        let native = Omni { system_prompt: None, tool_format: ToolFormat::Native };
+        let s = system_prompt(&native, &tools);
+        assert!(s.contains("- edit_image: Change the most recent image") && s.contains("call edit_image"), "{s}");
+        assert!(!s.contains("{tool_list}") && !s.contains("\"with\""));
+        let custom =
+            Omni { system_prompt: Some("T:{tool_list}|G:{tool_guidance}".into()), tool_format: ToolFormat::Json };
+        let s = system_prompt(&custom, &[]);
+        assert!(s.starts_with("T:|G:") && s.contains("{\"tool\": \"<tool name>\", \"with\""), "{s}");
+    }
+
+    #[test]
+    fn settings_are_checked_and_name_the_field() {
+        let e = Omni::parse(Some(&json!("no placeholders")), None).unwrap_err();
+        assert_eq!(e.path, "system_prompt");
+        let e = Omni::parse(None, Some(&json!("xml"))).unwrap_err();
+        assert_eq!(e.path, "tool_format");
+        assert_eq!(Omni::parse(None, Some(&json!("json"))).unwrap().tool_format, ToolFormat::Json);
+        assert_eq!(Omni::parse(None, None).unwrap().tool_format, ToolFormat::Native);
+    }
+
+    #[test]
+    fn a_native_request_offers_tools_and_a_last_round_refuses_them() {
+        let tools: Vec<&Tool> = table().tools.iter().take(1).collect();
+        let body = json!({"temperature": 0.0, "tools": [{"type": "function", "function": {"name": "mine"}}], "n": 3});
+        let r = planner_request("P", &[], &tools, &body, ToolFormat::Native, false);
+        assert_eq!((r["tool_choice"].clone(), r["tools"].as_array().unwrap().len()), (json!("auto"), 2));
+        assert_eq!((r["temperature"].clone(), r.get("n"), r["stream"].clone()), (json!(0.0), None, json!(false)));
+        let r = planner_request("P", &[], &tools, &body, ToolFormat::Native, true);
+        assert_eq!(r["tool_choice"], "none");
+        let r = planner_request("P", &[], &tools, &json!({}), ToolFormat::Json, true);
+        assert_eq!(r["response_format"]["json_schema"]["schema"]["required"], json!(["response"]));
+        assert_eq!(r["max_tokens"], JSON_MAX_TOKENS);
+    }
+
+    #[test]
+    fn replies_read_as_calls_or_text() {
+        let native = json!({"choices": [{"message": {"content": "", "tool_calls": [
+            {"id": "a", "function": {"name": "generate_image", "arguments": "{\"prompt\": \"a lemon\"}"}},
+            {"function": {"name": "text_to_speech", "arguments": "not json"}}]}}]});
+        let Step::Calls { calls, .. } = parse_step(&native, ToolFormat::Native, 0) else { panic!() };
+        assert_eq!(calls[0].arguments.as_ref().unwrap()["prompt"], "a lemon");
+        assert_eq!((calls[1].id.as_str(), calls[1].arguments.clone()), ("call_0_1", Err(Failure("not json".into()))));
+        let text = json!({"choices": [{"message": {"content": "hi"}}]});
+        assert_eq!(parse_step(&text, ToolFormat::Native, 0), Step::Text("hi".into()));
+        let j = |c: &str| json!({"choices": [{"message": {"content": c}}]});
+        let call = parse_step(&j(r#"{"tool": "text_to_speech", "with": {"input": "Hello"}}"#), ToolFormat::Json, 2);
+        let Step::Calls { calls, .. } = call else { panic!() };
+        assert_eq!((calls[0].name.as_str(), calls[0].id.as_str()), ("text_to_speech", "call_2_0"));
+        assert_eq!(parse_step(&j(r#"{"response": "Done."}"#), ToolFormat::Json, 0), Step::Text("Done.".into()));
+        assert_eq!(
+            parse_step(&j("{\"resp"), ToolFormat::Json, 0),
+            Step::Text("{\"resp".into()),
+            "an unreadable reply is the answer"
+        );
+        assert_eq!(
+            parse_step(&j("{\"response\": \"I am sor"), ToolFormat::Json, 0),
+            Step::Text("I am sor".into()),
+            "a cut-off answer"
+        );
+    }
+
+    #[test]
+    fn the_guard_skips_repeats_and_ends_the_loop() {
+        let call = |p: &str| Call {
+            id: "x".into(),
+            name: "generate_image".into(),
+            arguments: Ok(json!({"prompt": p}).as_object().unwrap().clone()),
+        };
+        let mut g = Guard::default();
+        assert_eq!(g.round(&[call("a")]), [true]);
+        assert!(!g.text_only());
+        assert_eq!(g.round(&[call("a"), call("b")]), [false, true]);
+        assert!(!g.text_only());
+        assert_eq!(g.round(&[call("b")]), [false]);
+        assert!(g.text_only(), "a round with nothing new asks for the answer");
+        let mut g = Guard::default();
+        for p in ["1", "2", "3"] {
+            g.round(&[call(p)]);
+        }
+        assert!(g.text_only(), "the last round answers in text");
+    }
+
+    #[test]
+    fn the_conversation_grows_in_the_planners_format() {
+        let c = Call {
+            id: "c1".into(),
+            name: "text_to_speech".into(),
+            arguments: Ok(json!({"input": "hi"}).as_object().unwrap().clone()),
+        };
+        let mut m = vec![];
+        after_calls(&mut m, ToolFormat::Native, "", std::slice::from_ref(&c), &[tool_ok(json!({"audio": "played"}))]);
+        assert_eq!(
+            (m[0]["tool_calls"][0]["function"]["arguments"].clone(), m[1]["role"].clone()),
+            (json!("{\"input\":\"hi\"}"), json!("tool"))
+        );
+        assert_eq!(
+            serde_json::from_str::<Value>(m[1]["content"].as_str().unwrap()).unwrap(),
+            json!({"status": "ok", "audio": "played"})
+        );
+        let mut m = vec![];
+        after_calls(&mut m, ToolFormat::Json, "", &[c], &[tool_error("boom")]);
+        assert_eq!(m[1]["role"], "user");
+        assert!(m[1]["content"].as_str().unwrap().contains("\"error\":\"boom\""));
+    }
+
+    #[test]
+    fn the_latest_media_is_found() {
+        let m = vec![
+            json!({"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "QUFB", "format": "wav"}}]}),
+            json!({"role": "assistant", "content": format!("Here.\n\n{}", image_markdown("UE5H"))}),
+            json!({"role": "user", "content": "make it red"}),
+        ];
+        assert_eq!(latest_image(&m).as_deref(), Some("UE5H"));
+        assert_eq!(latest_audio(&m), Some(("wav".into(), "QUFB".into())));
+        assert_eq!(latest_image(&m[..1]), None);
+        assert_eq!(audio_tag("audio/wav", "QUFB"), "<audio>data:audio/wav;base64,QUFB</audio>");
+    }
+
+    #[test]
+    fn an_answer_splits_into_text_and_media() {
+        let content = format!("I drew it.\n\n{}\n\n{}", image_markdown("UE5H"), audio_tag("audio/wav", "UklG"));
+        let (text, media) = split_media(&content);
+        assert_eq!(text, "I drew it.");
+        let got: Vec<(&str, &str)> = media.iter().map(|m| (m.mime.as_str(), m.base64.as_str())).collect();
+        assert_eq!(got, [("image/png", "UE5H"), ("audio/wav", "UklG")]);
+        assert_eq!(split_media("<audio>data:broken"), ("<audio>data:broken".to_string(), vec![]));
+    }
+}

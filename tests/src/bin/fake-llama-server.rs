@@ -9,7 +9,10 @@
 //! middle of a stream), `refuse_start` (exit `exit_code`, default 1, before listening),
 //! `fail_first_start` (a marker file path: the first start creates it and exits 1),
 //! `ignore_sigterm` (needs SIGKILL to stop), `omit_done` (a stream ends without `data: [DONE]`),
-//! `token_bytes` (each streamed token padded to this many bytes, for long streams).
+//! `token_bytes` (each streamed token padded to this many bytes, for long streams),
+//! `replies` (a scripted planner: a whole chat answer's message is `replies[n]`, n the number
+//! of assistant messages in the request, with `{last}` in its content replaced by the last
+//! message's content).
 //! Never a substitute for the end-to-end tests against real llama-server.
 
 use std::convert::Infallible;
@@ -28,6 +31,7 @@ struct Knobs {
     crash_after_tokens: Option<u64>,
     omit_done: bool,
     token_bytes: usize,
+    replies: Vec<Value>,
 }
 
 fn arg(args: &[String], flag: &str) -> Option<String> {
@@ -68,6 +72,7 @@ async fn main() {
         crash_after_tokens: n("crash_after_tokens"),
         omit_done: knobs.get("omit_done") == Some(&json!(true)),
         token_bytes: n("token_bytes").unwrap_or(0) as usize,
+        replies: knobs.get("replies").and_then(Value::as_array).cloned().unwrap_or_default(),
     };
     let app = Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
@@ -88,6 +93,9 @@ async fn chat(State(k): State<Knobs>, Json(body): Json<Value>) -> axum::response
     // At most a context's worth, as llama-server (a fuzzer's max_tokens of 10^12 would
     // otherwise build an answer that never ends and starve /health).
     let tokens = body.get("max_tokens").and_then(Value::as_u64).unwrap_or(k.tokens).min(4096);
+    if body.get("stream") != Some(&json!(true)) && !k.replies.is_empty() {
+        return Json(scripted(&k.replies, &body)).into_response();
+    }
     if body.get("stream") != Some(&json!(true)) {
         tokio::time::sleep(Duration::from_millis(k.token_delay_ms * tokens)).await;
         let text: String = (0..tokens).map(|i| format!("tok{i} ")).collect();
@@ -97,6 +105,21 @@ async fn chat(State(k): State<Knobs>, Json(body): Json<Value>) -> axum::response
     }
     let stream = async_stream(k, tokens);
     ([("content-type", "text/event-stream")], Body::from_stream(stream)).into_response()
+}
+
+/// The scripted answer to a whole chat request (the `replies` knob).
+fn scripted(replies: &[Value], body: &Value) -> Value {
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    let turn = messages.iter().filter(|m| m["role"] == "assistant").count();
+    let mut message = replies.get(turn).or(replies.last()).cloned().unwrap_or(json!({}));
+    let last = messages.last().map(|m| m["content"].as_str().unwrap_or_default().to_string()).unwrap_or_default();
+    if let Some(c) = message["content"].as_str() {
+        message["content"] = c.replace("{last}", &last).into();
+    }
+    message["role"] = "assistant".into();
+    let finish = if message["tool_calls"].is_array() { "tool_calls" } else { "stop" };
+    json!({"object": "chat.completion", "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+           "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}})
 }
 
 fn async_stream(k: Knobs, tokens: u64) -> impl futures_util::Stream<Item = Result<String, Infallible>> {

@@ -23,7 +23,8 @@ use crate::state::AppState;
 #[utoipa::path(post, path = "/mcp", tag = "Lemonade",
     description = "Lemonade v11's MCP gateway (Model Context Protocol, Streamable HTTP transport, tools only). A \
         JSON-RPC 2.0 message or a batch: `initialize`, `notifications/initialized`, `ping`, `tools/list`, `tools/call` \
-        (`lemonade_list_models`, `lemonade_chat`, `lemonade_transcribe_audio`, `lemonade_generate_image`). \
+        (`lemonade_list_models`, `lemonade_chat`, `lemonade_transcribe_audio`, `lemonade_generate_image`, \
+        `lemonade_omni`). \
         Notifications alone are answered 202 with no body. A tool that fails answers `isError: true`. Unparsable JSON \
         (-32700) or a message that is not JSON-RPC (-32600) is a 400; `GET /mcp` is a 405 (no server-initiated \
         stream). The API key, Origin and Host rules apply as on every route.",
@@ -100,6 +101,7 @@ async fn call(rt: &AppState, params: &Value) -> Result<Value, RpcError> {
         "lemonade_chat" => chat(rt, &args).await,
         "lemonade_transcribe_audio" => transcribe(rt, &args).await,
         "lemonade_generate_image" => generate_image(rt, &args).await,
+        "lemonade_omni" => omni(rt, &args).await,
         other => return Err(RpcError::new(mcp::INVALID_PARAMS, format!("Unknown tool: {other}"))),
     };
     Ok(r.unwrap_or_else(|e| mcp::tool_error(e.0)))
@@ -242,17 +244,27 @@ fn inside(root: &Path, rel: &str) -> Result<PathBuf, ToolError> {
 /// Where images go: `output_path` (one image) or `output_dir` (unique names), both inside the
 /// MCP image folder (a link out of it is refused); None: inline.
 fn image_paths(rt: &AppState, args: &Map<String, Value>, n: usize) -> Result<Option<Vec<PathBuf>>, ToolError> {
+    let (path, dir) = (mcp::string_arg(args, "output_path", false)?, mcp::string_arg(args, "output_dir", false)?);
     let root = image_root(rt);
+    match (path, dir) {
+        (Some(p), _) if n == 1 => checked(rt, vec![inside(&root, p)?]).map(Some),
+        (Some(_), _) => Err("output_path takes one image; use output_dir for several".into()),
+        (None, Some(d)) => out_dir(rt, d, "image", &vec!["png"; n]).map(Some),
+        (None, None) => Ok(None),
+    }
+}
+
+/// Unique names `<prefix>_<token>_<i>.<ext>` in folder `dir` of the MCP image folder.
+fn out_dir(rt: &AppState, dir: &str, prefix: &str, exts: &[&str]) -> Result<Vec<PathBuf>, ToolError> {
     let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     let token = format!("{:x}", since.as_nanos());
-    let paths = match (mcp::string_arg(args, "output_path", false)?, mcp::string_arg(args, "output_dir", false)?) {
-        (Some(p), _) if n == 1 => vec![inside(&root, p)?],
-        (Some(_), _) => return Err("output_path takes one image; use output_dir for several".into()),
-        (None, Some(d)) => (0..n)
-            .map(|i| inside(&root, d).map(|d| d.join(format!("image_{token}_{i}.png"))))
-            .collect::<Result<_, _>>()?,
-        (None, None) => return Ok(None),
-    };
+    let d = inside(&image_root(rt), dir)?;
+    checked(rt, exts.iter().enumerate().map(|(i, e)| d.join(format!("{prefix}_{token}_{i}.{e}"))).collect())
+}
+
+/// `paths` with their folders made, each refused if a link takes it out of the MCP image folder.
+fn checked(rt: &AppState, paths: Vec<PathBuf>) -> Result<Vec<PathBuf>, ToolError> {
+    let root = image_root(rt);
     std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
     let real_root = root.canonicalize().map_err(|e| e.to_string())?;
     for p in &paths {
@@ -262,5 +274,61 @@ fn image_paths(rt: &AppState, args: &Map<String, Value>, n: usize) -> Result<Opt
             return Err(format!("'{}' leaves the MCP image folder through a link", p.display()).into());
         }
     }
-    Ok(Some(paths))
+    Ok(paths)
+}
+
+/// `lemonade_omni`: one turn with an omni collection; its text, then each medium it made
+/// (inline blocks, or files under `output_dir` with their paths).
+async fn omni(rt: &AppState, args: &Map<String, Value>) -> Result<Value, ToolError> {
+    let model = match mcp::string_arg(args, "model", false)? {
+        Some(m) => m.to_string(),
+        None => engine::router::listed(rt, false)
+            .into_iter()
+            .find(|m| m.tool_format.is_some())
+            .map(|m| m.id)
+            .ok_or("no omni model (collection.omni) is here: pull one, or pass model (see lemonade_list_models)")?,
+    };
+    if rt.catalogue.registry().collection(&model).and_then(|c| c.omni()).is_none() {
+        return Err(
+            format!("'{model}' is not an omni model (collection.omni): use lemonade_chat for a plain LLM").into()
+        );
+    }
+    let mut with_model = args.clone();
+    with_model.insert("model".into(), Value::from(model));
+    let body = mcp::chat_request(&with_model)?;
+    let value: ChatCompletionRequest = serde_json::from_value(body.clone()).map_err(|e| e.to_string())?;
+    let r =
+        crate::api::openai::chat_completions(State(rt.clone()), JsonBody { value, raw: Bytes::from(body.to_string()) });
+    let answer = answer_of(r.await).await?.0;
+    let message = &answer["choices"][0]["message"];
+    let (text, media) = routing::omni::split_media(message["content"].as_str().unwrap_or_default());
+    let mut blocks = vec![mcp::text(text)];
+    blocks.extend(media_blocks(rt, args, &media)?);
+    if let Some(calls) = message["tool_calls"].as_array().filter(|c| !c.is_empty()) {
+        blocks.push(mcp::text(format!("tool_calls: {}", Value::Array(calls.clone()))));
+    }
+    Ok(mcp::tool_result(blocks, false))
+}
+
+/// The media as MCP `image`/`audio` blocks, or written under `output_dir` (a text block per
+/// file with its path, then the `paths` as JSON).
+fn media_blocks(
+    rt: &AppState,
+    args: &Map<String, Value>,
+    media: &[routing::omni::Medium],
+) -> Result<Vec<Value>, ToolError> {
+    let kind = |m: &routing::omni::Medium| if m.mime.starts_with("image/") { "image" } else { "audio" };
+    let Some(dir) = mcp::string_arg(args, "output_dir", false)? else {
+        return Ok(media.iter().map(|m| json!({"type": kind(m), "data": m.base64, "mimeType": m.mime})).collect());
+    };
+    let exts: Vec<&str> = media.iter().map(|m| m.mime.rsplit('/').next().unwrap_or("bin")).collect();
+    let paths = out_dir(rt, dir, "omni", &exts)?;
+    let mut blocks = Vec::new();
+    for (m, p) in media.iter().zip(&paths) {
+        let data = base64::engine::general_purpose::STANDARD.decode(&m.base64).map_err(|e| e.to_string())?;
+        std::fs::write(p, data).map_err(|e| format!("{}: {e}", p.display()))?;
+        blocks.push(mcp::text(p.display().to_string()));
+    }
+    blocks.push(mcp::text(json!({"paths": paths}).to_string()));
+    Ok(blocks)
 }

@@ -13,6 +13,7 @@ pub mod mcp;
 pub mod metrics;
 pub mod native;
 pub mod ollama;
+pub mod omni;
 pub mod openai;
 pub mod options;
 pub mod pull;

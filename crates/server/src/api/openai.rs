@@ -71,10 +71,28 @@ async fn dispatch(
     let Some(c) = reg.collection(model).filter(|_| want == LLM) else {
         return forward_to(rt, model, want, endpoint, path, body, stream).await;
     };
-    let (chosen, body, decision, trace) = crate::api::router::route(rt, c, &body).await?;
+    let Some(policy) = c.policy() else {
+        return match (c.omni(), endpoint) {
+            (Some(o), "chat/completions") => omni_answer(rt, c, o, body, stream).await,
+            _ => forward_to(rt, model, want, endpoint, path, body, stream).await,
+        };
+    };
+    let (chosen, body, decision, trace) = crate::api::router::route(rt, c, policy, &body).await?;
     drop(reg);
     let answer = forward_to(rt, &chosen, want, endpoint, path, body, stream).await?;
     Ok(crate::api::router::decorate(answer, &decision, trace, stream).await)
+}
+
+/// The omni loop calls chat/completions (the planner) again: the future is boxed (and said to
+/// be `Send`) to end the recursion in its type.
+fn omni_answer<'a>(
+    rt: &'a AppState,
+    c: &'a registry::Collection,
+    o: &'a routing::omni::Omni,
+    body: Bytes,
+    stream: bool,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, ApiError>> + Send + 'a>> {
+    Box::pin(crate::api::omni::answer(rt, c, o, body, stream))
 }
 
 async fn forward_to(

@@ -27,6 +27,7 @@ pub const ROUTE_HEADER: &str = "x-lemonade-route";
 pub async fn route(
     rt: &AppState,
     c: &Collection,
+    policy: &routing::Policy,
     body: &Bytes,
 ) -> Result<(String, Bytes, RouteDecision, bool), ApiError> {
     let mut v: Value = serde_json::from_slice(body)?;
@@ -34,7 +35,7 @@ pub async fn route(
     if let Some(o) = v.as_object_mut() {
         o.remove("route_trace");
     }
-    let decision = engine::router::decide_request(rt, c, &v, want_trace).await;
+    let decision = engine::router::decide_request(rt, policy, &v, want_trace).await;
     v["model"] = Value::from(decision.route_to.clone());
     tracing::debug!(collection = %c.name, route_to = %decision.route_to, rule = %decision.matched_rule, "routed");
     Ok((decision.route_to.clone(), Bytes::from(serde_json::to_vec(&v)?), decision, want_trace))
@@ -111,8 +112,8 @@ pub fn apply_variant(rt: &AppState, model: &str, body: Bytes) -> Result<Bytes, A
 pub async fn route_value(rt: &AppState, model: &str, body: &mut Value) -> Option<RouteDecision> {
     let reg = rt.catalogue.registry();
     reg.apply_variant(model, body);
-    let c = reg.collection(model)?;
-    let decision = engine::router::decide_request(rt, c, body, false).await;
+    let policy = reg.collection(model)?.policy()?;
+    let decision = engine::router::decide_request(rt, policy, body, false).await;
     body["model"] = Value::from(decision.route_to.clone());
     Some(decision)
 }
