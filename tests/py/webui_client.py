@@ -176,6 +176,35 @@ def router(b, collection, big, small):
     b.shot(page, "router")
 
 
+def omni(b, collection, planner, image_model, tts_model):
+    """An omni collection in the chat view: the page names the tools its planner may call, and
+    the answer shows the image and the audio its tools made, inline, with the tools that ran."""
+    page = b.page()
+    page.goto(base + "/")
+    page.wait_for_selector("#chat-model[data-ready]")
+    page.select_option("#chat-model", collection)
+    expect(page.locator("#vision-hint")).to_have_text(
+        f"Omni model: its planner may call generate_image ({image_model}), text_to_speech ({tts_model}).")
+    page.fill("#chat-input", "Draw a lemon and say what you drew.")
+    page.click("#chat-send")
+    meta = page.locator(".msg.assistant .meta").last
+    expect(meta).to_have_text(f"planned by {planner} · generate_image on {image_model}, text_to_speech on {tts_model}")
+    answer = page.locator(".msg.assistant").last
+    expect(answer.locator("p").first).to_have_text("Here is your lemon.")
+    img = answer.locator("img.generated")
+    expect(img).to_have_count(1)
+    check(img.get_attribute("src").startswith("data:image/png;base64,iVBOR"), "the image is the PNG")
+    wait_until(page, "() => { const i = document.querySelector('.msg.assistant img.generated'); return i && i.complete && i.naturalWidth > 0; }",
+               what="the generated image decodes")
+    audio = answer.locator("audio.generated")
+    expect(audio).to_have_count(1)
+    check(audio.get_attribute("src").startswith("data:audio/wav;base64,UklG"), "the audio is the WAV")
+    wait_until(page, "() => { const a = document.querySelector('.msg.assistant audio.generated'); return a && a.readyState >= 1 && isFinite(a.duration) && a.duration > 0.3; }",
+               what="the audio's length is known (its WAV sizes are set)")
+    check("base64" not in answer.inner_text(), "no base64 shown as text")
+    b.shot(page, "omni")
+
+
 def chat(b, model):
     page = b.page()
     page.goto(base + "/")
@@ -515,6 +544,6 @@ def bench(b, runs):
 
 with sync_playwright() as p:
     b = Browser(p)
-    {"chat": chat, "router": router, "pull": pull, "logs": logs, "key": key, "system": system, "media": media, "install": install, "bench": bench}[scenario](b, *args)
+    {"chat": chat, "router": router, "omni": omni, "pull": pull, "logs": logs, "key": key, "system": system, "media": media, "install": install, "bench": bench}[scenario](b, *args)
     b.finish()
 print("every check held")

@@ -54,6 +54,25 @@ async fn real_llama_server_the_chat_view_shows_the_route_a_router_collection_too
     browse(&l, "router", &["user.Route", GEMMA, SMOL]).await;
 }
 
+/// An omni collection (v11's `collection.omni`) in the chat view, with a scripted planner (the
+/// fake backend) and real sd-server and Kokoro: the image and the audio shown inline.
+#[tokio::test]
+async fn real_backends_the_chat_view_shows_an_omni_models_image_and_audio() {
+    let call = |id: &str, name: &str, args: serde_json::Value| serde_json::json!({"id": id, "type": "function", "function": {"name": name, "arguments": args.to_string()}});
+    let script = serde_json::json!({"replies": [
+        {"content": "", "tool_calls": [call("a", "generate_image", serde_json::json!({"prompt": "a lemon"}))]},
+        {"content": "", "tool_calls": [call("b", "text_to_speech", serde_json::json!({"input": "A lemon."}))]},
+        {"content": "Here is your lemon."}
+    ]});
+    let fake = fake_llama_server();
+    let sandbox = fake_sandbox(&[("planner", None, script)]).with_sd().with_kokoro();
+    let env = [("LEMONADE_LLAMACPP_CPU_BIN", fake.to_str().unwrap())];
+    let l = Lemonade::start_in(bin(), sandbox, &["--max-loaded-models", "4"], &env).await;
+    let def = serde_json::json!({"model": "user.Lemon", "recipe": "collection.omni", "components": ["extra.planner.gguf", SD, KOKORO]});
+    assert_eq!(l.post("/api/v1/pull", &def).await.0, 200);
+    browse(&l, "omni", &["user.Lemon", "extra.planner.gguf", SD, KOKORO]).await;
+}
+
 #[tokio::test]
 async fn real_llama_server_pull_shows_progress_to_100_then_load_pin_unload_delete_cancel_and_failures() {
     let tmp = tempfile::tempdir().unwrap();

@@ -144,11 +144,50 @@ pub fn system_prompt(o: &Omni, tools: &[&Tool]) -> String {
 }
 
 /// The conversation the planner sees: the omni system prompt before the client's (a client
-/// system message is kept, after it), then the client's messages.
+/// system message is kept, after it), then the client's messages with their media as short
+/// placeholders (the tools find the media in the client's messages; a planner reads text).
 pub fn planner_messages(system: &str, client: &[Value]) -> Vec<Value> {
     let mut out = vec![json!({"role": "system", "content": system})];
-    out.extend(client.iter().cloned());
+    out.extend(client.iter().map(without_media));
     out
+}
+
+/// A message with its embedded media, image parts and audio parts as placeholders.
+fn without_media(m: &Value) -> Value {
+    let mut m = m.clone();
+    let content = match &m["content"] {
+        Value::String(s) => {
+            let (text, media) = split_media(s);
+            let notes = media.iter().map(|x| {
+                if x.mime.starts_with("image/") {
+                    "[an image was shown]"
+                } else {
+                    "[audio was played]"
+                }
+            });
+            Value::from(
+                [text]
+                    .into_iter()
+                    .chain(notes.map(str::to_string))
+                    .filter(|t| !t.is_empty())
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            )
+        }
+        Value::Array(parts) => Value::Array(
+            parts
+                .iter()
+                .map(|p| match p["type"].as_str() {
+                    Some("image_url") => json!({"type": "text", "text": "[the user sent an image]"}),
+                    Some("input_audio") => json!({"type": "text", "text": "[the user sent audio]"}),
+                    _ => p.clone(),
+                })
+                .collect(),
+        ),
+        _ => return m,
+    };
+    m["content"] = content;
+    m
 }
 
 /// The request fields a client's body passes on to the planner.
@@ -469,4 +508,25 @@ pub fn split_media(content: &str) -> (String, Vec<Medium>) {
     text.push_str(rest);
     let text = text.split("\n\n").map(str::trim).filter(|p| !p.is_empty()).collect::<Vec<_>>().join("\n\n");
     (text, media)
+}
+
+/// A streamed WAV (its RIFF and data sizes left open, as Kokoro writes them while it speaks)
+/// with both sizes set from the whole bytes, so a player knows its length. Other bytes are
+/// left as they are.
+pub fn seal_wav(wav: &mut [u8]) {
+    if wav.len() < 12 || &wav[..4] != b"RIFF" || &wav[8..12] != b"WAVE" {
+        return;
+    }
+    let riff = u32::try_from(wav.len() - 8).unwrap_or(u32::MAX);
+    wav[4..8].copy_from_slice(&riff.to_le_bytes());
+    let mut at = 12;
+    while at + 8 <= wav.len() {
+        let len = u32::from_le_bytes([wav[at + 4], wav[at + 5], wav[at + 6], wav[at + 7]]) as usize;
+        if &wav[at..at + 4] == b"data" {
+            let data = u32::try_from(wav.len() - at - 8).unwrap_or(u32::MAX);
+            wav[at + 4..at + 8].copy_from_slice(&data.to_le_bytes());
+            return;
+        }
+        at = at.saturating_add(8).saturating_add(len + (len & 1));
+    }
 }

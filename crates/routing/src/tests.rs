@@ -594,4 +594,27 @@ mod omni_loop {
         assert_eq!(got, [("image/png", "UE5H"), ("audio/wav", "UklG")]);
         assert_eq!(split_media("<audio>data:broken"), ("<audio>data:broken".to_string(), vec![]));
     }
+
+    #[test]
+    fn the_planner_reads_placeholders_not_media() {
+        let client = vec![
+            json!({"role": "user", "content": [{"type": "text", "text": "hear this"}, {"type": "input_audio", "input_audio": {"data": "QUFB"}}]}),
+            json!({"role": "assistant", "content": format!("Here.\n\n{}", image_markdown("UE5H"))}),
+        ];
+        let m = planner_messages("S", &client);
+        assert_eq!(m[1]["content"][1], json!({"type": "text", "text": "[the user sent audio]"}));
+        assert_eq!(m[2]["content"], "Here.\n[an image was shown]");
+        assert_eq!(latest_image(&client).as_deref(), Some("UE5H"), "the tools still find it in the client's messages");
+    }
+
+    #[test]
+    fn a_streamed_wav_gets_its_sizes() {
+        let mut wav = b"RIFF\xff\xff\xff\xffWAVEfmt \x04\x00\x00\x00abcddata\xff\xff\xff\xff0123456789".to_vec();
+        seal_wav(&mut wav);
+        assert_eq!(&wav[4..8], &(wav.len() as u32 - 8).to_le_bytes());
+        assert_eq!(&wav[28..32], &10u32.to_le_bytes());
+        let mut other = b"ID3 not a wav".to_vec();
+        seal_wav(&mut other);
+        assert_eq!(other, b"ID3 not a wav");
+    }
 }

@@ -1,7 +1,8 @@
 // Chat: pick a downloaded LLM, send, watch the answer stream in (rendered as Markdown), stop
 // it, keep several conversations in localStorage, set the system prompt, temperature and max
 // tokens, attach an image for a vision model, and read tokens/s and time to first token from
-// /stats under each answer.
+// /stats under each answer. A router collection's answer says where it was routed; an omni
+// model's shows its images and audio inline and which tools ran.
 
 import { api, sse } from "./api.js";
 import { h, fill, field, toast } from "./dom.js";
@@ -27,12 +28,28 @@ function newChat(model) {
     system: "", temperature: 0.7, max_tokens: 512, messages: [] };
 }
 
-/** An answer: its reasoning (folded away, for reasoning models), then its Markdown. */
+// The media an omni model's answer embeds (Lemonade v11's forms): a markdown image and an
+// <audio> tag, each around a base64 data URI. Only these exact forms become elements.
+const MEDIA = /!\[generated image\]\((data:image\/(?:png|jpeg|webp);base64,[A-Za-z0-9+/=]+)\)|<audio>(data:audio\/(?:wav|x-wav|mpeg|ogg);base64,[A-Za-z0-9+/=]+)<\/audio>/g;
+
+/** An answer: its reasoning (folded away, for reasoning models), its Markdown, then the images
+ * and audio an omni model made. */
 function answerNodes(m) {
   const out = [];
   if (m.reasoning) out.push(h("details", { class: "reasoning" }, h("summary", {}, "Reasoning"), h("p", { class: "muted small" }, m.reasoning)));
-  out.push(render(m.content || ""));
+  const media = [];
+  const text = (m.content || "").replace(MEDIA, (_, image, audio) => { media.push({ image, audio }); return ""; });
+  out.push(render(text.trim()));
+  for (const x of media) {
+    out.push(x.image ? h("img", { class: "generated", src: x.image, alt: "generated image" }) : h("audio", { class: "generated", controls: true, src: x.audio }));
+  }
   return out;
+}
+
+/** What an omni model's tools did, under its answer. */
+function omniMeta(t) {
+  const calls = (t.tool_calls || []).map((c) => `${c.name} on ${c.component}${c.error ? ` (failed: ${c.error})` : ""}`);
+  return `planned by ${t.planner}${calls.length ? ` · ${calls.join(", ")}` : " · no tool called"}`;
 }
 
 export function mount(main) {
@@ -98,8 +115,9 @@ export function mount(main) {
 
   function hint() {
     const m = models.find((x) => x.id === modelSelect.value);
-    visionHint.textContent = pendingImage && m && !(m.labels || []).includes("vision")
-      ? "This model has no vision label; an attached image may be refused." : "";
+    const tools = m && m.omni_tools ? `Omni model: its planner may call ${m.omni_tools.map((t) => `${t.name} (${t.component})`).join(", ") || "no tool"}.` : "";
+    visionHint.textContent = pendingImage && m && !m.omni_tools && !(m.labels || []).includes("vision")
+      ? "This model has no vision label; an attached image may be refused." : tools;
   }
 
   function showList() {
@@ -162,6 +180,7 @@ export function mount(main) {
       }, ({ data }) => {
         if (data && data.error) throw new Error(data.error.message || "The stream failed");
         if (data && data.x_lemonade_route) answer.route = data.x_lemonade_route;
+        if (data && data.x_lemonade_omni) answer.omni = data.x_lemonade_omni;
         const delta = data && data.choices && data.choices[0] && data.choices[0].delta;
         if (delta && delta.reasoning_content) answer.reasoning = (answer.reasoning || "") + delta.reasoning_content;
         if (delta && delta.content) answer.content += delta.content;
@@ -171,6 +190,7 @@ export function mount(main) {
       if (s) answer.meta = `${s.output_tokens} tokens · ${s.tokens_per_second.toFixed(1)} tokens/s · first token ${(s.time_to_first_token * 1000).toFixed(0)} ms · prompt ${s.input_tokens} tokens`;
       const r = answer.route;
       if (r) answer.meta = `routed to ${r.route_to} by ${r.matched_rule || "the default"}${answer.meta ? ` · ${answer.meta}` : ""}`;
+      if (answer.omni) answer.meta = omniMeta(answer.omni);
     } catch (e) {
       if (e.name === "AbortError") answer.meta = "(stopped)";
       else { controller.abort(); answer.error = true; answer.content += `${answer.content ? "\n\n" : ""}Error: ${e.message}`; }

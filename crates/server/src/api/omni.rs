@@ -33,6 +33,9 @@ struct Run {
     omni: Omni,
     tools: Vec<(&'static Tool, String)>,
     body: Value,
+    /// The client's messages (where the tools find the media it sent).
+    client: Vec<Value>,
+    /// What the planner sees.
     messages: Vec<Value>,
     /// The media made so far, as the answer embeds them.
     media: Vec<String>,
@@ -91,7 +94,20 @@ impl Run {
         let messages = omni::planner_messages(&omni::system_prompt(o, &offered), &client);
         let (collection, omni) = (c.name.clone(), o.clone());
         let (media, trace, guard, events) = (Vec::new(), Vec::new(), Guard::default(), None);
-        Ok(Run { rt: rt.clone(), collection, planner, omni, tools, body, messages, media, trace, guard, events })
+        Ok(Run {
+            rt: rt.clone(),
+            collection,
+            planner,
+            omni,
+            tools,
+            body,
+            client,
+            messages,
+            media,
+            trace,
+            guard,
+            events,
+        })
     }
 
     /// One planner request; its JSON answer, or the error response it gave.
@@ -183,7 +199,7 @@ impl Run {
             "generate_image" => generate_image(&self.rt, model, args).await,
             "edit_image" => edit_image(&self.rt, model, args, self.latest_image()).await,
             "text_to_speech" => speak(&self.rt, model, args).await,
-            "transcribe_audio" => transcribe(&self.rt, model, args, omni::latest_audio(&self.messages)).await,
+            "transcribe_audio" => transcribe(&self.rt, model, args, omni::latest_audio(&self.client)).await,
             "analyze_image" => analyze(&self.rt, model, args, self.latest_image()).await,
             other => Err(Failure(format!("unknown tool '{other}'"))),
         }
@@ -192,7 +208,7 @@ impl Run {
     /// The most recent image: one made in this request, else one in the conversation.
     fn latest_image(&self) -> Option<String> {
         let made = self.media.iter().rev().map(|m| json!({"content": m})).collect::<Vec<_>>();
-        omni::latest_image(&made).or_else(|| omni::latest_image(&self.messages))
+        omni::latest_image(&made).or_else(|| omni::latest_image(&self.client))
     }
 
     async fn emit(&self, medium: &str) {
@@ -326,6 +342,8 @@ async fn speak(rt: &AppState, model: &str, args: &Map<String, Value>) -> ToolOut
     let value: SpeechRequest = serde_json::from_value(req.clone()).map_err(|e| e.to_string())?;
     let r = crate::api::audio::speech(State(rt.clone()), JsonBody { value, raw: Bytes::from(req.to_string()) }).await;
     let (audio, mime) = bytes_of(r).await?;
+    let mut audio = audio.to_vec();
+    omni::seal_wav(&mut audio);
     let mime = if mime.starts_with("audio/") { mime } else { "audio/wav".into() };
     Ok((json!({"audio": "spoken to the user", "input": input}), Some(omni::audio_tag(&mime, &B64.encode(&audio)))))
 }
