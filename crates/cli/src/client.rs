@@ -60,8 +60,12 @@ pub struct PullArgs {
     #[arg(long)]
     pub checkpoint: Option<String>,
     /// Backend recipe of a registered model.
-    #[arg(long, value_parser = ["llamacpp", "flm", "ryzenai-llm", "whispercpp", "sd-cpp", "kokoro"])]
+    #[arg(long, value_parser = ["llamacpp", "flm", "ryzenai-llm", "whispercpp", "sd-cpp", "kokoro", "collection.omni"])]
     pub recipe: Option<String>,
+    /// An omni collection's models (with `--recipe collection.omni`): registered names, the
+    /// planner (a chat model) first.
+    #[arg(long, num_args = 1..)]
+    pub components: Vec<String>,
     /// Label the model as a reasoning model.
     #[arg(long)]
     pub reasoning: bool,
@@ -151,6 +155,14 @@ pub async fn pull(t: &Target, a: PullArgs, json_out: bool) -> Result<()> {
         subscribe: a.background.then_some(false),
         ..Default::default()
     };
+    if !a.components.is_empty() {
+        let body = PullRequest { components: Some(json!(a.components)), stream: None, ..body };
+        let _: api_types::StatusResponse = t.client(None).post("/pull", &body).await.context("Error pulling model")?;
+        out(json_out, &json!({"status": "success", "model_name": a.model}), || {
+            format!("Collection registered: {}", a.model)
+        });
+        return Ok(());
+    }
     if a.background {
         let job: DownloadJob = t.client(None).post("/pull", &body).await.context("Error pulling model")?;
         out(json_out, &json_of(&job), || {

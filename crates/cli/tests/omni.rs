@@ -201,6 +201,18 @@ async fn omni_definitions_are_checked_field_by_field() {
     assert_eq!(s, 404);
     let (s, v) = l.post("/api/v1/pull", &omni("user.O", &[SMOL, SD], json!({"tool_format": "json"}))).await;
     assert_eq!(s, 200, "{v}");
+    // v11's CLI form.
+    let (code, out, err) =
+        l.cli(&["pull", "user.Kit", "--recipe", "collection.omni", "--components", SMOL, KOKORO]).await;
+    assert_eq!((code, out.trim()), (0, "Collection registered: user.Kit"), "{err}");
+    let (_, m) = l.get("/api/v1/models/user.Kit").await;
+    assert_eq!(
+        (m["components"].clone(), m["omni_tools"][0]["name"].clone()),
+        (json!([SMOL, KOKORO]), json!("text_to_speech")),
+        "{m}"
+    );
+    let (code, _, err) = l.cli(&["pull", "user.Bad", "--recipe", "collection.omni", "--components", SD]).await;
+    assert!(code == 1 && err.contains("needs a chat model"), "{err}");
     let saved: Value =
         serde_json::from_slice(&std::fs::read(l.sandbox.cache().join("user_models.json")).unwrap()).unwrap();
     assert_eq!(

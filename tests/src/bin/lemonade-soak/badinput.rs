@@ -157,6 +157,67 @@ fn hostile_policies() -> Vec<(String, Value)> {
     ]
 }
 
+/// Hostile `collection.omni` definitions (pulls) and requests to an omni collection
+/// (`user.Soak-Omni`, planned by the fake backend): a 400, or an answer in bounded time.
+fn hostile_omni() -> Vec<(String, &'static str, Value)> {
+    let def = |extra: Value| {
+        let mut d = json!({"model": "user.Hostile-Omni", "recipe": "collection.omni", "components": ["extra.m.gguf"]});
+        d.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        d
+    };
+    let ask = |messages: Value, extra: Value| {
+        let mut b = json!({"model": "user.Soak-Omni", "messages": messages, "max_tokens": 4});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let big_media =
+        format!("x ![generated image](data:image/png;base64,{}) <audio>data:audio/wav;base64,", "A".repeat(1 << 20));
+    let many: Vec<String> = (0..5000).map(|i| format!("user.C{i}")).collect();
+    vec![
+        (
+            "omni prompt 1 MiB".into(),
+            "/api/v1/pull",
+            def(json!({"system_prompt": format!("{{tool_list}}{{tool_guidance}}{}", "p".repeat(1 << 20))})),
+        ),
+        ("omni prompt not a string".into(), "/api/v1/pull", def(json!({"system_prompt": {"a": 1}}))),
+        ("omni tool_format a number".into(), "/api/v1/pull", def(json!({"tool_format": 7}))),
+        ("omni 5000 components".into(), "/api/v1/pull", def(json!({"components": many}))),
+        ("omni nested components".into(), "/api/v1/pull", def(json!({"components": [["extra.m.gguf"]]}))),
+        ("omni with a policy".into(), "/api/v1/pull", def(json!({"routing": {"rules": []}}))),
+        ("omni messages not an array".into(), "/api/v1/chat/completions", ask(json!("hi"), json!({}))),
+        (
+            "omni 1 MiB of half-embedded media".into(),
+            "/api/v1/chat/completions",
+            ask(json!([{"role": "user", "content": big_media}]), json!({})),
+        ),
+        (
+            "omni audio part not base64".into(),
+            "/api/v1/chat/completions",
+            ask(
+                json!([{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "%%%", "format": "wav"}}]}]),
+                json!({}),
+            ),
+        ),
+        (
+            "omni tools not objects".into(),
+            "/api/v1/chat/completions",
+            ask(json!([{"role": "user", "content": "hi"}]), json!({"tools": [1, "x", null]})),
+        ),
+        (
+            "omni streamed, negative max_tokens".into(),
+            "/api/v1/chat/completions",
+            ask(json!([{"role": "user", "content": "hi"}]), json!({"stream": true, "max_tokens": -1})),
+        ),
+        ("omni completions".into(), "/api/v1/completions", json!({"model": "user.Soak-Omni", "prompt": "hi"})),
+        ("omni embeddings".into(), "/api/v1/embeddings", json!({"model": "user.Soak-Omni", "input": "hi"})),
+        (
+            "omni via Ollama".into(),
+            "/api/chat",
+            json!({"model": "user.Soak-Omni", "messages": [{"role": "user", "content": "hi"}]}),
+        ),
+    ]
+}
+
 fn odd_names() -> Vec<String> {
     vec![
         "../../../../etc/passwd".into(),
@@ -318,6 +379,16 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
             check(format!("POST {path} {label}"), status, &text, &mut bad);
         }
     }
+    let omni = json!({"model": "user.Soak-Omni", "recipe": "collection.omni", "components": ["extra.m.gguf"]});
+    let (status, text) = send(l.http.post(l.url("/api/v1/pull")).json(&omni)).await;
+    if status != 200 {
+        bad.push(format!("registering user.Soak-Omni: {status} {text}"));
+    }
+    for (label, path, body) in hostile_omni() {
+        let (status, text) = send(l.http.post(l.url(path)).json(&body)).await;
+        sent += 1;
+        check(format!("POST {path} {label}"), status, &text, &mut bad);
+    }
     for (label, body) in &bodies {
         let requests = ROOT_POSTS
             .iter()
@@ -387,7 +458,7 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
     let panicked = l.log().contains("panicked");
     report.add(
         "bad input",
-        "hand-written corpus: every POST endpoint (Ollama, Anthropic, audio and images included) × malformed JSON, wrong types, unknown fields, odd names, traversal, flag injection; malformed and hostile multipart forms; hostile routing policies (deep nesting, catastrophic-backtracking and huge regexes on 1 MiB inputs, 5,000 rules, unknown conditions); names in paths; a 65 MiB body",
+        "hand-written corpus: every POST endpoint (Ollama, Anthropic, audio and images included) × malformed JSON, wrong types, unknown fields, odd names, traversal, flag injection; malformed and hostile multipart forms; hostile routing policies (deep nesting, catastrophic-backtracking and huge regexes on 1 MiB inputs, 5,000 rules, unknown conditions); hostile omni definitions and requests (1 MiB prompts and half-embedded media, 5,000 components, bad audio parts, other endpoints); names in paths; a 65 MiB body",
         sent,
         if alive && !panicked { sent - bad.len() } else { 0 },
         format!("0 5xx required; server up afterwards {alive}, panics in its log {panicked}. Failures: {:?}", bad.iter().take(10).collect::<Vec<_>>()),
