@@ -783,7 +783,16 @@ pub async fn export(t: &Target, model: &str, output: Option<&std::path::Path>) -
     let m: api_types::Model = c.get(&format!("/models/{model}")).await.context("Error exporting the model")?;
     let mut file = definition(&m);
     if let Some(components) = &m.components {
-        file = json!({"model_name": m.id, "recipe": m.recipe, "version": "1", "components": components, "routing": m.routing});
+        file = json!({"model_name": m.id, "recipe": m.recipe, "version": "1", "components": components});
+        for (k, v) in [
+            ("routing", json!(m.routing)),
+            ("system_prompt", json!(m.system_prompt)),
+            ("tool_format", json!(m.tool_format)),
+        ] {
+            if !v.is_null() {
+                file[k] = v;
+            }
+        }
         let mut models = Vec::new();
         for name in components.iter().filter(|n| n.starts_with("user.")) {
             let cm: api_types::Model =

@@ -201,6 +201,21 @@ async fn omni_definitions_are_checked_field_by_field() {
     assert_eq!(s, 404);
     let (s, v) = l.post("/api/v1/pull", &omni("user.O", &[SMOL, SD], json!({"tool_format": "json"}))).await;
     assert_eq!(s, 200, "{v}");
+    // Export and import round-trip it (its settings included).
+    let file = l.sandbox.dir.path().join("O.json");
+    let (code, _, err) = l.cli(&["export", "user.O", "-o", file.to_str().unwrap()]).await;
+    assert_eq!(code, 0, "{err}");
+    let exported: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(
+        (exported["recipe"].clone(), exported["tool_format"].clone()),
+        (json!("collection.omni"), json!("json")),
+        "{exported}"
+    );
+    assert_eq!(l.post("/api/v1/delete", &json!({"model_name": "user.O"})).await.0, 200);
+    let (code, _, err) = l.cli(&["import", file.to_str().unwrap()]).await;
+    assert_eq!(code, 0, "{err}");
+    let (_, m) = l.get("/api/v1/models/user.O").await;
+    assert_eq!((m["tool_format"].clone(), m["components"].clone()), (json!("json"), json!([SMOL, SD])), "{m}");
     // v11's CLI form.
     let (code, out, err) =
         l.cli(&["pull", "user.Kit", "--recipe", "collection.omni", "--components", SMOL, KOKORO]).await;

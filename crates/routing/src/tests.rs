@@ -617,4 +617,31 @@ mod omni_loop {
         seal_wav(&mut other);
         assert_eq!(other, b"ID3 not a wav");
     }
+
+    proptest::proptest! {
+        /// Whatever a planner writes (any text, in either format), it reads as calls or text,
+        /// never a panic; and whatever it keeps calling, the loop asks for the answer within
+        /// MAX_ROUNDS rounds.
+        #[test]
+        fn any_reply_reads_and_any_planner_is_stopped(
+            text in "\\PC{0,80}",
+            names in proptest::collection::vec("[a-z_]{1,12}", 1..12),
+            args in proptest::collection::vec(0u8..3, 1..12),
+        ) {
+            for f in [ToolFormat::Native, ToolFormat::Json] {
+                let _ = parse_step(&json!({"choices": [{"message": {"content": text}}]}), f, 0);
+                let _ = parse_step(&json!({"choices": [{"message": {"content": format!("{{\"tool\": \"x\", \"with\": {text}")}}]}), f, 0);
+            }
+            let mut g = Guard::default();
+            let mut asked_for_text = None;
+            for (i, (n, a)) in names.iter().zip(args.iter().cycle()).enumerate() {
+                if g.text_only() {
+                    asked_for_text = Some(i);
+                    break;
+                }
+                g.round(&[Call { id: "x".into(), name: n.clone(), arguments: Ok(json!({"a": a}).as_object().unwrap().clone()) }]);
+            }
+            proptest::prop_assert!(asked_for_text.unwrap_or(names.len()) < MAX_ROUNDS);
+        }
+    }
 }
