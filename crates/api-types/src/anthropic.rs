@@ -109,6 +109,10 @@ pub struct AnthropicTool {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "openapi", schema(example = json!({"model": "SmolLM2-135M-Instruct-GGUF", "max_tokens": 64, "messages": [{"role": "user", "content": "Hello"}]})))]
 pub struct MessagesRequest {
+    /// Lemonade: with a router collection, add its decision (`x_lemonade_route`) to the answer
+    /// (to the first event, `message_start`, when streamed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route_trace: Option<bool>,
     pub model: String,
     pub max_tokens: u64,
     pub messages: Vec<AnthropicMessage>,

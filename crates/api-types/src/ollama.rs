@@ -57,6 +57,10 @@ pub struct OllamaMessage {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "openapi", schema(example = json!({"model": "SmolLM2-135M-Instruct-GGUF", "messages": [{"role": "user", "content": "Hello"}], "stream": false})))]
 pub struct OllamaChatRequest {
+    /// Lemonade: with a router collection, add its decision (`x_lemonade_route`) to the answer
+    /// (to the first NDJSON line when streamed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route_trace: Option<bool>,
     #[serde(default)]
     pub model: Option<String>,
     #[serde(default)]
@@ -91,6 +95,10 @@ pub struct OllamaChatRequest {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "openapi", schema(example = json!({"model": "SmolLM2-135M-Instruct-GGUF", "prompt": "Why is the sky blue?", "stream": false})))]
 pub struct OllamaGenerateRequest {
+    /// Lemonade: with a router collection, add its decision (`x_lemonade_route`) to the answer
+    /// (to the first NDJSON line when streamed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route_trace: Option<bool>,
     #[serde(default)]
     pub model: Option<String>,
     #[serde(default)]

@@ -178,22 +178,28 @@ async fn real_llama_server_router_collection_routes_each_request_and_says_why() 
     assert!(events[1..].iter().all(|e| e.get("x_lemonade_route").is_none()));
 
     // Ollama and Anthropic: routed the same way, answered as the chosen model.
-    let ollama = json!({"model": "user.Route", "messages": [{"role": "user", "content": "Write a function"}], "stream": false, "options": {"num_predict": 2}});
+    let ollama = json!({"model": "user.Route", "messages": [{"role": "user", "content": "Write a function"}], "stream": false,
+                        "options": {"num_predict": 2}, "route_trace": true});
     let (s, h, v) = routed(&l, "/api/chat", ollama).await;
     assert_eq!((s, h.as_str()), (200, "code"), "{v}");
     assert!(v["model"].as_str().unwrap().starts_with(GEMMA), "{v}");
-    let generate =
-        json!({"model": "user.Route:latest", "prompt": "Say hi", "stream": true, "options": {"num_predict": 2}});
+    assert_eq!(v["x_lemonade_route"]["matched_rule"], "code", "{v}");
+    let generate = json!({"model": "user.Route:latest", "prompt": "Say hi", "stream": true, "options": {"num_predict": 2},
+                          "route_trace": true});
     let (s, h, v) = routed(&l, "/api/generate", generate).await;
     let lines = v.as_str().unwrap_or_default().to_string();
     assert_eq!((s, h.as_str()), (200, "default"), "{lines}");
-    let first: Value = serde_json::from_str(lines.lines().next().unwrap()).unwrap();
-    assert!(first["model"].as_str().unwrap().starts_with(SMOL), "{lines}");
+    let lines: Vec<Value> = lines.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(lines[0]["model"].as_str().unwrap().starts_with(SMOL), "{lines:?}");
+    assert_eq!(lines[0]["x_lemonade_route"]["default_used"], true, "the first NDJSON line: {lines:?}");
+    assert!(lines[1..].iter().all(|l| l.get("x_lemonade_route").is_none()));
     let anthropic = json!({"model": "user.Route", "max_tokens": 2, "messages": [{"role": "user", "content": "Status of TICKET-9"}]});
     let (s, h, v) = routed(&l, "/v1/messages", anthropic.clone()).await;
     assert_eq!((s, h.as_str(), v["model"].as_str()), (200, "ticket", Some(GEMMA)), "{v}");
+    assert!(v.get("x_lemonade_route").is_none(), "only when asked: {v}");
     let mut streamed = anthropic;
     streamed["stream"] = json!(true);
+    streamed["route_trace"] = json!(true);
     let (s, h, v) = routed(&l, "/v1/messages", streamed).await;
     let events = v.as_str().unwrap_or_default().to_string();
     assert_eq!((s, h.as_str()), (200, "ticket"), "{events}");
@@ -201,6 +207,9 @@ async fn real_llama_server_router_collection_routes_each_request_and_says_why() 
         events.starts_with("event: message_start") && events.contains(&format!("\"model\":\"{GEMMA}\"")),
         "{events}"
     );
+    let start: Value = serde_json::from_str(events.lines().nth(1).unwrap().strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(start["x_lemonade_route"]["matched_rule"], "ticket", "{events}");
+    assert_eq!(events.matches("x_lemonade_route").count(), 1, "{events}");
     let tags = l.get("/api/tags").await.1;
     assert!(tags["models"].as_array().unwrap().iter().any(|m| m["name"] == "user.Route:latest"), "{tags}");
 

@@ -55,7 +55,7 @@ pub async fn messages(
         return answer(&rt, &req.model, openai, req.stream == Some(true)).await;
     };
     let a = answer(&rt, &d.route_to, openai, req.stream == Some(true)).await?;
-    Ok(crate::api::router::decorate(a, &d, false, req.stream == Some(true)).await)
+    Ok(crate::api::router::decorate(a, &d, req.route_trace == Some(true), req.stream == Some(true)).await)
 }
 
 async fn answer(

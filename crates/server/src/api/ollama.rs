@@ -86,14 +86,23 @@ fn endpoint(chat: bool) -> &'static str {
 }
 
 /// Serves a translated chat or generate request: NDJSON as the backend streams, or one answer.
-async fn serve(rt: &AppState, model: &str, keep: Option<KeepAlive>, path: &str, mut body: Value, chat: bool) -> Answer {
+/// `trace`: the request asked for a router collection's decision in the answer.
+async fn serve(
+    rt: &AppState,
+    model: &str,
+    keep: Option<KeepAlive>,
+    path: &str,
+    mut body: Value,
+    chat: bool,
+    trace: bool,
+) -> Answer {
     // A router collection: the candidate its policy picks answers, as if asked directly.
     let Some(d) = crate::api::router::route_value(rt, model, &mut body).await else {
         return answer(rt, model, keep, path, body, chat).await;
     };
     let stream = body["stream"] == true;
     let a = answer(rt, &d.route_to, keep, path, body, chat).await?;
-    Ok(crate::api::router::decorate(a, &d, false, stream).await)
+    Ok(crate::api::router::decorate(a, &d, trace, stream).await)
 }
 
 async fn answer(rt: &AppState, model: &str, keep: Option<KeepAlive>, path: &str, body: Value, chat: bool) -> Answer {
@@ -136,7 +145,7 @@ pub async fn chat(State(rt): State<AppState>, body: Body_<OllamaChatRequest>) ->
         return load_or_unload(&rt, &model, keep, true).await;
     }
     let openai = dialect::chat_request(&req, &model).map_err(bad)?;
-    serve(&rt, &model, keep, "/v1/chat/completions", openai, true).await
+    serve(&rt, &model, keep, "/v1/chat/completions", openai, true, req.route_trace == Some(true)).await
 }
 
 /// Generate (Ollama).
@@ -157,7 +166,7 @@ pub async fn generate(State(rt): State<AppState>, body: Body_<OllamaGenerateRequ
         return load_or_unload(&rt, &model, keep, false).await;
     }
     let (path, openai) = dialect::generate_request(&req, &model).map_err(bad)?;
-    serve(&rt, &model, keep, path, openai, false).await
+    serve(&rt, &model, keep, path, openai, false, req.route_trace == Some(true)).await
 }
 
 /// The vectors of an OpenAI embeddings answer, in input order.

@@ -54,7 +54,12 @@ pub async fn decorate(answer: Response, decision: &RouteDecision, trace: bool, s
     let value = serde_json::to_value(decision).unwrap_or(Value::Null);
     parts.headers.remove(http::header::CONTENT_LENGTH);
     if stream {
-        return Response::from_parts(parts, Body::from_stream(first_event_with(body, value)));
+        let ndjson = parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|c| c.as_bytes().starts_with(b"application/x-ndjson"));
+        let end: &'static [u8] = if ndjson { b"\n" } else { b"\n\n" };
+        return Response::from_parts(parts, Body::from_stream(first_event_with(body, value, end)));
     }
     let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
     let out = match serde_json::from_slice::<Value>(&bytes) {
@@ -67,11 +72,13 @@ pub async fn decorate(answer: Response, decision: &RouteDecision, trace: bool, s
     Response::from_parts(parts, Body::from(out))
 }
 
-/// The SSE `body` with `x_lemonade_route` added to the JSON of its first `data:` event (what
-/// was held back waiting for that event's end goes out as it was if the stream ends first).
+/// The SSE (or NDJSON, `end` a single newline) `body` with `x_lemonade_route` added to the
+/// JSON of its first event (what was held back waiting for that event's end goes out as it was
+/// if the stream ends first).
 fn first_event_with(
     body: Body,
     value: Value,
+    end: &'static [u8],
 ) -> impl futures_util::Stream<Item = Result<Bytes, axum::Error>> + Send + 'static {
     let pending = std::sync::Arc::new(parking_lot::Mutex::new(Some((Vec::<u8>::new(), value))));
     let left = pending.clone();
@@ -80,8 +87,8 @@ fn first_event_with(
         let mut held = pending.lock();
         let Some((buf, value)) = held.as_mut() else { return Ok(chunk) };
         buf.extend_from_slice(&chunk);
-        let Some(end) = buf.windows(2).position(|w| w == b"\n\n") else { return Ok(Bytes::new()) };
-        let (event, rest) = buf.split_at(end);
+        let Some(at) = buf.windows(end.len()).position(|w| w == end) else { return Ok(Bytes::new()) };
+        let (event, rest) = buf.split_at(at);
         let mut out = inject(event, value);
         out.extend_from_slice(rest);
         *held = None;
@@ -118,8 +125,13 @@ pub async fn route_value(rt: &AppState, model: &str, body: &mut Value) -> Option
     Some(decision)
 }
 
-/// One SSE event with `value` as `x_lemonade_route` in its `data:` JSON (unchanged if it has none).
+/// One SSE event with `value` as `x_lemonade_route` in its `data:` JSON, or one NDJSON line
+/// with it in its JSON (unchanged if it has none).
 fn inject(event: &[u8], value: &Value) -> Vec<u8> {
+    if let Ok(Value::Object(mut o)) = serde_json::from_slice::<Value>(event) {
+        o.insert("x_lemonade_route".into(), value.clone());
+        return serde_json::to_vec(&o).unwrap_or_else(|_| event.to_vec());
+    }
     let text = String::from_utf8_lossy(event);
     let lines: Vec<String> = text
         .lines()
@@ -163,6 +175,11 @@ mod tests {
         let out = inject(b"data: {\"id\":\"1\"}", &v);
         assert_eq!(String::from_utf8(out).unwrap(), r#"data: {"id":"1","x_lemonade_route":{"route_to":"A"}}"#);
         assert_eq!(inject(b"data: [DONE]", &v), b"data: [DONE]");
+        let line = inject(br#"{"model":"A","done":false}"#, &v);
+        assert_eq!(
+            String::from_utf8(line).unwrap(),
+            r#"{"done":false,"model":"A","x_lemonade_route":{"route_to":"A"}}"#
+        );
     }
 }
 
