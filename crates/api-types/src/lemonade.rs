@@ -1079,3 +1079,91 @@ pub struct ClassifyResponse {
     /// Each label's score in `[0, 1]`.
     pub labels: BTreeMap<String, f64>,
 }
+
+/// One decision of the scheduler, with its reason (`GET /scheduler`, its event stream).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SchedulerDecision {
+    /// Milliseconds since the server started.
+    pub at_ms: u64,
+    /// `load`, `evict`, `unload`, `queue`, `reject`, `refuse` or `crash`.
+    pub decision: String,
+    /// `request`, `explicit`, `reload`, `make_room`, `idle_timeout`, `retry_after_evict_all`,
+    /// `loading`, `busy`, `backend_exited`, or a refusal's code (`slots_pinned`,
+    /// `insufficient_memory`, `queue_full`, …).
+    pub reason: String,
+    pub model: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+}
+
+/// A memory pool's ledger.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SchedulerPool {
+    /// `memory` (system RAM) or `vram` (GPU memory, all GPUs together).
+    pub pool: String,
+    /// None: no budget.
+    pub budget_bytes: Option<u64>,
+    pub in_use_bytes: u64,
+    /// The bytes each model holds in it.
+    pub models: BTreeMap<String, u64>,
+}
+
+/// A model the scheduler holds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SchedulerModel {
+    pub model_name: String,
+    /// `loading`, `loaded`, `unloading`, `failed` or `unloaded`.
+    pub state: String,
+    pub pinned: bool,
+    pub in_flight: usize,
+    /// Requests waiting for it (to load, or for a free place).
+    pub waiting: usize,
+    /// Requests it serves at once (None: no limit).
+    pub max_concurrent: Option<u32>,
+    pub memory_bytes: u64,
+    pub vram_bytes: u64,
+    /// Seconds until it is unloaded for idleness, if nothing uses it.
+    pub unload_in_s: Option<u64>,
+    /// Why it stays: `pinned`, `serving`, `idle, unloaded in Ns`, `kept (no idle timeout)`,
+    /// or what it is doing.
+    pub resident: String,
+}
+
+/// `GET /scheduler`: the scheduler's ledgers, models, load queue and latest decisions.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SchedulerState {
+    pub pools: Vec<SchedulerPool>,
+    pub models: Vec<SchedulerModel>,
+    /// Models waiting to load, in order.
+    pub load_queue: Vec<String>,
+    /// Loaded models per type (`--max-loaded-models`; -1: no limit).
+    pub max_loaded_models: BTreeMap<String, i64>,
+    /// The latest decisions, oldest first (at most 256).
+    pub decisions: Vec<SchedulerDecision>,
+}
+
+/// `POST /scheduler/plan`: what a `/load` with this body would do now; nothing changes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SchedulerPlan {
+    pub model_name: String,
+    /// `loaded` (already, with these options), `load`, `refused`, or `waits` (for models it
+    /// must stop to finish their requests, or for a load in progress).
+    pub outcome: String,
+    /// The models it would stop, in order.
+    pub evicts: Vec<String>,
+    /// Why it would be refused (`code`, `message`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub refusal: Option<Value>,
+    /// Its estimate with these options.
+    pub memory_bytes: u64,
+    pub vram_bytes: u64,
+    /// One sentence: what would happen.
+    pub summary: String,
+    pub decisions: Vec<SchedulerDecision>,
+}

@@ -65,6 +65,8 @@ fn routes() -> Vec<(&'static str, String, Option<Value>)> {
             ("GET", p("/admin/models"), None),
             ("POST", p("/routing/validate"), Some(json!({"policy": {}}))),
             ("POST", p("/classify"), Some(json!({}))),
+            ("GET", p("/scheduler"), None),
+            ("POST", p("/scheduler/plan"), Some(json!({"model_name": "extra.m.gguf"}))),
             ("GET", p("/admin/gpu-memory"), None),
             ("POST", p("/admin/models/extra.m.gguf/unload"), Some(json!({}))),
             ("GET", p("/props?model=extra.m.gguf"), None),
@@ -153,6 +155,7 @@ async fn every_route_family_needs_the_key() {
     // Shutting the server down needs the key too (and with it, it goes).
     assert_eq!(call(&l, "POST", "/internal/shutdown", &None, None).await.0, 401);
     assert_eq!(call(&l, "GET", "/logs/stream", &None, None).await.0, 401, "the WebSocket log stream too");
+    assert_eq!(call(&l, "GET", "/api/v1/scheduler/events", &None, None).await.0, 401, "the scheduler's events too");
     assert_eq!(call(&l, "GET", "/api/v1/models", &None, Some(KEY)).await.0, 200, "still up");
 }
 

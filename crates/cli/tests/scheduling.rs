@@ -226,3 +226,70 @@ async fn real_llama_server_settings_change_live_are_saved_and_read_at_start_unde
     assert_eq!((p["idle_timeout"].as_u64(), p["max_queue"].as_u64()), (Some(7), Some(8)), "{p}");
     assert_eq!(p["memory_budget"].as_u64(), Some(1 << 30));
 }
+
+/// The scheduler explains itself, on real llama-server: `/scheduler` shows the ledgers and why
+/// a model stays, a plan says what a load would evict (or why it would be refused) and changes
+/// nothing, and each decision is streamed as it is taken and counted in `/metrics`.
+#[tokio::test]
+async fn real_llama_server_the_scheduler_explains_itself_and_plans_without_side_effects() {
+    let l = Lemonade::start(bin(), &[]).await;
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL})).await.0, 200);
+    let (s, st) = l.get("/api/v1/scheduler").await;
+    assert_eq!(s, 200);
+    let smol =
+        st["models"].as_array().unwrap().iter().find(|m| m["model_name"] == SMOL).unwrap_or_else(|| panic!("{st}"));
+    assert_eq!((smol["state"].clone(), smol["pinned"].clone()), (json!("loaded"), json!(false)), "{st}");
+    assert!(smol["resident"].as_str().unwrap().starts_with("kept (no idle timeout)"), "{smol}");
+    let memory = &st["pools"][0];
+    assert_eq!(memory["pool"], "memory");
+    assert!(memory["models"][SMOL].as_u64().unwrap() > 50_000_000, "its estimate in the ledger: {memory}");
+    assert_eq!(st["max_loaded_models"]["llm"], 1);
+    let d = st["decisions"].as_array().unwrap();
+    assert!(d.iter().any(|d| d["decision"] == "load" && d["reason"] == "explicit" && d["model"] == SMOL), "{st}");
+
+    // A plan: what loading Gemma would do; nothing happens.
+    let pids = child_pids(l.pid());
+    let (s, p) = l.post("/api/v1/scheduler/plan", &json!({"model_name": GEMMA})).await;
+    assert_eq!((s, p["outcome"].clone(), p["evicts"].clone()), (200, json!("load"), json!([SMOL])), "{p}");
+    assert_eq!(p["summary"], format!("{GEMMA} would load after evicting {SMOL}"));
+    assert!(p["memory_bytes"].as_u64().unwrap() > 100_000_000, "{p}");
+    assert_eq!(loaded_names(&l.get("/api/v1/health").await.1), [SMOL], "nothing loaded or evicted");
+    assert_eq!(child_pids(l.pid()), pids);
+    let (_, p) = l.post("/api/v1/scheduler/plan", &json!({"model_name": SMOL})).await;
+    assert_eq!(p["outcome"], "loaded", "{p}");
+    assert_eq!(l.post("/api/v1/pin", &json!({"model_name": SMOL, "pinned": true})).await.0, 200);
+    let (_, p) = l.post("/api/v1/scheduler/plan", &json!({"model_name": GEMMA})).await;
+    assert_eq!((p["outcome"].clone(), p["refusal"]["code"].clone()), (json!("refused"), json!("slots_pinned")), "{p}");
+    assert!(p["refusal"]["message"].as_str().unwrap().contains(SMOL), "{p}");
+    assert_eq!(l.post("/api/v1/pin", &json!({"model_name": SMOL, "pinned": false})).await.0, 200);
+    let (s, e) = l.post("/api/v1/scheduler/plan", &json!({"model_name": "user.Nope"})).await;
+    assert_eq!((s, e["error"]["code"].clone()), (404, json!("model_not_found")), "{e}");
+    let (s, e) = l.post("/api/v1/scheduler/plan", &json!({"model_name": GEMMA, "ctx_size": "big"})).await;
+    assert_eq!(s, 400, "{e}");
+
+    // The event stream: a request for Gemma evicts SmolLM2 to make room, then loads Gemma.
+    let mut events = l.http.get(l.url("/api/v1/scheduler/events")).send().await.unwrap();
+    assert_eq!(events.headers()["content-type"], "text/event-stream");
+    assert_eq!(l.chat(GEMMA).await.0, 200);
+    let mut seen: Vec<(String, String, String)> = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !seen.iter().any(|(d, _, m)| d == "load" && m == GEMMA) {
+        let chunk =
+            tokio::time::timeout_at(deadline, events.chunk()).await.expect("the events within 20 s").unwrap().unwrap();
+        for line in String::from_utf8_lossy(&chunk).lines().filter_map(|l| l.strip_prefix("data: ")) {
+            let v: Value = serde_json::from_str(line).unwrap();
+            seen.push((
+                v["decision"].as_str().unwrap().into(),
+                v["reason"].as_str().unwrap().into(),
+                v["model"].as_str().unwrap().into(),
+            ));
+        }
+    }
+    let order: Vec<(&str, &str, &str)> = seen.iter().map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str())).collect();
+    assert_eq!(order, [("queue", "loading", GEMMA), ("evict", "make_room", SMOL), ("load", "request", GEMMA)]);
+    let metrics = l.http.get(l.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(
+        metrics.contains("lemonade_scheduler_decisions_total{decision=\"evict\",reason=\"make_room\"} 1"),
+        "{metrics}"
+    );
+}

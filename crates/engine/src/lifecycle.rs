@@ -113,6 +113,8 @@ pub struct ModelView {
     /// Bytes counted against the memory budget, and the VRAM budget.
     pub memory: u64,
     pub vram: u64,
+    /// Requests it serves at once (None: no limit).
+    pub max_concurrent: Option<u32>,
 }
 
 /// The scheduler's settings and memory use as the owner last published them.
@@ -121,7 +123,14 @@ pub struct SchedulerView {
     pub settings: Settings,
     pub memory_in_use: u64,
     pub vram_in_use: u64,
+    /// Models waiting to load, in order.
+    pub load_queue: Vec<String>,
+    /// Loaded models per type (-1: no limit).
+    pub limits: scheduler::Limits,
 }
+
+/// A plan asked of the owner: the model, its options, where the answer goes.
+type PlanAsk = (ModelRef, Opts, oneshot::Sender<scheduler::Plan>);
 
 pub struct Lifecycle {
     cfg: Arc<Config>,
@@ -130,6 +139,9 @@ pub struct Lifecycle {
     /// The client for lemonade's own calls to its backends (the prompt cache's, the proxy's).
     pub http: reqwest::Client,
     tx: mpsc::UnboundedSender<Event<Opts>>,
+    plans: mpsc::UnboundedSender<PlanAsk>,
+    /// The scheduler's decisions: kept, counted, logged, streamed.
+    pub explain: crate::decisions::Log,
     answers: Mutex<HashMap<ReqId, oneshot::Sender<Answer>>>,
     running: Mutex<HashMap<String, Arc<Running>>>,
     /// Starts in progress whose process is not registered yet (resolving or installing the
@@ -282,16 +294,20 @@ impl Lifecycle {
         prompt_cache: host::prompt_cache::Store,
     ) -> Arc<Lifecycle> {
         let (tx, rx) = mpsc::unbounded_channel();
+        let (plans, plan_rx) = mpsc::unbounded_channel();
         let machine = Machine::new(scheduler::Limits::uniform(1))
             .with_crash_backoff(cfg.crash_backoff.0.as_millis() as u64, cfg.crash_backoff.1.as_millis() as u64)
             .with_settings(cfg.scheduler.clone());
-        let first_view = SchedulerView { settings: machine.settings(), memory_in_use: 0, vram_in_use: 0 };
+        let first_view =
+            SchedulerView { settings: machine.settings(), limits: machine.limits().clone(), ..Default::default() };
         let rt = Arc::new(Lifecycle {
             cfg,
             catalogue,
             launcher,
             http,
             tx,
+            plans,
+            explain: crate::decisions::Log::new(),
             answers: Mutex::new(HashMap::new()),
             running: Mutex::new(HashMap::new()),
             starts: Mutex::new(HashMap::new()),
@@ -306,7 +322,7 @@ impl Lifecycle {
             metrics,
             prompt_cache,
         });
-        tokio::spawn(owner(Arc::downgrade(&rt), rx, machine));
+        tokio::spawn(owner(Arc::downgrade(&rt), rx, plan_rx, machine));
         rt
     }
 
@@ -391,6 +407,15 @@ impl Lifecycle {
             budgets: [sched.settings.memory_budget.flatten(), sched.settings.vram_budget.flatten()],
             prompt_cache_bytes: self.prompt_cache.total().1,
         }
+    }
+
+    /// What a load of `info` with `options` would do now (a dry run on a copy of the machine).
+    pub async fn plan(&self, info: &ModelInfo, options: &Opts) -> (scheduler::Plan, ModelRef) {
+        let model = self.model_ref(info, options, None);
+        let (answer, rx) = oneshot::channel();
+        let _ = self.plans.send((model.clone(), options.clone(), answer));
+        let none = || scheduler::Plan { outcome: "waits", evicts: vec![], refusal: None, decisions: vec![] };
+        (rx.await.unwrap_or_else(|_| none()), model)
     }
 
     /// The scheduler's settings and memory use, as last published.
@@ -719,6 +744,7 @@ impl Lifecycle {
                     unload_at: m.unload_at(e),
                     memory: e.memory,
                     vram: e.vram,
+                    max_concurrent: e.max_concurrent,
                 };
                 (e.model.name.clone(), v)
             })
@@ -728,6 +754,8 @@ impl Lifecycle {
             settings: m.settings(),
             memory_in_use: m.in_use(Pool::Memory),
             vram_in_use: m.in_use(Pool::Vram),
+            load_queue: m.load_queue(),
+            limits: m.limits().clone(),
         };
     }
 
@@ -897,7 +925,12 @@ impl Lifecycle {
 }
 
 /// The owner task: the only place the state machine runs.
-async fn owner(rt: Weak<Lifecycle>, mut rx: mpsc::UnboundedReceiver<Event<Opts>>, mut machine: Machine<Opts>) {
+async fn owner(
+    rt: Weak<Lifecycle>,
+    mut rx: mpsc::UnboundedReceiver<Event<Opts>>,
+    mut plans: mpsc::UnboundedReceiver<PlanAsk>,
+    mut machine: Machine<Opts>,
+) {
     let Some(epoch) = rt.upgrade().map(|r| r.epoch) else { return };
     loop {
         // The machine's next idle deadline is the only timer: a `Tick` when it is due (none for
@@ -905,16 +938,28 @@ async fn owner(rt: Weak<Lifecycle>, mut rx: mpsc::UnboundedReceiver<Event<Opts>>
         let deadline = machine
             .next_deadline()
             .and_then(|ms| tokio::time::Instant::from_std(epoch).checked_add(Duration::from_millis(ms)));
-        let ev = match deadline {
-            Some(at) => tokio::select! {
-                ev = rx.recv() => ev,
-                _ = tokio::time::sleep_until(at) => Some(Event::Tick),
-            },
-            None => rx.recv().await,
+        let due = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let ev = tokio::select! {
+            ev = rx.recv() => ev,
+            Some((model, options, answer)) = plans.recv() => {
+                // A dry run on a copy: nothing changes, nothing is published.
+                let _ = answer.send(machine.plan(model, options));
+                continue;
+            }
+            _ = due => Some(Event::Tick),
         };
         let Some(ev) = ev else { return };
         let Some(rt) = rt.upgrade() else { return };
-        let effects = machine.handle(ev, rt.now_ms());
+        let now = rt.now_ms();
+        let effects = machine.handle(ev, now);
+        for d in machine.take_decisions() {
+            rt.explain.record(d, now, &rt.metrics);
+        }
         rt.publish(&machine);
         for e in effects {
             rt.execute(e);

@@ -37,6 +37,12 @@ struct ModelLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    decision: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabels {
     route_to: String,
     rule: String,
@@ -98,6 +104,7 @@ pub struct Metrics {
     restarts: Family<ModelLabel, Counter>,
     pull_bytes: Family<ModelLabel, Counter>,
     routing_decisions: Family<RouteLabels, Counter>,
+    scheduler_decisions: Family<DecisionLabels, Counter>,
     cache_saves: Family<ModelLabel, Counter>,
     cache_restores: Family<ModelLabel, Counter>,
     cache_restored_tokens: Family<ModelLabel, Counter>,
@@ -135,6 +142,7 @@ impl Metrics {
             restarts: Family::default(),
             pull_bytes: Family::default(),
             routing_decisions: Family::default(),
+            scheduler_decisions: Family::default(),
             cache_saves: Family::default(),
             cache_restores: Family::default(),
             cache_restored_tokens: Family::default(),
@@ -154,6 +162,11 @@ impl Metrics {
             "routing_decisions",
             "Decisions of collection.router models: the candidate and the rule (\"default\" when none matched)",
             m.routing_decisions.clone(),
+        );
+        r.register(
+            "scheduler_decisions",
+            "The scheduler's decisions (load, evict, unload, queue, reject, refuse, crash) by reason",
+            m.scheduler_decisions.clone(),
         );
         r.register("prompt_tokens", "Prompt tokens, cached ones included", m.prompt_tokens.clone());
         r.register("generated_tokens", "Generated tokens", m.generated_tokens.clone());
@@ -282,6 +295,13 @@ impl Metrics {
     pub fn crashed(&self, model: &str) {
         self.crashes.get_or_create(&label(model)).inc();
         self.crashed.lock().insert(model.to_string());
+    }
+
+    /// The scheduler took a decision.
+    pub fn scheduler_decision(&self, decision: &str, reason: &str) {
+        self.scheduler_decisions
+            .get_or_create(&DecisionLabels { decision: decision.into(), reason: reason.into() })
+            .inc();
     }
 
     /// A `collection.router` sent a request to `route_to` by `rule` (`""`: the default).

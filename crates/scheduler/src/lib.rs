@@ -7,8 +7,8 @@ use api_types::ModelType;
 
 pub mod machine;
 pub use machine::{
-    Effect, Entry, Event, Failure, LoadError, LoadOutcome, Machine, ModelRef, Pool, Rejection, ReqId, SchedulerError,
-    Settings, State,
+    Decision, Effect, Entry, Event, Failure, LoadError, LoadOutcome, Machine, ModelRef, Plan, Pool, Rejection, ReqId,
+    SchedulerError, Settings, State,
 };
 
 /// Slot limits per model type; a missing type or a negative limit means unlimited.

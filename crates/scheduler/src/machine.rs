@@ -260,6 +260,33 @@ impl Rejection {
     }
 }
 
+/// One scheduling decision, with its reason: what `/api/v1/scheduler` lists, the log says and
+/// `lemonade_scheduler_decisions_total{decision, reason}` counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// `load`, `evict`, `unload`, `queue`, `reject`, `refuse` or `crash`.
+    pub decision: &'static str,
+    /// Why: `request`, `explicit`, `reload`, `make_room`, `idle_timeout`, `retry_after_evict_all`,
+    /// `loading`, `busy`, `backend_exited`, or a rejection's code.
+    pub reason: &'static str,
+    pub model: String,
+    /// The details a reader needs (the load a model makes room for, the figures of a refusal).
+    pub detail: String,
+}
+
+/// What a load would do ([`Machine::plan`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// `loaded` (it already is, with these options), `load`, `refused`, or `waits` (for the
+    /// models it must stop to finish their requests, or for a load in progress).
+    pub outcome: &'static str,
+    /// The models it would stop, in order.
+    pub evicts: Vec<String>,
+    pub refusal: Option<Rejection>,
+    /// Every decision the load would take.
+    pub decisions: Vec<Decision>,
+}
+
 /// How long a `QueueFull` client is told to wait before it retries.
 pub const QUEUE_FULL_RETRY_MS: u64 = 1_000;
 
@@ -418,7 +445,10 @@ impl<O> Entry<O> {
     }
 }
 
+#[derive(Clone)]
 pub struct Machine<O> {
+    /// Decisions since the last [`Machine::take_decisions`].
+    decisions: Vec<Decision>,
     limits: Limits,
     models: BTreeMap<String, Entry<O>>,
     /// Models waiting to load, in order.
@@ -456,6 +486,7 @@ pub struct Machine<O> {
 impl<O: Clone + PartialEq> Machine<O> {
     pub fn new(limits: Limits) -> Machine<O> {
         Machine {
+            decisions: Vec::new(),
             limits,
             models: BTreeMap::new(),
             queue: VecDeque::new(),
@@ -569,8 +600,14 @@ impl<O: Clone + PartialEq> Machine<O> {
             .map(|e| e.model.name.clone())
             .collect();
         for name in expired {
+            self.note("unload", "idle_timeout", &name, String::new());
             self.begin_unload(&name);
         }
+    }
+
+    /// Models waiting to load, in order (the one loading first).
+    pub fn load_queue(&self) -> Vec<String> {
+        self.current.iter().chain(self.queue.iter().filter(|q| self.current.as_ref() != Some(q))).cloned().collect()
     }
 
     pub fn limits(&self) -> &Limits {
@@ -681,7 +718,50 @@ impl<O: Clone + PartialEq> Machine<O> {
     }
 
     fn reject(&mut self, req: ReqId, name: &str, why: Rejection) {
+        self.note("reject", why.code(), name, format!("{why:?}"));
         self.out.push(Effect::Reject { req, model: name.to_string(), why });
+    }
+
+    fn note(&mut self, decision: &'static str, reason: &'static str, model: &str, detail: String) {
+        self.decisions.push(Decision { decision, reason, model: model.to_string(), detail });
+    }
+
+    /// The decisions taken since the last call.
+    pub fn take_decisions(&mut self) -> Vec<Decision> {
+        std::mem::take(&mut self.decisions)
+    }
+
+    /// What an explicit load of `model` with `options` would do now, worked out on a copy of
+    /// the machine whose backends start and stop at once (nothing changes here).
+    pub fn plan(&self, model: ModelRef, options: O) -> Plan {
+        let mut m = self.clone();
+        m.decisions.clear();
+        let (req, name, now) = (ReqId::MAX, model.name.clone(), self.now);
+        let already =
+            m.models.get(&name).is_some_and(|e| e.state == State::Loaded && e.options.as_ref() == Some(&options));
+        let mut events: VecDeque<Event<O>> = VecDeque::from([Event::Load { req, model, options, pin: None }]);
+        let mut outcome = None;
+        for _ in 0..256 {
+            let Some(ev) = events.pop_front() else { break };
+            for e in m.handle(ev, now) {
+                match e {
+                    Effect::Stop { model } => events.push_back(Event::Stopped { model }),
+                    Effect::Start { model, .. } => events.push_back(Event::Started { model, result: Ok(()) }),
+                    Effect::LoadDone { req: r, result, .. } if r == req => outcome = Some(result),
+                    _ => {}
+                }
+            }
+        }
+        let decisions = m.take_decisions();
+        let evicts = decisions.iter().filter(|d| d.decision == "evict" || (d.decision == "unload" && d.model != name));
+        let evicts: Vec<String> = evicts.map(|d| d.model.clone()).collect();
+        let (outcome, refusal) = match outcome {
+            Some(LoadOutcome::Loaded) if already => ("loaded", None),
+            Some(LoadOutcome::Loaded) => ("load", None),
+            Some(LoadOutcome::Refused(r)) => ("refused", Some(r)),
+            Some(LoadOutcome::Failed(_) | LoadOutcome::Cancelled) | None => ("waits", None),
+        };
+        Plan { outcome, evicts, refusal, decisions }
     }
 
     /// Queues a load of `name` with `options` unless one is queued or running.
@@ -706,6 +786,10 @@ impl<O: Clone + PartialEq> Machine<O> {
     }
 
     fn wait(&mut self, req: ReqId, name: &str) {
+        let e = self.get(name);
+        let reason = if e.state == State::Loaded { "busy" } else { "loading" };
+        let depth = e.waiting.len() + 1;
+        self.note("queue", reason, name, format!("request {req} waits, {depth} in line for it"));
         self.get(name).waiting.push(req);
         self.waiting.insert(req, (name.to_string(), self.now));
     }
@@ -815,6 +899,7 @@ impl<O: Clone + PartialEq> Machine<O> {
                 // Reload in place: the same model gives up its slot and takes it back.
                 e.load_waiters.push(req);
                 e.pending = Some(options);
+                self.note("unload", "reload", &name, "loaded again with other options".into());
                 self.begin_unload(&name);
             }
             State::Loading if e.options.as_ref() == Some(&options) => e.load_waiters.push(req),
@@ -902,6 +987,7 @@ impl<O: Clone + PartialEq> Machine<O> {
             }
             match self.get(n).state {
                 State::Loaded | State::Loading | State::Unloading => {
+                    self.note("unload", "explicit", n, String::new());
                     self.begin_unload(n);
                     pending.insert(n.clone());
                 }
@@ -1002,6 +1088,10 @@ impl<O: Clone + PartialEq> Machine<O> {
                     .map(|(n, _)| n.clone())
                     .collect();
                 for n in &others {
+                    if self.get(n).state != State::Unloading {
+                        let detail = format!("{name} failed to start; retried with the others stopped");
+                        self.note("evict", "retry_after_evict_all", n, detail);
+                    }
                     self.begin_unload(n);
                 }
                 self.evicting = others.into_iter().collect();
@@ -1021,6 +1111,7 @@ impl<O: Clone + PartialEq> Machine<O> {
 
     /// Answers every request and load waiting for `name` with `why` / `outcome`.
     fn refuse(&mut self, name: &str, why: Rejection, outcome: LoadOutcome) {
+        self.note("refuse", why.code(), name, format!("{why:?}"));
         let e = self.get(name);
         let waiters = std::mem::take(&mut e.waiting);
         let load_waiters = std::mem::take(&mut e.load_waiters);
@@ -1110,6 +1201,7 @@ impl<O: Clone + PartialEq> Machine<O> {
         // In-flight requests fail on their own (their connections broke) and release later;
         // they no longer hold this model, which may load again before they do.
         e.in_flight.clear();
+        self.note("crash", "backend_exited", name, error.clone());
         // Requests waiting for a place never reached it: they fail now, like those in flight.
         self.refuse(name, Rejection::Failed(error), LoadOutcome::Cancelled);
     }
@@ -1153,6 +1245,9 @@ impl<O: Clone + PartialEq> Machine<O> {
             e.attempt = 0;
             self.current = Some(name.clone());
             for v in &victims {
+                if self.get(v).state != State::Unloading {
+                    self.note("evict", "make_room", v, format!("to load {name}"));
+                }
                 self.begin_unload(v);
             }
             self.evicting = victims;
@@ -1314,6 +1409,14 @@ impl<O: Clone + PartialEq> Machine<O> {
         e.vram = e.model.vram;
         e.idle_timeout_ms = e.model.idle_timeout_ms;
         e.max_concurrent = e.model.max_concurrent;
+        let reason = if !e.waiting.is_empty() {
+            "request"
+        } else if e.load_waiters.is_empty() {
+            "reload"
+        } else {
+            "explicit"
+        };
+        self.note("load", reason, &name, String::new());
         self.out.push(Effect::Start { model: name, options });
     }
 }

@@ -32,7 +32,8 @@
 //!     reached;
 //! 16. no more requests run on a model at once than its `max_concurrent`;
 //! 17. anti-thrash: a model serving requests gives way to a load caused by requests only once
-//!     some waiting request is `swap_hold_ms` old (or an explicit load asked for it).
+//!     some waiting request is `swap_hold_ms` old (or an explicit load asked for it);
+//! 18. a plan (`Machine::plan`, the dry run) changes nothing, and never evicts a pinned model.
 //!
 //! `SCHEDULER_SIM_SEEDS` (default 1,000) and `SCHEDULER_SIM_STEPS` (default 300) scale the run;
 //! a failure names its seed, and `SCHEDULER_SIM_FIRST_SEED` replays from there.
@@ -602,6 +603,19 @@ impl Sim {
     fn step(&mut self, rng: &mut Rng) {
         self.now += rng.below(50) as u64;
         let model = self.models[rng.below(self.models.len())].clone();
+        // 18. a plan (the scheduler's dry run) changes nothing, and a model it says would be
+        //     evicted is never pinned.
+        if rng.chance(10) {
+            let (before, queue) = (self.seen(), self.m.entries().map(|e| e.queue_depth()).sum::<usize>());
+            let plan = self.m.plan(model.clone(), rng.below(2) as u32);
+            if self.seen() != before || self.m.entries().map(|e| e.queue_depth()).sum::<usize>() != queue {
+                self.fail(&format!("plan({}) changed the machine", model.name));
+            }
+            if let Some(p) = plan.evicts.iter().find(|n| self.m.entry(n).is_some_and(|e| e.pinned) && **n != model.name)
+            {
+                self.fail(&format!("plan({}) would evict pinned {p}: {plan:?}", model.name));
+            }
+        }
         match rng.below(13) {
             0..=2 => {
                 let req = self.next_req;
@@ -1535,4 +1549,53 @@ fn alternating_clients_are_served_within_the_bound_and_the_hold_cuts_swaps() {
             assert!(served_on > served_off, "seed {seed}: served {served_on} with the hold, {served_off} without");
         }
     }
+}
+
+#[test]
+fn a_plan_says_what_a_load_would_evict_and_changes_nothing() {
+    let mut d = Drive::new(1);
+    let r = d.use_model(&llm("a"));
+    d.ev(Event::Release { req: r });
+    let p = d.m.plan(llm("b"), 0);
+    assert_eq!((p.outcome, p.evicts.clone(), p.refusal.clone()), ("load", vec!["a".to_string()], None), "{p:?}");
+    let why: Vec<(&str, &str, &str)> = p.decisions.iter().map(|x| (x.decision, x.reason, x.model.as_str())).collect();
+    assert_eq!(why, [("evict", "make_room", "a"), ("load", "explicit", "b")]);
+    assert_eq!((d.state("a"), d.state("b")), (State::Loaded, State::Unloaded), "nothing changed");
+    assert!(d.m.take_decisions().iter().all(|x| x.model == "a"), "the plan's decisions are not the machine's");
+    assert_eq!(d.m.plan(llm("a"), 0).outcome, "loaded");
+    let req = d.req();
+    d.ev(Event::Pin { req, model: "a".into(), pinned: true });
+    let p = d.m.plan(llm("b"), 0);
+    assert_eq!((p.outcome, p.refusal), ("refused", Some(Rejection::SlotsPinned(vec!["a".into()]))));
+    // A busy model must finish first: the load waits for it.
+    let req = d.req();
+    d.ev(Event::Pin { req, model: "a".into(), pinned: false });
+    d.use_model(&llm("a"));
+    let p = d.m.plan(llm("b"), 0);
+    assert_eq!((p.outcome, p.evicts), ("waits", vec!["a".to_string()]));
+}
+
+#[test]
+fn decisions_name_their_reasons() {
+    let mut d = Drive::new(1);
+    d.m.take_decisions();
+    let r = d.use_model(&llm("a"));
+    d.ev(Event::Release { req: r });
+    d.use_model(&llm("b"));
+    let why: Vec<(&str, &str, String)> =
+        d.m.take_decisions().into_iter().map(|x| (x.decision, x.reason, x.model)).collect();
+    assert_eq!(
+        why,
+        [
+            ("queue", "loading", "a".into()),
+            ("load", "request", "a".into()),
+            ("queue", "loading", "b".into()),
+            ("evict", "make_room", "a".into()),
+            ("load", "request", "b".into())
+        ]
+    );
+    let req = d.req();
+    d.ev(Event::Unload { req, model: Some("b".into()) });
+    let why: Vec<(&str, &str)> = d.m.take_decisions().iter().map(|x| (x.decision, x.reason)).collect();
+    assert_eq!(why, [("unload", "explicit")]);
 }

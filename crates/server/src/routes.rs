@@ -5,8 +5,8 @@ use axum::routing::{any, delete, get, post, MethodRouter};
 use axum::Router;
 
 use crate::api::{
-    admin, anthropic, audio, images, install, internal, lifecycle, logs, mcp, metrics, native, ollama, openai, options,
-    pull, router, system,
+    admin, anthropic, audio, explain, images, install, internal, lifecycle, logs, mcp, metrics, native, ollama, openai,
+    options, pull, router, system,
 };
 use crate::state::AppState;
 use crate::webui;
@@ -109,6 +109,9 @@ route_table! {
     get_only "/pull/variants" => pull::variants;
     post_only "/routing/validate" => router::validate;
     post_only "/classify" => router::classify;
+    get_only "/scheduler" => explain::state;
+    post_only "/scheduler/plan" => explain::plan;
+    get_only "/scheduler/events" => explain::events;
     get_only "/registry/search" => pull::search;
     get_only "/downloads" => pull::downloads;
     post_only "/downloads/control" => pull::control;

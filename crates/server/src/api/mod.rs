@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod anthropic;
 pub mod audio;
+pub mod explain;
 pub mod images;
 pub mod install;
 pub mod internal;

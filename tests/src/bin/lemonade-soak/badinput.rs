@@ -32,6 +32,7 @@ const POSTS: &[&str] = &[
     "/models/register",
     "/routing/validate",
     "/classify",
+    "/scheduler/plan",
     "/downloads/control",
     "/cloud/auth",
     "/messages",

@@ -1,0 +1,104 @@
+//! The scheduler explains itself: `/scheduler` shows the ledgers, the models and why each
+//! stays, with the latest decisions (`crate::decisions`); a plan is a dry run of a load on a
+//! copy of the state machine (`scheduler::Machine::plan`).
+
+use api_types::{LoadRequest, ModelType, SchedulerModel, SchedulerPlan, SchedulerPool, SchedulerState};
+use scheduler::{Pool, State};
+use serde_json::json;
+
+use crate::decisions::wire;
+use crate::error::Result;
+use crate::Engine;
+
+/// Why a model stays loaded (or what it is doing).
+fn resident(state: State, pinned: bool, busy: bool, unload_in_s: Option<u64>) -> String {
+    match (state, pinned, busy, unload_in_s) {
+        (State::Loaded, true, _, _) => "pinned".into(),
+        (State::Loaded, _, true, _) => "serving".into(),
+        (State::Loaded, _, _, Some(s)) => format!("idle, unloaded in {s} s unless used"),
+        (State::Loaded, _, _, None) => {
+            "kept (no idle timeout); evicted first when room is needed, least recently used".into()
+        }
+        (s, ..) => s.as_str().into(),
+    }
+}
+
+/// `GET /scheduler`.
+pub fn state(rt: &Engine) -> SchedulerState {
+    let now = rt.lifecycle.now_ms();
+    let sv = rt.lifecycle.scheduler_view();
+    let views = rt.lifecycle.view();
+    let models: Vec<SchedulerModel> = views
+        .iter()
+        .map(|(name, v)| {
+            let unload_in_s = v.unload_at.map(|at| at.saturating_sub(now).div_ceil(1000));
+            SchedulerModel {
+                model_name: name.clone(),
+                state: v.state.as_str().into(),
+                pinned: v.pinned,
+                in_flight: v.in_flight,
+                waiting: v.queue_depth,
+                max_concurrent: v.max_concurrent,
+                memory_bytes: v.memory,
+                vram_bytes: v.vram,
+                unload_in_s,
+                resident: resident(v.state, v.pinned, v.in_flight + v.queue_depth > 0, unload_in_s),
+            }
+        })
+        .collect();
+    let pool = |p: Pool, budget: Option<u64>, in_use: u64| SchedulerPool {
+        pool: p.as_str().into(),
+        budget_bytes: budget,
+        in_use_bytes: in_use,
+        models: views
+            .iter()
+            .map(|(n, v)| (n.clone(), if p == Pool::Memory { v.memory } else { v.vram }))
+            .filter(|(_, b)| *b > 0)
+            .collect(),
+    };
+    let s = &sv.settings;
+    SchedulerState {
+        pools: vec![
+            pool(Pool::Memory, s.memory_budget.flatten(), sv.memory_in_use),
+            pool(Pool::Vram, s.vram_budget.flatten(), sv.vram_in_use),
+        ],
+        models,
+        load_queue: sv.load_queue.clone(),
+        max_loaded_models: ModelType::ALL.iter().map(|t| (t.as_str().to_string(), sv.limits.get(*t))).collect(),
+        decisions: rt.lifecycle.explain.recent(),
+    }
+}
+
+/// `POST /scheduler/plan`: what `/load` with `req` would do now; nothing changes.
+pub async fn plan(rt: &Engine, req: &LoadRequest) -> Result<SchedulerPlan> {
+    let info = rt.catalogue.get(&req.model_name)?;
+    let opts = crate::options::of_request(req)?;
+    let effective = rt.lifecycle.effective_options(&info, &opts);
+    let (p, model) = rt.lifecycle.plan(&info, &effective).await;
+    let refusal = p
+        .refusal
+        .as_ref()
+        .map(|r| json!({"code": r.code(), "message": crate::error::rejection_message(&info.name, r)}));
+    let summary = match (p.outcome, p.evicts.as_slice()) {
+        ("loaded", _) => format!("{} is loaded with these options: nothing to do", info.name),
+        ("refused", _) => format!(
+            "{} would be refused: {}",
+            info.name,
+            refusal.as_ref().map_or("", |r| r["message"].as_str().unwrap_or(""))
+        ),
+        ("load", []) => format!("{} would load beside the models loaded", info.name),
+        ("load", e) => format!("{} would load after evicting {}", info.name, e.join(", ")),
+        (_, []) => format!("{} would wait for the load in progress", info.name),
+        (_, e) => format!("{} would load once {} finish their requests and are evicted", info.name, e.join(", ")),
+    };
+    Ok(SchedulerPlan {
+        model_name: info.name.clone(),
+        outcome: p.outcome.into(),
+        evicts: p.evicts,
+        refusal,
+        memory_bytes: model.memory,
+        vram_bytes: model.vram,
+        summary,
+        decisions: p.decisions.into_iter().map(|d| wire(d, rt.lifecycle.now_ms())).collect(),
+    })
+}
