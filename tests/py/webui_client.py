@@ -430,13 +430,25 @@ def key(b, key, admin):
     check(http("GET", "/api/v1/log-level", key=key)["level"] == "warning", "the level was not set with the admin key")
 
 
-def system(b, model):
+def system(b, model, other):
     page = b.page()
     page.goto(base + "/system")
     expect(page.locator(f'tr[data-running="{model}"]')).to_contain_text("loaded")
     expect(page.locator('tr[data-backend="llamacpp:cpu"] [data-state]')).to_have_attribute("data-state", "installed")
     expect(page.locator("#sys-stats")).to_contain_text("Memory")
     expect(page.locator("#sys-cache")).to_contain_text("of 4.3 GB")
+    # The scheduler: why the model stays, a dry run, and its decisions live.
+    expect(page.locator("#sys-ledgers")).to_contain_text("loaded: kept (no idle timeout)")
+    expect(page.locator(f'#sys-timeline li[data-decision="load"][data-model="{model}"]')).to_have_count(1)
+    page.select_option("#sys-plan-model", other)
+    page.click("#sys-plan")
+    expect(page.locator("#sys-plan-out")).to_have_text(f"{other} would load after evicting {model}")
+    body = json.dumps({"model": other, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
+    req = urllib.request.Request(base + "/api/v1/chat/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        check(r.status == 200, "the chat that swaps the models")
+    expect(page.locator("#sys-timeline li").first).to_have_attribute("data-model", other)
+    expect(page.locator(f'#sys-timeline li[data-decision="evict"][data-model="{model}"]')).to_contain_text("make room")
     b.shot(page, "system")
     # The log of a server that has loaded a model (at debug level), for the README.
     page.click('nav a[href="/logs"]')

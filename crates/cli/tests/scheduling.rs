@@ -241,7 +241,7 @@ async fn real_llama_server_the_scheduler_explains_itself_and_plans_without_side_
     assert_eq!((smol["state"].clone(), smol["pinned"].clone()), (json!("loaded"), json!(false)), "{st}");
     assert!(smol["resident"].as_str().unwrap().starts_with("kept (no idle timeout)"), "{smol}");
     let memory = &st["pools"][0];
-    assert_eq!(memory["pool"], "memory");
+    assert_eq!((memory["pool"].clone(), st["pools"][1]["pool"].clone()), (json!("memory"), json!("vram")));
     assert!(memory["models"][SMOL].as_u64().unwrap() > 50_000_000, "its estimate in the ledger: {memory}");
     assert_eq!(st["max_loaded_models"]["llm"], 1);
     let d = st["decisions"].as_array().unwrap();

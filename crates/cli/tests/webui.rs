@@ -134,7 +134,7 @@ async fn real_llama_server_the_system_view_shows_the_running_model_and_backends(
     let l = Lemonade::start_in(bin(), Sandbox::new().with_whisper().with_sd().with_kokoro(), &[], &[]).await;
     let (s, v) = l.post("/api/v1/load", &json!({"model_name": SMOL})).await;
     assert_eq!(s, 200, "{v}");
-    browse(&l, "system", &[SMOL]).await;
+    browse(&l, "system", &[SMOL, GEMMA]).await;
 }
 
 #[tokio::test]

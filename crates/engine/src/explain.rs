@@ -47,7 +47,7 @@ pub fn state(rt: &Engine) -> SchedulerState {
         })
         .collect();
     let pool = |p: Pool, budget: Option<u64>, in_use: u64| SchedulerPool {
-        pool: p.as_str().into(),
+        pool: if p == Pool::Memory { "memory" } else { "vram" }.into(),
         budget_bytes: budget,
         in_use_bytes: in_use,
         models: views

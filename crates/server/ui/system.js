@@ -1,7 +1,8 @@
 // System: the machine (system-info), CPU and memory in use (system-stats), the prompt cache
 // (health; Empty), the running models from the admin API (backend, state, memory, requests,
-// saved prompts, last error), and the recipes' backends with install (live progress) and
-// uninstall.
+// saved prompts, last error), the scheduler (its ledgers, why each model stays, a dry run of a
+// load, and its decisions as a live timeline), and the recipes' backends with install (live
+// progress) and uninstall.
 
 import { api, sse } from "./api.js";
 import { h, fill, toast, bytes, confirmed, table, row } from "./dom.js";
@@ -17,6 +18,18 @@ export function mount(main) {
   } }, "Empty");
   const running = h("div", { id: "sys-running" });
   const recipes = h("div", { id: "sys-recipes" });
+  const ledgers = h("dl", { class: "facts", id: "sys-ledgers" });
+  const timeline = h("ol", { class: "timeline", id: "sys-timeline", "aria-live": "polite", "aria-label": "Scheduler decisions, newest first" });
+  const planModel = h("select", { id: "sys-plan-model", "aria-label": "Model to plan a load of" });
+  const planOut = h("p", { id: "sys-plan-out", class: "small", "aria-live": "polite" });
+  const planBtn = h("button", { type: "button", class: "small secondary", id: "sys-plan", onclick: async () => {
+    try {
+      const p = await api("/api/v1/scheduler/plan", { model_name: planModel.value });
+      planOut.textContent = p.summary;
+      planOut.dataset.outcome = p.outcome;
+    } catch (e) { planOut.textContent = e.message; }
+  } }, "What would loading it do?");
+  const events = new AbortController();
   const installs = new Map(); // "recipe:backend" → percent
 
   main.append(h("h1", {}, "System"),
@@ -27,6 +40,10 @@ export function mount(main) {
         h("p", { class: "muted small" }, "Conversations saved when a model is swapped out, so they resume without prefilling again."),
         cache, h("div", { class: "row end" }, emptyCache))),
     h("section", { "aria-labelledby": "sys-h-running" }, h("h2", { id: "sys-h-running" }, "Running models"), running),
+    h("section", { class: "card", "aria-labelledby": "sys-h-scheduler" }, h("h2", { id: "sys-h-scheduler" }, "Scheduler"),
+      ledgers,
+      h("div", { class: "row" }, planModel, planBtn), planOut,
+      h("h3", {}, "Decisions"), timeline),
     h("section", { "aria-labelledby": "sys-h-backends" }, h("h2", { id: "sys-h-backends" }, "Backends"), recipes));
 
   const pairs = (list) => list.filter(([, v]) => v !== undefined && v !== null && v !== "").flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]);
@@ -133,8 +150,39 @@ export function mount(main) {
     }
   }
 
+  /** One decision as a timeline entry (server uptime, what, why, detail). */
+  function decision(d) {
+    return h("li", { "data-decision": d.decision, "data-model": d.model },
+      h("span", { class: "muted small" }, `${(d.at_ms / 1000).toFixed(1)} s `),
+      h("strong", {}, d.decision), ` ${d.model} `, h("span", { class: "label" }, d.reason.replaceAll("_", " ")),
+      d.detail ? h("span", { class: "muted small" }, ` ${d.detail}`) : null);
+  }
+
+  async function scheduler() {
+    const s = await api("/api/v1/scheduler").catch(() => null);
+    if (!s) return;
+    fill(ledgers, pairs(s.pools.map((p) => [p.pool === "vram" ? "GPU memory" : "System memory",
+      `${bytes(p.in_use_bytes)}${p.budget_bytes ? ` of ${bytes(p.budget_bytes)}` : " (no budget)"}`]).concat(
+      s.models.filter((m) => m.state !== "unloaded").map((m) => [m.model_name, m.resident === m.state ? m.state : `${m.state}: ${m.resident}`]))));
+    if (!timeline.children.length) fill(timeline, s.decisions.slice(-30).reverse().map(decision));
+  }
+
+  async function follow() {
+    try {
+      await sse("/api/v1/scheduler/events", undefined, ({ data }) => {
+        if (!data || !data.decision) return;
+        timeline.prepend(decision(data));
+        while (timeline.children.length > 100) timeline.lastElementChild.remove();
+      }, events.signal);
+    } catch (e) {
+      if (e.name !== "AbortError") toast(`Scheduler events stopped: ${e.message}`, "bad");
+    }
+  }
+
   info();
   live();
-  const timer = setInterval(live, 2000);
-  return () => clearInterval(timer);
+  scheduler().then(follow);
+  api("/api/v1/models").then((r) => fill(planModel, (r.data || []).filter((m) => !m.components).map((m) => h("option", { value: m.id }, m.id)))).catch(() => {});
+  const timer = setInterval(() => { live(); scheduler(); }, 2000);
+  return () => { clearInterval(timer); events.abort(); };
 }
