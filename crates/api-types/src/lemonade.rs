@@ -88,6 +88,12 @@ pub struct Model {
     /// absent until an update check ran (`POST /models/check-updates`, `serve --check-updates`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub update_available: Option<bool>,
+    /// A loaded llama.cpp model's slots (requests it serves at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<u32>,
+    /// A loaded llama.cpp model's context per request, in tokens (a slot's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot_ctx_size: Option<u32>,
     /// A collection's models (recipe `collection.router` or `collection.omni`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub components: Option<Vec<String>>,
@@ -191,6 +197,17 @@ pub struct LoadedModel {
     /// paths as placeholders (`<hf-cache>`, `<lemonade-cache>`, `<extra-models-dir>`, `~`).
     #[serde(default)]
     pub command: Vec<String>,
+    /// llama.cpp: requests served at once (its slots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<u32>,
+    /// llama.cpp: the context one request may use, in tokens (a slot's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot_ctx_size: Option<u32>,
+    /// llama.cpp: KV cache cells in all (`slot_ctx_size × parallel` with the `parallel` option;
+    /// `slot_ctx_size` when llama-server's slots share one context), as the memory estimate
+    /// counts them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cells: Option<u64>,
 }
 
 /// The prompt cache: what it holds, and its bound (`--prompt-cache-size`; 0: off).
@@ -290,6 +307,11 @@ pub struct LoadRequest {
     #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<i64>, nullable))]
     pub ctx_size: Option<Option<crate::CtxSize>>,
+    /// llama.cpp: requests served at once (1 to 64), each in a slot with its own `ctx_size` of
+    /// context; unset: llama-server's 4 slots sharing one `ctx_size`.
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u32>, nullable))]
+    pub parallel: Option<Option<u32>>,
     /// `cpu`, `vulkan`, `rocm`, `metal`, or `system` (the llama-server on PATH).
     #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable))]
@@ -371,6 +393,7 @@ impl LoadRequest {
             }
         }
         p.set.ctx_size = one(&mut p, K::CtxSize, &self.ctx_size);
+        p.set.parallel = one(&mut p, K::Parallel, &self.parallel);
         p.set.llamacpp_backend = one(&mut p, K::LlamacppBackend, &self.llamacpp_backend);
         p.set.llamacpp_args = one(&mut p, K::LlamacppArgs, &self.llamacpp_args);
         p.set.rpc_servers = one(&mut p, K::RpcServers, &self.rpc_servers);

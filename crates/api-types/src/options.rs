@@ -92,6 +92,10 @@ macro_rules! load_options {
 load_options! {
     /// Context size in tokens (llama.cpp, FLM, Ryzen AI), or `-1`: sized automatically.
     ctx_size: CtxSize = CtxSize "ctx_size",
+    /// llama.cpp: requests the model serves at once, each in a slot with its own `ctx_size`
+    /// of context (the KV cache holds `ctx_size × parallel` cells). Unset: llama-server's 4
+    /// slots sharing one `ctx_size`.
+    parallel: u32 = Parallel "parallel",
     /// `cpu`, `vulkan`, `rocm`, `metal` or `system`.
     llamacpp_backend: String = LlamacppBackend "llamacpp_backend",
     /// Extra llama-server arguments (flags lemonade manages are refused when given).
@@ -263,7 +267,7 @@ mod tests {
 
     #[test]
     fn round_trips_through_the_v9_object() {
-        let v = json!({"ctx_size": 2048, "llamacpp_backend": "vulkan", "llamacpp_args": "-np 2",
+        let v = json!({"ctx_size": 2048, "parallel": 2, "llamacpp_backend": "vulkan", "llamacpp_args": "-t 2",
             "rpc_servers": ["10.0.0.2:50052"], "sd-cpp_backend": "cpu", "steps": 4, "cfg_scale": 1.5,
             "width": 256, "height": 320, "whispercpp_backend": "cpu", "whispercpp_args": "-t 2",
             "merge_args": false, "idle_timeout": 30});

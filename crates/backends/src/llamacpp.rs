@@ -64,6 +64,7 @@ impl crate::Adapter for LlamaCpp {
             mmproj_path: input.mmproj_path.map(std::path::Path::to_path_buf),
             model_type: input.model_type,
             ctx_size: crate::ctx_size(input.options),
+            parallel: input.options.parallel,
             backend: crate::backend_of(recipe, input.options),
             user_args: input.options.llamacpp_args.clone().unwrap_or_default(),
             amd_igpu: input.hardware.amd_igpu.is_some(),
@@ -120,6 +121,8 @@ pub struct LlamaServerConfig {
     pub mmproj_path: Option<PathBuf>,
     pub model_type: ModelType,
     pub ctx_size: u32,
+    /// `parallel`: that many slots, each with `ctx_size` of context of its own.
+    pub parallel: Option<u32>,
     /// `cpu`, `vulkan`, `rocm` or `metal`.
     pub backend: String,
     /// The user's extra arguments (`llamacpp_args`), as one string.
@@ -228,8 +231,16 @@ pub fn command_line(cfg: &LlamaServerConfig) -> Result<Vec<String>, ArgsError> {
     let mut push = |s: &str| a.push(s.to_string());
     push("-m");
     push(&cfg.model_path.display().to_string());
+    // `parallel` slots of `ctx` each: the KV pool holds them all, and llama.cpp limits each
+    // slot to its share (`--kv-unified-per-slot`), so one request cannot starve the others.
     push("--ctx-size");
-    push(&ctx.to_string());
+    push(&(u64::from(ctx) * u64::from(cfg.parallel.unwrap_or(1))).to_string());
+    if let Some(n) = cfg.parallel {
+        push("--parallel");
+        push(&n.to_string());
+        push("--kv-unified-per-slot");
+        push(&ctx.to_string());
+    }
     push("--host");
     push("127.0.0.1");
     push("--port");
@@ -295,6 +306,7 @@ mod tests {
             mmproj_path: None,
             model_type,
             ctx_size: DEFAULT_CTX_SIZE,
+            parallel: None,
             backend: backend.into(),
             user_args: user_args.into(),
             amd_igpu: false,
@@ -320,6 +332,26 @@ mod tests {
     #[test]
     fn llm_on_cpu() {
         insta::assert_snapshot!(line(&cfg(ModelType::Llm, "cpu", "")));
+    }
+
+    #[test]
+    fn parallel_slots_each_get_the_context() {
+        let mut c = cfg(ModelType::Llm, "cpu", "");
+        (c.ctx_size, c.parallel) = (2048, Some(3));
+        let l = line(&c);
+        assert!(l.contains("--ctx-size 6144 ") && l.contains(" --parallel 3 --kv-unified-per-slot 2048 "), "{l}");
+        let s = cache_settings(
+            &LoadOptions { parallel: Some(3), ctx_size: Some(api_types::CtxSize::Tokens(2048)), ..Default::default() },
+            ModelType::Llm,
+        );
+        assert_eq!((s.ctx_size, s.slots, s.kv_cells), (2048, 3, 6144));
+        let shared =
+            cache_settings(&LoadOptions { llamacpp_args: Some("-np 2".into()), ..Default::default() }, ModelType::Llm);
+        assert_eq!(
+            (shared.slots, shared.kv_cells),
+            (2, u64::from(DEFAULT_CTX_SIZE)),
+            "llama-server's own -np shares one context"
+        );
     }
 
     #[test]
@@ -396,9 +428,13 @@ mod tests {
 /// types, as `options` (and the `llamacpp_args` in them) set them.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CacheSettings {
+    /// The context one request may use (a slot's).
     pub ctx_size: u32,
     /// `--parallel` (llama-server's automatic value is 4).
     pub slots: u32,
+    /// KV cells in all: `ctx_size × slots` with `parallel` (a slot's own context each), else
+    /// `ctx_size` (llama-server's slots share one context).
+    pub kv_cells: u64,
     pub cache_type_k: String,
     pub cache_type_v: String,
 }
@@ -421,9 +457,13 @@ pub fn cache_settings(options: &LoadOptions, model_type: ModelType) -> CacheSett
         }
         found
     };
+    let slots = options
+        .parallel
+        .or_else(|| flag(&["-np", "--parallel"]).and_then(|n| n.parse::<u32>().ok()).filter(|n| *n > 0));
     CacheSettings {
         ctx_size: ctx,
-        slots: flag(&["-np", "--parallel"]).and_then(|n| n.parse::<u32>().ok()).filter(|n| *n > 0).unwrap_or(4),
+        slots: slots.unwrap_or(4),
+        kv_cells: u64::from(ctx) * u64::from(options.parallel.unwrap_or(1)),
         cache_type_k: flag(&["-ctk", "--cache-type-k"]).unwrap_or_else(|| "f16".into()),
         cache_type_v: flag(&["-ctv", "--cache-type-v"]).unwrap_or_else(|| "f16".into()),
     }

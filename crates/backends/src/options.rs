@@ -25,6 +25,7 @@ pub fn defaults(recipe: Recipe) -> LoadOptions {
     let backend = Some(recipe.default_backend().to_string());
     let o = LoadOptions {
         ctx_size: Some(CtxSize::Tokens(llamacpp::DEFAULT_CTX_SIZE)),
+        parallel: None,
         llamacpp_backend: backend.clone(),
         llamacpp_args: Some(String::new()),
         rpc_servers: Some(Vec::new()),
@@ -83,6 +84,21 @@ pub fn check(o: &LoadOptions) -> Result<(), Invalid> {
             code: Some("invalid_whispercpp_args"),
         })?;
     }
+    if let Some(n) = o.parallel.filter(|n| !(1..=MAX_PARALLEL).contains(n)) {
+        return Err(invalid(
+            OptionKey::Parallel,
+            format!("Invalid value for 'parallel': expected 1 to {MAX_PARALLEL}, got {n}"),
+        ));
+    }
+    let args = o.llamacpp_args.as_deref().and_then(|a| llamacpp::tokenize(a).ok()).unwrap_or_default();
+    if o.parallel.is_some()
+        && llamacpp::first_reserved(&args, &["-np", "--parallel", "--kv-unified-per-slot"]).is_some()
+    {
+        return Err(invalid(
+            OptionKey::Parallel,
+            "Set 'parallel' or llama-server's --parallel in llamacpp_args, not both".to_string(),
+        ));
+    }
     for w in o.rpc_servers.iter().flatten() {
         rpc::check_worker(w).map_err(|m| invalid(OptionKey::RpcServers, m))?;
     }
@@ -95,6 +111,9 @@ pub fn check(o: &LoadOptions) -> Result<(), Invalid> {
     side(OptionKey::Width, o.width)?;
     side(OptionKey::Height, o.height)
 }
+
+/// The most slots `parallel` may ask for.
+pub const MAX_PARALLEL: u32 = 64;
 
 /// Checks that `recipe` takes every option in `keys` (`POST /models/{id}/options` refuses an
 /// option of another recipe).
@@ -125,7 +144,9 @@ mod tests {
     #[test]
     fn every_recipe_option_has_a_default_and_no_other() {
         for r in Recipe::ALL {
-            assert_eq!(defaults(r).keys(), r.option_keys(), "{r}");
+            // `parallel` has none: unset is llama-server's own slots, sharing one context.
+            let keys: Vec<OptionKey> = r.option_keys().iter().copied().filter(|k| *k != OptionKey::Parallel).collect();
+            assert_eq!(defaults(r).keys(), keys, "{r}");
             assert!(check(&defaults(r)).is_ok(), "{r}: the defaults pass the check");
         }
     }
@@ -137,6 +158,12 @@ mod tests {
             (LoadOptions { llamacpp_args: Some("--port 9".into()), ..Default::default() }, OptionKey::LlamacppArgs),
             (LoadOptions { rpc_servers: Some(vec!["nope".into()]), ..Default::default() }, OptionKey::RpcServers),
             (LoadOptions { steps: Some(0), ..Default::default() }, OptionKey::Steps),
+            (LoadOptions { parallel: Some(0), ..Default::default() }, OptionKey::Parallel),
+            (LoadOptions { parallel: Some(65), ..Default::default() }, OptionKey::Parallel),
+            (
+                LoadOptions { parallel: Some(2), llamacpp_args: Some("-np 4".into()), ..Default::default() },
+                OptionKey::Parallel,
+            ),
             (LoadOptions { cfg_scale: Some(31.0), ..Default::default() }, OptionKey::CfgScale),
             (LoadOptions { width: Some(100), ..Default::default() }, OptionKey::Width),
             (LoadOptions { sdcpp_backend: Some("vulkan".into()), ..Default::default() }, OptionKey::SdcppBackend),

@@ -141,7 +141,7 @@ impl Recipe {
     pub fn option_keys(self) -> &'static [OptionKey] {
         use OptionKey::*;
         match self {
-            Recipe::LlamaCpp => &[CtxSize, LlamacppBackend, LlamacppArgs, RpcServers, MergeArgs],
+            Recipe::LlamaCpp => &[CtxSize, Parallel, LlamacppBackend, LlamacppArgs, RpcServers, MergeArgs],
             Recipe::Flm | Recipe::RyzenAiLlm => &[CtxSize],
             Recipe::WhisperCpp => &[WhispercppBackend, WhispercppArgs, MergeArgs],
             Recipe::SdCpp => &[SdcppBackend, Steps, CfgScale, Width, Height],

@@ -214,6 +214,9 @@ pub struct LoadArgs {
     /// Context size for this load; -1 or auto: the largest the model was trained for that fits.
     #[arg(long, allow_hyphen_values = true)]
     pub ctx_size: Option<api_types::CtxSize>,
+    /// llama.cpp: requests served at once, each with --ctx-size of context of its own.
+    #[arg(long)]
+    pub parallel: Option<u32>,
     /// llama.cpp backend for this load.
     #[arg(long, value_parser = ["cpu", "vulkan", "rocm", "metal", "system"])]
     pub llamacpp: Option<String>,
@@ -248,6 +251,7 @@ impl LoadArgs {
         LoadRequest {
             model_name: model.to_string(),
             ctx_size: self.ctx_size.map(Some),
+            parallel: self.parallel.map(Some),
             llamacpp_backend: self.llamacpp.clone().map(Some),
             llamacpp_args: self.llamacpp_args.clone().map(Some),
             rpc_servers: self.rpc_servers.clone().map(Some),

@@ -293,3 +293,82 @@ async fn real_llama_server_the_scheduler_explains_itself_and_plans_without_side_
         "{metrics}"
     );
 }
+
+/// `parallel` slots sized honestly, on real llama-server: each slot has `ctx_size` of its own
+/// (the KV pool and the memory estimate count them all), health says so, requests run two at
+/// once and the third waits, and a request longer than a slot is refused with both numbers.
+#[tokio::test]
+async fn real_llama_server_parallel_slots_each_get_their_context_and_are_counted() {
+    let l = Lemonade::start(bin(), &[]).await;
+    let (s, v) = l.post("/api/v1/load", &json!({"model_name": SMOL, "ctx_size": 1024})).await;
+    assert_eq!(s, 200, "{v}");
+    let shared = entry(&l.get("/api/v1/health").await.1, SMOL).clone();
+    assert_eq!(
+        (shared["parallel"].clone(), shared["slot_ctx_size"].clone(), shared["kv_cells"].clone()),
+        (json!(4), json!(1024), json!(1024)),
+        "{shared}"
+    );
+    let (s, v) = l.post("/api/v1/load", &json!({"model_name": SMOL, "ctx_size": 1024, "parallel": 2})).await;
+    assert_eq!(s, 200, "{v}");
+    let (_, h) = l.get("/api/v1/health").await;
+    let e = entry(&h, SMOL);
+    assert_eq!(
+        (e["parallel"].clone(), e["slot_ctx_size"].clone(), e["kv_cells"].clone()),
+        (json!(2), json!(1024), json!(2048)),
+        "{e}"
+    );
+    let command = e["command"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect::<Vec<_>>().join(" ");
+    assert!(
+        command.contains("--ctx-size 2048 ") && command.contains("--parallel 2 --kv-unified-per-slot 1024"),
+        "{command}"
+    );
+    assert!(
+        e["memory_estimate"].as_u64() > shared["memory_estimate"].as_u64(),
+        "the whole KV cache is counted: {e} vs {shared}"
+    );
+    let (_, m) = l.get(&format!("/api/v1/models/{SMOL}")).await;
+    assert_eq!((m["parallel"].clone(), m["slot_ctx_size"].clone()), (json!(2), json!(1024)), "{m}");
+    let (_, props) = l.get(&format!("/api/v1/props?model={SMOL}")).await;
+    assert_eq!(
+        (props["total_slots"].clone(), props["default_generation_settings"]["n_ctx"].clone()),
+        (json!(2), json!(1024)),
+        "{props}"
+    );
+
+    // Two requests run at once; a third waits for a slot.
+    let (a, b) = (stream(&l, SMOL, 200).await, stream(&l, SMOL, 200).await);
+    assert_eq!((a.status().as_u16(), b.status().as_u16()), (200, 200));
+    let l2 = l.http.clone();
+    let url = l.url("/api/v1/chat/completions");
+    let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let third = tokio::spawn(async move { l2.post(url).json(&body).send().await.unwrap().status().as_u16() });
+    let seen = wait_for(Duration::from_secs(10), || async {
+        let e = entry(&l.get("/api/v1/health").await.1, SMOL).clone();
+        (e["in_flight"] == 2 && e["queued"] == 1).then_some(())
+    })
+    .await;
+    assert!(seen.is_some(), "two in flight, one queued: {}", l.get("/api/v1/health").await.1);
+    let (ta, tb) = (a.text().await.unwrap(), b.text().await.unwrap());
+    assert!(ta.contains("[DONE]") && tb.contains("[DONE]"));
+    assert_eq!(third.await.unwrap(), 200);
+
+    // Longer than a slot: refused at once, with both numbers.
+    let long =
+        json!({"model": SMOL, "messages": [{"role": "user", "content": "lemon ".repeat(1500)}], "max_tokens": 2});
+    let (s, e) = l.post("/api/v1/chat/completions", &long).await;
+    assert_eq!(
+        (s, e["error"]["type"].clone(), e["error"]["n_ctx"].clone()),
+        (400, json!("exceed_context_size_error"), json!(1024)),
+        "{e}"
+    );
+    assert!(e["error"]["n_prompt_tokens"].as_u64().unwrap() > 1024, "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("(1024 tokens)"), "{e}");
+
+    // Bad values name the option.
+    for bad in [json!({"parallel": 0}), json!({"parallel": 65}), json!({"parallel": 2, "llamacpp_args": "-np 4"})] {
+        let mut body = bad.clone();
+        body["model_name"] = json!(SMOL);
+        let (s, e) = l.post("/api/v1/load", &body).await;
+        assert_eq!((s, e["error"]["param"].clone()), (400, json!("parallel")), "{bad}: {e}");
+    }
+}

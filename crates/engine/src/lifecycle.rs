@@ -358,6 +358,15 @@ impl Lifecycle {
     }
 
     /// Loaded models in load order, with their published state.
+    /// A loaded llama.cpp model's slots and context per slot.
+    pub fn slots(&self, name: &str) -> Option<(u32, u32)> {
+        let r = self.running.lock().get(name).cloned()?;
+        (r.info.recipe == Recipe::LlamaCpp).then(|| {
+            let s = backends::llamacpp::cache_settings(&r.options, r.info.model_type);
+            (s.slots, s.ctx_size)
+        })
+    }
+
     pub fn loaded(&self) -> Vec<(Arc<Running>, ModelView)> {
         let view = self.view();
         let running = self.running.lock();
@@ -436,7 +445,7 @@ impl Lifecycle {
             m.max_concurrent = Some(self.cfg.max_concurrent.unwrap_or(s.slots));
             // No shape (the header could not be read): counted as nothing; the start says why.
             let input = registry::memory::EstimateInput {
-                ctx_size: s.ctx_size,
+                ctx_size: u32::try_from(s.kv_cells).unwrap_or(u32::MAX),
                 slots: s.slots,
                 cache_type_k: &s.cache_type_k,
                 cache_type_v: &s.cache_type_v,
@@ -452,6 +461,8 @@ impl Lifecycle {
     pub fn health_entry(&self, r: &Running, v: &ModelView) -> LoadedModel {
         let now = self.now_ms();
         let cached = self.prompt_cache.usage(&r.info.name);
+        let slots = (r.info.recipe == Recipe::LlamaCpp)
+            .then(|| backends::llamacpp::cache_settings(&r.options, r.info.model_type));
         LoadedModel {
             model_name: r.info.name.clone(),
             checkpoint: r.info.checkpoint.clone(),
@@ -474,6 +485,9 @@ impl Lifecycle {
             command: r.command.clone(),
             prompt_cache_files: cached.0,
             prompt_cache_bytes: cached.1,
+            parallel: slots.as_ref().map(|s| s.slots),
+            slot_ctx_size: slots.as_ref().map(|s| s.ctx_size),
+            kv_cells: slots.map(|s| s.kv_cells),
         }
     }
 
@@ -705,7 +719,13 @@ impl Lifecycle {
                 let settings = self.scheduler_view().settings;
                 let budget = if offloaded { settings.vram_budget.flatten() } else { settings.memory_budget.flatten() };
                 let fallback = backends::llamacpp::DEFAULT_CTX_SIZE;
-                registry::memory::auto_ctx_size(&shape, &input, budget, offloaded, fallback)
+                let cells = registry::memory::auto_ctx_size(&shape, &input, budget, offloaded, fallback);
+                // With `parallel` slots of their own, the cells that fit are shared among them.
+                match options.parallel.filter(|n| *n > 1) {
+                    Some(n) => (cells / n / registry::memory::AUTO_CTX_STEP * registry::memory::AUTO_CTX_STEP)
+                        .max(registry::memory::AUTO_CTX_STEP),
+                    None => cells,
+                }
             }
             _ => backends::llamacpp::DEFAULT_CTX_SIZE,
         }

@@ -147,6 +147,8 @@ impl Provider {
                 upstream: Some(self.name.clone()),
                 context_length: None,
                 update_available: None,
+                parallel: None,
+                slot_ctx_size: None,
                 components: None,
                 routing: None,
                 system_prompt: None,

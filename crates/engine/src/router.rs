@@ -188,6 +188,8 @@ fn view(rt: &Engine, c: &Collection, downloaded: bool) -> Model {
         upstream: None,
         context_length: None,
         update_available: None,
+        parallel: None,
+        slot_ctx_size: None,
         components: Some(c.components.clone()),
         routing: Some(c.routing.clone()).filter(|_| omni.is_none()),
         system_prompt: omni.and_then(|o| o.system_prompt.clone()),

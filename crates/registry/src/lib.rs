@@ -506,6 +506,8 @@ impl Registry {
             upstream: None,
             context_length: m.shape.map(|s| s.trained_ctx).filter(|c| *c > 0),
             update_available: None,
+            parallel: None,
+            slot_ctx_size: None,
             components: None,
             routing: None,
             system_prompt: None,

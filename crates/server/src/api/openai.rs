@@ -224,7 +224,10 @@ pub async fn list_models(State(rt): State<AppState>, Query(q): Query<ModelsQuery
     let mut data: Vec<Model> = reg
         .listed(show_all)
         .into_iter()
-        .map(|(id, m)| Model { id, update_available: updates(m), ..reg.to_api(m) })
+        .map(|(id, m)| {
+            let (parallel, slot_ctx_size) = rt.lifecycle.slots(&m.name).unzip();
+            Model { id, update_available: updates(m), parallel, slot_ctx_size, ..reg.to_api(m) }
+        })
         .collect();
     data.extend(rt.remotes.models());
     data.extend(engine::router::listed(&rt, show_all));
@@ -258,7 +261,9 @@ pub async fn get_model(
         (Err(_), Some(remote)) => Ok(Json(remote).into_response()),
         (Ok(m), _) => {
             let entry = reg.entry(&id).map_err(engine::EngineError::from)?;
-            Ok(Json(Model { update_available: rt.updates.available(&m.name), ..entry }).into_response())
+            let (parallel, slot_ctx_size) = rt.lifecycle.slots(&m.name).unzip();
+            Ok(Json(Model { update_available: rt.updates.available(&m.name), parallel, slot_ctx_size, ..entry })
+                .into_response())
         }
         (Err(e), None) => Err(engine::EngineError::from(e).into()),
     }

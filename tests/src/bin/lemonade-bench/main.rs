@@ -237,6 +237,7 @@ pub(crate) fn llama_command_line_rpc(model: &std::path::Path, rpc: Vec<String>) 
         mmproj_path: None,
         model_type: api_types::ModelType::Llm,
         ctx_size: backends::llamacpp::DEFAULT_CTX_SIZE,
+        parallel: None,
         backend: "cpu".into(),
         user_args: LLAMA_ARGS.into(),
         amd_igpu: false,
