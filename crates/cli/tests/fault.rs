@@ -640,3 +640,23 @@ async fn an_idle_model_is_unloaded_after_the_idle_timeout_and_a_busy_one_is_not(
     assert!(loaded_names(&l.get("/api/v1/health").await.1).is_empty());
     assert_eq!(l.chat(&x("a")).await.0, 200, "the next request loads it again");
 }
+
+/// A streamed request whose model fails to load after it has waited past the patience gets
+/// its 200 at once (with `: loading` comments), then the failure as a `data: {"error": …}`
+/// event and `[DONE]`; a failure within the patience keeps its status.
+#[tokio::test]
+async fn a_stream_that_waited_gets_its_load_failure_as_an_error_event() {
+    let slow_fail = json!({"load_delay_ms": 700, "refuse_start": true});
+    let l = start(&[("slowfail", None, slow_fail), ("fastfail", None, json!({"refuse_start": true}))], &[]).await;
+    let body = |m: &str| json!({"model": x(m), "messages": [{"role": "user", "content": "hi"}], "stream": true});
+    let r = l.http.post(l.url("/api/v1/chat/completions")).json(&body("slowfail")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let text = read_stream(r).await;
+    assert!(text.starts_with(": loading 0 s\n\n"), "{text}");
+    let event = text.lines().find_map(|l| l.strip_prefix("data: {")).map(|d| format!("{{{d}")).expect("an error event");
+    let v: Value = serde_json::from_str(&event).unwrap();
+    assert_eq!(v["error"]["code"], "model_load_error", "{text}");
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    let r = l.http.post(l.url("/api/v1/chat/completions")).json(&body("fastfail")).send().await.unwrap();
+    assert_eq!(r.status(), 500, "a failure within the patience keeps its status");
+}

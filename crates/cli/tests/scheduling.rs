@@ -372,3 +372,35 @@ async fn real_llama_server_parallel_slots_each_get_their_context_and_are_counted
         assert_eq!((s, e["error"]["param"].clone()), (400, json!("parallel")), "{bad}: {e}");
     }
 }
+
+/// Reads a stream to its end; the text.
+async fn all_of(r: reqwest::Response) -> String {
+    r.text().await.unwrap()
+}
+
+/// A streamed request that waits is answered at once and told where it is, on real
+/// llama-server: `: loading N s` while its model loads, `: queued N` while it waits for a place
+/// on the loaded model; then the same events it would have had; the official openai SDK reads
+/// such a stream as any other.
+#[tokio::test]
+async fn real_llama_server_a_waiting_stream_says_where_it_is_with_sse_comments() {
+    let l = Lemonade::start(bin(), &["--max-concurrent", "1"]).await;
+    let loading = stream(&l, GEMMA, 4).await;
+    assert_eq!(loading.status(), 200);
+    let text = all_of(loading).await;
+    let first_data = text.find("data: ").unwrap();
+    assert!(text[..first_data].starts_with(": loading 0 s\n\n"), "comments before the first event: {text}");
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    // One request runs; the next waits in line and says so.
+    let running = stream(&l, GEMMA, 200).await;
+    let waiting = stream(&l, GEMMA, 2).await;
+    assert_eq!(waiting.status(), 200, "answered at once");
+    let (ra, wa) = tokio::join!(all_of(running), all_of(waiting));
+    assert!(ra.contains("[DONE]"));
+    let first_data = wa.find("data: ").unwrap();
+    assert!(wa[..first_data].contains(": queued 1\n\n"), "{wa}");
+    assert!(wa.trim_end().ends_with("data: [DONE]"), "{wa}");
+    // The SDK ignores the comments (the model loads again after an unload).
+    assert_eq!(l.post("/api/v1/unload", &json!({})).await.0, 200);
+    py_checks("queued_client.py", &[&l.url(""), SMOL]).await;
+}

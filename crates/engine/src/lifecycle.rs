@@ -115,6 +115,8 @@ pub struct ModelView {
     pub vram: u64,
     /// Requests it serves at once (None: no limit).
     pub max_concurrent: Option<u32>,
+    /// When each waiting request started waiting (ms, the runtime's clock), in serving order.
+    pub waiting_since: Vec<u64>,
 }
 
 /// The scheduler's settings and memory use as the owner last published them.
@@ -128,6 +130,9 @@ pub struct SchedulerView {
     /// Loaded models per type (-1: no limit).
     pub limits: scheduler::Limits,
 }
+
+/// How long after it arrives a request is in the scheduler's queue, at most (for its place).
+pub const PLACE_SLACK_MS: u64 = 100;
 
 /// A plan asked of the owner: the model, its options, where the answer goes.
 type PlanAsk = (ModelRef, Opts, oneshot::Sender<scheduler::Plan>);
@@ -358,6 +363,15 @@ impl Lifecycle {
     }
 
     /// Loaded models in load order, with their published state.
+    /// Where a request for `name` asked for at `since` (ms) is: the model's state, and how many
+    /// requests wait for it that arrived no later than it (so its place in line, 1: next; the
+    /// queue registers a request within [`PLACE_SLACK_MS`] of its arrival).
+    pub fn place(&self, name: &str, since: u64) -> (Option<State>, usize) {
+        let view = self.view.read();
+        let Some(v) = view.get(name) else { return (None, 0) };
+        (Some(v.state), v.waiting_since.iter().filter(|t| **t <= since + PLACE_SLACK_MS).count())
+    }
+
     /// A loaded llama.cpp model's slots and context per slot.
     pub fn slots(&self, name: &str) -> Option<(u32, u32)> {
         let r = self.running.lock().get(name).cloned()?;
@@ -757,6 +771,7 @@ impl Lifecycle {
                     state: e.state,
                     in_flight: e.in_flight.len(),
                     queue_depth: e.queue_depth(),
+                    waiting_since: m.waiting_since(&e.model.name),
                     last_use: e.last_use,
                     last_error: e.last_error.clone(),
                     pinned: e.pinned,

@@ -623,6 +623,13 @@ impl<O: Clone + PartialEq> Machine<O> {
     }
 
     /// Bytes of `pool` counted for the backends alive (starting, running or stopping).
+    /// When each request waiting for `name` started waiting (ms), oldest first: the order in
+    /// which they are served.
+    pub fn waiting_since(&self, name: &str) -> Vec<u64> {
+        let Some(e) = self.models.get(name) else { return Vec::new() };
+        e.waiting.iter().filter_map(|r| self.waiting.get(r).map(|(_, since)| *since)).collect()
+    }
+
     pub fn in_use(&self, pool: Pool) -> u64 {
         self.models.values().filter(|e| e.occupies()).map(|e| e.size(pool)).sum()
     }

@@ -12,6 +12,7 @@ pub mod proxy;
 pub mod routes;
 pub mod sse;
 pub mod state;
+pub mod waiting;
 pub mod webui;
 
 use std::future::Future;

@@ -60,8 +60,8 @@ fn rewrite_chat(mut req: ChatCompletionRequest, raw: Bytes) -> Result<Bytes, Api
 async fn dispatch(
     rt: &AppState,
     model: &str,
-    want: &[ModelType],
-    endpoint: &str,
+    want: &'static [ModelType],
+    endpoint: &'static str,
     path: &str,
     body: Bytes,
     stream: bool,
@@ -98,18 +98,17 @@ fn omni_answer<'a>(
 async fn forward_to(
     rt: &AppState,
     model: &str,
-    want: &[ModelType],
-    endpoint: &str,
+    want: &'static [ModelType],
+    endpoint: &'static str,
     path: &str,
     body: Bytes,
     stream: bool,
 ) -> Result<Response, ApiError> {
-    let lease = pulls::lease(rt, model, want, endpoint).await?;
     if stream {
-        proxy::forward_stream(lease, path, body).await
-    } else {
-        proxy::forward(lease, Method::POST, path, Some(body), true).await
+        return crate::waiting::stream(rt, model, want, endpoint, path, body).await;
     }
+    let lease = pulls::lease(rt, model, want, endpoint).await?;
+    proxy::forward(lease, Method::POST, path, Some(body), true).await
 }
 
 /// Chat completion (OpenAI). Streams SSE when `stream` is true.

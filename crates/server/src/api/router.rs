@@ -87,11 +87,10 @@ fn first_event_with(
         let mut held = pending.lock();
         let Some((buf, value)) = held.as_mut() else { return Ok(chunk) };
         buf.extend_from_slice(&chunk);
-        let Some(at) = buf.windows(end.len()).position(|w| w == end) else { return Ok(Bytes::new()) };
-        let (event, rest) = buf.split_at(at);
-        let mut out = inject(event, value);
-        out.extend_from_slice(rest);
-        *held = None;
+        let (out, done) = take_first_event(buf, value, end);
+        if done {
+            *held = None;
+        }
         Ok(Bytes::from(out))
     });
     let rest =
@@ -99,6 +98,23 @@ fn first_event_with(
             async move { Ok(Bytes::from(left.lock().take().map(|(b, _)| b).unwrap_or_default())) },
         );
     events.chain(rest)
+}
+
+/// What of `buf` can go out: comments (`: queued 2` while the request waits) as they are, then
+/// the first event with data, `value` added, and the rest; true once that event went out.
+fn take_first_event(buf: &mut Vec<u8>, value: &Value, end: &[u8]) -> (Vec<u8>, bool) {
+    let mut out = Vec::new();
+    while let Some(at) = buf.windows(end.len()).position(|w| w == end) {
+        if buf.starts_with(b":") {
+            out.extend(buf.drain(..at + end.len()));
+            continue;
+        }
+        let (event, rest) = buf.split_at(at);
+        out.extend(inject(event, value));
+        out.extend_from_slice(rest);
+        return (out, true);
+    }
+    (out, false)
 }
 
 /// `body` as a request through the parameter variant `model` sends it (its forced fields set,
@@ -175,6 +191,12 @@ mod tests {
         let out = inject(b"data: {\"id\":\"1\"}", &v);
         assert_eq!(String::from_utf8(out).unwrap(), r#"data: {"id":"1","x_lemonade_route":{"route_to":"A"}}"#);
         assert_eq!(inject(b"data: [DONE]", &v), b"data: [DONE]");
+        let mut buf = b": queued 1\n\n: loading 0 s\n\ndata: {}\n\ndata: [DONE]\n\n".to_vec();
+        let (out, done) = take_first_event(&mut buf, &v, b"\n\n");
+        assert!(done);
+        let want =
+            ": queued 1\n\n: loading 0 s\n\ndata: {\"x_lemonade_route\":{\"route_to\":\"A\"}}\n\ndata: [DONE]\n\n";
+        assert_eq!(String::from_utf8(out).unwrap(), want, "comments pass, the first data event gets it");
         let line = inject(br#"{"model":"A","done":false}"#, &v);
         assert_eq!(
             String::from_utf8(line).unwrap(),

@@ -1,0 +1,90 @@
+//! A streamed request that has to wait (for its model to load, or for a place on it) is
+//! answered at once, and until the model takes it SSE comment lines say where it is:
+//! `: queued 2` (the 2nd in line for a place on the loaded model) or `: loading 3 s`. Every
+//! SSE client ignores comments, so the stream is the one it would have been, with the wait
+//! visible. A request granted within [`PATIENCE`] is answered exactly as before, its status
+//! included; after that the status is 200, and a failure (the load failed, the queue refused
+//! it, the backend refused the request) is a `data: {"error": …}` event and `data: [DONE]`.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use api_types::ModelType;
+use axum::response::Response;
+use bytes::Bytes;
+use engine::pulls;
+use futures_util::StreamExt;
+use scheduler::State;
+use tokio::sync::mpsc;
+
+use crate::error::ApiError;
+use crate::proxy;
+use crate::state::AppState;
+
+/// How long a streamed request waits quietly before its answer starts with comments.
+pub const PATIENCE: Duration = Duration::from_millis(250);
+/// How often a waiting stream says where it is.
+pub const EVERY: Duration = Duration::from_secs(1);
+
+/// Forwards a streamed request to `model` once it is granted, saying meanwhile where it is.
+pub async fn stream(
+    rt: &AppState,
+    model: &str,
+    want: &'static [ModelType],
+    endpoint: &'static str,
+    path: &str,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let since = rt.lifecycle.now_ms();
+    let (rt1, model1) = (rt.clone(), model.to_string());
+    let mut lease = Box::pin(async move { pulls::lease(&rt1, &model1, want, endpoint).await });
+    if let Ok(l) = tokio::time::timeout(PATIENCE, &mut lease).await {
+        return proxy::forward_stream(l?, path, body).await;
+    }
+    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    let (rt2, model, path) = (rt.clone(), model.to_string(), path.to_string());
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(EVERY);
+        let lease = loop {
+            tokio::select! {
+                l = &mut lease => break l,
+                _ = tick.tick() => {
+                    if tx.send(place(&rt2, &model, since)).await.is_err() {
+                        return; // the client left; dropping the lease future withdraws the request
+                    }
+                }
+            }
+        };
+        let answer = match lease {
+            Ok(l) => proxy::forward_stream(l, &path, body).await,
+            Err(e) => Err(ApiError::from(e)),
+        };
+        match answer {
+            Ok(r) => {
+                let mut body = r.into_body().into_data_stream();
+                while let Some(Ok(chunk)) = body.next().await {
+                    if tx.send(chunk).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            Err(e) => {
+                let event = serde_json::json!({"error": e.body().error});
+                let _ = tx.send(Bytes::from(format!("data: {event}\n\ndata: [DONE]\n\n"))).await;
+            }
+        }
+    });
+    let events = futures_util::stream::unfold(rx, |mut rx| async { Some((Ok::<_, Infallible>(rx.recv().await?), rx)) });
+    Ok(crate::sse::response(&rt.lifecycle, events))
+}
+
+/// The comment saying where a request that started waiting at `since` is.
+fn place(rt: &AppState, model: &str, since: u64) -> Bytes {
+    let waited = rt.lifecycle.now_ms().saturating_sub(since) / 1000;
+    Bytes::from(match rt.lifecycle.place(model, since) {
+        (Some(State::Loaded), n) if n > 0 => format!(": queued {n}\n\n"),
+        (Some(State::Loaded), _) => ": starting\n\n".to_string(),
+        (Some(State::Unloading), _) => format!(": waiting for {model} to restart, {waited} s\n\n"),
+        _ => format!(": loading {waited} s\n\n"),
+    })
+}
