@@ -294,7 +294,13 @@ mod tests {
         let names: Vec<&str> = table.as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
         assert_eq!(
             names,
-            ["lemonade_list_models", "lemonade_chat", "lemonade_transcribe_audio", "lemonade_generate_image"]
+            [
+                "lemonade_list_models",
+                "lemonade_chat",
+                "lemonade_transcribe_audio",
+                "lemonade_generate_image",
+                "lemonade_omni"
+            ]
         );
     }
 }
