@@ -366,6 +366,8 @@ async fn processing(l: &Lemonade, model: &str) -> bool {
 #[tokio::test]
 async fn client_disconnect_stops_generation() {
     let l = Lemonade::start(bin(), &[]).await;
+    // Loaded first: a cold request would be answered at once with `: loading` comments.
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL})).await.0, 200);
     let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "Write a very long essay about the sea."}],
                       "max_tokens": 4000, "ignore_eos": true, "stream": true});
     let r = l.http.post(l.url("/v1/chat/completions")).json(&body).send().await.unwrap();
@@ -385,6 +387,8 @@ async fn client_disconnect_stops_generation() {
 #[tokio::test]
 async fn killed_backend_mid_stream_gives_error_frame_and_recovers() {
     let l = Lemonade::start(bin(), &[]).await;
+    // Loaded first: a cold request would be answered at once with `: loading` comments.
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL})).await.0, 200);
     let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "Write a very long essay about the sea."}],
                       "max_tokens": 4000, "ignore_eos": true, "stream": true});
     let r = l.http.post(l.url("/v1/chat/completions")).json(&body).send().await.unwrap();

@@ -290,6 +290,8 @@ fn backends(l: &Lemonade) -> Vec<u32> {
 async fn real_llama_server_unload_waits_for_the_stream_then_a_waiting_request_reloads() {
     use futures_util::StreamExt;
     let l = Lemonade::start(bin(), &[]).await;
+    // Loaded first: a cold request would be answered at once with `: loading` comments.
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL})).await.0, 200);
     let r = long_stream(&l, 64).await;
     let first_pid = backends(&l);
     assert_eq!(first_pid.len(), 1);

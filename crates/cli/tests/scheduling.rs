@@ -125,6 +125,8 @@ async fn real_llama_server_the_memory_budget_evicts_across_types_to_fit() {
 #[tokio::test]
 async fn real_llama_server_the_queue_bound_gives_503_with_retry_after() {
     let l = Lemonade::start(bin(), &["--max-queue", "1", "--max-concurrent", "1"]).await;
+    // Loaded first: a cold request would be answered at once with `: loading` comments.
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL})).await.0, 200);
     // One request runs (the model's one place), one waits (the queue's one place).
     let running = stream(&l, SMOL, 48).await;
     assert_eq!(running.status(), 200);
