@@ -93,6 +93,8 @@ pub fn model(rel: &str) -> PathBuf {
     p
 }
 
+/// A sentence espeak-ng speaks and Whisper tiny.en hears back (the audio tests' sample).
+pub const SENTENCE: &str = "Lemonade serves many models on one port.";
 pub const SMOL_FILE: &str = "serve/SmolLM2-135M-Instruct.Q4_1.gguf";
 /// Whisper tiny.en in ggml, converted by setup from a CTranslate2 package.
 pub const WHISPER_FILE: &str = "audio/ggml-tiny.en.bin";

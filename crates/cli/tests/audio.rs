@@ -12,8 +12,6 @@ fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_lemonade"))
 }
 
-const SENTENCE: &str = "Lemonade serves many models on one port.";
-
 /// A WAV of espeak-ng speaking `text` (22.05 kHz mono, 16-bit).
 fn speak(dir: &Path, name: &str, text: &str) -> PathBuf {
     let wav = dir.join(name);

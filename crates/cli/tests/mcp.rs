@@ -11,8 +11,6 @@ fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_lemonade"))
 }
 
-const SENTENCE: &str = "Lemonade serves many models on one port.";
-
 async fn rpc(l: &Lemonade, body: &str) -> (u16, String) {
     let r = l.http.post(l.url("/mcp")).header("content-type", "application/json").body(body.to_string());
     let r = r.send().await.unwrap();

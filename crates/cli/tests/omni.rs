@@ -235,3 +235,43 @@ async fn omni_definitions_are_checked_field_by_field() {
         json!({"recipe": "collection.omni", "components": [SMOL, SD], "tool_format": "json", "labels": ["collection"]})
     );
 }
+
+/// Server-side `transcribe_audio` (v11 leaves it to the client): the audio the user sent (an
+/// `input_audio` part) goes to real whisper-server, the planner (scripted) gets the words back
+/// and answers with them; a request with no audio gets a tool error, not a failed request.
+#[tokio::test]
+async fn scripted_planner_omni_transcribes_the_audio_the_user_sent_on_real_whisper() {
+    let ears = json!({"replies": [
+        {"content": "", "tool_calls": [call("t", "transcribe_audio", json!({"language": "en"}))]},
+        {"content": "Heard: {last}"}
+    ]});
+    let fake = fake_llama_server();
+    let sandbox = fake_sandbox(&[("ears", None, ears)]).with_whisper();
+    let l = Lemonade::start_in(bin(), sandbox, &[], &[("LEMONADE_LLAMACPP_CPU_BIN", fake.to_str().unwrap())]).await;
+    let (s, v) = l.post("/api/v1/pull", &omni("user.Ears", &["extra.ears.gguf", WHISPER], json!({}))).await;
+    assert_eq!(s, 200, "{v}");
+    let (_, m) = l.get("/api/v1/models/user.Ears").await;
+    assert_eq!(m["omni_tools"][0]["name"], "transcribe_audio", "{m}");
+    let wav = l.sandbox.dir.path().join("s.wav");
+    let out =
+        std::process::Command::new("espeak-ng").args(["-s", "140", "-w"]).arg(&wav).arg(SENTENCE).output().unwrap();
+    assert!(out.status.success(), "espeak-ng: {}", String::from_utf8_lossy(&out.stderr));
+    use base64::Engine as _;
+    let data = base64::engine::general_purpose::STANDARD.encode(std::fs::read(&wav).unwrap());
+    let body = json!({"model": "user.Ears", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What does this say?"},
+        {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}]}]});
+    let (s, v) = l.post("/api/v1/chat/completions", &body).await;
+    assert_eq!(s, 200, "{v}");
+    let content = v["choices"][0]["message"]["content"].as_str().unwrap().to_lowercase();
+    assert!(content.starts_with("heard: {\"status\":\"ok\",\"text\":"), "{content}");
+    assert!(
+        content.contains("lemonade") && content.contains("one port"),
+        "whisper's words reached the planner: {content}"
+    );
+    assert_eq!(v["x_lemonade_omni"]["tool_calls"][0]["component"], WHISPER);
+    let no_audio = json!({"model": "user.Ears", "messages": [{"role": "user", "content": "What does this say?"}]});
+    let (s, v) = l.post("/api/v1/chat/completions", &no_audio).await;
+    assert_eq!(s, 200, "{v}");
+    assert!(v["x_lemonade_omni"]["tool_calls"][0]["error"].as_str().unwrap().contains("no audio"), "{v}");
+}

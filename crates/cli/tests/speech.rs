@@ -11,7 +11,6 @@ fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_lemonade"))
 }
 
-const SENTENCE: &str = "Lemonade serves many models on one port.";
 const VOICE: &str = "jf_alpha";
 
 #[tokio::test]
