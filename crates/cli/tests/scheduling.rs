@@ -406,3 +406,53 @@ async fn real_llama_server_a_waiting_stream_says_where_it_is_with_sse_comments()
     assert_eq!(l.post("/api/v1/unload", &json!({})).await.0, 200);
     py_checks("queued_client.py", &[&l.url(""), SMOL]).await;
 }
+
+/// Per-request priority, on real llama-server: with one place on the model, a request of
+/// priority 5 that arrives after one of priority 0 is served before it; a priority out of range
+/// is a 400 naming it.
+#[tokio::test]
+async fn real_llama_server_a_request_with_a_higher_priority_is_served_first() {
+    let l = Lemonade::start(bin(), &["--max-concurrent", "1"]).await;
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL})).await.0, 200);
+    let running = stream(&l, SMOL, 120).await;
+    let ask = |priority: i64| {
+        let (http, url) = (l.http.clone(), l.url("/api/v1/chat/completions"));
+        let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "priority": priority});
+        tokio::spawn(async move {
+            let s = http.post(url).json(&body).send().await.unwrap().status().as_u16();
+            (s, std::time::Instant::now())
+        })
+    };
+    let queued = |n: u64| {
+        let l = &l;
+        async move {
+            wait_for(Duration::from_secs(10), || async {
+                (entry(&l.get("/api/v1/health").await.1, SMOL)["queued"] == n).then_some(())
+            })
+            .await
+        }
+    };
+    let low = ask(0);
+    assert!(queued(1).await.is_some(), "the first waits");
+    let high = ask(5);
+    assert!(queued(2).await.is_some(), "the second waits too");
+    let (_, st) = l.get("/api/v1/scheduler").await;
+    let details: Vec<&str> = st["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["decision"] == "queue")
+        .map(|d| d["detail"].as_str().unwrap())
+        .collect();
+    assert!(details.last().unwrap().ends_with("waits, 1 in line for it (priority 5)"), "{details:?}");
+    assert!(running.text().await.unwrap().contains("[DONE]"));
+    let ((sl, tl), (sh, th)) = (low.await.unwrap(), high.await.unwrap());
+    assert_eq!((sl, sh), (200, 200));
+    assert!(th < tl, "the higher priority was served first");
+    for bad in [json!(11), json!(-11), json!("high"), json!(1.5)] {
+        let body =
+            json!({"model": SMOL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "priority": bad});
+        let (s, e) = l.post("/api/v1/chat/completions", &body).await;
+        assert_eq!((s, e["error"]["param"].clone()), (400, json!("priority")), "{e}");
+    }
+}

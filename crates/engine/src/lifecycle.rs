@@ -117,6 +117,8 @@ pub struct ModelView {
     pub max_concurrent: Option<u32>,
     /// When each waiting request started waiting (ms, the runtime's clock), in serving order.
     pub waiting_since: Vec<u64>,
+    /// Their priorities, in the same order.
+    pub waiting_priorities: Vec<i32>,
 }
 
 /// The scheduler's settings and memory use as the owner last published them.
@@ -362,14 +364,18 @@ impl Lifecycle {
         self.running.lock().get(name).cloned()
     }
 
-    /// Loaded models in load order, with their published state.
-    /// Where a request for `name` asked for at `since` (ms) is: the model's state, and how many
-    /// requests wait for it that arrived no later than it (so its place in line, 1: next; the
-    /// queue registers a request within [`PLACE_SLACK_MS`] of its arrival).
-    pub fn place(&self, name: &str, since: u64) -> (Option<State>, usize) {
+    /// Where a request for `name` of `priority` asked for at `since` (ms) is: the model's
+    /// state, and its place in line (1: next): the first waiting request of its priority that
+    /// the queue registered within [`PLACE_SLACK_MS`] of its arrival, and every one ahead of it.
+    pub fn place(&self, name: &str, since: u64, priority: i32) -> (Option<State>, usize) {
         let view = self.view.read();
         let Some(v) = view.get(name) else { return (None, 0) };
-        (Some(v.state), v.waiting_since.iter().filter(|t| **t <= since + PLACE_SLACK_MS).count())
+        let mine = v
+            .waiting_since
+            .iter()
+            .zip(&v.waiting_priorities)
+            .position(|(t, p)| *p == priority && *t >= since && *t <= since + PLACE_SLACK_MS);
+        (Some(v.state), mine.map_or(0, |i| i + 1))
     }
 
     /// A loaded llama.cpp model's slots and context per slot.
@@ -381,6 +387,7 @@ impl Lifecycle {
         })
     }
 
+    /// Loaded models in load order, with their published state.
     pub fn loaded(&self) -> Vec<(Arc<Running>, ModelView)> {
         let view = self.view();
         let running = self.running.lock();
@@ -541,8 +548,8 @@ impl Lifecycle {
 
     /// A lease on a downloaded model, loading it first when auto-load is on. `keep_alive`
     /// (ms; 0 = never) sets the model's idle timeout, running or not.
-    pub async fn acquire(self: &Arc<Self>, info: &ModelInfo, keep_alive: Option<u64>) -> Result<Lease> {
-        match self.acquire_once(info, keep_alive).await {
+    pub async fn acquire(self: &Arc<Self>, info: &ModelInfo, keep_alive: Option<u64>, priority: i32) -> Result<Lease> {
+        match self.acquire_once(info, keep_alive, priority).await {
             // The backend died just before this grant, before the owner heard of it. Once it has
             // (the exit is reported before `reported` is set, and events are handled in order),
             // asking again loads the model anew, as the next request would.
@@ -551,7 +558,7 @@ impl Lifecycle {
                     let mut reported = r.reported.subscribe();
                     let _ = tokio::time::timeout(Duration::from_secs(2), reported.wait_for(|done| *done)).await;
                 }
-                match self.acquire_once(info, keep_alive).await {
+                match self.acquire_once(info, keep_alive, priority).await {
                     Err(Died(_)) => {
                         Err(EngineError::Unavailable(format!("The backend of model '{}' exited just now", info.name)))
                     }
@@ -566,10 +573,12 @@ impl Lifecycle {
         self: &Arc<Self>,
         info: &ModelInfo,
         keep_alive: Option<u64>,
+        priority: i32,
     ) -> std::result::Result<Lease, Acquired> {
         let name = info.name.as_str();
         let options = self.effective_options(info, &OptionsPatch::default());
         let mut model = self.model_ref(info, &options, None);
+        model.priority = priority;
         if let Some(ms) = keep_alive {
             (model.idle_timeout_ms, model.sets_idle_timeout) = (Some(ms), true);
         }
@@ -772,6 +781,7 @@ impl Lifecycle {
                     in_flight: e.in_flight.len(),
                     queue_depth: e.queue_depth(),
                     waiting_since: m.waiting_since(&e.model.name),
+                    waiting_priorities: m.waiting_priorities(&e.model.name),
                     last_use: e.last_use,
                     last_error: e.last_error.clone(),
                     pinned: e.pinned,

@@ -277,6 +277,15 @@ pub async fn lease(rt: &Engine, name: &str, want: &[ModelType], endpoint: &str) 
     lease_keeping(rt, name, want, endpoint, None).await
 }
 
+/// [`lease`] for a request of `priority` (higher is served first among the requests waiting
+/// for the model; see [`PRIORITIES`]).
+pub async fn lease_at(rt: &Engine, name: &str, want: &[ModelType], endpoint: &str, priority: i32) -> Result<Lease> {
+    lease_with(rt, name, want, endpoint, None, priority).await
+}
+
+/// The priorities a request may ask for (`priority` in its body); 0 by default.
+pub const PRIORITIES: std::ops::RangeInclusive<i32> = -10..=10;
+
 /// [`lease`], setting the model's idle timeout (ms; 0 = never) when `keep_alive` is given.
 pub async fn lease_keeping(
     rt: &Engine,
@@ -284,6 +293,17 @@ pub async fn lease_keeping(
     want: &[ModelType],
     endpoint: &str,
     keep_alive: Option<u64>,
+) -> Result<Lease> {
+    lease_with(rt, name, want, endpoint, keep_alive, 0).await
+}
+
+async fn lease_with(
+    rt: &Engine,
+    name: &str,
+    want: &[ModelType],
+    endpoint: &str,
+    keep_alive: Option<u64>,
+    priority: i32,
 ) -> Result<Lease> {
     // `<provider>.<id>` of a registered remote provider, unless a local model has that name.
     // Text endpoints are forwarded whatever the listed type (the upstream knows what its model
@@ -312,7 +332,7 @@ pub async fn lease_keeping(
         (false, true) => ensure_downloaded(rt, &info).await?,
         (false, false) => return Err(EngineError::not_downloaded(name)),
     };
-    rt.lifecycle.acquire(&info, keep_alive).await
+    rt.lifecycle.acquire(&info, keep_alive, priority).await
 }
 
 /// `--preload`: loads each model in the background, pulling it first when needed, one after

@@ -54,6 +54,9 @@ pub struct ModelRef {
     /// An `Acquire` that sets the idle timeout (Ollama's `keep_alive`): `idle_timeout_ms`
     /// applies at once to the backend running (or starting), not only to a load it causes.
     pub sets_idle_timeout: bool,
+    /// An `Acquire`'s priority: among the requests waiting for this model, higher goes first
+    /// (equal ones in arrival order). 0 by default.
+    pub priority: i32,
 }
 
 impl ModelRef {
@@ -67,6 +70,7 @@ impl ModelRef {
             idle_timeout_ms: None,
             max_concurrent: None,
             sets_idle_timeout: false,
+            priority: 0,
         }
     }
 
@@ -460,7 +464,7 @@ pub struct Machine<O> {
     /// Which model each granted request holds, and each waiting request waits for (since
     /// when).
     granted: BTreeMap<ReqId, String>,
-    waiting: BTreeMap<ReqId, (String, u64)>,
+    waiting: BTreeMap<ReqId, (String, u64, i32)>,
     /// Unload requests and the models each still waits for.
     unload_waiters: Vec<(ReqId, BTreeSet<String>, Vec<String>)>,
     out: Vec<Effect<O>>,
@@ -623,11 +627,17 @@ impl<O: Clone + PartialEq> Machine<O> {
     }
 
     /// Bytes of `pool` counted for the backends alive (starting, running or stopping).
-    /// When each request waiting for `name` started waiting (ms), oldest first: the order in
-    /// which they are served.
+    /// The priority of each request waiting for `name`, in the order they are served.
+    pub fn waiting_priorities(&self, name: &str) -> Vec<i32> {
+        let Some(e) = self.models.get(name) else { return Vec::new() };
+        e.waiting.iter().filter_map(|r| self.waiting.get(r).map(|(_, _, p)| *p)).collect()
+    }
+
+    /// When each request waiting for `name` started waiting (ms), in the order they are
+    /// served.
     pub fn waiting_since(&self, name: &str) -> Vec<u64> {
         let Some(e) = self.models.get(name) else { return Vec::new() };
-        e.waiting.iter().filter_map(|r| self.waiting.get(r).map(|(_, since)| *since)).collect()
+        e.waiting.iter().filter_map(|r| self.waiting.get(r).map(|(_, since, _)| *since)).collect()
     }
 
     pub fn in_use(&self, pool: Pool) -> u64 {
@@ -792,18 +802,23 @@ impl<O: Clone + PartialEq> Machine<O> {
         (self.waiting.len() >= max).then_some(Rejection::QueueFull { max_queue: max, retry_in_ms: QUEUE_FULL_RETRY_MS })
     }
 
-    fn wait(&mut self, req: ReqId, name: &str) {
+    fn wait(&mut self, req: ReqId, name: &str, priority: i32) {
+        // Higher priority first; equal ones in arrival order.
+        self.get(name);
+        let waiting = &self.models[name].waiting;
+        let at =
+            waiting.iter().position(|r| self.waiting.get(r).map_or(0, |w| w.2) < priority).unwrap_or(waiting.len());
         let e = self.get(name);
         let reason = if e.state == State::Loaded { "busy" } else { "loading" };
-        let depth = e.waiting.len() + 1;
-        self.note("queue", reason, name, format!("request {req} waits, {depth} in line for it"));
-        self.get(name).waiting.push(req);
-        self.waiting.insert(req, (name.to_string(), self.now));
+        e.waiting.insert(at, req);
+        let detail = format!("request {req} waits, {} in line for it (priority {priority})", at + 1);
+        self.note("queue", reason, name, detail);
+        self.waiting.insert(req, (name.to_string(), self.now, priority));
     }
 
     fn acquire(&mut self, req: ReqId, model: ModelRef, auto_load: Option<O>) {
         let now = self.now;
-        let name = model.name.clone();
+        let (name, priority) = (model.name.clone(), model.priority);
         let queued = self.queued(&name);
         let full = self.queue_full();
         let e = self.entry_mut(&model);
@@ -833,7 +848,7 @@ impl<O: Clone + PartialEq> Machine<O> {
                 self.reject(req, &name, full.expect("checked by the guard"))
             }
             // At its concurrency limit (or behind others who are): wait for a place.
-            (State::Loaded, _) => self.wait(req, &name),
+            (State::Loaded, _) => self.wait(req, &name, priority),
             (_, Some(options)) => {
                 if !matches!(state, State::Loading | State::Unloading) && !queued {
                     // This request causes the load: its view of the model applies.
@@ -843,7 +858,7 @@ impl<O: Clone + PartialEq> Machine<O> {
                 if unloading_without_reload {
                     e.pending = Some(options.clone());
                 }
-                self.wait(req, &name);
+                self.wait(req, &name, priority);
                 match state {
                     // Loads again once the unload finishes (unless a reload is already set).
                     State::Unloading | State::Loading => {}
@@ -879,7 +894,7 @@ impl<O: Clone + PartialEq> Machine<O> {
     /// gone before it read the answer), the grant is given back like a release: otherwise the
     /// model would hold a request nobody will ever finish, and could never be unloaded.
     fn cancel(&mut self, req: ReqId) {
-        if let Some((name, _)) = self.waiting.remove(&req) {
+        if let Some((name, _, _)) = self.waiting.remove(&req) {
             self.get(&name).waiting.retain(|r| *r != req);
         } else {
             self.release(req);
@@ -1269,7 +1284,7 @@ impl<O: Clone + PartialEq> Machine<O> {
     fn hold(&mut self, name: &str, victims: &BTreeSet<String>) -> Hold {
         let (now, w) = (self.now, self.swap_hold_ms);
         let e = &self.models[name];
-        let oldest = e.waiting.iter().filter_map(|r| self.waiting.get(r).map(|(_, t)| *t)).min();
+        let oldest = e.waiting.iter().filter_map(|r| self.waiting.get(r).map(|(_, t, _)| *t)).min();
         if w == 0 || !e.load_waiters.is_empty() {
             return Hold::Go;
         }

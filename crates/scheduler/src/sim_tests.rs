@@ -623,6 +623,8 @@ impl Sim {
                 self.open_acquires.insert(req);
                 self.asked_at.insert(req, self.now);
                 let auto = rng.chance(85).then(|| (rng.below(2)) as u32);
+                let mut model = model;
+                model.priority = rng.below(3) as i32 - 1;
                 self.send(Event::Acquire { req, model, auto_load: auto });
             }
             3 | 4 => {
@@ -1598,4 +1600,30 @@ fn decisions_name_their_reasons() {
     d.ev(Event::Unload { req, model: Some("b".into()) });
     let why: Vec<(&str, &str)> = d.m.take_decisions().iter().map(|x| (x.decision, x.reason)).collect();
     assert_eq!(why, [("unload", "explicit")]);
+}
+
+#[test]
+fn a_higher_priority_request_waits_ahead_of_earlier_ones() {
+    let mut d = Drive::new(1);
+    let mut m = llm("a");
+    m.max_concurrent = Some(1);
+    let running = d.use_model(&m);
+    let (low, high, same) = (d.req(), d.req(), d.req());
+    for (req, p) in [(low, 0), (high, 5), (same, 5)] {
+        let mut r = m.clone();
+        r.priority = p;
+        assert!(d.ev(Event::Acquire { req, model: r, auto_load: Some(0) }).is_empty(), "waits");
+    }
+    assert_eq!(d.m.waiting_priorities("a"), [5, 5, 0], "higher first, equal ones in arrival order");
+    let order: Vec<ReqId> = [running, high, same]
+        .into_iter()
+        .map(|done| {
+            let fx = d.ev(Event::Release { req: done });
+            match fx.as_slice() {
+                [Effect::Grant { req, .. }] => *req,
+                other => panic!("{other:?}"),
+            }
+        })
+        .collect();
+    assert_eq!(order, [high, same, low]);
 }

@@ -26,6 +26,30 @@ pub const PATIENCE: Duration = Duration::from_millis(250);
 /// How often a waiting stream says where it is.
 pub const EVERY: Duration = Duration::from_secs(1);
 
+/// A request's `priority` (lemonade's; an integer in [`pulls::PRIORITIES`]), 0 when it has
+/// none. Read only when the body names it.
+pub fn priority_of(body: &[u8]) -> Result<i32, ApiError> {
+    if memchr::memmem::find(body, b"\"priority\"").is_none() {
+        return Ok(0);
+    }
+    #[derive(serde::Deserialize)]
+    struct P {
+        priority: Option<serde_json::Value>,
+    }
+    let p: P = serde_json::from_slice(body)?;
+    match p.priority {
+        None | Some(serde_json::Value::Null) => Ok(0),
+        Some(v) => {
+            v.as_i64().and_then(|n| i32::try_from(n).ok()).filter(|n| pulls::PRIORITIES.contains(n)).ok_or_else(|| {
+                ApiError::bad_request(
+                    format!("'priority' must be a whole number from -10 to 10 (higher is served first), got {v}"),
+                    Some("priority"),
+                )
+            })
+        }
+    }
+}
+
 /// Forwards a streamed request to `model` once it is granted, saying meanwhile where it is.
 pub async fn stream(
     rt: &AppState,
@@ -35,9 +59,10 @@ pub async fn stream(
     path: &str,
     body: Bytes,
 ) -> Result<Response, ApiError> {
+    let priority = priority_of(&body)?;
     let since = rt.lifecycle.now_ms();
     let (rt1, model1) = (rt.clone(), model.to_string());
-    let mut lease = Box::pin(async move { pulls::lease(&rt1, &model1, want, endpoint).await });
+    let mut lease = Box::pin(async move { pulls::lease_at(&rt1, &model1, want, endpoint, priority).await });
     if let Ok(l) = tokio::time::timeout(PATIENCE, &mut lease).await {
         return proxy::forward_stream(l?, path, body).await;
     }
@@ -49,7 +74,7 @@ pub async fn stream(
             tokio::select! {
                 l = &mut lease => break l,
                 _ = tick.tick() => {
-                    if tx.send(place(&rt2, &model, since)).await.is_err() {
+                    if tx.send(place(&rt2, &model, since, priority)).await.is_err() {
                         return; // the client left; dropping the lease future withdraws the request
                     }
                 }
@@ -79,9 +104,9 @@ pub async fn stream(
 }
 
 /// The comment saying where a request that started waiting at `since` is.
-fn place(rt: &AppState, model: &str, since: u64) -> Bytes {
+fn place(rt: &AppState, model: &str, since: u64, priority: i32) -> Bytes {
     let waited = rt.lifecycle.now_ms().saturating_sub(since) / 1000;
-    Bytes::from(match rt.lifecycle.place(model, since) {
+    Bytes::from(match rt.lifecycle.place(model, since, priority) {
         (Some(State::Loaded), n) if n > 0 => format!(": queued {n}\n\n"),
         (Some(State::Loaded), _) => ": starting\n\n".to_string(),
         (Some(State::Unloading), _) => format!(": waiting for {model} to restart, {waited} s\n\n"),

@@ -107,7 +107,8 @@ async fn forward_to(
     if stream {
         return crate::waiting::stream(rt, model, want, endpoint, path, body).await;
     }
-    let lease = pulls::lease(rt, model, want, endpoint).await?;
+    let priority = crate::waiting::priority_of(&body)?;
+    let lease = pulls::lease_at(rt, model, want, endpoint, priority).await?;
     proxy::forward(lease, Method::POST, path, Some(body), true).await
 }
 
