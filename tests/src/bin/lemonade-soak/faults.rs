@@ -79,12 +79,24 @@ async fn kill_mid_stream(bin: &Path, report: &mut Report) -> anyhow::Result<()> 
                           "max_tokens": 2000, "ignore_eos": true, "stream": true});
         let r = l.http.post(l.url("/api/v1/chat/completions")).json(&body).send().await?;
         let mut stream = r.bytes_stream();
-        let first = tokio::time::timeout(Duration::from_secs(60), stream.next()).await;
+        // Up to the first token: while the model loads (the first trial, a reload after a
+        // crash) the stream only says `: loading` in SSE comments.
+        let first = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(c) = stream.next().await {
+                match c {
+                    Ok(c) if c.windows(6).any(|w| w == b"data: ") => return true,
+                    Ok(_) => continue,
+                    Err(_) => return false,
+                }
+            }
+            false
+        })
+        .await;
         let Some(pid) = backend_of(&l).await else {
             notes.push("no backend".to_string());
             continue;
         };
-        if !matches!(first, Ok(Some(Ok(_)))) {
+        if first != Ok(true) {
             notes.push("no first chunk".into());
             continue;
         }
