@@ -130,15 +130,8 @@ fn list_models(rt: &AppState, args: &Map<String, Value>) -> Value {
 
 /// The answer of one of lemonade's own handlers: its JSON when it succeeded, else its error.
 async fn answer_of(r: Result<Response, crate::error::ApiError>) -> Result<(Value, Bytes), ToolError> {
-    let r = r.unwrap_or_else(IntoResponse::into_response);
-    let ok = r.status().is_success();
-    let bytes = axum::body::to_bytes(r.into_body(), usize::MAX).await.map_err(|e| e.to_string())?;
-    let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    if ok {
-        return Ok((v, bytes));
-    }
-    let message = v["error"]["message"].as_str().or(v["error"].as_str()).map(str::to_string);
-    Err(message.unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned()).into())
+    let (bytes, _) = crate::api::own_answer(r).await.map_err(|e| ToolError(e.0))?;
+    Ok((serde_json::from_slice(&bytes).unwrap_or(Value::Null), bytes))
 }
 
 async fn chat(rt: &AppState, args: &Map<String, Value>) -> Result<Value, ToolError> {

@@ -273,21 +273,6 @@ impl Run {
 /// What a tool tells the planner, and the medium it made (embedded in the answer).
 type ToolOutcome = Result<(Value, Option<String>), Failure>;
 
-/// The JSON (or the bytes and their content type) of one of lemonade's own handlers, or its
-/// error message.
-async fn bytes_of(r: Result<Response, ApiError>) -> Result<(Bytes, String), Failure> {
-    let r = r.unwrap_or_else(IntoResponse::into_response);
-    let ok = r.status().is_success();
-    let mime = r.headers().get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-    let bytes = axum::body::to_bytes(r.into_body(), usize::MAX).await.map_err(|e| e.to_string())?;
-    if ok {
-        return Ok((bytes, mime));
-    }
-    let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    let message = v["error"]["message"].as_str().or(v["error"].as_str()).map(str::to_string);
-    Err(Failure(message.unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned())))
-}
-
 fn first_image(bytes: &Bytes) -> Result<String, Failure> {
     let v: Value = serde_json::from_slice(bytes).map_err(|e| Failure(e.to_string()))?;
     v["data"][0]["b64_json"].as_str().map(str::to_string).ok_or_else(|| "the image model answered no image".into())
@@ -307,7 +292,7 @@ async fn generate_image(rt: &AppState, model: &str, args: &Map<String, Value>) -
     }
     let value: ImageGenerationRequest = serde_json::from_value(req.clone()).map_err(|e| e.to_string())?;
     let r = crate::api::images::generations(State(rt.clone()), JsonBody { value, raw: Bytes::from(req.to_string()) });
-    let png = first_image(&bytes_of(r.await).await?.0)?;
+    let png = first_image(&crate::api::own_answer(r.await).await?.0)?;
     Ok((json!({"image": "generated and shown to the user", "prompt": prompt}), Some(omni::image_markdown(&png))))
 }
 
@@ -329,7 +314,7 @@ async fn edit_image(rt: &AppState, model: &str, args: &Map<String, Value>, sourc
     }
     parts.push(file("image", "image.png", &source)?);
     let r = crate::api::images::edits(State(rt.clone()), Form { parts }).await;
-    let png = first_image(&bytes_of(r).await?.0)?;
+    let png = first_image(&crate::api::own_answer(r).await?.0)?;
     Ok((json!({"image": "edited and shown to the user", "prompt": prompt}), Some(omni::image_markdown(&png))))
 }
 
@@ -341,7 +326,7 @@ async fn speak(rt: &AppState, model: &str, args: &Map<String, Value>) -> ToolOut
     }
     let value: SpeechRequest = serde_json::from_value(req.clone()).map_err(|e| e.to_string())?;
     let r = crate::api::audio::speech(State(rt.clone()), JsonBody { value, raw: Bytes::from(req.to_string()) }).await;
-    let (audio, mime) = bytes_of(r).await?;
+    let (audio, mime) = crate::api::own_answer(r).await?;
     let mut audio = audio.to_vec();
     omni::seal_wav(&mut audio);
     let mime = if mime.starts_with("audio/") { mime } else { "audio/wav".into() };
@@ -361,7 +346,7 @@ async fn transcribe(
     }
     parts.push(file("file", &format!("audio.{format}"), &data)?);
     let r = crate::api::audio::transcriptions(State(rt.clone()), Form { parts }).await;
-    let v: Value = serde_json::from_slice(&bytes_of(r).await?.0).map_err(|e| e.to_string())?;
+    let v: Value = serde_json::from_slice(&crate::api::own_answer(r).await?.0).map_err(|e| e.to_string())?;
     Ok((json!({"text": v["text"].as_str().unwrap_or_default().trim()}), None))
 }
 
@@ -374,6 +359,6 @@ async fn analyze(rt: &AppState, model: &str, args: &Map<String, Value>, image: O
     let value: ChatCompletionRequest = serde_json::from_value(req.clone()).map_err(|e| e.to_string())?;
     let r =
         crate::api::openai::chat_completions(State(rt.clone()), JsonBody { value, raw: Bytes::from(req.to_string()) });
-    let v: Value = serde_json::from_slice(&bytes_of(r.await).await?.0).map_err(|e| e.to_string())?;
+    let v: Value = serde_json::from_slice(&crate::api::own_answer(r.await).await?.0).map_err(|e| e.to_string())?;
     Ok((json!({"answer": v["choices"][0]["message"]["content"]}), None))
 }
