@@ -439,6 +439,9 @@ def system(b, model, other):
     expect(page.locator("#sys-cache")).to_contain_text("of 4.3 GB")
     # The scheduler: why the model stays, a dry run, and its decisions live.
     expect(page.locator("#sys-ledgers")).to_contain_text("loaded: kept (no idle timeout)")
+    # The devices of the stand-in hardware tree, each with its ledger.
+    expect(page.locator("#sys-facts")).to_contain_text("gpu1NVIDIA RTX A2000 (nvidia, 4.3 GB, 4.3 GB free)")
+    expect(page.locator("#sys-ledgers")).to_contain_text("gpu2 (Radeon RX 7800 XT)")
     expect(page.locator(f'#sys-timeline li[data-decision="load"][data-model="{model}"]')).to_have_count(1)
     page.select_option("#sys-plan-model", other)
     page.click("#sys-plan")

@@ -681,3 +681,30 @@ pub fn python() -> PathBuf {
     assert!(p.is_file(), "python not found at {}: run `cargo xtask setup` first", p.display());
     p
 }
+
+/// A stand-in hardware tree for `LEMONADE_HARDWARE_ROOT`: two NVIDIA GPUs as NVML would report
+/// them (8 GiB with 1 used, 4 GiB free) and one AMD discrete GPU in amdgpu's sysfs (16 GiB).
+pub fn fake_hardware() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    const GIB: u64 = 1 << 30;
+    let nvml = json!([
+        {"name": "NVIDIA GeForce RTX 4060", "total_bytes": 8 * GIB, "used_bytes": GIB},
+        {"name": "NVIDIA RTX A2000", "total_bytes": 4 * GIB, "used_bytes": 0}
+    ]);
+    std::fs::write(root.join("nvml.json"), nvml.to_string()).unwrap();
+    let write = |p: &str, s: String| {
+        let p = root.join("sys").join(p);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, s).unwrap();
+    };
+    write("class/kfd/kfd/topology/nodes/0/properties", "simd_count 0\ngfx_target_version 0\n".into());
+    write(
+        "class/kfd/kfd/topology/nodes/1/properties",
+        "simd_count 96\ngfx_target_version 110000\ndrm_render_minor 129\n".into(),
+    );
+    write("class/drm/renderD129/device/mem_info_vram_total", (16 * GIB).to_string());
+    write("class/drm/renderD129/device/mem_info_vram_used", "0".into());
+    write("class/drm/renderD129/device/product_name", "Radeon RX 7800 XT".into());
+    dir
+}

@@ -197,6 +197,10 @@ pub struct LoadedModel {
     /// paths as placeholders (`<hf-cache>`, `<lemonade-cache>`, `<extra-models-dir>`, `~`).
     #[serde(default)]
     pub command: Vec<String>,
+    /// The environment lemonade set for it (the devices it may see: `CUDA_VISIBLE_DEVICES`,
+    /// `HIP_VISIBLE_DEVICES`, `GGML_VK_VISIBLE_DEVICES`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
     /// llama.cpp: requests served at once (its slots).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel: Option<u32>,
@@ -208,6 +212,10 @@ pub struct LoadedModel {
     /// counts them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_cells: Option<u64>,
+    /// The devices it was placed on (`gpu0`, `npu0`), with the bytes of its estimate it holds
+    /// on each (absent: none chosen, as on a machine without GPUs).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub placed_on: BTreeMap<String, u64>,
 }
 
 /// The prompt cache: what it holds, and its bound (`--prompt-cache-size`; 0: off).
@@ -312,6 +320,11 @@ pub struct LoadRequest {
     #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<u32>, nullable))]
     pub parallel: Option<Option<u32>>,
+    /// Where the model runs: `auto`, a device id from system-info's `compute_devices`
+    /// (`gpu1`), or several to split it over (`gpu0,gpu1`).
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable))]
+    pub device: Option<Option<String>>,
     /// `cpu`, `vulkan`, `rocm`, `metal`, or `system` (the llama-server on PATH).
     #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable))]
@@ -394,6 +407,7 @@ impl LoadRequest {
         }
         p.set.ctx_size = one(&mut p, K::CtxSize, &self.ctx_size);
         p.set.parallel = one(&mut p, K::Parallel, &self.parallel);
+        p.set.device = one(&mut p, K::Device, &self.device);
         p.set.llamacpp_backend = one(&mut p, K::LlamacppBackend, &self.llamacpp_backend);
         p.set.llamacpp_args = one(&mut p, K::LlamacppArgs, &self.llamacpp_args);
         p.set.rpc_servers = one(&mut p, K::RpcServers, &self.rpc_servers);
@@ -1133,6 +1147,22 @@ pub struct SchedulerPool {
     pub models: BTreeMap<String, u64>,
 }
 
+/// One device's ledger.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SchedulerDevice {
+    /// `gpu0`, `npu0`.
+    pub id: String,
+    /// `gpu` or `npu`.
+    pub kind: String,
+    pub name: String,
+    /// What models may hold on it (None: no budget; an NPU runs one model at a time).
+    pub budget_bytes: Option<u64>,
+    pub in_use_bytes: u64,
+    /// The bytes each model placed on it holds.
+    pub models: BTreeMap<String, u64>,
+}
+
 /// A model the scheduler holds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -1148,6 +1178,9 @@ pub struct SchedulerModel {
     pub max_concurrent: Option<u32>,
     pub memory_bytes: u64,
     pub vram_bytes: u64,
+    /// The devices it is placed on, with its bytes on each.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub devices: BTreeMap<String, u64>,
     /// Seconds until it is unloaded for idleness, if nothing uses it.
     pub unload_in_s: Option<u64>,
     /// Why it stays: `pinned`, `serving`, `idle, unloaded in Ns`, `kept (no idle timeout)`,
@@ -1160,6 +1193,9 @@ pub struct SchedulerModel {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SchedulerState {
     pub pools: Vec<SchedulerPool>,
+    /// A ledger per GPU and NPU: what each model placed on it holds, against its budget.
+    #[serde(default)]
+    pub devices: Vec<SchedulerDevice>,
     pub models: Vec<SchedulerModel>,
     /// Models waiting to load, in order.
     pub load_queue: Vec<String>,
@@ -1186,6 +1222,9 @@ pub struct SchedulerPlan {
     /// Its estimate with these options.
     pub memory_bytes: u64,
     pub vram_bytes: u64,
+    /// The devices it would go on, with its bytes on each (empty: none; it takes no GPU).
+    #[serde(default)]
+    pub devices: BTreeMap<String, u64>,
     /// One sentence: what would happen.
     pub summary: String,
     pub decisions: Vec<SchedulerDecision>,

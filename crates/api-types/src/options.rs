@@ -96,6 +96,10 @@ load_options! {
     /// of context (the KV cache holds `ctx_size × parallel` cells). Unset: llama-server's 4
     /// slots sharing one `ctx_size`.
     parallel: u32 = Parallel "parallel",
+    /// Where the model runs: `auto` (the device where it fits with the fewest evictions), a
+    /// device (`gpu1`, `npu0`: see `/api/v1/system-info`'s `compute_devices`), or several to
+    /// split it over (`gpu0,gpu1`).
+    device: String = Device "device",
     /// `cpu`, `vulkan`, `rocm`, `metal` or `system`.
     llamacpp_backend: String = LlamacppBackend "llamacpp_backend",
     /// Extra llama-server arguments (flags lemonade manages are refused when given).
@@ -267,7 +271,7 @@ mod tests {
 
     #[test]
     fn round_trips_through_the_v9_object() {
-        let v = json!({"ctx_size": 2048, "parallel": 2, "llamacpp_backend": "vulkan", "llamacpp_args": "-t 2",
+        let v = json!({"ctx_size": 2048, "parallel": 2, "device": "gpu0,gpu1", "llamacpp_backend": "vulkan", "llamacpp_args": "-t 2",
             "rpc_servers": ["10.0.0.2:50052"], "sd-cpp_backend": "cpu", "steps": 4, "cfg_scale": 1.5,
             "width": 256, "height": 320, "whispercpp_backend": "cpu", "whispercpp_args": "-t 2",
             "merge_args": false, "idle_timeout": 30});

@@ -15,11 +15,45 @@ pub struct SystemInfo {
     #[serde(rename = "Physical Memory")]
     pub physical_memory: String,
     pub devices: Devices,
+    /// Each GPU and NPU models can be placed on, with its memory (lemonade's addition).
+    #[serde(default)]
+    pub compute_devices: Vec<ComputeDevice>,
     /// By recipe name (`llamacpp`, `whispercpp`, `sd-cpp`, `kokoro`, `flm`, `ryzenai-llm`).
     pub recipes: BTreeMap<String, RecipeInfo>,
     /// With `?verbose=true`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub details: Option<SystemDetails>,
+}
+
+/// A device the scheduler places models on: a GPU (its memory is a ledger of its own) or an
+/// NPU (one model at a time).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ComputeDevice {
+    /// How the `device` load option and `/scheduler` name it: `gpu0`, `gpu1`, `npu0`.
+    pub id: String,
+    /// `gpu` or `npu`.
+    pub kind: String,
+    /// `nvidia` or `amd`.
+    pub vendor: String,
+    pub name: String,
+    /// An integrated GPU (its memory is its VRAM carve-out plus the GTT it may map).
+    pub integrated: bool,
+    /// Bytes of memory it has (0 for an NPU, which uses system memory).
+    pub total_bytes: u64,
+    /// Bytes free when lemonade looked, where the driver says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free_bytes: Option<u64>,
+    /// Its index for CUDA (`CUDA_VISIBLE_DEVICES`), HIP (`HIP_VISIBLE_DEVICES`) and Vulkan
+    /// (`GGML_VK_VISIBLE_DEVICES`), where it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_index: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hip_index: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vulkan_index: Option<u32>,
+    /// Where it was found: `nvml`, `amdgpu sysfs` or `amdxdna`.
+    pub source: String,
 }
 
 /// The devices lemonade looks for. A device that is absent has `available: false`.

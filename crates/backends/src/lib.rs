@@ -9,6 +9,7 @@
 //! The process supervisor and binary resolution that act on these values live in `host`.
 
 pub mod cloud;
+pub mod devices;
 pub mod kokoro;
 pub mod llamacpp;
 pub mod options;
@@ -96,6 +97,8 @@ pub struct LaunchInput<'a> {
     pub hardware: &'a Hardware,
     /// A port chosen by the caller, for recipes whose backend cannot bind port 0 and report it.
     pub port: Option<u16>,
+    /// The devices the scheduler placed the model on (empty: none chosen).
+    pub devices: &'a [devices::Placed],
 }
 
 /// A recipe's adapter: what to run for one model. Pure: it decides, `host` acts.
@@ -131,9 +134,14 @@ pub fn ctx_size(options: &LoadOptions) -> u32 {
     }
 }
 
-/// The launch of `recipe`'s backend for one model.
+/// The launch of `recipe`'s backend for one model; a ggml backend is shown only the GPUs its
+/// model was placed on.
 pub fn launch(recipe: Recipe, input: &LaunchInput) -> Result<Launch, BackendError> {
-    recipe.adapter().ok_or(BackendError::NotRunnable(recipe))?.launch(input)
+    let mut l = recipe.adapter().ok_or(BackendError::NotRunnable(recipe))?.launch(input)?;
+    if matches!(recipe, Recipe::LlamaCpp | Recipe::WhisperCpp | Recipe::SdCpp) {
+        l.env.extend(devices::env(&backend_of(recipe, input.options), input.devices));
+    }
+    Ok(l)
 }
 
 /// Everything the supervisor needs to start one backend process.
@@ -183,6 +191,7 @@ mod tests {
             options: opts,
             hardware: hw,
             port,
+            devices: &[],
         }
     }
 

@@ -59,7 +59,7 @@ pub struct LlamaCpp;
 impl crate::Adapter for LlamaCpp {
     fn launch(&self, input: &crate::LaunchInput) -> Result<crate::Launch, crate::BackendError> {
         let recipe = crate::Recipe::LlamaCpp;
-        let args = command_line(&LlamaServerConfig {
+        let mut args = command_line(&LlamaServerConfig {
             model_path: input.main_path.to_path_buf(),
             mmproj_path: input.mmproj_path.map(std::path::Path::to_path_buf),
             model_type: input.model_type,
@@ -71,6 +71,9 @@ impl crate::Adapter for LlamaCpp {
             alias: input.name.to_string(),
             rpc: crate::rpc::workers(input.options),
         })?;
+        if offloads(&crate::backend_of(recipe, input.options)) {
+            args.extend(crate::devices::llama_split_args(input.devices));
+        }
         Ok(crate::Launch {
             args,
             env: vec![],

@@ -26,6 +26,7 @@ pub fn defaults(recipe: Recipe) -> LoadOptions {
     let o = LoadOptions {
         ctx_size: Some(CtxSize::Tokens(llamacpp::DEFAULT_CTX_SIZE)),
         parallel: None,
+        device: Some("auto".into()),
         llamacpp_backend: backend.clone(),
         llamacpp_args: Some(String::new()),
         rpc_servers: Some(Vec::new()),
@@ -99,6 +100,9 @@ pub fn check(o: &LoadOptions) -> Result<(), Invalid> {
             "Set 'parallel' or llama-server's --parallel in llamacpp_args, not both".to_string(),
         ));
     }
+    if let Some(d) = &o.device {
+        device_ids(d)?;
+    }
     for w in o.rpc_servers.iter().flatten() {
         rpc::check_worker(w).map_err(|m| invalid(OptionKey::RpcServers, m))?;
     }
@@ -110,6 +114,25 @@ pub fn check(o: &LoadOptions) -> Result<(), Invalid> {
     }
     side(OptionKey::Width, o.width)?;
     side(OptionKey::Height, o.height)
+}
+
+/// The devices the `device` option names: empty for `auto`, else one or more ids (lower-case
+/// letters and digits, comma-separated, no repeats). Whether they exist is the engine's to say.
+pub fn device_ids(v: &str) -> Result<Vec<String>, Invalid> {
+    let v = v.trim();
+    if v == "auto" {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<String> = v.split(',').map(|s| s.trim().to_string()).collect();
+    let good =
+        |s: &String| !s.is_empty() && s.len() <= 16 && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    if let Some(bad) = ids.iter().find(|s| !good(s)) {
+        return Err(invalid(OptionKey::Device, format!("Invalid value for 'device': expected 'auto', a device id such as 'gpu0', or ids separated by commas, got '{bad}' in '{v}'")));
+    }
+    if let Some((_, d)) = ids.iter().enumerate().find(|(i, d)| ids[..*i].contains(d)) {
+        return Err(invalid(OptionKey::Device, format!("Invalid value for 'device': '{d}' is named twice in '{v}'")));
+    }
+    Ok(ids)
 }
 
 /// The most slots `parallel` may ask for.

@@ -141,10 +141,11 @@ impl Recipe {
     pub fn option_keys(self) -> &'static [OptionKey] {
         use OptionKey::*;
         match self {
-            Recipe::LlamaCpp => &[CtxSize, Parallel, LlamacppBackend, LlamacppArgs, RpcServers, MergeArgs],
-            Recipe::Flm | Recipe::RyzenAiLlm => &[CtxSize],
-            Recipe::WhisperCpp => &[WhispercppBackend, WhispercppArgs, MergeArgs],
-            Recipe::SdCpp => &[SdcppBackend, Steps, CfgScale, Width, Height],
+            Recipe::LlamaCpp => &[CtxSize, Parallel, Device, LlamacppBackend, LlamacppArgs, RpcServers, MergeArgs],
+            Recipe::Flm => &[CtxSize, Device],
+            Recipe::RyzenAiLlm => &[CtxSize],
+            Recipe::WhisperCpp => &[Device, WhispercppBackend, WhispercppArgs, MergeArgs],
+            Recipe::SdCpp => &[Device, SdcppBackend, Steps, CfgScale, Width, Height],
             Recipe::Kokoro => &[],
         }
     }

@@ -456,3 +456,96 @@ async fn real_llama_server_a_request_with_a_higher_priority_is_served_first() {
         assert_eq!((s, e["error"]["param"].clone()), (400, json!("priority")), "{e}");
     }
 }
+
+fn strs(v: &Value) -> Vec<String> {
+    v.as_array().map(|a| a.iter().map(|s| s.as_str().unwrap_or_default().to_string()).collect()).unwrap_or_default()
+}
+
+/// Placement on devices, with real llama-server: on a stand-in tree of two NVIDIA GPUs and one
+/// AMD GPU, system-info lists them and `/scheduler` keeps a ledger for each; a load asked onto
+/// gpu1 runs with the environment that shows it only that GPU; a split over gpu0 and gpu2 gets
+/// `--tensor-split` from its shares and leaves the model on gpu1 alone; `auto` goes where the
+/// most is free; an unknown device is a 400 naming the devices there are. (The `vulkan`
+/// backend here is the CPU build, which ignores the GPU flags and serves all the same.)
+#[tokio::test]
+async fn real_llama_server_models_are_placed_on_devices_and_told_which_they_may_see() {
+    let hw = fake_hardware();
+    let server = llama_server();
+    let env = [
+        ("LEMONADE_HARDWARE_ROOT", hw.path().to_str().unwrap()),
+        ("LEMONADE_LLAMACPP_VULKAN_BIN", server.to_str().unwrap()),
+    ];
+    let l = Lemonade::start_in(bin(), Sandbox::new(), &["--max-loaded-models", "-1"], &env).await;
+    let (_, info) = l.get("/api/v1/system-info").await;
+    let ids: Vec<&str> =
+        info["compute_devices"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["gpu0", "gpu1", "gpu2"], "{info}");
+    assert_eq!(info["compute_devices"][2]["name"], "Radeon RX 7800 XT");
+    let (_, s) = l.get("/api/v1/scheduler").await;
+    let budgets: Vec<u64> =
+        s["devices"].as_array().unwrap().iter().map(|d| d["budget_bytes"].as_u64().unwrap()).collect();
+    assert!(budgets[0] < 7 << 30 && budgets[1] < 4 << 30 && budgets[2] > budgets[0], "free less a margin: {s}");
+
+    // One GPU: the plan says where, the load goes there, the backend sees only that GPU.
+    let on1 = json!({"model_name": SMOL, "llamacpp_backend": "vulkan", "device": "gpu1"});
+    let (_, plan) = l.post("/api/v1/scheduler/plan", &on1).await;
+    assert!(plan["summary"].as_str().unwrap().contains("would load on gpu1"), "{plan}");
+    let (st, v) = l.post("/api/v1/load", &on1).await;
+    assert_eq!(st, 200, "{v}");
+    let (_, h) = l.get("/api/v1/health").await;
+    let smol = entry(&h, SMOL).clone();
+    let vram = smol["vram_estimate"].as_u64().unwrap();
+    assert_eq!(smol["placed_on"], json!({"gpu1": vram}), "{smol}");
+    assert_eq!(plan["devices"], smol["placed_on"], "the plan said where it went");
+    assert_eq!(smol["env"], json!({"CUDA_VISIBLE_DEVICES": "1", "GGML_VK_VISIBLE_DEVICES": "1"}), "{smol}");
+    let command = strs(&smol["command"]).join(" ");
+    assert!(command.contains("-ngl 99") && !command.contains("--tensor-split"), "{command}");
+    let (st, c) = l.chat(SMOL).await;
+    assert!(st == 200 && !c["choices"][0]["message"]["content"].as_str().unwrap_or_default().is_empty(), "{c}");
+
+    // Two GPUs: split by their free memory, told both; the model on gpu1 stays.
+    let split = json!({"model_name": GEMMA, "llamacpp_backend": "vulkan", "device": "gpu0,gpu2"});
+    let (st, v) = l.post("/api/v1/load", &split).await;
+    assert_eq!(st, 200, "{v}");
+    let (_, h) = l.get("/api/v1/health").await;
+    let gemma = entry(&h, GEMMA).clone();
+    let shares = gemma["placed_on"].as_object().unwrap();
+    assert_eq!(shares.keys().collect::<Vec<_>>(), ["gpu0", "gpu2"], "{gemma}");
+    let total: u64 = shares.values().map(|b| b.as_u64().unwrap()).sum();
+    assert_eq!(total, gemma["vram_estimate"].as_u64().unwrap(), "the shares sum to the model");
+    assert!(shares["gpu2"].as_u64() > shares["gpu0"].as_u64(), "more on the GPU with more free: {gemma}");
+    assert_eq!(
+        gemma["env"],
+        json!({"CUDA_VISIBLE_DEVICES": "0", "HIP_VISIBLE_DEVICES": "0", "GGML_VK_VISIBLE_DEVICES": "0,2"}),
+        "{gemma}"
+    );
+    let mib = |d: &str| (shares[d].as_u64().unwrap() >> 20).max(1);
+    let command = strs(&gemma["command"]).join(" ");
+    assert!(command.contains(&format!("--tensor-split {},{} --main-gpu 0", mib("gpu0"), mib("gpu2"))), "{command}");
+    assert_eq!(l.chat(GEMMA).await.0, 200);
+    assert_eq!(entry(&h, SMOL)["placed_on"], json!({"gpu1": vram}), "a load on gpu0 and gpu2 leaves gpu1 alone");
+
+    // auto: where the most is free (gpu2, 16 GiB less Gemma's share).
+    let auto = json!({"model_name": MINILM, "llamacpp_backend": "vulkan", "device": "auto"});
+    assert_eq!(l.post("/api/v1/load", &auto).await.0, 200);
+    let (_, s) = l.get("/api/v1/scheduler").await;
+    let gpu2 = s["devices"].as_array().unwrap().iter().find(|d| d["id"] == "gpu2").unwrap().clone();
+    assert!(gpu2["models"][MINILM].as_u64().unwrap() > 0 && gpu2["models"][GEMMA].as_u64().is_some(), "{gpu2}");
+    let models_sum: u64 = gpu2["models"].as_object().unwrap().values().map(|b| b.as_u64().unwrap()).sum();
+    assert_eq!(gpu2["in_use_bytes"].as_u64(), Some(models_sum), "{gpu2}");
+
+    // Refusals name the option, and the devices there are.
+    let (st, e) =
+        l.post("/api/v1/load", &json!({"model_name": SMOL, "llamacpp_backend": "vulkan", "device": "gpu7"})).await;
+    assert_eq!(
+        (st, e["error"]["param"].as_str(), e["error"]["code"].as_str()),
+        (400, Some("device"), Some("unknown_device")),
+        "{e}"
+    );
+    assert!(e["error"]["message"].as_str().unwrap().contains("gpu0, gpu1, gpu2"), "{e}");
+    let (st, e) = l.post("/api/v1/load", &json!({"model_name": SMOL, "device": "GPU 1"})).await;
+    assert_eq!((st, e["error"]["param"].as_str()), (400, Some("device")), "{e}");
+    let (st, e) = l.post(&format!("/api/v1/models/{SMOL}/options"), &json!({"device": "npu3"})).await;
+    assert_eq!((st, e["error"]["param"].as_str()), (400, Some("device")), "{e}");
+    assert_eq!(entry(&l.get("/api/v1/health").await.1, SMOL)["placed_on"], json!({"gpu1": vram}), "nothing moved");
+}

@@ -131,7 +131,9 @@ async fn with_an_api_key_the_page_asks_for_it_once_and_for_the_admin_key_when_an
 
 #[tokio::test]
 async fn real_llama_server_the_system_view_shows_the_running_model_and_backends() {
-    let l = Lemonade::start_in(bin(), Sandbox::new().with_whisper().with_sd().with_kokoro(), &[], &[]).await;
+    let hw = fake_hardware();
+    let env = [("LEMONADE_HARDWARE_ROOT", hw.path().to_str().unwrap())];
+    let l = Lemonade::start_in(bin(), Sandbox::new().with_whisper().with_sd().with_kokoro(), &[], &env).await;
     let (s, v) = l.post("/api/v1/load", &json!({"model_name": SMOL})).await;
     assert_eq!(s, 200, "{v}");
     browse(&l, "system", &[SMOL, GEMMA]).await;

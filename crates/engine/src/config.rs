@@ -27,6 +27,8 @@ pub struct Config {
     /// Slot limits, idle timeout, queue bound, memory budget and anti-thrash hold: what the
     /// scheduler starts with (every field set; `POST /api/v1/params` changes them later).
     pub scheduler: Settings,
+    /// The GPUs and NPUs models are placed on; None: found at start (`host::devices`).
+    pub devices: Option<Vec<api_types::ComputeDevice>>,
     /// Inference on a model that is not loaded loads it (else the request is rejected).
     pub auto_load: bool,
     pub disable_filtering: bool,
@@ -164,6 +166,7 @@ impl Config {
                 memory_budget: Some(None),
                 vram_budget: Some(None),
                 swap_hold_ms: Some(DEFAULT_SWAP_HOLD_MS),
+                devices: None,
             },
             auto_load: true,
             disable_filtering: false,
@@ -176,6 +179,7 @@ impl Config {
                 Duration::from_millis(scheduler::machine::CRASH_RESET_MS),
             ),
             prompt_cache_size: 4 << 30,
+            devices: None,
             remote_refresh: Some(Duration::from_secs(60)),
             hub_endpoint: None,
         }

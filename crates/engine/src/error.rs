@@ -112,7 +112,20 @@ pub fn rejection_message(model: &str, why: &Rejection) -> String {
              (POST /api/v1/pin with \"pinned\": false, or `lemonade unpin`) or unload it first.",
             pinned.join(", ")
         ),
-        NoMemory { pool, needed, budget, pinned } => format!(
+        NoMemory { device: Some(d), needed, budget, pinned, .. } => format!(
+            "Cannot load model '{model}': it needs an estimated {} on {d} but {d} has {} for models{}. Place it \
+             on another device or several (the 'device' load option: auto, or ids such as gpu0,gpu1), lower \
+             ctx_size, or use a smaller model.",
+            bytes(*needed),
+            bytes(*budget),
+            if *pinned > 0 { format!(", of which pinned models hold {}", bytes(*pinned)) } else { String::new() },
+        ),
+        UnknownDevice { device, known } => format!(
+            "Invalid value for 'device': there is no device '{device}' here; the devices are {} (see \
+             /api/v1/system-info's compute_devices), or 'auto'",
+            if known.is_empty() { "none".to_string() } else { known.join(", ") }
+        ),
+        NoMemory { pool, device: None, needed, budget, pinned } => format!(
             "Cannot load model '{model}': it needs an estimated {} of {} but the {} budget is {}{}. Raise \
              --{}-budget, lower ctx_size, or use a smaller model{}.",
             bytes(*needed),

@@ -2,7 +2,9 @@
 //! stays, with the latest decisions (`crate::decisions`); a plan is a dry run of a load on a
 //! copy of the state machine (`scheduler::Machine::plan`).
 
-use api_types::{LoadRequest, ModelType, SchedulerModel, SchedulerPlan, SchedulerPool, SchedulerState};
+use api_types::{
+    LoadRequest, ModelType, SchedulerDevice, SchedulerModel, SchedulerPlan, SchedulerPool, SchedulerState,
+};
 use scheduler::{Pool, State};
 use serde_json::json;
 
@@ -41,6 +43,7 @@ pub fn state(rt: &Engine) -> SchedulerState {
                 max_concurrent: v.max_concurrent,
                 memory_bytes: v.memory,
                 vram_bytes: v.vram,
+                devices: v.devices.clone(),
                 unload_in_s,
                 resident: resident(v.state, v.pinned, v.in_flight + v.queue_depth > 0, unload_in_s),
             }
@@ -57,7 +60,21 @@ pub fn state(rt: &Engine) -> SchedulerState {
             .collect(),
     };
     let s = &sv.settings;
+    let devices = rt.lifecycle.devices().iter().map(|d| {
+        let models: std::collections::BTreeMap<String, u64> =
+            views.iter().filter_map(|(n, v)| Some((n.clone(), *v.devices.get(&d.id)?))).collect();
+        let budget = s.devices.iter().flatten().find(|x| x.id == d.id).and_then(|x| x.budget);
+        SchedulerDevice {
+            id: d.id.clone(),
+            kind: d.kind.clone(),
+            name: d.name.clone(),
+            budget_bytes: budget,
+            in_use_bytes: models.values().sum(),
+            models,
+        }
+    });
     SchedulerState {
+        devices: devices.collect(),
         pools: vec![
             pool(Pool::Memory, s.memory_budget.flatten(), sv.memory_in_use),
             pool(Pool::Vram, s.vram_budget.flatten(), sv.vram_in_use),
@@ -79,6 +96,11 @@ pub async fn plan(rt: &Engine, req: &LoadRequest) -> Result<SchedulerPlan> {
         .refusal
         .as_ref()
         .map(|r| json!({"code": r.code(), "message": crate::error::rejection_message(&info.name, r)}));
+    let on = match p.devices.keys().cloned().collect::<Vec<_>>().as_slice() {
+        [] => String::new(),
+        [one] => format!(" on {one}"),
+        many => format!(" split over {}", many.join(" and ")),
+    };
     let summary = match (p.outcome, p.evicts.as_slice()) {
         ("loaded", _) => format!("{} is loaded with these options: nothing to do", info.name),
         ("refused", _) => format!(
@@ -86,8 +108,8 @@ pub async fn plan(rt: &Engine, req: &LoadRequest) -> Result<SchedulerPlan> {
             info.name,
             refusal.as_ref().map_or("", |r| r["message"].as_str().unwrap_or(""))
         ),
-        ("load", []) => format!("{} would load beside the models loaded", info.name),
-        ("load", e) => format!("{} would load after evicting {}", info.name, e.join(", ")),
+        ("load", []) => format!("{} would load{on} beside the models loaded", info.name),
+        ("load", e) => format!("{} would load{on} after evicting {}", info.name, e.join(", ")),
         (_, []) => format!("{} would wait for the load in progress", info.name),
         (_, e) => format!("{} would load once {} finish their requests and are evicted", info.name, e.join(", ")),
     };
@@ -98,6 +120,7 @@ pub async fn plan(rt: &Engine, req: &LoadRequest) -> Result<SchedulerPlan> {
         refusal,
         memory_bytes: model.memory,
         vram_bytes: model.vram,
+        devices: p.devices.clone(),
         summary,
         decisions: p.decisions.into_iter().map(|d| wire(d, rt.lifecycle.now_ms())).collect(),
     })

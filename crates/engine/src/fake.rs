@@ -133,6 +133,7 @@ impl Launcher for FakeLauncher {
         &'a self,
         info: &'a ModelInfo,
         options: &'a LoadOptions,
+        _devices: &'a [backends::devices::Placed],
     ) -> BoxFuture<'a, Result<Prepared, StartFailure>> {
         Box::pin(async move {
             let failed = {

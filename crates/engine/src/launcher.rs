@@ -89,6 +89,7 @@ pub trait Launcher: Send + Sync + 'static {
         &'a self,
         info: &'a ModelInfo,
         options: &'a LoadOptions,
+        devices: &'a [backends::devices::Placed],
     ) -> BoxFuture<'a, Result<Prepared, StartFailure>>;
     /// Starts the process and returns at once; [`Process::ready`] waits for it.
     fn spawn(&self, name: &str, spec: SpawnSpec) -> Result<Arc<dyn Process>, StartFailure>;
@@ -153,7 +154,12 @@ impl RealLauncher {
         }))
     }
 
-    async fn prepare_now(&self, info: &ModelInfo, options: &LoadOptions) -> Result<Prepared, StartFailure> {
+    async fn prepare_now(
+        &self,
+        info: &ModelInfo,
+        options: &LoadOptions,
+        devices: &[backends::devices::Placed],
+    ) -> Result<Prepared, StartFailure> {
         let fatal = |message: String| StartFailure::Fatal(self.cfg.redact_here(&message));
         let name = info.name.as_str();
         let main = info
@@ -174,6 +180,7 @@ impl RealLauncher {
             options,
             hardware: &hardware,
             port,
+            devices,
         };
         let mut launch = backends::launch(info.recipe, &input).map_err(|e| fatal(e.to_string()))?;
         let workers = backends::rpc::workers(options);
@@ -197,8 +204,9 @@ impl Launcher for RealLauncher {
         &'a self,
         info: &'a ModelInfo,
         options: &'a LoadOptions,
+        devices: &'a [backends::devices::Placed],
     ) -> BoxFuture<'a, Result<Prepared, StartFailure>> {
-        Box::pin(self.prepare_now(info, options))
+        Box::pin(self.prepare_now(info, options, devices))
     }
 
     fn spawn(&self, _name: &str, spec: SpawnSpec) -> Result<Arc<dyn Process>, StartFailure> {

@@ -17,6 +17,7 @@ pub mod cache;
 pub mod catalogue;
 pub mod config;
 pub mod decisions;
+pub mod devices;
 pub mod downloads;
 pub mod error;
 pub mod explain;

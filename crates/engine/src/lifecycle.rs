@@ -86,6 +86,8 @@ pub struct Running {
     /// How it was started: the program and its arguments, this machine's paths as
     /// placeholders (`Config::redact`).
     pub command: Vec<String>,
+    /// The environment lemonade set for it.
+    pub env: BTreeMap<String, String>,
     /// Streams whose first chunk went out and that have not ended.
     streams: std::sync::atomic::AtomicUsize,
 }
@@ -113,6 +115,8 @@ pub struct ModelView {
     /// Bytes counted against the memory budget, and the VRAM budget.
     pub memory: u64,
     pub vram: u64,
+    /// The devices it runs on, with its bytes on each.
+    pub devices: scheduler::Shares,
     /// Requests it serves at once (None: no limit).
     pub max_concurrent: Option<u32>,
     /// When each waiting request started waiting (ms, the runtime's clock), in serving order.
@@ -168,6 +172,8 @@ pub struct Lifecycle {
     metrics: Arc<Metrics>,
     /// The prompt cache's files (`<cache>/prompt-cache`).
     prompt_cache: host::prompt_cache::Store,
+    /// The GPUs and NPUs models are placed on.
+    devices: Vec<api_types::ComputeDevice>,
 }
 
 /// Keeps a model in use while a request runs. Dropping it releases the model.
@@ -302,9 +308,12 @@ impl Lifecycle {
     ) -> Arc<Lifecycle> {
         let (tx, rx) = mpsc::unbounded_channel();
         let (plans, plan_rx) = mpsc::unbounded_channel();
+        let devices = cfg.devices.clone().unwrap_or_else(host::devices::compute_devices);
+        let mut settings = cfg.scheduler.clone();
+        settings.devices = Some(settings.devices.unwrap_or_else(|| crate::devices::ledgers(&devices)));
         let machine = Machine::new(scheduler::Limits::uniform(1))
             .with_crash_backoff(cfg.crash_backoff.0.as_millis() as u64, cfg.crash_backoff.1.as_millis() as u64)
-            .with_settings(cfg.scheduler.clone());
+            .with_settings(settings);
         let first_view =
             SchedulerView { settings: machine.settings(), limits: machine.limits().clone(), ..Default::default() };
         let rt = Arc::new(Lifecycle {
@@ -328,6 +337,7 @@ impl Lifecycle {
             closing: tokio::sync::watch::channel(false).0,
             metrics,
             prompt_cache,
+            devices,
         });
         tokio::spawn(owner(Arc::downgrade(&rt), rx, plan_rx, machine));
         rt
@@ -336,6 +346,11 @@ impl Lifecycle {
     /// `text` without this machine's paths (see [`Config::redact`]).
     pub fn redact(&self, text: &str) -> String {
         self.cfg.redact_here(text)
+    }
+
+    /// The GPUs and NPUs models are placed on (found at start).
+    pub fn devices(&self) -> &[api_types::ComputeDevice] {
+        &self.devices
     }
 
     /// Milliseconds of a monotonic clock (since the server started).
@@ -444,7 +459,13 @@ impl Lifecycle {
         let model = self.model_ref(info, options, None);
         let (answer, rx) = oneshot::channel();
         let _ = self.plans.send((model.clone(), options.clone(), answer));
-        let none = || scheduler::Plan { outcome: "waits", evicts: vec![], refusal: None, decisions: vec![] };
+        let none = || scheduler::Plan {
+            outcome: "waits",
+            evicts: vec![],
+            refusal: None,
+            decisions: vec![],
+            devices: Default::default(),
+        };
         (rx.await.unwrap_or_else(|_| none()), model)
     }
 
@@ -461,6 +482,7 @@ impl Lifecycle {
         let idle = idle_timeout_s.unwrap_or_else(|| self.catalogue.registry().saved_idle_timeout(info));
         m.idle_timeout_ms = idle.map(|s| s.saturating_mul(1000));
         m.max_concurrent = self.cfg.max_concurrent;
+        m.placement = crate::devices::placement(options);
         if info.recipe == Recipe::LlamaCpp {
             let s = backends::llamacpp::cache_settings(options, info.model_type);
             m.max_concurrent = Some(self.cfg.max_concurrent.unwrap_or(s.slots));
@@ -504,11 +526,13 @@ impl Lifecycle {
             is_busy: v.in_flight > 0,
             is_streaming: r.streams.load(Ordering::Relaxed) > 0,
             command: r.command.clone(),
+            env: r.env.clone(),
             prompt_cache_files: cached.0,
             prompt_cache_bytes: cached.1,
             parallel: slots.as_ref().map(|s| s.slots),
             slot_ctx_size: slots.as_ref().map(|s| s.ctx_size),
             kv_cells: slots.map(|s| s.kv_cells),
+            placed_on: v.devices.clone(),
         }
     }
 
@@ -789,6 +813,7 @@ impl Lifecycle {
                     unload_at: m.unload_at(e),
                     memory: e.memory,
                     vram: e.vram,
+                    devices: e.shares.clone(),
                     max_concurrent: e.max_concurrent,
                 };
                 (e.model.name.clone(), v)
@@ -806,7 +831,7 @@ impl Lifecycle {
 
     fn execute(self: &Arc<Self>, e: Effect<Opts>) {
         match e {
-            Effect::Start { model, options } => {
+            Effect::Start { model, options, devices } => {
                 // Known as starting before any later effect runs, so a stop can cancel it.
                 let (cancel, cancelled) = tokio::sync::watch::channel(false);
                 self.starts.lock().insert(model.clone(), cancel);
@@ -814,7 +839,8 @@ impl Lifecycle {
                 let span = tracing::debug_span!(target: "lemonade::spans", "load", model = %model);
                 tokio::spawn(tracing::Instrument::instrument(
                     async move {
-                        let result = rt.start(&model, options, cancelled).await.map_err(load_error);
+                        let placed = crate::devices::placed(&rt.devices, &devices);
+                        let result = rt.start(&model, options, &placed, cancelled).await.map_err(load_error);
                         rt.starts.lock().remove(&model);
                         let _ = rt.tx.send(Event::Started { model, result });
                     },
@@ -872,6 +898,7 @@ impl Lifecycle {
         self: &Arc<Self>,
         name: &str,
         options: Opts,
+        devices: &[backends::devices::Placed],
         mut cancel: tokio::sync::watch::Receiver<bool>,
     ) -> std::result::Result<(), StartFailure> {
         let info = self.catalogue.get(name).map_err(|e| StartFailure::Fatal(e.to_string()))?;
@@ -880,7 +907,7 @@ impl Lifecycle {
         // once, while the install itself runs on to the end.
         let launched_with = self.with_ctx_resolved(&info, &options);
         let prepared = tokio::select! {
-            p = self.launcher.prepare(&info, &launched_with) => p?,
+            p = self.launcher.prepare(&info, &launched_with, devices) => p?,
             _ = cancel.wait_for(|c| *c) => return Err(cancelled()),
         };
         let started = Instant::now();
@@ -888,6 +915,7 @@ impl Lifecycle {
         // The program by its name (where lemonade keeps or finds it is its own business).
         let program = spec.program.file_name().map_or_else(|| "backend".into(), |n| n.to_string_lossy().to_string());
         let command = std::iter::once(program).chain(spec.args.iter().map(|a| self.cfg.redact_here(a))).collect();
+        let env = spec.env.iter().cloned().collect();
         let backend = self.launcher.spawn(name, prepared.spec)?;
         let running = Arc::new(Running {
             info,
@@ -900,6 +928,7 @@ impl Lifecycle {
             reported: tokio::sync::watch::channel(false).0,
             cache: prepared.cache,
             command,
+            env,
             streams: Default::default(),
         });
         // Registered unless a stop came first (it found no process): checked under the lock the
@@ -993,7 +1022,7 @@ async fn owner(
             ev = rx.recv() => ev,
             Some((model, options, answer)) = plans.recv() => {
                 // A dry run on a copy: nothing changes, nothing is published.
-                let _ = answer.send(machine.plan(model, options));
+                let _ = answer.send(machine.plan(model, options, epoch.elapsed().as_millis() as u64));
                 continue;
             }
             _ = due => Some(Event::Tick),

@@ -91,6 +91,7 @@ pub fn settings(u: &ParamsUpdate) -> Result<Settings> {
             .map_err(bad("memory_budget"))?,
         vram_budget: u.vram_budget.as_ref().map(|b| budget(b, Pool::Vram)).transpose().map_err(bad("vram_budget"))?,
         swap_hold_ms: u.swap_hold_ms,
+        devices: None,
     })
 }
 

@@ -109,9 +109,7 @@ pub fn amd_gpus(nodes: &Path) -> (Option<GpuDevice>, Vec<GpuDevice>) {
         let device =
             |family: String| GpuDevice { name: name.clone(), available: true, vram_gb, family, ..Default::default() };
         match gfx.as_str() {
-            "gfx1150" | "gfx1151" | "gfx1152" | "gfx1103" | "gfx1035" | "gfx1036" if igpu.is_none() => {
-                igpu = Some(device(gfx.clone()))
-            }
+            g if is_igpu(g) && igpu.is_none() => igpu = Some(device(gfx.clone())),
             _ => {
                 let family = match &gfx[..gfx.len().min(6)] {
                     "gfx110" => "gfx110X".to_string(),
@@ -123,6 +121,28 @@ pub fn amd_gpus(nodes: &Path) -> (Option<GpuDevice>, Vec<GpuDevice>) {
         }
     }
     (igpu, dgpus)
+}
+
+/// The integrated GPUs v9 knows (and their older kin), by gfx target.
+pub fn is_igpu(gfx: &str) -> bool {
+    matches!(gfx, "gfx1150" | "gfx1151" | "gfx1152" | "gfx1103" | "gfx1035" | "gfx1036")
+}
+
+/// Each NVIDIA GPU's name and memory from NVML (none without the driver).
+pub fn nvidia_memory() -> Vec<crate::devices::NvidiaGpu> {
+    let Ok(nvml) = nvml() else { return Vec::new() };
+    let count = nvml.device_count().unwrap_or(0);
+    (0..count)
+        .filter_map(|i| nvml.device_by_index(i).ok())
+        .filter_map(|d| {
+            let m = d.memory_info().ok()?;
+            Some(crate::devices::NvidiaGpu {
+                name: d.name().unwrap_or_default(),
+                total_bytes: m.total,
+                used_bytes: m.used,
+            })
+        })
+        .collect()
 }
 
 static NVML: OnceLock<Result<nvml_wrapper::Nvml, String>> = OnceLock::new();

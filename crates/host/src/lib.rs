@@ -12,6 +12,7 @@
 pub mod binary;
 pub mod catalogue;
 pub mod cloud;
+pub mod devices;
 pub mod download;
 pub mod files;
 pub mod hardware;

@@ -134,7 +134,7 @@ mod tests {
         let b = load_body("M", Recipe::LlamaCpp, &ctx(2048), 0);
         assert_eq!(
             Value::Object(b),
-            json!({"model_name": "M", "ctx_size": 2048, "llamacpp_backend": "cpu", "llamacpp_args": "",
+            json!({"model_name": "M", "ctx_size": 2048, "device": "auto", "llamacpp_backend": "cpu", "llamacpp_args": "",
                    "rpc_servers": [], "merge_args": true, "idle_timeout": 0})
         );
         let sd = load_body("S", Recipe::SdCpp, &LoadOptions::default(), 300);

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 
 use api_types::ModelType;
 
+pub mod devices;
 pub mod machine;
+pub use devices::{Device, Placement, Shares};
 pub use machine::{
     Decision, Effect, Entry, Event, Failure, LoadError, LoadOutcome, Machine, ModelRef, Plan, Pool, Rejection, ReqId,
     SchedulerError, Settings, State,

@@ -30,6 +30,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use api_types::ModelType;
 
+use crate::devices::{split, Device, Placement, Shares};
 use crate::Limits;
 
 pub type ReqId = u64;
@@ -57,6 +58,8 @@ pub struct ModelRef {
     /// An `Acquire`'s priority: among the requests waiting for this model, higher goes first
     /// (equal ones in arrival order). 0 by default.
     pub priority: i32,
+    /// The devices it asks to run on (the `device` load option).
+    pub placement: Placement,
 }
 
 impl ModelRef {
@@ -71,6 +74,7 @@ impl ModelRef {
             max_concurrent: None,
             sets_idle_timeout: false,
             priority: 0,
+            placement: Placement::Auto,
         }
     }
 
@@ -88,7 +92,7 @@ impl ModelRef {
 pub enum Pool {
     /// System memory (RAM).
     Memory,
-    /// GPU memory, summed over the GPUs.
+    /// GPU memory: summed over the GPUs for the VRAM budget, or one GPU's own ledger.
     Vram,
 }
 
@@ -166,6 +170,8 @@ pub struct Settings {
     /// bytes of VRAM; `Some(None)`: no budget.
     pub vram_budget: Option<Option<u64>>,
     pub swap_hold_ms: Option<u64>,
+    /// The GPUs and NPUs models are placed on, each with its budget.
+    pub devices: Option<Vec<Device>>,
 }
 
 impl Settings {
@@ -178,6 +184,7 @@ impl Settings {
             memory_budget: self.memory_budget.or(base.memory_budget),
             vram_budget: self.vram_budget.or(base.vram_budget),
             swap_hold_ms: self.swap_hold_ms.or(base.swap_hold_ms),
+            devices: self.devices.or(base.devices),
         }
     }
 }
@@ -230,10 +237,12 @@ pub enum Rejection {
     },
     /// The slot it needs is held by pinned models only (named here).
     SlotsPinned(Vec<String>),
-    /// It can never fit the budget of `pool`: it needs `needed` bytes, the budget is `budget`,
-    /// of which `pinned` bytes are held by pinned models.
+    /// It can never fit the budget of `pool` (of one device's, when `device` names it): it
+    /// needs `needed` bytes, the budget is `budget`, of which `pinned` bytes are held by pinned
+    /// models.
     NoMemory {
         pool: Pool,
+        device: Option<String>,
         needed: u64,
         budget: u64,
         pinned: u64,
@@ -244,6 +253,11 @@ pub enum Rejection {
     QueueFull {
         max_queue: usize,
         retry_in_ms: u64,
+    },
+    /// It asks for a device the machine does not have (the devices there are).
+    UnknownDevice {
+        device: String,
+        known: Vec<String>,
     },
 }
 
@@ -260,6 +274,7 @@ impl Rejection {
             Rejection::NoMemory { .. } => "insufficient_memory",
             Rejection::QueueFull { .. } => "queue_full",
             Rejection::InUse(_) => "model_in_use",
+            Rejection::UnknownDevice { .. } => "unknown_device",
         }
     }
 }
@@ -289,6 +304,8 @@ pub struct Plan {
     pub refusal: Option<Rejection>,
     /// Every decision the load would take.
     pub decisions: Vec<Decision>,
+    /// The devices it would run on, with the bytes it would hold on each.
+    pub devices: Shares,
 }
 
 /// How long a `QueueFull` client is told to wait before it retries.
@@ -300,10 +317,12 @@ pub const HOLD_GAP_MS: u64 = 250;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect<O> {
-    /// Start the backend of `model` with `options`; answer with `Started`.
+    /// Start the backend of `model` with `options` on `devices` (the bytes it holds on each;
+    /// empty: no device chosen); answer with `Started`.
     Start {
         model: String,
         options: O,
+        devices: Shares,
     },
     /// Stop (or cancel the start of) the backend of `model`; answer with `Stopped`.
     Stop {
@@ -404,6 +423,10 @@ pub struct Entry<O> {
     pub memory: u64,
     /// Bytes of VRAM it is counted for.
     pub vram: u64,
+    /// The devices the running (or starting) backend is placed on, and its bytes on each.
+    pub shares: Shares,
+    /// The placement chosen for the queued load, taken when it starts.
+    placed: Shares,
     /// The idle timeout of the running backend (ms; 0 = never); None: the machine's.
     pub idle_timeout_ms: Option<u64>,
     /// Requests the running backend serves at once.
@@ -435,6 +458,10 @@ impl<O> Entry<O> {
     }
     pub fn queue_depth(&self) -> usize {
         self.waiting.len()
+    }
+    /// Bytes it holds on `device`; None: not placed there.
+    pub fn share(&self, device: &str) -> Option<u64> {
+        self.shares.get(device).copied()
     }
     /// Holds (or is about to hold) a slot.
     fn occupies(&self) -> bool {
@@ -481,6 +508,8 @@ pub struct Machine<O> {
     memory_budget: Option<u64>,
     /// Bytes of VRAM they may take together (None: no budget).
     vram_budget: Option<u64>,
+    /// The GPUs and NPUs models are placed on.
+    devices: Vec<Device>,
     /// How long a load caused by requests waits for a serving model before evicting it.
     swap_hold_ms: u64,
     /// When the held swap at the head of the queue is looked at again.
@@ -507,6 +536,7 @@ impl<O: Clone + PartialEq> Machine<O> {
             max_queue: None,
             memory_budget: None,
             vram_budget: None,
+            devices: Vec::new(),
             swap_hold_ms: 0,
             hold_deadline: None,
         }
@@ -536,6 +566,7 @@ impl<O: Clone + PartialEq> Machine<O> {
             memory_budget: Some(self.memory_budget),
             vram_budget: Some(self.vram_budget),
             swap_hold_ms: Some(self.swap_hold_ms),
+            devices: Some(self.devices.clone()),
         }
     }
 
@@ -557,6 +588,9 @@ impl<O: Clone + PartialEq> Machine<O> {
         }
         if let Some(h) = s.swap_hold_ms {
             self.swap_hold_ms = h;
+        }
+        if let Some(d) = s.devices {
+            self.devices = d;
         }
     }
 
@@ -626,6 +660,30 @@ impl<O: Clone + PartialEq> Machine<O> {
         self.models.get(name)
     }
 
+    /// The load in progress, if any.
+    pub fn current_load(&self) -> Option<&str> {
+        self.current.as_deref()
+    }
+
+    /// The devices `name` runs on (or is about to: the placement of the load in progress).
+    pub fn placement_of(&self, name: &str) -> Option<&Shares> {
+        let e = self.models.get(name)?;
+        if matches!(e.state, State::Unloaded | State::Failed) && self.current.as_deref() == Some(name) {
+            return Some(&e.placed);
+        }
+        e.occupies().then_some(&e.shares)
+    }
+
+    /// The devices models are placed on.
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
+    }
+
+    /// Bytes of `device` held by the models alive.
+    pub fn device_in_use(&self, device: &str) -> u64 {
+        self.models.values().filter(|e| e.occupies()).filter_map(|e| e.share(device)).sum()
+    }
+
     /// Bytes of `pool` counted for the backends alive (starting, running or stopping).
     /// The priority of each request waiting for `name`, in the order they are served.
     pub fn waiting_priorities(&self, name: &str) -> Vec<i32> {
@@ -690,6 +748,8 @@ impl<O: Clone + PartialEq> Machine<O> {
             pinned: false,
             memory: 0,
             vram: 0,
+            shares: Shares::new(),
+            placed: Shares::new(),
             idle_timeout_ms: None,
             max_concurrent: None,
             load_waiters: Vec::new(),
@@ -748,12 +808,12 @@ impl<O: Clone + PartialEq> Machine<O> {
         std::mem::take(&mut self.decisions)
     }
 
-    /// What an explicit load of `model` with `options` would do now, worked out on a copy of
-    /// the machine whose backends start and stop at once (nothing changes here).
-    pub fn plan(&self, model: ModelRef, options: O) -> Plan {
+    /// What an explicit load of `model` with `options` would do at `now`, worked out on a copy
+    /// of the machine whose backends start and stop at once (nothing changes here).
+    pub fn plan(&self, model: ModelRef, options: O, now: u64) -> Plan {
         let mut m = self.clone();
         m.decisions.clear();
-        let (req, name, now) = (ReqId::MAX, model.name.clone(), self.now);
+        let (req, name, now) = (ReqId::MAX, model.name.clone(), now.max(self.now));
         let already =
             m.models.get(&name).is_some_and(|e| e.state == State::Loaded && e.options.as_ref() == Some(&options));
         let mut events: VecDeque<Event<O>> = VecDeque::from([Event::Load { req, model, options, pin: None }]);
@@ -778,7 +838,8 @@ impl<O: Clone + PartialEq> Machine<O> {
             Some(LoadOutcome::Refused(r)) => ("refused", Some(r)),
             Some(LoadOutcome::Failed(_) | LoadOutcome::Cancelled) | None => ("waits", None),
         };
-        Plan { outcome, evicts, refusal, decisions }
+        let devices = m.models.get(&name).map(|e| e.shares.clone()).unwrap_or_default();
+        Plan { outcome, evicts, refusal, decisions, devices }
     }
 
     /// Queues a load of `name` with `options` unless one is queued or running.
@@ -817,6 +878,9 @@ impl<O: Clone + PartialEq> Machine<O> {
     }
 
     fn acquire(&mut self, req: ReqId, model: ModelRef, auto_load: Option<O>) {
+        if let Some(why) = self.unknown_device(&model) {
+            return self.reject(req, &model.name, why);
+        }
         let now = self.now;
         let (name, priority) = (model.name.clone(), model.priority);
         let queued = self.queued(&name);
@@ -901,7 +965,23 @@ impl<O: Clone + PartialEq> Machine<O> {
         }
     }
 
+    /// The refusal of a model that asks for a device the machine does not have: given before
+    /// anything else happens (a loaded model is not stopped for a load that cannot start).
+    fn unknown_device(&self, m: &ModelRef) -> Option<Rejection> {
+        let Placement::On(ids) = &m.placement else { return None };
+        let missing = ids.iter().find(|id| !self.devices.iter().any(|d| &d.id == *id))?;
+        Some(Rejection::UnknownDevice {
+            device: missing.clone(),
+            known: self.devices.iter().map(|d| d.id.clone()).collect(),
+        })
+    }
+
     fn load(&mut self, req: ReqId, model: ModelRef, options: O, pin: Option<bool>) {
+        if let Some(why) = self.unknown_device(&model) {
+            self.note("refuse", why.code(), &model.name, format!("{why:?}"));
+            let result = LoadOutcome::Refused(why);
+            return self.out.push(Effect::LoadDone { req, model: model.name, result });
+        }
         let name = model.name.clone();
         let now = self.now;
         let queued = self.queued(&name);
@@ -1101,6 +1181,8 @@ impl<O: Clone + PartialEq> Machine<O> {
                 e.attempt = 1;
                 e.state = State::Unloaded;
                 e.pending = e.options.take();
+                // The retry goes where the first attempt went.
+                e.placed = std::mem::take(&mut e.shares);
                 e.last_error = Some(err.message);
                 let others: Vec<String> = self
                     .models
@@ -1171,6 +1253,7 @@ impl<O: Clone + PartialEq> Machine<O> {
         e.options = None;
         e.memory = 0;
         e.vram = 0;
+        e.shares.clear();
         let reload = e.pending.clone();
         let has_waiters = !e.waiting.is_empty() || !e.load_waiters.is_empty();
         // A reload in place asked with `load` goes first; requests that came while the model
@@ -1219,6 +1302,7 @@ impl<O: Clone + PartialEq> Machine<O> {
         e.options = None;
         e.memory = 0;
         e.vram = 0;
+        e.shares.clear();
         e.last_error = Some(error.clone());
         // In-flight requests fail on their own (their connections broke) and release later;
         // they no longer hold this model, which may load again before they do.
@@ -1238,7 +1322,7 @@ impl<O: Clone + PartialEq> Machine<O> {
                 self.queue.pop_front();
                 continue;
             }
-            let victims = match self.victims(&name) {
+            let (victims, placed) = match self.victims(&name) {
                 Ok(v) => v,
                 Err(why) => {
                     self.queue.pop_front();
@@ -1265,6 +1349,7 @@ impl<O: Clone + PartialEq> Machine<O> {
             self.queue.pop_front();
             let e = self.get(&name);
             e.attempt = 0;
+            e.placed = placed;
             self.current = Some(name.clone());
             for v in &victims {
                 if self.get(v).state != State::Unloading {
@@ -1310,25 +1395,18 @@ impl<O: Clone + PartialEq> Machine<O> {
         Hold::Until(until)
     }
 
-    /// Models that must give way for `name`: another NPU model, the LRU of its type when the
-    /// type is at its limit (idle models first), and LRU models of any type while the memory
-    /// budget would be exceeded. Pinned models never give way: a load that needs them to is
-    /// refused.
-    fn victims(&self, name: &str) -> Result<BTreeSet<String>, Rejection> {
+    /// Models that must give way for `name`, and the devices it goes on: another NPU model on
+    /// its NPU, the LRU of its type when the type is at its limit (idle models first), LRU
+    /// models of any type while the memory budget would be exceeded, and on each device it is
+    /// placed on, LRU models that hold some of that device while its budget would be. Pinned
+    /// models never give way: a load that needs them to is refused.
+    fn victims(&self, name: &str) -> Result<(BTreeSet<String>, Shares), Rejection> {
         let m = &self.models[name].model;
         let mut v = BTreeSet::new();
         let others = || self.models.iter().filter(|(n, e)| n.as_str() != name && e.occupies());
-        if m.npu {
-            let npu: Vec<(&String, &Entry<O>)> = others().filter(|(_, e)| e.model.npu).collect();
-            let pinned: Vec<String> = npu
-                .iter()
-                .filter(|(_, e)| e.pinned && e.state != State::Unloading)
-                .map(|(n, _)| (*n).clone())
-                .collect();
-            if !pinned.is_empty() {
-                return Err(Rejection::SlotsPinned(pinned));
-            }
-            v.extend(npu.into_iter().map(|(n, _)| n.clone()));
+        if m.npu && !self.devices.iter().any(|d| d.npu) {
+            // No NPU device known: NPU models exclude each other, wherever they run.
+            self.exclude(others().filter(|(_, e)| e.model.npu), &mut v)?;
         }
         let limit = self.limits.get(m.model_type);
         if limit >= 0 {
@@ -1353,10 +1431,117 @@ impl<O: Clone + PartialEq> Machine<O> {
         }
         for pool in Pool::ALL {
             if let Some(budget) = self.budget(pool) {
-                self.fit(name, pool, budget, &mut v)?;
+                let needed = m.size(pool);
+                self.fit(name, (pool, None), needed, &|e: &Entry<O>| e.size(pool), budget, &mut v)?;
             }
         }
-        Ok(v)
+        // The placement with the fewest evictions, then the most memory left free.
+        let mut best: Option<(usize, u64, BTreeSet<String>, Shares)> = None;
+        let mut refusal = None;
+        for shares in self.candidates(name)? {
+            let mut vc = v.clone();
+            match self.place(name, &shares, &mut vc) {
+                Ok(free) => {
+                    let better =
+                        best.as_ref().is_none_or(|(n, f, ..)| (vc.len(), u64::MAX - free) < (*n, u64::MAX - f));
+                    if better {
+                        best = Some((vc.len(), free, vc, shares));
+                    }
+                }
+                // The refusal of the device that comes closest (the largest budget).
+                Err(r) => {
+                    let budget = |r: &Rejection| if let Rejection::NoMemory { budget, .. } = r { *budget } else { 0 };
+                    if refusal.as_ref().is_none_or(|old| budget(&r) > budget(old)) {
+                        refusal = Some(r);
+                    }
+                }
+            }
+        }
+        match best {
+            Some((_, _, v, shares)) => Ok((v, shares)),
+            None => Err(refusal.expect("a candidate was tried")),
+        }
+    }
+
+    /// Adds the models of `npu` to `v` (NPU exclusivity), unless a pinned one stays.
+    fn exclude<'a>(
+        &self,
+        npu: impl Iterator<Item = (&'a String, &'a Entry<O>)>,
+        v: &mut BTreeSet<String>,
+    ) -> Result<(), Rejection>
+    where
+        O: 'a,
+    {
+        let npu: Vec<(&String, &Entry<O>)> = npu.collect();
+        let pinned: Vec<String> =
+            npu.iter().filter(|(_, e)| e.pinned && e.state != State::Unloading).map(|(n, _)| (*n).clone()).collect();
+        if !pinned.is_empty() {
+            return Err(Rejection::SlotsPinned(pinned));
+        }
+        v.extend(npu.into_iter().map(|(n, _)| n.clone()));
+        Ok(())
+    }
+
+    /// The placements `name` may take: one per device for `auto` (all of them split when none
+    /// can ever hold it alone), the devices asked for otherwise. One empty placement when it
+    /// takes no device memory and asks for none, or when the machine knows no device of its
+    /// kind.
+    fn candidates(&self, name: &str) -> Result<Vec<Shares>, Rejection> {
+        let m = &self.models[name].model;
+        let kind: Vec<&Device> = self.devices.iter().filter(|d| d.npu == m.npu).collect();
+        let known = || self.devices.iter().map(|d| d.id.clone()).collect::<Vec<_>>();
+        let free = |d: &Device| d.budget.map(|b| b.saturating_sub(self.held(name, &d.id)));
+        match &m.placement {
+            Placement::On(ids) => {
+                let mut list = Vec::new();
+                for id in ids {
+                    let d = self.devices.iter().find(|d| &d.id == id);
+                    let d = d.ok_or_else(|| Rejection::UnknownDevice { device: id.clone(), known: known() })?;
+                    list.push((d.id.clone(), free(d)));
+                }
+                Ok(vec![split(m.vram, &list)])
+            }
+            Placement::Auto if kind.is_empty() || (m.vram == 0 && !m.npu) => Ok(vec![Shares::new()]),
+            Placement::Auto => {
+                let mut c: Vec<Shares> = kind.iter().map(|d| Shares::from([(d.id.clone(), m.vram)])).collect();
+                let alone = kind.iter().any(|d| d.budget.is_none_or(|b| b >= m.vram));
+                if !alone && kind.len() > 1 {
+                    c.push(split(m.vram, &kind.iter().map(|d| (d.id.clone(), free(d))).collect::<Vec<_>>()));
+                }
+                Ok(c)
+            }
+        }
+    }
+
+    /// Bytes of `device` held by the models alive other than `name`.
+    fn held(&self, name: &str, device: &str) -> u64 {
+        let others = self.models.iter().filter(|(n, e)| n.as_str() != name && e.occupies());
+        others.filter_map(|(_, e)| e.share(device)).sum()
+    }
+
+    /// Makes room for `name` on each device of `shares` (adding the models that give way to
+    /// `v`); the bytes its devices keep free after it (u64::MAX where there is no budget).
+    fn place(&self, name: &str, shares: &Shares, v: &mut BTreeSet<String>) -> Result<u64, Rejection> {
+        let mut free = 0u64;
+        for (id, share) in shares {
+            let d = self.devices.iter().find(|d| &d.id == id).expect("candidates name known devices");
+            if d.npu {
+                let on = self.models.iter().filter(|(n, e)| n.as_str() != name && e.occupies());
+                self.exclude(on.filter(|(_, e)| e.share(id).is_some()), v)?;
+            }
+            let Some(budget) = d.budget else {
+                free = u64::MAX;
+                continue;
+            };
+            let size = |e: &Entry<O>| e.share(id).unwrap_or(0);
+            self.fit(name, (Pool::Vram, Some(id)), *share, &size, budget, v)?;
+            let used: u64 = (self.models.iter())
+                .filter(|(n, e)| n.as_str() != name && e.occupies() && !v.contains(*n))
+                .map(|(_, e)| size(e))
+                .sum();
+            free = free.saturating_add(budget.saturating_sub(used.saturating_add(*share)));
+        }
+        Ok(free)
     }
 
     /// Loaded models other than `name` and those in `v` that `filter` takes, least recently
@@ -1371,34 +1556,42 @@ impl<O: Clone + PartialEq> Machine<O> {
         c.into_iter().map(|(n, _)| n.clone()).collect()
     }
 
-    /// Adds to `v` the LRU models (of any type) that must give way for `name` to fit `budget`
-    /// bytes of `pool`, or refuses it when it cannot fit beside the pinned models.
-    fn fit(&self, name: &str, pool: Pool, budget: u64, v: &mut BTreeSet<String>) -> Result<(), Rejection> {
-        let needed = self.models[name].model.size(pool);
+    /// Adds to `v` the LRU models that must give way for `name`, which needs `needed` bytes of
+    /// a ledger (`size` of each entry) whose budget is `budget`, or refuses it when it cannot
+    /// fit beside the pinned models.
+    fn fit(
+        &self,
+        name: &str,
+        (pool, device): (Pool, Option<&String>),
+        needed: u64,
+        size: &dyn Fn(&Entry<O>) -> u64,
+        budget: u64,
+        v: &mut BTreeSet<String>,
+    ) -> Result<(), Rejection> {
         if needed == 0 {
             return Ok(());
         }
         let others = || self.models.iter().filter(|(n, e)| n.as_str() != name && e.occupies());
         let pinned: u64 = others()
             .filter(|(n, e)| e.pinned && e.state != State::Unloading && !v.contains(*n))
-            .map(|(_, e)| e.size(pool))
+            .map(|(_, e)| size(e))
             .sum();
         if needed.saturating_add(pinned) > budget {
-            return Err(Rejection::NoMemory { pool, needed, budget, pinned });
+            return Err(Rejection::NoMemory { pool, device: device.cloned(), needed, budget, pinned });
         }
-        let mut used: u64 = others().filter(|(n, _)| !v.contains(*n)).map(|(_, e)| e.size(pool)).sum();
-        for n in self.lru(name, &|e| e.size(pool) > 0, v) {
+        let mut used: u64 = others().filter(|(n, _)| !v.contains(*n)).map(|(_, e)| size(e)).sum();
+        for n in self.lru(name, &|e| size(e) > 0, v) {
             if used.saturating_add(needed) <= budget {
                 break;
             }
-            used -= self.models[&n].size(pool);
+            used -= size(&self.models[&n]);
             v.insert(n);
         }
         // Models already unloading (not in `v`) still count until they stop; the start waits
         // for them too.
         if used.saturating_add(needed) > budget {
             for (n, e) in others() {
-                if e.state == State::Unloading && e.size(pool) > 0 {
+                if e.state == State::Unloading && size(e) > 0 {
                     v.insert(n.clone());
                 }
             }
@@ -1429,6 +1622,8 @@ impl<O: Clone + PartialEq> Machine<O> {
         e.last_use = now;
         e.memory = e.model.memory;
         e.vram = e.model.vram;
+        e.shares = std::mem::take(&mut e.placed);
+        let devices = e.shares.clone();
         e.idle_timeout_ms = e.model.idle_timeout_ms;
         e.max_concurrent = e.model.max_concurrent;
         let reason = if !e.waiting.is_empty() {
@@ -1438,7 +1633,8 @@ impl<O: Clone + PartialEq> Machine<O> {
         } else {
             "explicit"
         };
-        self.note("load", reason, &name, String::new());
-        self.out.push(Effect::Start { model: name, options });
+        let on = devices.keys().cloned().collect::<Vec<_>>().join(", ");
+        self.note("load", reason, &name, if on.is_empty() { String::new() } else { format!("on {on}") });
+        self.out.push(Effect::Start { model: name, options, devices });
     }
 }

@@ -33,7 +33,16 @@
 //! 16. no more requests run on a model at once than its `max_concurrent`;
 //! 17. anti-thrash: a model serving requests gives way to a load caused by requests only once
 //!     some waiting request is `swap_hold_ms` old (or an explicit load asked for it);
-//! 18. a plan (`Machine::plan`, the dry run) changes nothing, and never evicts a pinned model.
+//! 18. a plan (`Machine::plan`, the dry run) changes nothing, and never evicts a pinned model;
+//!     on a quiet machine (no start, stop or load under way) the load that follows it evicts
+//!     exactly the models it named, is refused exactly as it said, and goes where it said;
+//! 19. per device (each seed draws up to three GPUs with budgets and up to two NPUs, or none,
+//!     and asks some loads for devices of their own): the backends alive never hold more of a
+//!     GPU than its budget, a model split over GPUs holds shares that sum to its VRAM estimate
+//!     on exactly the devices it asked for, and an NPU runs one backend at a time;
+//! 20. eviction only where the load is short: a model that gives way to a load shares its type
+//!     (slot limit), its NPU, a budgeted pool, or a budgeted device with it (a chat model on
+//!     GPU0 never evicts the embedder on GPU1).
 //!
 //! `SCHEDULER_SIM_SEEDS` (default 1,000) and `SCHEDULER_SIM_STEPS` (default 300) scale the run;
 //! a failure names its seed, and `SCHEDULER_SIM_FIRST_SEED` replays from there.
@@ -42,6 +51,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use api_types::ModelType;
 
+use crate::devices::*;
 use crate::machine::*;
 use crate::Limits;
 
@@ -98,6 +108,7 @@ struct Draw {
     vram_budget: Option<u64>,
     max_queue: Option<usize>,
     hold: u64,
+    devices: Vec<Device>,
 }
 
 impl Draw {
@@ -143,6 +154,10 @@ struct Sim {
     /// Models whose first start attempt failed and whose retry has not ended yet.
     retrying: BTreeSet<String>,
     crashes: BTreeMap<String, Crashes>,
+    /// The devices each backend was started on (as its `Start` said).
+    placed: BTreeMap<String, Shares>,
+    /// Requests refused because the devices they asked for can never hold them.
+    too_big: BTreeSet<ReqId>,
     log: Vec<String>,
 }
 
@@ -169,6 +184,15 @@ impl Sim {
                 _ => None,
             };
             r.max_concurrent = rng.chance(40).then(|| 1 + rng.below(3) as u32);
+            // Some ask for devices of their own: one GPU, a split over several, an NPU.
+            let kind: Vec<&Device> = draw.devices.iter().filter(|d| d.npu == npu).collect();
+            if !kind.is_empty() && rng.chance(30) {
+                let mut ids: Vec<String> = kind.iter().filter(|_| rng.chance(60)).map(|d| d.id.clone()).collect();
+                if ids.is_empty() {
+                    ids.push(kind[rng.below(kind.len())].id.clone());
+                }
+                r.placement = Placement::On(ids);
+            }
             r
         };
         let settings = Settings {
@@ -177,6 +201,7 @@ impl Sim {
             memory_budget: Some(draw.budget),
             vram_budget: Some(draw.vram_budget),
             swap_hold_ms: Some(draw.hold),
+            devices: Some(draw.devices.clone()),
             ..Settings::default()
         };
         Sim {
@@ -214,6 +239,8 @@ impl Sim {
             granted: BTreeSet::new(),
             retrying: BTreeSet::new(),
             crashes: BTreeMap::new(),
+            placed: BTreeMap::new(),
+            too_big: BTreeSet::new(),
             log: Vec::new(),
         }
     }
@@ -275,10 +302,12 @@ impl Sim {
 
     fn apply(&mut self, e: Effect<u32>) {
         match e {
-            Effect::Start { model, .. } => {
+            Effect::Start { model, devices, .. } => {
                 if self.procs.contains_key(&model) {
                     self.fail(&format!("start of {model} while its backend is alive"));
                 }
+                self.check_placement(&model, &devices);
+                self.placed.insert(model.clone(), devices);
                 self.procs.insert(model.clone(), Proc::Starting);
                 *self.generation.entry(model.clone()).or_default() += 1;
                 self.starts.push(model);
@@ -322,6 +351,9 @@ impl Sim {
                     if self.draw.max_queue.is_none_or(|q| waiting < q) {
                         self.fail(&format!("QueueFull with {waiting} waiting, max_queue {:?}", self.draw.max_queue));
                     }
+                }
+                if let Rejection::NoMemory { device: Some(_), .. } = why {
+                    self.too_big.insert(req);
                 }
                 self.check_refusal(&why);
             }
@@ -373,7 +405,14 @@ impl Sim {
                     }
                 }
             }
-            Rejection::NoMemory { pool, needed, budget, pinned } => {
+            Rejection::NoMemory { device: Some(d), needed, budget, pinned, .. } => {
+                let dev = self.draw.devices.iter().find(|x| &x.id == d);
+                if dev.and_then(|x| x.budget) != Some(*budget) || needed + pinned <= *budget {
+                    self.fail(&format!("NoMemory on {d}: {needed}+{pinned} against {budget}"));
+                }
+            }
+            Rejection::UnknownDevice { device, .. } => self.fail(&format!("unknown device {device}")),
+            Rejection::NoMemory { pool, device: None, needed, budget, pinned } => {
                 // Pinned models that stay (not those on their way out).
                 let stays =
                     |n: &String| self.m.entry(n).is_some_and(|e| matches!(e.state, State::Loading | State::Loaded));
@@ -384,6 +423,32 @@ impl Sim {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Whether the backend of `name` was started on `device`.
+    fn on(&self, name: &str, device: &str) -> bool {
+        self.placed.get(name).is_some_and(|s| s.contains_key(device))
+    }
+
+    /// Invariant 19: a start goes where its model asked, its shares sum to its VRAM, and an
+    /// NPU model goes on an NPU when there is one.
+    fn check_placement(&self, name: &str, devices: &Shares) {
+        let m = self.model(name);
+        let npus = self.draw.devices.iter().any(|d| d.npu);
+        match &m.placement {
+            Placement::On(ids) => {
+                if !devices.keys().eq(ids.iter().collect::<BTreeSet<_>>()) {
+                    self.fail(&format!("{name} asked for {ids:?} and started on {devices:?}"));
+                }
+            }
+            Placement::Auto if m.npu && npus && devices.len() != 1 => {
+                self.fail(&format!("NPU model {name} started on {devices:?}"))
+            }
+            Placement::Auto => {}
+        }
+        if !devices.is_empty() && !m.npu && devices.values().sum::<u64>() != m.vram {
+            self.fail(&format!("{name}'s shares {devices:?} do not sum to its {} bytes", m.vram));
         }
     }
 
@@ -406,6 +471,17 @@ impl Sim {
                 }
             }
         }
+        // Invariant 19.
+        for d in &self.draw.devices {
+            let on: Vec<&String> = self.procs.keys().filter(|n| self.on(n, &d.id)).collect();
+            let held: u64 = on.iter().map(|n| self.placed[*n][&d.id]).sum();
+            if d.budget.is_some_and(|b| held > b) {
+                self.fail(&format!("backends alive hold {held} of {}, budget {:?}", d.id, d.budget));
+            }
+            if d.npu && on.len() > 1 {
+                self.fail(&format!("{on:?} run on NPU {} at once", d.id));
+            }
+        }
         // Invariant 15.
         if let Some(q) = self.draw.max_queue {
             if self.open_acquires.len() > q {
@@ -420,7 +496,7 @@ impl Sim {
                 self.fail(&format!("{n} {t:?} backends alive, limit {limit}"));
             }
         }
-        if alive(&|m| m.npu) > 1 {
+        if alive(&|m| m.npu) > 1 && !self.draw.devices.iter().any(|d| d.npu) {
             self.fail("two NPU backends alive");
         }
         if self.procs.values().filter(|p| **p == Proc::Starting).count() > 1 {
@@ -581,6 +657,10 @@ impl Sim {
                 self.fail(&format!("busy {v} gave way before any request waited {hold} ms"));
             }
             let vm = self.model(v).clone();
+            // Invariant 20.
+            if !evict_all && target.is_none() {
+                self.check_short(v);
+            }
             if vm.npu {
                 continue; // NPU models give way to any other NPU model, whatever their age
             }
@@ -593,11 +673,71 @@ impl Sim {
                     && !self.pinned.contains(*n)
                     // A victim that gave way for VRAM passes over models that take none.
                     && Pool::ALL.iter().all(|p| vm.size(*p) == 0 || self.model(n).size(*p) > 0)
+                    // Nor one on a device other than those that were short.
+                    && self.placed.get(v.as_str()).is_none_or(|s| s.keys().all(|d| self.on(n, d)))
             });
             if let Some((n, s)) = kept {
                 self.fail(&format!("{v} {vk:?} was evicted while {n} {:?} stayed", key(s)));
             }
         }
+    }
+
+    /// Invariant 20: `v` gave way to the load in progress, with which it shares something that
+    /// was short.
+    fn check_short(&self, v: &str) {
+        let Some(c) = self.m.current_load() else { self.fail(&format!("{v} gave way to no load")) };
+        let (vm, cm) = (self.model(v), self.model(c));
+        let at = self.m.placement_of(c).cloned().unwrap_or_default();
+        let npus = self.draw.devices.iter().any(|d| d.npu);
+        let device_short = at.keys().any(|d| {
+            let dev = self.draw.devices.iter().find(|x| &x.id == d).expect("a drawn device");
+            self.on(v, d) && (dev.npu || dev.budget.is_some())
+        });
+        let why = (vm.model_type == cm.model_type && self.limits.get(vm.model_type) >= 0)
+            || (vm.npu && cm.npu && !npus)
+            || (self.draw.budget.is_some() && vm.memory > 0 && cm.memory > 0)
+            || (self.draw.vram_budget.is_some() && vm.vram > 0 && cm.vram > 0)
+            || device_short;
+        if !why {
+            self.fail(&format!(
+                "{v} (on {:?}) gave way to {c} (on {at:?}), which it shares nothing short with",
+                self.placed.get(v)
+            ));
+        }
+    }
+
+    /// Invariant 18: on a quiet machine, a plan and the load that follows it agree.
+    fn plan_then_load(&mut self, model: ModelRef, options: u32) {
+        let plan = self.m.plan(model.clone(), options, self.now);
+        self.m.take_decisions();
+        let req = self.next_req;
+        self.next_req += 1;
+        self.open_loads.insert(req);
+        self.log.push(format!("{} plan {plan:?}", self.now));
+        let fx = self.m.clone().handle(Event::Load { req, model: model.clone(), options, pin: None }, self.now);
+        let mut real = self.m.clone();
+        real.handle(Event::Load { req, model: model.clone(), options, pin: None }, self.now);
+        let decisions = real.take_decisions();
+        let evicts: Vec<String> = (decisions.iter())
+            .filter(|d| d.decision == "evict" || (d.decision == "unload" && d.model != model.name))
+            .map(|d| d.model.clone())
+            .collect();
+        if evicts != plan.evicts {
+            self.fail(&format!("plan said {:?} would go; the load evicted {evicts:?}", plan.evicts));
+        }
+        let refused = fx.iter().find_map(|e| match e {
+            Effect::LoadDone { req: r, result: LoadOutcome::Refused(why), .. } if *r == req => Some(why.clone()),
+            _ => None,
+        });
+        if refused != plan.refusal {
+            self.fail(&format!("plan said refusal {:?}; the load {refused:?}", plan.refusal));
+        }
+        // (A reload in place is placed once the old backend has stopped, later.)
+        let placed_now = real.current_load() == Some(model.name.as_str());
+        if plan.outcome == "load" && placed_now && real.placement_of(&model.name) != Some(&plan.devices) {
+            self.fail(&format!("plan said {:?}; the load went on {:?}", plan.devices, real.placement_of(&model.name)));
+        }
+        self.send(Event::Load { req, model, options, pin: None });
     }
 
     fn step(&mut self, rng: &mut Rng) {
@@ -607,13 +747,17 @@ impl Sim {
         //     evicted is never pinned.
         if rng.chance(10) {
             let (before, queue) = (self.seen(), self.m.entries().map(|e| e.queue_depth()).sum::<usize>());
-            let plan = self.m.plan(model.clone(), rng.below(2) as u32);
+            let plan = self.m.plan(model.clone(), rng.below(2) as u32, self.now);
             if self.seen() != before || self.m.entries().map(|e| e.queue_depth()).sum::<usize>() != queue {
                 self.fail(&format!("plan({}) changed the machine", model.name));
             }
             if let Some(p) = plan.evicts.iter().find(|n| self.m.entry(n).is_some_and(|e| e.pinned) && **n != model.name)
             {
                 self.fail(&format!("plan({}) would evict pinned {p}: {plan:?}", model.name));
+            }
+            let quiet = self.starts.is_empty() && self.stops.is_empty() && self.m.load_queue().is_empty();
+            if quiet && rng.chance(50) {
+                return self.plan_then_load(model, rng.below(2) as u32);
             }
         }
         match rng.below(13) {
@@ -804,6 +948,7 @@ fn run(seed: u64, steps: usize) {
         vram_budget: rng.chance(50).then(|| 1_000 + rng.below(2_000) as u64),
         max_queue: rng.chance(50).then(|| 1 + rng.below(8)),
         hold: if rng.chance(50) { 100 + rng.below(900) as u64 } else { 0 },
+        devices: draw_devices(&mut rng),
     };
     let mut sim = Sim::new(seed, limits, draw, &mut rng);
     for _ in 0..steps {
@@ -833,14 +978,30 @@ fn run(seed: u64, steps: usize) {
         sim.asked_at.insert(req, sim.now);
         sim.send(Event::Acquire { req, model: m.clone(), auto_load: Some(7) });
         sim.drain(&mut rng);
-        if !sim.granted.contains(&req) {
+        if !sim.granted.contains(&req) && !sim.too_big.contains(&req) {
             sim.fail(&format!("the last request to {} was not granted", m.name));
         }
         let entry = sim.m.entry(&m.name).expect("entry");
-        if entry.state != State::Loaded {
+        if entry.state != State::Loaded && !sim.too_big.contains(&req) {
             sim.fail(&format!("{} ended in {:?} after serving", m.name, entry.state));
         }
     }
+}
+
+/// Half the seeds have devices: one to three GPUs (budgets of 400 to 1,600, so that some
+/// models fit only split or nowhere; one in ten with none) and, half of those, one or two
+/// NPUs.
+fn draw_devices(rng: &mut Rng) -> Vec<Device> {
+    if rng.chance(50) {
+        return Vec::new();
+    }
+    let mut d: Vec<Device> = (0..1 + rng.below(3))
+        .map(|i| Device::gpu(&format!("gpu{i}"), (!rng.chance(10)).then(|| 400 + rng.below(1200) as u64)))
+        .collect();
+    if rng.chance(50) {
+        d.extend((0..1 + rng.below(2)).map(|i| Device::npu(&format!("npu{i}"))));
+    }
+    d
 }
 
 fn env_or(name: &str, default: u64) -> u64 {
@@ -927,7 +1088,7 @@ fn lru_eviction_order_with_three_models_and_two_slots() {
     let fx = d.ev(Event::Acquire { req, model: c.clone(), auto_load: Some(0) });
     assert_eq!(fx, vec![Effect::Stop { model: "b".into() }]);
     let fx = d.ev(Event::Stopped { model: "b".into() });
-    assert_eq!(fx, vec![Effect::Start { model: "c".into(), options: 0 }]);
+    assert_eq!(fx, vec![Effect::Start { model: "c".into(), options: 0, devices: Shares::new() }]);
     assert_eq!((d.state("a"), d.state("b")), (State::Loaded, State::Unloaded));
 }
 
@@ -964,7 +1125,7 @@ fn failed_load_evicts_everything_and_retries_once_unless_the_file_is_missing() {
     let fx = d.ev(Event::Started { model: "b".into(), result: Err(err(false)) });
     assert_eq!(fx, vec![Effect::Stop { model: "a".into() }], "evict all");
     let fx = d.ev(Event::Stopped { model: "a".into() });
-    assert_eq!(fx, vec![Effect::Start { model: "b".into(), options: 0 }], "retry once");
+    assert_eq!(fx, vec![Effect::Start { model: "b".into(), options: 0, devices: Shares::new() }], "retry once");
     let fx = d.ev(Event::Started { model: "b".into(), result: Err(err(false)) });
     assert!(
         matches!(&fx[..], [Effect::Reject { why: Rejection::LoadFailed(m), .. }] if m == "out of memory"),
@@ -993,7 +1154,7 @@ fn load_with_same_options_is_a_noop_and_other_options_reload_in_place() {
     let fx = d.ev(Event::Load { req, model: llm("a"), options: 5, pin: None });
     assert_eq!(fx, vec![Effect::Stop { model: "a".into() }]);
     let fx = d.ev(Event::Stopped { model: "a".into() });
-    assert_eq!(fx, vec![Effect::Start { model: "a".into(), options: 5 }]);
+    assert_eq!(fx, vec![Effect::Start { model: "a".into(), options: 5, devices: Shares::new() }]);
     let dup = d.req();
     assert!(
         d.ev(Event::Load { req: dup, model: llm("a"), options: 5, pin: None }).is_empty(),
@@ -1013,7 +1174,7 @@ fn an_admin_load_is_decided_on_the_machines_state() {
     let req = d.req();
     assert_eq!(
         d.ev(Event::AdminLoad { req, model: llm("a"), options: 7, overrides: true }),
-        vec![Effect::Start { model: "a".into(), options: 7 }]
+        vec![Effect::Start { model: "a".into(), options: 7, devices: Shares::new() }]
     );
     // Loading: overrides are refused naming the state; a plain admin load joins it.
     let (r2, r3) = (d.req(), d.req());
@@ -1254,7 +1415,10 @@ fn the_memory_budget_evicts_least_recently_used_models_of_any_type_and_refuses_w
         d.ev(Event::Acquire { req, model: b.clone(), auto_load: Some(0) }),
         vec![Effect::Stop { model: "a".into() }]
     );
-    assert_eq!(d.ev(Event::Stopped { model: "a".into() }), vec![Effect::Start { model: "b".into(), options: 0 }]);
+    assert_eq!(
+        d.ev(Event::Stopped { model: "a".into() }),
+        vec![Effect::Start { model: "b".into(), options: 0, devices: Shares::new() }]
+    );
     d.ev(Event::Started { model: "b".into(), result: Ok(()) });
     d.ev(Event::Release { req });
     assert_eq!(d.m.in_use(Pool::Memory), 900);
@@ -1263,7 +1427,7 @@ fn the_memory_budget_evicts_least_recently_used_models_of_any_type_and_refuses_w
     d.ev(Event::Pin { req: pin, model: "e".into(), pinned: true });
     let req = d.req();
     let fx = d.ev(Event::Acquire { req, model: sized("big", ModelType::Llm, 700), auto_load: Some(0) });
-    let why = Rejection::NoMemory { pool: Pool::Memory, needed: 700, budget: 1_000, pinned: 400 };
+    let why = Rejection::NoMemory { pool: Pool::Memory, device: None, needed: 700, budget: 1_000, pinned: 400 };
     assert_eq!(fx, vec![Effect::Reject { req, model: "big".into(), why }]);
     assert_eq!((d.state("b"), d.state("e")), (State::Loaded, State::Loaded));
 }
@@ -1288,7 +1452,10 @@ fn gpu_models_fit_the_vram_budget_by_evicting_gpu_models_only_and_one_too_big_fo
         d.ev(Event::Acquire { req, model: gpu("g2", 700), auto_load: Some(0) }),
         vec![Effect::Stop { model: "g1".into() }]
     );
-    assert_eq!(d.ev(Event::Stopped { model: "g1".into() }), vec![Effect::Start { model: "g2".into(), options: 0 }]);
+    assert_eq!(
+        d.ev(Event::Stopped { model: "g1".into() }),
+        vec![Effect::Start { model: "g2".into(), options: 0, devices: Shares::new() }]
+    );
     d.ev(Event::Started { model: "g2".into(), result: Ok(()) });
     d.ev(Event::Release { req });
     assert_eq!((d.m.in_use(Pool::Memory), d.m.in_use(Pool::Vram)), (850, 700));
@@ -1296,7 +1463,7 @@ fn gpu_models_fit_the_vram_budget_by_evicting_gpu_models_only_and_one_too_big_fo
     // CPU is a memory matter and evicts as usual.
     let req = d.req();
     let fx = d.ev(Event::Acquire { req, model: gpu("huge", 1_200), auto_load: Some(0) });
-    let why = Rejection::NoMemory { pool: Pool::Vram, needed: 1_200, budget: 1_000, pinned: 0 };
+    let why = Rejection::NoMemory { pool: Pool::Vram, device: None, needed: 1_200, budget: 1_000, pinned: 0 };
     assert_eq!(fx, vec![Effect::Reject { req, model: "huge".into(), why }]);
     assert_eq!((d.state("cpu"), d.state("g2")), (State::Loaded, State::Loaded));
     let req = d.req();
@@ -1427,7 +1594,10 @@ fn anti_thrash_keeps_serving_the_loaded_model_until_the_other_has_waited_the_hol
     assert_eq!(d.ev(Event::Tick), vec![Effect::Stop { model: "a".into() }]);
     let a3 = d.req();
     assert!(d.ev(Event::Acquire { req: a3, model: llm("a"), auto_load: Some(0) }).is_empty());
-    assert_eq!(d.ev(Event::Stopped { model: "a".into() }), vec![Effect::Start { model: "b".into(), options: 0 }]);
+    assert_eq!(
+        d.ev(Event::Stopped { model: "a".into() }),
+        vec![Effect::Start { model: "b".into(), options: 0, devices: Shares::new() }]
+    );
 
     // A model that is idle when another is asked for swaps at once (one client switching
     // models pays nothing).
@@ -1558,22 +1728,22 @@ fn a_plan_says_what_a_load_would_evict_and_changes_nothing() {
     let mut d = Drive::new(1);
     let r = d.use_model(&llm("a"));
     d.ev(Event::Release { req: r });
-    let p = d.m.plan(llm("b"), 0);
+    let p = d.m.plan(llm("b"), 0, d.now);
     assert_eq!((p.outcome, p.evicts.clone(), p.refusal.clone()), ("load", vec!["a".to_string()], None), "{p:?}");
     let why: Vec<(&str, &str, &str)> = p.decisions.iter().map(|x| (x.decision, x.reason, x.model.as_str())).collect();
     assert_eq!(why, [("evict", "make_room", "a"), ("load", "explicit", "b")]);
     assert_eq!((d.state("a"), d.state("b")), (State::Loaded, State::Unloaded), "nothing changed");
     assert!(d.m.take_decisions().iter().all(|x| x.model == "a"), "the plan's decisions are not the machine's");
-    assert_eq!(d.m.plan(llm("a"), 0).outcome, "loaded");
+    assert_eq!(d.m.plan(llm("a"), 0, d.now).outcome, "loaded");
     let req = d.req();
     d.ev(Event::Pin { req, model: "a".into(), pinned: true });
-    let p = d.m.plan(llm("b"), 0);
+    let p = d.m.plan(llm("b"), 0, d.now);
     assert_eq!((p.outcome, p.refusal), ("refused", Some(Rejection::SlotsPinned(vec!["a".into()]))));
     // A busy model must finish first: the load waits for it.
     let req = d.req();
     d.ev(Event::Pin { req, model: "a".into(), pinned: false });
     d.use_model(&llm("a"));
-    let p = d.m.plan(llm("b"), 0);
+    let p = d.m.plan(llm("b"), 0, d.now);
     assert_eq!((p.outcome, p.evicts), ("waits", vec!["a".to_string()]));
 }
 
@@ -1626,4 +1796,115 @@ fn a_higher_priority_request_waits_ahead_of_earlier_ones() {
         })
         .collect();
     assert_eq!(order, [high, same, low]);
+}
+
+/// A machine with two GPUs of 1,000 bytes each (and one NPU), no other budget.
+fn two_gpus() -> Drive {
+    let mut d = Drive::new(-1);
+    let devices = vec![Device::gpu("gpu0", Some(1_000)), Device::gpu("gpu1", Some(1_000)), Device::npu("npu0")];
+    d.m = Machine::new(Limits::uniform(-1)).with_settings(Settings { devices: Some(devices), ..Settings::default() });
+    d
+}
+
+impl Drive {
+    /// One request to `m`, answered (its model loads as it must), then released.
+    fn serve(&mut self, m: &ModelRef) {
+        let req = self.use_model(m);
+        self.ev(Event::Release { req });
+    }
+}
+
+fn on_gpu(name: &str, model_type: ModelType, vram: u64, placement: Placement) -> ModelRef {
+    ModelRef { vram, placement, ..ModelRef::new(name, model_type, false) }
+}
+
+fn placed(d: &Drive, name: &str) -> Vec<(String, u64)> {
+    d.m.placement_of(name).map(|s| s.iter().map(|(k, v)| (k.clone(), *v)).collect()).unwrap_or_default()
+}
+
+#[test]
+fn auto_goes_where_it_evicts_least_then_where_most_is_free_and_eviction_stays_on_the_short_device() {
+    let mut d = two_gpus();
+    let auto = Placement::Auto;
+    // Empty machine: both fit; the first with the most free memory.
+    d.serve(&on_gpu("chat", ModelType::Llm, 600, auto.clone()));
+    assert_eq!(placed(&d, "chat"), [("gpu0".into(), 600)]);
+    // gpu1 has more room left: the embedder goes there.
+    d.serve(&on_gpu("embed", ModelType::Embedding, 300, auto.clone()));
+    assert_eq!(placed(&d, "embed"), [("gpu1".into(), 300)]);
+    // 600 fits on gpu1 beside the embedder with no eviction; gpu0 would need one.
+    d.serve(&on_gpu("coder", ModelType::Llm, 600, auto.clone()));
+    assert_eq!(placed(&d, "coder"), [("gpu1".into(), 600)]);
+    // A chat model asked onto gpu0 evicts the chat model there, never the embedder on gpu1.
+    let on0 = Placement::On(vec!["gpu0".into()]);
+    let plan = d.m.plan(on_gpu("big", ModelType::Llm, 900, on0.clone()), 0, d.now);
+    assert_eq!((plan.outcome, plan.evicts.clone()), ("load", vec!["chat".to_string()]), "{plan:?}");
+    assert_eq!(plan.devices, Shares::from([("gpu0".into(), 900)]));
+    d.serve(&on_gpu("big", ModelType::Llm, 900, on0));
+    assert_eq!((d.state("chat"), d.state("embed"), d.state("coder")), (State::Unloaded, State::Loaded, State::Loaded));
+    assert_eq!(d.m.device_in_use("gpu0"), 900);
+    assert_eq!(d.m.device_in_use("gpu1"), 900);
+}
+
+#[test]
+fn a_split_holds_its_share_on_each_device_and_one_too_big_anywhere_is_refused_naming_the_device() {
+    let mut d = two_gpus();
+    d.serve(&on_gpu("small", ModelType::Embedding, 400, Placement::On(vec!["gpu1".into()])));
+    // 1,200 fits on no GPU alone: auto splits it by free memory (1,000 and 600).
+    d.serve(&on_gpu("large", ModelType::Llm, 1_200, Placement::Auto));
+    assert_eq!(placed(&d, "large"), [("gpu0".into(), 750), ("gpu1".into(), 450)]);
+    assert_eq!(d.state("small"), State::Loaded, "nothing evicted");
+    // Asked onto both, it splits over those; the shares always sum to the model.
+    let both = Placement::On(vec!["gpu0".into(), "gpu1".into()]);
+    let plan = d.m.plan(on_gpu("x", ModelType::Reranking, 301, both), 0, d.now);
+    assert_eq!(plan.devices.values().sum::<u64>(), 301, "{plan:?}");
+    // One GPU cannot hold 1,100 with nothing else on it: refused, naming the device.
+    let req = d.req();
+    let huge = on_gpu("huge", ModelType::Llm, 1_100, Placement::On(vec!["gpu1".into()]));
+    let fx = d.ev(Event::Acquire { req, model: huge, auto_load: Some(0) });
+    let why =
+        Rejection::NoMemory { pool: Pool::Vram, device: Some("gpu1".into()), needed: 1_100, budget: 1_000, pinned: 0 };
+    assert_eq!(fx, vec![Effect::Reject { req, model: "huge".into(), why }]);
+    // An unknown device is refused with the devices there are.
+    let req = d.req();
+    let fx = d.ev(Event::Acquire {
+        req,
+        model: on_gpu("y", ModelType::Llm, 5, Placement::On(vec!["gpu7".into()])),
+        auto_load: Some(0),
+    });
+    let known = vec!["gpu0".to_string(), "gpu1".into(), "npu0".into()];
+    let why = Rejection::UnknownDevice { device: "gpu7".into(), known };
+    assert_eq!(fx, vec![Effect::Reject { req, model: "y".into(), why }]);
+}
+
+#[test]
+fn npu_models_take_turns_on_their_npu_and_a_start_is_told_its_devices() {
+    let mut d = two_gpus();
+    let req = d.req();
+    let fx = d.ev(Event::Acquire { req, model: ModelRef::new("flm-a", ModelType::Llm, true), auto_load: Some(0) });
+    assert_eq!(
+        fx,
+        vec![Effect::Start { model: "flm-a".into(), options: 0, devices: Shares::from([("npu0".into(), 0)]) }]
+    );
+    d.ev(Event::Started { model: "flm-a".into(), result: Ok(()) });
+    d.ev(Event::Release { req });
+    d.serve(&ModelRef::new("flm-b", ModelType::Embedding, true));
+    assert_eq!((d.state("flm-a"), d.state("flm-b")), (State::Unloaded, State::Loaded), "one model per NPU");
+    d.serve(&on_gpu("chat", ModelType::Llm, 10, Placement::Auto));
+    assert_eq!(d.state("flm-b"), State::Loaded, "a GPU model leaves the NPU alone");
+}
+
+#[test]
+fn a_load_onto_an_unknown_device_is_refused_before_the_loaded_model_is_touched() {
+    let mut d = two_gpus();
+    let m = on_gpu("chat", ModelType::Llm, 100, Placement::Auto);
+    d.serve(&m);
+    let req = d.req();
+    let elsewhere = ModelRef { placement: Placement::On(vec!["gpu9".into()]), ..m };
+    let fx = d.ev(Event::Load { req, model: elsewhere, options: 1, pin: None });
+    assert!(
+        matches!(&fx[..], [Effect::LoadDone { result: LoadOutcome::Refused(Rejection::UnknownDevice { .. }), .. }]),
+        "{fx:?}"
+    );
+    assert_eq!(d.state("chat"), State::Loaded);
 }

@@ -88,6 +88,7 @@ impl ApiError {
                 | scheduler::Rejection::Backoff { .. }
                 | scheduler::Rejection::QueueFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
                 scheduler::Rejection::NoMemory { .. } => StatusCode::INSUFFICIENT_STORAGE,
+                scheduler::Rejection::UnknownDevice { .. } => StatusCode::BAD_REQUEST,
                 _ => StatusCode::CONFLICT,
             },
             ApiError::Backend { status, .. } => *status,
@@ -134,6 +135,9 @@ impl ApiError {
             }
             ApiError::NoModelLoaded | ApiError::NotLoaded { .. } => {
                 ErrorResponse::new("model_not_loaded", msg).code("model_not_loaded")
+            }
+            ApiError::Rejected { why: scheduler::Rejection::UnknownDevice { .. }, .. } => {
+                ErrorResponse::new("invalid_request_error", msg).code("unknown_device").param("device")
             }
             ApiError::Rejected { model, why } => {
                 ErrorResponse::new(why.code(), msg).code(why.code()).param("model").requested_model(model.clone())

@@ -58,6 +58,7 @@ export function mount(main) {
         ["CPU", d.cpu ? `${d.cpu.cores} cores, ${d.cpu.threads} threads (${d.cpu.family})` : ""],
         ["GPUs", gpus.length ? gpus.map((g) => `${g.name} (${g.vram_gb} GB)`).join(", ") : "none found"],
         ["NPU", d.amd_npu && d.amd_npu.available ? `${d.amd_npu.name} ${d.amd_npu.family}` : "none found"],
+        ...(s.compute_devices || []).map((c) => [c.id, `${c.name} (${c.vendor}${c.integrated ? ", integrated" : ""}${c.total_bytes ? `, ${bytes(c.total_bytes)}` : ""}${c.free_bytes !== undefined ? `, ${bytes(c.free_bytes)} free` : ""})`]),
       ]));
       paintRecipes(s.recipes || {});
     } catch (e) {
@@ -163,6 +164,9 @@ export function mount(main) {
     if (!s) return;
     fill(ledgers, pairs(s.pools.map((p) => [p.pool === "vram" ? "GPU memory" : "System memory",
       `${bytes(p.in_use_bytes)}${p.budget_bytes ? ` of ${bytes(p.budget_bytes)}` : " (no budget)"}`]).concat(
+      (s.devices || []).map((d) => [`${d.id} (${d.name})`,
+        `${d.kind === "npu" ? "one model at a time" : `${bytes(d.in_use_bytes)}${d.budget_bytes ? ` of ${bytes(d.budget_bytes)}` : " (no budget)"}`}` +
+        (Object.keys(d.models).length ? `: ${Object.entries(d.models).map(([m, b]) => `${m} ${bytes(b)}`).join(", ")}` : "")]),
       s.models.filter((m) => m.state !== "unloaded").map((m) => [m.model_name, m.resident === m.state ? m.state : `${m.state}: ${m.resident}`]))));
     if (!timeline.children.length) fill(timeline, s.decisions.slice(-30).reverse().map(decision));
   }

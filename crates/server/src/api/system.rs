@@ -27,7 +27,8 @@ pub struct SystemInfoQuery {
     description = "`OS Version`, `Processor`, `Physical Memory`, `devices` (cpu, amd_igpu, amd_dgpu, nvidia_dgpu, \
         amd_npu, each with `available`; an absent device has `available: false`) and `recipes` (each backend's \
         `state`: unsupported, installable, update_required or installed, and its `release_url` where the backend \
-        has releases). A machine without GPUs answers 200 with empty lists.",
+        has releases). A machine without GPUs answers 200 with empty lists. `compute_devices` lists each GPU and NPU \
+        models can be placed on (`gpu0`, `npu0`: the `device` load option's ids), with its memory.",
     responses((status = 200, description = "System information", body = SystemInfo)))]
 pub async fn system_info(State(rt): State<AppState>, Query(q): Query<SystemInfoQuery>) -> Json<SystemInfo> {
     let verbose = q.verbose.as_deref().is_some_and(|s| matches!(s, "true" | "1" | "yes"));
@@ -42,6 +43,7 @@ fn system_info_now(rt: &AppState, verbose: bool) -> SystemInfo {
         processor: d.processor.clone(),
         physical_memory: d.memory.clone(),
         devices: d.devices.clone(),
+        compute_devices: rt.lifecycle.devices().to_vec(),
         recipes: engine::installs::recipes(&rt.cfg),
         details: verbose.then(|| details(rt)),
     }
