@@ -217,6 +217,10 @@ pub struct LoadArgs {
     /// llama.cpp: requests served at once, each with --ctx-size of context of its own.
     #[arg(long)]
     pub parallel: Option<u32>,
+    /// Where it runs: auto, a device from system-info's compute_devices (gpu1, npu0), or
+    /// several to split it over (gpu0,gpu1).
+    #[arg(long)]
+    pub device: Option<String>,
     /// llama.cpp backend for this load.
     #[arg(long, value_parser = ["cpu", "vulkan", "rocm", "metal", "system"])]
     pub llamacpp: Option<String>,
@@ -252,6 +256,7 @@ impl LoadArgs {
             model_name: model.to_string(),
             ctx_size: self.ctx_size.map(Some),
             parallel: self.parallel.map(Some),
+            device: self.device.clone().map(Some),
             llamacpp_backend: self.llamacpp.clone().map(Some),
             llamacpp_args: self.llamacpp_args.clone().map(Some),
             rpc_servers: self.rpc_servers.clone().map(Some),

@@ -2,7 +2,7 @@
 //! queue with per-model concurrency, per-model idle timeouts, and live settings.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use test_support::*;
@@ -490,8 +490,8 @@ async fn real_llama_server_models_are_placed_on_devices_and_told_which_they_may_
     let on1 = json!({"model_name": SMOL, "llamacpp_backend": "vulkan", "device": "gpu1"});
     let (_, plan) = l.post("/api/v1/scheduler/plan", &on1).await;
     assert!(plan["summary"].as_str().unwrap().contains("would load on gpu1"), "{plan}");
-    let (st, v) = l.post("/api/v1/load", &on1).await;
-    assert_eq!(st, 200, "{v}");
+    let (code, out, err) = l.cli(&["load", SMOL, "--llamacpp", "vulkan", "--device", "gpu1"]).await;
+    assert_eq!(code, 0, "{out}{err}");
     let (_, h) = l.get("/api/v1/health").await;
     let smol = entry(&h, SMOL).clone();
     let vram = smol["vram_estimate"].as_u64().unwrap();
@@ -548,4 +548,42 @@ async fn real_llama_server_models_are_placed_on_devices_and_told_which_they_may_
     let (st, e) = l.post(&format!("/api/v1/models/{SMOL}/options"), &json!({"device": "npu3"})).await;
     assert_eq!((st, e["error"]["param"].as_str()), (400, Some("device")), "{e}");
     assert_eq!(entry(&l.get("/api/v1/health").await.1, SMOL)["placed_on"], json!({"gpu1": vram}), "nothing moved");
+}
+
+/// `parallel: 4` decodes four streams at once, on real llama-server: each of four concurrent
+/// streams of SmolLM2 gets its first token before any of them ends (their token times overlap),
+/// where with `parallel: 1` and one request at a time on the model, each next stream starts
+/// only after the one before it ends.
+#[tokio::test]
+async fn real_llama_server_parallel_four_decodes_four_streams_at_the_same_time() {
+    /// Four streams at once; for each, when its first and its last token came.
+    async fn four(l: &Lemonade) -> Vec<(Instant, Instant)> {
+        let runs = (0..4).map(|_| async {
+            let mut r = stream(l, SMOL, 24).await;
+            assert_eq!(r.status(), 200);
+            let (mut first, mut last) = (None, None);
+            while let Some(chunk) = r.chunk().await.unwrap() {
+                if String::from_utf8_lossy(&chunk).contains("\"content\"") {
+                    let now = Instant::now();
+                    first.get_or_insert(now);
+                    last = Some(now);
+                }
+            }
+            (first.expect("a token"), last.expect("a token"))
+        });
+        futures_util::future::join_all(runs).await
+    }
+    let l = Lemonade::start(bin(), &["--max-concurrent", "4"]).await;
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL, "ctx_size": 512, "parallel": 4})).await.0, 200);
+    let t = four(&l).await;
+    let latest_first = t.iter().map(|(f, _)| *f).max().unwrap();
+    let earliest_last = t.iter().map(|(_, e)| *e).min().unwrap();
+    assert!(latest_first < earliest_last, "every stream had a token before any ended: {t:?}");
+    drop(l);
+
+    let l = Lemonade::start(bin(), &["--max-concurrent", "1"]).await;
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL, "ctx_size": 512, "parallel": 1})).await.0, 200);
+    let mut t = four(&l).await;
+    t.sort();
+    assert!(t.windows(2).all(|w| w[0].1 <= w[1].0), "one at a time: each starts after the last ended: {t:?}");
 }

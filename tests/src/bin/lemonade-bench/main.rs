@@ -11,6 +11,7 @@
 
 mod modalities;
 mod more;
+mod parallel;
 mod prompt_cache;
 mod routing;
 mod scaling;
@@ -120,6 +121,7 @@ async fn main() -> anyhow::Result<()> {
         Ok("twin") => return twin::twin(&bin).await.map(|_| ()),
         Ok("startup") => return startup::startup(&bin).await.map(|_| ()),
         Ok("routing") => return routing::routing(&bin).await.map(|_| ()),
+        Ok("parallel") => return parallel::parallel(&bin).await.map(|_| ()),
         Ok("modalities") => {
             modalities::transcription(&bin).await?;
             modalities::images(&bin).await?;
@@ -217,6 +219,7 @@ async fn main() -> anyhow::Result<()> {
     out["twin"] = twin::twin(&bin).await?;
     out["startup"] = startup::startup(&bin).await?;
     out["routing"] = routing::routing(&bin).await?;
+    out["parallel"] = parallel::parallel(&bin).await?;
     if let Some(path) = std::env::var_os("LEMONADE_BENCH_OUT") {
         std::fs::write(&path, serde_json::to_vec_pretty(&out)?)?;
         println!("\nwritten to {}", PathBuf::from(path).display());

@@ -313,6 +313,24 @@ fn bodies(names: &[String]) -> Vec<(String, Vec<u8>)> {
         let v = json!({"model_name": "extra.m.gguf", "llamacpp_args": args});
         out.push((format!("llamacpp_args {args:?}"), v.to_string().into_bytes()));
     }
+    // Device placement: unknown, malformed, repeated, huge, wrong types.
+    let huge = "gpu0,".repeat(100_000);
+    for device in [
+        json!("gpu9"),
+        json!("GPU0"),
+        json!("gpu0,gpu0"),
+        json!(""),
+        json!(","),
+        json!("../gpu0"),
+        json!(huge),
+        json!(7),
+        json!(["gpu0"]),
+        json!({"id": "gpu0"}),
+    ] {
+        let v = json!({"model_name": "extra.m.gguf", "device": device});
+        let label: String = device.to_string().chars().take(40).collect();
+        out.push((format!("device {label}"), v.to_string().into_bytes()));
+    }
     for (recipe, backend) in
         [("../../x", "cpu"), ("llamacpp", "../../../tmp"), ("llamacpp", "cpu/../../x"), ("llamacpp", "")]
     {

@@ -1,0 +1,75 @@
+//! Parallel slots: aggregate decode tokens/s of 4 and 8 concurrent clients streaming SmolLM2
+//! through lemonade with `parallel` = the number of clients, with `parallel: 1` (Lemonade's
+//! pinned default after its #3276) and with llama-server's own default (4 slots sharing one
+//! context), all in the same run on the same server.
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+use test_support::{Lemonade, Sandbox, SMOL};
+
+use crate::median;
+
+/// Tokens each client asks for (`ignore_eos`: always that many).
+const TOKENS: u32 = 48;
+const REPS: usize = 3;
+
+/// One streamed request; the content chunks it got.
+async fn one(http: &reqwest::Client, url: &str) -> anyhow::Result<u32> {
+    let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "Tell me about lemons."}],
+                      "max_tokens": TOKENS, "ignore_eos": true, "stream": true});
+    let mut r = http.post(url).json(&body).send().await?;
+    anyhow::ensure!(r.status().is_success(), "HTTP {}", r.status());
+    let mut tokens = 0;
+    while let Some(chunk) = r.chunk().await? {
+        tokens += String::from_utf8_lossy(&chunk).matches("\"content\":\"").count() as u32;
+    }
+    Ok(tokens)
+}
+
+/// `clients` streams at once: tokens per second, all together (first request sent to last
+/// token received).
+async fn burst(http: &reqwest::Client, url: &str, clients: usize) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let all = futures_util::future::join_all((0..clients).map(|_| one(http, url))).await;
+    let tokens: u32 = all.into_iter().collect::<anyhow::Result<Vec<u32>>>()?.iter().sum();
+    Ok(f64::from(tokens) / t.elapsed().as_secs_f64())
+}
+
+pub async fn parallel(bin: &Path) -> anyhow::Result<Value> {
+    let http = reqwest::Client::builder().no_proxy().tcp_nodelay(true).build()?;
+    let l = Lemonade::start_in(bin, Sandbox::new(), &["--log-level", "info"], &[]).await;
+    let url = l.url("/api/v1/chat/completions");
+    let mut out = serde_json::Map::new();
+    println!("\nParallel slots: SmolLM2, {TOKENS} tokens per client, median of {REPS} bursts\n");
+    println!("| clients | slots | aggregate tokens/s | vs parallel 1 |");
+    println!("|---:|---|---:|---:|");
+    for clients in [4usize, 8] {
+        let mut row = serde_json::Map::new();
+        let configs: [(&str, Value); 3] =
+            [("parallel_1", json!(1)), ("llama_server_default", Value::Null), ("parallel_clients", json!(clients))];
+        for (label, parallel) in configs {
+            let body = json!({"model_name": SMOL, "ctx_size": 512, "parallel": parallel});
+            let (s, v) = l.post("/api/v1/load", &body).await;
+            anyhow::ensure!(s == 200, "load {label}: {v}");
+            burst(&http, &url, 1).await?; // warm
+            let mut tps = Vec::new();
+            for _ in 0..REPS {
+                tps.push(burst(&http, &url, clients).await?);
+            }
+            row.insert(label.into(), json!(median(tps)));
+        }
+        let base = row["parallel_1"].as_f64().unwrap_or(1.0);
+        for (label, name) in [
+            ("parallel_1", "`parallel: 1`".to_string()),
+            ("llama_server_default", "llama-server's default (4 shared)".into()),
+            ("parallel_clients", format!("`parallel: {clients}`")),
+        ] {
+            let v = row[label].as_f64().unwrap_or(0.0);
+            println!("| {clients} | {name} | {v:.1} | ×{:.2} |", v / base);
+        }
+        out.insert(format!("clients_{clients}"), Value::Object(row));
+    }
+    Ok(Value::Object(out))
+}
