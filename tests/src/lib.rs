@@ -568,7 +568,17 @@ pub fn fake_llama_server() -> PathBuf {
             let target_dir = profile_dir.parent().expect("target root");
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let status = Command::new(cargo)
-                .args(["build", "-q", "-p", "lemonade-test-support", "--bin", "fake-llama-server", "--target-dir"])
+                .args([
+                    "build",
+                    "-q",
+                    "-p",
+                    "lemonade-test-support",
+                    "--bin",
+                    "fake-llama-server",
+                    "--bin",
+                    "flm-standin",
+                ])
+                .arg("--target-dir")
                 .arg(target_dir)
                 .current_dir(env!("CARGO_MANIFEST_DIR"))
                 .status()
@@ -706,5 +716,16 @@ pub fn fake_hardware() -> tempfile::TempDir {
     write("class/drm/renderD129/device/mem_info_vram_total", (16 * GIB).to_string());
     write("class/drm/renderD129/device/mem_info_vram_used", "0".into());
     write("class/drm/renderD129/device/product_name", "Radeon RX 7800 XT".into());
+    // An XDNA 2 NPU bound to the amdxdna driver.
+    write("class/accel/accel0/device/device", "0x17f0\n".into());
+    std::os::unix::fs::symlink("../../../bus/pci/drivers/amdxdna", root.join("sys/class/accel/accel0/device/driver"))
+        .unwrap();
     dir
+}
+
+/// The stand-in `flm` (tests/src/bin/flm-standin.rs), beside the fake llama-server.
+pub fn flm_standin() -> PathBuf {
+    let p = fake_llama_server().with_file_name("flm-standin");
+    assert!(p.is_file(), "{} not found: build it with `cargo build -p lemonade-test-support --bins`", p.display());
+    p
 }

@@ -93,7 +93,16 @@ fn test(rest: &[String]) -> Result<()> {
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
     run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
     // The fake backend of the fault tests, built once up front.
-    run(cargo().args(["build", "-q", "-p", "lemonade-test-support", "--bin", "fake-llama-server"]))?;
+    run(cargo().args([
+        "build",
+        "-q",
+        "-p",
+        "lemonade-test-support",
+        "--bin",
+        "fake-llama-server",
+        "--bin",
+        "flm-standin",
+    ]))?;
     let fake = root().join("target/debug/fake-llama-server");
     let nextest = Command::new("cargo-nextest").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
     let mut cmd = cargo();

@@ -325,6 +325,10 @@ pub struct LoadRequest {
     #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable))]
     pub device: Option<Option<String>>,
+    /// FastFlowLM: extra `flm serve` flags from Lemonade v11.7's safe list (`--pmode turbo`).
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable))]
+    pub flm_args: Option<Option<String>>,
     /// `cpu`, `vulkan`, `rocm`, `metal`, or `system` (the llama-server on PATH).
     #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable))]
@@ -408,6 +412,7 @@ impl LoadRequest {
         p.set.ctx_size = one(&mut p, K::CtxSize, &self.ctx_size);
         p.set.parallel = one(&mut p, K::Parallel, &self.parallel);
         p.set.device = one(&mut p, K::Device, &self.device);
+        p.set.flm_args = one(&mut p, K::FlmArgs, &self.flm_args);
         p.set.llamacpp_backend = one(&mut p, K::LlamacppBackend, &self.llamacpp_backend);
         p.set.llamacpp_args = one(&mut p, K::LlamacppArgs, &self.llamacpp_args);
         p.set.rpc_servers = one(&mut p, K::RpcServers, &self.rpc_servers);

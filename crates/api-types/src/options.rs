@@ -106,6 +106,9 @@ load_options! {
     llamacpp_args: String = LlamacppArgs "llamacpp_args",
     /// llama.cpp RPC workers (`host:port`); an empty list clears saved ones.
     rpc_servers: Vec<String> = RpcServers "rpc_servers",
+    /// FastFlowLM: extra `flm serve` flags, Lemonade v11.7's safe list only (`--pmode`,
+    /// `--prefill-chunk-len`, `--img-pre-resize`, `--socket`, `--q-len`, `--preemption`).
+    flm_args: String = FlmArgs "flm_args",
     /// whisper.cpp's backend.
     whispercpp_backend: String = WhispercppBackend "whispercpp_backend",
     /// Extra whisper-server arguments (`-m`, `--model`, `--host`, `--port` are refused).
@@ -274,7 +277,7 @@ mod tests {
         let v = json!({"ctx_size": 2048, "parallel": 2, "device": "gpu0,gpu1", "llamacpp_backend": "vulkan", "llamacpp_args": "-t 2",
             "rpc_servers": ["10.0.0.2:50052"], "sd-cpp_backend": "cpu", "steps": 4, "cfg_scale": 1.5,
             "width": 256, "height": 320, "whispercpp_backend": "cpu", "whispercpp_args": "-t 2",
-            "merge_args": false, "idle_timeout": 30});
+            "merge_args": false, "idle_timeout": 30, "flm_args": "--pmode turbo"});
         let o = LoadOptions::from_map(&map(v.clone())).unwrap();
         assert_eq!(o.sdcpp_backend.as_deref(), Some("cpu"));
         assert_eq!(o.rpc_servers, Some(vec!["10.0.0.2:50052".to_string()]));

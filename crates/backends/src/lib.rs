@@ -10,6 +10,7 @@
 
 pub mod cloud;
 pub mod devices;
+pub mod flm;
 pub mod kokoro;
 pub mod llamacpp;
 pub mod options;
@@ -40,6 +41,8 @@ pub enum BackendError {
     Args(#[from] llamacpp::ArgsError),
     #[error(transparent)]
     WhisperArgs(#[from] whispercpp::WhisperArgsError),
+    #[error(transparent)]
+    FlmArgs(#[from] flm::FlmArgsError),
     #[error("{0}")]
     InvalidOverride(String),
     #[error("the {0} adapter needs a port chosen before the start")]
@@ -99,6 +102,8 @@ pub struct LaunchInput<'a> {
     pub port: Option<u16>,
     /// The devices the scheduler placed the model on (empty: none chosen).
     pub devices: &'a [devices::Placed],
+    /// The model's checkpoint (FLM serves a model by it; it is no file).
+    pub checkpoint: &'a str,
 }
 
 /// A recipe's adapter: what to run for one model. Pure: it decides, `host` acts.
@@ -192,6 +197,7 @@ mod tests {
             hardware: hw,
             port,
             devices: &[],
+            checkpoint: "org/m-GGUF:Q4_0",
         }
     }
 

@@ -27,6 +27,7 @@ pub fn defaults(recipe: Recipe) -> LoadOptions {
         ctx_size: Some(CtxSize::Tokens(llamacpp::DEFAULT_CTX_SIZE)),
         parallel: None,
         device: Some("auto".into()),
+        flm_args: Some(String::new()),
         llamacpp_backend: backend.clone(),
         llamacpp_args: Some(String::new()),
         rpc_servers: Some(Vec::new()),
@@ -102,6 +103,14 @@ pub fn check(o: &LoadOptions) -> Result<(), Invalid> {
     }
     if let Some(d) = &o.device {
         device_ids(d)?;
+    }
+    if let Some(a) = &o.flm_args {
+        let ctx = o.ctx_size.and_then(|c| if let CtxSize::Tokens(n) = c { Some(n) } else { None }).unwrap_or(0);
+        crate::flm::resolve_args(a, ctx).map_err(|e| Invalid {
+            message: e.0,
+            key: OptionKey::FlmArgs,
+            code: Some("invalid_flm_args"),
+        })?;
     }
     for w in o.rpc_servers.iter().flatten() {
         rpc::check_worker(w).map_err(|m| invalid(OptionKey::RpcServers, m))?;

@@ -74,7 +74,7 @@ impl Recipe {
             Recipe::WhisperCpp => Some(&crate::whispercpp::WhisperCpp),
             Recipe::SdCpp => Some(&crate::sdcpp::SdCpp),
             Recipe::Kokoro => Some(&crate::kokoro::Kokoro),
-            Recipe::Flm => None,
+            Recipe::Flm => Some(&crate::flm::Flm),
         }
     }
 
@@ -142,7 +142,7 @@ impl Recipe {
         use OptionKey::*;
         match self {
             Recipe::LlamaCpp => &[CtxSize, Parallel, Device, LlamacppBackend, LlamacppArgs, RpcServers, MergeArgs],
-            Recipe::Flm => &[CtxSize, Device],
+            Recipe::Flm => &[CtxSize, Device, FlmArgs],
             Recipe::RyzenAiLlm => &[CtxSize],
             Recipe::WhisperCpp => &[Device, WhispercppBackend, WhispercppArgs, MergeArgs],
             Recipe::SdCpp => &[Device, SdcppBackend, Steps, CfgScale, Width, Height],
@@ -188,7 +188,7 @@ mod tests {
             assert!(r.backends().contains(&r.default_backend()), "{r}");
         }
         assert_eq!("oga-cpu".parse::<Recipe>().unwrap_err().to_string(), "Unknown recipe 'oga-cpu'");
-        assert_eq!(Recipe::runnable_names(), "llamacpp, whispercpp, kokoro, sd-cpp, ryzenai-llm");
+        assert_eq!(Recipe::runnable_names(), "llamacpp, whispercpp, kokoro, sd-cpp, flm, ryzenai-llm");
         assert_eq!(Recipe::LlamaCpp.device().as_str(), "gpu");
         assert_eq!(Recipe::Flm.device().as_str(), "npu");
         assert_eq!(Recipe::Kokoro.device().as_str(), "cpu");

@@ -67,8 +67,9 @@ pub fn support(hw: &Hardware, recipe: &str, backend: &str) -> Result<Vec<&'stati
     let rocm_igpu =
         |linux_1150: bool| igpu.is_some_and(|f| f == "gfx1151" || (f == "gfx1150" && (linux_1150 || hw.os != "linux")));
     let rocm_dgpu = hw.amd_dgpus.iter().any(|f| f == "gfx110X" || f == "gfx120X");
-    let npu = || -> Result<Vec<&'static str>, String> {
-        requires_os(&["windows"])?;
+    // FastFlowLM runs on Linux too (the upstream `amdxdna` driver), as in Lemonade v11.
+    let npu_on = |oses: &[&str]| -> Result<Vec<&'static str>, String> {
+        requires_os(oses)?;
         if hw.xdna2_npu {
             Ok(vec!["amd_npu"])
         } else {
@@ -116,7 +117,8 @@ pub fn support(hw: &Hardware, recipe: &str, backend: &str) -> Result<Vec<&'stati
             }
         }
         ("llamacpp", "system") => Ok(vec!["cpu"]),
-        ("whispercpp", "npu") | ("flm", "npu") | ("ryzenai-llm", "npu") => npu(),
+        ("flm", "npu") => npu_on(&["windows", "linux"]),
+        ("whispercpp", "npu") | ("ryzenai-llm", "npu") => npu_on(&["windows"]),
         ("whispercpp", "cpu") => {
             requires_os(&["windows", "linux"])?;
             Ok(vec!["cpu"])
@@ -203,7 +205,7 @@ pub fn release_repo(recipe: Recipe, backend: &str) -> Option<&'static str> {
         (Recipe::LlamaCpp, _) => "ggml-org/llama.cpp",
         (Recipe::WhisperCpp, _) => "ggml-org/whisper.cpp",
         (Recipe::SdCpp, _) => "leejet/stable-diffusion.cpp",
-        (Recipe::Flm, _) => "FastFlowLM/FastFlowLM",
+        (Recipe::Flm, _) => "ROCm/FastFlowLM",
         _ => return None,
     })
 }
@@ -255,6 +257,18 @@ pub fn asset(hw: &Hardware, recipe: &str, backend: &str, version: &str) -> Optio
             },
         ),
         ("llamacpp", "metal", "macos") => ("ggml-org/llama.cpp", format!("llama-{version}-bin-macos-arm64.tar.gz")),
+        // FLM's own release assets (v11.7): bare version numbers.
+        ("flm", "npu", "linux" | "windows") => {
+            let bare = version.trim_start_matches('v');
+            (
+                "ROCm/FastFlowLM",
+                if win {
+                    format!("fastflowlm_{bare}_windows_amd64.zip")
+                } else {
+                    format!("fastflowlm_{bare}_linux.tar.gz")
+                },
+            )
+        }
         // whisper.cpp publishes Windows builds only; elsewhere whisper-server is built from
         // source (`cargo xtask setup` does) and named by LEMONADE_WHISPERCPP_CPU_BIN.
         ("whispercpp", "cpu", "windows") => ("ggml-org/whisper.cpp", "whisper-bin-x64.zip".to_string()),
@@ -487,6 +501,17 @@ mod tests {
         assert_eq!((d.len(), s.state, s.message.as_str()), (0, "unsupported", "Requires macOS"));
         let (_, s) = state(&hw, &pins, "ryzenai-llm", "npu", &Installed::Missing);
         assert_eq!((s.state, s.message.as_str()), ("unsupported", "Requires Windows"));
+        // FLM runs on Linux with an XDNA 2 NPU, from FLM's Linux release.
+        let (_, s) = state(&hw, &pins, "flm", "npu", &Installed::Missing);
+        assert_eq!((s.state, s.message.as_str()), ("unsupported", "Requires AMD XDNA 2 AMD NPU"));
+        let npu = Hardware { xdna2_npu: true, ..linux() };
+        let (d, s) = state(&npu, &pins, "flm", "npu", &Installed::Missing);
+        assert_eq!((d, s.state), (vec!["amd_npu"], "installable"));
+        let a = asset(&npu, "flm", "npu", "v0.9.34").unwrap();
+        assert_eq!(
+            a.url("https://github.com/"),
+            "https://github.com/ROCm/FastFlowLM/releases/download/v0.9.34/fastflowlm_0.9.34_linux.tar.gz"
+        );
         let (_, s) = state(&hw, &pins, "llamacpp", "rocm", &Installed::Missing);
         assert_eq!(s.state, "unsupported");
         let (_, s) = state(&hw, &pins, "whispercpp", "cpu", &Installed::Missing);

@@ -137,7 +137,7 @@ async fn install_runs_a_model_then_uninstall_removes_it() {
             json!({"recipe": "whispercpp", "backend": "cpu"}),
             "whispercpp:cpu has no release archive for this platform; set LEMONADE_WHISPERCPP_CPU_BIN",
         ),
-        (json!({"recipe": "flm", "backend": "npu"}), "Requires Windows"),
+        (json!({"recipe": "flm", "backend": "npu"}), "Requires AMD XDNA 2 AMD NPU"),
     ] {
         let (st, v) = l.post("/api/v1/install", &body).await;
         assert_eq!(st, 400, "{body}: {v}");

@@ -479,11 +479,11 @@ async fn real_llama_server_models_are_placed_on_devices_and_told_which_they_may_
     let (_, info) = l.get("/api/v1/system-info").await;
     let ids: Vec<&str> =
         info["compute_devices"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap()).collect();
-    assert_eq!(ids, ["gpu0", "gpu1", "gpu2"], "{info}");
+    assert_eq!(ids, ["gpu0", "gpu1", "gpu2", "npu0"], "{info}");
     assert_eq!(info["compute_devices"][2]["name"], "Radeon RX 7800 XT");
     let (_, s) = l.get("/api/v1/scheduler").await;
     let budgets: Vec<u64> =
-        s["devices"].as_array().unwrap().iter().map(|d| d["budget_bytes"].as_u64().unwrap()).collect();
+        s["devices"].as_array().unwrap().iter().filter_map(|d| d["budget_bytes"].as_u64()).collect();
     assert!(budgets[0] < 7 << 30 && budgets[1] < 4 << 30 && budgets[2] > budgets[0], "free less a margin: {s}");
 
     // One GPU: the plan says where, the load goes there, the backend sees only that GPU.
@@ -586,4 +586,96 @@ async fn real_llama_server_parallel_four_decodes_four_streams_at_the_same_time()
     let mut t = four(&l).await;
     t.sort();
     assert!(t.windows(2).all(|w| w[0].1 <= w[1].0), "one at a time: each starts after the last ended: {t:?}");
+}
+
+const FLM_A: &str = "Gemma3-1b-it-FLM";
+const FLM_B: &str = "Llama-3.2-1B-FLM";
+
+/// FastFlowLM on Linux, as Lemonade v11.7 runs it, with the stand-in `flm`
+/// (tests/src/bin/flm-standin.rs) on a stand-in NPU (`amdxdna` in a sysfs tree): the recipe is
+/// installed and its models listed on Linux; a load runs `flm validate`, `flm pull <tag>` and
+/// `flm serve <tag> --ctx-len N --port P --host 127.0.0.1 <flm_args> --quiet`; the model is
+/// placed on npu0 and requests reach FLM under its tag; a second FLM model takes the NPU's
+/// turn (NPU exclusivity per device) while GPU-less models stay; bad `flm_args` are refused
+/// naming them, and a failed `flm validate` fails the load pointing to the driver guide.
+#[tokio::test]
+async fn flm_standin_models_run_on_the_npu_one_at_a_time_as_v11_runs_flm() {
+    let hw = fake_hardware();
+    let log = hw.path().join("flm.log");
+    let flm = flm_standin();
+    let env = [
+        ("LEMONADE_HARDWARE_ROOT", hw.path().to_str().unwrap()),
+        ("LEMONADE_FLM_NPU_BIN", flm.to_str().unwrap()),
+        ("FLM_STANDIN_LOG", log.to_str().unwrap()),
+    ];
+    let l = Lemonade::start_in(bin(), Sandbox::new(), &["--max-loaded-models", "-1"], &env).await;
+    let (_, info) = l.get("/api/v1/system-info").await;
+    assert_eq!(info["recipes"]["flm"]["backends"]["npu"]["state"], "installed", "{}", info["recipes"]["flm"]);
+    let (_, m) = l.get(&format!("/api/v1/models/{FLM_A}")).await;
+    assert_eq!((m["recipe"].as_str(), m["checkpoint"].as_str()), (Some("flm"), Some("gemma3:1b")), "{m}");
+
+    let body = json!({"model_name": FLM_A, "ctx_size": 2048, "flm_args": "--pmode turbo"});
+    let (s, v) = l.post("/api/v1/load", &body).await;
+    assert_eq!(s, 200, "{v}");
+    let calls: Vec<Vec<String>> =
+        std::fs::read_to_string(&log).unwrap().lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    let port = calls[2].get(5).cloned().unwrap_or_default();
+    let want = [
+        vec!["validate", "--json"],
+        vec!["pull", "gemma3:1b"],
+        vec![
+            "serve",
+            "gemma3:1b",
+            "--ctx-len",
+            "2048",
+            "--port",
+            port.as_str(),
+            "--host",
+            "127.0.0.1",
+            "--pmode",
+            "turbo",
+            "--quiet",
+        ],
+    ];
+    assert_eq!(calls, want.map(|c| c.iter().map(|s| s.to_string()).collect::<Vec<_>>()), "what lemonade ran");
+    let (_, h) = l.get("/api/v1/health").await;
+    let a = entry(&h, FLM_A).clone();
+    assert_eq!((a["placed_on"].clone(), a["device"].as_str()), (json!({"npu0": 0}), Some("npu")), "{a}");
+
+    // Requests reach FLM under its tag (the stand-in answers 404 to any other name).
+    let (s, c) = l.chat(FLM_A).await;
+    assert_eq!(s, 200, "{c}");
+    assert_eq!(c["choices"][0]["message"]["content"], "Hello from gemma3:1b on the NPU stand-in.");
+    let text = stream(&l, FLM_A, 8).await.text().await.unwrap();
+    assert!(text.contains("stand-in") && text.trim_end().ends_with("data: [DONE]"), "{text}");
+
+    // One model per NPU: the second takes npu0's turn; the CPU model beside them stays.
+    assert_eq!(l.chat(SMOL).await.0, 200);
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": FLM_B})).await.0, 200);
+    let (_, h) = l.get("/api/v1/health").await;
+    let mut names = loaded_names(&h);
+    names.sort();
+    assert_eq!(names, [FLM_B.to_string(), SMOL.to_string()], "{h}");
+    let (_, s) = l.get("/api/v1/scheduler").await;
+    let npu = s["devices"].as_array().unwrap().iter().find(|d| d["id"] == "npu0").unwrap().clone();
+    assert_eq!(npu["models"], json!({FLM_B: 0}), "{npu}");
+    let evicted = s["decisions"].as_array().unwrap().iter().any(|d| d["decision"] == "evict" && d["model"] == FLM_A);
+    assert!(evicted, "{s}");
+
+    // Refusals.
+    let (s, e) = l.post("/api/v1/load", &json!({"model_name": FLM_A, "flm_args": "--host 0.0.0.0"})).await;
+    assert_eq!(
+        (s, e["error"]["param"].as_str(), e["error"]["code"].as_str()),
+        (400, Some("flm_args"), Some("invalid_flm_args")),
+        "{e}"
+    );
+    assert!(e["error"]["message"].as_str().unwrap().contains("not allowed: --host"), "{e}");
+    drop(l);
+    let mut env = env.to_vec();
+    env.push(("FLM_STANDIN_FAIL_VALIDATE", "1"));
+    let l = Lemonade::start_in(bin(), Sandbox::new(), &[], &env).await;
+    let (s, e) = l.post("/api/v1/load", &json!({"model_name": FLM_A})).await;
+    assert_eq!(s, 500, "{e}");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("FLM NPU validation failed") && msg.contains("driver_install"), "{msg}");
 }

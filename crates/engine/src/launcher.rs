@@ -162,11 +162,16 @@ impl RealLauncher {
     ) -> Result<Prepared, StartFailure> {
         let fatal = |message: String| StartFailure::Fatal(self.cfg.redact_here(&message));
         let name = info.name.as_str();
-        let main = info
-            .main_path
-            .clone()
-            .filter(|p| p.exists())
-            .ok_or_else(|| fatal(format!("Model file not found for checkpoint: {}", info.checkpoint)))?;
+        // FLM keeps its own models: its checkpoint is a tag, pulled by `flm pull` below.
+        let flm = info.recipe == Recipe::Flm;
+        let main = match flm {
+            true => PathBuf::new(),
+            false => info
+                .main_path
+                .clone()
+                .filter(|p| p.exists())
+                .ok_or_else(|| fatal(format!("Model file not found for checkpoint: {}", info.checkpoint)))?,
+        };
         let port = match info.recipe.needs_port() {
             true => Some(host::supervisor::free_port().map_err(|e| fatal(format!("no free port: {e}")))?),
             false => None,
@@ -181,6 +186,7 @@ impl RealLauncher {
             hardware: &hardware,
             port,
             devices,
+            checkpoint: &info.checkpoint,
         };
         let mut launch = backends::launch(info.recipe, &input).map_err(|e| fatal(e.to_string()))?;
         let workers = backends::rpc::workers(options);
@@ -195,7 +201,42 @@ impl RealLauncher {
             .flatten();
         let backend_name = backends::backend_of(info.recipe, options);
         let program = self.backend_binary(info.recipe, &backend_name).await?;
+        if flm {
+            self.flm_ready(&program, &info.checkpoint).await?;
+        }
         Ok(Prepared { spec: SpawnSpec::new(name, program, launch, self.cfg.live.load_timeout()), cache })
+    }
+}
+
+impl RealLauncher {
+    /// What Lemonade v11 does before `flm serve`: `flm validate` (the NPU and its driver can run
+    /// FLM), then `flm pull` of the checkpoint (a model FLM has is kept as it is).
+    async fn flm_ready(&self, flm: &std::path::Path, checkpoint: &str) -> Result<(), StartFailure> {
+        use backends::flm;
+        let fatal = |m: String| StartFailure::Fatal(self.cfg.redact_here(&m));
+        let validate = host::supervisor::run_once(flm, &flm::validate_args(), Duration::from_secs(60)).await;
+        match validate {
+            Ok((Some(0), _)) => {}
+            Ok((code, out)) => {
+                return Err(fatal(format!(
+                    "FLM NPU validation failed (flm validate exited {}): {}\nVisit {} for driver installation instructions.",
+                    code.map_or("on a signal".into(), |c| c.to_string()),
+                    out.trim(),
+                    flm::DRIVER_INSTALL_URL
+                )))
+            }
+            Err(e) => return Err(fatal(format!("flm validate: {e}"))),
+        }
+        let within = self.cfg.live.pull_timeout();
+        match host::supervisor::run_once(flm, &flm::pull_args(checkpoint), within).await {
+            Ok((Some(0), _)) => Ok(()),
+            Ok((code, out)) => Err(fatal(format!(
+                "flm pull {checkpoint} failed (exit {}): {}",
+                code.map_or("on a signal".into(), |c| c.to_string()),
+                out.trim()
+            ))),
+            Err(e) => Err(fatal(format!("flm pull {checkpoint}: {e}"))),
+        }
     }
 }
 

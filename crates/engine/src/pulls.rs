@@ -154,7 +154,8 @@ fn hub_error(e: HubError) -> EngineError {
 /// not downloaded pull it first, as v9), waiting at most `cfg.pull_timeout`. Returns the
 /// model as the refreshed catalogue sees it.
 pub async fn ensure_downloaded(rt: &Engine, m: &ModelInfo) -> Result<ModelInfo> {
-    if m.downloaded {
+    // FLM keeps its own models: its load runs `flm pull` (see `launcher`).
+    if m.downloaded || m.recipe == backends::Recipe::Flm {
         return Ok(m.clone());
     }
     tracing::info!(model = %m.name, checkpoint = %m.checkpoint, "model not downloaded: pulling it before loading");
@@ -327,7 +328,7 @@ async fn lease_with(
         }
     }
     let info = rt.lifecycle.model_for(name, want, endpoint)?;
-    let info = match (info.downloaded, rt.cfg.auto_load) {
+    let info = match (info.downloaded || info.recipe == backends::Recipe::Flm, rt.cfg.auto_load) {
         (true, _) => info,
         (false, true) => ensure_downloaded(rt, &info).await?,
         (false, false) => return Err(EngineError::not_downloaded(name)),

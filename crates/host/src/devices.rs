@@ -23,6 +23,11 @@ fn stand_in_root() -> Option<PathBuf> {
     std::env::var_os("LEMONADE_HARDWARE_ROOT").filter(|v| !v.is_empty()).map(PathBuf::from)
 }
 
+/// The root of sysfs: `/sys`, or the stand-in tree's `sys`.
+pub fn sys_root() -> PathBuf {
+    stand_in_root().map_or_else(|| PathBuf::from("/sys"), |r| r.join("sys"))
+}
+
 /// The devices of this machine now (blocking: sysfs reads and NVML queries).
 pub fn compute_devices() -> Vec<ComputeDevice> {
     match stand_in_root() {

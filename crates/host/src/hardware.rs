@@ -44,7 +44,8 @@ fn detect() -> Detected {
     let cores = System::physical_core_count().unwrap_or(threads);
     let cpu = CpuDevice { name: processor.clone(), cores, threads, available: true, family: hw.cpu_family.clone() };
 
-    let (igpu, amd_dgpu) = amd_gpus(Path::new("/sys/class/kfd/kfd/topology/nodes"));
+    let root = crate::devices::sys_root();
+    let (igpu, amd_dgpu) = amd_gpus(&root.join("class/kfd/kfd/topology/nodes"));
     let amd_igpu = match igpu {
         Some(g) => {
             hw.amd_igpu = Some(g.family.clone());
@@ -58,7 +59,7 @@ fn detect() -> Detected {
         Err(e) => (Vec::new(), Some(e)),
     };
     hw.nvidia_gpus = nvidia_dgpu.len();
-    let amd_npu = amd_npu(Path::new("/sys/class/accel"), &processor);
+    let amd_npu = amd_npu(&root.join("class/accel"), &processor);
     hw.xdna2_npu = amd_npu.family == "XDNA2" && amd_npu.available;
 
     let os_version = format!(

@@ -11,6 +11,7 @@
 //! * Stop: SIGTERM to the group, then SIGKILL after a grace period.
 
 use std::collections::VecDeque;
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 
@@ -335,6 +336,19 @@ pub fn parse_listening_port(line: &str) -> Option<u16> {
     let rest = &line[line.find("listening on http://")? + "listening on http://".len()..];
     let hostport = rest.split_whitespace().next()?;
     hostport.rsplit_once(':')?.1.trim_end_matches('/').parse().ok()
+}
+
+/// Runs `program args` to its end (a short command such as `flm validate`), killed after
+/// `within`: its exit code (None: killed by a signal) and its output, stdout then stderr.
+pub async fn run_once(program: &Path, args: &[String], within: Duration) -> std::io::Result<(Option<i32>, String)> {
+    let mut cmd = Command::new(program);
+    cmd.args(args).stdin(Stdio::null()).kill_on_drop(true);
+    let out = tokio::time::timeout(within, cmd.output()).await.map_err(|_| {
+        std::io::Error::new(std::io::ErrorKind::TimedOut, format!("did not finish within {} s", within.as_secs()))
+    })??;
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    Ok((out.status.code(), text))
 }
 
 #[cfg(test)]

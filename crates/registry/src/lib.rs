@@ -190,6 +190,8 @@ pub struct RegistryConfig {
     pub physical_memory_gb: Option<f64>,
     /// `LEMONADE_DISABLE_MODEL_FILTERING`.
     pub disable_filtering: bool,
+    /// The host has an XDNA 2 NPU (FastFlowLM models are shown on Windows and Linux).
+    pub xdna2_npu: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -559,7 +561,10 @@ fn filter_reason(m: &ModelInfo, cfg: &RegistryConfig) -> Option<String> {
             Recipe::runnable_names()
         ));
     }
-    if m.recipe.npu() && !cfg!(windows) {
+    if m.recipe == Recipe::Flm && !cfg.xdna2_npu {
+        return Some("The 'flm' recipe requires an AMD XDNA 2 NPU (Windows, or Linux with the amdxdna driver).".into());
+    }
+    if m.recipe.npu() && m.recipe != Recipe::Flm && !cfg!(windows) {
         return Some(format!("The '{}' recipe requires an AMD XDNA 2 NPU on Windows.", m.recipe));
     }
     if let (Some(ram), Some(size)) = (cfg.physical_memory_gb, m.size) {

@@ -32,7 +32,12 @@ impl ModelFiles for Mem {
 }
 
 fn cfg() -> RegistryConfig {
-    RegistryConfig { extra_models_dir: None, physical_memory_gb: Some(24.0), disable_filtering: false }
+    RegistryConfig {
+        extra_models_dir: None,
+        physical_memory_gb: Some(24.0),
+        disable_filtering: false,
+        xdna2_npu: false,
+    }
 }
 
 #[test]

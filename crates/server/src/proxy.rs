@@ -34,6 +34,13 @@ async fn send(
     if let Some(b) = &body {
         lease.before_forward(path_and_query, b).await;
     }
+    // FLM serves a model under its checkpoint (`gemma3:1b`), not lemonade's name for it.
+    let body = match lease.local() {
+        Some(m) if m.info.recipe == backends::Recipe::Flm => {
+            body.map(|b| backends::cloud::rewrite_model(&b, &m.info.checkpoint).map(Bytes::from).unwrap_or(b))
+        }
+        _ => body,
+    };
     let mut req = lease.http().request(method, lease.url(path_and_query));
     if stream {
         // llama-server closes the connection after a streamed response although it advertised
