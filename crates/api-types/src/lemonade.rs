@@ -329,6 +329,11 @@ pub struct LoadRequest {
     #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable))]
     pub flm_args: Option<Option<String>>,
+    /// llama.cpp: speculative decoding with this catalogue model as the draft (same
+    /// vocabulary; its memory is counted with the model's).
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable))]
+    pub draft_model: Option<Option<String>>,
     /// `cpu`, `vulkan`, `rocm`, `metal`, or `system` (the llama-server on PATH).
     #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable))]
@@ -413,6 +418,7 @@ impl LoadRequest {
         p.set.parallel = one(&mut p, K::Parallel, &self.parallel);
         p.set.device = one(&mut p, K::Device, &self.device);
         p.set.flm_args = one(&mut p, K::FlmArgs, &self.flm_args);
+        p.set.draft_model = one(&mut p, K::DraftModel, &self.draft_model);
         p.set.llamacpp_backend = one(&mut p, K::LlamacppBackend, &self.llamacpp_backend);
         p.set.llamacpp_args = one(&mut p, K::LlamacppArgs, &self.llamacpp_args);
         p.set.rpc_servers = one(&mut p, K::RpcServers, &self.rpc_servers);

@@ -100,6 +100,9 @@ load_options! {
     /// device (`gpu1`, `npu0`: see `/api/v1/system-info`'s `compute_devices`), or several to
     /// split it over (`gpu0,gpu1`).
     device: String = Device "device",
+    /// llama.cpp: speculative decoding with this catalogue model as the draft (its vocabulary
+    /// must match the model's; llama-server's `-md`).
+    draft_model: String = DraftModel "draft_model",
     /// `cpu`, `vulkan`, `rocm`, `metal` or `system`.
     llamacpp_backend: String = LlamacppBackend "llamacpp_backend",
     /// Extra llama-server arguments (flags lemonade manages are refused when given).
@@ -277,7 +280,7 @@ mod tests {
         let v = json!({"ctx_size": 2048, "parallel": 2, "device": "gpu0,gpu1", "llamacpp_backend": "vulkan", "llamacpp_args": "-t 2",
             "rpc_servers": ["10.0.0.2:50052"], "sd-cpp_backend": "cpu", "steps": 4, "cfg_scale": 1.5,
             "width": 256, "height": 320, "whispercpp_backend": "cpu", "whispercpp_args": "-t 2",
-            "merge_args": false, "idle_timeout": 30, "flm_args": "--pmode turbo"});
+            "merge_args": false, "idle_timeout": 30, "flm_args": "--pmode turbo", "draft_model": "d"});
         let o = LoadOptions::from_map(&map(v.clone())).unwrap();
         assert_eq!(o.sdcpp_backend.as_deref(), Some("cpu"));
         assert_eq!(o.rpc_servers, Some(vec!["10.0.0.2:50052".to_string()]));

@@ -104,6 +104,8 @@ pub struct LaunchInput<'a> {
     pub devices: &'a [devices::Placed],
     /// The model's checkpoint (FLM serves a model by it; it is no file).
     pub checkpoint: &'a str,
+    /// llama.cpp: the draft model's file, for speculative decoding.
+    pub draft_path: Option<&'a Path>,
 }
 
 /// A recipe's adapter: what to run for one model. Pure: it decides, `host` acts.
@@ -198,6 +200,7 @@ mod tests {
             port,
             devices: &[],
             checkpoint: "org/m-GGUF:Q4_0",
+            draft_path: None,
         }
     }
 

@@ -70,13 +70,21 @@ impl crate::Adapter for LlamaCpp {
             amd_igpu: input.hardware.amd_igpu.is_some(),
             alias: input.name.to_string(),
             rpc: crate::rpc::workers(input.options),
+            draft: input.draft_path.map(std::path::Path::to_path_buf),
         })?;
         if offloads(&crate::backend_of(recipe, input.options)) {
             args.extend(crate::devices::llama_split_args(input.devices));
         }
+        // This llama.cpp drafts only when told the kind of speculation (`--spec-type`); older
+        // ones draft with `-md` alone and know no such flag. As a variable (which a flag in
+        // `llamacpp_args` still overrides) it is read where it exists and ignored elsewhere.
+        let env = match input.draft_path {
+            Some(_) => vec![("LLAMA_ARG_SPEC_TYPE".to_string(), "draft-simple".to_string())],
+            None => vec![],
+        };
         Ok(crate::Launch {
             args,
-            env: vec![],
+            env,
             readiness: crate::Readiness::ListeningLine,
             health_path: "/health",
             served_paths: SERVED_PATHS,
@@ -137,6 +145,8 @@ pub struct LlamaServerConfig {
     pub alias: String,
     /// llama.cpp RPC workers (`host:port`), given to `--rpc`.
     pub rpc: Vec<String>,
+    /// The draft model's file (speculative decoding: `-md`, offloaded as the model is).
+    pub draft: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -289,8 +299,18 @@ pub fn command_line(cfg: &LlamaServerConfig) -> Result<Vec<String>, ArgsError> {
         _ => {}
     }
     // With RPC workers the layers go to them: every layer is offloaded, whatever the backend.
+    let ngl = if cpu && cfg.rpc.is_empty() { "0" } else { "99" };
     push("-ngl");
-    push(if cpu && cfg.rpc.is_empty() { "0" } else { "99" });
+    push(ngl);
+    if let Some(d) = &cfg.draft {
+        // The draft's layers go where the model's go; how many tokens it drafts a step is
+        // llama-server's default (its flags for that were renamed across versions:
+        // `llamacpp_args` can set them).
+        push("-md");
+        push(&d.display().to_string());
+        push("-ngld");
+        push(ngl);
+    }
     if !cfg.rpc.is_empty() {
         push("--rpc");
         push(&cfg.rpc.join(","));
@@ -315,7 +335,18 @@ mod tests {
             amd_igpu: false,
             alias: "user.M".into(),
             rpc: vec![],
+            draft: None,
         }
+    }
+
+    #[test]
+    fn a_draft_model_is_loaded_beside_and_offloaded_as_the_model() {
+        let mut c = cfg(ModelType::Llm, "vulkan", "");
+        c.draft = Some("/models/d.gguf".into());
+        let l = command_line(&c).unwrap().join(" ");
+        assert!(l.contains("-ngl 99 -md /models/d.gguf -ngld 99"), "{l}");
+        c.backend = "cpu".into();
+        assert!(command_line(&c).unwrap().join(" ").contains("-ngld 0"));
     }
 
     fn line(c: &LlamaServerConfig) -> String {

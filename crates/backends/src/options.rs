@@ -27,6 +27,7 @@ pub fn defaults(recipe: Recipe) -> LoadOptions {
         ctx_size: Some(CtxSize::Tokens(llamacpp::DEFAULT_CTX_SIZE)),
         parallel: None,
         device: Some("auto".into()),
+        draft_model: None,
         flm_args: Some(String::new()),
         llamacpp_backend: backend.clone(),
         llamacpp_args: Some(String::new()),
@@ -104,6 +105,12 @@ pub fn check(o: &LoadOptions) -> Result<(), Invalid> {
     if let Some(d) = &o.device {
         device_ids(d)?;
     }
+    if o.draft_model.as_deref().is_some_and(|d| d.trim().is_empty() || d.len() > 512) {
+        return Err(invalid(
+            OptionKey::DraftModel,
+            "Invalid value for 'draft_model': expected the name of a model in the catalogue".into(),
+        ));
+    }
     if let Some(a) = &o.flm_args {
         let ctx = o.ctx_size.and_then(|c| if let CtxSize::Tokens(n) = c { Some(n) } else { None }).unwrap_or(0);
         crate::flm::resolve_args(a, ctx).map_err(|e| Invalid {
@@ -176,8 +183,10 @@ mod tests {
     #[test]
     fn every_recipe_option_has_a_default_and_no_other() {
         for r in Recipe::ALL {
-            // `parallel` has none: unset is llama-server's own slots, sharing one context.
-            let keys: Vec<OptionKey> = r.option_keys().iter().copied().filter(|k| *k != OptionKey::Parallel).collect();
+            // `parallel` has none: unset is llama-server's own slots, sharing one context; nor
+            // `draft_model`: unset is no draft.
+            let none = [OptionKey::Parallel, OptionKey::DraftModel];
+            let keys: Vec<OptionKey> = r.option_keys().iter().copied().filter(|k| !none.contains(k)).collect();
             assert_eq!(defaults(r).keys(), keys, "{r}");
             assert!(check(&defaults(r)).is_ok(), "{r}: the defaults pass the check");
         }

@@ -141,7 +141,9 @@ impl Recipe {
     pub fn option_keys(self) -> &'static [OptionKey] {
         use OptionKey::*;
         match self {
-            Recipe::LlamaCpp => &[CtxSize, Parallel, Device, LlamacppBackend, LlamacppArgs, RpcServers, MergeArgs],
+            Recipe::LlamaCpp => {
+                &[CtxSize, Parallel, Device, DraftModel, LlamacppBackend, LlamacppArgs, RpcServers, MergeArgs]
+            }
             Recipe::Flm => &[CtxSize, Device, FlmArgs],
             Recipe::RyzenAiLlm => &[CtxSize],
             Recipe::WhisperCpp => &[Device, WhispercppBackend, WhispercppArgs, MergeArgs],

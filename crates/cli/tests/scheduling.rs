@@ -679,3 +679,47 @@ async fn flm_standin_models_run_on_the_npu_one_at_a_time_as_v11_runs_flm() {
     let msg = e["error"]["message"].as_str().unwrap();
     assert!(msg.contains("FLM NPU validation failed") && msg.contains("driver_install"), "{msg}");
 }
+
+/// Speculative decoding, on real llama-server: SmolLM2 drafting for itself (the only pair of
+/// one vocabulary the provisioned packages ship) loads with `-md`, counts the draft in its
+/// estimate and answers with drafted tokens; Gemma as SmolLM2's draft is refused before
+/// anything changes, naming both models; an unknown draft is a 400 naming `draft_model`.
+#[tokio::test]
+async fn real_llama_server_a_draft_model_drafts_and_a_mismatched_vocabulary_is_refused_naming_both() {
+    let l = Lemonade::start(bin(), &[]).await;
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL})).await.0, 200);
+    let plain = entry(&l.get("/api/v1/health").await.1, SMOL).clone();
+    let pid = plain["pid"].clone();
+
+    let (s, e) = l.post("/api/v1/load", &json!({"model_name": SMOL, "draft_model": GEMMA})).await;
+    assert_eq!(
+        (s, e["error"]["param"].as_str(), e["error"]["code"].as_str()),
+        (400, Some("draft_model"), Some("invalid_draft_model")),
+        "{e}"
+    );
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(msg.contains(SMOL) && msg.contains(GEMMA) && msg.contains("differ"), "{msg}");
+    let (s, e) = l.post("/api/v1/load", &json!({"model_name": SMOL, "draft_model": "user.Nope"})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("draft_model")), "{e}");
+    assert_eq!(entry(&l.get("/api/v1/health").await.1, SMOL)["pid"], pid, "a refused draft touches nothing");
+
+    let (s, v) = l.post("/api/v1/load", &json!({"model_name": SMOL, "draft_model": SMOL})).await;
+    assert_eq!(s, 200, "{v}");
+    let drafted = entry(&l.get("/api/v1/health").await.1, SMOL).clone();
+    let command = strs(&drafted["command"]).join(" ");
+    assert!(command.contains(" -md ") && command.contains("-ngld 0"), "{command}");
+    assert_eq!(drafted["env"], json!({"LLAMA_ARG_SPEC_TYPE": "draft-simple"}), "{drafted}");
+    let (with, without) = (drafted["memory_estimate"].as_u64().unwrap(), plain["memory_estimate"].as_u64().unwrap());
+    assert!(with > without + (50 << 20), "the draft's weights and KV cache are counted: {with} vs {without}");
+    let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "Count from one to ten."}],
+                      "max_tokens": 32, "temperature": 0});
+    let (s, c) = l.post("/api/v1/chat/completions", &body).await;
+    assert_eq!(s, 200, "{c}");
+    assert!(!c["choices"][0]["message"]["content"].as_str().unwrap_or_default().is_empty(), "{c}");
+    // SmolLM2 drafting for itself: every drafted token is accepted.
+    let t = &c["timings"];
+    assert!(
+        t["draft_n"].as_u64().unwrap_or(0) > 0 && t["draft_n_accepted"] == t["draft_n"],
+        "llama-server drafted: {t}"
+    );
+}

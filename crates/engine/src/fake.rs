@@ -133,7 +133,7 @@ impl Launcher for FakeLauncher {
         &'a self,
         info: &'a ModelInfo,
         options: &'a LoadOptions,
-        _devices: &'a [backends::devices::Placed],
+        _with: &'a crate::launcher::StartWith,
     ) -> BoxFuture<'a, Result<Prepared, StartFailure>> {
         Box::pin(async move {
             let failed = {

@@ -80,6 +80,14 @@ pub trait Process: Send + Sync + 'static {
     }
 }
 
+/// What a start needs besides the model and its options: the devices the scheduler placed it
+/// on, and its draft model's file.
+#[derive(Debug, Clone, Default)]
+pub struct StartWith {
+    pub devices: Vec<backends::devices::Placed>,
+    pub draft: Option<PathBuf>,
+}
+
 /// Starts backends and probes them.
 pub trait Launcher: Send + Sync + 'static {
     /// Everything a start does before a process exists: files, port, command line, RPC
@@ -89,7 +97,7 @@ pub trait Launcher: Send + Sync + 'static {
         &'a self,
         info: &'a ModelInfo,
         options: &'a LoadOptions,
-        devices: &'a [backends::devices::Placed],
+        with: &'a StartWith,
     ) -> BoxFuture<'a, Result<Prepared, StartFailure>>;
     /// Starts the process and returns at once; [`Process::ready`] waits for it.
     fn spawn(&self, name: &str, spec: SpawnSpec) -> Result<Arc<dyn Process>, StartFailure>;
@@ -158,7 +166,7 @@ impl RealLauncher {
         &self,
         info: &ModelInfo,
         options: &LoadOptions,
-        devices: &[backends::devices::Placed],
+        with: &StartWith,
     ) -> Result<Prepared, StartFailure> {
         let fatal = |message: String| StartFailure::Fatal(self.cfg.redact_here(&message));
         let name = info.name.as_str();
@@ -185,14 +193,16 @@ impl RealLauncher {
             options,
             hardware: &hardware,
             port,
-            devices,
+            devices: &with.devices,
             checkpoint: &info.checkpoint,
+            draft_path: with.draft.as_deref(),
         };
         let mut launch = backends::launch(info.recipe, &input).map_err(|e| fatal(e.to_string()))?;
         let workers = backends::rpc::workers(options);
         check_workers(name, &workers).await.map_err(|e| fatal(e.0))?;
-        // A slot's KV state on RPC workers is not saved: the prompt cache stays off.
-        let cache = (info.recipe == Recipe::LlamaCpp && workers.is_empty())
+        // A slot's KV state on RPC workers is not saved, nor a draft model's: the prompt cache
+        // stays off.
+        let cache = (info.recipe == Recipe::LlamaCpp && workers.is_empty() && with.draft.is_none())
             .then(|| {
                 let (store, limit) = (&self.prompt_cache, self.cfg.prompt_cache_size);
                 let mmproj = info.mmproj_path.is_some();
@@ -245,9 +255,9 @@ impl Launcher for RealLauncher {
         &'a self,
         info: &'a ModelInfo,
         options: &'a LoadOptions,
-        devices: &'a [backends::devices::Placed],
+        with: &'a StartWith,
     ) -> BoxFuture<'a, Result<Prepared, StartFailure>> {
-        Box::pin(self.prepare_now(info, options, devices))
+        Box::pin(self.prepare_now(info, options, with))
     }
 
     fn spawn(&self, _name: &str, spec: SpawnSpec) -> Result<Arc<dyn Process>, StartFailure> {

@@ -19,6 +19,7 @@ pub mod config;
 pub mod decisions;
 pub mod devices;
 pub mod downloads;
+pub mod draft;
 pub mod error;
 pub mod explain;
 pub mod fake;

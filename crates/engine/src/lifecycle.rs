@@ -497,6 +497,13 @@ impl Lifecycle {
             let placed = info.shape.map(|shape| registry::memory::estimate(&shape, &input).placed(offloaded));
             let placed = placed.unwrap_or_default();
             (m.memory, m.vram) = (placed.memory, placed.vram);
+            // A draft model runs in the same process, with a context as large, where the model
+            // runs: its estimate is added to the model's.
+            let draft = options.draft_model.as_deref().and_then(|d| self.catalogue.get(d).ok()).and_then(|d| d.shape);
+            if let Some(shape) = draft {
+                let d = registry::memory::estimate(&shape, &input).placed(offloaded);
+                (m.memory, m.vram) = (m.memory + d.memory, m.vram + d.vram);
+            }
         }
         m
     }
@@ -840,7 +847,7 @@ impl Lifecycle {
                 tokio::spawn(tracing::Instrument::instrument(
                     async move {
                         let placed = crate::devices::placed(&rt.devices, &devices);
-                        let result = rt.start(&model, options, &placed, cancelled).await.map_err(load_error);
+                        let result = rt.start(&model, options, placed, cancelled).await.map_err(load_error);
                         rt.starts.lock().remove(&model);
                         let _ = rt.tx.send(Event::Started { model, result });
                     },
@@ -898,16 +905,19 @@ impl Lifecycle {
         self: &Arc<Self>,
         name: &str,
         options: Opts,
-        devices: &[backends::devices::Placed],
+        devices: Vec<backends::devices::Placed>,
         mut cancel: tokio::sync::watch::Receiver<bool>,
     ) -> std::result::Result<(), StartFailure> {
         let info = self.catalogue.get(name).map_err(|e| StartFailure::Fatal(e.to_string()))?;
+        let draft =
+            crate::draft::check(&self.catalogue, &info, &options).map_err(|e| StartFailure::Fatal(e.to_string()))?;
+        let with = crate::launcher::StartWith { devices, draft: draft.and_then(|d| d.main_path) };
         let cancelled = || StartFailure::NotReady("the load was cancelled by an unload".into());
         // Preparing may install the binary (minutes): an unload meanwhile cancels the load at
         // once, while the install itself runs on to the end.
         let launched_with = self.with_ctx_resolved(&info, &options);
         let prepared = tokio::select! {
-            p = self.launcher.prepare(&info, &launched_with, devices) => p?,
+            p = self.launcher.prepare(&info, &launched_with, &with) => p?,
             _ = cancel.wait_for(|c| *c) => return Err(cancelled()),
         };
         let started = Instant::now();

@@ -63,6 +63,7 @@ pub fn save(rt: &Engine, info: &ModelInfo, body: &Map<String, Value>) -> Result<
     backends::options::check_keys(info.recipe, &[p.set.keys(), p.cleared.clone()].concat()).map_err(refused)?;
     backends::options::check(&p.set).map_err(refused)?;
     crate::devices::check(rt.lifecycle.devices(), &p.set)?;
+    crate::draft::check(&rt.catalogue, info, &p.set)?;
     let merge = |mut entry: Map<String, Value>| {
         entry.extend(p.set.to_map());
         for k in &p.cleared {

@@ -268,6 +268,7 @@ pub async fn load(rt: &Engine, req: &LoadRequest) -> Result<ModelInfo> {
         crate::options::save_from_load(rt, &info.name, &opts)?;
     }
     let effective = rt.lifecycle.effective_options(&info, &opts);
+    crate::draft::check(&rt.catalogue, &info, &effective)?;
     EngineError::from_load(&info.name, rt.lifecycle.load(&info, effective, req.pinned, req.idle_timeout).await)?;
     Ok(info)
 }

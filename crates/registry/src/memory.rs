@@ -79,6 +79,11 @@ pub struct ModelShape {
     /// BERT-family encoders keep no KV cache.
     pub encoder_only: bool,
     pub vocab: u64,
+    /// The tokenizer (`tokenizer.ggml.model` and `.pre`, hashed) and its BOS and EOS ids (-1:
+    /// not given): what a draft model must share with the model it drafts for.
+    pub tokenizer: u64,
+    pub bos: i64,
+    pub eos: i64,
     /// The context the model was trained for (`<arch>.context_length`; 0: not given).
     pub trained_ctx: u64,
 }
@@ -108,8 +113,39 @@ impl ModelShape {
                 _ => 0,
             },
             trained_ctx: key("context_length").unwrap_or(0),
+            tokenizer: ["tokenizer.ggml.model", "tokenizer.ggml.pre"]
+                .iter()
+                .flat_map(|k| match meta.kv.get(*k) {
+                    Some(MetaValue::Str(s)) => s.bytes().chain([0]).collect::<Vec<u8>>(),
+                    _ => vec![0],
+                })
+                .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)),
+            bos: int(meta, "tokenizer.ggml.bos_token_id").map_or(-1, |v| v as i64),
+            eos: int(meta, "tokenizer.ggml.eos_token_id").map_or(-1, |v| v as i64),
         }
     }
+}
+
+/// Most tokens a draft's vocabulary may differ by (llama.cpp's `SPEC_VOCAB_MAX_SIZE_DIFFERENCE`).
+pub const DRAFT_VOCAB_SLACK: u64 = 128;
+
+/// Why `draft` cannot draft for `target` (llama.cpp's compatibility rule, as far as the
+/// headers say: the same tokenizer, BOS and EOS, vocabularies within [`DRAFT_VOCAB_SLACK`]), or
+/// None when it can.
+pub fn draft_mismatch(target: &ModelShape, draft: &ModelShape) -> Option<String> {
+    if target.tokenizer != draft.tokenizer {
+        return Some("their tokenizers differ".into());
+    }
+    if (target.bos, target.eos) != (draft.bos, draft.eos) {
+        return Some(format!(
+            "their special tokens differ (BOS {} and EOS {} against BOS {} and EOS {})",
+            target.bos, target.eos, draft.bos, draft.eos
+        ));
+    }
+    if target.vocab.abs_diff(draft.vocab) > DRAFT_VOCAB_SLACK {
+        return Some(format!("their vocabularies differ ({} tokens against {})", target.vocab, draft.vocab));
+    }
+    None
 }
 
 /// The run-time settings the estimate depends on.

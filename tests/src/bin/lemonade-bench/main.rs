@@ -122,6 +122,7 @@ async fn main() -> anyhow::Result<()> {
         Ok("startup") => return startup::startup(&bin).await.map(|_| ()),
         Ok("routing") => return routing::routing(&bin).await.map(|_| ()),
         Ok("parallel") => return parallel::parallel(&bin).await.map(|_| ()),
+        Ok("draft") => return parallel::draft(&bin).await.map(|_| ()),
         Ok("modalities") => {
             modalities::transcription(&bin).await?;
             modalities::images(&bin).await?;
@@ -220,6 +221,7 @@ async fn main() -> anyhow::Result<()> {
     out["startup"] = startup::startup(&bin).await?;
     out["routing"] = routing::routing(&bin).await?;
     out["parallel"] = parallel::parallel(&bin).await?;
+    out["draft"] = parallel::draft(&bin).await?;
     if let Some(path) = std::env::var_os("LEMONADE_BENCH_OUT") {
         std::fs::write(&path, serde_json::to_vec_pretty(&out)?)?;
         println!("\nwritten to {}", PathBuf::from(path).display());
@@ -246,6 +248,7 @@ pub(crate) fn llama_command_line_rpc(model: &std::path::Path, rpc: Vec<String>) 
         amd_igpu: false,
         alias: "bench".into(),
         rpc,
+        draft: None,
     })?)
 }
 

@@ -73,3 +73,40 @@ pub async fn parallel(bin: &Path) -> anyhow::Result<Value> {
     }
     Ok(Value::Object(out))
 }
+
+/// Speculative decoding: decode tokens/s of SmolLM2 without a draft and with itself as the
+/// draft (the only same-vocabulary pair the provisioned packages ship), alternating, in the
+/// same run; and the share of drafted tokens accepted.
+pub async fn draft(bin: &Path) -> anyhow::Result<Value> {
+    let l = Lemonade::start_in(bin, Sandbox::new(), &["--log-level", "info"], &[]).await;
+    let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "Count from one to twenty."}],
+                      "max_tokens": 64, "temperature": 0});
+    let (mut plain, mut drafted, mut accepted) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..2 * REPS + 2 {
+        let with = i % 2 == 1;
+        let load = if with { json!({"model_name": SMOL, "draft_model": SMOL}) } else { json!({"model_name": SMOL}) };
+        let (s, v) = l.post("/api/v1/load", &load).await;
+        anyhow::ensure!(s == 200, "load: {v}");
+        let (s, c) = l.post("/api/v1/chat/completions", &body).await;
+        anyhow::ensure!(s == 200, "chat: {c}");
+        let t = &c["timings"];
+        let tps = t["predicted_per_second"].as_f64().unwrap_or(0.0);
+        if i < 2 {
+            continue; // one warm-up of each
+        }
+        if with {
+            drafted.push(tps);
+            let n = t["draft_n"].as_f64().unwrap_or(0.0);
+            accepted.push(if n > 0.0 { t["draft_n_accepted"].as_f64().unwrap_or(0.0) / n } else { 0.0 });
+        } else {
+            plain.push(tps);
+        }
+    }
+    let (p, d, a) = (median(plain), median(drafted), median(accepted));
+    println!("\nSpeculative decoding: SmolLM2, 64 tokens at temperature 0, median of {REPS} each\n");
+    println!("| load | decode tokens/s | drafted tokens accepted |");
+    println!("|---|---:|---:|");
+    println!("| no draft | {p:.1} | |");
+    println!("| `draft_model`: itself | {d:.1} (×{:.2}) | {:.0} % |", d / p, a * 100.0);
+    Ok(json!({"plain_tps": p, "draft_tps": d, "ratio": d / p, "accepted": a}))
+}
