@@ -167,7 +167,7 @@ async fn cors_echoes_allowed_origins_and_refuses_others() {
     assert_eq!(r.status().as_u16(), 200);
     let h = r.headers();
     assert_eq!(h["access-control-allow-origin"], "http://localhost:3000", "echoed, never *");
-    assert_eq!(h["access-control-allow-headers"], "Content-Type, Authorization");
+    assert_eq!(h["access-control-allow-headers"], "Content-Type, Authorization, X-Lemonade-Priority");
     assert_eq!(h["access-control-allow-methods"], "GET, POST, PUT, DELETE, OPTIONS");
     assert_eq!(h["vary"], "Origin");
     let r = l

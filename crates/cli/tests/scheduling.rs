@@ -408,18 +408,24 @@ async fn real_llama_server_a_waiting_stream_says_where_it_is_with_sse_comments()
 }
 
 /// Per-request priority, on real llama-server: with one place on the model, a request of
-/// priority 5 that arrives after one of priority 0 is served before it; a priority out of range
-/// is a 400 naming it.
+/// priority 5 (given by the `X-Lemonade-Priority` header) that arrives after one of priority 0
+/// (in the body) is served before it; a priority out of range is a 400 naming it.
 #[tokio::test]
 async fn real_llama_server_a_request_with_a_higher_priority_is_served_first() {
     let l = Lemonade::start(bin(), &["--max-concurrent", "1"]).await;
     assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL})).await.0, 200);
     let running = stream(&l, SMOL, 120).await;
-    let ask = |priority: i64| {
+    let ask = |priority: i64, header: bool| {
         let (http, url) = (l.http.clone(), l.url("/api/v1/chat/completions"));
-        let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "priority": priority});
+        let mut body = json!({"model": SMOL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+        let mut req = http.post(url);
+        if header {
+            req = req.header("X-Lemonade-Priority", priority.to_string());
+        } else {
+            body["priority"] = json!(priority);
+        }
         tokio::spawn(async move {
-            let s = http.post(url).json(&body).send().await.unwrap().status().as_u16();
+            let s = req.json(&body).send().await.unwrap().status().as_u16();
             (s, std::time::Instant::now())
         })
     };
@@ -432,9 +438,9 @@ async fn real_llama_server_a_request_with_a_higher_priority_is_served_first() {
             .await
         }
     };
-    let low = ask(0);
+    let low = ask(0, false);
     assert!(queued(1).await.is_some(), "the first waits");
-    let high = ask(5);
+    let high = ask(5, true);
     assert!(queued(2).await.is_some(), "the second waits too");
     let (_, st) = l.get("/api/v1/scheduler").await;
     let details: Vec<&str> = st["decisions"]
@@ -454,6 +460,20 @@ async fn real_llama_server_a_request_with_a_higher_priority_is_served_first() {
             json!({"model": SMOL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "priority": bad});
         let (s, e) = l.post("/api/v1/chat/completions", &body).await;
         assert_eq!((s, e["error"]["param"].clone()), (400, json!("priority")), "{e}");
+    }
+    for bad in ["11", "high", ""] {
+        let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+        let r = l
+            .http
+            .post(l.url("/api/v1/chat/completions"))
+            .header("X-Lemonade-Priority", bad)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let s = r.status().as_u16();
+        let e: Value = r.json().await.unwrap();
+        assert_eq!((s, e["error"]["param"].clone()), (400, json!("X-Lemonade-Priority")), "{bad}: {e}");
     }
 }
 

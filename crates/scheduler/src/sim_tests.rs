@@ -40,6 +40,8 @@
 //!     and asks some loads for devices of their own): the backends alive never hold more of a
 //!     GPU than its budget, a model split over GPUs holds shares that sum to its VRAM estimate
 //!     on exactly the devices it asked for, and an NPU runs one backend at a time;
+//! 21. priorities: a request is never granted while a request of higher priority waits for
+//!     the same model;
 //! 20. eviction only where the load is short: a model that gives way to a load shares its type
 //!     (slot limit), its NPU, a budgeted pool, or a budgeted device with it (a chat model on
 //!     GPU0 never evicts the embedder on GPU1).
@@ -156,6 +158,8 @@ struct Sim {
     crashes: BTreeMap<String, Crashes>,
     /// The devices each backend was started on (as its `Start` said).
     placed: BTreeMap<String, Shares>,
+    /// The model and priority of each open request.
+    priorities: BTreeMap<ReqId, (String, i32)>,
     /// Requests refused because the devices they asked for can never hold them.
     too_big: BTreeSet<ReqId>,
     log: Vec<String>,
@@ -241,6 +245,7 @@ impl Sim {
             crashes: BTreeMap::new(),
             placed: BTreeMap::new(),
             too_big: BTreeSet::new(),
+            priorities: BTreeMap::new(),
             log: Vec::new(),
         }
     }
@@ -329,6 +334,18 @@ impl Sim {
                     self.fail(&format!("request {req} answered twice"));
                 }
                 self.asked_at.remove(&req);
+                // Invariant 21.
+                if let Some((_, p)) = self.priorities.remove(&req) {
+                    let ahead = self
+                        .priorities
+                        .iter()
+                        .find(|(r, (m, q))| *m == model && *q > p && self.open_acquires.contains(r));
+                    if let Some((r, (_, q))) = ahead {
+                        self.fail(&format!(
+                            "request {req} (priority {p}) granted on {model} while {r} (priority {q}) waits"
+                        ));
+                    }
+                }
                 let gen = self.generation[&model];
                 self.leases.insert(req, (model.clone(), gen));
                 self.granted.insert(req);
@@ -769,6 +786,7 @@ impl Sim {
                 let auto = rng.chance(85).then(|| (rng.below(2)) as u32);
                 let mut model = model;
                 model.priority = rng.below(3) as i32 - 1;
+                self.priorities.insert(req, (model.name.clone(), model.priority));
                 self.send(Event::Acquire { req, model, auto_load: auto });
             }
             3 | 4 => {

@@ -26,11 +26,36 @@ pub const PATIENCE: Duration = Duration::from_millis(250);
 /// How often a waiting stream says where it is.
 pub const EVERY: Duration = Duration::from_secs(1);
 
-/// A request's `priority` (lemonade's; an integer in [`pulls::PRIORITIES`]), 0 when it has
-/// none. Read only when the body names it.
+/// The header that gives a request's priority when its body gives none.
+pub const PRIORITY_HEADER: &str = "x-lemonade-priority";
+
+tokio::task_local! {
+    /// The priority the request's header gave, for the handler that reads the body.
+    static HEADER_PRIORITY: i32;
+}
+
+/// Reads `X-Lemonade-Priority` (an integer in [`pulls::PRIORITIES`]) for the handler; a bad
+/// value is a 400 naming the header.
+pub async fn priority_header(req: axum::extract::Request, next: axum::middleware::Next) -> Result<Response, ApiError> {
+    let Some(v) = req.headers().get(PRIORITY_HEADER) else { return Ok(next.run(req).await) };
+    let p = v.to_str().ok().and_then(|s| s.trim().parse::<i32>().ok()).filter(|n| pulls::PRIORITIES.contains(n));
+    let p = p.ok_or_else(|| {
+        let shown = String::from_utf8_lossy(v.as_bytes()).chars().take(40).collect::<String>();
+        ApiError::bad_request(
+            format!(
+                "X-Lemonade-Priority must be a whole number from -10 to 10 (higher is served first), got '{shown}'"
+            ),
+            Some("X-Lemonade-Priority"),
+        )
+    })?;
+    Ok(HEADER_PRIORITY.scope(p, next.run(req)).await)
+}
+
+/// A request's `priority` (lemonade's; an integer in [`pulls::PRIORITIES`]): its body's, else
+/// its `X-Lemonade-Priority` header's, else 0. The body is read only when it names one.
 pub fn priority_of(body: &[u8]) -> Result<i32, ApiError> {
     if memchr::memmem::find(body, b"\"priority\"").is_none() {
-        return Ok(0);
+        return Ok(HEADER_PRIORITY.try_with(|p| *p).unwrap_or(0));
     }
     #[derive(serde::Deserialize)]
     struct P {
@@ -38,7 +63,7 @@ pub fn priority_of(body: &[u8]) -> Result<i32, ApiError> {
     }
     let p: P = serde_json::from_slice(body)?;
     match p.priority {
-        None | Some(serde_json::Value::Null) => Ok(0),
+        None | Some(serde_json::Value::Null) => Ok(HEADER_PRIORITY.try_with(|p| *p).unwrap_or(0)),
         Some(v) => {
             v.as_i64().and_then(|n| i32::try_from(n).ok()).filter(|n| pulls::PRIORITIES.contains(n)).ok_or_else(|| {
                 ApiError::bad_request(
