@@ -169,8 +169,18 @@ fn the_server_has_no_process_wide_mutable_statics() {
     let mut bad = Vec::new();
     for f in files {
         let text = std::fs::read_to_string(&f).unwrap();
+        // A `task_local!` static is one request's, not the process's: allowed.
+        let mut task_local = false;
         for (n, line) in code_lines(&text) {
             let t = line.trim_start();
+            if t.contains("task_local!") {
+                task_local = true;
+            } else if task_local && t.starts_with('}') {
+                task_local = false;
+            }
+            if task_local {
+                continue;
+            }
             if t.starts_with("static ") || t.starts_with("pub static ") || t.starts_with("static mut") {
                 bad.push(format!("{}:{n}: {}", f.display(), t));
             }

@@ -743,3 +743,23 @@ async fn real_llama_server_a_draft_model_drafts_and_a_mismatched_vocabulary_is_r
         "llama-server drafted: {t}"
     );
 }
+
+/// Ollama's NDJSON, on real llama-server: a streamed chat that waits for its model is answered
+/// at once with lines that carry no text and say where it is (`"lemonade_status": "loading 0
+/// s"`), then its tokens as any other stream; the official `ollama` library reads such streams
+/// (chat and generate) as usual.
+#[tokio::test]
+async fn real_llama_server_an_ollama_stream_that_waits_says_where_it_is_and_the_ollama_client_reads_it() {
+    let l = Lemonade::start(bin(), &[]).await;
+    let body = json!({"model": GEMMA, "messages": [{"role": "user", "content": "hi"}], "options": {"num_predict": 4}});
+    let r = l.http.post(l.url("/api/chat")).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "application/x-ndjson");
+    let lines: Vec<Value> = r.text().await.unwrap().lines().map(|s| serde_json::from_str(s).unwrap()).collect();
+    assert_eq!(lines[0]["lemonade_status"], "loading 0 s", "{lines:?}");
+    assert_eq!((lines[0]["message"]["content"].as_str(), lines[0]["done"].as_bool()), (Some(""), Some(false)));
+    let text: String = lines.iter().filter_map(|v| v["message"]["content"].as_str()).collect();
+    assert!(!text.is_empty() && lines.last().unwrap()["done"] == true, "{lines:?}");
+    assert_eq!(l.post("/api/v1/unload", &json!({})).await.0, 200);
+    py_checks("ollama_waiting_client.py", &[&l.url(""), GEMMA]).await;
+}

@@ -299,7 +299,7 @@ pub async fn lease_keeping(
     lease_with(rt, name, want, endpoint, keep_alive, 0).await
 }
 
-async fn lease_with(
+pub async fn lease_with(
     rt: &Engine,
     name: &str,
     want: &[ModelType],

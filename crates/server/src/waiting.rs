@@ -12,7 +12,7 @@ use std::time::Duration;
 use api_types::ModelType;
 use axum::response::Response;
 use bytes::Bytes;
-use engine::pulls;
+use engine::{pulls, Lease};
 use futures_util::StreamExt;
 use scheduler::State;
 use tokio::sync::mpsc;
@@ -75,6 +75,29 @@ pub fn priority_of(body: &[u8]) -> Result<i32, ApiError> {
     }
 }
 
+/// How a waiting stream speaks its dialect: its content type, the line that says where the
+/// request is (given the words: `queued 2`, `loading 3 s`), and the end it gets on a failure.
+pub struct Voice {
+    pub content_type: &'static str,
+    pub place: Box<dyn Fn(&str) -> Bytes + Send>,
+    pub failure: Box<dyn Fn(&ApiError) -> Bytes + Send>,
+}
+
+impl Voice {
+    /// OpenAI's SSE: a comment line each (`: queued 2`), which every SSE client ignores; a
+    /// failure is a `data: {"error": …}` event and `data: [DONE]`.
+    pub fn sse() -> Voice {
+        Voice {
+            content_type: "text/event-stream",
+            place: Box::new(|words| Bytes::from(format!(": {words}\n\n"))),
+            failure: Box::new(|e| {
+                let event = serde_json::json!({"error": e.body().error});
+                Bytes::from(format!("data: {event}\n\ndata: [DONE]\n\n"))
+            }),
+        }
+    }
+}
+
 /// Forwards a streamed request to `model` once it is granted, saying meanwhile where it is.
 pub async fn stream(
     rt: &AppState,
@@ -85,31 +108,55 @@ pub async fn stream(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let priority = priority_of(&body)?;
-    let since = rt.lifecycle.now_ms();
     let (rt1, model1) = (rt.clone(), model.to_string());
-    let mut lease = Box::pin(async move { pulls::lease_at(&rt1, &model1, want, endpoint, priority).await });
+    let lease = async move { pulls::lease_at(&rt1, &model1, want, endpoint, priority).await };
+    let path = path.to_string();
+    let answer = move |l: Lease| async move { proxy::forward_stream(l, &path, body).await };
+    when_granted(rt, model, priority, lease, answer, Voice::sse()).await
+}
+
+/// Answers with `answer(lease)` once `lease` is granted. Granted within [`PATIENCE`], that is
+/// the answer as it is (its status included); otherwise the answer starts at once, in `voice`,
+/// with a line every [`EVERY`] saying where the request is, then the answer's bytes, or
+/// `voice`'s failure. A client that leaves withdraws the request.
+pub async fn when_granted<L, A, F>(
+    rt: &AppState,
+    model: &str,
+    priority: i32,
+    lease: L,
+    answer: A,
+    voice: Voice,
+) -> Result<Response, ApiError>
+where
+    L: std::future::Future<Output = Result<Lease, engine::EngineError>> + Send + 'static,
+    A: FnOnce(Lease) -> F + Send + 'static,
+    F: std::future::Future<Output = Result<Response, ApiError>> + Send,
+{
+    let since = rt.lifecycle.now_ms();
+    let mut lease = Box::pin(lease);
     if let Ok(l) = tokio::time::timeout(PATIENCE, &mut lease).await {
-        return proxy::forward_stream(l?, path, body).await;
+        return answer(l?).await;
     }
     let (tx, rx) = mpsc::channel::<Bytes>(16);
-    let (rt2, model, path) = (rt.clone(), model.to_string(), path.to_string());
+    let (rt2, model) = (rt.clone(), model.to_string());
+    let content_type = voice.content_type;
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(EVERY);
         let lease = loop {
             tokio::select! {
                 l = &mut lease => break l,
                 _ = tick.tick() => {
-                    if tx.send(place(&rt2, &model, since, priority)).await.is_err() {
+                    if tx.send((voice.place)(&place(&rt2, &model, since, priority))).await.is_err() {
                         return; // the client left; dropping the lease future withdraws the request
                     }
                 }
             }
         };
-        let answer = match lease {
-            Ok(l) => proxy::forward_stream(l, &path, body).await,
+        let answered = match lease {
+            Ok(l) => answer(l).await,
             Err(e) => Err(ApiError::from(e)),
         };
-        match answer {
+        match answered {
             Ok(r) => {
                 let mut body = r.into_body().into_data_stream();
                 while let Some(Ok(chunk)) = body.next().await {
@@ -119,22 +166,23 @@ pub async fn stream(
                 }
             }
             Err(e) => {
-                let event = serde_json::json!({"error": e.body().error});
-                let _ = tx.send(Bytes::from(format!("data: {event}\n\ndata: [DONE]\n\n"))).await;
+                let _ = tx.send((voice.failure)(&e)).await;
             }
         }
     });
     let events = futures_util::stream::unfold(rx, |mut rx| async { Some((Ok::<_, Infallible>(rx.recv().await?), rx)) });
-    Ok(crate::sse::response(&rt.lifecycle, events))
+    let mut r = crate::sse::response(&rt.lifecycle, events);
+    r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static(content_type));
+    Ok(r)
 }
 
-/// The comment saying where a request that started waiting at `since` is.
-fn place(rt: &AppState, model: &str, since: u64, priority: i32) -> Bytes {
+/// Where a request that started waiting at `since` is, in words.
+fn place(rt: &AppState, model: &str, since: u64, priority: i32) -> String {
     let waited = rt.lifecycle.now_ms().saturating_sub(since) / 1000;
-    Bytes::from(match rt.lifecycle.place(model, since, priority) {
-        (Some(State::Loaded), n) if n > 0 => format!(": queued {n}\n\n"),
-        (Some(State::Loaded), _) => ": starting\n\n".to_string(),
-        (Some(State::Unloading), _) => format!(": waiting for {model} to restart, {waited} s\n\n"),
-        _ => format!(": loading {waited} s\n\n"),
-    })
+    match rt.lifecycle.place(model, since, priority) {
+        (Some(State::Loaded), n) if n > 0 => format!("queued {n}"),
+        (Some(State::Loaded), _) => "starting".to_string(),
+        (Some(State::Unloading), _) => format!("waiting for {model} to restart, {waited} s"),
+        _ => format!("loading {waited} s"),
+    }
 }

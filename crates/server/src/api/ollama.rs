@@ -106,21 +106,59 @@ async fn serve(
 }
 
 async fn answer(rt: &AppState, model: &str, keep: Option<KeepAlive>, path: &str, body: Value, chat: bool) -> Answer {
-    let lease = lease(rt, model, endpoint(chat), keep).await?;
     if body["stream"] == true {
-        let t: Box<dyn dialects::StreamTranslator> = if chat {
-            Box::new(NdjsonStream::chat(model, &now()))
-        } else {
-            Box::new(NdjsonStream::generate(model, &now()))
-        };
-        return Ok(proxy::forward_translated(lease, path, &body, t).await?);
+        return Ok(streamed(rt, model, keep, path, body, chat).await?);
     }
+    let lease = lease(rt, model, endpoint(chat), keep).await?;
     let v = proxy::call_json(&lease, path, &body, true).await?;
     Ok(if chat {
         Json(dialect::chat_response(&v, model, &now())).into_response()
     } else {
         Json(dialect::generate_response(&v, model, &now())).into_response()
     })
+}
+
+/// A streamed answer: NDJSON lines as the model speaks. One that waits for its model (or a
+/// place on it) is answered at once, with a line each second that carries no text and says
+/// where it is in `lemonade_status` (`queued 2`, `loading 3 s`): Ollama's clients read it as
+/// an empty chunk. A failure after that is an `{"error": …}` line, as Ollama ends a stream.
+async fn streamed(
+    rt: &AppState,
+    model: &str,
+    keep: Option<KeepAlive>,
+    path: &str,
+    body: Value,
+    chat: bool,
+) -> Result<Response, ApiError> {
+    let priority = crate::waiting::priority_of(b"")?;
+    let (rt1, m, ep) = (rt.clone(), model.to_string(), endpoint(chat));
+    let lease =
+        async move { pulls::lease_with(&rt1, &m, LLM, ep, keep.map(KeepAlive::idle_timeout_ms), priority).await };
+    let (m, path) = (model.to_string(), path.to_string());
+    let answer = move |l: engine::Lease| async move {
+        let t: Box<dyn dialects::StreamTranslator> =
+            if chat { Box::new(NdjsonStream::chat(&m, &now())) } else { Box::new(NdjsonStream::generate(&m, &now())) };
+        proxy::forward_translated(l, &path, &body, t).await
+    };
+    crate::waiting::when_granted(rt, model, priority, lease, answer, ndjson_voice(model, chat)).await
+}
+
+/// Ollama's NDJSON as a waiting stream speaks it: an empty chunk with `lemonade_status`.
+fn ndjson_voice(model: &str, chat: bool) -> crate::waiting::Voice {
+    let m = model.to_string();
+    crate::waiting::Voice {
+        content_type: "application/x-ndjson",
+        place: Box::new(move |words| {
+            let mut line = json!({"model": m, "created_at": now(), "done": false, "lemonade_status": words});
+            if chat {
+                line["message"] = json!({"role": "assistant", "content": ""});
+            } else {
+                line["response"] = json!("");
+            }
+            bytes::Bytes::from(format!("{line}\n"))
+        }),
+        failure: Box::new(|e| bytes::Bytes::from(format!("{}\n", json!({"error": e.message()})))),
+    }
 }
 
 /// Chat (Ollama).
