@@ -221,6 +221,12 @@ pub struct LoadArgs {
     /// several to split it over (gpu0,gpu1).
     #[arg(long)]
     pub device: Option<String>,
+    /// llama.cpp: speculative decoding with this catalogue model as the draft (same vocabulary).
+    #[arg(long)]
+    pub draft_model: Option<String>,
+    /// FastFlowLM: extra `flm serve` flags (Lemonade v11's safe list: --pmode turbo, …).
+    #[arg(long, allow_hyphen_values = true)]
+    pub flm_args: Option<String>,
     /// llama.cpp backend for this load.
     #[arg(long, value_parser = ["cpu", "vulkan", "rocm", "metal", "system"])]
     pub llamacpp: Option<String>,
@@ -257,6 +263,8 @@ impl LoadArgs {
             ctx_size: self.ctx_size.map(Some),
             parallel: self.parallel.map(Some),
             device: self.device.clone().map(Some),
+            draft_model: self.draft_model.clone().map(Some),
+            flm_args: self.flm_args.clone().map(Some),
             llamacpp_backend: self.llamacpp.clone().map(Some),
             llamacpp_args: self.llamacpp_args.clone().map(Some),
             rpc_servers: self.rpc_servers.clone().map(Some),

@@ -723,8 +723,8 @@ async fn real_llama_server_a_draft_model_drafts_and_a_mismatched_vocabulary_is_r
     assert_eq!((s, e["error"]["param"].as_str()), (400, Some("draft_model")), "{e}");
     assert_eq!(entry(&l.get("/api/v1/health").await.1, SMOL)["pid"], pid, "a refused draft touches nothing");
 
-    let (s, v) = l.post("/api/v1/load", &json!({"model_name": SMOL, "draft_model": SMOL})).await;
-    assert_eq!(s, 200, "{v}");
+    let (code, out, err) = l.cli(&["load", SMOL, "--draft-model", SMOL]).await;
+    assert_eq!(code, 0, "{out}{err}");
     let drafted = entry(&l.get("/api/v1/health").await.1, SMOL).clone();
     let command = strs(&drafted["command"]).join(" ");
     assert!(command.contains(" -md ") && command.contains("-ngld 0"), "{command}");
