@@ -334,6 +334,14 @@ pub struct LoadRequest {
     #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable))]
     pub draft_model: Option<Option<String>>,
+    /// Requests this model serves at once (1 to 1024); the rest wait in lemonade's queue.
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u32>, nullable))]
+    pub max_concurrent: Option<Option<u32>>,
+    /// The model's priority (-10 to 10): among models waiting to load, a higher one loads first.
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<i32>, nullable))]
+    pub priority: Option<Option<i32>>,
     /// `cpu`, `vulkan`, `rocm`, `metal`, or `system` (the llama-server on PATH).
     #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable))]
@@ -419,6 +427,8 @@ impl LoadRequest {
         p.set.device = one(&mut p, K::Device, &self.device);
         p.set.flm_args = one(&mut p, K::FlmArgs, &self.flm_args);
         p.set.draft_model = one(&mut p, K::DraftModel, &self.draft_model);
+        p.set.max_concurrent = one(&mut p, K::MaxConcurrent, &self.max_concurrent);
+        p.set.priority = one(&mut p, K::Priority, &self.priority);
         p.set.llamacpp_backend = one(&mut p, K::LlamacppBackend, &self.llamacpp_backend);
         p.set.llamacpp_args = one(&mut p, K::LlamacppArgs, &self.llamacpp_args);
         p.set.rpc_servers = one(&mut p, K::RpcServers, &self.rpc_servers);

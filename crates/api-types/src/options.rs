@@ -132,6 +132,19 @@ load_options! {
     /// Seconds without a request before the model is unloaded (0 = never). Saved beside the
     /// recipe's options but no recipe's own: it never restarts a backend.
     idle_timeout: u64 = IdleTimeout "idle_timeout",
+    /// Requests the model serves at once (1 to 1024); the rest wait in lemonade's queue.
+    /// Unset: `--max-concurrent`, else the backend's slots. Like `idle_timeout`, saved beside
+    /// the recipe's options and never a restart.
+    max_concurrent: u32 = MaxConcurrent "max_concurrent",
+    /// The model's priority (-10 to 10, default 0): among models waiting to load, a higher one
+    /// loads first. Never a restart.
+    priority: i32 = Priority "priority",
+}
+
+impl OptionKey {
+    /// The options every model takes whatever its recipe: how the scheduler treats it, never
+    /// how its backend starts (a change never restarts it).
+    pub const SCHEDULING: [OptionKey; 3] = [OptionKey::IdleTimeout, OptionKey::MaxConcurrent, OptionKey::Priority];
 }
 
 /// A context size: a number of tokens, or `-1` on the wire: the largest context the model
@@ -280,7 +293,8 @@ mod tests {
         let v = json!({"ctx_size": 2048, "parallel": 2, "device": "gpu0,gpu1", "llamacpp_backend": "vulkan", "llamacpp_args": "-t 2",
             "rpc_servers": ["10.0.0.2:50052"], "sd-cpp_backend": "cpu", "steps": 4, "cfg_scale": 1.5,
             "width": 256, "height": 320, "whispercpp_backend": "cpu", "whispercpp_args": "-t 2",
-            "merge_args": false, "idle_timeout": 30, "flm_args": "--pmode turbo", "draft_model": "d"});
+            "merge_args": false, "idle_timeout": 30, "flm_args": "--pmode turbo", "draft_model": "d",
+            "max_concurrent": 2, "priority": 3});
         let o = LoadOptions::from_map(&map(v.clone())).unwrap();
         assert_eq!(o.sdcpp_backend.as_deref(), Some("cpu"));
         assert_eq!(o.rpc_servers, Some(vec!["10.0.0.2:50052".to_string()]));

@@ -41,6 +41,8 @@ pub fn defaults(recipe: Recipe) -> LoadOptions {
         width: Some(sdcpp::DEFAULT_SIZE),
         height: Some(sdcpp::DEFAULT_SIZE),
         idle_timeout: None,
+        max_concurrent: None,
+        priority: None,
     };
     o.keep(recipe.option_keys())
 }
@@ -105,6 +107,18 @@ pub fn check(o: &LoadOptions) -> Result<(), Invalid> {
     if let Some(d) = &o.device {
         device_ids(d)?;
     }
+    if let Some(n) = o.max_concurrent.filter(|n| !(1..=1024).contains(n)) {
+        return Err(invalid(
+            OptionKey::MaxConcurrent,
+            format!("Invalid value for 'max_concurrent': expected 1 to 1024, got {n}"),
+        ));
+    }
+    if let Some(p) = o.priority.filter(|p| !(-10..=10).contains(p)) {
+        return Err(invalid(
+            OptionKey::Priority,
+            format!("Invalid value for 'priority': expected -10 to 10 (higher loads first), got {p}"),
+        ));
+    }
     if o.draft_model.as_deref().is_some_and(|d| d.trim().is_empty() || d.len() > 512) {
         return Err(invalid(
             OptionKey::DraftModel,
@@ -158,7 +172,7 @@ pub const MAX_PARALLEL: u32 = 64;
 /// option of another recipe).
 pub fn check_keys(recipe: Recipe, keys: &[OptionKey]) -> Result<(), Invalid> {
     let takes = recipe.option_keys();
-    match keys.iter().find(|k| !takes.contains(k) && **k != OptionKey::IdleTimeout) {
+    match keys.iter().find(|k| !takes.contains(k) && !OptionKey::SCHEDULING.contains(k)) {
         Some(k) => Err(invalid(
             *k,
             format!(
@@ -167,7 +181,7 @@ pub fn check_keys(recipe: Recipe, keys: &[OptionKey]) -> Result<(), Invalid> {
                 takes
                     .iter()
                     .map(|k| k.as_str())
-                    .chain([OptionKey::IdleTimeout.as_str()])
+                    .chain(OptionKey::SCHEDULING.iter().map(|k| k.as_str()))
                     .collect::<Vec<_>>()
                     .join(", ")
             ),

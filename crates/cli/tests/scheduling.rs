@@ -763,3 +763,47 @@ async fn real_llama_server_an_ollama_stream_that_waits_says_where_it_is_and_the_
     assert_eq!(l.post("/api/v1/unload", &json!({})).await.0, 200);
     py_checks("ollama_waiting_client.py", &[&l.url(""), GEMMA]).await;
 }
+
+/// Per-model scheduling options, on real llama-server: `max_concurrent` saved for a model
+/// holds it to one request at a time (the second waits) without touching other models, and
+/// changing it never restarts the backend; `priority` is saved beside it; bad values are 400s
+/// naming them.
+#[tokio::test]
+async fn real_llama_server_per_model_max_concurrent_and_priority_are_saved_and_applied_without_a_restart() {
+    let l = Lemonade::start(bin(), &[]).await;
+    let (s, v) = l.post(&format!("/api/v1/models/{SMOL}/options"), &json!({"max_concurrent": 1, "priority": 5})).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!((v["saved"]["max_concurrent"].clone(), v["saved"]["priority"].clone()), (json!(1), json!(5)), "{v}");
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL})).await.0, 200);
+    let pid = entry(&l.get("/api/v1/health").await.1, SMOL)["pid"].clone();
+    let (_, st) = l.get("/api/v1/scheduler").await;
+    let m = st["models"].as_array().unwrap().iter().find(|m| m["model_name"] == SMOL).unwrap().clone();
+    assert_eq!(m["max_concurrent"], 1, "{m}");
+    let a = stream(&l, SMOL, 200).await;
+    let (http, url) = (l.http.clone(), l.url("/api/v1/chat/completions"));
+    let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let second = tokio::spawn(async move { http.post(url).json(&body).send().await.unwrap().status().as_u16() });
+    let seen = wait_for(Duration::from_secs(10), || async {
+        let e = entry(&l.get("/api/v1/health").await.1, SMOL).clone();
+        (e["in_flight"] == 1 && e["queued"] == 1).then_some(())
+    })
+    .await;
+    assert!(seen.is_some(), "one at a time: {}", l.get("/api/v1/health").await.1);
+    assert!(a.text().await.unwrap().contains("[DONE]"));
+    assert_eq!(second.await.unwrap(), 200);
+    // A load that raises it applies at once, on the same backend.
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL, "max_concurrent": 3})).await.0, 200);
+    let e = entry(&l.get("/api/v1/health").await.1, SMOL).clone();
+    assert_eq!(e["pid"], pid, "no restart: {e}");
+    let (_, st) = l.get("/api/v1/scheduler").await;
+    let m = st["models"].as_array().unwrap().iter().find(|m| m["model_name"] == SMOL).unwrap().clone();
+    assert_eq!(m["max_concurrent"], 3, "{m}");
+    for (bad, param) in [(json!({"max_concurrent": 0}), "max_concurrent"), (json!({"priority": 11}), "priority")] {
+        let mut body = bad.clone();
+        body["model_name"] = json!(SMOL);
+        let (s, e) = l.post("/api/v1/load", &body).await;
+        assert_eq!((s, e["error"]["param"].as_str()), (400, Some(param)), "{bad}: {e}");
+        let (s, e) = l.post(&format!("/api/v1/models/{SMOL}/options"), &bad).await;
+        assert_eq!((s, e["error"]["param"].as_str()), (400, Some(param)), "{bad}: {e}");
+    }
+}

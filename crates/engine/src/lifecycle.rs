@@ -137,6 +137,15 @@ pub struct SchedulerView {
     pub limits: scheduler::Limits,
 }
 
+/// A load's scheduling settings for its model, over the saved ones (None: the saved value, else
+/// the server's): its idle timeout (`Some(None)`: the server's), requests at once, priority.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Scheduling {
+    pub idle_timeout_s: Option<Option<u64>>,
+    pub max_concurrent: Option<u32>,
+    pub priority: Option<i32>,
+}
+
 /// How long after it arrives a request is in the scheduler's queue, at most (for its place).
 pub const PLACE_SLACK_MS: u64 = 100;
 
@@ -456,7 +465,7 @@ impl Lifecycle {
 
     /// What a load of `info` with `options` would do now (a dry run on a copy of the machine).
     pub async fn plan(&self, info: &ModelInfo, options: &Opts) -> (scheduler::Plan, ModelRef) {
-        let model = self.model_ref(info, options, None);
+        let model = self.model_ref(info, options, Scheduling::default());
         let (answer, rx) = oneshot::channel();
         let _ = self.plans.send((model.clone(), options.clone(), answer));
         let none = || scheduler::Plan {
@@ -476,16 +485,21 @@ impl Lifecycle {
 
     /// What the scheduler needs to know of `info` when it runs with `options`: its memory
     /// estimate, its concurrency and its idle timeout (`idle_timeout_s`, else the saved one).
-    fn model_ref(&self, info: &ModelInfo, options: &Opts, idle_timeout_s: Option<Option<u64>>) -> ModelRef {
+    fn model_ref(&self, info: &ModelInfo, options: &Opts, over: Scheduling) -> ModelRef {
         let options = &self.with_ctx_resolved(info, options);
         let mut m = ModelRef::new(&info.name, info.model_type, info.device() == "npu");
-        let idle = idle_timeout_s.unwrap_or_else(|| self.catalogue.registry().saved_idle_timeout(info));
+        let reg = self.catalogue.registry();
+        let idle = over.idle_timeout_s.unwrap_or_else(|| reg.saved_idle_timeout(info));
+        let (saved_max, saved_priority) = reg.saved_scheduling(info);
+        drop(reg);
         m.idle_timeout_ms = idle.map(|s| s.saturating_mul(1000));
-        m.max_concurrent = self.cfg.max_concurrent;
+        let own_max = over.max_concurrent.or(saved_max);
+        m.max_concurrent = own_max.or(self.cfg.max_concurrent);
+        m.model_priority = over.priority.or(saved_priority).unwrap_or(0);
         m.placement = crate::devices::placement(options);
         if info.recipe == Recipe::LlamaCpp {
             let s = backends::llamacpp::cache_settings(options, info.model_type);
-            m.max_concurrent = Some(self.cfg.max_concurrent.unwrap_or(s.slots));
+            m.max_concurrent = Some(own_max.or(self.cfg.max_concurrent).unwrap_or(s.slots));
             // No shape (the header could not be read): counted as nothing; the start says why.
             let input = registry::memory::EstimateInput {
                 ctx_size: u32::try_from(s.kv_cells).unwrap_or(u32::MAX),
@@ -608,7 +622,7 @@ impl Lifecycle {
     ) -> std::result::Result<Lease, Acquired> {
         let name = info.name.as_str();
         let options = self.effective_options(info, &OptionsPatch::default());
-        let mut model = self.model_ref(info, &options, None);
+        let mut model = self.model_ref(info, &options, Scheduling::default());
         model.priority = priority;
         if let Some(ms) = keep_alive {
             (model.idle_timeout_ms, model.sets_idle_timeout) = (Some(ms), true);
@@ -641,14 +655,8 @@ impl Lifecycle {
 
     /// Loads `info` with `options` (reloading it when loaded with other options); `pin` pins
     /// or unpins it, `idle_timeout_s` sets its own idle timeout.
-    pub async fn load(
-        &self,
-        info: &ModelInfo,
-        options: Opts,
-        pin: Option<bool>,
-        idle_timeout_s: Option<Option<u64>>,
-    ) -> LoadOutcome {
-        let model = self.model_ref(info, &options, idle_timeout_s);
+    pub async fn load(&self, info: &ModelInfo, options: Opts, pin: Option<bool>, over: Scheduling) -> LoadOutcome {
+        let model = self.model_ref(info, &options, over);
         let (req, rx) = self.request();
         match self.ask(req, rx, Event::Load { req, model, options, pin }).await {
             Answer::Load(r) => r,
@@ -659,7 +667,7 @@ impl Lifecycle {
     /// The admin API's load of `info` with `options` (`overrides`: they include runtime-only
     /// overrides), its conditions decided by the owner (see `scheduler::Event::AdminLoad`).
     pub async fn admin_load(&self, info: &ModelInfo, options: Opts, overrides: bool) -> LoadOutcome {
-        let model = self.model_ref(info, &options, None);
+        let model = self.model_ref(info, &options, Scheduling::default());
         let (req, rx) = self.request();
         match self.ask(req, rx, Event::AdminLoad { req, model, options, overrides }).await {
             Answer::Load(r) => r,

@@ -269,7 +269,12 @@ pub async fn load(rt: &Engine, req: &LoadRequest) -> Result<ModelInfo> {
     }
     let effective = rt.lifecycle.effective_options(&info, &opts);
     crate::draft::check(&rt.catalogue, &info, &effective)?;
-    EngineError::from_load(&info.name, rt.lifecycle.load(&info, effective, req.pinned, req.idle_timeout).await)?;
+    let over = crate::lifecycle::Scheduling {
+        idle_timeout_s: req.idle_timeout,
+        max_concurrent: opts.set.max_concurrent,
+        priority: opts.set.priority,
+    };
+    EngineError::from_load(&info.name, rt.lifecycle.load(&info, effective, req.pinned, over).await)?;
     Ok(info)
 }
 
@@ -352,7 +357,7 @@ pub fn preload(rt: &Engine) {
                 let info = rt.catalogue.get(&name)?;
                 let info = ensure_downloaded(&rt, &info).await?;
                 let options = rt.lifecycle.effective_options(&info, &Default::default());
-                EngineError::from_load(&name, rt.lifecycle.load(&info, options, None, None).await)
+                EngineError::from_load(&name, rt.lifecycle.load(&info, options, None, Default::default()).await)
             }
             .await;
             rt.lifecycle.done_preloading(&name);

@@ -63,7 +63,7 @@ impl Setup {
     async fn load(&self, model: &str, pin: Option<bool>) -> LoadOutcome {
         let info = self.engine.catalogue.get(model).unwrap();
         let options = self.engine.lifecycle.effective_options(&info, &Default::default());
-        self.engine.lifecycle.load(&info, options, pin, None).await
+        self.engine.lifecycle.load(&info, options, pin, Default::default()).await
     }
 }
 
@@ -124,7 +124,7 @@ async fn an_unload_during_a_load_cancels_it_and_stops_the_starting_process() {
         tokio::spawn(async move {
             let info = e.catalogue.get(A).unwrap();
             let o = e.lifecycle.effective_options(&info, &Default::default());
-            e.lifecycle.load(&info, o, None, None).await
+            e.lifecycle.load(&info, o, None, Default::default()).await
         })
     };
     assert!(s.launcher.wait_until(WITHIN, |l| l.processes(A).len() == 1).await, "the load spawned its process");

@@ -469,6 +469,11 @@ impl Registry {
     }
 
     /// Saved options of a model (`recipe_options.json`), filtered to its recipe's keys.
+    /// The `max_concurrent` and `priority` saved for `m`.
+    pub fn saved_scheduling(&self, m: &ModelInfo) -> (Option<u32>, Option<i32>) {
+        self.recipe_options.get(&m.name).map_or((None, None), |o| (o.max_concurrent, o.priority))
+    }
+
     /// The idle timeout saved for `m` with `save_options` (seconds; 0 = never).
     pub fn saved_idle_timeout(&self, m: &ModelInfo) -> Option<u64> {
         self.recipe_options.get(&m.name)?.idle_timeout

@@ -60,6 +60,9 @@ pub struct ModelRef {
     pub priority: i32,
     /// The devices it asks to run on (the `device` load option).
     pub placement: Placement,
+    /// The model's own priority (its saved `priority`): among the models waiting to load, a
+    /// higher one loads first (equal ones in the order asked). 0 by default.
+    pub model_priority: i32,
 }
 
 impl ModelRef {
@@ -75,6 +78,7 @@ impl ModelRef {
             sets_idle_timeout: false,
             priority: 0,
             placement: Placement::Auto,
+            model_priority: 0,
         }
     }
 
@@ -852,7 +856,10 @@ impl<O: Clone + PartialEq> Machine<O> {
             if front {
                 self.queue.push_front(name.to_string());
             } else {
-                self.queue.push_back(name.to_string());
+                // Behind the models of its priority and above, ahead of those below.
+                let p = self.models[name].model.model_priority;
+                let at = self.queue.iter().position(|q| self.models.get(q).is_some_and(|e| e.model.model_priority < p));
+                self.queue.insert(at.unwrap_or(self.queue.len()), name.to_string());
             }
         }
     }
@@ -995,7 +1002,10 @@ impl<O: Clone + PartialEq> Machine<O> {
                 // Same backend: only its own settings change.
                 e.last_use = now;
                 e.idle_timeout_ms = e.model.idle_timeout_ms;
-                self.out.push(Effect::LoadDone { req, model: name, result: LoadOutcome::Loaded });
+                e.max_concurrent = e.model.max_concurrent;
+                self.out.push(Effect::LoadDone { req, model: name.clone(), result: LoadOutcome::Loaded });
+                // A higher `max_concurrent` lets waiting requests in at once.
+                self.grant_waiting(&name);
             }
             State::Loaded => {
                 // Reload in place: the same model gives up its slot and takes it back.

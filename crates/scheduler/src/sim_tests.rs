@@ -188,6 +188,7 @@ impl Sim {
                 _ => None,
             };
             r.max_concurrent = rng.chance(40).then(|| 1 + rng.below(3) as u32);
+            r.model_priority = rng.below(3) as i32 - 1;
             // Some ask for devices of their own: one GPU, a split over several, an NPU.
             let kind: Vec<&Device> = draw.devices.iter().filter(|d| d.npu == npu).collect();
             if !kind.is_empty() && rng.chance(30) {
@@ -1925,4 +1926,25 @@ fn a_load_onto_an_unknown_device_is_refused_before_the_loaded_model_is_touched()
         "{fx:?}"
     );
     assert_eq!(d.state("chat"), State::Loaded);
+}
+
+#[test]
+fn among_models_waiting_to_load_the_higher_model_priority_loads_first() {
+    let mut d = Drive::new(1);
+    let ask = |d: &mut Drive, name: &str, p: i32| {
+        let req = d.req();
+        let model = ModelRef { model_priority: p, ..llm(name) };
+        d.ev(Event::Acquire { req, model, auto_load: Some(0) });
+        req
+    };
+    let a = ask(&mut d, "a", 0);
+    let _b = ask(&mut d, "b", 0);
+    let _c = ask(&mut d, "c", 5);
+    assert_eq!(d.m.load_queue(), ["a", "c", "b"], "c goes ahead of b");
+    d.ev(Event::Started { model: "a".into(), result: Ok(()) });
+    d.ev(Event::Release { req: a });
+    assert_eq!(
+        d.ev(Event::Stopped { model: "a".into() }),
+        vec![Effect::Start { model: "c".into(), options: 0, devices: Shares::new() }]
+    );
 }
