@@ -89,10 +89,10 @@ pub fn check(o: &LoadOptions) -> Result<(), Invalid> {
             code: Some("invalid_whispercpp_args"),
         })?;
     }
-    if let Some(n) = o.parallel.filter(|n| !(1..=MAX_PARALLEL).contains(n)) {
+    if let Some(n) = o.parallel.filter(|n| *n > MAX_PARALLEL) {
         return Err(invalid(
             OptionKey::Parallel,
-            format!("Invalid value for 'parallel': expected 1 to {MAX_PARALLEL}, got {n}"),
+            format!("Invalid value for 'parallel': expected 1 to {MAX_PARALLEL}, or 0 for as many as memory allows, got {n}"),
         ));
     }
     let args = o.llamacpp_args.as_deref().and_then(|a| llamacpp::tokenize(a).ok()).unwrap_or_default();
@@ -213,7 +213,6 @@ mod tests {
             (LoadOptions { llamacpp_args: Some("--port 9".into()), ..Default::default() }, OptionKey::LlamacppArgs),
             (LoadOptions { rpc_servers: Some(vec!["nope".into()]), ..Default::default() }, OptionKey::RpcServers),
             (LoadOptions { steps: Some(0), ..Default::default() }, OptionKey::Steps),
-            (LoadOptions { parallel: Some(0), ..Default::default() }, OptionKey::Parallel),
             (LoadOptions { parallel: Some(65), ..Default::default() }, OptionKey::Parallel),
             (
                 LoadOptions { parallel: Some(2), llamacpp_args: Some("-np 4".into()), ..Default::default() },

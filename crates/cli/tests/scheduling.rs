@@ -354,6 +354,20 @@ async fn real_llama_server_parallel_slots_each_get_their_context_and_are_counted
     assert!(ta.contains("[DONE]") && tb.contains("[DONE]"));
     assert_eq!(third.await.unwrap(), 200);
 
+    // `parallel: 0`: as many slots as the memory budget holds (8 for SmolLM2 here), each with
+    // its own context.
+    let (s, v) = l.post("/api/v1/load", &json!({"model_name": SMOL, "ctx_size": 1024, "parallel": 0})).await;
+    assert_eq!(s, 200, "{v}");
+    let auto = entry(&l.get("/api/v1/health").await.1, SMOL).clone();
+    assert_eq!(
+        (auto["parallel"].clone(), auto["slot_ctx_size"].clone(), auto["kv_cells"].clone()),
+        (json!(8), json!(1024), json!(8192)),
+        "{auto}"
+    );
+    assert!(strs(&auto["command"]).join(" ").contains("--parallel 8 --kv-unified-per-slot 1024"), "{auto}");
+    let (s, v) = l.post("/api/v1/load", &json!({"model_name": SMOL, "ctx_size": 1024, "parallel": 2})).await;
+    assert_eq!(s, 200, "{v}");
+
     // Longer than a slot: refused at once, with both numbers.
     let long =
         json!({"model": SMOL, "messages": [{"role": "user", "content": "lemon ".repeat(1500)}], "max_tokens": 2});
@@ -367,7 +381,7 @@ async fn real_llama_server_parallel_slots_each_get_their_context_and_are_counted
     assert!(e["error"]["message"].as_str().unwrap().contains("(1024 tokens)"), "{e}");
 
     // Bad values name the option.
-    for bad in [json!({"parallel": 0}), json!({"parallel": 65}), json!({"parallel": 2, "llamacpp_args": "-np 4"})] {
+    for bad in [json!({"parallel": -1}), json!({"parallel": 65}), json!({"parallel": 2, "llamacpp_args": "-np 4"})] {
         let mut body = bad.clone();
         body["model_name"] = json!(SMOL);
         let (s, e) = l.post("/api/v1/load", &body).await;

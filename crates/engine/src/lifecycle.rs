@@ -793,14 +793,45 @@ impl Lifecycle {
         }
     }
 
-    /// `options` with an automatic context size (`-1`) resolved to a number of tokens.
+    /// `options` with automatic slots (`parallel: 0`) and an automatic context size (`-1`)
+    /// resolved, in that order.
     fn with_ctx_resolved(&self, info: &ModelInfo, options: &Opts) -> Opts {
-        match options.ctx_size {
-            Some(CtxSize::Auto) => {
-                LoadOptions { ctx_size: Some(CtxSize::Tokens(self.ctx_size(info, options))), ..options.clone() }
-            }
-            _ => options.clone(),
+        let mut o = options.clone();
+        if o.parallel == Some(0) {
+            o.parallel = Some(self.auto_parallel(info, &o));
         }
+        if o.ctx_size == Some(CtxSize::Auto) {
+            o.ctx_size = Some(CtxSize::Tokens(self.ctx_size(info, &o)));
+        }
+        o
+    }
+
+    /// `parallel: 0`: the most slots (8, 4, 2, else 1), each with the context asked for (the
+    /// default when that is automatic too), whose whole KV cache fits with the weights in the
+    /// budget of the pool the model lands in; 4 with no budget, or for a model whose header
+    /// could not be read.
+    fn auto_parallel(&self, info: &ModelInfo, options: &Opts) -> u32 {
+        let Some(shape) = info.shape else { return 4 };
+        let ctx = match options.ctx_size {
+            Some(CtxSize::Tokens(n)) => n,
+            _ => backends::llamacpp::DEFAULT_CTX_SIZE,
+        };
+        let s = backends::llamacpp::cache_settings(options, info.model_type);
+        let offloaded = backends::llamacpp::offloads(&backends::backend_of(info.recipe, options));
+        let settings = self.scheduler_view().settings;
+        let budget = if offloaded { settings.vram_budget.flatten() } else { settings.memory_budget.flatten() };
+        let Some(budget) = budget else { return 4 };
+        let fits = |n: u32| {
+            let input = registry::memory::EstimateInput {
+                ctx_size: ctx.saturating_mul(n),
+                slots: n,
+                cache_type_k: &s.cache_type_k,
+                cache_type_v: &s.cache_type_v,
+            };
+            let placed = registry::memory::estimate(&shape, &input).placed(offloaded);
+            (if offloaded { placed.vram } else { placed.memory }) <= budget
+        };
+        [8, 4, 2].into_iter().find(|n| fits(*n)).unwrap_or(1)
     }
 
     fn answer(&self, req: ReqId, a: Answer) -> bool {
@@ -938,7 +969,8 @@ impl Lifecycle {
         let running = Arc::new(Running {
             info,
             backend: backend.clone(),
-            options,
+            // As started: automatic slots and context resolved.
+            options: launched_with,
             stats: Mutex::new(Stats::default()),
             seq: self.seq.fetch_add(1, Ordering::Relaxed),
             wedged: std::sync::atomic::AtomicBool::new(false),

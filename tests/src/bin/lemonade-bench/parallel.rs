@@ -1,7 +1,8 @@
 //! Parallel slots: aggregate decode tokens/s of 4 and 8 concurrent clients streaming SmolLM2
-//! through lemonade with `parallel` = the number of clients, with `parallel: 1` (Lemonade's
-//! pinned default after its #3276) and with llama-server's own default (4 slots sharing one
-//! context), all in the same run on the same server.
+//! through lemonade with `parallel: 0` (auto: as many slots as the memory budget holds), with
+//! `parallel` = the number of clients, with `parallel: 1` (Lemonade's pinned default after its
+//! #3276) and with llama-server's own default (4 slots sharing one context), all in the same
+//! run on the same server.
 
 use std::path::Path;
 use std::time::Instant;
@@ -47,8 +48,12 @@ pub async fn parallel(bin: &Path) -> anyhow::Result<Value> {
     println!("|---:|---|---:|---:|");
     for clients in [4usize, 8] {
         let mut row = serde_json::Map::new();
-        let configs: [(&str, Value); 3] =
-            [("parallel_1", json!(1)), ("llama_server_default", Value::Null), ("parallel_clients", json!(clients))];
+        let configs: [(&str, Value); 4] = [
+            ("parallel_1", json!(1)),
+            ("llama_server_default", Value::Null),
+            ("parallel_auto", json!(0)),
+            ("parallel_clients", json!(clients)),
+        ];
         for (label, parallel) in configs {
             let body = json!({"model_name": SMOL, "ctx_size": 512, "parallel": parallel});
             let (s, v) = l.post("/api/v1/load", &body).await;
@@ -64,6 +69,7 @@ pub async fn parallel(bin: &Path) -> anyhow::Result<Value> {
         for (label, name) in [
             ("parallel_1", "`parallel: 1`".to_string()),
             ("llama_server_default", "llama-server's default (4 shared)".into()),
+            ("parallel_auto", "`parallel: 0` (auto: 8 here)".into()),
             ("parallel_clients", format!("`parallel: {clients}`")),
         ] {
             let v = row[label].as_f64().unwrap_or(0.0);
