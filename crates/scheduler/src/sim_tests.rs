@@ -444,6 +444,11 @@ impl Sim {
         }
     }
 
+    /// Whether the backend of `name` holds memory on `device`.
+    fn holds(&self, name: &str, device: &str) -> bool {
+        self.placed.get(name).and_then(|s| s.get(device)).is_some_and(|b| *b > 0)
+    }
+
     /// Whether the backend of `name` was started on `device`.
     fn on(&self, name: &str, device: &str) -> bool {
         self.placed.get(name).is_some_and(|s| s.contains_key(device))
@@ -590,8 +595,12 @@ impl Sim {
                     // No evict-all: only the next queued load may take a slot, in one type.
                     let types: BTreeSet<ModelType> =
                         gave_way.iter().filter(|n| !self.model(n).npu).map(|n| self.model(n).model_type).collect();
-                    // (With a memory budget the next load may take models of any type.)
-                    if types.len() > 1 && self.draw.budget.is_none() && self.draw.vram_budget.is_none() {
+                    // (With a memory budget, or a device's, the next load may take models of any
+                    // type; invariant 20 judges each of those.)
+                    let budgets = self.draw.budget.is_some()
+                        || self.draw.vram_budget.is_some()
+                        || self.draw.devices.iter().any(|d| d.budget.is_some());
+                    if types.len() > 1 && !budgets {
                         self.fail(&format!("{model}'s final failed start evicted {gave_way:?}"));
                     }
                 }
@@ -691,8 +700,11 @@ impl Sim {
                     && !self.pinned.contains(*n)
                     // A victim that gave way for VRAM passes over models that take none.
                     && Pool::ALL.iter().all(|p| vm.size(*p) == 0 || self.model(n).size(*p) > 0)
-                    // Nor one on a device other than those that were short.
-                    && self.placed.get(v.as_str()).is_none_or(|s| s.keys().all(|d| self.on(n, d)))
+                    // Nor one that holds nothing on a device the victim holds memory on (making
+                    // room there takes only models that free some of it).
+                    && self.placed.get(v.as_str()).is_none_or(|s| {
+                        s.iter().filter(|(_, b)| **b > 0).all(|(d, _)| self.holds(n, d))
+                    })
             });
             if let Some((n, s)) = kept {
                 self.fail(&format!("{v} {vk:?} was evicted while {n} {:?} stayed", key(s)));
