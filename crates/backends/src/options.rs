@@ -107,13 +107,13 @@ pub fn check(o: &LoadOptions) -> Result<(), Invalid> {
     if let Some(d) = &o.device {
         device_ids(d)?;
     }
-    if let Some(n) = o.max_concurrent.filter(|n| !(1..=1024).contains(n)) {
+    if let Some(n) = o.max_concurrent.filter(|n| !MAX_CONCURRENT.contains(n)) {
         return Err(invalid(
             OptionKey::MaxConcurrent,
             format!("Invalid value for 'max_concurrent': expected 1 to 1024, got {n}"),
         ));
     }
-    if let Some(p) = o.priority.filter(|p| !(-10..=10).contains(p)) {
+    if let Some(p) = o.priority.filter(|p| !PRIORITIES.contains(p)) {
         return Err(invalid(
             OptionKey::Priority,
             format!("Invalid value for 'priority': expected -10 to 10 (higher loads first), got {p}"),
@@ -164,6 +164,12 @@ pub fn device_ids(v: &str) -> Result<Vec<String>, Invalid> {
     }
     Ok(ids)
 }
+
+/// The priorities a model or a request may have (higher goes first); 0 by default.
+pub const PRIORITIES: std::ops::RangeInclusive<i32> = -10..=10;
+
+/// What a model's `max_concurrent` may be.
+pub const MAX_CONCURRENT: std::ops::RangeInclusive<u32> = 1..=1024;
 
 /// The most slots `parallel` may ask for.
 pub const MAX_PARALLEL: u32 = 64;

@@ -416,6 +416,15 @@ async fn real_llama_server_a_waiting_stream_says_where_it_is_with_sse_comments()
     let first_data = wa.find("data: ").unwrap();
     assert!(wa[..first_data].contains(": queued 1\n\n"), "{wa}");
     assert!(wa.trim_end().ends_with("data: [DONE]"), "{wa}");
+    // While the model loads, a request behind another is told its place in line as well.
+    assert_eq!(l.post("/api/v1/unload", &json!({})).await.0, 200);
+    // (The first is answered once it has waited 250 ms, in line by then; Gemma takes longer
+    // than that to load.)
+    let first = stream(&l, GEMMA, 2).await;
+    let second = stream(&l, GEMMA, 2).await;
+    let (_, tb) = tokio::join!(all_of(first), all_of(second));
+    let comments = &tb[..tb.find("data: ").unwrap()];
+    assert!(comments.starts_with(": loading 0 s, queued 2\n\n"), "the second in line while loading: {tb}");
     // The SDK ignores the comments (the model loads again after an unload).
     assert_eq!(l.post("/api/v1/unload", &json!({})).await.0, 200);
     py_checks("queued_client.py", &[&l.url(""), SMOL]).await;

@@ -171,7 +171,7 @@ fn override_value(req: &AdminLoadRequest) -> Value {
 pub async fn load(rt: &Engine, name: &str, req: &AdminLoadRequest) -> Result<AdminModel> {
     let info = rt.catalogue.get(name)?;
     let opts = overrides(req)?;
-    if !info.downloaded {
+    if !info.loads_without_pull() {
         return Err(invalid(format!("Model '{name}' is not downloaded")));
     }
     let effective = with_overrides(rt.lifecycle.effective_options(&info, &Default::default()), &opts);

@@ -224,29 +224,30 @@ impl RealLauncher {
     async fn flm_ready(&self, flm: &std::path::Path, checkpoint: &str) -> Result<(), StartFailure> {
         use backends::flm;
         let fatal = |m: String| StartFailure::Fatal(self.cfg.redact_here(&m));
-        let validate = host::supervisor::run_once(flm, &flm::validate_args(), Duration::from_secs(60)).await;
-        match validate {
-            Ok((Some(0), _)) => {}
-            Ok((code, out)) => {
-                return Err(fatal(format!(
-                    "FLM NPU validation failed (flm validate exited {}): {}\nVisit {} for driver installation instructions.",
-                    code.map_or("on a signal".into(), |c| c.to_string()),
-                    out.trim(),
-                    flm::DRIVER_INSTALL_URL
-                )))
-            }
-            Err(e) => return Err(fatal(format!("flm validate: {e}"))),
+        if let Some(why) = failure_of(flm, &flm::validate_args(), Duration::from_secs(60)).await {
+            return Err(fatal(format!(
+                "FLM NPU validation failed ({why})\nVisit {} for driver installation instructions.",
+                flm::DRIVER_INSTALL_URL
+            )));
         }
-        let within = self.cfg.live.pull_timeout();
-        match host::supervisor::run_once(flm, &flm::pull_args(checkpoint), within).await {
-            Ok((Some(0), _)) => Ok(()),
-            Ok((code, out)) => Err(fatal(format!(
-                "flm pull {checkpoint} failed (exit {}): {}",
-                code.map_or("on a signal".into(), |c| c.to_string()),
-                out.trim()
-            ))),
-            Err(e) => Err(fatal(format!("flm pull {checkpoint}: {e}"))),
+        match failure_of(flm, &flm::pull_args(checkpoint), self.cfg.live.pull_timeout()).await {
+            Some(why) => Err(fatal(format!("FLM pull failed ({why})"))),
+            None => Ok(()),
         }
+    }
+}
+
+/// Runs `program args` to its end within `within`: None when it exits 0, else the command, how
+/// it ended and what it printed.
+async fn failure_of(program: &std::path::Path, args: &[String], within: Duration) -> Option<String> {
+    let name = program.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let shown = format!("{name} {}", args.join(" "));
+    match host::supervisor::run_once(program, args, within).await {
+        Ok((Some(0), _)) => None,
+        Ok((code, out)) => {
+            Some(format!("{shown} exited {}: {}", code.map_or("on a signal".into(), |c| c.to_string()), out.trim()))
+        }
+        Err(e) => Some(format!("{shown}: {e}")),
     }
 }
 

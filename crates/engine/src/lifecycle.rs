@@ -228,6 +228,17 @@ impl Lease {
         }
     }
 
+    /// The model id the upstream serves it under, where that is not lemonade's name for it: a
+    /// remote provider's own id, or FLM's tag (`gemma3:1b`); None for llama.cpp and the rest,
+    /// which answer to any name.
+    pub fn upstream_model(&self) -> Option<&str> {
+        match &self.target {
+            Target::Local { model, .. } if model.info.recipe == Recipe::Flm => Some(&model.info.checkpoint),
+            Target::Local { .. } => None,
+            Target::Remote(r) => Some(&r.id),
+        }
+    }
+
     /// The local backend, when the model runs here.
     pub fn local(&self) -> Option<&Arc<Running>> {
         match &self.target {
@@ -491,6 +502,8 @@ impl Lifecycle {
         let reg = self.catalogue.registry();
         let idle = over.idle_timeout_s.unwrap_or_else(|| reg.saved_idle_timeout(info));
         let (saved_max, saved_priority) = reg.saved_scheduling(info);
+        // The draft's header facts, read under the same lock (no copy of its entry).
+        let draft = options.draft_model.as_deref().and_then(|d| reg.get(d).ok()?.shape);
         drop(reg);
         m.idle_timeout_ms = idle.map(|s| s.saturating_mul(1000));
         let own_max = over.max_concurrent.or(saved_max);
@@ -513,7 +526,6 @@ impl Lifecycle {
             (m.memory, m.vram) = (placed.memory, placed.vram);
             // A draft model runs in the same process, with a context as large, where the model
             // runs: its estimate is added to the model's.
-            let draft = options.draft_model.as_deref().and_then(|d| self.catalogue.get(d).ok()).and_then(|d| d.shape);
             if let Some(shape) = draft {
                 let d = registry::memory::estimate(&shape, &input).placed(offloaded);
                 (m.memory, m.vram) = (m.memory + d.memory, m.vram + d.vram);

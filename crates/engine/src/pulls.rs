@@ -154,8 +154,7 @@ fn hub_error(e: HubError) -> EngineError {
 /// not downloaded pull it first, as v9), waiting at most `cfg.pull_timeout`. Returns the
 /// model as the refreshed catalogue sees it.
 pub async fn ensure_downloaded(rt: &Engine, m: &ModelInfo) -> Result<ModelInfo> {
-    // FLM keeps its own models: its load runs `flm pull` (see `launcher`).
-    if m.downloaded || m.recipe == backends::Recipe::Flm {
+    if m.loads_without_pull() {
         return Ok(m.clone());
     }
     tracing::info!(model = %m.name, checkpoint = %m.checkpoint, "model not downloaded: pulling it before loading");
@@ -291,7 +290,7 @@ pub async fn lease_at(rt: &Engine, name: &str, want: &[ModelType], endpoint: &st
 }
 
 /// The priorities a request may ask for (`priority` in its body); 0 by default.
-pub const PRIORITIES: std::ops::RangeInclusive<i32> = -10..=10;
+pub const PRIORITIES: std::ops::RangeInclusive<i32> = backends::options::PRIORITIES;
 
 /// [`lease`], setting the model's idle timeout (ms; 0 = never) when `keep_alive` is given.
 pub async fn lease_keeping(
@@ -334,7 +333,7 @@ pub async fn lease_with(
         }
     }
     let info = rt.lifecycle.model_for(name, want, endpoint)?;
-    let info = match (info.downloaded || info.recipe == backends::Recipe::Flm, rt.cfg.auto_load) {
+    let info = match (info.loads_without_pull(), rt.cfg.auto_load) {
         (true, _) => info,
         (false, true) => ensure_downloaded(rt, &info).await?,
         (false, false) => return Err(EngineError::not_downloaded(name)),

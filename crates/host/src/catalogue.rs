@@ -152,7 +152,7 @@ pub fn load_with(cfg: &CatalogueConfig, headers: Option<&HeaderCache>) -> Result
         extra_models_dir: cfg.extra_models_dir.clone(),
         physical_memory_gb: cfg.physical_memory_gb,
         disable_filtering: cfg.disable_filtering,
-        xdna2_npu: crate::hardware::hardware().xdna2_npu,
+        xdna2_npu: crate::hardware::detected().hw.xdna2_npu,
     };
     Ok(Registry::build(&rcfg, user, &CacheFiles { hf_cache: &cfg.hf_cache, headers })?)
 }

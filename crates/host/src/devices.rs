@@ -16,6 +16,15 @@ pub struct NvidiaGpu {
     pub name: String,
     pub total_bytes: u64,
     pub used_bytes: u64,
+    /// What NVML reports free (total less used and reserved); the stand-in may leave it out.
+    #[serde(default)]
+    pub free_bytes: Option<u64>,
+}
+
+impl NvidiaGpu {
+    pub fn free(&self) -> u64 {
+        self.free_bytes.unwrap_or(self.total_bytes.saturating_sub(self.used_bytes))
+    }
 }
 
 /// The stand-in root, if one is set.
@@ -50,10 +59,10 @@ pub fn enumerate(sys: &Path, nvidia: Vec<NvidiaGpu>) -> Vec<ComputeDevice> {
             id: format!("gpu{}", out.len()),
             kind: "gpu".into(),
             vendor: "nvidia".into(),
+            free_bytes: Some(g.free()),
             name: g.name,
             integrated: false,
             total_bytes: g.total_bytes,
-            free_bytes: Some(g.total_bytes.saturating_sub(g.used_bytes)),
             cuda_index: Some(i as u32),
             hip_index: None,
             vulkan_index: Some(out.len() as u32),
@@ -170,8 +179,13 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         fake_sys(tmp.path());
         let nvidia = vec![
-            NvidiaGpu { name: "NVIDIA GeForce RTX 4090".into(), total_bytes: 24 * GIB, used_bytes: 2 * GIB },
-            NvidiaGpu { name: "NVIDIA RTX A2000".into(), total_bytes: 12 * GIB, used_bytes: 0 },
+            NvidiaGpu {
+                name: "NVIDIA GeForce RTX 4090".into(),
+                total_bytes: 24 * GIB,
+                used_bytes: 2 * GIB,
+                free_bytes: None,
+            },
+            NvidiaGpu { name: "NVIDIA RTX A2000".into(), total_bytes: 12 * GIB, used_bytes: 0, free_bytes: None },
         ];
         let d = enumerate(tmp.path(), nvidia);
         let ids: Vec<(&str, &str, &str)> =

@@ -141,6 +141,7 @@ pub fn nvidia_memory() -> Vec<crate::devices::NvidiaGpu> {
                 name: d.name().unwrap_or_default(),
                 total_bytes: m.total,
                 used_bytes: m.used,
+                free_bytes: Some(m.free),
             })
         })
         .collect()
@@ -284,10 +285,9 @@ pub fn auto_memory_budget() -> Option<u64> {
 /// Free and total VRAM in bytes, summed over the NVIDIA GPUs (NVML) and the AMD ones (the
 /// amdgpu driver's sysfs counters); None: no GPU reports any.
 pub fn vram() -> Option<(u64, u64)> {
-    let nvidia = nvml().ok().and_then(|nvml| {
-        let count = nvml.device_count().ok()?;
-        let mems: Vec<_> = (0..count).filter_map(|i| nvml.device_by_index(i).ok()?.memory_info().ok()).collect();
-        (!mems.is_empty()).then(|| mems.iter().fold((0, 0), |(f, t), m| (f + m.free, t + m.total)))
+    let gpus = nvidia_memory();
+    let nvidia = (!gpus.is_empty()).then(|| {
+        gpus.iter().fold((0, 0), |(f, t), g| (f + g.total_bytes.saturating_sub(g.used_bytes), t + g.total_bytes))
     });
     let amd = amd_vram(Path::new("/sys/class/drm"));
     match (nvidia, amd) {

@@ -160,6 +160,12 @@ impl ModelInfo {
     pub fn device(&self) -> &'static str {
         self.recipe.device().as_str()
     }
+
+    /// Whether a load may start without a pull first: its files are here, or it is an FLM
+    /// model, which FLM keeps itself (its load runs `flm pull`).
+    pub fn loads_without_pull(&self) -> bool {
+        self.downloaded || self.recipe == Recipe::Flm
+    }
 }
 
 /// Labels → type: the first label that names a type wins; none → LLM.

@@ -678,17 +678,11 @@ impl<O: Clone + PartialEq> Machine<O> {
         e.occupies().then_some(&e.shares)
     }
 
-    /// The devices models are placed on.
-    pub fn devices(&self) -> &[Device] {
-        &self.devices
-    }
-
     /// Bytes of `device` held by the models alive.
     pub fn device_in_use(&self, device: &str) -> u64 {
         self.models.values().filter(|e| e.occupies()).filter_map(|e| e.share(device)).sum()
     }
 
-    /// Bytes of `pool` counted for the backends alive (starting, running or stopping).
     /// The priority of each request waiting for `name`, in the order they are served.
     pub fn waiting_priorities(&self, name: &str) -> Vec<i32> {
         let Some(e) = self.models.get(name) else { return Vec::new() };
@@ -702,6 +696,7 @@ impl<O: Clone + PartialEq> Machine<O> {
         e.waiting.iter().filter_map(|r| self.waiting.get(r).map(|(_, since, _)| *since)).collect()
     }
 
+    /// Bytes of `pool` counted for the backends alive (starting, running or stopping).
     pub fn in_use(&self, pool: Pool) -> u64 {
         self.models.values().filter(|e| e.occupies()).map(|e| e.size(pool)).sum()
     }
@@ -1441,21 +1436,21 @@ impl<O: Clone + PartialEq> Machine<O> {
         }
         for pool in Pool::ALL {
             if let Some(budget) = self.budget(pool) {
-                let needed = m.size(pool);
-                self.fit(name, (pool, None), needed, &|e: &Entry<O>| e.size(pool), budget, &mut v)?;
+                self.fit(name, (pool, None), m.size(pool), &|e: &Entry<O>| e.size(pool), budget, &mut v)?;
             }
         }
         // The placement with the fewest evictions, then the most memory left free.
-        let mut best: Option<(usize, u64, BTreeSet<String>, Shares)> = None;
+        // Ranked by (evictions, most free), with what it evicts and where it goes.
+        type Rank = (usize, std::cmp::Reverse<u64>);
+        let mut best: Option<(Rank, BTreeSet<String>, Shares)> = None;
         let mut refusal = None;
         for shares in self.candidates(name)? {
             let mut vc = v.clone();
             match self.place(name, &shares, &mut vc) {
                 Ok(free) => {
-                    let better =
-                        best.as_ref().is_none_or(|(n, f, ..)| (vc.len(), u64::MAX - free) < (*n, u64::MAX - f));
-                    if better {
-                        best = Some((vc.len(), free, vc, shares));
+                    let rank = (vc.len(), std::cmp::Reverse(free));
+                    if best.as_ref().is_none_or(|(b, ..)| rank < *b) {
+                        best = Some((rank, vc, shares));
                     }
                 }
                 // The refusal of the device that comes closest (the largest budget).
@@ -1468,7 +1463,7 @@ impl<O: Clone + PartialEq> Machine<O> {
             }
         }
         match best {
-            Some((_, _, v, shares)) => Ok((v, shares)),
+            Some((_, v, shares)) => Ok((v, shares)),
             None => Err(refusal.expect("a candidate was tried")),
         }
     }
@@ -1498,18 +1493,15 @@ impl<O: Clone + PartialEq> Machine<O> {
     /// kind.
     fn candidates(&self, name: &str) -> Result<Vec<Shares>, Rejection> {
         let m = &self.models[name].model;
+        if let Some(why) = self.unknown_device(m) {
+            return Err(why);
+        }
         let kind: Vec<&Device> = self.devices.iter().filter(|d| d.npu == m.npu).collect();
-        let known = || self.devices.iter().map(|d| d.id.clone()).collect::<Vec<_>>();
         let free = |d: &Device| d.budget.map(|b| b.saturating_sub(self.held(name, &d.id)));
         match &m.placement {
             Placement::On(ids) => {
-                let mut list = Vec::new();
-                for id in ids {
-                    let d = self.devices.iter().find(|d| &d.id == id);
-                    let d = d.ok_or_else(|| Rejection::UnknownDevice { device: id.clone(), known: known() })?;
-                    list.push((d.id.clone(), free(d)));
-                }
-                Ok(vec![split(m.vram, &list)])
+                let on = ids.iter().filter_map(|id| self.devices.iter().find(|d| &d.id == id));
+                Ok(vec![split(m.vram, &on.map(|d| (d.id.clone(), free(d))).collect::<Vec<_>>())])
             }
             Placement::Auto if kind.is_empty() || (m.vram == 0 && !m.npu) => Ok(vec![Shares::new()]),
             Placement::Auto => {
@@ -1544,12 +1536,7 @@ impl<O: Clone + PartialEq> Machine<O> {
                 continue;
             };
             let size = |e: &Entry<O>| e.share(id).unwrap_or(0);
-            self.fit(name, (Pool::Vram, Some(id)), *share, &size, budget, v)?;
-            let used: u64 = (self.models.iter())
-                .filter(|(n, e)| n.as_str() != name && e.occupies() && !v.contains(*n))
-                .map(|(_, e)| size(e))
-                .sum();
-            free = free.saturating_add(budget.saturating_sub(used.saturating_add(*share)));
+            free = free.saturating_add(self.fit(name, (Pool::Vram, Some(id)), *share, &size, budget, v)?);
         }
         Ok(free)
     }
@@ -1567,8 +1554,8 @@ impl<O: Clone + PartialEq> Machine<O> {
     }
 
     /// Adds to `v` the LRU models that must give way for `name`, which needs `needed` bytes of
-    /// a ledger (`size` of each entry) whose budget is `budget`, or refuses it when it cannot
-    /// fit beside the pinned models.
+    /// a ledger (`size` of each entry) whose budget is `budget`, and returns the bytes left free
+    /// after it; or refuses it when it cannot fit beside the pinned models.
     fn fit(
         &self,
         name: &str,
@@ -1577,11 +1564,13 @@ impl<O: Clone + PartialEq> Machine<O> {
         size: &dyn Fn(&Entry<O>) -> u64,
         budget: u64,
         v: &mut BTreeSet<String>,
-    ) -> Result<(), Rejection> {
-        if needed == 0 {
-            return Ok(());
-        }
+    ) -> Result<u64, Rejection> {
         let others = || self.models.iter().filter(|(n, e)| n.as_str() != name && e.occupies());
+        let staying =
+            |v: &BTreeSet<String>| -> u64 { others().filter(|(n, _)| !v.contains(*n)).map(|(_, e)| size(e)).sum() };
+        if needed == 0 {
+            return Ok(budget.saturating_sub(staying(v)));
+        }
         let pinned: u64 = others()
             .filter(|(n, e)| e.pinned && e.state != State::Unloading && !v.contains(*n))
             .map(|(_, e)| size(e))
@@ -1589,7 +1578,7 @@ impl<O: Clone + PartialEq> Machine<O> {
         if needed.saturating_add(pinned) > budget {
             return Err(Rejection::NoMemory { pool, device: device.cloned(), needed, budget, pinned });
         }
-        let mut used: u64 = others().filter(|(n, _)| !v.contains(*n)).map(|(_, e)| size(e)).sum();
+        let mut used = staying(v);
         for n in self.lru(name, &|e| size(e) > 0, v) {
             if used.saturating_add(needed) <= budget {
                 break;
@@ -1606,7 +1595,7 @@ impl<O: Clone + PartialEq> Machine<O> {
                 }
             }
         }
-        Ok(())
+        Ok(budget.saturating_sub(staying(v).saturating_add(needed)))
     }
 
     /// Starts the current load once every model it waits on has stopped.

@@ -28,19 +28,16 @@ async fn send(
     body: Option<Bytes>,
     stream: bool,
 ) -> Result<reqwest::Response, ApiError> {
+    let body = match lease.upstream_model() {
+        Some(id) => body.map(|b| backends::cloud::rewrite_model(&b, id).map(Bytes::from).unwrap_or(b)),
+        None => body,
+    };
     if lease.local().is_none() {
         return send_remote(lease, method, path_and_query, body).await;
     }
     if let Some(b) = &body {
         lease.before_forward(path_and_query, b).await;
     }
-    // FLM serves a model under its checkpoint (`gemma3:1b`), not lemonade's name for it.
-    let body = match lease.local() {
-        Some(m) if m.info.recipe == backends::Recipe::Flm => {
-            body.map(|b| backends::cloud::rewrite_model(&b, &m.info.checkpoint).map(Bytes::from).unwrap_or(b))
-        }
-        _ => body,
-    };
     let mut req = lease.http().request(method, lease.url(path_and_query));
     if stream {
         // llama-server closes the connection after a streamed response although it advertised
@@ -57,7 +54,7 @@ async fn send(
 /// is tried again, as nothing has reached the client yet.
 const REMOTE_ATTEMPTS: u32 = 3;
 
-/// [`send`] to a remote provider: the model id rewritten to the upstream's, its key added, an
+/// [`send`] to a remote provider (the model id already the upstream's): its key added, an
 /// answer's headers awaited for `--remote-timeout`.
 async fn send_remote(
     lease: &Lease,
@@ -66,7 +63,6 @@ async fn send_remote(
     body: Option<Bytes>,
 ) -> Result<reqwest::Response, ApiError> {
     let Target::Remote(route) = &lease.target else { unreachable!("send_remote is for remote leases") };
-    let body = body.map(|b| backends::cloud::rewrite_model(&b, &route.id).map(Bytes::from).unwrap_or(b));
     let url = lease.url(path_and_query);
     let key = route.provider.sendable_key()?;
     let started = std::time::Instant::now();

@@ -54,8 +54,9 @@ pub async fn priority_header(req: axum::extract::Request, next: axum::middleware
 /// A request's `priority` (lemonade's; an integer in [`pulls::PRIORITIES`]): its body's, else
 /// its `X-Lemonade-Priority` header's, else 0. The body is read only when it names one.
 pub fn priority_of(body: &[u8]) -> Result<i32, ApiError> {
+    let from_header = || HEADER_PRIORITY.try_with(|p| *p).unwrap_or(0);
     if memchr::memmem::find(body, b"\"priority\"").is_none() {
-        return Ok(HEADER_PRIORITY.try_with(|p| *p).unwrap_or(0));
+        return Ok(from_header());
     }
     #[derive(serde::Deserialize)]
     struct P {
@@ -63,7 +64,7 @@ pub fn priority_of(body: &[u8]) -> Result<i32, ApiError> {
     }
     let p: P = serde_json::from_slice(body)?;
     match p.priority {
-        None | Some(serde_json::Value::Null) => Ok(HEADER_PRIORITY.try_with(|p| *p).unwrap_or(0)),
+        None | Some(serde_json::Value::Null) => Ok(from_header()),
         Some(v) => {
             v.as_i64().and_then(|n| i32::try_from(n).ok()).filter(|n| pulls::PRIORITIES.contains(n)).ok_or_else(|| {
                 ApiError::bad_request(
@@ -183,6 +184,8 @@ fn place(rt: &AppState, model: &str, since: u64, priority: i32) -> String {
         (Some(State::Loaded), n) if n > 0 => format!("queued {n}"),
         (Some(State::Loaded), _) => "starting".to_string(),
         (Some(State::Unloading), _) => format!("waiting for {model} to restart, {waited} s"),
+        // Behind others who wait for the same load: its place in line too.
+        (_, n) if n > 1 => format!("loading {waited} s, queued {n}"),
         _ => format!("loading {waited} s"),
     }
 }
