@@ -519,3 +519,50 @@ mod cache_settings_tests {
         assert_eq!(cache_settings(&o, ModelType::Embedding).ctx_size, MIN_EMBEDDING_CTX_SIZE);
     }
 }
+
+/// The share of a llama-server's KV cache its running requests hold (0 to 1), from its
+/// `/slots` answer: the prompt and decoded tokens of each slot that is processing, over the
+/// context of all slots. An idle slot's cells count as free (a new request may take them).
+/// None when the answer is not a list of slots with a context.
+pub fn kv_usage(slots: &serde_json::Value) -> Option<f64> {
+    let slots = slots.as_array()?;
+    let (mut used, mut cells) = (0u64, 0u64);
+    for s in slots {
+        let n_ctx = s.get("n_ctx")?.as_u64()?;
+        cells += n_ctx;
+        if s.get("is_processing").and_then(|p| p.as_bool()) == Some(true) {
+            let prompt = s.get("n_prompt_tokens").and_then(|n| n.as_u64()).unwrap_or(0);
+            let decoded = s
+                .get("next_token")
+                .and_then(|t| t.as_array().and_then(|a| a.first()).or(Some(t)))
+                .and_then(|t| t.get("n_decoded"))
+                .and_then(|n| n.as_u64())
+                .unwrap_or(0);
+            used += (prompt + decoded).min(n_ctx);
+        }
+    }
+    (cells > 0).then(|| used as f64 / cells as f64)
+}
+
+#[cfg(test)]
+mod kv_usage_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn kv_usage_counts_the_tokens_of_processing_slots_over_all_cells() {
+        let slots = json!([
+            {"id": 0, "n_ctx": 1024, "is_processing": false},
+            {"id": 1, "n_ctx": 1024, "is_processing": true, "n_prompt_tokens": 48,
+             "next_token": [{"n_decoded": 208}]},
+        ]);
+        assert_eq!(kv_usage(&slots), Some(256.0 / 2048.0));
+        // An older llama-server's `next_token` is an object; a slot never holds more than its context.
+        let slots =
+            json!([{"n_ctx": 100, "is_processing": true, "n_prompt_tokens": 90, "next_token": {"n_decoded": 50}}]);
+        assert_eq!(kv_usage(&slots), Some(1.0));
+        assert_eq!(kv_usage(&json!([])), None);
+        assert_eq!(kv_usage(&json!({"error": "slots disabled"})), None);
+        assert_eq!(kv_usage(&json!([{"id": 0}])), None);
+    }
+}

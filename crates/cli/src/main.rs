@@ -302,6 +302,15 @@ struct ServeArgs {
     /// `lemonade cloud list --refresh`).
     #[arg(long, env = "LEMONADE_REMOTE_REFRESH", default_value_t = 60)]
     remote_refresh: u64,
+    /// The names `/metrics` also exports the per-model serving gauges under: `vllm` adds
+    /// `vllm:num_requests_waiting`, `vllm:num_requests_running` and `vllm:kv_cache_usage_perc`
+    /// (label `model_name`), so routers and inference gateways built for vLLM read lemonade.
+    #[arg(long, env = "LEMONADE_METRICS_NAMES", value_enum, default_value = "lemonade")]
+    metrics_names: MetricsNames,
+    /// The request header that names a conversation; it is forwarded, with `traceparent` and
+    /// `tracestate`, to the backends and remote upstreams.
+    #[arg(long, env = "LEMONADE_SESSION_HEADER", default_value = "x-session-id", value_parser = session_header)]
+    session_header: String,
     /// Models to load at start, pulling them if needed (comma-separated).
     #[arg(long, env = "LEMONADE_PRELOAD", value_delimiter = ',')]
     preload: Vec<String>,
@@ -317,6 +326,19 @@ struct ServeArgs {
     /// How long (ms) a backend must run before its crashes stop counting towards the back-off.
     #[arg(long, env = "LEMONADE_CRASH_RESET_MS", default_value_t = 60_000, hide = true)]
     crash_reset_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum MetricsNames {
+    Lemonade,
+    Vllm,
+}
+
+/// A header name, lowercased (`--session-header`).
+fn session_header(s: &str) -> Result<String, String> {
+    reqwest::header::HeaderName::from_bytes(s.trim().as_bytes())
+        .map(|h| h.as_str().to_string())
+        .map_err(|_| format!("'{s}' is not an HTTP header name"))
 }
 
 /// The configuration keys the flags and `LEMONADE_*` variables given on this command line set
@@ -392,6 +414,11 @@ async fn serve(
     })?;
     cfg.crash_backoff = (Duration::from_millis(args.crash_backoff_ms), Duration::from_millis(args.crash_reset_ms));
     cfg.watchdog_interval = (args.watchdog_interval_ms > 0).then(|| Duration::from_millis(args.watchdog_interval_ms));
+    cfg.metrics_names = match args.metrics_names {
+        MetricsNames::Lemonade => engine::metrics::MetricsNames::Lemonade,
+        MetricsNames::Vllm => engine::metrics::MetricsNames::Vllm,
+    };
+    cfg.session_header = args.session_header.clone();
     let mut http = server::Http { logs: Some(logs), ..server::Http::default() };
     http.access.api_key = api_key.filter(|k| !k.is_empty());
     let env = |k: &str| std::env::var(k).ok();

@@ -49,6 +49,11 @@ pub struct Config {
     pub remote_refresh: Option<Duration>,
     /// The Hugging Face endpoint to pull from (None: `HF_ENDPOINT`, else huggingface.co).
     pub hub_endpoint: Option<String>,
+    /// The names the per-model serving gauges are exported under besides lemonade's.
+    pub metrics_names: crate::metrics::MetricsNames,
+    /// The request header that names a conversation (`--session-header`), forwarded with
+    /// `traceparent` and `tracestate` to backends and remote upstreams (lowercase).
+    pub session_header: String,
 }
 
 /// `config.json`'s writer: one change at a time (read, check, write, apply; `crate::live`).
@@ -182,6 +187,8 @@ impl Config {
             devices: None,
             remote_refresh: Some(Duration::from_secs(60)),
             hub_endpoint: None,
+            metrics_names: Default::default(),
+            session_header: "x-session-id".into(),
         }
     }
 }

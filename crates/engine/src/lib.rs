@@ -148,7 +148,7 @@ impl Engine {
         prompt_cache: host::prompt_cache::Store,
         http: reqwest::Client,
     ) -> Engine {
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(Metrics::new(cfg.metrics_names));
         let remotes = Arc::new(Remotes::new(cfg.cache_dir.clone(), cfg.live.clone()));
         match cfg.remote_refresh {
             Some(every) => remote::refresh_every(Arc::downgrade(&remotes), every),
@@ -179,9 +179,12 @@ impl Engine {
         self.cfg.redact_here(text)
     }
 
-    /// lemonade's Prometheus exposition, its gauges from the state as last published.
-    pub fn metrics_text(&self) -> String {
-        self.metrics.encode(&self.lifecycle.metrics_snapshot())
+    /// lemonade's Prometheus exposition, its gauges from the state as last published and the
+    /// KV-cache use of the loaded llama-servers (their `/slots`, read at this scrape).
+    pub async fn metrics_text(&self) -> String {
+        let mut snapshot = self.lifecycle.metrics_snapshot();
+        lifecycle::kv_usage(&self.lifecycle, &mut snapshot.models).await;
+        self.metrics.encode(&snapshot)
     }
 
     /// What the prompt cache holds, and its bound.

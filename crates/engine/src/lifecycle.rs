@@ -467,7 +467,16 @@ impl Lifecycle {
         let sched = self.scheduler_view();
         crate::metrics::Snapshot {
             loaded: self.loaded().iter().map(|(r, _)| r.info.model_type).collect(),
-            models: view.iter().map(|(n, v)| (n.clone(), v.queue_depth as u64, v.in_flight as u64)).collect(),
+            models: view
+                .iter()
+                .map(|(n, v)| crate::metrics::ModelGauges {
+                    name: n.clone(),
+                    waiting: v.queue_depth as u64,
+                    running: v.in_flight as u64,
+                    ready: v.state == State::Loaded,
+                    kv_usage: None,
+                })
+                .collect(),
             in_use: [sched.memory_in_use, sched.vram_in_use],
             budgets: [sched.settings.memory_budget.flatten(), sched.settings.vram_budget.flatten()],
             prompt_cache_bytes: self.prompt_cache.total().1,
@@ -1099,6 +1108,33 @@ async fn owner(
         rt.publish(&machine);
         for e in effects {
             rt.execute(e);
+        }
+    }
+}
+
+/// Fills in the KV-cache use of each loaded model in `models`: a local llama-server's from its
+/// `/slots` (read now, 500 ms at most each, all at once), any other local backend's (or a
+/// llama-server whose `/slots` did not answer) as the share of its slots busy. A remote
+/// upstream's stays None: its own `/metrics` says it.
+pub async fn kv_usage(lc: &Lifecycle, models: &mut [crate::metrics::ModelGauges]) {
+    let probes = lc.loaded().into_iter().filter(|(r, _)| r.backend.pid().is_some()).map(|(r, v)| async move {
+        let slots = lc.slots(&r.info.name);
+        let read = async {
+            let url = format!("{}/slots", r.backend.base_url());
+            let answer = lc.http.get(url).timeout(Duration::from_millis(500)).send().await.ok()?;
+            let slots: serde_json::Value = answer.error_for_status().ok()?.json().await.ok()?;
+            backends::llamacpp::kv_usage(&slots)
+        };
+        let from_slots = if slots.is_some() { read.await } else { None };
+        let busy = || {
+            let n = slots.map(|(n, _)| n).or(v.max_concurrent).unwrap_or(1).max(1);
+            (v.in_flight as f64 / f64::from(n)).min(1.0)
+        };
+        (r.info.name.clone(), from_slots.unwrap_or_else(busy))
+    });
+    for (name, kv) in futures_util::future::join_all(probes).await {
+        if let Some(m) = models.iter_mut().find(|m| m.name == name) {
+            m.kv_usage = Some(kv);
         }
     }
 }

@@ -9,6 +9,7 @@
 
 use parking_lot::Mutex;
 use std::collections::HashSet;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use api_types::ModelType;
@@ -34,6 +35,12 @@ struct RequestLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModelLabel {
     model: String,
+}
+
+/// vLLM's label for the model a sample is about.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelNameLabel {
+    model_name: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -72,13 +79,38 @@ fn load_seconds() -> Histogram {
     Histogram::new([0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0])
 }
 
+/// The names the per-model serving gauges are exported under, besides lemonade's own
+/// (`--metrics-names`): vLLM's let a router or inference gateway built for vLLM read lemonade.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MetricsNames {
+    #[default]
+    Lemonade,
+    /// Also `vllm:num_requests_waiting`, `vllm:num_requests_running` and
+    /// `vllm:kv_cache_usage_perc`, labelled `model_name`.
+    Vllm,
+}
+
+/// One model's serving state, as a router or inference gateway reads it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelGauges {
+    pub name: String,
+    /// Requests waiting for the model (to load, or for a free slot).
+    pub waiting: u64,
+    /// Requests it is serving.
+    pub running: u64,
+    /// Loaded and serving.
+    pub ready: bool,
+    /// The share of its KV cache in use (0 to 1); None when unknown (not loaded, or remote).
+    pub kv_usage: Option<f64>,
+}
+
 /// The state gauges show, taken at a scrape.
 #[derive(Debug, Default)]
 pub struct Snapshot {
     /// The type of each loaded model.
     pub loaded: Vec<ModelType>,
-    /// Every known model: (name, requests waiting, requests running).
-    pub models: Vec<(String, u64, u64)>,
+    /// Every known model's serving state.
+    pub models: Vec<ModelGauges>,
     /// Bytes counted against the memory and VRAM budgets, and the budgets (None: none).
     pub in_use: [u64; 2],
     pub budgets: [Option<u64>; 2],
@@ -98,6 +130,10 @@ pub struct Metrics {
     loaded: Family<TypeLabel, Gauge>,
     queue_depth: Family<ModelLabel, Gauge>,
     in_flight: Family<ModelLabel, Gauge>,
+    ready: Family<ModelLabel, Gauge>,
+    kv_usage: Family<ModelLabel, Ratio>,
+    /// vLLM's names for the serving gauges, when asked for.
+    vllm: Option<Vllm>,
     memory_in_use: Family<PoolLabel, Gauge>,
     memory_budget: Family<PoolLabel, Gauge>,
     crashes: Family<ModelLabel, Counter>,
@@ -116,14 +152,56 @@ pub struct Metrics {
     scrape: Mutex<()>,
 }
 
+type Ratio = Gauge<f64, AtomicU64>;
+
+/// The serving gauges under vLLM's names, in a registry of their own (no `lemonade_` prefix).
+struct Vllm {
+    registry: Registry,
+    waiting: Family<ModelNameLabel, Gauge>,
+    running: Family<ModelNameLabel, Gauge>,
+    kv_usage: Family<ModelNameLabel, Ratio>,
+}
+
+impl Vllm {
+    fn new() -> Vllm {
+        let mut v = Vllm {
+            registry: Registry::default(),
+            waiting: Family::default(),
+            running: Family::default(),
+            kv_usage: Family::default(),
+        };
+        let r = &mut v.registry;
+        r.register("vllm:num_requests_waiting", "Requests waiting (lemonade_queue_depth)", v.waiting.clone());
+        r.register("vllm:num_requests_running", "Requests running (lemonade_requests_in_flight)", v.running.clone());
+        r.register(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage, 1 meaning 100 percent (lemonade_kv_cache_usage_ratio)",
+            v.kv_usage.clone(),
+        );
+        v
+    }
+
+    fn set(&self, models: &[ModelGauges]) {
+        self.waiting.clear();
+        self.running.clear();
+        self.kv_usage.clear();
+        for m in models {
+            let l = ModelNameLabel { model_name: m.name.clone() };
+            self.waiting.get_or_create(&l).set(gauge(m.waiting));
+            self.running.get_or_create(&l).set(gauge(m.running));
+            self.kv_usage.get_or_create(&l).set(m.kv_usage.unwrap_or(0.0));
+        }
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
-        Metrics::new()
+        Metrics::new(MetricsNames::Lemonade)
     }
 }
 
 impl Metrics {
-    pub fn new() -> Metrics {
+    pub fn new(names: MetricsNames) -> Metrics {
         let mut m = Metrics {
             registry: Registry::with_prefix("lemonade"),
             requests: Family::default(),
@@ -136,6 +214,9 @@ impl Metrics {
             loaded: Family::default(),
             queue_depth: Family::default(),
             in_flight: Family::default(),
+            ready: Family::default(),
+            kv_usage: Family::default(),
+            vllm: (names == MetricsNames::Vllm).then(Vllm::new),
             memory_in_use: Family::default(),
             memory_budget: Family::default(),
             crashes: Family::default(),
@@ -182,6 +263,13 @@ impl Metrics {
         r.register("models_loaded", "Loaded models by type", m.loaded.clone());
         r.register("queue_depth", "Requests waiting for a model", m.queue_depth.clone());
         r.register("requests_in_flight", "Requests a model is serving", m.in_flight.clone());
+        r.register("model_ready", "1 while a model is loaded and serving, else 0", m.ready.clone());
+        r.register(
+            "kv_cache_usage_ratio",
+            "The share of a loaded model's KV cache its running requests hold (0 to 1; from llama-server's \
+             /slots, else the share of its slots busy)",
+            m.kv_usage.clone(),
+        );
         r.register_with_unit(
             "memory_in_use",
             "Estimated bytes of the loaded models, by pool (memory, vram)",
@@ -325,9 +413,16 @@ impl Metrics {
         }
         self.queue_depth.clear();
         self.in_flight.clear();
-        for (name, queued, running) in &s.models {
-            self.queue_depth.get_or_create(&label(name)).set(*queued as i64);
-            self.in_flight.get_or_create(&label(name)).set(*running as i64);
+        self.ready.clear();
+        self.kv_usage.clear();
+        for m in &s.models {
+            let l = label(&m.name);
+            self.queue_depth.get_or_create(&l).set(gauge(m.waiting));
+            self.in_flight.get_or_create(&l).set(gauge(m.running));
+            self.ready.get_or_create(&l).set(i64::from(m.ready));
+            if let Some(kv) = m.kv_usage {
+                self.kv_usage.get_or_create(&l).set(kv);
+            }
         }
         self.memory_budget.clear();
         for (i, pool) in ["memory", "vram"].into_iter().enumerate() {
@@ -340,7 +435,12 @@ impl Metrics {
         self.cache_bytes.set(gauge(s.prompt_cache_bytes));
         let mut out = String::new();
         // Writing to a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let _ = prometheus_client::encoding::text::encode_registry(&mut out, &self.registry);
+        if let Some(v) = &self.vllm {
+            v.set(&s.models);
+            let _ = prometheus_client::encoding::text::encode_registry(&mut out, &v.registry);
+        }
+        let _ = prometheus_client::encoding::text::encode_eof(&mut out);
         out
     }
 }
@@ -359,7 +459,7 @@ mod tests {
 
     #[test]
     fn the_exposition_counts_what_was_recorded_and_shows_the_snapshot() {
-        let m = Metrics::new();
+        let m = Metrics::new(MetricsNames::Lemonade);
         m.request(Some("/v1/chat/completions"), "POST", 200);
         m.request(Some("/v1/chat/completions"), "POST", 200);
         m.request(None, "BREW", 404);
@@ -377,7 +477,7 @@ mod tests {
         m.pull_counter("a").inc_by(1000);
         let s = Snapshot {
             loaded: vec![ModelType::Llm, ModelType::Llm, ModelType::Embedding],
-            models: vec![("a".into(), 3, 1)],
+            models: vec![ModelGauges { name: "a".into(), waiting: 3, running: 1, ready: true, kv_usage: Some(0.25) }],
             in_use: [1 << 30, 0],
             budgets: [Some(2 << 30), None],
             prompt_cache_bytes: 5000,
@@ -405,6 +505,8 @@ mod tests {
             r#"lemonade_models_loaded{type="tts"} 0"#,
             r#"lemonade_queue_depth{model="a"} 3"#,
             r#"lemonade_requests_in_flight{model="a"} 1"#,
+            r#"lemonade_model_ready{model="a"} 1"#,
+            r#"lemonade_kv_cache_usage_ratio{model="a"} 0.25"#,
             r#"lemonade_memory_in_use_bytes{pool="memory"} 1073741824"#,
             r#"lemonade_memory_budget_bytes{pool="memory"} 2147483648"#,
         ] {
@@ -416,5 +518,28 @@ mod tests {
         let text = m.encode(&Snapshot::default());
         assert!(!text.contains(r#"lemonade_queue_depth{model="a"}"#), "{text}");
         assert!(text.contains(r#"lemonade_models_loaded{type="llm"} 0"#));
+        assert!(!text.contains("vllm:"), "vLLM's names only when asked for");
+    }
+
+    #[test]
+    fn vllm_names_show_the_same_gauges_labelled_model_name() {
+        let m = Metrics::new(MetricsNames::Vllm);
+        let models = vec![
+            ModelGauges { name: "a".into(), waiting: 2, running: 3, ready: true, kv_usage: Some(0.5) },
+            ModelGauges { name: "b".into(), ..Default::default() },
+        ];
+        let text = m.encode(&Snapshot { models, ..Default::default() });
+        for line in [
+            r#"vllm:num_requests_waiting{model_name="a"} 2"#,
+            r#"vllm:num_requests_running{model_name="a"} 3"#,
+            r#"vllm:kv_cache_usage_perc{model_name="a"} 0.5"#,
+            r#"vllm:kv_cache_usage_perc{model_name="b"} 0.0"#,
+            r#"lemonade_queue_depth{model="a"} 2"#,
+            r#"lemonade_model_ready{model="b"} 0"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing from:\n{text}");
+        }
+        assert_eq!(text.matches("# EOF").count(), 1);
+        assert!(text.ends_with("# EOF\n"));
     }
 }

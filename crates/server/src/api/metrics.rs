@@ -21,5 +21,5 @@ pub async fn metrics(
     if names_a_model {
         return native::native_get(State(rt), uri, RawQuery(query)).await;
     }
-    Ok(([(header::CONTENT_TYPE, CONTENT_TYPE)], rt.metrics_text()).into_response())
+    Ok(([(header::CONTENT_TYPE, CONTENT_TYPE)], rt.metrics_text().await).into_response())
 }

@@ -383,10 +383,7 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
     for path in MULTIPART_POSTS {
         for (label, ct, body) in forms(&names) {
             let r = l.http.post(l.url(&format!("/api/v1{path}"))).header("content-type", ct).body(body);
-            let (status, text) = match r.timeout(Duration::from_secs(30)).send().await {
-                Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
-                Err(e) => (0, e.to_string()),
-            };
+            let (status, text) = exchange(r).await;
             sent += 1;
             check(format!("POST /api/v1{path} multipart {label}"), status, &text, &mut bad);
         }
@@ -480,7 +477,11 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
         "hand-written corpus: every POST endpoint (Ollama, Anthropic, audio and images included) × malformed JSON, wrong types, unknown fields, odd names, traversal, flag injection; malformed and hostile multipart forms; hostile routing policies (deep nesting, catastrophic-backtracking and huge regexes on 1 MiB inputs, 5,000 rules, unknown conditions); hostile omni definitions and requests (1 MiB prompts and half-embedded media, 5,000 components, bad audio parts, other endpoints); names in paths; a 65 MiB body",
         sent,
         if alive && !panicked { sent - bad.len() } else { 0 },
-        format!("0 5xx required; server up afterwards {alive}, panics in its log {panicked}. Failures: {:?}", bad.iter().take(10).collect::<Vec<_>>()),
+        format!(
+            "0 5xx required; server up afterwards {alive}, panics in its log {panicked}; retried after a closed connection: {:?}. Failures: {:?}",
+            RETRIED.lock().map(|r| r.clone()).unwrap_or_default(),
+            bad.iter().take(10).collect::<Vec<_>>()
+        ),
     );
     schemathesis(&l, report).await;
     drop(l);
@@ -553,10 +554,48 @@ async fn forged_origins_and_hosts(l: &Lemonade, report: &mut Report) {
 
 /// Sends a JSON request (30 s deadline): (status, body), or (0, the error) when no answer came.
 async fn send(r: reqwest::RequestBuilder) -> (u16, String) {
-    match r.header("content-type", "application/json").timeout(Duration::from_secs(30)).send().await {
+    exchange(r.header("content-type", "application/json")).await
+}
+
+/// Sends a request (30 s deadline). A transport error that is not a timeout (a pooled
+/// keep-alive connection found closed) is retried once on a fresh connection, and the answer
+/// says so; a timeout is not retried, since a hang is what the corpus looks for. (0, the error
+/// with its causes and the time taken) when no answer came.
+async fn exchange(r: reqwest::RequestBuilder) -> (u16, String) {
+    let again = r.try_clone();
+    let start = std::time::Instant::now();
+    match r.timeout(Duration::from_secs(30)).send().await {
         Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
-        Err(e) => (0, e.to_string()),
+        Err(e) => {
+            let first = format!("{} after {} ms", chain(&e), start.elapsed().as_millis());
+            match again {
+                Some(again) if !e.is_timeout() => match again.timeout(Duration::from_secs(30)).send().await {
+                    Ok(r) => {
+                        if let Ok(mut retried) = RETRIED.lock() {
+                            retried.push(format!("{} {}: {first}", r.url().path(), r.status()));
+                        }
+                        (r.status().as_u16(), r.text().await.unwrap_or_default())
+                    }
+                    Err(e) => (0, format!("{first}; retried: {}", chain(&e))),
+                },
+                _ => (0, first),
+            }
+        }
     }
+}
+
+/// The requests `exchange` retried, for the report.
+static RETRIED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// An error with its causes, outermost first.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        parts.push(c.to_string());
+        cause = c.source();
+    }
+    parts.join(": ")
 }
 
 /// A GET written on a raw socket; the status code of the answer (0 when none).
