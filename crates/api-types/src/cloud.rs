@@ -22,6 +22,42 @@ pub struct Upstream {
     pub last_probe: Option<Probe>,
     /// The models it offers, as lemonade names them (kept while it is down).
     pub models: Vec<String>,
+    /// The header its key is sent in, and the text before the key (Lemonade v11).
+    #[serde(default = "default_auth_header")]
+    pub auth_header_name: String,
+    #[serde(default = "default_auth_prefix")]
+    pub auth_header_prefix: String,
+    /// Requests sent to it now, and its bound (None: none).
+    #[serde(default)]
+    pub in_flight: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u32>,
+    /// Its circuit breaker.
+    #[serde(default)]
+    pub breaker: UpstreamBreaker,
+}
+
+fn default_auth_header() -> String {
+    "Authorization".into()
+}
+
+fn default_auth_prefix() -> String {
+    "Bearer ".into()
+}
+
+/// An upstream's circuit breaker: `closed` (requests go), `open` (refused with 503 and
+/// `Retry-After` until `retry_in_ms` has passed), `half-open` (one request probes it).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct UpstreamBreaker {
+    pub state: String,
+    /// Failures in a row now, and how many open it.
+    pub failures: u32,
+    pub threshold: u32,
+    /// Times it has opened since lemonade started.
+    pub opened: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_in_ms: Option<u64>,
 }
 
 /// One probe of an upstream.

@@ -18,6 +18,31 @@ pub enum CloudError {
     BadName(String),
     #[error("Base URL '{0}' is invalid: give http:// or https:// with a host, e.g. http://10.0.0.5:8000/v1")]
     BadUrl(String),
+    #[error(
+        "auth_header_name '{0}' is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~, 1 to 64 of them)"
+    )]
+    BadAuthHeader(String),
+    #[error("auth_header_prefix holds a control character or is longer than 64 characters")]
+    BadAuthPrefix,
+}
+
+/// The header a key goes in by default, and the text before it.
+pub const AUTH_HEADER: &str = "Authorization";
+pub const AUTH_PREFIX: &str = "Bearer ";
+
+/// Checks Lemonade v11's `auth_header_name` (an RFC 9110 token) and `auth_header_prefix` (no
+/// control character, so no header can be injected).
+pub fn check_auth_header(name: Option<&str>, prefix: Option<&str>) -> Result<(), CloudError> {
+    if let Some(n) = name {
+        let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+        if !(1..=64).contains(&n.len()) || !n.bytes().all(token) {
+            return Err(CloudError::BadAuthHeader(n.chars().take(64).collect()));
+        }
+    }
+    if prefix.is_some_and(|p| p.chars().count() > 64 || p.chars().any(char::is_control)) {
+        return Err(CloudError::BadAuthPrefix);
+    }
+    Ok(())
 }
 
 /// A provider's name: 1–32 of `[A-Za-z0-9_-]`, not a local prefix. Its models are

@@ -20,6 +20,7 @@ pub mod releases;
 pub mod rpc;
 pub mod ryzenai;
 pub mod sdcpp;
+pub mod upstream;
 pub mod whispercpp;
 
 use std::path::{Path, PathBuf};

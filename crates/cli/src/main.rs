@@ -311,6 +311,13 @@ struct ServeArgs {
     /// `tracestate`, to the backends and remote upstreams.
     #[arg(long, env = "LEMONADE_SESSION_HEADER", default_value = "x-session-id", value_parser = session_header)]
     session_header: String,
+    /// Failed requests in a row that open a remote provider's circuit breaker (0: never):
+    /// while open, its requests are answered 503 with Retry-After without reaching it.
+    #[arg(long, env = "LEMONADE_BREAKER_FAILURES", default_value_t = 5)]
+    breaker_failures: u32,
+    /// How long (ms) an open breaker refuses before one request probes the provider again.
+    #[arg(long, env = "LEMONADE_BREAKER_OPEN_MS", default_value_t = 30_000)]
+    breaker_open_ms: u64,
     /// Models to load at start, pulling them if needed (comma-separated).
     #[arg(long, env = "LEMONADE_PRELOAD", value_delimiter = ',')]
     preload: Vec<String>,
@@ -419,6 +426,10 @@ async fn serve(
         MetricsNames::Vllm => engine::metrics::MetricsNames::Vllm,
     };
     cfg.session_header = args.session_header.clone();
+    cfg.breaker = backends::upstream::BreakerSettings {
+        failures: if args.breaker_failures == 0 { u32::MAX } else { args.breaker_failures },
+        open_ms: args.breaker_open_ms,
+    };
     let mut http = server::Http { logs: Some(logs), ..server::Http::default() };
     http.access.api_key = api_key.filter(|k| !k.is_empty());
     let env = |k: &str| std::env::var(k).ok();

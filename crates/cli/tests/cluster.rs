@@ -3,7 +3,9 @@
 //! and three nodes behind a real router.
 
 use std::path::Path;
+use std::time::Duration;
 
+use serde_json::{json, Value};
 use test_support::*;
 
 fn bin() -> &'static Path {
@@ -16,4 +18,214 @@ async fn real_llama_server_the_metrics_contract_shows_the_load_applied_under_lem
     let base = l.url("");
     let out = py_checks("metrics_contract.py", &[&base, SMOL, "2", "3"]).await;
     println!("{out}");
+}
+
+/// The fake backend standing in for a remote upstream (a vLLM node): `knobs` script its
+/// answers and name the file its requests' headers go to. Killed on drop.
+struct FakeUpstream {
+    child: std::process::Child,
+    port: u16,
+    log: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl FakeUpstream {
+    async fn start(mut knobs: Value) -> FakeUpstream {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("up.gguf");
+        std::fs::write(&model, b"not a model").unwrap();
+        let log = dir.path().join("headers.jsonl");
+        knobs["headers_log"] = json!(log.display().to_string());
+        std::fs::write(dir.path().join("up.gguf.json"), knobs.to_string()).unwrap();
+        let port = host::supervisor::free_port().unwrap();
+        let child = std::process::Command::new(fake_llama_server())
+            .args(["-m", model.to_str().unwrap(), "--port", &port.to_string(), "--alias", "m"])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let http = reqwest::Client::new();
+        let url = format!("http://127.0.0.1:{port}/health");
+        let up = wait_for(Duration::from_secs(20), || async {
+            http.get(&url).send().await.ok().filter(|r| r.status() == 200).map(|_| ())
+        })
+        .await;
+        assert!(up.is_some(), "the fake upstream started");
+        FakeUpstream { child, port, log, _dir: dir }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/v1", self.port)
+    }
+
+    /// The headers of each chat request that reached it, in order.
+    fn requests(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    }
+}
+
+impl Drop for FakeUpstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+fn chat(model: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+}
+
+/// A chat with trace context and a session id: (status, Retry-After, body).
+async fn traced_chat(l: &Lemonade, model: &str) -> (u16, Option<String>, Value) {
+    let r = l
+        .http
+        .post(l.url("/api/v1/chat/completions"))
+        .header("traceparent", TRACEPARENT)
+        .header("tracestate", "vendor=opaque")
+        .header("x-session-id", "conversation-7")
+        .json(&chat(model))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let retry = r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_string());
+    (status, retry, r.json().await.unwrap_or_default())
+}
+
+async fn install(l: &Lemonade, name: &str, up: &FakeUpstream, extra: Value) {
+    let mut body = json!({"recipe": "cloud", "backend": name, "base_url": up.url(), "api_key": "k-123"});
+    body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    let (s, v) = l.post("/api/v1/install", &body).await;
+    assert_eq!(s, 200, "{v}");
+}
+
+async fn upstream_view(l: &Lemonade, name: &str) -> Value {
+    let (_, v) = l.get("/api/v1/health").await;
+    v["upstreams"].as_array().unwrap().iter().find(|u| u["name"] == name).cloned().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn upstream_backpressure_is_waited_out_or_passed_on_as_503_with_retry_after_and_headers_reach_it() {
+    let script = json!([
+        {"status": 429, "retry_after": "1"}, {"status": 503, "retry_after": "1"}, {"status": 200},
+        {"status": 429, "retry_after": "60"},
+    ]);
+    let up = FakeUpstream::start(json!({"script": script})).await;
+    let l = Lemonade::start(bin(), &[]).await;
+    // A gateway that wants its key bare in `api-key` (Lemonade #3222).
+    install(&l, "vllm", &up, json!({"auth_header_name": "api-key", "auth_header_prefix": ""})).await;
+
+    // 429 then 503, each with Retry-After 1: waited out, and the third try answers.
+    let t = std::time::Instant::now();
+    let (s, _, v) = traced_chat(&l, "vllm.m").await;
+    assert_eq!(s, 200, "{v}");
+    assert!(t.elapsed() >= Duration::from_secs(2), "each Retry-After was waited: {:?}", t.elapsed());
+    let seen = up.requests();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    for h in &seen {
+        assert_eq!(h["traceparent"], TRACEPARENT, "{h}");
+        assert_eq!(h["tracestate"], "vendor=opaque", "{h}");
+        assert_eq!(h["x-session-id"], "conversation-7", "{h}");
+        assert_eq!(h["api-key"], "k-123", "the key bare in the configured header: {h}");
+        assert!(h.get("authorization").is_none(), "{h}");
+    }
+    let view = upstream_view(&l, "vllm").await;
+    assert_eq!((view["auth_header_name"].as_str(), view["auth_header_prefix"].as_str()), (Some("api-key"), Some("")));
+
+    // Retry-After 60 is too long to wait here: 503 with it, never 502, and no second try.
+    let (s, retry, v) = traced_chat(&l, "vllm.m").await;
+    assert_eq!((s, retry.as_deref()), (503, Some("60")), "{v}");
+    assert_eq!(v["error"]["code"], "upstream_busy", "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("retry after 60 s"), "{v}");
+    assert_eq!(up.requests().len(), 4);
+    // Backpressure is an answer, not a failure: the breaker stays closed.
+    assert_eq!(upstream_view(&l, "vllm").await["breaker"]["state"], "closed");
+}
+
+#[tokio::test]
+async fn the_circuit_breaker_opens_after_failures_refuses_without_calling_then_probes_and_closes() {
+    let up = FakeUpstream::start(json!({"script": [{"status": 500}, {"status": 500}]})).await;
+    let l = Lemonade::start(bin(), &["--breaker-failures", "2", "--breaker-open-ms", "1500"]).await;
+    install(&l, "vllm", &up, json!({})).await;
+    for _ in 0..2 {
+        let (s, _, v) = traced_chat(&l, "vllm.m").await;
+        assert_eq!((s, v["error"]["code"].as_str()), (502, Some("upstream_error")), "{v}");
+    }
+    let b = upstream_view(&l, "vllm").await["breaker"].clone();
+    assert_eq!((b["state"].as_str(), b["opened"].as_u64()), (Some("open"), Some(1)), "{b}");
+    // Open: refused at once with Retry-After, the upstream never called.
+    let (s, retry, v) = traced_chat(&l, "vllm.m").await;
+    assert_eq!((s, retry.as_deref(), v["error"]["code"].as_str()), (503, Some("2"), Some("upstream_busy")), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("circuit breaker is open"), "{v}");
+    assert_eq!(up.requests().len(), 2);
+    // Once the pause is over, one request probes it; the upstream has recovered: closed.
+    let waited = wait_for(Duration::from_secs(10), || async {
+        let b = upstream_view(&l, "vllm").await["breaker"].clone();
+        (b["retry_in_ms"].as_u64() == Some(0)).then_some(())
+    })
+    .await;
+    assert!(waited.is_some(), "the breaker's pause ended");
+    let (s, _, v) = traced_chat(&l, "vllm.m").await;
+    assert_eq!(s, 200, "{v}");
+    let b = upstream_view(&l, "vllm").await["breaker"].clone();
+    assert_eq!((b["state"].as_str(), b["failures"].as_u64(), b["opened"].as_u64()), (Some("closed"), Some(0), Some(1)));
+    assert_eq!(up.requests().len(), 3);
+}
+
+#[tokio::test]
+async fn an_upstream_at_its_max_in_flight_refuses_more_with_503_until_one_ends() {
+    let up = FakeUpstream::start(json!({"token_delay_ms": 50, "tokens": 40})).await;
+    let l = Lemonade::start(bin(), &[]).await;
+    install(&l, "vllm", &up, json!({"max_in_flight": 1})).await;
+    let mut body = chat("vllm.m");
+    body["stream"] = json!(true);
+    body["max_tokens"] = json!(40);
+    let mut first = l.http.post(l.url("/api/v1/chat/completions")).json(&body).send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert!(first.chunk().await.unwrap().is_some(), "the first stream started");
+    assert_eq!(upstream_view(&l, "vllm").await["in_flight"], 1);
+    let (s, retry, v) = traced_chat(&l, "vllm.m").await;
+    assert_eq!((s, retry.as_deref()), (503, Some("1")), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("max_in_flight"), "{v}");
+    while first.chunk().await.unwrap().is_some() {}
+    let freed = wait_for(Duration::from_secs(10), || async {
+        (upstream_view(&l, "vllm").await["in_flight"] == 0).then_some(())
+    })
+    .await;
+    assert!(freed.is_some(), "the finished stream left the count");
+    assert_eq!(traced_chat(&l, "vllm.m").await.0, 200);
+    assert_eq!(up.requests().len(), 2, "the refused request never reached it");
+}
+
+#[tokio::test]
+async fn trace_and_session_headers_reach_a_local_backend_and_the_session_header_is_configurable() {
+    let log = tempfile::tempdir().unwrap();
+    let path = log.path().join("h.jsonl");
+    let knobs = json!({"headers_log": path.display().to_string()});
+    let fake = fake_llama_server().to_str().unwrap().to_string();
+    let l = Lemonade::start_in(
+        bin(),
+        fake_sandbox(&[("m", None, knobs)]),
+        &["--session-header", "X-Conversation"],
+        &[("LEMONADE_LLAMACPP_CPU_BIN", &fake)],
+    )
+    .await;
+    let r = l
+        .http
+        .post(l.url("/v1/chat/completions"))
+        .header("traceparent", TRACEPARENT)
+        .header("x-conversation", "c-9")
+        .header("x-session-id", "not-forwarded")
+        .json(&chat("extra.m.gguf"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let h: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!((h["traceparent"].as_str(), h["x-conversation"].as_str()), (Some(TRACEPARENT), Some("c-9")), "{h}");
+    assert!(h.get("x-session-id").is_none(), "only the configured session header goes on: {h}");
+    assert!(h.get("tracestate").is_none(), "{h}");
 }

@@ -54,6 +54,8 @@ pub struct Config {
     /// The request header that names a conversation (`--session-header`), forwarded with
     /// `traceparent` and `tracestate` to backends and remote upstreams (lowercase).
     pub session_header: String,
+    /// Each remote provider's circuit breaker.
+    pub breaker: backends::upstream::BreakerSettings,
 }
 
 /// `config.json`'s writer: one change at a time (read, check, write, apply; `crate::live`).
@@ -189,6 +191,7 @@ impl Config {
             hub_endpoint: None,
             metrics_names: Default::default(),
             session_header: "x-session-id".into(),
+            breaker: Default::default(),
         }
     }
 }

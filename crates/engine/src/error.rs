@@ -42,6 +42,10 @@ pub enum EngineError {
     /// A remote provider gave no answer within `--remote-timeout`.
     #[error("{0}")]
     UpstreamTimeout(String),
+    /// A remote upstream cannot take the request now (its own backpressure, its circuit
+    /// breaker open, or its in-flight bound reached): a 503 with `Retry-After` (seconds).
+    #[error("{message}")]
+    UpstreamBusy { message: String, retry_after: u64 },
     /// The disk is full (a download).
     #[error("{0}")]
     InsufficientStorage(String),

@@ -149,7 +149,7 @@ impl Engine {
         http: reqwest::Client,
     ) -> Engine {
         let metrics = Arc::new(Metrics::new(cfg.metrics_names));
-        let remotes = Arc::new(Remotes::new(cfg.cache_dir.clone(), cfg.live.clone()));
+        let remotes = Arc::new(Remotes::new(cfg.cache_dir.clone(), cfg.live.clone(), cfg.breaker));
         match cfg.remote_refresh {
             Some(every) => remote::refresh_every(Arc::downgrade(&remotes), every),
             None => {

@@ -321,7 +321,7 @@ pub async fn lease_with(
                 None => format!("Model '{name}' is a router collection: it answers chat, completions, responses, Ollama chat and generate and Anthropic messages, not {endpoint}"),
             }));
         }
-        if let Some(route) = rt.remotes.route(name).await? {
+        if let Some(mut route) = rt.remotes.route(name).await? {
             let text = [ModelType::Llm, ModelType::Embedding, ModelType::Reranking];
             if !want.iter().any(|t| text.contains(t)) {
                 return Err(EngineError::WrongModelType(format!(
@@ -329,6 +329,7 @@ pub async fn lease_with(
                     route.provider.name
                 )));
             }
+            route.admitted = Some(route.provider.admit()?);
             return Ok(Lease::remote(&rt.lifecycle, route));
         }
     }

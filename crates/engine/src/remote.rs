@@ -11,9 +11,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use api_types::{Model, Probe, Upstream};
+use api_types::{Model, Probe, Upstream, UpstreamBreaker};
 use backends::cloud::{self, Discovered};
-use parking_lot::RwLock;
+use backends::upstream::{Breaker, BreakerSettings};
+use parking_lot::{Mutex, RwLock};
 
 use crate::error::{EngineError, Result};
 
@@ -29,6 +30,71 @@ pub struct Provider {
     seen: RwLock<Seen>,
     /// Lemonade v11's `allow_insecure_http`: a key may go over plain `http://` to another host.
     insecure_ok: std::sync::atomic::AtomicBool,
+    /// The header its key goes in and the prefix (None: `Authorization`, `Bearer `), and its
+    /// in-flight bound, as saved.
+    reach: RwLock<Reach>,
+    /// Requests sent to it and not answered to the end.
+    in_flight: Arc<std::sync::atomic::AtomicU32>,
+    breaker: Mutex<Breaker>,
+    /// The breaker's clock (ms since this).
+    epoch: Instant,
+}
+
+/// How a provider is reached, besides its URL and key (saved).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reach {
+    pub auth_header_name: Option<String>,
+    pub auth_header_prefix: Option<String>,
+    pub max_in_flight: Option<u32>,
+}
+
+/// What `install` may set besides the URL and key; None keeps what the provider had.
+#[derive(Debug, Clone, Default)]
+pub struct InstallOptions {
+    pub allow_insecure_http: Option<bool>,
+    pub auth_header_name: Option<String>,
+    pub auth_header_prefix: Option<String>,
+    /// 0 removes the bound.
+    pub max_in_flight: Option<u32>,
+}
+
+/// A request admitted to a provider: counted in flight until dropped. Its outcome goes to the
+/// breaker ([`Admitted::succeeded`], [`Admitted::failed`]); dropped without one (the client
+/// left), a half-open breaker lets the next request probe.
+pub struct Admitted {
+    provider: Arc<Provider>,
+    told: std::sync::atomic::AtomicBool,
+}
+
+impl Admitted {
+    /// The upstream answered (backpressure included).
+    pub fn succeeded(&self) {
+        self.told.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.provider.breaker.lock().success();
+    }
+
+    /// The upstream failed (unreachable, a timeout, a 5xx that is not backpressure).
+    pub fn failed(&self) {
+        self.told.store(true, std::sync::atomic::Ordering::SeqCst);
+        let now = self.provider.now_ms();
+        let mut b = self.provider.breaker.lock();
+        let was_open = b.opened;
+        b.failure(now);
+        if b.opened > was_open {
+            tracing::warn!(provider = %self.provider.name, failures = b.settings.failures, open_ms = b.settings.open_ms,
+                "remote provider's circuit breaker opened");
+        }
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.provider.in_flight.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        if !self.told.load(std::sync::atomic::Ordering::SeqCst) {
+            let now = self.provider.now_ms();
+            self.provider.breaker.lock().abandoned(now);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -47,9 +113,89 @@ pub struct Route {
     /// The pooled client for remote providers, and how long one may take to answer.
     pub http: reqwest::Client,
     pub timeout: Duration,
+    /// Its place among the provider's requests in flight, once admitted (see [`Provider::admit`]).
+    pub admitted: Option<Admitted>,
 }
 
 impl Provider {
+    fn new(name: &str, base: String, url: String, insecure: bool, reach: Reach, breaker: BreakerSettings) -> Provider {
+        Provider {
+            name: name.to_string(),
+            base,
+            url,
+            key: RwLock::default(),
+            seen: RwLock::default(),
+            insecure_ok: insecure.into(),
+            reach: RwLock::new(reach),
+            in_flight: Default::default(),
+            breaker: Mutex::new(Breaker::new(breaker)),
+            epoch: Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// What is saved of it, with `models`.
+    fn saved(&self, models: Vec<Discovered>) -> host::cloud::Saved {
+        let reach = self.reach.read().clone();
+        host::cloud::Saved {
+            base_url: self.url.clone(),
+            models,
+            allow_insecure_http: self.insecure_ok.load(std::sync::atomic::Ordering::Relaxed),
+            auth_header_name: reach.auth_header_name,
+            auth_header_prefix: reach.auth_header_prefix,
+            max_in_flight: reach.max_in_flight,
+        }
+    }
+
+    /// A request may go to it now: its breaker is not open and it is under its in-flight
+    /// bound. Else a 503 whose `Retry-After` says when to come back.
+    pub fn admit(self: &Arc<Self>) -> Result<Admitted> {
+        use std::sync::atomic::Ordering;
+        if let Err(wait_ms) = self.breaker.lock().admit(self.now_ms()) {
+            let why = if wait_ms == 0 {
+                "a probe request is testing it".to_string()
+            } else {
+                format!("retry in {} ms", wait_ms)
+            };
+            return Err(EngineError::UpstreamBusy {
+                message: format!(
+                    "Upstream '{}' ({}) is failing: its circuit breaker is open ({why})",
+                    self.name, self.base
+                ),
+                retry_after: wait_ms.div_ceil(1000).max(1),
+            });
+        }
+        let max = self.reach.read().max_in_flight;
+        let n = self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let admitted = Admitted { provider: self.clone(), told: false.into() };
+        if let Some(max) = max.filter(|m| n >= *m) {
+            admitted.told.store(true, Ordering::SeqCst); // not the upstream's outcome
+            drop(admitted);
+            // A half-open probe that was refused here must not keep the breaker half-open.
+            self.breaker.lock().abandoned(self.now_ms());
+            return Err(EngineError::UpstreamBusy {
+                message: format!(
+                    "Upstream '{}' ({}) has {max} requests in flight, its bound (max_in_flight)",
+                    self.name, self.base
+                ),
+                retry_after: 1,
+            });
+        }
+        Ok(admitted)
+    }
+
+    /// The header and value its key is sent in (Lemonade v11's `auth_header_name`,
+    /// `auth_header_prefix`).
+    pub fn auth_header(&self, key: &str) -> (String, String) {
+        let reach = self.reach.read();
+        let name = reach.auth_header_name.clone().unwrap_or_else(|| cloud::AUTH_HEADER.into());
+        let prefix = reach.auth_header_prefix.as_deref().unwrap_or(cloud::AUTH_PREFIX);
+        (name, format!("{prefix}{key}"))
+    }
+
     /// The key to send: the one held in memory, else `LEMONADE_<NAME>_API_KEY`.
     pub fn key(&self) -> Option<String> {
         let held = self.key.read().clone();
@@ -108,7 +254,28 @@ impl Provider {
         } else {
             "none"
         };
+        let reach = self.reach.read().clone();
+        let breaker = self.breaker.lock().clone();
+        let retry_in_ms = match breaker.state {
+            backends::upstream::BreakerState::Open { until } => Some(until.saturating_sub(self.now_ms())),
+            _ => None,
+        };
+        let failures = match breaker.state {
+            backends::upstream::BreakerState::Closed { failures } => failures,
+            _ => breaker.settings.failures,
+        };
         Upstream {
+            auth_header_name: reach.auth_header_name.unwrap_or_else(|| cloud::AUTH_HEADER.into()),
+            auth_header_prefix: reach.auth_header_prefix.unwrap_or_else(|| cloud::AUTH_PREFIX.into()),
+            max_in_flight: reach.max_in_flight,
+            in_flight: self.in_flight.load(std::sync::atomic::Ordering::SeqCst),
+            breaker: UpstreamBreaker {
+                state: breaker.name().into(),
+                failures,
+                threshold: breaker.settings.failures,
+                opened: breaker.opened,
+                retry_in_ms,
+            },
             name: self.name.clone(),
             base_url: self.base.clone(),
             state: match &seen.probe {
@@ -166,12 +333,14 @@ pub struct Remotes {
     http: reqwest::Client,
     /// The live configuration, for the remote timeout in force.
     live: Arc<crate::config::Live>,
+    /// Each provider's circuit breaker's settings.
+    breaker: BreakerSettings,
 }
 
 impl Remotes {
     /// The providers saved in `<cache>/cloud_providers.json` (keys come from the environment,
     /// or a later `auth`). A damaged file is logged and ignored, never overwritten silently.
-    pub fn new(cache_dir: PathBuf, live: Arc<crate::config::Live>) -> Remotes {
+    pub fn new(cache_dir: PathBuf, live: Arc<crate::config::Live>, breaker: BreakerSettings) -> Remotes {
         let http = reqwest::Client::builder()
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(5))
@@ -186,14 +355,20 @@ impl Remotes {
             .into_iter()
             .filter_map(|(name, s)| {
                 let base = cloud::api_base(&s.base_url).ok()?;
-                let seen = RwLock::new(Seen { models: s.models, probe: None });
-                let insecure_ok = s.allow_insecure_http.into();
-                let p =
-                    Provider { name: name.clone(), base, url: s.base_url, key: RwLock::default(), seen, insecure_ok };
+                // A hand-edited header that would not be sent as written falls back to the default.
+                let header_ok =
+                    cloud::check_auth_header(s.auth_header_name.as_deref(), s.auth_header_prefix.as_deref()).is_ok();
+                let reach = Reach {
+                    auth_header_name: s.auth_header_name.filter(|_| header_ok),
+                    auth_header_prefix: s.auth_header_prefix.filter(|_| header_ok),
+                    max_in_flight: s.max_in_flight.filter(|n| *n > 0),
+                };
+                let p = Provider::new(&name, base, s.base_url, s.allow_insecure_http, reach, breaker);
+                p.seen.write().models = s.models;
                 Some((name, Arc::new(p)))
             })
             .collect();
-        Remotes { providers: RwLock::new(providers), cache_dir, http, live }
+        Remotes { providers: RwLock::new(providers), cache_dir, http, live, breaker }
     }
 
     /// How long a provider may take to start answering (`remote_timeout`, live).
@@ -217,39 +392,41 @@ impl Remotes {
     /// discovers its models. The answer is its view after discovery (a provider that is down
     /// is registered all the same, and shown down).
     pub async fn install(&self, name: &str, base_url: Option<&str>, key: Option<String>) -> Result<Upstream> {
-        self.install_with(name, base_url, key, None).await
+        self.install_with(name, base_url, key, InstallOptions::default()).await
     }
 
-    /// [`Remotes::install`] with Lemonade v11's `allow_insecure_http` (None: kept as it was).
+    /// [`Remotes::install`] with Lemonade v11's `allow_insecure_http`, `auth_header_name` and
+    /// `auth_header_prefix`, and lemonade's `max_in_flight` (None: kept as they were).
     pub async fn install_with(
         &self,
         name: &str,
         base_url: Option<&str>,
         key: Option<String>,
-        allow_insecure_http: Option<bool>,
+        o: InstallOptions,
     ) -> Result<Upstream> {
         let bad = |e: cloud::CloudError, param: &str| EngineError::invalid(e.to_string(), Some(param));
         cloud::check_name(name).map_err(|e| bad(e, "backend"))?;
+        cloud::check_auth_header(o.auth_header_name.as_deref(), None).map_err(|e| bad(e, "auth_header_name"))?;
+        cloud::check_auth_header(None, o.auth_header_prefix.as_deref()).map_err(|e| bad(e, "auth_header_prefix"))?;
         let key = key.filter(|k| !k.is_empty());
         let provider = match base_url {
             Some(url) => {
                 let base = cloud::api_base(url).map_err(|e| bad(e, "base_url"))?;
                 let old = self.get(name);
-                let insecure = allow_insecure_http.unwrap_or_else(|| {
+                let insecure = o.allow_insecure_http.unwrap_or_else(|| {
                     old.as_ref().is_some_and(|p| p.insecure_ok.load(std::sync::atomic::Ordering::Relaxed))
                 });
-                let saved =
-                    host::cloud::Saved { base_url: url.to_string(), models: vec![], allow_insecure_http: insecure };
-                host::cloud::save(&self.cache_dir, name, Some(&saved))?;
+                let was = old.as_ref().map(|p| p.reach.read().clone()).unwrap_or_default();
+                let reach = Reach {
+                    auth_header_name: o.auth_header_name.or(was.auth_header_name),
+                    auth_header_prefix: o.auth_header_prefix.or(was.auth_header_prefix),
+                    max_in_flight: o.max_in_flight.map_or(was.max_in_flight, |n| (n > 0).then_some(n)),
+                };
                 let old_key = old.and_then(|p| p.key.read().clone());
-                let p = Arc::new(Provider {
-                    name: name.to_string(),
-                    base,
-                    url: url.to_string(),
-                    key: RwLock::new(key.or(old_key)),
-                    seen: RwLock::default(),
-                    insecure_ok: insecure.into(),
-                });
+                let p = Provider::new(name, base, url.to_string(), insecure, reach, self.breaker);
+                *p.key.write() = key.or(old_key);
+                host::cloud::save(&self.cache_dir, name, Some(&p.saved(vec![])))?;
+                let p = Arc::new(p);
                 self.providers.write().insert(name.to_string(), p.clone());
                 tracing::info!(provider = %name, base = %p.base, "remote provider registered");
                 p
@@ -289,12 +466,8 @@ impl Remotes {
         }
         if let Some(ok) = allow_insecure_http {
             p.insecure_ok.store(ok, std::sync::atomic::Ordering::Relaxed);
-            let saved = host::cloud::Saved {
-                base_url: p.url.clone(),
-                models: p.seen.read().models.clone(),
-                allow_insecure_http: ok,
-            };
-            host::cloud::save(&self.cache_dir, name, Some(&saved))?;
+            let models = p.seen.read().models.clone();
+            host::cloud::save(&self.cache_dir, name, Some(&p.saved(models)))?;
         }
         *p.key.write() = Some(key.to_string());
         self.discover(&p).await;
@@ -336,9 +509,9 @@ impl Remotes {
             Ok(k) => k,
             Err(e) => return p.record(false, t.elapsed(), Some(e.to_string())),
         };
-        match host::cloud::discover(&self.http, &p.base, key.as_deref(), self.timeout().min(Duration::from_secs(10)))
-            .await
-        {
+        let auth = key.map(|k| p.auth_header(&k));
+        let auth = auth.as_ref().map(|(n, v)| (n.as_str(), v.as_str()));
+        match host::cloud::discover(&self.http, &p.base, auth, self.timeout().min(Duration::from_secs(10))).await {
             Ok(models) => {
                 let changed = {
                     let mut seen = p.seen.write();
@@ -350,9 +523,7 @@ impl Remotes {
                 // Kept on disk for a restart while it is down; written only when it changed.
                 let still_registered = self.get(&p.name).is_some_and(|q| std::ptr::eq(&*q, p));
                 if changed && still_registered {
-                    let insecure = p.insecure_ok.load(std::sync::atomic::Ordering::Relaxed);
-                    let saved = host::cloud::Saved { base_url: p.url.clone(), models, allow_insecure_http: insecure };
-                    if let Err(e) = host::cloud::save(&self.cache_dir, &p.name, Some(&saved)) {
+                    if let Err(e) = host::cloud::save(&self.cache_dir, &p.name, Some(&p.saved(models))) {
                         tracing::warn!(provider = %p.name, error = %e, "remote provider's models not saved");
                     }
                 }
@@ -397,7 +568,7 @@ impl Remotes {
 
     fn route_to(&self, provider: Arc<Provider>, id: &str, name: &str) -> Route {
         let (http, timeout) = (self.http.clone(), self.timeout());
-        Route { provider, id: id.to_string(), name: name.to_string(), http, timeout }
+        Route { provider, id: id.to_string(), name: name.to_string(), http, timeout, admitted: None }
     }
 
     pub fn views(&self) -> Vec<Upstream> {

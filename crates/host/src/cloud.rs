@@ -14,7 +14,7 @@ use crate::HostError;
 pub const PROVIDERS_FILE: &str = "cloud_providers.json";
 
 /// What is saved of a provider. There is deliberately no key field.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Saved {
     pub base_url: String,
     /// Its last discovered models, so a restarted server lists them while it is down.
@@ -23,6 +23,15 @@ pub struct Saved {
     /// Lemonade v11's opt-in to send a key over plain `http://` beyond this machine.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_insecure_http: bool,
+    /// The header its key goes in, and the text before the key (Lemonade v11's
+    /// `auth_header_name`, `auth_header_prefix`; None: `Authorization`, `Bearer `).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_header_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_header_prefix: Option<String>,
+    /// Requests it is sent at once (None: no bound).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u32>,
 }
 
 /// The saved providers (none: empty). A damaged file is an error naming it.
@@ -46,12 +55,12 @@ pub fn save(cache_dir: &Path, name: &str, saved: Option<&Saved>) -> Result<(), H
 pub async fn discover(
     http: &reqwest::Client,
     base: &str,
-    key: Option<&str>,
+    auth: Option<(&str, &str)>,
     timeout: Duration,
 ) -> Result<Vec<Discovered>, String> {
     let mut req = http.get(format!("{base}/models")).timeout(timeout);
-    if let Some(k) = key {
-        req = req.bearer_auth(k);
+    if let Some((name, value)) = auth {
+        req = req.header(name, value);
     }
     let resp = req.send().await.map_err(|e| describe(&e, timeout))?;
     let status = resp.status();
@@ -87,20 +96,12 @@ mod tests {
     fn providers_are_saved_without_keys_and_forgotten() {
         let dir = tempfile::tempdir().unwrap();
         assert!(load(dir.path()).unwrap().is_empty());
-        save(
-            dir.path(),
-            "vllm",
-            Some(&Saved { base_url: "http://10.0.0.5:8000/v1".into(), models: vec![], allow_insecure_http: false }),
-        )
-        .unwrap();
+        save(dir.path(), "vllm", Some(&Saved { base_url: "http://10.0.0.5:8000/v1".into(), ..Default::default() }))
+            .unwrap();
         save(
             dir.path(),
             "peer",
-            Some(&Saved {
-                base_url: "http://127.0.0.1:8001/api/v1".into(),
-                models: vec![],
-                allow_insecure_http: false,
-            }),
+            Some(&Saved { base_url: "http://127.0.0.1:8001/api/v1".into(), ..Default::default() }),
         )
         .unwrap();
         save(dir.path(), "peer", None).unwrap();

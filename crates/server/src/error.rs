@@ -61,6 +61,9 @@ pub enum ApiError {
     /// A remote provider gave no answer within `--remote-timeout` (504).
     #[error("{0}")]
     UpstreamTimeout(String),
+    /// A remote upstream cannot take the request now (503 with `Retry-After`, seconds).
+    #[error("{message}")]
+    UpstreamBusy { message: String, retry_after: u64 },
     /// The disk is full (a download).
     #[error("{0}")]
     InsufficientStorage(String),
@@ -94,6 +97,7 @@ impl ApiError {
             ApiError::Backend { status, .. } => *status,
             ApiError::BackendUnavailable(_) | ApiError::UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
             ApiError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::UpstreamBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
@@ -156,6 +160,7 @@ impl ApiError {
             ApiError::Internal(_) => ErrorResponse::new("internal_error", msg).code("internal_error"),
             ApiError::UpstreamFailed(_) => ErrorResponse::new("upstream_error", msg).code("upstream_error"),
             ApiError::UpstreamTimeout(_) => ErrorResponse::new("upstream_timeout", msg).code("upstream_timeout"),
+            ApiError::UpstreamBusy { .. } => ErrorResponse::new("upstream_busy", msg).code("upstream_busy"),
             ApiError::InsufficientStorage(_) => {
                 ErrorResponse::new("insufficient_storage", msg).code("insufficient_storage")
             }
@@ -186,6 +191,7 @@ impl From<EngineError> for ApiError {
             E::Unavailable(m) => ApiError::BackendUnavailable(m),
             E::UpstreamFailed(m) => ApiError::UpstreamFailed(m),
             E::UpstreamTimeout(m) => ApiError::UpstreamTimeout(m),
+            E::UpstreamBusy { message, retry_after } => ApiError::UpstreamBusy { message, retry_after },
             E::InsufficientStorage(m) => ApiError::InsufficientStorage(m),
             E::Registry(r) => registry_error(r),
             E::Host(host::HostError::Registry(r)) => registry_error(r),
@@ -252,6 +258,7 @@ impl ApiError {
                     scheduler::Rejection::Backoff { retry_in_ms, .. } | scheduler::Rejection::QueueFull { retry_in_ms, .. },
                 ..
             } => Some(retry_in_ms.div_ceil(1000).max(1)),
+            ApiError::UpstreamBusy { retry_after, .. } => Some((*retry_after).max(1)),
             _ => None,
         }
     }

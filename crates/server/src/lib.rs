@@ -8,6 +8,7 @@ pub mod extract;
 pub mod logging;
 pub mod metrics;
 pub mod openapi;
+pub mod propagate;
 pub mod proxy;
 pub mod routes;
 pub mod sse;
@@ -43,6 +44,7 @@ fn app_with(state: AppState, access: access::Access) -> Router {
         .merge(SwaggerUi::new("/docs").url("/api/v1/openapi.json", openapi::document()))
         .layer(DefaultBodyLimit::max(state.http.body_limit))
         .layer(axum::middleware::from_fn(waiting::priority_header))
+        .layer(axum::middleware::from_fn_with_state(propagate::Names::new(&state.cfg.session_header), propagate::layer))
         .layer(axum::middleware::from_fn_with_state(state.catalogue.clone(), scanned))
         .layer(axum::middleware::from_fn_with_state(Arc::new(access), access::layer))
         // Outermost, so refusals by access control are counted too.

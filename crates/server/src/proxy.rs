@@ -38,7 +38,7 @@ async fn send(
     if let Some(b) = &body {
         lease.before_forward(path_and_query, b).await;
     }
-    let mut req = lease.http().request(method, lease.url(path_and_query));
+    let mut req = crate::propagate::apply(lease.http().request(method, lease.url(path_and_query)));
     if stream {
         // llama-server closes the connection after a streamed response although it advertised
         // keep-alive; a pooled connection reused before its FIN arrives fails the next request.
@@ -50,53 +50,86 @@ async fn send(
     issue(lease, req).await
 }
 
-/// Attempts at a remote provider, counting the first: a refused connection or a 502/503/504
-/// is tried again, as nothing has reached the client yet.
+/// Attempts at a remote provider, counting the first: a refused connection, a 502/504 or a
+/// 503 without `Retry-After` is tried again, as nothing has reached the client yet; its
+/// backpressure (429, 503 with `Retry-After`) is waited out when the pause is short.
 const REMOTE_ATTEMPTS: u32 = 3;
 
-/// [`send`] to a remote provider (the model id already the upstream's): its key added, an
-/// answer's headers awaited for `--remote-timeout`.
+/// [`send`] to a remote provider (the model id already the upstream's): its key added in its
+/// auth header, the trace and session headers forwarded, an answer's headers awaited for
+/// `--remote-timeout`. Its backpressure, when it is not waited out, is a 503 with its
+/// `Retry-After` (`backends::upstream::judge`), never a 502.
 async fn send_remote(
     lease: &Lease,
     method: http::Method,
     path_and_query: &str,
     body: Option<Bytes>,
 ) -> Result<reqwest::Response, ApiError> {
+    use backends::upstream::{judge, retry_after, Answer};
     let Target::Remote(route) = &lease.target else { unreachable!("send_remote is for remote leases") };
     let url = lease.url(path_and_query);
-    let key = route.provider.sendable_key()?;
+    let auth = route.provider.sendable_key()?.map(|k| route.provider.auth_header(&k));
     let started = std::time::Instant::now();
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let mut req = lease.http().request(method.clone(), &url);
-        if let Some(k) = &key {
-            req = req.bearer_auth(k);
+        let mut req = crate::propagate::apply(lease.http().request(method.clone(), &url));
+        if let Some((name, value)) = &auth {
+            req = req.header(name.as_str(), value.as_str());
         }
         if let Some(b) = &body {
             req = req.header(header::CONTENT_TYPE, "application/json").body(b.clone());
         }
         let left = lease.remote_timeout().saturating_sub(started.elapsed());
-        let outcome = match tokio::time::timeout(left, req.send()).await {
+        let r = match tokio::time::timeout(left, req.send()).await {
             Err(_) => return Err(remote_timeout(lease, route)),
-            Ok(Ok(r)) if attempt < REMOTE_ATTEMPTS && matches!(r.status().as_u16(), 502..=504) => None,
-            Ok(Ok(r)) => Some(Ok(r)),
-            Ok(Err(e)) if attempt < REMOTE_ATTEMPTS && e.is_connect() => None,
-            Ok(Err(e)) => Some(Err(e)),
+            Ok(Err(e)) if attempt < REMOTE_ATTEMPTS && e.is_connect() => {
+                pause(lease, route, attempt, started, None).await;
+                continue;
+            }
+            Ok(Err(e)) => return Err(remote_failed(route, &e, lease.remote_timeout())),
+            Ok(Ok(r)) => r,
         };
-        match outcome {
-            Some(Ok(r)) => {
+        let header = r.headers().get(header::RETRY_AFTER).and_then(|v| v.to_str().ok());
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let left = lease.remote_timeout().saturating_sub(started.elapsed());
+        match judge(r.status().as_u16(), retry_after(header, now), attempt, REMOTE_ATTEMPTS, left) {
+            Answer::Relay => {
                 route.provider.record(true, started.elapsed(), None);
+                route.admitted.as_ref().inspect(|a| a.succeeded());
                 return Ok(r);
             }
-            Some(Err(e)) => return Err(remote_failed(route, &e, lease.remote_timeout())),
-            None => {
-                let pause = std::time::Duration::from_millis(200 << attempt);
-                tracing::warn!(provider = %route.provider.name, attempt, "remote provider failed; trying again");
-                tokio::time::sleep(pause.min(lease.remote_timeout().saturating_sub(started.elapsed()))).await;
+            // The upstream's own failure: `backend_error` makes it a 502 naming it.
+            Answer::Failed => return Ok(r),
+            Answer::Retry => pause(lease, route, attempt, started, None).await,
+            Answer::RetryAfter(wait) => pause(lease, route, attempt, started, Some(wait)).await,
+            Answer::Busy(secs) => {
+                route.admitted.as_ref().inspect(|a| a.succeeded());
+                let msg = format!(
+                    "Upstream '{}' ({}) is busy: it answered {} asking to retry after {secs} s",
+                    route.provider.name,
+                    route.provider.base,
+                    r.status()
+                );
+                tracing::info!(provider = %route.provider.name, retry_after = secs, "remote provider busy; passed on as 503");
+                return Err(ApiError::UpstreamBusy { message: msg, retry_after: secs });
             }
         }
     }
+}
+
+/// Waits before attempt `attempt + 1` at a remote provider: `wait` (its `Retry-After`), else
+/// a back-off; never past the request's time.
+async fn pause(
+    lease: &Lease,
+    route: &Route,
+    attempt: u32,
+    started: std::time::Instant,
+    wait: Option<std::time::Duration>,
+) {
+    let wait = wait.unwrap_or(std::time::Duration::from_millis(200 << attempt));
+    tracing::warn!(provider = %route.provider.name, attempt, wait_ms = wait.as_millis() as u64, "remote provider failed or busy; trying again");
+    tokio::time::sleep(wait.min(lease.remote_timeout().saturating_sub(started.elapsed()))).await;
 }
 
 fn remote_timeout(lease: &Lease, route: &Route) -> ApiError {
@@ -108,6 +141,7 @@ fn remote_timeout(lease: &Lease, route: &Route) -> ApiError {
         t.as_secs_f64()
     );
     route.provider.record(false, t, Some(msg.clone()));
+    route.admitted.as_ref().inspect(|a| a.failed());
     ApiError::UpstreamTimeout(msg)
 }
 
@@ -119,6 +153,7 @@ fn remote_failed(route: &Route, e: &reqwest::Error, timeout: std::time::Duration
         host::cloud::describe(e, timeout)
     );
     route.provider.record(false, std::time::Duration::ZERO, Some(msg.clone()));
+    route.admitted.as_ref().inspect(|a| a.failed());
     ApiError::UpstreamFailed(msg)
 }
 
@@ -165,7 +200,7 @@ pub async fn forward_form(
     content_type: &'static str,
 ) -> Result<Response, ApiError> {
     // Only local backends get forms (pulls::lease forwards no audio request to a remote).
-    let resp = issue(&lease, lease.http().post(lease.url(path)).multipart(form)).await?;
+    let resp = issue(&lease, crate::propagate::apply(lease.http().post(lease.url(path))).multipart(form)).await?;
     if !resp.status().is_success() {
         return Err(backend_error(&lease, resp).await);
     }
@@ -219,6 +254,9 @@ async fn backend_error(lease: &Lease, resp: reqwest::Response) -> ApiError {
                 route.provider.name, route.provider.base
             );
             route.provider.record(false, std::time::Duration::ZERO, Some(msg.clone()));
+            if status.is_server_error() {
+                route.admitted.as_ref().inspect(|a| a.failed());
+            }
             ApiError::UpstreamFailed(msg)
         }
         _ => ApiError::Backend { status, body, content_type },

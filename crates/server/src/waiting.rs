@@ -141,7 +141,8 @@ where
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     let (rt2, model) = (rt.clone(), model.to_string());
     let content_type = voice.content_type;
-    tokio::spawn(async move {
+    let forwarded = crate::propagate::current();
+    tokio::spawn(crate::propagate::within(forwarded, async move {
         let mut tick = tokio::time::interval(EVERY);
         let lease = loop {
             tokio::select! {
@@ -170,7 +171,7 @@ where
                 let _ = tx.send((voice.failure)(&e)).await;
             }
         }
-    });
+    }));
     let events = futures_util::stream::unfold(rx, |mut rx| async { Some((Ok::<_, Infallible>(rx.recv().await?), rx)) });
     let mut r = crate::sse::response(&rt.lifecycle, events);
     r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static(content_type));

@@ -12,7 +12,10 @@
 //! `token_bytes` (each streamed token padded to this many bytes, for long streams),
 //! `replies` (a scripted planner: a whole chat answer's message is `replies[n]`, n the number
 //! of assistant messages in the request, with `{last}` in its content replaced by the last
-//! message's content).
+//! message's content), `script` (one answer per chat request, in order, before the normal
+//! ones: `{"status": 429, "retry_after": "1"}`), `headers_log` (a file each chat request's
+//! headers are appended to, a JSON object per line). It also lists its model at `/v1/models`
+//! (`--alias`), to stand in for a remote upstream.
 //! Never a substitute for the end-to-end tests against real llama-server.
 
 use std::convert::Infallible;
@@ -32,6 +35,8 @@ struct Knobs {
     omit_done: bool,
     token_bytes: usize,
     replies: Vec<Value>,
+    script: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<Value>>>,
+    headers_log: Option<String>,
 }
 
 fn arg(args: &[String], flag: &str) -> Option<String> {
@@ -73,11 +78,17 @@ async fn main() {
         omit_done: knobs.get("omit_done") == Some(&json!(true)),
         token_bytes: n("token_bytes").unwrap_or(0) as usize,
         replies: knobs.get("replies").and_then(Value::as_array).cloned().unwrap_or_default(),
+        script: std::sync::Arc::new(std::sync::Mutex::new(
+            knobs.get("script").and_then(Value::as_array).cloned().unwrap_or_default().into(),
+        )),
+        headers_log: knobs.get("headers_log").and_then(Value::as_str).map(str::to_string),
     };
+    let alias = arg(&args, "--alias").unwrap_or_else(|| "fake".into());
     let app = Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/slots", get(|| async { Json(json!([{"id": 0, "is_processing": false}])) }))
         .route("/v1/chat/completions", post(chat))
+        .route("/v1/models", get(move || async move { Json(json!({"object": "list", "data": [{"id": alias, "object": "model", "owned_by": "fake"}]})) }))
         .route("/v1/embeddings", post(|| async { Json(json!({"object": "list", "model": "fake", "data": [{"object": "embedding", "index": 0, "embedding": [0.5, 0.5]}]})) }))
         .with_state(state);
     // llama-server style (--port 0, the real port logged) or a port chosen by the caller
@@ -88,8 +99,29 @@ async fn main() {
     axum::serve(listener, app).await.unwrap();
 }
 
-async fn chat(State(k): State<Knobs>, Json(body): Json<Value>) -> axum::response::Response {
+async fn chat(
+    State(k): State<Knobs>,
+    headers: axum::http::HeaderMap,
+    Json(body): Json<Value>,
+) -> axum::response::Response {
     use axum::response::IntoResponse;
+    if let Some(path) = &k.headers_log {
+        use std::io::Write;
+        let seen: serde_json::Map<String, Value> =
+            headers.iter().map(|(n, v)| (n.to_string(), json!(String::from_utf8_lossy(v.as_bytes())))).collect();
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
+        writeln!(f, "{}", Value::Object(seen)).unwrap();
+    }
+    let next = k.script.lock().unwrap().pop_front();
+    if let Some(step) = next.filter(|s| s["status"].as_u64() != Some(200)) {
+        let status = axum::http::StatusCode::from_u16(step["status"].as_u64().unwrap_or(500) as u16).unwrap();
+        let mut r = (status, Json(json!({"error": {"message": format!("scripted {status}"), "type": "scripted"}})))
+            .into_response();
+        if let Some(ra) = step["retry_after"].as_str() {
+            r.headers_mut().insert("retry-after", ra.parse().unwrap());
+        }
+        return r;
+    }
     // At most a context's worth, as llama-server (a fuzzer's max_tokens of 10^12 would
     // otherwise build an answer that never ends and starve /health).
     let tokens = body.get("max_tokens").and_then(Value::as_u64).unwrap_or(k.tokens).min(4096);

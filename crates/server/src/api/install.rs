@@ -110,7 +110,7 @@ async fn v11_cloud_install(rt: &AppState, req: InstallRequest) -> Result<CloudIn
     let name = provider_of(&req)?;
     let url = req.base_url.clone().filter(|u| !u.is_empty());
     let url = url.ok_or_else(|| ApiError::bad_request("Missing required field 'base_url'", Some("base_url")))?;
-    let up = rt.remotes.install_with(&name, Some(&url), req.api_key.clone(), req.allow_insecure_http).await?;
+    let up = rt.remotes.install_with(&name, Some(&url), req.api_key.clone(), install_options(&req)).await?;
     let p = rt.remotes.provider(&name)?;
     let state = auth_state(&p);
     let warning = (req.api_key.is_some() && state.env_var_set).then(|| {
@@ -190,9 +190,19 @@ pub async fn cloud_auth_clear(
     }))
 }
 
+fn install_options(req: &InstallRequest) -> engine::remote::InstallOptions {
+    engine::remote::InstallOptions {
+        allow_insecure_http: req.allow_insecure_http,
+        auth_header_name: req.auth_header_name.clone(),
+        auth_header_prefix: req.auth_header_prefix.clone(),
+        max_in_flight: req.max_in_flight,
+    }
+}
+
 /// Registers a remote provider (or changes its key) and discovers its models.
 async fn cloud_install(rt: &AppState, name: String, req: InstallRequest) -> Result<InstallResponse, ApiError> {
-    let up = rt.remotes.install(&name, req.base_url.as_deref(), req.api_key).await?;
+    let options = install_options(&req);
+    let up = rt.remotes.install_with(&name, req.base_url.as_deref(), req.api_key, options).await?;
     let message = match &up.last_probe {
         Some(p) if p.ok => format!("{} model(s): {}", up.models.len(), up.models.join(", ")),
         Some(p) => format!("registered, but its models could not be listed: {}", p.error.as_deref().unwrap_or("")),

@@ -68,7 +68,8 @@ pub async fn answer(rt: &AppState, c: &Collection, o: &Omni, body: Bytes, stream
     }
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     run.events = Some(tx.clone());
-    tokio::spawn(async move {
+    let forwarded = crate::propagate::current();
+    tokio::spawn(crate::propagate::within(forwarded, async move {
         let id = format!("chatcmpl-omni-{}", run.created());
         let _ = tx.send(run.chunk(&id, json!({"role": "assistant", "content": ""}), None)).await;
         let last = match run.run(first).await {
@@ -77,7 +78,7 @@ pub async fn answer(rt: &AppState, c: &Collection, o: &Omni, body: Bytes, stream
         };
         let _ = tx.send(last).await;
         let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
-    });
+    }));
     let events =
         futures_util::stream::unfold(rx, |mut rx| async { Some((Ok::<_, axum::Error>(rx.recv().await?), rx)) });
     Ok(([(http::header::CONTENT_TYPE, "text/event-stream")], Body::from_stream(events)).into_response())

@@ -1,0 +1,67 @@
+//! The headers a request carries on to whatever serves it: W3C trace context (`traceparent`,
+//! `tracestate`) and the session header (`x-session-id`, `--session-header`), forwarded as
+//! they came to local backends and remote upstreams, so a trace continues through lemonade and
+//! a router's session affinity holds past it. A value too long to be what it claims is
+//! dropped, never forwarded.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use http::{HeaderName, HeaderValue};
+
+/// The longest value forwarded (W3C caps `tracestate` at 512 characters; `traceparent` is 55).
+const MAX_LEN: usize = 512;
+
+/// The headers forwarded, in the order they are sent.
+pub type Forwarded = Arc<Vec<(HeaderName, HeaderValue)>>;
+
+tokio::task_local! {
+    static FORWARDED: Forwarded;
+}
+
+/// Which headers are forwarded: the trace context and `session` (lowercase).
+#[derive(Clone)]
+pub struct Names(pub Arc<[HeaderName]>);
+
+impl Names {
+    pub fn new(session: &str) -> Names {
+        let mut names = vec![HeaderName::from_static("traceparent"), HeaderName::from_static("tracestate")];
+        if let Ok(h) = HeaderName::from_bytes(session.as_bytes()) {
+            names.push(h);
+        }
+        Names(names.into())
+    }
+}
+
+/// Reads the forwarded headers of a request for the handler and the proxy.
+pub async fn layer(State(names): State<Names>, req: Request, next: Next) -> Response {
+    let found: Vec<(HeaderName, HeaderValue)> = names
+        .0
+        .iter()
+        .filter_map(|n| req.headers().get(n).filter(|v| v.len() <= MAX_LEN).map(|v| (n.clone(), v.clone())))
+        .collect();
+    if found.is_empty() {
+        return next.run(req).await;
+    }
+    FORWARDED.scope(Arc::new(found), next.run(req)).await
+}
+
+/// The headers the request being handled forwards (none outside one).
+pub fn current() -> Forwarded {
+    FORWARDED.try_with(Arc::clone).unwrap_or_default()
+}
+
+/// Runs `f` (a task spawned for the request) with `headers` forwarded.
+pub async fn within<F: std::future::Future>(headers: Forwarded, f: F) -> F::Output {
+    FORWARDED.scope(headers, f).await
+}
+
+/// `req` with the forwarded headers.
+pub fn apply(mut req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    for (n, v) in current().iter() {
+        req = req.header(n.as_str(), v.as_bytes());
+    }
+    req
+}
