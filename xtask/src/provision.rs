@@ -164,6 +164,9 @@ const PY_PACKAGES: &[&str] = &[
     // The web UI's browser tests drive Debian's chromium with it (it downloads no browser).
     "playwright==1.65.2",
     "greenlet==3.5.6",
+    // The real router three lemonade nodes are tested and benchmarked behind (a Rust binary
+    // in an abi3 wheel: `venv/bin/vllm-router`).
+    "vllm-router==0.1.17",
 ];
 
 /// The chat model of the demo (served from the extra models dir).
@@ -754,7 +757,7 @@ fn python_venv(dev: &Path) -> Result<PathBuf> {
                  importlib.metadata as m; \
                  assert huggingface_hub.__version__ == '2.4.0' and anthropic.__version__ == '2.12.0' \
                  and m.version('ollama') == '0.6.3' and m.version('playwright') == '1.65.2' \
-                 and m.version('mcp') == '2.3.0'",
+                 and m.version('mcp') == '2.3.0' and m.version('vllm-router') == '0.1.17'",
             ])
             .output()
             .map(|o| o.status.success())

@@ -303,6 +303,18 @@ pub struct Live {
     pub status: String,
 }
 
+/// `GET /get_load`: the load signal of the SGLang router protocol, which vllm-router's and
+/// SGLang's `power_of_two` policies poll on each worker: `load` is `running` plus `waiting`,
+/// over every model of this node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NodeLoad {
+    pub load: u64,
+    /// Requests being served, and requests waiting (for a model to load, or for a slot).
+    pub running: u64,
+    pub waiting: u64,
+}
+
 /// `POST /v1/load`. Each option is three-state, as Lemonade v11's: absent keeps the model's
 /// saved value, `null` ignores the saved value for this load (the server's, then the recipe's
 /// default applies), a value overrides it.

@@ -342,10 +342,10 @@ enum MetricsNames {
 }
 
 /// A header name, lowercased (`--session-header`).
-fn session_header(s: &str) -> Result<String, String> {
+fn session_header(s: &str) -> anyhow::Result<String> {
     reqwest::header::HeaderName::from_bytes(s.trim().as_bytes())
         .map(|h| h.as_str().to_string())
-        .map_err(|_| format!("'{s}' is not an HTTP header name"))
+        .map_err(|_| anyhow::anyhow!("'{s}' is not an HTTP header name"))
 }
 
 /// The configuration keys the flags and `LEMONADE_*` variables given on this command line set

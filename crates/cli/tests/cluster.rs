@@ -229,3 +229,22 @@ async fn trace_and_session_headers_reach_a_local_backend_and_the_session_header_
     assert!(h.get("x-session-id").is_none(), "only the configured session header goes on: {h}");
     assert!(h.get("tracestate").is_none(), "{h}");
 }
+
+#[tokio::test]
+async fn real_llama_server_three_nodes_behind_vllm_router_spread_keep_sessions_and_survive_a_kill() {
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        let l = Lemonade::start(bin(), &[]).await;
+        let (s, v) = l.post("/api/v1/load", &json!({"model_name": SMOL, "parallel": 2})).await;
+        assert_eq!(s, 200, "{v}");
+        nodes.push(l);
+    }
+    let logs = tempfile::tempdir().unwrap();
+    let router = python().with_file_name("vllm-router");
+    assert!(router.is_file(), "vllm-router not found at {}: run `cargo xtask setup`", router.display());
+    let urls: Vec<String> = nodes.iter().map(|l| l.url("")).collect();
+    let pid = nodes[2].pid().to_string();
+    let (r, d) = (router.display().to_string(), logs.path().display().to_string());
+    let out = py_checks("router_nodes.py", &[&r, SMOL, &d, &urls[0], &urls[1], &urls[2], &pid]).await;
+    println!("{out}");
+}

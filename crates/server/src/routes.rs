@@ -74,7 +74,7 @@ macro_rules! route_table {
 
         /// The documentation of the API routes, from the same table.
         #[derive(utoipa::OpenApi)]
-        #[openapi(paths($($($handler)::+),*, $($($rhandler)::+),*, lifecycle::live, native::native_post, native::native_get,
+        #[openapi(paths($($($handler)::+),*, $($($rhandler)::+),*, lifecycle::live, lifecycle::root_health, lifecycle::get_load, native::native_post, native::native_get,
             options::get_options, options::save_options, options::reset_options, options::files))]
         pub struct RoutePaths;
     };
@@ -193,6 +193,8 @@ pub fn router() -> Router<AppState> {
         .merge(native_router(true))
         .merge(root_router())
         .route("/live", get_only(lifecycle::live))
+        .route("/health", get_only(lifecycle::root_health))
+        .route("/get_load", get_only(lifecycle::get_load))
         .route("/metrics", get_only(metrics::metrics))
         .route("/", get_only(webui::root))
         .route("/ui/{*file}", get_only(webui::asset))
@@ -250,7 +252,7 @@ mod tests {
         let routed = |m: &str, p: &str| {
             API_ROUTES.iter().any(|(h, rp)| http(h) == m && doc_path(&rp.replace("{*id}", "{id}")) == p)
                 || ROOT_ROUTES.iter().any(|(h, rp)| http(h) == m && rp == &p)
-                || (m == "GET" && p == "/live")
+                || (m == "GET" && ["/live", "/health", "/get_load"].contains(&p))
                 || (p == "/api/v1/models/{id}/options" && ["GET", "POST", "DELETE"].contains(&m))
                 || (p == "/api/v1/models/{id}/files" && m == "GET")
                 || (m == "POST" && NATIVE_POST.contains(&p))

@@ -33,8 +33,21 @@ pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; 
     frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
 
 /// Paths the page never answers for (v9's SPA fallback exclusions, plus ours).
-const NOT_UI: [&str; 11] =
-    ["/api", "/v0", "/v1", "/live", "/metrics", "/docs", "/static", "/internal", "/status", "/ui", "/openapi"];
+const NOT_UI: [&str; 13] = [
+    "/api",
+    "/v0",
+    "/v1",
+    "/live",
+    "/health",
+    "/get_load",
+    "/metrics",
+    "/docs",
+    "/static",
+    "/internal",
+    "/status",
+    "/ui",
+    "/openapi",
+];
 
 struct Asset {
     raw: bytes::Bytes,

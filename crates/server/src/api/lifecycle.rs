@@ -137,6 +137,21 @@ pub async fn live() -> Json<Live> {
     Json(Live { status: "ok".into() })
 }
 
+/// The liveness probe under the name vLLM, SGLang and llama-server serve it: routers in front
+/// of several nodes (vllm-router, the SGLang router) wait for `GET /health` on each.
+#[utoipa::path(get, path = "/health", tag = "Lemonade", responses((status = 200, description = "Alive", body = Live)))]
+pub async fn root_health() -> Json<Live> {
+    live().await
+}
+
+/// This node's load as the SGLang router protocol reads it (vllm-router's `power_of_two`).
+#[utoipa::path(get, path = "/get_load", tag = "Lemonade", responses((status = 200, description = "Requests running and waiting", body = NodeLoad)))]
+pub async fn get_load(State(rt): State<AppState>) -> Json<NodeLoad> {
+    let (running, waiting) =
+        rt.lifecycle.view().values().fold((0, 0), |(r, w), v| (r + v.in_flight as u64, w + v.queue_depth as u64));
+    Json(NodeLoad { load: running + waiting, running, waiting })
+}
+
 /// Pins a loaded model (never evicted nor unloaded for idleness), or unpins it.
 #[utoipa::path(post, path = "/api/v1/pin", tag = "Lemonade",
     description = "Also under /api/v0, /v0 and /v1. A pinned model keeps its slot against LRU eviction, memory \
