@@ -346,6 +346,11 @@ pub struct LoadRequest {
     #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable))]
     pub draft_model: Option<Option<String>>,
+    /// Remote models (`<provider>.<id>`) a request goes to, in order, when this model is
+    /// saturated: the first with capacity by its `/metrics` (saved with `save_options`).
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<String>>, nullable))]
+    pub spillover: Option<Option<Vec<String>>>,
     /// Requests this model serves at once (1 to 1024); the rest wait in lemonade's queue.
     #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<u32>, nullable))]
@@ -440,6 +445,7 @@ impl LoadRequest {
         p.set.flm_args = one(&mut p, K::FlmArgs, &self.flm_args);
         p.set.draft_model = one(&mut p, K::DraftModel, &self.draft_model);
         p.set.max_concurrent = one(&mut p, K::MaxConcurrent, &self.max_concurrent);
+        p.set.spillover = one(&mut p, K::Spillover, &self.spillover);
         p.set.priority = one(&mut p, K::Priority, &self.priority);
         p.set.llamacpp_backend = one(&mut p, K::LlamacppBackend, &self.llamacpp_backend);
         p.set.llamacpp_args = one(&mut p, K::LlamacppArgs, &self.llamacpp_args);

@@ -139,12 +139,17 @@ load_options! {
     /// The model's priority (-10 to 10, default 0): among models waiting to load, a higher one
     /// loads first. Never a restart.
     priority: i32 = Priority "priority",
+    /// Where a request goes when this model is saturated (its requests in flight at its
+    /// limit, or some already waiting): remote models (`<provider>.<id>`), tried in order,
+    /// the first with capacity by the signals its `/metrics` shows. Never a restart.
+    spillover: Vec<String> = Spillover "spillover",
 }
 
 impl OptionKey {
     /// The options every model takes whatever its recipe: how the scheduler treats it, never
     /// how its backend starts (a change never restarts it).
-    pub const SCHEDULING: [OptionKey; 3] = [OptionKey::IdleTimeout, OptionKey::MaxConcurrent, OptionKey::Priority];
+    pub const SCHEDULING: [OptionKey; 4] =
+        [OptionKey::IdleTimeout, OptionKey::MaxConcurrent, OptionKey::Priority, OptionKey::Spillover];
 }
 
 /// A context size: a number of tokens, or `-1` on the wire: the largest context the model
@@ -294,7 +299,7 @@ mod tests {
             "rpc_servers": ["10.0.0.2:50052"], "sd-cpp_backend": "cpu", "steps": 4, "cfg_scale": 1.5,
             "width": 256, "height": 320, "whispercpp_backend": "cpu", "whispercpp_args": "-t 2",
             "merge_args": false, "idle_timeout": 30, "flm_args": "--pmode turbo", "draft_model": "d",
-            "max_concurrent": 2, "priority": 3});
+            "max_concurrent": 2, "priority": 3, "spillover": ["vllm.m"]});
         let o = LoadOptions::from_map(&map(v.clone())).unwrap();
         assert_eq!(o.sdcpp_backend.as_deref(), Some("cpu"));
         assert_eq!(o.rpc_servers, Some(vec!["10.0.0.2:50052".to_string()]));

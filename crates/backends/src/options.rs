@@ -43,6 +43,7 @@ pub fn defaults(recipe: Recipe) -> LoadOptions {
         idle_timeout: None,
         max_concurrent: None,
         priority: None,
+        spillover: None,
     };
     o.keep(recipe.option_keys())
 }
@@ -118,6 +119,18 @@ pub fn check(o: &LoadOptions) -> Result<(), Invalid> {
             OptionKey::Priority,
             format!("Invalid value for 'priority': expected -10 to 10 (higher loads first), got {p}"),
         ));
+    }
+    if let Some(places) = &o.spillover {
+        let bad = places.iter().find(|p| crate::cloud::split(p).is_none() || p.len() > 256);
+        if places.len() > 8 || bad.is_some() {
+            return Err(invalid(
+                OptionKey::Spillover,
+                format!(
+                    "Invalid value for 'spillover': expected up to 8 remote models as <provider>.<id>{}",
+                    bad.map(|b| format!(", got '{}'", b.chars().take(64).collect::<String>())).unwrap_or_default()
+                ),
+            ));
+        }
     }
     if o.draft_model.as_deref().is_some_and(|d| d.trim().is_empty() || d.len() > 512) {
         return Err(invalid(

@@ -149,6 +149,72 @@ impl Breaker {
     }
 }
 
+/// What an upstream's `/metrics` says of one of its models: the three signals routers and
+/// inference gateways read.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Signals {
+    pub waiting: f64,
+    pub running: f64,
+    /// KV-cache use, 0 to 1 (None: not exported).
+    pub kv: Option<f64>,
+}
+
+/// The names the three signals go by: vLLM's and SGLang's (label `model_name`), lemonade's
+/// (label `model`): (waiting, running, KV-cache use, the model label).
+const NAMES: [(&str, &str, &str, &str); 3] = [
+    ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc", "model_name"),
+    ("sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage", "model_name"),
+    ("lemonade_queue_depth", "lemonade_requests_in_flight", "lemonade_kv_cache_usage_ratio", "model"),
+];
+
+/// Where an upstream's metrics are: its API base without the `/v1` (or `/api/v1`) path.
+pub fn metrics_url(base: &str) -> String {
+    let root = base.trim_end_matches('/');
+    let root = root.strip_suffix("/api/v1").or_else(|| root.strip_suffix("/v1")).unwrap_or(root);
+    format!("{root}/metrics")
+}
+
+/// `model`'s signals in a Prometheus text exposition under vLLM's, SGLang's or lemonade's
+/// names (the first of them that has `model`'s waiting and running); None when it has none.
+pub fn parse_signals(text: &str, model: &str) -> Option<Signals> {
+    let value = |name: &str, label: &str| -> Option<f64> {
+        text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let (labels, v) = match rest.strip_prefix('{') {
+                Some(r) => r.split_once('}')?,
+                None => return None,
+            };
+            let wanted = format!("{label}=\"{model}\"");
+            let ok = labels.split(',').any(|kv| kv.trim() == wanted);
+            ok.then(|| v.split_whitespace().next()?.parse::<f64>().ok()).flatten()
+        })
+    };
+    NAMES.iter().find_map(|(w, r, kv, label)| {
+        Some(Signals { waiting: value(w, label)?, running: value(r, label)?, kv: value(kv, label) })
+    })
+}
+
+/// The KV-cache use above which an upstream counts as full.
+pub const KV_FULL: f64 = 0.9;
+
+/// Whether a place with these signals can take a request now: nothing waiting there and its
+/// KV cache not full. Unknown signals (no `/metrics`, or none for the model) count as
+/// capacity: the upstream's own answer (its backpressure) decides then.
+pub fn has_capacity(s: Option<&Signals>) -> bool {
+    s.is_none_or(|s| s.waiting < 1.0 && s.kv.is_none_or(|kv| kv < KV_FULL))
+}
+
+/// The signals in words, for the decision's reason.
+pub fn describe(s: Option<&Signals>) -> String {
+    match s {
+        None => "no signals".into(),
+        Some(s) => {
+            let kv = s.kv.map(|k| format!(", KV cache {:.0}%", k * 100.0)).unwrap_or_default();
+            format!("waiting {}, running {}{kv}", s.waiting, s.running)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,5 +280,37 @@ mod tests {
         assert_eq!(b.admit(10), Ok(()));
         b.abandoned(12);
         assert_eq!(b.admit(12), Ok(()));
+    }
+
+    #[test]
+    fn signals_are_read_under_vllm_sglang_and_lemonade_names_for_the_model_asked() {
+        let vllm = "# HELP vllm:num_requests_waiting x\n\
+            vllm:num_requests_waiting{engine=\"0\",model_name=\"Qwen/Qwen3-8B\"} 3.0\n\
+            vllm:num_requests_running{engine=\"0\",model_name=\"Qwen/Qwen3-8B\"} 8.0\n\
+            vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"Qwen/Qwen3-8B\"} 0.95\n";
+        let s = parse_signals(vllm, "Qwen/Qwen3-8B").unwrap();
+        assert_eq!(s, Signals { waiting: 3.0, running: 8.0, kv: Some(0.95) });
+        assert!(!has_capacity(Some(&s)));
+        assert_eq!(parse_signals(vllm, "other"), None);
+        let sglang = "sglang:num_queue_reqs{model_name=\"m\"} 0\nsglang:num_running_reqs{model_name=\"m\"} 2\n";
+        let s = parse_signals(sglang, "m").unwrap();
+        assert_eq!((s.waiting, s.running, s.kv), (0.0, 2.0, None));
+        assert!(has_capacity(Some(&s)));
+        let lemonade = "lemonade_queue_depth{model=\"x.gguf\"} 0\nlemonade_requests_in_flight{model=\"x.gguf\"} 1\n\
+            lemonade_kv_cache_usage_ratio{model=\"x.gguf\"} 0.5\n";
+        assert_eq!(parse_signals(lemonade, "x.gguf"), Some(Signals { waiting: 0.0, running: 1.0, kv: Some(0.5) }));
+        assert!(has_capacity(None), "no signals: its own answer decides");
+        assert!(!has_capacity(Some(&Signals { waiting: 0.0, running: 1.0, kv: Some(0.93) })));
+        assert_eq!(
+            describe(Some(&Signals { waiting: 2.0, running: 1.0, kv: Some(0.5) })),
+            "waiting 2, running 1, KV cache 50%"
+        );
+    }
+
+    #[test]
+    fn metrics_live_at_the_root_of_the_api_base() {
+        assert_eq!(metrics_url("http://10.0.0.5:8000/v1"), "http://10.0.0.5:8000/metrics");
+        assert_eq!(metrics_url("http://peer:8000/api/v1/"), "http://peer:8000/metrics");
+        assert_eq!(metrics_url("https://gw.example/openai"), "https://gw.example/openai/metrics");
     }
 }

@@ -248,3 +248,53 @@ async fn real_llama_server_three_nodes_behind_vllm_router_spread_keep_sessions_a
     let out = py_checks("router_nodes.py", &[&r, SMOL, &d, &urls[0], &urls[1], &urls[2], &pid]).await;
     println!("{out}");
 }
+
+#[tokio::test]
+async fn a_saturated_model_spills_to_the_first_place_with_capacity_and_the_header_says_why() {
+    let vllm = |waiting: u32, kv: f64| {
+        format!(
+            "vllm:num_requests_waiting{{model_name=\"m\"}} {waiting}\nvllm:num_requests_running{{model_name=\"m\"}} 8\n\
+             vllm:kv_cache_usage_perc{{model_name=\"m\"}} {kv}\n"
+        )
+    };
+    let busy = FakeUpstream::start(json!({"metrics": vllm(4, 0.97)})).await;
+    let free = FakeUpstream::start(json!({"metrics": vllm(0, 0.25)})).await;
+    let fake = fake_llama_server().to_str().unwrap().to_string();
+    let local = json!({"token_delay_ms": 50, "tokens": 60});
+    let l =
+        Lemonade::start_in(bin(), fake_sandbox(&[("m", None, local)]), &[], &[("LEMONADE_LLAMACPP_CPU_BIN", &fake)])
+            .await;
+    install(&l, "busy", &busy, json!({})).await;
+    install(&l, "free", &free, json!({})).await;
+    let load = json!({"model_name": "extra.m.gguf", "max_concurrent": 1, "spillover": ["busy.m", "free.m"]});
+    let (s, v) = l.post("/api/v1/load", &load).await;
+    assert_eq!(s, 200, "{v}");
+    let ask = |stream: bool| {
+        let mut body = chat("extra.m.gguf");
+        body["stream"] = json!(stream);
+        l.http.post(l.url("/api/v1/chat/completions")).json(&body).send()
+    };
+    // Not saturated: served here, no decision to tell.
+    let r = ask(false).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("x-lemonade-upstream").is_none(), "{:?}", r.headers());
+    // One long stream takes its only place: the next request goes to the first place with
+    // capacity, `free.m`, as `busy.m`'s metrics show it saturated.
+    let mut first = ask(true).await.unwrap();
+    assert!(first.chunk().await.unwrap().is_some(), "the local stream started");
+    let r = ask(false).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let why = r.headers().get("x-lemonade-upstream").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+    assert!(why.starts_with("free.m; reason="), "{why}");
+    for part in ["local: running 1 of 1, waiting 0", "busy.m: waiting 4, running 8, KV cache 97%", "free.m: waiting 0"]
+    {
+        assert!(why.contains(part), "{part} missing from {why}");
+    }
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "tok0 tok1 tok2 tok3 ", "{v}");
+    assert_eq!((busy.requests().len(), free.requests().len()), (0, 1), "only free.m was asked");
+    let metrics = l.http.get(l.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let line = r#"lemonade_spillover_decisions_total{model="extra.m.gguf",place="free.m",reason="saturated"} 1"#;
+    assert!(metrics.lines().any(|l| l == line), "{line} missing:\n{metrics}");
+    while first.chunk().await.unwrap().is_some() {}
+}

@@ -38,6 +38,7 @@ pub mod pulls;
 pub mod remote;
 pub mod router;
 pub mod settings;
+pub mod spill;
 #[cfg(test)]
 pub(crate) mod testing;
 pub mod updates;
@@ -66,6 +67,8 @@ pub struct Engine {
     pub lifecycle: Arc<Lifecycle>,
     /// Remote OpenAI-compatible providers (recipe `cloud`).
     pub remotes: Arc<Remotes>,
+    /// The upstreams' metrics spillover last read.
+    pub spill: Arc<remote::Scrapes>,
     /// The prompt cache's files (`<cache>/prompt-cache`).
     pub prompt_cache: host::prompt_cache::Store,
     /// lemonade's own Prometheus metrics.
@@ -165,6 +168,7 @@ impl Engine {
             catalogue,
             lifecycle,
             remotes,
+            spill: Default::default(),
             prompt_cache,
             metrics,
             locks,

@@ -171,6 +171,8 @@ pub struct Lifecycle {
     scheduler_view: RwLock<SchedulerView>,
     /// `--preload` models not loaded yet (pulling, queued or loading).
     preloading: Mutex<Vec<String>>,
+    /// Spillover places a load gave a model, over its saved ones (`[]`: none).
+    spillover: Mutex<HashMap<String, Vec<String>>>,
     /// Runtime-only admin load overrides of loaded models.
     overrides: Mutex<HashMap<String, Value>>,
     next_req: AtomicU64,
@@ -194,6 +196,8 @@ pub struct Lease {
     pub waited: Duration,
     /// Whether this lease's stream counts as streaming (see [`Lease::streaming`]).
     streaming: bool,
+    /// Where spillover sent the request, and why (the `x-lemonade-upstream` header).
+    pub spilled: Option<String>,
 }
 
 /// What a lease forwards to.
@@ -217,7 +221,14 @@ impl Lease {
     /// A lease on a remote model (the scheduler never sees it).
     pub fn remote(rt: &Arc<Lifecycle>, route: crate::remote::Route) -> Lease {
         let asked = Instant::now();
-        Lease { target: Target::Remote(route), rt: rt.clone(), asked, waited: Duration::ZERO, streaming: false }
+        Lease {
+            target: Target::Remote(route),
+            rt: rt.clone(),
+            asked,
+            waited: Duration::ZERO,
+            streaming: false,
+            spilled: None,
+        }
     }
 
     /// The model's name, as the client gave it.
@@ -350,6 +361,7 @@ impl Lifecycle {
             view: RwLock::new(BTreeMap::new()),
             scheduler_view: RwLock::new(first_view),
             preloading: Mutex::new(Vec::new()),
+            spillover: Default::default(),
             overrides: Mutex::new(HashMap::new()),
             next_req: AtomicU64::new(1),
             seq: AtomicU64::new(0),
@@ -411,6 +423,34 @@ impl Lifecycle {
             .zip(&v.waiting_priorities)
             .position(|(t, p)| *p == priority && *t >= since && *t <= since + PLACE_SLACK_MS);
         (Some(v.state), mine.map_or(0, |i| i + 1))
+    }
+
+    /// `info`'s spillover places: those its last load gave, else its saved ones.
+    pub fn spillover_of(&self, info: &ModelInfo) -> Vec<String> {
+        if let Some(places) = self.spillover.lock().get(&info.name) {
+            return places.clone();
+        }
+        self.catalogue.registry().saved(info).spillover.unwrap_or_default()
+    }
+
+    /// The spillover places a load gives `name` (None: back to its saved ones).
+    pub fn set_spillover(&self, name: &str, places: Option<Vec<String>>) {
+        match places {
+            Some(p) => self.spillover.lock().insert(name.to_string(), p),
+            None => self.spillover.lock().remove(name),
+        };
+    }
+
+    /// Why `name` cannot take a request at once (loaded, with its requests in flight at its
+    /// limit or some already waiting); None when it can (or is not loaded: it loads).
+    pub fn saturated(&self, name: &str) -> Option<String> {
+        let view = self.view.read();
+        let v = view.get(name).filter(|v| v.state == State::Loaded)?;
+        let full = v.max_concurrent.is_some_and(|m| v.in_flight >= m as usize);
+        (full || v.queue_depth > 0).then(|| {
+            let limit = v.max_concurrent.map(|m| format!(" of {m}")).unwrap_or_default();
+            format!("running {}{limit}, waiting {}", v.in_flight, v.queue_depth)
+        })
     }
 
     /// A loaded llama.cpp model's slots and context per slot.
@@ -662,6 +702,7 @@ impl Lifecycle {
                         asked,
                         waited,
                         streaming: false,
+                        spilled: None,
                     })
                 }
                 dead => {

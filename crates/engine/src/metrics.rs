@@ -56,6 +56,13 @@ struct RouteLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SpillLabels {
+    model: String,
+    place: String,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TypeLabel {
     r#type: &'static str,
 }
@@ -140,6 +147,7 @@ pub struct Metrics {
     restarts: Family<ModelLabel, Counter>,
     pull_bytes: Family<ModelLabel, Counter>,
     routing_decisions: Family<RouteLabels, Counter>,
+    spillover: Family<SpillLabels, Counter>,
     scheduler_decisions: Family<DecisionLabels, Counter>,
     cache_saves: Family<ModelLabel, Counter>,
     cache_restores: Family<ModelLabel, Counter>,
@@ -223,6 +231,7 @@ impl Metrics {
             restarts: Family::default(),
             pull_bytes: Family::default(),
             routing_decisions: Family::default(),
+            spillover: Family::default(),
             scheduler_decisions: Family::default(),
             cache_saves: Family::default(),
             cache_restores: Family::default(),
@@ -243,6 +252,12 @@ impl Metrics {
             "routing_decisions",
             "Decisions of collection.router models: the candidate and the rule (\"default\" when none matched)",
             m.routing_decisions.clone(),
+        );
+        r.register(
+            "spillover_decisions",
+            "Requests for a saturated model with spillover places: where they went (a remote model, or local \
+             when every place was saturated) and why",
+            m.spillover.clone(),
         );
         r.register(
             "scheduler_decisions",
@@ -396,6 +411,11 @@ impl Metrics {
     pub fn routing_decision(&self, route_to: &str, rule: &str) {
         let rule = if rule.is_empty() { "default" } else { rule };
         self.routing_decisions.get_or_create(&RouteLabels { route_to: route_to.into(), rule: rule.into() }).inc();
+    }
+
+    /// Spillover sent a request for `model` to `place` (`local`: it stayed) for `reason`.
+    pub fn spillover(&self, model: &str, place: &str, reason: &'static str) {
+        self.spillover.get_or_create(&SpillLabels { model: model.into(), place: place.into(), reason }).inc();
     }
 
     /// A counter of the bytes a download of `model` receives.

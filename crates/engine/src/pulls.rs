@@ -268,6 +268,11 @@ pub async fn load(rt: &Engine, req: &LoadRequest) -> Result<ModelInfo> {
     }
     let effective = rt.lifecycle.effective_options(&info, &opts);
     crate::draft::check(&rt.catalogue, &info, &effective)?;
+    if let Some(places) = &opts.set.spillover {
+        rt.lifecycle.set_spillover(&info.name, Some(places.clone()));
+    } else if opts.cleared.contains(&api_types::OptionKey::Spillover) {
+        rt.lifecycle.set_spillover(&info.name, None);
+    }
     let over = crate::lifecycle::Scheduling {
         idle_timeout_s: req.idle_timeout,
         max_concurrent: opts.set.max_concurrent,
@@ -339,7 +344,13 @@ pub async fn lease_with(
         (false, true) => ensure_downloaded(rt, &info).await?,
         (false, false) => return Err(EngineError::not_downloaded(name)),
     };
-    rt.lifecycle.acquire(&info, keep_alive, priority).await
+    let (elsewhere, stayed) = crate::spill::place(rt, &info).await?;
+    if let Some(lease) = elsewhere {
+        return Ok(lease);
+    }
+    let mut lease = rt.lifecycle.acquire(&info, keep_alive, priority).await?;
+    lease.spilled = stayed;
+    Ok(lease)
 }
 
 /// `--preload`: loads each model in the background, pulling it first when needed, one after

@@ -6,7 +6,7 @@
 //! file holds names and URLs. A provider that fails discovery keeps its last model list and is
 //! shown `down`. Remote models take no slot: they never reach the scheduler.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -604,4 +604,36 @@ pub fn refresh_every(remotes: std::sync::Weak<Remotes>, every: Duration) {
             tokio::time::sleep(every).await;
         }
     });
+}
+
+/// How old an upstream's scraped metrics may be before they are read again.
+pub const SCRAPE_EVERY: Duration = Duration::from_secs(1);
+/// How long reading them may take (a request waits that long at most).
+pub const SCRAPE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// When an upstream's metrics were read, and what they said (None: the read failed).
+type Scrape = (Instant, Option<Arc<String>>);
+
+/// The last metrics read from each upstream.
+#[derive(Default)]
+pub struct Scrapes {
+    last: Mutex<HashMap<String, Scrape>>,
+}
+
+impl Scrapes {
+    pub async fn text(&self, http: &reqwest::Client, p: &Provider) -> Option<Arc<String>> {
+        if let Some((at, text)) = self.last.lock().get(&p.name) {
+            if at.elapsed() < SCRAPE_EVERY {
+                return text.clone();
+            }
+        }
+        let url = backends::upstream::metrics_url(&p.base);
+        let read = async {
+            let r = http.get(&url).timeout(SCRAPE_TIMEOUT).send().await.ok()?.error_for_status().ok()?;
+            r.text().await.ok().map(Arc::new)
+        };
+        let text = read.await;
+        self.last.lock().insert(p.name.clone(), (Instant::now(), text.clone()));
+        text
+    }
 }

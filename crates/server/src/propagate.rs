@@ -2,7 +2,8 @@
 //! `tracestate`) and the session header (`x-session-id`, `--session-header`), forwarded as
 //! they came to local backends and remote upstreams, so a trace continues through lemonade and
 //! a router's session affinity holds past it. A value too long to be what it claims is
-//! dropped, never forwarded.
+//! dropped, never forwarded. It also carries back spillover's decision for the request, which
+//! the response gets as `x-lemonade-upstream`.
 
 use std::sync::Arc;
 
@@ -19,7 +20,11 @@ pub type Forwarded = Arc<Vec<(HeaderName, HeaderValue)>>;
 
 tokio::task_local! {
     static FORWARDED: Forwarded;
+    static SPILLED: Arc<parking_lot::Mutex<Option<String>>>;
 }
+
+/// The response header that says where spillover sent a request, and why.
+pub const UPSTREAM_HEADER: &str = "x-lemonade-upstream";
 
 /// Which headers are forwarded: the trace context and `session` (lowercase).
 #[derive(Clone)]
@@ -42,10 +47,20 @@ pub async fn layer(State(names): State<Names>, req: Request, next: Next) -> Resp
         .iter()
         .filter_map(|n| req.headers().get(n).filter(|v| v.len() <= MAX_LEN).map(|v| (n.clone(), v.clone())))
         .collect();
-    if found.is_empty() {
-        return next.run(req).await;
+    let spilled = Arc::new(parking_lot::Mutex::new(None));
+    let mut resp = SPILLED.scope(spilled.clone(), FORWARDED.scope(Arc::new(found), next.run(req))).await;
+    if let Some(v) = spilled.lock().take().and_then(|v| HeaderValue::from_str(&v).ok()) {
+        resp.headers_mut().insert(UPSTREAM_HEADER, v);
     }
-    FORWARDED.scope(Arc::new(found), next.run(req)).await
+    resp
+}
+
+/// Records spillover's decision for the request being handled (a no-op outside one).
+pub fn spilled(decision: Option<&str>) {
+    if let Some(d) = decision {
+        let shown: String = d.chars().map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' }).collect();
+        let _ = SPILLED.try_with(|s| *s.lock() = Some(shown));
+    }
 }
 
 /// The headers the request being handled forwards (none outside one).

@@ -28,6 +28,7 @@ async fn send(
     body: Option<Bytes>,
     stream: bool,
 ) -> Result<reqwest::Response, ApiError> {
+    crate::propagate::spilled(lease.spilled.as_deref());
     let body = match lease.upstream_model() {
         Some(id) => body.map(|b| backends::cloud::rewrite_model(&b, id).map(Bytes::from).unwrap_or(b)),
         None => body,

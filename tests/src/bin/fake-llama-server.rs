@@ -15,7 +15,8 @@
 //! message's content), `script` (one answer per chat request, in order, before the normal
 //! ones: `{"status": 429, "retry_after": "1"}`), `headers_log` (a file each chat request's
 //! headers are appended to, a JSON object per line). It also lists its model at `/v1/models`
-//! (`--alias`), to stand in for a remote upstream.
+//! (`--alias`) and serves `metrics` (a knob: Prometheus text) at `/metrics`, to stand in for a
+//! remote upstream.
 //! Never a substitute for the end-to-end tests against real llama-server.
 
 use std::convert::Infallible;
@@ -84,10 +85,12 @@ async fn main() {
         headers_log: knobs.get("headers_log").and_then(Value::as_str).map(str::to_string),
     };
     let alias = arg(&args, "--alias").unwrap_or_else(|| "fake".into());
+    let metrics = knobs.get("metrics").and_then(Value::as_str).unwrap_or("").to_string();
     let app = Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/slots", get(|| async { Json(json!([{"id": 0, "is_processing": false}])) }))
         .route("/v1/chat/completions", post(chat))
+        .route("/metrics", get(move || async move { metrics }))
         .route("/v1/models", get(move || async move { Json(json!({"object": "list", "data": [{"id": alias, "object": "model", "owned_by": "fake"}]})) }))
         .route("/v1/embeddings", post(|| async { Json(json!({"object": "list", "model": "fake", "data": [{"object": "embedding", "index": 0, "embedding": [0.5, 0.5]}]})) }))
         .with_state(state);
