@@ -30,6 +30,7 @@ fn main() -> Result<()> {
         "bench" => bench(rest),
         "soak" => soak(rest),
         "openapi" => openapi(),
+        "package" => package(rest).map(|_| ()),
         _ => {
             eprintln!(
                 "usage: cargo xtask <task>\n\n\
@@ -39,6 +40,8 @@ fn main() -> Result<()> {
                  test     setup, then fmt, clippy and the whole test suite\n  \
                  bench    setup, then benchmark lemonade against direct llama-server\n  \
                  soak     setup, then the reliability suite (faults, load, bad input)\n  \
+                 package  the .deb (cargo-deb); --debug packages the debug build, --check\n           \
+                 installs it with dpkg, verifies its unit, runs it and removes it\n  \
                  openapi  regenerate docs/openapi.json"
             );
             if task == "help" || task == "--help" {
@@ -126,7 +129,118 @@ fn test(rest: &[String]) -> Result<()> {
         );
         Ok(())
     };
-    tests.and(soak)
+    // Then the package: built from the debug binary the tests used, installed with dpkg,
+    // its unit verified, run, and removed (needs root, as CI runs).
+    let package = if rest.is_empty() { package(&["--debug".into(), "--check".into()]).map(|_| ()) } else { Ok(()) };
+    tests.and(soak).and(package)
+}
+
+/// `cargo xtask package [--debug] [--check]`: the .deb, built by cargo-deb (pinned by setup)
+/// from the release build (the debug one with `--debug`), with the system unit, the man pages
+/// and the shell completions. `--check` installs it with dpkg, `systemd-analyze verify`s the
+/// unit, runs the installed binary, removes it and checks that nothing of it is left but the
+/// state directory. Returns the package's path.
+fn package(rest: &[String]) -> Result<PathBuf> {
+    let debug = rest.iter().any(|a| a == "--debug");
+    let check = rest.iter().any(|a| a == "--check");
+    let cargo_deb = provision::cargo_deb()?;
+    let profile = if debug { "dev" } else { "release" };
+    run(cargo().args(["build", "-q", "-p", "lemonade-cli", "--profile", profile]))?;
+    let bin = root().join("target").join(if debug { "debug" } else { "release" }).join("lemonade");
+    let assets = root().join("target/deb-assets");
+    let _ = std::fs::remove_dir_all(&assets);
+    std::fs::create_dir_all(assets.join("man"))?;
+    std::fs::create_dir_all(assets.join("completions"))?;
+    run(Command::new(&bin).arg("manpages").arg(assets.join("man")))?;
+    for (shell, file) in [("bash", "lemonade.bash"), ("zsh", "_lemonade"), ("fish", "lemonade.fish")] {
+        let out = Command::new(&bin).args(["completions", shell]).output()?;
+        anyhow::ensure!(out.status.success(), "lemonade completions {shell} failed");
+        std::fs::write(assets.join("completions").join(file), out.stdout)?;
+    }
+    let out = root().join("target/debian");
+    let _ = std::fs::remove_dir_all(&out);
+    run(Command::new(&cargo_deb)
+        .current_dir(root())
+        .args(["deb", "-p", "lemonade-cli", "--no-build", "--no-strip", "--profile", profile, "-o"])
+        .arg(&out))?;
+    let deb = std::fs::read_dir(&out)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "deb"))
+        .context("cargo deb wrote no .deb")?;
+    eprintln!("xtask package: {}", deb.display());
+    if check {
+        check_package(&deb)?;
+    }
+    Ok(deb)
+}
+
+/// Installs `deb`, checks it, removes it.
+fn check_package(deb: &Path) -> Result<()> {
+    let root_user = Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0")).unwrap_or(false);
+    anyhow::ensure!(root_user, "the package check installs a .deb with dpkg: it must run as root (it did not run)");
+    let output = |cmd: &mut Command| -> Result<String> {
+        eprintln!("$ {}", show(cmd));
+        let o = cmd.output().with_context(|| format!("cannot run {}", show(cmd)))?;
+        let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        anyhow::ensure!(o.status.success(), "{} failed: {text}", show(cmd));
+        Ok(text)
+    };
+    output(Command::new("dpkg").arg("-i").arg(deb))?;
+    let installed = output(Command::new("dpkg").args(["-L", "lemonade"]))?;
+    let result = (|| -> Result<()> {
+        for want in ["/usr/bin/lemonade", "/lib/systemd/system/lemonade.service", "/usr/share/man/man1/lemonade.1.gz"] {
+            anyhow::ensure!(installed.lines().any(|l| l.ends_with(want)), "{want} is not in the package:\n{installed}");
+        }
+        let unit = installed.lines().find(|l| l.ends_with("/lemonade.service")).unwrap_or_default().to_string();
+        let verify = output(Command::new("systemd-analyze").args(["verify", &unit]))?;
+        anyhow::ensure!(verify.trim().is_empty(), "systemd-analyze verify {unit} said:\n{verify}");
+        let version = output(Command::new("/usr/bin/lemonade").arg("--version"))?;
+        anyhow::ensure!(version.contains("lemonade"), "lemonade --version said {version}");
+        output(Command::new("man").args(["-w", "lemonade"]))?;
+        // The installed binary serves: /live answers on a free port, in a scratch state dir.
+        let state = tempfile_dir()?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let mut serve = Command::new("/usr/bin/lemonade")
+            .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string()])
+            .env("LEMONADE_CACHE_DIR", &state)
+            .env("HOME", &state)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut live = false;
+        while !live && std::time::Instant::now() < deadline {
+            live = Command::new("curl")
+                .args(["-fsS", "-m", "2", &format!("http://127.0.0.1:{port}/live")])
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false);
+            if !live {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+        }
+        let _ = serve.kill();
+        let _ = serve.wait();
+        let _ = std::fs::remove_dir_all(&state);
+        anyhow::ensure!(live, "the installed lemonade did not answer /live within 30 s");
+        eprintln!("xtask package: installed, unit verified, `lemonade serve` answered /live on :{port}");
+        Ok(())
+    })();
+    let removed = output(Command::new("dpkg").args(["-r", "lemonade"]));
+    result?;
+    removed?;
+    let left: Vec<&str> = installed.lines().filter(|l| Path::new(l).is_file() || (Path::new(l).is_symlink())).collect();
+    anyhow::ensure!(left.is_empty(), "dpkg -r left files of the package behind: {left:?}");
+    eprintln!("xtask package: removed; no file of it is left");
+    Ok(())
+}
+
+/// A fresh scratch directory under the system's temp dir.
+fn tempfile_dir() -> Result<PathBuf> {
+    let d = std::env::temp_dir().join(format!("lemonade-package-check-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
 }
 
 /// `LEMONADE_SOAK_ONLY=ci`: kills mid-write, mid-pull and mid-stream, a full disk (where a

@@ -167,6 +167,8 @@ const PY_PACKAGES: &[&str] = &[
     // The real router three lemonade nodes are tested and benchmarked behind (a Rust binary
     // in an abi3 wheel: `venv/bin/vllm-router`).
     "vllm-router==0.1.17",
+    // Validates the Kubernetes example offline against the bundled Kubernetes schemas.
+    "kubernetes-validate==1.37.0",
 ];
 
 /// The chat model of the demo (served from the extra models dir).
@@ -757,7 +759,8 @@ fn python_venv(dev: &Path) -> Result<PathBuf> {
                  importlib.metadata as m; \
                  assert huggingface_hub.__version__ == '2.4.0' and anthropic.__version__ == '2.12.0' \
                  and m.version('ollama') == '0.6.3' and m.version('playwright') == '1.65.2' \
-                 and m.version('mcp') == '2.3.0' and m.version('vllm-router') == '0.1.17'",
+                 and m.version('mcp') == '2.3.0' and m.version('vllm-router') == '0.1.17' \
+                 and m.version('kubernetes-validate') == '1.37.0'",
             ])
             .output()
             .map(|o| o.status.success())
@@ -796,4 +799,33 @@ pub fn schemathesis() -> Result<PathBuf> {
         bail!("{} does not run", st.display());
     }
     Ok(st)
+}
+
+/// cargo-deb, which builds the .deb (`cargo xtask package`), pinned and installed into the
+/// dev cache (`cargo install --locked`, once).
+const CARGO_DEB: &str = "3.8.0";
+
+pub fn cargo_deb() -> Result<PathBuf> {
+    let root = dev_cache().join(format!("cargo-deb/{CARGO_DEB}"));
+    let bin = root.join("bin/cargo-deb");
+    let ok = || {
+        Command::new(&bin)
+            .arg("--version")
+            .output()
+            .map(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(CARGO_DEB))
+            .unwrap_or(false)
+    };
+    if ok() {
+        return Ok(bin);
+    }
+    crate::run(
+        Command::new("cargo")
+            .args(["install", "--locked", "--version", CARGO_DEB, "--root"])
+            .arg(&root)
+            .arg("cargo-deb"),
+    )?;
+    if !ok() {
+        bail!("{} does not run", bin.display());
+    }
+    Ok(bin)
 }

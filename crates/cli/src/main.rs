@@ -175,6 +175,38 @@ enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
+    /// Run lemonade as a systemd user service: `install` writes
+    /// ~/.config/systemd/user/lemonade.service (running `lemonade serve` with the arguments
+    /// after `--`) and enables and starts it; `uninstall` stops, disables and removes it;
+    /// `status` says where it is and whether it runs. `systemctl --user reload lemonade`
+    /// re-reads config.json.
+    Service {
+        #[command(subcommand)]
+        action: ServiceAction,
+    },
+    /// Write the man pages (lemonade.1 and one per command) into DIR (for packaging).
+    #[command(hide = true)]
+    Manpages {
+        /// Where the pages go.
+        dir: std::path::PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum ServiceAction {
+    /// Write the user unit, then `systemctl --user daemon-reload` and `enable --now`.
+    Install {
+        /// Write the unit only; start nothing.
+        #[arg(long)]
+        no_start: bool,
+        /// Arguments of `lemonade serve` in the unit, e.g. `-- --port 8001`.
+        #[arg(last = true, allow_hyphen_values = true)]
+        serve_args: Vec<String>,
+    },
+    /// `systemctl --user disable --now`, then remove the unit.
+    Uninstall,
+    /// Where the unit is, and `systemctl --user is-active`.
+    Status,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -443,6 +475,7 @@ async fn serve(
     if args.check_updates {
         engine::pulls::check_updates_in_background(&engine);
     }
+    reload_on_sighup(&engine);
     let rt = server::AppState::new(engine, http);
     let listeners = server::bind(&host, port).await?;
     // One PID file per port actually bound (port 0 picks one), removed again at exit.
@@ -460,6 +493,70 @@ async fn serve(
         let _ = std::fs::remove_file(f);
     }
     r
+}
+
+fn exit_code(r: anyhow::Result<()>) -> std::process::ExitCode {
+    match r {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `lemonade service install|uninstall|status` (a systemd user unit; no server needed).
+fn service(action: ServiceAction) -> anyhow::Result<()> {
+    use host::service as svc;
+    let path = svc::unit_path(|k| std::env::var(k).ok()).context("neither XDG_CONFIG_HOME nor HOME is set")?;
+    match action {
+        ServiceAction::Install { no_start, serve_args } => {
+            let exe = std::env::current_exe().context("the path of this lemonade")?;
+            svc::write_unit(&path, &svc::user_unit(&exe, &serve_args))?;
+            println!("Wrote {}", path.display());
+            if no_start {
+                println!("Start it with: systemctl --user daemon-reload && systemctl --user enable --now lemonade");
+                return Ok(());
+            }
+            svc::systemctl(&["daemon-reload"])?;
+            svc::systemctl(&["enable", "--now", svc::UNIT])?;
+            println!("lemonade.service enabled and started (systemctl --user status lemonade)");
+        }
+        ServiceAction::Uninstall => {
+            // Stopping fails when it is not loaded: removing the file is what matters.
+            let stopped = svc::systemctl(&["disable", "--now", svc::UNIT]);
+            let removed = svc::remove_unit(&path)?;
+            let _ = svc::systemctl(&["daemon-reload"]);
+            match (removed, stopped) {
+                (true, _) => println!("Removed {}", path.display()),
+                (false, _) => println!("No unit at {}; nothing to remove", path.display()),
+            }
+        }
+        ServiceAction::Status => {
+            let installed = path.is_file();
+            println!("unit: {} ({})", path.display(), if installed { "installed" } else { "not installed" });
+            match svc::systemctl(&["is-active", svc::UNIT]) {
+                Ok(state) => println!("state: {state}"),
+                Err(e) => println!("state: unknown ({e})"),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// SIGHUP (`systemctl reload`): config.json is read again and its changes applied.
+fn reload_on_sighup(engine: &engine::Engine) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else { return };
+    let engine = engine.clone();
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            match engine::live::reload(&engine).await {
+                Ok(keys) => tracing::info!(keys = ?keys.keys().collect::<Vec<_>>(), "SIGHUP: config.json reloaded"),
+                Err(e) => tracing::error!(error = %e, "SIGHUP: config.json not reloaded; nothing changed"),
+            }
+        }
+    });
 }
 
 async fn shutdown_signal() {
@@ -537,7 +634,9 @@ async fn client_command(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
     let t = Target { host: cli.host, port: cli.port, api_key: admin.or(cli.api_key.filter(|k| !k.is_empty())) };
     let json = cli.json;
     match cli.command {
-        Command::Serve(_) | Command::Completions { .. } => unreachable!("handled in main"),
+        Command::Serve(_) | Command::Completions { .. } | Command::Manpages { .. } | Command::Service { .. } => {
+            unreachable!("handled in main")
+        }
         Command::Run { model, load, extra_models_dir, max_tokens } => {
             run(&t, &model, &load, extra_models_dir, max_tokens).await?
         }
@@ -633,6 +732,11 @@ fn main() -> std::process::ExitCode {
             clap_complete::generate(shell, &mut Cli::command(), "lemonade", &mut std::io::stdout());
             std::process::ExitCode::SUCCESS
         }
+        Command::Manpages { dir } => {
+            use clap::CommandFactory;
+            exit_code(clap_mangen::generate_to(Cli::command(), &dir).map_err(anyhow::Error::from))
+        }
+        Command::Service { action } => exit_code(service(action)),
         _ => {
             // `lemonade list | head` ends quietly when the reader goes away, as other tools do.
             // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.

@@ -298,3 +298,111 @@ async fn a_saturated_model_spills_to_the_first_place_with_capacity_and_the_heade
     assert!(metrics.lines().any(|l| l == line), "{line} missing:\n{metrics}");
     while first.chunk().await.unwrap().is_some() {}
 }
+
+fn deploy(file: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy").join(file)
+}
+
+/// `kubernetes-validate --strict` (pinned in the test venv) on `file`: (succeeded, output).
+fn kubernetes_validate(file: &Path) -> (bool, String) {
+    let kv = python().with_file_name("kubernetes-validate");
+    assert!(kv.is_file(), "kubernetes-validate not found at {}: run `cargo xtask setup`", kv.display());
+    let o = std::process::Command::new(kv).args(["--strict", "-k", "1.33.0"]).arg(file).output().unwrap();
+    (o.status.success(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+}
+
+#[test]
+fn the_kubernetes_example_validates_offline_and_points_the_endpoint_picker_at_lemonades_metric_names() {
+    let (ok, out) = kubernetes_validate(&deploy("kubernetes/lemonade.yaml"));
+    assert!(ok, "{out}");
+    for r in
+        ["secret/lemonade-api-key", "persistentvolumeclaim/lemonade-models", "deployment/lemonade", "service/lemonade"]
+    {
+        assert!(out.contains(&format!("passed for resource {r}")), "{r}: {out}");
+    }
+    let (ok, out) = kubernetes_validate(&deploy("kubernetes/inference-pool.yaml"));
+    assert!(ok, "{out}");
+    for r in ["configmap/lemonade-epp-config", "deployment/lemonade-epp", "service/lemonade-epp"] {
+        assert!(out.contains(&format!("passed for resource {r}")), "{r}: {out}");
+    }
+    // The validator can fail: a misspelt field is refused under --strict.
+    let text = std::fs::read_to_string(deploy("kubernetes/lemonade.yaml")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("broken.yaml");
+    std::fs::write(&broken, text.replace("readinessProbe:", "readinesProbe:")).unwrap();
+    assert!(!kubernetes_validate(&broken).0, "a misspelt probe passed");
+    // The probes, the key and the cache are where lemonade has them; the pool selects its pods
+    // on its port; the endpoint picker reads the names `--metrics-names vllm` exports.
+    for want in [
+        "path: /live",
+        "path: /health",
+        "name: LEMONADE_API_KEY",
+        "secretKeyRef:",
+        "claimName: lemonade-models",
+        "value: /var/lib/lemonade",
+        "\"--metrics-names\", \"vllm\"",
+        "runAsNonRoot: true",
+    ] {
+        assert!(text.contains(want), "{want} missing from lemonade.yaml");
+    }
+    let pool = std::fs::read_to_string(deploy("kubernetes/inference-pool.yaml")).unwrap();
+    for want in [
+        "kind: InferencePool",
+        "app: lemonade",
+        "- number: 8000",
+        "=vllm:num_requests_waiting",
+        "=vllm:num_requests_running",
+        "=vllm:kv_cache_usage_perc",
+    ] {
+        assert!(pool.contains(want), "{want} missing from inference-pool.yaml");
+    }
+}
+
+#[test]
+fn the_systemd_unit_is_hardened_keeps_its_state_under_var_lib_and_reloads_on_sighup() {
+    let unit = std::fs::read_to_string(deploy("systemd/lemonade.service")).unwrap();
+    for want in [
+        "DynamicUser=yes",
+        "StateDirectory=lemonade",
+        "ProtectSystem=strict",
+        "ProtectHome=yes",
+        "NoNewPrivileges=yes",
+        "Environment=LEMONADE_CACHE_DIR=/var/lib/lemonade",
+        "ExecStart=/usr/bin/lemonade serve",
+        "ExecReload=/bin/kill -HUP $MAINPID",
+        "EnvironmentFile=-/etc/default/lemonade",
+    ] {
+        assert!(unit.lines().any(|l| l == want), "{want} missing from the unit");
+    }
+}
+
+#[test]
+fn service_install_writes_a_user_unit_systemd_verifies_and_uninstall_removes_it() {
+    let home = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let o = std::process::Command::new(bin())
+            .args(args)
+            .env("HOME", home.path())
+            .env_remove("XDG_CONFIG_HOME")
+            .output()
+            .unwrap();
+        (o.status.success(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+    };
+    let (ok, out) = run(&["service", "install", "--no-start", "--", "--port", "8001", "--metrics-names", "vllm"]);
+    assert!(ok, "{out}");
+    let unit = home.path().join(".config/systemd/user/lemonade.service");
+    let text = std::fs::read_to_string(&unit).unwrap();
+    let exec = format!("ExecStart={} serve --port 8001 --metrics-names vllm", bin().display());
+    assert!(text.lines().any(|l| l == exec), "{exec} missing from:\n{text}");
+    assert!(text.contains("ExecReload=/bin/kill -HUP $MAINPID"), "{text}");
+    let v = std::process::Command::new("systemd-analyze").arg("verify").arg(&unit).output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&v.stdout), String::from_utf8_lossy(&v.stderr));
+    assert!(v.status.success() && !said.contains(".service:"), "systemd-analyze verify: {said}");
+    let (ok, out) = run(&["service", "status"]);
+    assert!(ok && out.contains("(installed)"), "{out}");
+    let (ok, out) = run(&["service", "uninstall"]);
+    assert!(ok && out.contains("Removed"), "{out}");
+    assert!(!unit.exists());
+    let (ok, out) = run(&["service", "status"]);
+    assert!(ok && out.contains("(not installed)"), "{out}");
+}

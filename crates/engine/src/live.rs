@@ -176,6 +176,22 @@ pub async fn set(rt: &Engine, update: &Map<String, Value>) -> Result<Map<String,
     Ok(resolved)
 }
 
+/// `systemctl reload` (SIGHUP): `config.json` read again, and each key whose value there differs
+/// from the one in force applied as `POST /internal/set` applies it (checked first: a bad
+/// file changes nothing). A key given by a flag at start takes the file's value. `log_level`
+/// is the server's to reload. Returns the keys applied.
+pub async fn reload(rt: &Engine) -> Result<Map<String, Value>> {
+    let file = host::files::load_config(&rt.cfg.cache_dir)?;
+    let file = keys::flatten(&file, false).map_err(refused)?;
+    let now = keys::flatten(&snapshot(rt), false).map_err(refused)?;
+    let changed: Map<String, Value> =
+        file.into_iter().filter(|(k, v)| k != "log_level" && now.get(k) != Some(v)).collect();
+    if changed.is_empty() {
+        return Ok(changed);
+    }
+    set(rt, &changed).await
+}
+
 /// `GET /internal/config/defaults`: the factory defaults.
 pub fn defaults() -> Map<String, Value> {
     keys::defaults()

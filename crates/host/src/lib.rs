@@ -21,6 +21,7 @@ pub mod hub;
 pub mod install;
 pub mod net;
 pub mod prompt_cache;
+pub mod service;
 pub mod supervisor;
 
 pub use supervisor::{Backend, ExitInfo, StartError};

@@ -9,6 +9,7 @@
 //! the other modalities against their backends direct in `modalities.rs`; the web UI's size
 //! and load time in `webui.rs`; the prompt cache's restore against none in `prompt_cache.rs`.
 
+mod cluster;
 mod modalities;
 mod more;
 mod parallel;
@@ -123,6 +124,7 @@ async fn main() -> anyhow::Result<()> {
         Ok("routing") => return routing::routing(&bin).await.map(|_| ()),
         Ok("parallel") => return parallel::parallel(&bin).await.map(|_| ()),
         Ok("draft") => return parallel::draft(&bin).await.map(|_| ()),
+        Ok("router") => return cluster::router(&bin).await.map(|_| ()),
         Ok("modalities") => {
             modalities::transcription(&bin).await?;
             modalities::images(&bin).await?;
@@ -222,6 +224,7 @@ async fn main() -> anyhow::Result<()> {
     out["routing"] = routing::routing(&bin).await?;
     out["parallel"] = parallel::parallel(&bin).await?;
     out["draft"] = parallel::draft(&bin).await?;
+    out["router"] = cluster::router(&bin).await?;
     if let Some(path) = std::env::var_os("LEMONADE_BENCH_OUT") {
         std::fs::write(&path, serde_json::to_vec_pretty(&out)?)?;
         println!("\nwritten to {}", PathBuf::from(path).display());

@@ -1,0 +1,110 @@
+//! Three lemonade nodes behind vllm-router against one node, on this machine: aggregate
+//! decode tokens/s of concurrent streaming clients, and the time to first token the router
+//! adds. On 2 cores three nodes share the same CPUs, so this measures the router's overhead
+//! and that nothing is lost through it, not the capacity more machines would bring.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use test_support::{wait_for, Lemonade, Sandbox, SMOL};
+
+use crate::median;
+
+const TOKENS: u32 = 32;
+const CLIENTS: usize = 6;
+const REPS: usize = 3;
+const TTFT_REPS: usize = 10;
+
+fn body(stream: bool, tokens: u32) -> Value {
+    json!({"model": SMOL, "messages": [{"role": "user", "content": "Tell me about lemons."}],
+           "max_tokens": tokens, "ignore_eos": true, "stream": stream})
+}
+
+/// One streamed request: (content chunks, seconds to the first).
+async fn one(http: &reqwest::Client, url: &str, tokens: u32) -> anyhow::Result<(u32, f64)> {
+    let t = Instant::now();
+    let mut r = http.post(url).json(&body(true, tokens)).send().await?;
+    anyhow::ensure!(r.status().is_success(), "HTTP {}", r.status());
+    let (mut n, mut first) = (0, None);
+    while let Some(chunk) = r.chunk().await? {
+        let k = String::from_utf8_lossy(&chunk).matches("\"content\":\"").count() as u32;
+        if k > 0 && first.is_none() {
+            first = Some(t.elapsed().as_secs_f64());
+        }
+        n += k;
+    }
+    Ok((n, first.unwrap_or(f64::NAN)))
+}
+
+async fn burst(http: &reqwest::Client, url: &str) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let all = futures_util::future::join_all((0..CLIENTS).map(|_| one(http, url, TOKENS))).await;
+    let tokens: u32 = all.into_iter().collect::<anyhow::Result<Vec<_>>>()?.iter().map(|(n, _)| n).sum();
+    Ok(f64::from(tokens) / t.elapsed().as_secs_f64())
+}
+
+struct Router(std::process::Child);
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+pub async fn router(bin: &Path) -> anyhow::Result<Value> {
+    let http = reqwest::Client::builder().no_proxy().tcp_nodelay(true).build()?;
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        let l = Lemonade::start_in(bin, Sandbox::new(), &["--log-level", "info"], &[]).await;
+        let (s, v) = l.post("/api/v1/load", &json!({"model_name": SMOL, "ctx_size": 512, "parallel": 2})).await;
+        anyhow::ensure!(s == 200, "load: {v}");
+        nodes.push(l);
+    }
+    let exe = test_support::python().with_file_name("vllm-router");
+    let port = free_port()?;
+    let mut cmd = Command::new(&exe);
+    cmd.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--policy", "round_robin", "--log-level", "warning"])
+        .args(["--prometheus-host", "127.0.0.1", "--prometheus-port", &free_port()?.to_string(), "--worker-urls"])
+        .args(nodes.iter().map(|l| l.url("")))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let _router = Router(cmd.spawn().map_err(|e| anyhow::anyhow!("{}: {e}", exe.display()))?);
+    let base = format!("http://127.0.0.1:{port}");
+    let up = wait_for(Duration::from_secs(60), || async {
+        http.get(format!("{base}/get_loads")).send().await.ok().filter(|r| r.status() == 200).map(|_| ())
+    })
+    .await;
+    anyhow::ensure!(up.is_some(), "vllm-router did not start");
+    let direct = nodes[0].url("/v1/chat/completions");
+    let routed = format!("{base}/v1/chat/completions");
+    for url in [&direct, &routed, &routed, &routed] {
+        one(&http, url, 4).await?; // warm every node
+    }
+    let mut ttft = [Vec::new(), Vec::new()];
+    for _ in 0..TTFT_REPS {
+        for (i, url) in [&direct, &routed].into_iter().enumerate() {
+            ttft[i].push(one(&http, url, 4).await?.1 * 1000.0);
+        }
+    }
+    let mut tps = [Vec::new(), Vec::new()];
+    for _ in 0..REPS {
+        for (i, url) in [&direct, &routed].into_iter().enumerate() {
+            tps[i].push(burst(&http, url).await?);
+        }
+    }
+    let [t1, t3] = ttft.map(median);
+    let [one_node, three] = tps.map(median);
+    println!("\nThree nodes behind vllm-router vs one node: SmolLM2, {CLIENTS} clients × {TOKENS} tokens (median of {REPS}); TTFT median of {TTFT_REPS} single streams\n");
+    println!("| | one node, direct | three nodes behind vllm-router | ratio |");
+    println!("|---|---:|---:|---:|");
+    println!("| aggregate tokens/s | {one_node:.1} | {three:.1} | ×{:.2} |", three / one_node);
+    println!("| time to first token (ms) | {t1:.1} | {t3:.1} | +{:.1} ms |", t3 - t1);
+    Ok(json!({"one_node_tps": one_node, "three_nodes_tps": three, "ttft_direct_ms": t1, "ttft_router_ms": t3}))
+}
