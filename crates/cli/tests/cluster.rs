@@ -406,3 +406,33 @@ fn service_install_writes_a_user_unit_systemd_verifies_and_uninstall_removes_it(
     let (ok, out) = run(&["service", "status"]);
     assert!(ok && out.contains("(not installed)"), "{out}");
 }
+
+#[tokio::test]
+async fn sighup_rereads_config_json_and_applies_what_changed_as_systemctl_reload_does() {
+    let l = Lemonade::start(bin(), &[]).await;
+    assert_eq!(l.get("/internal/config").await.1["load_timeout"], 600);
+    let file = l.sandbox.cache().join("config.json");
+    let mut c: Value = std::fs::read(&file).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(json!({}));
+    c["load_timeout"] = json!(123);
+    std::fs::write(&file, c.to_string()).unwrap();
+    unsafe {
+        libc::kill(l.pid() as i32, libc::SIGHUP);
+    }
+    let applied = wait_for(Duration::from_secs(10), || async {
+        (l.get("/internal/config").await.1["load_timeout"] == 123).then_some(())
+    })
+    .await;
+    assert!(applied.is_some(), "config.json's new load_timeout was not applied after SIGHUP");
+    // A bad file changes nothing, and the server stays up.
+    c["load_timeout"] = json!("soon");
+    std::fs::write(&file, c.to_string()).unwrap();
+    unsafe {
+        libc::kill(l.pid() as i32, libc::SIGHUP);
+    }
+    let logged = wait_for(Duration::from_secs(10), || async {
+        l.log().contains("config.json not reloaded").then_some(())
+    })
+    .await;
+    assert!(logged.is_some(), "the refused reload was not logged");
+    assert_eq!(l.get("/internal/config").await.1["load_timeout"], 123);
+}
