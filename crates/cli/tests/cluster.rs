@@ -429,10 +429,9 @@ async fn sighup_rereads_config_json_and_applies_what_changed_as_systemctl_reload
     unsafe {
         libc::kill(l.pid() as i32, libc::SIGHUP);
     }
-    let logged = wait_for(Duration::from_secs(10), || async {
-        l.log().contains("config.json not reloaded").then_some(())
-    })
-    .await;
+    let logged =
+        wait_for(Duration::from_secs(10), || async { l.log().contains("config.json not reloaded").then_some(()) })
+            .await;
     assert!(logged.is_some(), "the refused reload was not logged");
     assert_eq!(l.get("/internal/config").await.1["load_timeout"], 123);
 }

@@ -48,6 +48,8 @@ struct Eval<'a> {
     /// The input as text conditions read it (capped), ASCII-lowercased for keywords.
     capped: &'a str,
     lower: Option<String>,
+    /// Which of the policy's patterns match the input, found once when a rule first asks.
+    matched: Option<regex::SetMatches>,
     trace: Option<Vec<RouteTraceEntry>>,
 }
 
@@ -64,6 +66,7 @@ pub fn decide(policy: &Policy, features: &Features, scores: &BTreeMap<String, Sc
         scores,
         capped: &features.input[..end],
         lower: None,
+        matched: None,
         trace: want_trace.then(Vec::new),
     };
     for rule in &policy.rules {
@@ -96,6 +99,14 @@ fn decision(
 }
 
 impl Eval<'_> {
+    /// Whether pattern `i` (`r`) matches: from the policy's set, matched once over the input;
+    /// `r` alone when there is no set.
+    fn regex(&mut self, r: &regex::Regex, i: usize) -> bool {
+        let Some(set) = &self.policy.regexes else { return r.is_match(self.capped) };
+        let capped = self.capped;
+        self.matched.get_or_insert_with(|| set.matches(capped)).matched(i)
+    }
+
     fn eval(&mut self, c: &Cond) -> Result<bool, Needs> {
         let (name, result) = match c {
             Cond::Any(parts) => {
@@ -118,7 +129,7 @@ impl Eval<'_> {
             Cond::Band { classifier, label, min, max } => return self.band(classifier, label.as_deref(), *min, *max),
             Cond::KeywordsAny(k) => ("keywords_any", k.iter().any(|k| self.lower().contains(k.as_str()))),
             Cond::KeywordsAll(k) => ("keywords_all", k.iter().all(|k| self.lower().contains(k.as_str()))),
-            Cond::Regex(r) => ("regex", r.is_match(self.capped)),
+            Cond::Regex(r, i) => ("regex", self.regex(r, *i)),
             Cond::MinChars(n) => ("min_chars", self.features.input.len() as u64 >= *n),
             Cond::MaxChars(n) => ("max_chars", self.features.input.len() as u64 <= *n),
             Cond::HasTools(b) => ("has_tools", self.features.has_tools == *b),

@@ -645,3 +645,37 @@ mod omni_loop {
         }
     }
 }
+
+#[test]
+fn many_patterns_are_matched_in_one_pass_and_decide_as_each_alone_would() {
+    let rules: Vec<Value> = (0..5000)
+        .map(|i| {
+            json!({"id": format!("r{i}"), "match": {"any": [{"regex": format!("x{i}y")}, {"not": {"regex": "^$"}}]},
+                        "route_to": if i == 4321 { "B" } else { "A" }})
+        })
+        .collect();
+    let mut v = doc_policy();
+    v["routing"]["rules"] = Value::Array(rules);
+    v["routing"]["candidates"] = json!(["A", "B"]);
+    v["routing"]["default_model"] = json!("A");
+    v["components"] = json!(["A", "B"]);
+    let p = Policy::parse(&v).unwrap();
+    assert!(p.regexes.as_ref().is_some_and(|s| s.len() == 10_000), "one set of every pattern");
+    // Only the `not ^$` of rule 0 can decide here: the set says which patterns match, in order.
+    let none = BTreeMap::new();
+    let d = decided(decide(&p, &chat(&format!("{} x4321y", "a".repeat(1 << 20))), &none, false));
+    assert_eq!(d.matched_rule, "r0");
+    // Without the set, each pattern alone: the same decision.
+    let alone = Policy { regexes: None, ..p.clone() };
+    let d2 = decided(decide(&alone, &chat(&format!("{} x4321y", "a".repeat(1 << 20))), &none, false));
+    assert_eq!(d, d2);
+    // A rule deep in the list, found by its own pattern.
+    let rules: Vec<Value> = (0..5000)
+        .map(|i| json!({"id": format!("r{i}"), "match": {"regex": format!("x{i}y")}, "route_to": "B"}))
+        .collect();
+    v["routing"]["rules"] = Value::Array(rules);
+    let p = Policy::parse(&v).unwrap();
+    // (Text conditions read the first MiB: the pattern sits within it.)
+    let d = decided(decide(&p, &chat(&format!("{} x4321y", "a".repeat(1 << 19))), &none, true));
+    assert_eq!((d.matched_rule.as_str(), d.route_to.as_str(), d.trace.len()), ("r4321", "B", 4322));
+}
