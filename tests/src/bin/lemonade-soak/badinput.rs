@@ -331,6 +331,35 @@ fn bodies(names: &[String]) -> Vec<(String, Vec<u8>)> {
         let label: String = device.to_string().chars().take(40).collect();
         out.push((format!("device {label}"), v.to_string().into_bytes()));
     }
+    // Spillover places: not a list, not remote models, too many, huge.
+    for places in [
+        json!("vllm.m"),
+        json!([1]),
+        json!(["no-dot"]),
+        json!([".m"]),
+        json!(["p."]),
+        json!((0..9).map(|i| format!("p.m{i}")).collect::<Vec<_>>()),
+        json!([format!("p.{}", "m".repeat(100_000))]),
+    ] {
+        let label: String = places.to_string().chars().take(40).collect();
+        let v = json!({"model_name": "extra.m.gguf", "spillover": places});
+        out.push((format!("spillover {label}"), v.to_string().into_bytes()));
+    }
+    // A remote provider's auth header and in-flight bound: header injection, bad names, wrong types.
+    for (name, prefix, max) in [
+        (json!("X-Key\r\nEvil: 1"), json!("Bearer "), json!(1)),
+        (json!(""), json!(""), json!(1)),
+        (json!("a b"), json!(""), json!(1)),
+        (json!("api-key"), json!("Bearer \n"), json!(1)),
+        (json!("api-key"), json!("x".repeat(100)), json!(1)),
+        (json!(7), json!(null), json!(-1)),
+        (json!("api-key"), json!(""), json!("many")),
+    ] {
+        let v = json!({"recipe": "cloud", "backend": "soakprov", "base_url": "http://127.0.0.1:9/v1",
+                       "auth_header_name": name, "auth_header_prefix": prefix, "max_in_flight": max});
+        let label: String = format!("{name} {prefix} {max}").chars().take(40).collect();
+        out.push((format!("cloud auth header {label}"), v.to_string().into_bytes()));
+    }
     for (recipe, backend) in
         [("../../x", "cpu"), ("llamacpp", "../../../tmp"), ("llamacpp", "cpu/../../x"), ("llamacpp", "")]
     {
