@@ -1,6 +1,7 @@
 """Three lemonade nodes behind a real router, vllm-router (run by crates/cli/tests/cluster.rs):
 the official openai SDK talks to the router; requests spread over the nodes (round_robin);
-a conversation keeps to one node by its
+a node busy with a stream gets none of the quick requests that follow (power_of_two, once the
+router's load monitor has read the node's load); a conversation keeps to one node by its
 X-Session-ID (`consistent_hash`) and reuses that node's prompt cache; a node killed mid-run
 loses no request that had not started. A failure exits non-zero naming what was wrong."""
 
@@ -88,6 +89,40 @@ for i in range(9):
 got = delta(before)
 check(got == [3, 3, 3], f"round_robin spread 9 requests as {got}")
 print(f"spread: {got}")
+
+# 2. Load signals: with power_of_two, a node serving a long stream gets none of the quick
+#    requests that follow.
+p2, p2_base = start_router("power_of_two")
+oai2 = openai.OpenAI(base_url=f"{p2_base}/v1", api_key="x", max_retries=0, timeout=DEADLINE)
+before = counts()
+stream = oai2.chat.completions.create(model=smol, messages=[{"role": "user", "content": "A long story."}],
+                                      max_tokens=4000, stream=True, extra_body={"ignore_eos": True})
+chunks = iter(stream)
+next(chunks)
+next(chunks)
+busy = delta(before)
+check(sum(busy) == 1, f"the long stream is on one node: {busy}")
+busy_node = busy.index(1)
+# vllm-router's power_of_two weighs each node's load as its load monitor last read it (every
+# few seconds); its log names the loads of every choice. Quick probes until one shows the
+# busy node loaded (bounded), then the measured requests.
+log_path = os.path.join(log_dir, "router-power_of_two.log")
+seen = False
+end = time.monotonic() + 30
+probes = 0
+while not seen and time.monotonic() < end:
+    ask(oai2, "Probe.")
+    probes += 1
+    text = re.sub(r"\x1b\[[0-9;]*m", "", open(log_path).read())
+    seen = re.search(r"Power-of-two selection: .*%s=[1-9]" % re.escape(nodes[busy_node]), text) is not None
+check(seen, f"the router never weighed the busy node's load in 30 s ({probes} probes)")
+before = counts()
+for i in range(6):
+    ask(oai2, f"Quick {i}.")
+got = delta(before)
+stream.close()
+check(got[busy_node] == 0 and sum(got) == 6, f"power_of_two sent the busy node {got[busy_node]} of 6: {got}")
+print(f"load-aware: after {probes} probes the router weighed the busy node's load; it got {got[busy_node]} of 6: {got}")
 
 # 3. Session affinity: consistent_hash keeps each conversation on one node, whose llama-server
 #    reuses the conversation's prompt from its cache.

@@ -231,7 +231,7 @@ async fn trace_and_session_headers_reach_a_local_backend_and_the_session_header_
 }
 
 #[tokio::test]
-async fn real_llama_server_three_nodes_behind_vllm_router_spread_keep_sessions_and_survive_a_kill() {
+async fn real_llama_server_three_nodes_behind_vllm_router_spread_spare_the_busy_one_keep_sessions_and_survive_a_kill() {
     let mut nodes = Vec::new();
     for _ in 0..3 {
         let l = Lemonade::start(bin(), &[]).await;
