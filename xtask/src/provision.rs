@@ -360,6 +360,7 @@ pub fn setup() -> Result<Provisioned> {
     let python = python_venv(&dev)?;
     let chromium = chromium()?;
     espeak()?;
+    strace()?;
     eprintln!("setup: ready in {:.1} s (cache: {})", t.elapsed().as_secs_f64(), dev.display());
     Ok(Provisioned { llama_server, rpc_server, whisper_server, sd_server, koko, python, models_dir, chromium })
 }
@@ -373,6 +374,17 @@ fn chromium() -> Result<PathBuf> {
     let out = Command::new("chromium").arg("--version").output().context("chromium --version")?;
     anyhow::ensure!(out.status.success(), "chromium does not run: {}", String::from_utf8_lossy(&out.stderr));
     Ok(PathBuf::from("chromium"))
+}
+
+/// Debian's `strace`: a test reads what a real llama-server child receives (the trace headers
+/// lemonade forwards) from its system calls, as llama-server logs no request headers.
+fn strace() -> Result<()> {
+    if !have("strace", "-V") {
+        eprintln!("setup: installing strace (to see the headers a real llama-server receives)");
+        apt_install(&["strace"])?;
+    }
+    anyhow::ensure!(have("strace", "-V"), "strace does not run");
+    Ok(())
 }
 
 /// Debian's `espeak-ng`: the tests and the demo make speech with it.

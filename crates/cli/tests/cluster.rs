@@ -435,3 +435,57 @@ async fn sighup_rereads_config_json_and_applies_what_changed_as_systemctl_reload
     assert!(logged.is_some(), "the refused reload was not logged");
     assert_eq!(l.get("/internal/config").await.1["load_timeout"], 123);
 }
+
+#[tokio::test]
+async fn real_llama_server_the_trace_and_session_headers_arrive_at_the_llama_server_child() {
+    let l = Lemonade::start(bin(), &[]).await;
+    let (s, v) = l.post("/api/v1/load", &json!({"model_name": SMOL})).await;
+    assert_eq!(s, 200, "{v}");
+    let child = child_pids(l.pid())
+        .into_iter()
+        .find(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "llama-server"));
+    let child = child.expect("the llama-server child");
+    // llama-server logs no request headers: what it reads from its sockets is watched instead.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("strace.log");
+    let mut strace = std::process::Command::new("strace")
+        .args(["-f", "-e", "trace=recvfrom,read", "-s", "8192", "-o"])
+        .arg(&out)
+        .args(["-p", &child.to_string()])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("strace (cargo xtask setup installs it)");
+    // strace says on stderr when it has attached.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = strace.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("attached") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let attached = rx.recv_timeout(Duration::from_secs(10));
+    assert!(attached.is_ok(), "strace did not attach to llama-server {child}");
+    let r = l
+        .http
+        .post(l.url("/api/v1/chat/completions"))
+        .header("traceparent", TRACEPARENT)
+        .header("tracestate", "vendor=opaque")
+        .header("x-session-id", "conversation-7")
+        .json(&json!({"model": SMOL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let seen = wait_for(Duration::from_secs(10), || async {
+        let t = std::fs::read_to_string(&out).unwrap_or_default();
+        t.contains(&format!("traceparent: {TRACEPARENT}")).then_some(t)
+    })
+    .await;
+    let _ = strace.kill();
+    let _ = strace.wait();
+    let t = seen.expect("llama-server never read the traceparent lemonade forwarded");
+    assert!(t.contains("tracestate: vendor=opaque") && t.contains("x-session-id: conversation-7"), "{t}");
+}
