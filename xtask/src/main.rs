@@ -31,6 +31,7 @@ fn main() -> Result<()> {
         "soak" => soak(rest),
         "openapi" => openapi(),
         "package" => package(rest).map(|_| ()),
+        "container" => container(rest),
         _ => {
             eprintln!(
                 "usage: cargo xtask <task>\n\n\
@@ -42,6 +43,7 @@ fn main() -> Result<()> {
                  soak     setup, then the reliability suite (faults, load, bad input)\n  \
                  package  the .deb (cargo-deb); --debug packages the debug build, --check\n           \
                  installs it with dpkg, verifies its unit, runs it and removes it\n  \
+                 container  the image (podman, deploy/Containerfile); --debug, --check: runs it\n  \
                  openapi  regenerate docs/openapi.json"
             );
             if task == "help" || task == "--help" {
@@ -132,7 +134,110 @@ fn test(rest: &[String]) -> Result<()> {
     // Then the package: built from the debug binary the tests used, installed with dpkg,
     // its unit verified, run, and removed (needs root, as CI runs).
     let package = if rest.is_empty() { package(&["--debug".into(), "--check".into()]).map(|_| ()) } else { Ok(()) };
-    tests.and(soak).and(package)
+    // And the container image, built with podman from a base made locally, run and probed.
+    let image = if rest.is_empty() { container(&["--debug".into(), "--check".into()]) } else { Ok(()) };
+    tests.and(soak).and(package).and(image)
+}
+
+/// The base image when no registry is reachable: Debian bookworm made with debootstrap.
+const LOCAL_BASE: &str = "localhost/lemonade-debian-base:bookworm";
+const IMAGE: &str = "localhost/lemonade:dev";
+
+/// podman, told this machine's limits: no default ulimits above its own hard limits, and
+/// runc (crun refuses this machine's hybrid cgroups).
+fn podman() -> Command {
+    let conf = root().join("target/container/containers.conf");
+    let _ = std::fs::create_dir_all(root().join("target/container"));
+    let _ = std::fs::write(&conf, "[containers]\ndefault_ulimits = []\n\n[engine]\nruntime = \"runc\"\n");
+    let mut c = Command::new("podman");
+    c.env("CONTAINERS_CONF", conf);
+    c
+}
+
+/// `cargo xtask container [--debug] [--check]`: the image of deploy/Containerfile, with
+/// setup's llama-server (built from the pinned sdist) and lemonade (release; the debug build
+/// with `--debug`), built by podman on a Debian base made with debootstrap when the registry's
+/// cannot be pulled. `--check` runs it: non-root, `/live` answers, its HEALTHCHECK passes, a
+/// chat from SmolLM2 (the models mounted read-only) is answered; then it is removed.
+fn container(rest: &[String]) -> Result<()> {
+    let debug = rest.iter().any(|a| a == "--debug");
+    let check = rest.iter().any(|a| a == "--check");
+    let p = provision::container_tools()?;
+    let profile = if debug { "dev" } else { "release" };
+    run(cargo().args(["build", "-q", "-p", "lemonade-cli", "--profile", profile]))?;
+    let ctx = root().join("target/container");
+    let _ = std::fs::remove_dir_all(ctx.join("bin"));
+    std::fs::create_dir_all(ctx.join("bin"))?;
+    let bin = root().join("target").join(if debug { "debug" } else { "release" }).join("lemonade");
+    std::fs::copy(&bin, ctx.join("bin/lemonade"))?;
+    std::fs::copy(&p.llama_server, ctx.join("bin/llama-server"))?;
+    std::fs::copy(root().join("deploy/Containerfile"), ctx.join("Containerfile"))?;
+    if !podman().args(["image", "exists", LOCAL_BASE]).status().is_ok_and(|s| s.success()) {
+        let rootfs = root().join("target/container-rootfs");
+        let _ = std::fs::remove_dir_all(&rootfs);
+        run(Command::new("debootstrap")
+            .args(["--variant=minbase", "--include=ca-certificates,curl,libgomp1", "bookworm"])
+            .arg(&rootfs)
+            .arg("http://deb.debian.org/debian"))?;
+        let tar = Command::new("tar")
+            .arg("-C")
+            .arg(&rootfs)
+            .args(["-c", "."])
+            .stdout(std::process::Stdio::piped())
+            .spawn()?;
+        run(podman().args(["import", "-", LOCAL_BASE]).stdin(tar.stdout.context("tar's output")?))?;
+        let _ = std::fs::remove_dir_all(&rootfs);
+    }
+    run(podman()
+        .args(["build", "--format", "docker", "--build-arg", &format!("BASE={LOCAL_BASE}"), "-t", IMAGE])
+        .arg(&ctx))?;
+    if check {
+        check_container(&p.models_dir)?;
+    }
+    Ok(())
+}
+
+/// Runs the image and probes it; removes it whatever happened.
+fn check_container(models: &Path) -> Result<()> {
+    let name = format!("lemonade-check-{}", std::process::id());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let serve = models.join("serve");
+    run(podman()
+        .args(["run", "-d", "--name", &name, "-p", &format!("127.0.0.1:{port}:8000")])
+        .args(["-v", &format!("{name}:/var/lib/lemonade"), "-v", &format!("{}:/models:ro", serve.display())])
+        .args([IMAGE, "serve", "--host", "0.0.0.0", "--port", "8000", "--extra-models-dir", "/models"]))?;
+    let result = (|| -> Result<()> {
+        let curl = |args: &[&str]| Command::new("curl").args(["-fsS", "-m", "60"]).args(args).output();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut live = false;
+        while !live && std::time::Instant::now() < deadline {
+            live = curl(&[&format!("http://127.0.0.1:{port}/live")]).is_ok_and(|o| o.status.success());
+            if !live {
+                std::thread::sleep(std::time::Duration::from_millis(250));
+            }
+        }
+        anyhow::ensure!(live, "the container's lemonade did not answer /live within 60 s");
+        let uid = podman().args(["exec", &name, "id", "-u"]).output()?;
+        anyhow::ensure!(String::from_utf8_lossy(&uid.stdout).trim() == "10001", "the container runs as uid {:?}", uid);
+        run(podman().args(["healthcheck", "run", &name]))?;
+        let body = r#"{"model": "extra.SmolLM2-135M-Instruct.Q4_1.gguf", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}"#;
+        let chat = curl(&[
+            "-H",
+            "content-type: application/json",
+            "-d",
+            body,
+            &format!("http://127.0.0.1:{port}/v1/chat/completions"),
+        ])?;
+        let text = String::from_utf8_lossy(&chat.stdout);
+        anyhow::ensure!(chat.status.success() && text.contains("\"content\""), "the container's chat: {text}");
+        eprintln!(
+            "xtask container: {IMAGE} ran as uid 10001, /live and its HEALTHCHECK passed, SmolLM2 answered: {text}"
+        );
+        Ok(())
+    })();
+    let _ = podman().args(["rm", "-f", &name]).output();
+    let _ = podman().args(["volume", "rm", "-f", &name]).output();
+    result
 }
 
 /// `cargo xtask package [--debug] [--check]`: the .deb, built by cargo-deb (pinned by setup)

@@ -841,3 +841,20 @@ pub fn cargo_deb() -> Result<PathBuf> {
     }
     Ok(bin)
 }
+
+/// `cargo xtask container`'s tools: Debian's podman, runc and debootstrap (installed once),
+/// and setup's llama-server and models.
+pub fn container_tools() -> Result<Provisioned> {
+    let p = setup()?;
+    for (tool, arg, package) in [("podman", "--version", "podman"), ("runc", "--version", "runc")] {
+        if !have(tool, arg) {
+            eprintln!("setup: installing {package} (to build and run the container image)");
+            apt_install(&[package])?;
+        }
+    }
+    if Command::new("debootstrap").arg("--version").output().is_err() {
+        apt_install(&["debootstrap"])?;
+    }
+    anyhow::ensure!(have("podman", "--version") && have("runc", "--version"), "podman or runc does not run");
+    Ok(p)
+}

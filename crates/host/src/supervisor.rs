@@ -103,15 +103,18 @@ impl Backend {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
+        // The parent's pid, read before the fork: the child checks it still has that parent.
+        // (Not "the parent is not 1": in a container without an init, lemonade *is* pid 1.)
+        let parent = std::process::id() as libc::pid_t;
         // SAFETY: only async-signal-safe libc calls between fork and exec.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 libc::setpgid(0, 0);
                 #[cfg(target_os = "linux")]
                 {
                     libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
                     // The parent may have died before prctl took effect.
-                    if libc::getppid() == 1 {
+                    if libc::getppid() != parent {
                         libc::_exit(1);
                     }
                 }
