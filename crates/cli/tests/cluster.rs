@@ -235,7 +235,7 @@ async fn real_llama_server_three_nodes_behind_vllm_router_spread_spare_the_busy_
     let mut nodes = Vec::new();
     for _ in 0..3 {
         let l = Lemonade::start(bin(), &[]).await;
-        let (s, v) = l.post("/api/v1/load", &json!({"model_name": SMOL, "parallel": 2})).await;
+        let (s, v) = l.post("/api/v1/load", &json!({"model_name": SMOL, "parallel": 4})).await;
         assert_eq!(s, 200, "{v}");
         nodes.push(l);
     }

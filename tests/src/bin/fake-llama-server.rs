@@ -85,12 +85,22 @@ async fn main() {
         headers_log: knobs.get("headers_log").and_then(Value::as_str).map(str::to_string),
     };
     let alias = arg(&args, "--alias").unwrap_or_else(|| "fake".into());
-    let metrics = knobs.get("metrics").and_then(Value::as_str).unwrap_or("").to_string();
+    // Without the knob, no /metrics (as llama-server without --metrics): a 404.
+    let metrics = knobs.get("metrics").and_then(Value::as_str).map(str::to_string);
     let app = Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/slots", get(|| async { Json(json!([{"id": 0, "is_processing": false}])) }))
         .route("/v1/chat/completions", post(chat))
-        .route("/metrics", get(move || async move { metrics }))
+        .route(
+            "/metrics",
+            get(move || async move {
+                use axum::response::IntoResponse;
+                match metrics {
+                    Some(m) => m.into_response(),
+                    None => (axum::http::StatusCode::NOT_FOUND, Json(json!({"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}}))).into_response(),
+                }
+            }),
+        )
         .route("/v1/models", get(move || async move { Json(json!({"object": "list", "data": [{"id": alias, "object": "model", "owned_by": "fake"}]})) }))
         .route("/v1/embeddings", post(|| async { Json(json!({"object": "list", "model": "fake", "data": [{"object": "embedding", "index": 0, "embedding": [0.5, 0.5]}]})) }))
         .with_state(state);
