@@ -9,8 +9,7 @@ import anthropic
 import httpx
 import ollama
 import openai
-from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
-from prometheus_client.parser import text_string_to_metric_families as text_families
+import prom
 
 base, smol, minilm, pullable, pull_size = sys.argv[1:6]
 pull_size = int(pull_size)
@@ -22,21 +21,7 @@ def check(cond, what):
 
 
 def scrape():
-    r = httpx.get(f"{base}/metrics")
-    check(r.status_code == 200, r.text)
-    check(r.headers["content-type"].startswith("application/openmetrics-text"), r.headers)
-    samples = {}
-    for fam in openmetrics_families(r.text):
-        for s in fam.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    # The classic Prometheus text parser reads the same exposition to the same values.
-    classic = {}
-    for fam in text_families(r.text):
-        for s in fam.samples:
-            classic[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    for k, v in samples.items():
-        check(classic.get(k) == v, f"the text parser read {k} as {classic.get(k)}, OpenMetrics as {v}")
-    return samples
+    return prom.scrape(base, lambda what: check(False, what))
 
 
 def value(samples, name, **labels):

@@ -10,8 +10,7 @@ import time
 
 import httpx
 import openai
-from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
-from prometheus_client.parser import text_string_to_metric_families as text_families
+import prom
 
 base, smol, n, m = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 DEADLINE = 120
@@ -23,19 +22,7 @@ def check(cond, what):
 
 
 def scrape():
-    r = httpx.get(f"{base}/metrics", timeout=10)
-    check(r.status_code == 200, r.text)
-    samples = {}
-    for fam in openmetrics_families(r.text):
-        for s in fam.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    classic = {}
-    for fam in text_families(r.text):
-        for s in fam.samples:
-            classic[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    for k, v in samples.items():
-        check(classic.get(k) == v, f"the text parser read {k} as {classic.get(k)}, OpenMetrics as {v}")
-    return samples
+    return prom.scrape(base, lambda what: check(False, what))
 
 
 def gauges(s):

@@ -489,3 +489,32 @@ async fn real_llama_server_the_trace_and_session_headers_arrive_at_the_llama_ser
     let t = seen.expect("llama-server never read the traceparent lemonade forwarded");
     assert!(t.contains("tracestate: vendor=opaque") && t.contains("x-session-id: conversation-7"), "{t}");
 }
+
+#[tokio::test]
+async fn real_llama_server_a_saturated_model_spills_to_a_second_lemonade() {
+    let peer = Lemonade::start(bin(), &[]).await;
+    let l = Lemonade::start(bin(), &[]).await;
+    let body = json!({"recipe": "cloud", "backend": "peer", "base_url": peer.url("/api/v1")});
+    let (s, v) = l.post("/api/v1/install", &body).await;
+    assert_eq!(s, 200, "{v}");
+    let place = format!("peer.{SMOL}");
+    let load = json!({"model_name": SMOL, "max_concurrent": 1, "spillover": [place]});
+    let (s, v) = l.post("/api/v1/load", &load).await;
+    assert_eq!(s, 200, "{v}");
+    // A long stream takes the model's one place here.
+    let long = json!({"model": SMOL, "messages": [{"role": "user", "content": "A long story."}], "max_tokens": 4000,
+                      "ignore_eos": true, "stream": true});
+    let mut first = l.http.post(l.url("/api/v1/chat/completions")).json(&long).send().await.unwrap();
+    assert!(first.chunk().await.unwrap().is_some(), "the local stream started");
+    let r = l.http.post(l.url("/api/v1/chat/completions")).json(&chat(SMOL)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let why = r.headers().get("x-lemonade-upstream").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
+    assert!(why.starts_with(&format!("{place}; reason=")) && why.contains("local: running 1 of 1"), "{why}");
+    let v: Value = r.json().await.unwrap();
+    assert!(v["choices"][0]["message"]["content"].as_str().is_some_and(|c| !c.is_empty()), "{v}");
+    // The second lemonade served it: its own metrics count the request.
+    let metrics = peer.http.get(peer.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let line = format!(r#"lemonade_model_requests_total{{model="{SMOL}"}} 1"#);
+    assert!(metrics.lines().any(|l| l == line), "{line} missing from the peer's metrics");
+    drop(first);
+}

@@ -40,22 +40,14 @@ pub struct Provider {
     epoch: Instant,
 }
 
-/// How a provider is reached, besides its URL and key (saved).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Reach {
-    pub auth_header_name: Option<String>,
-    pub auth_header_prefix: Option<String>,
-    pub max_in_flight: Option<u32>,
-}
+pub use host::cloud::Reach;
 
-/// What `install` may set besides the URL and key; None keeps what the provider had.
+/// What `install` may set besides the URL and key; None keeps what the provider had (a
+/// `max_in_flight` of 0 removes the bound).
 #[derive(Debug, Clone, Default)]
 pub struct InstallOptions {
     pub allow_insecure_http: Option<bool>,
-    pub auth_header_name: Option<String>,
-    pub auth_header_prefix: Option<String>,
-    /// 0 removes the bound.
-    pub max_in_flight: Option<u32>,
+    pub reach: Reach,
 }
 
 /// A request admitted to a provider: counted in flight until dropped. Its outcome goes to the
@@ -117,6 +109,25 @@ pub struct Route {
     pub admitted: Option<Admitted>,
 }
 
+impl Route {
+    /// The upstream answered (its backpressure included): it is shown up and its breaker told.
+    pub fn answered(&self, took: Duration) {
+        self.provider.record(true, took, None);
+        if let Some(a) = &self.admitted {
+            a.succeeded();
+        }
+    }
+
+    /// The upstream failed this request: it is shown down with `why`. `counts` when its breaker
+    /// counts the failure (unreachable, timed out, a 5xx), not when it refused our key.
+    pub fn failed(&self, took: Duration, why: &str, counts: bool) {
+        self.provider.record(false, took, Some(why.to_string()));
+        if let (true, Some(a)) = (counts, &self.admitted) {
+            a.failed();
+        }
+    }
+}
+
 impl Provider {
     fn new(name: &str, base: String, url: String, insecure: bool, reach: Reach, breaker: BreakerSettings) -> Provider {
         Provider {
@@ -144,9 +155,7 @@ impl Provider {
             base_url: self.url.clone(),
             models,
             allow_insecure_http: self.insecure_ok.load(std::sync::atomic::Ordering::Relaxed),
-            auth_header_name: reach.auth_header_name,
-            auth_header_prefix: reach.auth_header_prefix,
-            max_in_flight: reach.max_in_flight,
+            reach,
         }
     }
 
@@ -356,12 +365,13 @@ impl Remotes {
             .filter_map(|(name, s)| {
                 let base = cloud::api_base(&s.base_url).ok()?;
                 // A hand-edited header that would not be sent as written falls back to the default.
+                let r = s.reach;
                 let header_ok =
-                    cloud::check_auth_header(s.auth_header_name.as_deref(), s.auth_header_prefix.as_deref()).is_ok();
+                    cloud::check_auth_header(r.auth_header_name.as_deref(), r.auth_header_prefix.as_deref()).is_ok();
                 let reach = Reach {
-                    auth_header_name: s.auth_header_name.filter(|_| header_ok),
-                    auth_header_prefix: s.auth_header_prefix.filter(|_| header_ok),
-                    max_in_flight: s.max_in_flight.filter(|n| *n > 0),
+                    auth_header_name: r.auth_header_name.filter(|_| header_ok),
+                    auth_header_prefix: r.auth_header_prefix.filter(|_| header_ok),
+                    max_in_flight: r.max_in_flight.filter(|n| *n > 0),
                 };
                 let p = Provider::new(&name, base, s.base_url, s.allow_insecure_http, reach, breaker);
                 p.seen.write().models = s.models;
@@ -406,8 +416,9 @@ impl Remotes {
     ) -> Result<Upstream> {
         let bad = |e: cloud::CloudError, param: &str| EngineError::invalid(e.to_string(), Some(param));
         cloud::check_name(name).map_err(|e| bad(e, "backend"))?;
-        cloud::check_auth_header(o.auth_header_name.as_deref(), None).map_err(|e| bad(e, "auth_header_name"))?;
-        cloud::check_auth_header(None, o.auth_header_prefix.as_deref()).map_err(|e| bad(e, "auth_header_prefix"))?;
+        let r = &o.reach;
+        cloud::check_auth_header(r.auth_header_name.as_deref(), None).map_err(|e| bad(e, "auth_header_name"))?;
+        cloud::check_auth_header(None, r.auth_header_prefix.as_deref()).map_err(|e| bad(e, "auth_header_prefix"))?;
         let key = key.filter(|k| !k.is_empty());
         let provider = match base_url {
             Some(url) => {
@@ -418,9 +429,9 @@ impl Remotes {
                 });
                 let was = old.as_ref().map(|p| p.reach.read().clone()).unwrap_or_default();
                 let reach = Reach {
-                    auth_header_name: o.auth_header_name.or(was.auth_header_name),
-                    auth_header_prefix: o.auth_header_prefix.or(was.auth_header_prefix),
-                    max_in_flight: o.max_in_flight.map_or(was.max_in_flight, |n| (n > 0).then_some(n)),
+                    auth_header_name: o.reach.auth_header_name.or(was.auth_header_name),
+                    auth_header_prefix: o.reach.auth_header_prefix.or(was.auth_header_prefix),
+                    max_in_flight: o.reach.max_in_flight.map_or(was.max_in_flight, |n| (n > 0).then_some(n)),
                 };
                 let old_key = old.and_then(|p| p.key.read().clone());
                 let p = Provider::new(name, base, url.to_string(), insecure, reach, self.breaker);

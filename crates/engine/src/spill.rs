@@ -18,11 +18,12 @@ use crate::Engine;
 /// local model), and the decision's words for the local lease when it stays (None: no
 /// spillover was considered).
 pub async fn place(rt: &Engine, info: &ModelInfo) -> Result<(Option<Lease>, Option<String>)> {
+    // Saturation first: it reads the published view only, where the places need the options.
+    let Some(busy) = rt.lifecycle.saturated(&info.name) else { return Ok((None, None)) };
     let places = rt.lifecycle.spillover_of(info);
     if places.is_empty() {
         return Ok((None, None));
     }
-    let Some(busy) = rt.lifecycle.saturated(&info.name) else { return Ok((None, None)) };
     let mut seen = vec![format!("local: {busy}")];
     for place in &places {
         let Ok(Some(mut route)) = rt.remotes.route(place).await else {

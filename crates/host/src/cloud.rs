@@ -23,13 +23,20 @@ pub struct Saved {
     /// Lemonade v11's opt-in to send a key over plain `http://` beyond this machine.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_insecure_http: bool,
-    /// The header its key goes in, and the text before the key (Lemonade v11's
-    /// `auth_header_name`, `auth_header_prefix`; None: `Authorization`, `Bearer `).
+    /// How it is reached besides its URL and key.
+    #[serde(flatten)]
+    pub reach: Reach,
+}
+
+/// How a provider is reached besides its URL and key: the header its key goes in and the text
+/// before the key (Lemonade v11's `auth_header_name`, `auth_header_prefix`; None:
+/// `Authorization`, `Bearer `), and the requests it is sent at once (None: no bound).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reach {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth_header_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth_header_prefix: Option<String>,
-    /// Requests it is sent at once (None: no bound).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_in_flight: Option<u32>,
 }

@@ -96,8 +96,7 @@ async fn send_remote(
         let left = lease.remote_timeout().saturating_sub(started.elapsed());
         match judge(r.status().as_u16(), retry_after(header, now), attempt, REMOTE_ATTEMPTS, left) {
             Answer::Relay => {
-                route.provider.record(true, started.elapsed(), None);
-                route.admitted.as_ref().inspect(|a| a.succeeded());
+                route.answered(started.elapsed());
                 return Ok(r);
             }
             // The upstream's own failure: `backend_error` makes it a 502 naming it.
@@ -105,7 +104,7 @@ async fn send_remote(
             Answer::Retry => pause(lease, route, attempt, started, None).await,
             Answer::RetryAfter(wait) => pause(lease, route, attempt, started, Some(wait)).await,
             Answer::Busy(secs) => {
-                route.admitted.as_ref().inspect(|a| a.succeeded());
+                route.answered(started.elapsed());
                 let msg = format!(
                     "Upstream '{}' ({}) is busy: it answered {} asking to retry after {secs} s",
                     route.provider.name,
@@ -141,8 +140,7 @@ fn remote_timeout(lease: &Lease, route: &Route) -> ApiError {
         route.provider.base,
         t.as_secs_f64()
     );
-    route.provider.record(false, t, Some(msg.clone()));
-    route.admitted.as_ref().inspect(|a| a.failed());
+    route.failed(t, &msg, true);
     ApiError::UpstreamTimeout(msg)
 }
 
@@ -153,8 +151,7 @@ fn remote_failed(route: &Route, e: &reqwest::Error, timeout: std::time::Duration
         route.provider.base,
         host::cloud::describe(e, timeout)
     );
-    route.provider.record(false, std::time::Duration::ZERO, Some(msg.clone()));
-    route.admitted.as_ref().inspect(|a| a.failed());
+    route.failed(std::time::Duration::ZERO, &msg, true);
     ApiError::UpstreamFailed(msg)
 }
 
@@ -254,10 +251,7 @@ async fn backend_error(lease: &Lease, resp: reqwest::Response) -> ApiError {
                 "Upstream '{}' ({}) answered {status}{hint}: {excerpt}",
                 route.provider.name, route.provider.base
             );
-            route.provider.record(false, std::time::Duration::ZERO, Some(msg.clone()));
-            if status.is_server_error() {
-                route.admitted.as_ref().inspect(|a| a.failed());
-            }
+            route.failed(std::time::Duration::ZERO, &msg, status.is_server_error());
             ApiError::UpstreamFailed(msg)
         }
         _ => ApiError::Backend { status, body, content_type },

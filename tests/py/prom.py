@@ -1,0 +1,27 @@
+"""lemonade's /metrics read by prometheus_client's two parsers (OpenMetrics and the classic
+text format), which must agree: {(sample name, sorted labels): value}. Shared by the metrics
+scripts; `fail` is called with what was wrong."""
+
+import httpx
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+from prometheus_client.parser import text_string_to_metric_families as text_families
+
+
+def scrape(base, fail):
+    r = httpx.get(f"{base}/metrics", timeout=10)
+    if r.status_code != 200:
+        fail(r.text)
+    if not r.headers["content-type"].startswith("application/openmetrics-text"):
+        fail(r.headers)
+    samples = {}
+    for fam in openmetrics_families(r.text):
+        for s in fam.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    classic = {}
+    for fam in text_families(r.text):
+        for s in fam.samples:
+            classic[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    for k, v in samples.items():
+        if classic.get(k) != v:
+            fail(f"the text parser read {k} as {classic.get(k)}, OpenMetrics as {v}")
+    return samples
