@@ -94,6 +94,7 @@ fn test_env(cmd: &mut Command, p: &provision::Provisioned) {
 }
 
 fn test(rest: &[String]) -> Result<()> {
+    disk_preflight()?;
     let p = provision::setup()?;
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
     run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
@@ -137,6 +138,32 @@ fn test(rest: &[String]) -> Result<()> {
     // And the container image, built with podman from a base made locally, run and probed.
     let image = if rest.is_empty() { container(&["--debug".into(), "--check".into()]) } else { Ok(()) };
     tests.and(soak).and(package).and(image)
+}
+
+/// A clean `cargo xtask test` writes about 9 GiB under target/ (the debug build, the package,
+/// the container context) and the image's layers. Too little room ends in ENOSPC somewhere in
+/// the middle of a build, so say so up front, with the figure, instead.
+const NEEDED_GIB: u64 = 12;
+
+fn disk_preflight() -> Result<()> {
+    let target = root().join("target");
+    let _ = std::fs::create_dir_all(&target);
+    let out = Command::new("df").args(["-Pk"]).arg(&target).output().context("cannot run df")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let free_kib = text.lines().nth(1).and_then(|l| l.split_whitespace().nth(3)).and_then(|f| f.parse::<u64>().ok());
+    let Some(free_kib) = free_kib else {
+        eprintln!("xtask test: could not read the free space under {} from df: {text}", target.display());
+        return Ok(());
+    };
+    let free_gib = free_kib as f64 / (1024.0 * 1024.0);
+    eprintln!("xtask test: {free_gib:.1} GiB free under {}", target.display());
+    anyhow::ensure!(
+        free_kib >= NEEDED_GIB * 1024 * 1024,
+        "only {free_gib:.1} GiB free under {} and a whole test run needs about {NEEDED_GIB} GiB: \
+         free some (an old target/debug/incremental is often tens of GiB; `cargo clean` removes it)",
+        target.display()
+    );
+    Ok(())
 }
 
 /// The base image when no registry is reachable: Debian bookworm made with debootstrap.
@@ -191,6 +218,8 @@ fn container(rest: &[String]) -> Result<()> {
     run(podman()
         .args(["build", "--format", "docker", "--build-arg", &format!("BASE={LOCAL_BASE}"), "-t", IMAGE])
         .arg(&ctx))?;
+    // The image this build replaced is left untagged; remove such leftovers, not the base.
+    run(podman().args(["image", "prune", "-f"]))?;
     if check {
         check_container(&p.models_dir)?;
     }
