@@ -190,12 +190,10 @@ fn container(rest: &[String]) -> Result<()> {
     let debug = rest.iter().any(|a| a == "--debug");
     let check = rest.iter().any(|a| a == "--check");
     let p = provision::container_tools()?;
-    let profile = if debug { "dev" } else { "release" };
-    run(cargo().args(["build", "-q", "-p", "lemonade-cli", "--profile", profile]))?;
+    let bin = build_lemonade(debug)?;
     let ctx = root().join("target/container");
     let _ = std::fs::remove_dir_all(ctx.join("bin"));
     std::fs::create_dir_all(ctx.join("bin"))?;
-    let bin = root().join("target").join(if debug { "debug" } else { "release" }).join("lemonade");
     std::fs::copy(&bin, ctx.join("bin/lemonade"))?;
     std::fs::copy(&p.llama_server, ctx.join("bin/llama-server"))?;
     std::fs::copy(root().join("deploy/Containerfile"), ctx.join("Containerfile"))?;
@@ -226,6 +224,26 @@ fn container(rest: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Builds lemonade (release; the debug build with `debug`): the binary's path.
+fn build_lemonade(debug: bool) -> Result<PathBuf> {
+    let profile = if debug { "dev" } else { "release" };
+    run(cargo().args(["build", "-q", "-p", "lemonade-cli", "--profile", profile]))?;
+    Ok(root().join("target").join(if debug { "debug" } else { "release" }).join("lemonade"))
+}
+
+/// Whether a lemonade on `port` (loopback) answers `/live` within `secs` seconds.
+fn answers_live(port: u16, secs: u64) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        let url = format!("http://127.0.0.1:{port}/live");
+        if Command::new("curl").args(["-fsS", "-m", "2", &url]).output().is_ok_and(|o| o.status.success()) {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    false
+}
+
 /// Runs the image and probes it; removes it whatever happened.
 fn check_container(models: &Path) -> Result<()> {
     let name = format!("lemonade-check-{}", std::process::id());
@@ -237,15 +255,7 @@ fn check_container(models: &Path) -> Result<()> {
         .args([IMAGE, "serve", "--host", "0.0.0.0", "--port", "8000", "--extra-models-dir", "/models"]))?;
     let result = (|| -> Result<()> {
         let curl = |args: &[&str]| Command::new("curl").args(["-fsS", "-m", "60"]).args(args).output();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        let mut live = false;
-        while !live && std::time::Instant::now() < deadline {
-            live = curl(&[&format!("http://127.0.0.1:{port}/live")]).is_ok_and(|o| o.status.success());
-            if !live {
-                std::thread::sleep(std::time::Duration::from_millis(250));
-            }
-        }
-        anyhow::ensure!(live, "the container's lemonade did not answer /live within 60 s");
+        anyhow::ensure!(answers_live(port, 60), "the container's lemonade did not answer /live within 60 s");
         let uid = podman().args(["exec", &name, "id", "-u"]).output()?;
         anyhow::ensure!(String::from_utf8_lossy(&uid.stdout).trim() == "10001", "the container runs as uid {:?}", uid);
         run(podman().args(["healthcheck", "run", &name]))?;
@@ -279,8 +289,7 @@ fn package(rest: &[String]) -> Result<PathBuf> {
     let check = rest.iter().any(|a| a == "--check");
     let cargo_deb = provision::cargo_deb()?;
     let profile = if debug { "dev" } else { "release" };
-    run(cargo().args(["build", "-q", "-p", "lemonade-cli", "--profile", profile]))?;
-    let bin = root().join("target").join(if debug { "debug" } else { "release" }).join("lemonade");
+    let bin = build_lemonade(debug)?;
     let assets = root().join("target/deb-assets");
     let _ = std::fs::remove_dir_all(&assets);
     std::fs::create_dir_all(assets.join("man"))?;
@@ -341,18 +350,7 @@ fn check_package(deb: &Path) -> Result<()> {
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()?;
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        let mut live = false;
-        while !live && std::time::Instant::now() < deadline {
-            live = Command::new("curl")
-                .args(["-fsS", "-m", "2", &format!("http://127.0.0.1:{port}/live")])
-                .output()
-                .map(|o| o.status.success())
-                .unwrap_or(false);
-            if !live {
-                std::thread::sleep(std::time::Duration::from_millis(200));
-            }
-        }
+        let live = answers_live(port, 30);
         let _ = serve.kill();
         let _ = serve.wait();
         let _ = std::fs::remove_dir_all(&state);

@@ -3,6 +3,24 @@
 
 use serde::{Deserialize, Serialize};
 
+/// How a remote provider is reached besides its URL and key: the header its key goes in and
+/// the text before the key (Lemonade v11's `auth_header_name`, `auth_header_prefix`; None:
+/// `Authorization`, `Bearer `), and the requests it is sent at once (None: no bound). The
+/// `install` body carries it, and the providers' file keeps it (flattened in both).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Reach {
+    /// Lemonade v11: the header the key is sent in (default `Authorization`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_header_name: Option<String>,
+    /// Lemonade v11: the text before the key (default `Bearer `; `""` for a bare key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_header_prefix: Option<String>,
+    /// Requests sent to the provider at once; more are refused with 503 and `Retry-After`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u32>,
+}
+
 /// One registered provider as the server sees it now.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -193,16 +193,10 @@ pub struct InstallRequest {
     /// Lemonade v11: allow the key to go over plain `http://` to another machine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_insecure_http: Option<bool>,
-    /// Lemonade v11: the header the key is sent in (default `Authorization`); kept when omitted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub auth_header_name: Option<String>,
-    /// Lemonade v11: the text before the key (default `Bearer `; `""` for a bare key).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub auth_header_prefix: Option<String>,
-    /// Requests sent to the provider at once; more are refused with 503 and `Retry-After`
-    /// (0: no bound; kept when omitted).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_in_flight: Option<u32>,
+    /// How the provider is reached besides its URL and key (each kept when omitted; a
+    /// `max_in_flight` of 0 removes the bound).
+    #[serde(flatten)]
+    pub reach: crate::Reach,
 }
 
 /// Lemonade v11's view of where a cloud provider's key comes from.

@@ -468,17 +468,8 @@ async fn real_llama_server_the_trace_and_session_headers_arrive_at_the_llama_ser
     });
     let attached = rx.recv_timeout(Duration::from_secs(10));
     assert!(attached.is_ok(), "strace did not attach to llama-server {child}");
-    let r = l
-        .http
-        .post(l.url("/api/v1/chat/completions"))
-        .header("traceparent", TRACEPARENT)
-        .header("tracestate", "vendor=opaque")
-        .header("x-session-id", "conversation-7")
-        .json(&json!({"model": SMOL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    let (s, _, v) = traced_chat(&l, SMOL).await;
+    assert_eq!(s, 200, "{v}");
     let seen = wait_for(Duration::from_secs(10), || async {
         let t = std::fs::read_to_string(&out).unwrap_or_default();
         t.contains(&format!("traceparent: {TRACEPARENT}")).then_some(t)
@@ -517,4 +508,55 @@ async fn real_llama_server_a_saturated_model_spills_to_a_second_lemonade() {
     let line = format!(r#"lemonade_model_requests_total{{model="{SMOL}"}} 1"#);
     assert!(metrics.lines().any(|l| l == line), "{line} missing from the peer's metrics");
     drop(first);
+}
+
+#[tokio::test]
+async fn real_llama_server_a_peer_lemonades_full_queue_is_waited_out_then_passed_on_as_503_with_retry_after() {
+    // The peer: SmolLM2 on real llama-server, one request at a time and one waiting at most;
+    // beyond that it answers 503 with Retry-After 1 (queue_full), as a busy vLLM node would.
+    let peer = Lemonade::start(bin(), &["--max-queue", "1"]).await;
+    let (s, v) = peer.post("/api/v1/load", &json!({"model_name": SMOL, "max_concurrent": 1})).await;
+    assert_eq!(s, 200, "{v}");
+    let l = Lemonade::start(bin(), &[]).await;
+    let body = json!({"recipe": "cloud", "backend": "peer", "base_url": peer.url("/api/v1")});
+    let (s, v) = l.post("/api/v1/install", &body).await;
+    assert_eq!(s, 200, "{v}");
+    // Two long streams sent to the peer directly: one runs, the other waits; its queue is full.
+    let long = json!({"model": SMOL, "messages": [{"role": "user", "content": "A long story."}], "max_tokens": 4000,
+                      "ignore_eos": true, "stream": true});
+    let url = peer.url("/api/v1/chat/completions");
+    let mut running = peer.http.post(&url).json(&long).send().await.unwrap();
+    assert!(running.chunk().await.unwrap().is_some(), "the peer's first stream started");
+    // (Read to its end in a task, so aborting the task drops the stream.)
+    let second = peer.http.post(&url).json(&long).send();
+    let waiting = tokio::spawn(async move {
+        let mut r = second.await?;
+        while r.chunk().await?.is_some() {}
+        Ok::<_, reqwest::Error>(())
+    });
+    let full =
+        wait_for(Duration::from_secs(30), || async { (peer.get("/get_load").await.1["waiting"] == 1).then_some(()) })
+            .await;
+    assert!(full.is_some(), "the peer's second stream did not wait");
+    // Through lemonade: the peer's 503 with Retry-After 1 is waited out on each attempt, then
+    // passed on as 503 with the peer's Retry-After, never 502.
+    let place = format!("peer.{SMOL}");
+    let (s, retry, v) = traced_chat(&l, &place).await;
+    assert_eq!((s, retry.as_deref(), v["error"]["code"].as_str()), (503, Some("1"), Some("upstream_busy")), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("asking to retry after 1 s"), "{v}");
+    let metrics = peer.http.get(peer.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let refused = r#"lemonade_http_requests_total{endpoint="/api/v1/chat/completions",method="POST",status="503"} 3"#;
+    assert!(metrics.lines().any(|l| l == refused), "the peer refused each of the 3 attempts: {refused} missing");
+    // Backpressure is an answer, not a failure: the breaker stays closed.
+    assert_eq!(upstream_view(&l, "peer").await["breaker"]["state"], "closed");
+    // Once the peer's queue drains, the same request is served.
+    drop(running);
+    waiting.abort();
+    let idle =
+        wait_for(Duration::from_secs(60), || async { (peer.get("/get_load").await.1["load"] == 0).then_some(()) })
+            .await;
+    assert!(idle.is_some(), "the peer's streams did not end");
+    let (s, _, v) = traced_chat(&l, &place).await;
+    assert_eq!(s, 200, "{v}");
+    assert!(v["choices"][0]["message"]["content"].as_str().is_some_and(|c| !c.is_empty()), "{v}");
 }

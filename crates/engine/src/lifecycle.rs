@@ -453,6 +453,12 @@ impl Lifecycle {
         })
     }
 
+    /// The requests this node is serving and those waiting (for a load, or for a slot), over
+    /// every model: the load a router in front of several nodes weighs.
+    pub fn node_load(&self) -> (u64, u64) {
+        self.view.read().values().fold((0, 0), |(r, w), v| (r + v.in_flight as u64, w + v.queue_depth as u64))
+    }
+
     /// A loaded llama.cpp model's slots and context per slot.
     pub fn slots(&self, name: &str) -> Option<(u32, u32)> {
         let r = self.running.lock().get(name).cloned()?;

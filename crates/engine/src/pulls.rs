@@ -295,7 +295,7 @@ pub async fn lease_at(rt: &Engine, name: &str, want: &[ModelType], endpoint: &st
 }
 
 /// The priorities a request may ask for (`priority` in its body); 0 by default.
-pub const PRIORITIES: std::ops::RangeInclusive<i32> = backends::options::PRIORITIES;
+pub use backends::options::PRIORITIES;
 
 /// [`lease`], setting the model's idle timeout (ms; 0 = never) when `keep_alive` is given.
 pub async fn lease_keeping(

@@ -40,7 +40,7 @@ pub struct Provider {
     epoch: Instant,
 }
 
-pub use host::cloud::Reach;
+pub use api_types::Reach;
 
 /// What `install` may set besides the URL and key; None keeps what the provider had (a
 /// `max_in_flight` of 0 removes the bound).

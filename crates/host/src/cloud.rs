@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+use api_types::Reach;
 use backends::cloud::Discovered;
 use serde::{Deserialize, Serialize};
 
@@ -26,19 +27,6 @@ pub struct Saved {
     /// How it is reached besides its URL and key.
     #[serde(flatten)]
     pub reach: Reach,
-}
-
-/// How a provider is reached besides its URL and key: the header its key goes in and the text
-/// before the key (Lemonade v11's `auth_header_name`, `auth_header_prefix`; None:
-/// `Authorization`, `Bearer `), and the requests it is sent at once (None: no bound).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Reach {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub auth_header_name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub auth_header_prefix: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_in_flight: Option<u32>,
 }
 
 /// The saved providers (none: empty). A damaged file is an error naming it.

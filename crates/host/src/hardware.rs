@@ -286,9 +286,7 @@ pub fn auto_memory_budget() -> Option<u64> {
 /// amdgpu driver's sysfs counters); None: no GPU reports any.
 pub fn vram() -> Option<(u64, u64)> {
     let gpus = nvidia_memory();
-    let nvidia = (!gpus.is_empty()).then(|| {
-        gpus.iter().fold((0, 0), |(f, t), g| (f + g.total_bytes.saturating_sub(g.used_bytes), t + g.total_bytes))
-    });
+    let nvidia = (!gpus.is_empty()).then(|| gpus.iter().fold((0, 0), |(f, t), g| (f + g.free(), t + g.total_bytes)));
     let amd = amd_vram(Path::new("/sys/class/drm"));
     match (nvidia, amd) {
         (Some((f1, t1)), Some((f2, t2))) => Some((f1 + f2, t1 + t2)),

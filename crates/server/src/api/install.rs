@@ -191,14 +191,7 @@ pub async fn cloud_auth_clear(
 }
 
 fn install_options(req: &InstallRequest) -> engine::remote::InstallOptions {
-    engine::remote::InstallOptions {
-        allow_insecure_http: req.allow_insecure_http,
-        reach: engine::remote::Reach {
-            auth_header_name: req.auth_header_name.clone(),
-            auth_header_prefix: req.auth_header_prefix.clone(),
-            max_in_flight: req.max_in_flight,
-        },
-    }
+    engine::remote::InstallOptions { allow_insecure_http: req.allow_insecure_http, reach: req.reach.clone() }
 }
 
 /// Registers a remote provider (or changes its key) and discovers its models.

@@ -147,8 +147,7 @@ pub async fn root_health() -> Json<Live> {
 /// This node's load as the SGLang router protocol reads it (vllm-router's `power_of_two`).
 #[utoipa::path(get, path = "/get_load", tag = "Lemonade", responses((status = 200, description = "Requests running and waiting", body = NodeLoad)))]
 pub async fn get_load(State(rt): State<AppState>) -> Json<NodeLoad> {
-    let (running, waiting) =
-        rt.lifecycle.view().values().fold((0, 0), |(r, w), v| (r + v.in_flight as u64, w + v.queue_depth as u64));
+    let (running, waiting) = rt.lifecycle.node_load();
     Json(NodeLoad { load: running + waiting, running, waiting })
 }
 

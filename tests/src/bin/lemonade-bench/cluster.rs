@@ -5,58 +5,20 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use host::supervisor::free_port;
 use serde_json::{json, Value};
 use test_support::{wait_for, Lemonade, Sandbox, SMOL};
 
 use crate::median;
+use crate::parallel::{burst, one};
+use crate::scaling::Killed;
 
 const TOKENS: u32 = 32;
 const CLIENTS: usize = 6;
 const REPS: usize = 3;
 const TTFT_REPS: usize = 10;
-
-fn body(stream: bool, tokens: u32) -> Value {
-    json!({"model": SMOL, "messages": [{"role": "user", "content": "Tell me about lemons."}],
-           "max_tokens": tokens, "ignore_eos": true, "stream": stream})
-}
-
-/// One streamed request: (content chunks, seconds to the first).
-async fn one(http: &reqwest::Client, url: &str, tokens: u32) -> anyhow::Result<(u32, f64)> {
-    let t = Instant::now();
-    let mut r = http.post(url).json(&body(true, tokens)).send().await?;
-    anyhow::ensure!(r.status().is_success(), "HTTP {}", r.status());
-    let (mut n, mut first) = (0, None);
-    while let Some(chunk) = r.chunk().await? {
-        let k = String::from_utf8_lossy(&chunk).matches("\"content\":\"").count() as u32;
-        if k > 0 && first.is_none() {
-            first = Some(t.elapsed().as_secs_f64());
-        }
-        n += k;
-    }
-    Ok((n, first.unwrap_or(f64::NAN)))
-}
-
-async fn burst(http: &reqwest::Client, url: &str) -> anyhow::Result<f64> {
-    let t = Instant::now();
-    let all = futures_util::future::join_all((0..CLIENTS).map(|_| one(http, url, TOKENS))).await;
-    let tokens: u32 = all.into_iter().collect::<anyhow::Result<Vec<_>>>()?.iter().map(|(n, _)| n).sum();
-    Ok(f64::from(tokens) / t.elapsed().as_secs_f64())
-}
-
-struct Router(std::process::Child);
-
-impl Drop for Router {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
 
 pub async fn router(bin: &Path) -> anyhow::Result<Value> {
     let http = reqwest::Client::builder().no_proxy().tcp_nodelay(true).build()?;
@@ -75,7 +37,7 @@ pub async fn router(bin: &Path) -> anyhow::Result<Value> {
         .args(nodes.iter().map(|l| l.url("")))
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    let _router = Router(cmd.spawn().map_err(|e| anyhow::anyhow!("{}: {e}", exe.display()))?);
+    let _router = Killed(cmd.spawn().map_err(|e| anyhow::anyhow!("{}: {e}", exe.display()))?);
     let base = format!("http://127.0.0.1:{port}");
     let up = wait_for(Duration::from_secs(60), || async {
         http.get(format!("{base}/get_loads")).send().await.ok().filter(|r| r.status() == 200).map(|_| ())
@@ -96,7 +58,7 @@ pub async fn router(bin: &Path) -> anyhow::Result<Value> {
     let mut tps = [Vec::new(), Vec::new()];
     for _ in 0..REPS {
         for (i, url) in [&direct, &routed].into_iter().enumerate() {
-            tps[i].push(burst(&http, url).await?);
+            tps[i].push(burst(&http, url, CLIENTS, TOKENS).await?);
         }
     }
     // One node with as many slots as the three together (6), so slots are not what differs.
@@ -106,7 +68,7 @@ pub async fn router(bin: &Path) -> anyhow::Result<Value> {
     one(&http, &direct, 4).await?;
     let mut wide = Vec::new();
     for _ in 0..REPS {
-        wide.push(burst(&http, &direct).await?);
+        wide.push(burst(&http, &direct, CLIENTS, TOKENS).await?);
     }
     let [t1, t3] = ttft.map(median);
     let [one_node, three] = tps.map(median);

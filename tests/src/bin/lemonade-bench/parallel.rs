@@ -16,26 +16,31 @@ use crate::median;
 const TOKENS: u32 = 48;
 const REPS: usize = 3;
 
-/// One streamed request; the content chunks it got.
-async fn one(http: &reqwest::Client, url: &str) -> anyhow::Result<u32> {
+/// One streamed request of `tokens` tokens: (the content chunks it got, seconds to the first).
+pub(crate) async fn one(http: &reqwest::Client, url: &str, tokens: u32) -> anyhow::Result<(u32, f64)> {
     let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "Tell me about lemons."}],
-                      "max_tokens": TOKENS, "ignore_eos": true, "stream": true});
+                      "max_tokens": tokens, "ignore_eos": true, "stream": true});
+    let t = Instant::now();
     let mut r = http.post(url).json(&body).send().await?;
     anyhow::ensure!(r.status().is_success(), "HTTP {}", r.status());
-    let mut tokens = 0;
+    let (mut n, mut first) = (0, None);
     while let Some(chunk) = r.chunk().await? {
-        tokens += String::from_utf8_lossy(&chunk).matches("\"content\":\"").count() as u32;
+        let k = String::from_utf8_lossy(&chunk).matches("\"content\":\"").count() as u32;
+        if k > 0 {
+            first.get_or_insert(t.elapsed().as_secs_f64());
+        }
+        n += k;
     }
-    Ok(tokens)
+    Ok((n, first.unwrap_or(f64::NAN)))
 }
 
-/// `clients` streams at once: tokens per second, all together (first request sent to last
-/// token received).
-async fn burst(http: &reqwest::Client, url: &str, clients: usize) -> anyhow::Result<f64> {
+/// `clients` streams of `tokens` at once: tokens per second, all together (first request sent
+/// to last token received).
+pub(crate) async fn burst(http: &reqwest::Client, url: &str, clients: usize, tokens: u32) -> anyhow::Result<f64> {
     let t = Instant::now();
-    let all = futures_util::future::join_all((0..clients).map(|_| one(http, url))).await;
-    let tokens: u32 = all.into_iter().collect::<anyhow::Result<Vec<u32>>>()?.iter().sum();
-    Ok(f64::from(tokens) / t.elapsed().as_secs_f64())
+    let all = futures_util::future::join_all((0..clients).map(|_| one(http, url, tokens))).await;
+    let got: u32 = all.into_iter().collect::<anyhow::Result<Vec<_>>>()?.iter().map(|(n, _)| n).sum();
+    Ok(f64::from(got) / t.elapsed().as_secs_f64())
 }
 
 pub async fn parallel(bin: &Path) -> anyhow::Result<Value> {
@@ -58,10 +63,10 @@ pub async fn parallel(bin: &Path) -> anyhow::Result<Value> {
             let body = json!({"model_name": SMOL, "ctx_size": 512, "parallel": parallel});
             let (s, v) = l.post("/api/v1/load", &body).await;
             anyhow::ensure!(s == 200, "load {label}: {v}");
-            burst(&http, &url, 1).await?; // warm
+            burst(&http, &url, 1, TOKENS).await?; // warm
             let mut tps = Vec::new();
             for _ in 0..REPS {
-                tps.push(burst(&http, &url, clients).await?);
+                tps.push(burst(&http, &url, clients, TOKENS).await?);
             }
             row.insert(label.into(), json!(median(tps)));
         }

@@ -11,7 +11,8 @@ use test_support::{model, Lemonade, Sandbox, SMOL_FILE};
 
 use crate::{median, stream_once, RUNS};
 
-struct Killed(Child);
+/// A child process killed (and reaped) when dropped.
+pub(crate) struct Killed(pub(crate) Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
