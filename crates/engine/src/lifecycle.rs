@@ -582,7 +582,7 @@ impl Lifecycle {
             // A draft model runs in the same process, with a context as large, where the model
             // runs: its estimate is added to the model's.
             if let Some(shape) = draft {
-                let d = registry::memory::estimate(&shape, &input).placed(offloaded);
+                let d = registry::memory::estimate(&shape, &input).placed_beside(offloaded);
                 (m.memory, m.vram) = (m.memory + d.memory, m.vram + d.vram);
             }
         }
