@@ -152,13 +152,28 @@ pub const PLACE_SLACK_MS: u64 = 100;
 /// A plan asked of the owner: the model, its options, where the answer goes.
 type PlanAsk = (ModelRef, Opts, oneshot::Sender<scheduler::Plan>);
 
+/// What the owner is sent, in order: the machine's events, and a settle, answered once every
+/// message before it is handled and its outcome published. (Nearly every message is an event,
+/// so boxing it to shrink the rare settle would only add an allocation to each.)
+#[allow(clippy::large_enum_variant)]
+enum Msg {
+    Event(Event<Opts>),
+    Settle(oneshot::Sender<()>),
+}
+
+impl From<Event<Opts>> for Msg {
+    fn from(ev: Event<Opts>) -> Msg {
+        Msg::Event(ev)
+    }
+}
+
 pub struct Lifecycle {
     cfg: Arc<Config>,
     catalogue: Arc<Catalogue>,
     launcher: Arc<dyn Launcher>,
     /// The client for lemonade's own calls to its backends (the prompt cache's, the proxy's).
     pub http: reqwest::Client,
-    tx: mpsc::UnboundedSender<Event<Opts>>,
+    tx: mpsc::UnboundedSender<Msg>,
     plans: mpsc::UnboundedSender<PlanAsk>,
     /// The scheduler's decisions: kept, counted, logged, streamed.
     pub explain: crate::decisions::Log,
@@ -306,7 +321,7 @@ impl Drop for Lease {
             model.streams.fetch_sub(1, Ordering::Relaxed);
         }
         if let Target::Local { req, .. } = &self.target {
-            let _ = self.rt.tx.send(Event::Release { req: *req });
+            let _ = self.rt.tx.send(Event::Release { req: *req }.into());
         }
     }
 }
@@ -322,7 +337,7 @@ impl Drop for WaitGuard<'_> {
     fn drop(&mut self) {
         if self.armed {
             self.rt.answers.lock().remove(&self.req);
-            let _ = self.rt.tx.send(Event::Cancel { req: self.req });
+            let _ = self.rt.tx.send(Event::Cancel { req: self.req }.into());
         }
     }
 }
@@ -439,6 +454,16 @@ impl Lifecycle {
             Some(p) => self.spillover.lock().insert(name.to_string(), p),
             None => self.spillover.lock().remove(name),
         };
+    }
+
+    /// Returns once the owner has handled every event sent before the call (a lease dropped
+    /// before it is released) and published the outcome: what [`Lifecycle::view`] and
+    /// [`Lifecycle::saturated`] read is then no older than the call.
+    pub async fn settled(&self) {
+        let (done, rx) = oneshot::channel();
+        if self.tx.send(Msg::Settle(done)).is_ok() {
+            let _ = rx.await;
+        }
     }
 
     /// Why `name` cannot take a request at once (loaded, with its requests in flight at its
@@ -633,7 +658,7 @@ impl Lifecycle {
 
     async fn ask(&self, req: ReqId, rx: oneshot::Receiver<Answer>, ev: Event<Opts>) -> Answer {
         let mut guard = WaitGuard { rt: self, req, armed: true };
-        let _ = self.tx.send(ev);
+        let _ = self.tx.send(ev.into());
         let answer = rx.await;
         guard.armed = false;
         answer.unwrap_or(Answer::Rejected(Rejection::Unloading))
@@ -712,7 +737,7 @@ impl Lifecycle {
                     })
                 }
                 dead => {
-                    let _ = self.tx.send(Event::Release { req });
+                    let _ = self.tx.send(Event::Release { req }.into());
                     Err(Died(dead))
                 }
             },
@@ -956,7 +981,7 @@ impl Lifecycle {
                         let placed = crate::devices::placed(&rt.devices, &devices);
                         let result = rt.start(&model, options, placed, cancelled).await.map_err(load_error);
                         rt.starts.lock().remove(&model);
-                        let _ = rt.tx.send(Event::Started { model, result });
+                        let _ = rt.tx.send(Event::Started { model, result }.into());
                     },
                     span,
                 ));
@@ -979,13 +1004,13 @@ impl Lifecycle {
                         tracing::info!(model = %model, "stopping backend");
                         rt.save_and_stop(&r).await;
                     }
-                    let _ = rt.tx.send(Event::Stopped { model });
+                    let _ = rt.tx.send(Event::Stopped { model }.into());
                 });
             }
             Effect::Grant { req, .. } => {
                 if !self.answer(req, Answer::Granted) {
                     // Nobody waits any more: give the model back.
-                    let _ = self.tx.send(Event::Release { req });
+                    let _ = self.tx.send(Event::Release { req }.into());
                 }
             }
             Effect::Reject { req, why, .. } => {
@@ -1109,7 +1134,7 @@ impl Lifecycle {
                 } else {
                     format!("{program} exited unexpectedly ({exit}). Last log lines:\n{tail}")
                 };
-                let _ = rt.tx.send(Event::Exited { model: name, error: rt.redact(&error) });
+                let _ = rt.tx.send(Event::Exited { model: name, error: rt.redact(&error) }.into());
             }
             r.reported.send_replace(true);
         });
@@ -1119,7 +1144,7 @@ impl Lifecycle {
 /// The owner task: the only place the state machine runs.
 async fn owner(
     rt: Weak<Lifecycle>,
-    mut rx: mpsc::UnboundedReceiver<Event<Opts>>,
+    mut rx: mpsc::UnboundedReceiver<Msg>,
     mut plans: mpsc::UnboundedReceiver<PlanAsk>,
     mut machine: Machine<Opts>,
 ) {
@@ -1137,7 +1162,15 @@ async fn owner(
             }
         };
         let ev = tokio::select! {
-            ev = rx.recv() => ev,
+            msg = rx.recv() => match msg {
+                Some(Msg::Event(ev)) => Some(ev),
+                Some(Msg::Settle(done)) => {
+                    // Every message before it has been handled and published.
+                    let _ = done.send(());
+                    continue;
+                }
+                None => None,
+            },
             Some((model, options, answer)) = plans.recv() => {
                 // A dry run on a copy: nothing changes, nothing is published.
                 let _ = answer.send(machine.plan(model, options, epoch.elapsed().as_millis() as u64));

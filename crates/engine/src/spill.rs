@@ -19,6 +19,13 @@ use crate::Engine;
 /// spillover was considered).
 pub async fn place(rt: &Engine, info: &ModelInfo) -> Result<(Option<Lease>, Option<String>)> {
     // Saturation first: it reads the published view only, where the places need the options.
+    // A view that shows it saturated may still count a request that has ended (a client that
+    // sends its next request as soon as it has the answer); once the owner has taken every
+    // release sent, the view says whether it still is.
+    if rt.lifecycle.saturated(&info.name).is_none() {
+        return Ok((None, None));
+    }
+    rt.lifecycle.settled().await;
     let Some(busy) = rt.lifecycle.saturated(&info.name) else { return Ok((None, None)) };
     let places = rt.lifecycle.spillover_of(info);
     if places.is_empty() {

@@ -488,3 +488,26 @@ async fn load_options_are_three_state_and_a_same_options_load_is_a_no_op() {
     );
     assert_eq!(last().llamacpp_args, None, "but this load ran without it");
 }
+
+/// A client that sends its next request as soon as it has its answer can find the view still
+/// counting the request that ended: the lease's release is queued for the owner. Spillover
+/// decides on the view once the owner has taken it, so that client is never spilled by its
+/// own finished request (on this runtime's one thread the owner cannot run before it is
+/// asked, so the stale view is certain here).
+#[tokio::test]
+async fn a_request_that_just_ended_does_not_make_its_model_spill_the_next_one() {
+    let s = setup(|c| c.max_concurrent = Some(1));
+    let url = provider().await;
+    s.engine.remotes.install("up", Some(&url), None).await.unwrap();
+    s.engine.lifecycle.set_spillover(A, Some(vec!["up.up-model".into()]));
+    let info = s.engine.catalogue.get(A).unwrap();
+    let lease = pulls::lease(&s.engine, A, LLM, "chat").await.unwrap();
+    // Held: the model is saturated and the place (no metrics: it has capacity) takes the next.
+    let (spilled, _) = engine::spill::place(&s.engine, &info).await.unwrap();
+    assert!(spilled.is_some_and(|l| l.name() == "up.up-model"), "a saturated model spills");
+    drop(lease);
+    assert_eq!(s.engine.lifecycle.view()[A].in_flight, 1, "the release is still queued");
+    let (spilled, stayed) = engine::spill::place(&s.engine, &info).await.unwrap();
+    assert!(spilled.is_none() && stayed.is_none(), "the ended request spilled the next one");
+    assert_eq!(s.engine.lifecycle.view()[A].in_flight, 0);
+}
