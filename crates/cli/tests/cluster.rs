@@ -497,10 +497,15 @@ async fn real_llama_server_a_saturated_model_spills_to_a_second_lemonade() {
     let load = json!({"model_name": SMOL, "max_concurrent": 1, "spillover": [place]});
     let (s, v) = l.post("/api/v1/load", &load).await;
     assert_eq!(s, 200, "{v}");
-    // A long stream takes the model's one place here.
+    // A short chat answered here; the long stream sent the moment its answer is read is not
+    // spilled by it, and takes the model's one place here.
+    let r = l.http.post(l.url("/api/v1/chat/completions")).json(&chat(SMOL)).send().await.unwrap();
+    assert!(r.headers().get("x-lemonade-upstream").is_none(), "{:?}", r.headers());
+    r.bytes().await.unwrap();
     let long = json!({"model": SMOL, "messages": [{"role": "user", "content": "A long story."}], "max_tokens": 4000,
                       "ignore_eos": true, "stream": true});
     let mut first = l.http.post(l.url("/api/v1/chat/completions")).json(&long).send().await.unwrap();
+    assert!(first.headers().get("x-lemonade-upstream").is_none(), "the stream is local: {:?}", first.headers());
     assert!(first.chunk().await.unwrap().is_some(), "the local stream started");
     let r = l.http.post(l.url("/api/v1/chat/completions")).json(&chat(SMOL)).send().await.unwrap();
     assert_eq!(r.status(), 200);
