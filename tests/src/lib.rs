@@ -28,8 +28,18 @@ fn dev_cache() -> PathBuf {
 pub fn llama_server() -> PathBuf {
     let p = std::env::var_os("LEMONADE_TEST_LLAMA_SERVER")
         .map(PathBuf::from)
-        .unwrap_or_else(|| dev_cache().join("llama-server/11434.0.0-cpu-avx2/llama-server"));
+        .unwrap_or_else(|| dev_cache().join("llama-server/11434.0.0-cpu-avx2-rpc-bi/llama-server"));
     assert!(p.is_file(), "llama-server not found at {}: run `cargo xtask setup` first", p.display());
+    p
+}
+
+/// The oldest llama.cpp lemonade supports, b9093 (`LEMONADE_TEST_LLAMA_SERVER_OLDEST`, else the
+/// dev cache): the capability tests run against it beside [`llama_server`].
+pub fn llama_server_oldest() -> PathBuf {
+    let p = std::env::var_os("LEMONADE_TEST_LLAMA_SERVER_OLDEST")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| dev_cache().join("llama-server/9093.0.0-cpu-avx2-bi/llama-server"));
+    assert!(p.is_file(), "the oldest llama-server not found at {}: run `cargo xtask setup` first", p.display());
     p
 }
 

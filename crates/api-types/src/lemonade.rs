@@ -355,6 +355,11 @@ pub struct LoadRequest {
     #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<u32>, nullable))]
     pub max_concurrent: Option<Option<u32>>,
+    /// llama.cpp: llama-server's host-memory prompt cache in MiB (`--cache-ram`; 0: off),
+    /// counted in the model's memory. Unset: the size of its KV cache.
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>, nullable))]
+    pub cache_ram: Option<Option<u64>>,
     /// The model's priority (-10 to 10): among models waiting to load, a higher one loads first.
     #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<i32>, nullable))]
@@ -444,6 +449,7 @@ impl LoadRequest {
         p.set.device = one(&mut p, K::Device, &self.device);
         p.set.flm_args = one(&mut p, K::FlmArgs, &self.flm_args);
         p.set.draft_model = one(&mut p, K::DraftModel, &self.draft_model);
+        p.set.cache_ram = one(&mut p, K::CacheRam, &self.cache_ram);
         p.set.max_concurrent = one(&mut p, K::MaxConcurrent, &self.max_concurrent);
         p.set.spillover = one(&mut p, K::Spillover, &self.spillover);
         p.set.priority = one(&mut p, K::Priority, &self.priority);
@@ -1215,8 +1221,19 @@ pub struct SchedulerModel {
     pub waiting: usize,
     /// Requests it serves at once (None: no limit).
     pub max_concurrent: Option<u32>,
+    /// System memory counted for it: its estimate, or what its process was measured to hold
+    /// when that is more.
     pub memory_bytes: u64,
     pub vram_bytes: u64,
+    /// Its estimate of system memory (weights, KV cache, buffers, the prompt cache).
+    #[serde(default)]
+    pub estimate_memory_bytes: u64,
+    /// What its process holds (RSS), as last measured (every second while it runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_memory_bytes: Option<u64>,
+    /// Of the estimate, llama-server's host-memory prompt cache (`--cache-ram`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_cache_bytes: Option<u64>,
     /// The devices it is placed on, with its bytes on each.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub devices: BTreeMap<String, u64>,

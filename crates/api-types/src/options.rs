@@ -103,6 +103,10 @@ load_options! {
     /// llama.cpp: speculative decoding with this catalogue model as the draft (its vocabulary
     /// must match the model's; llama-server's `-md`).
     draft_model: String = DraftModel "draft_model",
+    /// llama.cpp: the host-memory prompt cache llama-server keeps (`--cache-ram`), in MiB;
+    /// 0 turns it off. Counted in the model's memory estimate. Unset: the size of the model's
+    /// KV cache (one more context's worth of prompts), never llama.cpp's own 8 GiB.
+    cache_ram: u64 = CacheRam "cache_ram",
     /// `cpu`, `vulkan`, `rocm`, `metal` or `system`.
     llamacpp_backend: String = LlamacppBackend "llamacpp_backend",
     /// Extra llama-server arguments (flags lemonade manages are refused when given).
@@ -298,7 +302,7 @@ mod tests {
         let v = json!({"ctx_size": 2048, "parallel": 2, "device": "gpu0,gpu1", "llamacpp_backend": "vulkan", "llamacpp_args": "-t 2",
             "rpc_servers": ["10.0.0.2:50052"], "sd-cpp_backend": "cpu", "steps": 4, "cfg_scale": 1.5,
             "width": 256, "height": 320, "whispercpp_backend": "cpu", "whispercpp_args": "-t 2",
-            "merge_args": false, "idle_timeout": 30, "flm_args": "--pmode turbo", "draft_model": "d",
+            "merge_args": false, "idle_timeout": 30, "flm_args": "--pmode turbo", "draft_model": "d", "cache_ram": 64,
             "max_concurrent": 2, "priority": 3, "spillover": ["vllm.m"]});
         let o = LoadOptions::from_map(&map(v.clone())).unwrap();
         assert_eq!(o.sdcpp_backend.as_deref(), Some("cpu"));

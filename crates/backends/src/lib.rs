@@ -8,6 +8,7 @@
 //!
 //! The process supervisor and binary resolution that act on these values live in `host`.
 
+pub mod capabilities;
 pub mod cloud;
 pub mod devices;
 pub mod flm;
@@ -107,6 +108,8 @@ pub struct LaunchInput<'a> {
     pub checkpoint: &'a str,
     /// llama.cpp: the draft model's file, for speculative decoding.
     pub draft_path: Option<&'a Path>,
+    /// What the binary that will run it supports (None: not known; built for the newest).
+    pub caps: Option<&'a capabilities::Capabilities>,
 }
 
 /// A recipe's adapter: what to run for one model. Pure: it decides, `host` acts.
@@ -150,6 +153,26 @@ pub fn launch(recipe: Recipe, input: &LaunchInput) -> Result<Launch, BackendErro
         l.env.extend(devices::env(&backend_of(recipe, input.options), input.devices));
     }
     Ok(l)
+}
+
+/// Checks a load's extra arguments (`llamacpp_args`, `whispercpp_args`) against what the
+/// binary that will run them supports, before anything is spawned: the error names the flag
+/// and the binary's version.
+pub fn check_args(
+    recipe: Recipe,
+    options: &LoadOptions,
+    caps: &capabilities::Capabilities,
+) -> Result<(), BackendError> {
+    match recipe {
+        Recipe::LlamaCpp => {
+            llamacpp::user_for(options.llamacpp_args.as_deref().unwrap_or_default(), Some(caps))?;
+        }
+        Recipe::WhisperCpp => {
+            whispercpp::user_for(options.whispercpp_args.as_deref().unwrap_or_default(), Some(caps))?;
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// Everything the supervisor needs to start one backend process.
@@ -202,6 +225,7 @@ mod tests {
             devices: &[],
             checkpoint: "org/m-GGUF:Q4_0",
             draft_path: None,
+            caps: None,
         }
     }
 

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use api_types::{LoadOptions, ModelType};
 
+use crate::capabilities::Capabilities;
+
 /// Flags lemonade manages itself; `llamacpp_args` may not set them.
 pub const RESERVED_FLAGS: &[&str] = &[
     "-m",
@@ -34,7 +36,17 @@ pub const RESERVED_FLAGS: &[&str] = &[
     "-a",
     "--alias",
     "--rpc",
+    "-cram",
+    "--cache-ram",
 ];
+
+/// The flags lemonade writes only where the binary has them: defaults a llama.cpp without them
+/// runs well without (it has its own defaults, or lacks the feature).
+const OPTIONAL_FLAGS: &[&str] =
+    &["--context-shift", "--keep", "--reasoning-format", "--no-webui", "--metrics", "--cache-ram"];
+
+/// The oldest llama.cpp lemonade supports and tests (docs/COMPATIBILITY.md).
+pub const OLDEST_BUILD: u32 = 9093;
 
 /// The API paths llama-server serves: OpenAI's under `/v1`, llama.cpp's own at the root.
 pub const SERVED_PATHS: &[&str] = &[
@@ -59,28 +71,34 @@ pub struct LlamaCpp;
 impl crate::Adapter for LlamaCpp {
     fn launch(&self, input: &crate::LaunchInput) -> Result<crate::Launch, crate::BackendError> {
         let recipe = crate::Recipe::LlamaCpp;
-        let mut args = command_line(&LlamaServerConfig {
-            model_path: input.main_path.to_path_buf(),
-            mmproj_path: input.mmproj_path.map(std::path::Path::to_path_buf),
-            model_type: input.model_type,
-            ctx_size: crate::ctx_size(input.options),
-            parallel: input.options.parallel,
-            backend: crate::backend_of(recipe, input.options),
-            user_args: input.options.llamacpp_args.clone().unwrap_or_default(),
-            amd_igpu: input.hardware.amd_igpu.is_some(),
-            alias: input.name.to_string(),
-            rpc: crate::rpc::workers(input.options),
-            draft: input.draft_path.map(std::path::Path::to_path_buf),
-        })?;
+        let caps = input.caps;
+        let mut args = command_line(
+            &LlamaServerConfig {
+                model_path: input.main_path.to_path_buf(),
+                mmproj_path: input.mmproj_path.map(std::path::Path::to_path_buf),
+                model_type: input.model_type,
+                ctx_size: crate::ctx_size(input.options),
+                parallel: input.options.parallel,
+                backend: crate::backend_of(recipe, input.options),
+                user_args: input.options.llamacpp_args.clone().unwrap_or_default(),
+                amd_igpu: input.hardware.amd_igpu.is_some(),
+                alias: input.name.to_string(),
+                rpc: crate::rpc::workers(input.options),
+                draft: input.draft_path.map(std::path::Path::to_path_buf),
+                cache_ram_mib: input.options.cache_ram,
+            },
+            caps,
+        )?;
         if offloads(&crate::backend_of(recipe, input.options)) {
             args.extend(crate::devices::llama_split_args(input.devices));
         }
-        // This llama.cpp drafts only when told the kind of speculation (`--spec-type`); older
-        // ones draft with `-md` alone and know no such flag. As a variable (which a flag in
-        // `llamacpp_args` still overrides) it is read where it exists and ignored elsewhere.
+        // Newer llama.cpp drafts only when told the kind of speculation (`--spec-type
+        // draft-simple`); older ones draft with `-md` alone, and refuse that value. As a variable
+        // (which a flag in `llamacpp_args` still overrides), set where the binary takes it.
+        let drafts = caps.is_none_or(|c| c.takes("--spec-type", "draft-simple"));
         let env = match input.draft_path {
-            Some(_) => vec![("LLAMA_ARG_SPEC_TYPE".to_string(), "draft-simple".to_string())],
-            None => vec![],
+            Some(_) if drafts => vec![("LLAMA_ARG_SPEC_TYPE".to_string(), "draft-simple".to_string())],
+            _ => vec![],
         };
         Ok(crate::Launch {
             args,
@@ -147,6 +165,9 @@ pub struct LlamaServerConfig {
     pub rpc: Vec<String>,
     /// The draft model's file (speculative decoding: `-md`, offloaded as the model is).
     pub draft: Option<PathBuf>,
+    /// The host-memory prompt cache lemonade gives it (`--cache-ram`, MiB; 0: none), counted
+    /// in its memory estimate. None: llama-server's own default.
+    pub cache_ram_mib: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -158,6 +179,18 @@ pub enum ArgsError {
     Reserved { flag: String, reserved: String },
     #[error("Invalid custom llama-server arguments: unterminated quote in: {0}")]
     UnterminatedQuote(String),
+    /// A user's flag the binary does not list in its `--help`.
+    #[error(
+        "Invalid custom llama-server arguments: {backend} has no flag '{flag}' (not in its --help); nothing was started"
+    )]
+    Unsupported { flag: String, backend: String },
+    /// A flag this load needs that the binary lacks: too old a llama.cpp, or one built
+    /// without the feature (`--rpc` needs `GGML_RPC`).
+    #[error(
+        "{backend} has no '{flag}', which this load needs: it is older than lemonade supports (llama.cpp b{oldest} and later) or was built without that feature",
+        oldest = OLDEST_BUILD
+    )]
+    Lacks { flag: String, backend: String },
 }
 
 /// Splits `llamacpp_args` on whitespace; single or double quotes group words and are removed.
@@ -232,10 +265,12 @@ pub fn offloads(backend: &str) -> bool {
 }
 
 /// The `llama-server` arguments (without the program), listening on 127.0.0.1 with an
-/// OS-chosen port (`--port 0`; the real port is read from the child's log).
-pub fn command_line(cfg: &LlamaServerConfig) -> Result<Vec<String>, ArgsError> {
-    let user = tokenize(&cfg.user_args)?;
-    validate_user_args(&user)?;
+/// OS-chosen port (`--port 0`; the real port is read from the child's log), for a binary with
+/// `caps` (None: not known, built for the newest llama.cpp lemonade knows). The user's
+/// arguments are translated to the binary's spelling ([`user_for`]) and checked against it.
+pub fn command_line(cfg: &LlamaServerConfig, caps: Option<&Capabilities>) -> Result<Vec<String>, ArgsError> {
+    let user = user_for(&cfg.user_args, caps)?;
+    let has = |f: &str| caps.is_none_or(|c| c.has(f));
     let cpu = !offloads(&cfg.backend);
     let ctx =
         if cfg.model_type == ModelType::Embedding { cfg.ctx_size.max(MIN_EMBEDDING_CTX_SIZE) } else { cfg.ctx_size };
@@ -245,14 +280,18 @@ pub fn command_line(cfg: &LlamaServerConfig) -> Result<Vec<String>, ArgsError> {
     push("-m");
     push(&cfg.model_path.display().to_string());
     // `parallel` slots of `ctx` each: the KV pool holds them all, and llama.cpp limits each
-    // slot to its share (`--kv-unified-per-slot`), so one request cannot starve the others.
+    // slot to its share (`--kv-unified-per-slot`), so one request cannot starve the others. A
+    // llama.cpp without that flag splits a context given with `--parallel` into one KV cache
+    // per slot, of `ctx` each: the same cells, the same limit.
     push("--ctx-size");
     push(&(u64::from(ctx) * u64::from(cfg.parallel.unwrap_or(1))).to_string());
     if let Some(n) = cfg.parallel {
         push("--parallel");
         push(&n.to_string());
-        push("--kv-unified-per-slot");
-        push(&ctx.to_string());
+        if has("--kv-unified-per-slot") {
+            push("--kv-unified-per-slot");
+            push(&ctx.to_string());
+        }
     }
     push("--host");
     push("127.0.0.1");
@@ -268,7 +307,8 @@ pub fn command_line(cfg: &LlamaServerConfig) -> Result<Vec<String>, ArgsError> {
             push("--no-mmproj-offload");
         }
     }
-    // Overridable defaults: left out when the user sets the flag or its opposite.
+    // Overridable defaults: left out when the user sets the flag or its opposite, or when the
+    // binary lacks it.
     if matches!(cfg.backend.as_str(), "vulkan" | "rocm")
         && !user_sets(&user, &["--context-shift", "--no-context-shift"])
     {
@@ -288,10 +328,19 @@ pub fn command_line(cfg: &LlamaServerConfig) -> Result<Vec<String>, ArgsError> {
     if !user_sets(&user, &["--metrics"]) {
         push("--metrics");
     }
-    // v9's `--no-mmap` on AMD iGPU hosts; this llama.cpp spells it `--load-mode none`.
+    // v9's `--no-mmap` on AMD iGPU hosts, in the binary's spelling (`--load-mode none` since
+    // llama.cpp replaced the flag).
     if cfg.amd_igpu && !user_sets(&user, &["--load-mode", "-lm", "--no-mmap", "--mmap"]) {
-        push("--load-mode");
-        push("none");
+        if caps.is_none_or(|c| c.has("--load-mode")) {
+            push("--load-mode");
+            push("none");
+        } else {
+            push("--no-mmap");
+        }
+    }
+    if let Some(mib) = cfg.cache_ram_mib {
+        push("--cache-ram");
+        push(&mib.to_string());
     }
     match cfg.model_type {
         ModelType::Embedding => push("--embeddings"),
@@ -315,8 +364,74 @@ pub fn command_line(cfg: &LlamaServerConfig) -> Result<Vec<String>, ArgsError> {
         push("--rpc");
         push(&cfg.rpc.join(","));
     }
+    if let Some(c) = caps {
+        a = fit_own(a, c)?;
+    }
     a.extend(user);
     Ok(a)
+}
+
+/// Lemonade's own arguments `a` for a binary with `c`: an optional default it lacks is left
+/// out (with its value); a needed flag it lacks means too old a llama.cpp.
+fn fit_own(a: Vec<String>, c: &Capabilities) -> Result<Vec<String>, ArgsError> {
+    let mut out = Vec::with_capacity(a.len());
+    let mut it = a.into_iter().peekable();
+    while let Some(t) = it.next() {
+        if !crate::capabilities::is_flag(&t) || c.has(&t) {
+            out.push(t);
+            continue;
+        }
+        if !OPTIONAL_FLAGS.contains(&t.as_str()) {
+            return Err(ArgsError::Lacks { flag: t, backend: c.describe() });
+        }
+        // Its value goes with it.
+        if it.peek().is_some_and(|v| !crate::capabilities::is_flag(v)) {
+            it.next();
+        }
+    }
+    Ok(out)
+}
+
+/// The user's `llamacpp_args` as arguments for a binary with `caps`: reserved flags refused;
+/// the loading-mode flags translated between the two spellings llama.cpp has had (`--no-mmap` /
+/// `--mmap` and `--load-mode none|mmap`), so a v9 or v11 user's `--no-mmap` loads on a new
+/// llama.cpp and `--load-mode none` on an old one; then every flag checked against the binary.
+pub fn user_for(args: &str, caps: Option<&Capabilities>) -> Result<Vec<String>, ArgsError> {
+    let user = tokenize(args)?;
+    validate_user_args(&user)?;
+    let Some(c) = caps else { return Ok(user) };
+    let mut out = Vec::with_capacity(user.len());
+    let mut it = user.into_iter();
+    while let Some(t) = it.next() {
+        let flag = flag_of(&t).to_string();
+        match flag.as_str() {
+            "--no-mmap" | "--mmap" if !c.has(&flag) && c.has("--load-mode") => {
+                out.push("--load-mode".to_string());
+                out.push(if flag == "--no-mmap" { "none" } else { "mmap" }.to_string());
+            }
+            "--load-mode" | "-lm" if !c.has(&flag) && c.has("--no-mmap") => {
+                let value = match t.split_once('=') {
+                    Some((_, v)) => Some(v.to_string()),
+                    None => it.next(),
+                };
+                match value.as_deref() {
+                    Some("none") => out.push("--no-mmap".into()),
+                    Some("mmap") | Some("auto") => out.push("--mmap".into()),
+                    _ => {
+                        return Err(ArgsError::Unsupported {
+                            flag: format!("{flag} {}", value.unwrap_or_default()),
+                            backend: c.describe(),
+                        })
+                    }
+                }
+            }
+            _ => out.push(t),
+        }
+    }
+    match c.unknown_flag(&out) {
+        Some(f) => Err(ArgsError::Unsupported { flag: f.to_string(), backend: c.describe() }),
+        None => Ok(out),
+    }
 }
 
 #[cfg(test)]
@@ -336,6 +451,7 @@ mod tests {
             alias: "user.M".into(),
             rpc: vec![],
             draft: None,
+            cache_ram_mib: None,
         }
     }
 
@@ -343,14 +459,14 @@ mod tests {
     fn a_draft_model_is_loaded_beside_and_offloaded_as_the_model() {
         let mut c = cfg(ModelType::Llm, "vulkan", "");
         c.draft = Some("/models/d.gguf".into());
-        let l = command_line(&c).unwrap().join(" ");
+        let l = command_line(&c, None).unwrap().join(" ");
         assert!(l.contains("-ngl 99 -md /models/d.gguf -ngld 99"), "{l}");
         c.backend = "cpu".into();
-        assert!(command_line(&c).unwrap().join(" ").contains("-ngld 0"));
+        assert!(command_line(&c, None).unwrap().join(" ").contains("-ngld 0"));
     }
 
     fn line(c: &LlamaServerConfig) -> String {
-        command_line(c).unwrap().join(" ")
+        command_line(c, None).unwrap().join(" ")
     }
 
     #[test]
@@ -359,7 +475,7 @@ mod tests {
         c.rpc = vec!["127.0.0.1:50052".into(), "10.0.0.2:50052".into()];
         let l = line(&c);
         assert!(l.contains("-ngl 99 --rpc 127.0.0.1:50052,10.0.0.2:50052"), "{l}");
-        let e = command_line(&cfg(ModelType::Llm, "cpu", "--rpc 1.2.3.4:5")).unwrap_err();
+        let e = command_line(&cfg(ModelType::Llm, "cpu", "--rpc 1.2.3.4:5"), None).unwrap_err();
         assert!(e.to_string().contains("'--rpc' is managed by lemonade"), "{e}");
     }
 
@@ -434,11 +550,11 @@ mod tests {
             ("-ngl 5", "-ngl"),
             ("--host 0.0.0.0", "--host"),
         ] {
-            let err = command_line(&cfg(ModelType::Llm, "cpu", args)).unwrap_err();
+            let err = command_line(&cfg(ModelType::Llm, "cpu", args), None).unwrap_err();
             assert_eq!(err, ArgsError::Reserved { flag: flag.into(), reserved: err_reserved(&err) });
             let msg = err.to_string();
             assert!(msg.contains(&format!("argument '{flag}' is managed by lemonade")), "{msg}");
-            assert!(msg.contains("Reserved arguments: --alias, --ctx-size, --embedding"), "{msg}");
+            assert!(msg.contains("Reserved arguments: --alias, --cache-ram, --ctx-size, --embedding"), "{msg}");
         }
     }
 
@@ -447,6 +563,109 @@ mod tests {
             ArgsError::Reserved { reserved, .. } => reserved.clone(),
             _ => unreachable!(),
         }
+    }
+
+    /// The two ends of the llama.cpp range lemonade supports, as their own `--help` and
+    /// `--version` describe them (captured from the builds `cargo xtask setup` makes).
+    fn ends() -> [(Capabilities, bool); 2] {
+        let parse = |help, version| Capabilities::parse("llama-server", help, version).unwrap();
+        [
+            (
+                parse(
+                    include_str!("../testdata/llama-server-b11434.help"),
+                    include_str!("../testdata/llama-server-b11434.version"),
+                ),
+                true,
+            ),
+            (
+                parse(
+                    include_str!("../testdata/llama-server-b9093.help"),
+                    include_str!("../testdata/llama-server-b9093.version"),
+                ),
+                false,
+            ),
+        ]
+    }
+
+    #[test]
+    fn every_command_line_fits_both_ends_of_the_supported_llama_cpp_range() {
+        for (caps, newest) in ends() {
+            let name = caps.describe();
+            assert_eq!(name, if newest { "llama-server b11434" } else { "llama-server b9093" });
+            let mut all = vec![];
+            for backend in ["cpu", "vulkan"] {
+                for t in [ModelType::Llm, ModelType::Embedding, ModelType::Reranking] {
+                    all.push(cfg(t, backend, ""));
+                }
+            }
+            let mut rich = cfg(ModelType::Llm, "vulkan", "--no-mmap -t 2");
+            (rich.mmproj_path, rich.amd_igpu, rich.parallel, rich.cache_ram_mib) =
+                (Some("/m/mmproj.gguf".into()), true, Some(2), Some(90));
+            rich.draft = Some("/m/d.gguf".into());
+            // The oldest build here is made without GGML_RPC: `--rpc` is refused, naming it.
+            let mut rpc = rich.clone();
+            rpc.rpc = vec!["127.0.0.1:50052".into()];
+            match newest {
+                true => all.push(rpc),
+                false => assert_eq!(
+                    command_line(&rpc, Some(&caps)).unwrap_err(),
+                    ArgsError::Lacks { flag: "--rpc".into(), backend: name.clone() }
+                ),
+            }
+            all.push(rich);
+            let mut igpu = cfg(ModelType::Llm, "cpu", "");
+            igpu.amd_igpu = true;
+            all.push(igpu.clone());
+            for c in &all {
+                let args = command_line(c, Some(&caps)).unwrap();
+                assert_eq!(caps.unknown_flag(&args), None, "{name}: {}", args.join(" "));
+            }
+            // v9's iGPU rule and a user's `--no-mmap` / `--load-mode none`, in each spelling.
+            let line = |c: &LlamaServerConfig| command_line(c, Some(&caps)).unwrap().join(" ");
+            assert_eq!(line(&igpu).contains("--load-mode none"), newest, "{name}");
+            assert_eq!(line(&igpu).contains("--no-mmap"), !newest, "{name}");
+            for user in ["--no-mmap", "--load-mode none", "-lm=none"] {
+                let l = line(&cfg(ModelType::Llm, "cpu", user));
+                let want = match newest {
+                    true if user.starts_with("-lm") => user,
+                    true => "--load-mode none",
+                    false => "--no-mmap",
+                };
+                assert!(l.ends_with(want), "{name}, {user}: {l}");
+            }
+            // `parallel`: per-slot contexts where the flag exists, split contexts elsewhere.
+            let mut par = cfg(ModelType::Llm, "cpu", "");
+            (par.ctx_size, par.parallel) = (2048, Some(3));
+            let l = line(&par);
+            assert!(l.contains("--ctx-size 6144 ") && l.contains("--parallel 3"), "{l}");
+            assert_eq!(l.contains("--kv-unified-per-slot 2048"), newest, "{name}: {l}");
+            // An unknown flag: refused, naming it and the build.
+            let e = command_line(&cfg(ModelType::Llm, "cpu", "-t 2 --no-such-flag=1"), Some(&caps)).unwrap_err();
+            assert_eq!(e, ArgsError::Unsupported { flag: "--no-such-flag".into(), backend: name.clone() });
+            assert!(e.to_string().contains(&format!("{name} has no flag '--no-such-flag'")), "{e}");
+            // Speculative decoding's kind, set only where llama.cpp takes it.
+            assert_eq!(caps.takes("--spec-type", "draft-simple"), newest, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_llama_cpp_too_old_for_lemonade_is_named_and_optional_defaults_are_left_out() {
+        let caps =
+            Capabilities::parse("llama-server", "-m, --model FNAME   model\n--port N   port\n", "version: 5000 (abc)")
+                .unwrap();
+        let e = command_line(&cfg(ModelType::Llm, "cpu", ""), Some(&caps)).unwrap_err();
+        let e = e.to_string();
+        assert!(e.contains("llama-server b5000 has no '--ctx-size'") && e.contains("b9093 and later"), "{e}");
+        let help =
+            "-m FNAME  x\n-c, --ctx-size N  x\n--host H  x\n--port N  x\n--jinja  x\n-a, --alias A  x\n-ngl N  x\n";
+        let caps = Capabilities::parse("llama-server", help, "").unwrap();
+        let mut c = cfg(ModelType::Llm, "cpu", "");
+        c.cache_ram_mib = Some(64);
+        let l = command_line(&c, Some(&caps)).unwrap().join(" ");
+        assert!(
+            !l.contains("--keep") && !l.contains("16") && !l.contains("--metrics") && !l.contains("--cache-ram"),
+            "{l}"
+        );
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub fn defaults(recipe: Recipe) -> LoadOptions {
         parallel: None,
         device: Some("auto".into()),
         draft_model: None,
+        cache_ram: None,
         flm_args: Some(String::new()),
         llamacpp_backend: backend.clone(),
         llamacpp_args: Some(String::new()),
@@ -132,6 +133,12 @@ pub fn check(o: &LoadOptions) -> Result<(), Invalid> {
             ));
         }
     }
+    if let Some(n) = o.cache_ram.filter(|n| *n > MAX_CACHE_RAM_MIB) {
+        return Err(invalid(
+            OptionKey::CacheRam,
+            format!("Invalid value for 'cache_ram': expected 0 (off) to {MAX_CACHE_RAM_MIB} MiB, got {n}"),
+        ));
+    }
     if o.draft_model.as_deref().is_some_and(|d| d.trim().is_empty() || d.len() > 512) {
         return Err(invalid(
             OptionKey::DraftModel,
@@ -181,6 +188,9 @@ pub fn device_ids(v: &str) -> Result<Vec<String>, Invalid> {
 /// The priorities a model or a request may have (higher goes first); 0 by default.
 pub const PRIORITIES: std::ops::RangeInclusive<i32> = -10..=10;
 
+/// The largest `cache_ram` (MiB): 1 TiB.
+pub const MAX_CACHE_RAM_MIB: u64 = 1 << 20;
+
 /// What a model's `max_concurrent` may be.
 pub const MAX_CONCURRENT: std::ops::RangeInclusive<u32> = 1..=1024;
 
@@ -217,8 +227,8 @@ mod tests {
     fn every_recipe_option_has_a_default_and_no_other() {
         for r in Recipe::ALL {
             // `parallel` has none: unset is llama-server's own slots, sharing one context; nor
-            // `draft_model`: unset is no draft.
-            let none = [OptionKey::Parallel, OptionKey::DraftModel];
+            // `draft_model`: unset is no draft; nor `cache_ram`: unset is sized from the model.
+            let none = [OptionKey::Parallel, OptionKey::DraftModel, OptionKey::CacheRam];
             let keys: Vec<OptionKey> = r.option_keys().iter().copied().filter(|k| !none.contains(k)).collect();
             assert_eq!(defaults(r).keys(), keys, "{r}");
             assert!(check(&defaults(r)).is_ok(), "{r}: the defaults pass the check");

@@ -142,7 +142,7 @@ impl Recipe {
         use OptionKey::*;
         match self {
             Recipe::LlamaCpp => {
-                &[CtxSize, Parallel, Device, DraftModel, LlamacppBackend, LlamacppArgs, RpcServers, MergeArgs]
+                &[CtxSize, Parallel, Device, DraftModel, CacheRam, LlamacppBackend, LlamacppArgs, RpcServers, MergeArgs]
             }
             Recipe::Flm => &[CtxSize, Device, FlmArgs],
             Recipe::RyzenAiLlm => &[CtxSize],

@@ -21,7 +21,7 @@ impl crate::Adapter for WhisperCpp {
     }
 
     fn launch(&self, input: &crate::LaunchInput) -> Result<crate::Launch, crate::BackendError> {
-        let user = user_args(input.options.whispercpp_args.as_deref().unwrap_or_default())?;
+        let user = user_for(input.options.whispercpp_args.as_deref().unwrap_or_default(), input.caps)?;
         crate::Launch::on_port(crate::Recipe::WhisperCpp, input, "/health", SERVED_PATHS, |port| {
             let mut a = command_line(input.main_path, port);
             a.extend(user);
@@ -43,6 +43,19 @@ pub enum WhisperArgsError {
     Reserved(String),
     #[error("Invalid custom whisper-server arguments: unterminated quote in: {0}")]
     UnterminatedQuote(String),
+    #[error(
+        "Invalid custom whisper-server arguments: {backend} has no flag '{flag}' (not in its --help); nothing was started"
+    )]
+    Unsupported { flag: String, backend: String },
+}
+
+/// [`user_args`], each flag checked against the binary's `caps` when they are known.
+pub fn user_for(args: &str, caps: Option<&crate::capabilities::Capabilities>) -> Result<Vec<String>, WhisperArgsError> {
+    let user = user_args(args)?;
+    match caps.and_then(|c| c.unknown_flag(&user).map(|f| (f, c))) {
+        Some((flag, c)) => Err(WhisperArgsError::Unsupported { flag: flag.to_string(), backend: c.describe() }),
+        None => Ok(user),
+    }
 }
 
 /// `whispercpp_args` split into arguments (quotes group words), none of them a reserved flag.

@@ -175,6 +175,7 @@ pub async fn load(rt: &Engine, name: &str, req: &AdminLoadRequest) -> Result<Adm
         return Err(invalid(format!("Model '{name}' is not downloaded")));
     }
     let effective = with_overrides(rt.lifecycle.effective_options(&info, &Default::default()), &opts);
+    rt.lifecycle.check_args(&info, &effective).await?;
     let before = rt.lifecycle.load_override(name);
     rt.lifecycle.set_load_override(name, (!opts.is_empty()).then(|| override_value(req)));
     let outcome = rt.lifecycle.admin_load(&info, effective, !opts.is_empty()).await;

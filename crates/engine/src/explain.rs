@@ -30,10 +30,15 @@ pub fn state(rt: &Engine) -> SchedulerState {
     let now = rt.lifecycle.now_ms();
     let sv = rt.lifecycle.scheduler_view();
     let views = rt.lifecycle.view();
+    let running: std::collections::BTreeMap<String, _> =
+        rt.lifecycle.loaded().into_iter().map(|(r, _)| (r.info.name.clone(), r)).collect();
     let models: Vec<SchedulerModel> = views
         .iter()
         .map(|(name, v)| {
             let unload_in_s = v.unload_at.map(|at| at.saturating_sub(now).div_ceil(1000));
+            let r = running.get(name);
+            let measured = r.map(|r| r.measured.load(std::sync::atomic::Ordering::Relaxed)).filter(|b| *b > 0);
+            let cache = r.and_then(|r| r.options.cache_ram).map(|mib| mib * registry::memory::MIB);
             SchedulerModel {
                 model_name: name.clone(),
                 state: v.state.as_str().into(),
@@ -43,6 +48,9 @@ pub fn state(rt: &Engine) -> SchedulerState {
                 max_concurrent: v.max_concurrent,
                 memory_bytes: v.memory,
                 vram_bytes: v.vram,
+                estimate_memory_bytes: v.estimate,
+                measured_memory_bytes: measured,
+                prompt_cache_bytes: cache,
                 devices: v.devices.clone(),
                 unload_in_s,
                 resident: resident(v.state, v.pinned, v.in_flight + v.queue_depth > 0, unload_in_s),

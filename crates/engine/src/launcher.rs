@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use api_types::LoadOptions;
+use backends::capabilities::Capabilities;
 use backends::{LaunchInput, Recipe, SpawnSpec};
 use futures_util::future::BoxFuture;
 use host::{binary, Backend, ExitInfo};
@@ -108,6 +109,16 @@ pub trait Launcher: Send + Sync + 'static {
         options: &'a LoadOptions,
         within: Duration,
     ) -> BoxFuture<'a, Health>;
+    /// What the installed binary of `recipe`'s `backend` supports (its flags and version),
+    /// read once per file; None when it is not installed or does not say. Installs nothing.
+    fn capabilities<'a>(&'a self, _recipe: Recipe, _backend: &'a str) -> BoxFuture<'a, Option<Arc<Capabilities>>> {
+        Box::pin(async { None })
+    }
+    /// The system memory (RSS) of a running backend's process, when it is one of this
+    /// machine's.
+    fn memory_of(&self, _process: &dyn Process) -> Option<u64> {
+        None
+    }
 }
 
 /// How long a worker has to accept a connection at load time.
@@ -119,6 +130,7 @@ pub struct RealLauncher {
     http: reqwest::Client,
     locks: Arc<Locks>,
     prompt_cache: host::prompt_cache::Store,
+    capabilities: host::capabilities::CapabilityCache,
 }
 
 impl RealLauncher {
@@ -128,7 +140,18 @@ impl RealLauncher {
         locks: Arc<Locks>,
         prompt_cache: host::prompt_cache::Store,
     ) -> RealLauncher {
-        RealLauncher { cfg, http, locks, prompt_cache }
+        RealLauncher { cfg, http, locks, prompt_cache, capabilities: Default::default() }
+    }
+
+    /// The capabilities of the binary at `program`, `recipe`'s executable.
+    async fn capabilities_of(&self, recipe: Recipe, program: &std::path::Path) -> Option<Arc<Capabilities>> {
+        // Only the ggml servers say what they take; the others' arguments are lemonade's own.
+        if !matches!(recipe, Recipe::LlamaCpp | Recipe::WhisperCpp) {
+            return None;
+        }
+        let installed = program.parent().and_then(|d| std::fs::read_to_string(d.join("version.txt")).ok());
+        let exe = recipe.dir_and_exe().1;
+        self.capabilities.get(program, exe, installed.as_deref().map(str::trim)).await
     }
 
     /// The backend's executable; a missing one is installed first when this platform has a
@@ -185,6 +208,9 @@ impl RealLauncher {
             false => None,
         };
         let hardware = host::hardware::hardware();
+        let backend_name = backends::backend_of(info.recipe, options);
+        let program = self.backend_binary(info.recipe, &backend_name).await?;
+        let caps = self.capabilities_of(info.recipe, &program).await;
         let input = LaunchInput {
             name,
             main_path: &main,
@@ -196,6 +222,7 @@ impl RealLauncher {
             devices: &with.devices,
             checkpoint: &info.checkpoint,
             draft_path: with.draft.as_deref(),
+            caps: caps.as_deref(),
         };
         let mut launch = backends::launch(info.recipe, &input).map_err(|e| fatal(e.to_string()))?;
         let workers = backends::rpc::workers(options);
@@ -209,8 +236,6 @@ impl RealLauncher {
                 crate::prompt_cache::attach(store, limit, name, info.model_type, mmproj, &main, &mut launch.args)
             })
             .flatten();
-        let backend_name = backends::backend_of(info.recipe, options);
-        let program = self.backend_binary(info.recipe, &backend_name).await?;
         if flm {
             self.flm_ready(&program, &info.checkpoint).await?;
         }
@@ -281,6 +306,18 @@ impl Launcher for RealLauncher {
                 _ => Health::Unhealthy,
             }
         })
+    }
+
+    fn capabilities<'a>(&'a self, recipe: Recipe, backend: &'a str) -> BoxFuture<'a, Option<Arc<Capabilities>>> {
+        Box::pin(async move {
+            let (dir, exe) = recipe.dir_and_exe();
+            let found = binary::resolve_from_env(&self.cfg.cache_dir, dir, backend, exe)?;
+            self.capabilities_of(recipe, &found.path).await
+        })
+    }
+
+    fn memory_of(&self, process: &dyn Process) -> Option<u64> {
+        host::hardware::process_rss(process.pid()?)
     }
 }
 

@@ -90,6 +90,8 @@ pub struct Running {
     pub env: BTreeMap<String, String>,
     /// Streams whose first chunk went out and that have not ended.
     streams: std::sync::atomic::AtomicUsize,
+    /// The system memory its process holds (RSS, bytes), as last measured (0: not yet).
+    pub measured: std::sync::atomic::AtomicU64,
 }
 
 impl Running {
@@ -112,9 +114,12 @@ pub struct ModelView {
     pub idle_timeout: Option<u64>,
     /// When it will be unloaded for idleness (ms, the runtime's clock), if nothing uses it.
     pub unload_at: Option<u64>,
-    /// Bytes counted against the memory budget, and the VRAM budget.
+    /// Bytes counted against the memory budget (its estimate, or what it was measured to
+    /// hold when that is more), and the VRAM budget.
     pub memory: u64,
     pub vram: u64,
+    /// Its estimate of system memory (0 when it holds none).
+    pub estimate: u64,
     /// The devices it runs on, with its bytes on each.
     pub devices: scheduler::Shares,
     /// Requests it serves at once (None: no limit).
@@ -422,6 +427,11 @@ impl Lifecycle {
         self.view.read().clone()
     }
 
+    /// `name`'s last published state (None: never seen).
+    pub fn state_of(&self, name: &str) -> Option<State> {
+        self.view.read().get(name).map(|v| v.state)
+    }
+
     fn running_model(&self, name: &str) -> Option<Arc<Running>> {
         self.running.lock().get(name).cloned()
     }
@@ -536,8 +546,13 @@ impl Lifecycle {
     pub fn metrics_snapshot(&self) -> crate::metrics::Snapshot {
         let view = self.view();
         let sched = self.scheduler_view();
+        let loaded = self.loaded();
+        let measured = |n: &str| {
+            let r = loaded.iter().find(|(r, _)| r.info.name == n)?;
+            Some(r.0.measured.load(Ordering::Relaxed)).filter(|b| *b > 0)
+        };
         crate::metrics::Snapshot {
-            loaded: self.loaded().iter().map(|(r, _)| r.info.model_type).collect(),
+            loaded: loaded.iter().map(|(r, _)| r.info.model_type).collect(),
             models: view
                 .iter()
                 .map(|(n, v)| crate::metrics::ModelGauges {
@@ -546,6 +561,7 @@ impl Lifecycle {
                     running: v.in_flight as u64,
                     ready: v.state == State::Loaded,
                     kv_usage: None,
+                    memory: (v.state == State::Loaded).then(|| (v.estimate, measured(n))),
                 })
                 .collect(),
             in_use: [sched.memory_in_use, sched.vram_in_use],
@@ -599,6 +615,7 @@ impl Lifecycle {
                 slots: s.slots,
                 cache_type_k: &s.cache_type_k,
                 cache_type_v: &s.cache_type_v,
+                prompt_cache: prompt_cache_bytes(options),
             };
             let offloaded = backends::llamacpp::offloads(&backends::backend_of(info.recipe, options));
             let placed = info.shape.map(|shape| registry::memory::estimate(&shape, &input).placed(offloaded));
@@ -746,6 +763,22 @@ impl Lifecycle {
         }
     }
 
+    /// Checks a load's extra backend arguments against the installed binary that would run them
+    /// (its `--help`, read once per file), before anything is spawned: a flag it lacks is a 400
+    /// naming the flag and the binary's version. Nothing to check when the binary is not
+    /// installed yet (the start checks it once installed) or does not list its flags.
+    pub async fn check_args(&self, info: &ModelInfo, options: &Opts) -> Result<()> {
+        let (param, code) = match info.recipe {
+            Recipe::LlamaCpp => ("llamacpp_args", "invalid_llamacpp_args"),
+            Recipe::WhisperCpp => ("whispercpp_args", "invalid_whispercpp_args"),
+            _ => return Ok(()),
+        };
+        let backend = backends::backend_of(info.recipe, options);
+        let Some(caps) = self.launcher.capabilities(info.recipe, &backend).await else { return Ok(()) };
+        backends::check_args(info.recipe, options, &caps)
+            .map_err(|e| EngineError::invalid_code(e.to_string(), param, code))
+    }
+
     /// Loads `info` with `options` (reloading it when loaded with other options); `pin` pins
     /// or unpins it, `idle_timeout_s` sets its own idle timeout.
     pub async fn load(&self, info: &ModelInfo, options: Opts, pin: Option<bool>, over: Scheduling) -> LoadOutcome {
@@ -867,6 +900,7 @@ impl Lifecycle {
                     slots: s.slots,
                     cache_type_k: &s.cache_type_k,
                     cache_type_v: &s.cache_type_v,
+                    prompt_cache: prompt_cache_bytes(options),
                 };
                 let offloaded = backends::llamacpp::offloads(&backends::backend_of(info.recipe, options));
                 // The scheduler's budget (`auto` was resolved to bytes at start): no memory is
@@ -896,6 +930,9 @@ impl Lifecycle {
         if o.ctx_size == Some(CtxSize::Auto) {
             o.ctx_size = Some(CtxSize::Tokens(self.ctx_size(info, &o)));
         }
+        if info.recipe == Recipe::LlamaCpp && o.cache_ram.is_none() {
+            o.cache_ram = Some(default_cache_ram(info, &o));
+        }
         o
     }
 
@@ -920,6 +957,7 @@ impl Lifecycle {
                 slots: n,
                 cache_type_k: &s.cache_type_k,
                 cache_type_v: &s.cache_type_v,
+                prompt_cache: prompt_cache_bytes(options),
             };
             let placed = registry::memory::estimate(&shape, &input).placed(offloaded);
             (if offloaded { placed.vram } else { placed.memory }) <= budget
@@ -952,6 +990,7 @@ impl Lifecycle {
                     unload_at: m.unload_at(e),
                     memory: e.memory,
                     vram: e.vram,
+                    estimate: e.memory.min(e.model.memory),
                     devices: e.shares.clone(),
                     max_concurrent: e.max_concurrent,
                 };
@@ -1073,6 +1112,7 @@ impl Lifecycle {
             command,
             env,
             streams: Default::default(),
+            measured: Default::default(),
         });
         // Registered unless a stop came first (it found no process): checked under the lock the
         // stop takes, so one of the two always sees the other.
@@ -1115,6 +1155,7 @@ impl Lifecycle {
             let launcher = self.launcher.clone();
             tokio::spawn(watchdog(launcher, interval, self.cfg.stop_grace, name.clone(), r.clone()));
         }
+        tokio::spawn(measure(Arc::downgrade(self), name.clone(), r.clone()));
         let rt = Arc::downgrade(self);
         tokio::spawn(async move {
             let exit = r.backend.wait_exit().await;
@@ -1139,6 +1180,55 @@ impl Lifecycle {
             r.reported.send_replace(true);
         });
     }
+}
+
+/// How often a running backend's memory is read.
+const MEASURE_EVERY: Duration = Duration::from_secs(1);
+/// A change of measured memory smaller than this is not told to the scheduler.
+const MEASURE_STEP: u64 = 4 << 20;
+
+/// Reads a running backend's memory every [`MEASURE_EVERY`] while it is registered, keeps it in
+/// `r.measured`, and tells the owner when it moved by [`MEASURE_STEP`] or more (the machine
+/// counts it where it passes the estimate).
+async fn measure(rt: std::sync::Weak<Lifecycle>, name: String, r: Arc<Running>) {
+    let mut told = 0u64;
+    loop {
+        let Some(lc) = rt.upgrade() else { return };
+        let current = lc.running.lock().get(&name).is_some_and(|x| Arc::ptr_eq(x, &r));
+        if !current || r.backend.exit_status().is_some() {
+            return;
+        }
+        if let Some(bytes) = lc.launcher.memory_of(r.backend.as_ref()) {
+            r.measured.store(bytes, Ordering::Relaxed);
+            if bytes.abs_diff(told) >= MEASURE_STEP {
+                told = bytes;
+                let _ = lc.tx.send(Event::Measured { model: name.clone(), memory: bytes }.into());
+            }
+        }
+        drop(lc);
+        tokio::time::sleep(MEASURE_EVERY).await;
+    }
+}
+
+/// The bytes of host prompt cache `options` give llama-server (None: the estimate's default).
+fn prompt_cache_bytes(options: &Opts) -> Option<u64> {
+    options.cache_ram.map(|mib| mib.saturating_mul(registry::memory::MIB))
+}
+
+/// The `cache_ram` (MiB) a model gets when none is set: the size of its KV cache at the options'
+/// context and slots ([`registry::memory::prompt_cache_default`]); none for a model whose
+/// header could not be read (its memory is not counted either).
+fn default_cache_ram(info: &ModelInfo, options: &Opts) -> u64 {
+    let Some(shape) = info.shape else { return 0 };
+    let s = backends::llamacpp::cache_settings(options, info.model_type);
+    let input = registry::memory::EstimateInput {
+        ctx_size: u32::try_from(s.kv_cells).unwrap_or(u32::MAX),
+        slots: s.slots,
+        cache_type_k: &s.cache_type_k,
+        cache_type_v: &s.cache_type_v,
+        prompt_cache: None,
+    };
+    registry::memory::estimate(&shape, &input).prompt_cache / registry::memory::MIB
 }
 
 /// The owner task: the only place the state machine runs.

@@ -72,6 +72,13 @@ struct PoolLabel {
     pool: &'static str,
 }
 
+/// A model's memory, and which figure: lemonade's `estimate` or the `measured` RSS.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MemoryLabel {
+    model: String,
+    kind: &'static str,
+}
+
 type Histograms = Family<ModelLabel, Histogram, fn() -> Histogram>;
 
 fn seconds_to_first_token() -> Histogram {
@@ -109,6 +116,8 @@ pub struct ModelGauges {
     pub ready: bool,
     /// The share of its KV cache in use (0 to 1); None when unknown (not loaded, or remote).
     pub kv_usage: Option<f64>,
+    /// Its estimate of system memory, and its process's RSS as last measured (loaded only).
+    pub memory: Option<(u64, Option<u64>)>,
 }
 
 /// The state gauges show, taken at a scrape.
@@ -139,6 +148,7 @@ pub struct Metrics {
     in_flight: Family<ModelLabel, Gauge>,
     ready: Family<ModelLabel, Gauge>,
     kv_usage: Family<ModelLabel, Ratio>,
+    model_memory: Family<MemoryLabel, Gauge>,
     /// vLLM's names for the serving gauges, when asked for.
     vllm: Option<Vllm>,
     memory_in_use: Family<PoolLabel, Gauge>,
@@ -224,6 +234,7 @@ impl Metrics {
             in_flight: Family::default(),
             ready: Family::default(),
             kv_usage: Family::default(),
+            model_memory: Family::default(),
             vllm: (names == MetricsNames::Vllm).then(Vllm::new),
             memory_in_use: Family::default(),
             memory_budget: Family::default(),
@@ -284,6 +295,13 @@ impl Metrics {
             "The share of a loaded model's KV cache its running requests hold (0 to 1; from llama-server's \
              /slots, else the share of its slots busy)",
             m.kv_usage.clone(),
+        );
+        r.register_with_unit(
+            "model_memory",
+            "A loaded model's system memory: lemonade's estimate (kind=estimate, prompt cache included) and \
+             its process's RSS (kind=measured)",
+            Unit::Bytes,
+            m.model_memory.clone(),
         );
         r.register_with_unit(
             "memory_in_use",
@@ -435,8 +453,16 @@ impl Metrics {
         self.in_flight.clear();
         self.ready.clear();
         self.kv_usage.clear();
+        self.model_memory.clear();
         for m in &s.models {
             let l = label(&m.name);
+            if let Some((estimate, measured)) = m.memory {
+                let kind = |kind| MemoryLabel { model: m.name.clone(), kind };
+                self.model_memory.get_or_create(&kind("estimate")).set(gauge(estimate));
+                if let Some(b) = measured {
+                    self.model_memory.get_or_create(&kind("measured")).set(gauge(b));
+                }
+            }
             self.queue_depth.get_or_create(&l).set(gauge(m.waiting));
             self.in_flight.get_or_create(&l).set(gauge(m.running));
             self.ready.get_or_create(&l).set(i64::from(m.ready));
@@ -497,7 +523,14 @@ mod tests {
         m.pull_counter("a").inc_by(1000);
         let s = Snapshot {
             loaded: vec![ModelType::Llm, ModelType::Llm, ModelType::Embedding],
-            models: vec![ModelGauges { name: "a".into(), waiting: 3, running: 1, ready: true, kv_usage: Some(0.25) }],
+            models: vec![ModelGauges {
+                name: "a".into(),
+                waiting: 3,
+                running: 1,
+                ready: true,
+                kv_usage: Some(0.25),
+                memory: Some((300 << 20, Some(200 << 20))),
+            }],
             in_use: [1 << 30, 0],
             budgets: [Some(2 << 30), None],
             prompt_cache_bytes: 5000,
@@ -526,6 +559,8 @@ mod tests {
             r#"lemonade_queue_depth{model="a"} 3"#,
             r#"lemonade_requests_in_flight{model="a"} 1"#,
             r#"lemonade_model_ready{model="a"} 1"#,
+            r#"lemonade_model_memory_bytes{model="a",kind="estimate"} 314572800"#,
+            r#"lemonade_model_memory_bytes{model="a",kind="measured"} 209715200"#,
             r#"lemonade_kv_cache_usage_ratio{model="a"} 0.25"#,
             r#"lemonade_memory_in_use_bytes{pool="memory"} 1073741824"#,
             r#"lemonade_memory_budget_bytes{pool="memory"} 2147483648"#,
@@ -545,7 +580,7 @@ mod tests {
     fn vllm_names_show_the_same_gauges_labelled_model_name() {
         let m = Metrics::new(MetricsNames::Vllm);
         let models = vec![
-            ModelGauges { name: "a".into(), waiting: 2, running: 3, ready: true, kv_usage: Some(0.5) },
+            ModelGauges { name: "a".into(), waiting: 2, running: 3, ready: true, kv_usage: Some(0.5), memory: None },
             ModelGauges { name: "b".into(), ..Default::default() },
         ];
         let text = m.encode(&Snapshot { models, ..Default::default() });

@@ -268,6 +268,7 @@ pub async fn load(rt: &Engine, req: &LoadRequest) -> Result<ModelInfo> {
     }
     let effective = rt.lifecycle.effective_options(&info, &opts);
     crate::draft::check(&rt.catalogue, &info, &effective)?;
+    rt.lifecycle.check_args(&info, &effective).await?;
     if let Some(places) = &opts.set.spillover {
         rt.lifecycle.set_spillover(&info.name, Some(places.clone()));
     } else if opts.cleared.contains(&api_types::OptionKey::Spillover) {
@@ -344,6 +345,12 @@ pub async fn lease_with(
         (false, true) => ensure_downloaded(rt, &info).await?,
         (false, false) => return Err(EngineError::not_downloaded(name)),
     };
+    // A model that will load for this request has its arguments checked first (a 400, not a
+    // backend that dies); a loaded one passed that check when it loaded.
+    if rt.cfg.auto_load && rt.lifecycle.state_of(&info.name) != Some(scheduler::State::Loaded) {
+        let options = rt.lifecycle.effective_options(&info, &Default::default());
+        rt.lifecycle.check_args(&info, &options).await?;
+    }
     let (elsewhere, stayed) = crate::spill::place(rt, &info).await?;
     if let Some(lease) = elsewhere {
         return Ok(lease);

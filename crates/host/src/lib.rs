@@ -10,6 +10,7 @@
 //! * [`hardware`]: what the machine has (sysinfo, NVML, sysfs).
 
 pub mod binary;
+pub mod capabilities;
 pub mod catalogue;
 pub mod cloud;
 pub mod devices;

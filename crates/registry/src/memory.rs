@@ -11,6 +11,10 @@
 //! * compute and output buffers grow with the vocabulary: about 100 bytes per token id, plus
 //!   4 bytes per id per slot for the logits.
 //! * the process: 32 MiB.
+//! * the host-memory prompt cache (`--cache-ram`): llama-server keeps the KV state of past
+//!   prompts in system memory up to that size (llama.cpp's own default is 8 GiB, with no
+//!   term here before): lemonade sets it and counts it, by default the size of the KV cache
+//!   ([`EstimateInput::prompt_cache`]). It stays in system memory on a GPU backend.
 //!
 //! With a GPU backend lemonade offloads every layer (`-ngl 99`), so the weights (mmproj
 //! included), the KV cache and the compute buffers are placed in VRAM, with the GPU context
@@ -43,8 +47,10 @@ pub struct Estimate {
     pub weights: u64,
     pub kv_cache: u64,
     pub buffers: u64,
+    /// The host-memory prompt cache llama-server may fill (`--cache-ram`).
+    pub prompt_cache: u64,
     /// Of the buffers, what stays in system memory when every layer is offloaded: the
-    /// process and the logits.
+    /// process, the logits and the prompt cache.
     pub host: u64,
     pub total: u64,
 }
@@ -68,11 +74,12 @@ impl Estimate {
     }
 
     /// [`Estimate::placed`] for a model that runs in another's process (a draft): its own
-    /// buffers, not the process or its GPU context, which that process already holds.
+    /// buffers, not the process, its GPU context or its prompt cache, which that process
+    /// already holds.
     pub fn placed_beside(&self, offloaded: bool) -> Footprint {
         let p = self.placed(offloaded);
         let context = if offloaded { GPU_CONTEXT_BYTES } else { 0 };
-        Footprint { memory: p.memory.saturating_sub(PROCESS_BYTES), vram: p.vram - context }
+        Footprint { memory: p.memory.saturating_sub(PROCESS_BYTES + self.prompt_cache), vram: p.vram - context }
     }
 }
 
@@ -170,6 +177,15 @@ pub struct EstimateInput<'a> {
     /// `--cache-type-k` / `--cache-type-v` (`f16` when not given).
     pub cache_type_k: &'a str,
     pub cache_type_v: &'a str,
+    /// Bytes of the host-memory prompt cache (`--cache-ram`); None: the default, the size of
+    /// the model's KV cache ([`prompt_cache_default`]).
+    pub prompt_cache: Option<u64>,
+}
+
+/// The prompt cache a model gets when its `cache_ram` is not set: as large as its KV cache
+/// (one more context's worth of past prompts), in whole MiB, as `--cache-ram` takes it.
+pub fn prompt_cache_default(kv_cache: u64) -> u64 {
+    kv_cache.div_ceil(MIB) * MIB
 }
 
 /// Bytes per element of a KV cache type (llama.cpp's block sizes).
@@ -222,10 +238,11 @@ pub fn estimate(shape: &ModelShape, input: &EstimateInput) -> Estimate {
         let local_cells = (shape.window * slots + UBATCH).min(ctx);
         global * per_cell(ctx) + local * per_cell(local_cells)
     };
-    let host = PROCESS_BYTES + shape.vocab * 4 * slots;
+    let prompt_cache = input.prompt_cache.unwrap_or_else(|| prompt_cache_default(kv_cache));
+    let host = PROCESS_BYTES + shape.vocab * 4 * slots + prompt_cache;
     let buffers = host + shape.vocab * COMPUTE_BYTES_PER_VOCAB_ID;
     let weights = shape.weight_bytes;
-    Estimate { weights, kv_cache, buffers, host, total: weights + kv_cache + buffers }
+    Estimate { weights, kv_cache, prompt_cache, buffers, host, total: weights + kv_cache + buffers }
 }
 
 /// Automatic context sizes are multiples of this.
@@ -289,11 +306,38 @@ mod tests {
     }
 
     fn input(ctx: u32) -> EstimateInput<'static> {
-        EstimateInput { ctx_size: ctx, slots: 4, cache_type_k: "f16", cache_type_v: "f16" }
+        EstimateInput { ctx_size: ctx, slots: 4, cache_type_k: "f16", cache_type_v: "f16", prompt_cache: Some(0) }
     }
 
     fn of(m: &GgufMeta, input: &EstimateInput) -> Estimate {
         estimate(&ModelShape::from_meta(m, 0), input)
+    }
+
+    #[test]
+    fn the_prompt_cache_is_counted_in_system_memory_by_default_as_large_as_the_kv_cache() {
+        let m = meta(
+            "llama",
+            &[
+                ("ARCH.block_count", Int(30)),
+                ("ARCH.attention.head_count", Int(9)),
+                ("ARCH.attention.head_count_kv", Int(3)),
+                ("ARCH.embedding_length", Int(576)),
+                ("tokenizer.ggml.tokens", Array(49152)),
+            ],
+        );
+        let shape = ModelShape::from_meta(&m, 100 * MIB);
+        let none = estimate(&shape, &input(4096));
+        let default = estimate(&shape, &EstimateInput { prompt_cache: None, ..input(4096) });
+        // SmolLM2-135M's KV cache at 4096 cells: 30 layers × 3 heads × 128 × 2 bytes × 4096.
+        assert_eq!(none.kv_cache, 90 * MIB);
+        assert_eq!(default.prompt_cache, 90 * MIB);
+        assert_eq!(default.total - none.total, 90 * MIB);
+        // Offloaded, it stays in system memory; a draft counts none (its target's process has it).
+        assert_eq!(default.placed(true).memory - none.placed(true).memory, 90 * MIB);
+        assert_eq!(default.placed(true).vram, none.placed(true).vram);
+        assert_eq!(default.placed_beside(false), none.placed_beside(false));
+        let set = estimate(&shape, &EstimateInput { prompt_cache: Some(3 * MIB), ..input(4096) });
+        assert_eq!(set.total - none.total, 3 * MIB);
     }
 
     #[test]

@@ -220,6 +220,10 @@ pub enum Event<O> {
     Stopped { model: String },
     /// A backend exited on its own.
     Exited { model: String, error: String },
+    /// The system memory a loaded backend's process holds was measured (its RSS): past its
+    /// estimate, the difference is counted as used (placement and eviction see it); back under
+    /// it, the estimate is counted again.
+    Measured { model: String, memory: u64 },
     /// Time passed (the executor sends it at [`Machine::next_deadline`]): idle models whose
     /// timeout is over are unloaded, and held swaps go ahead.
     Tick,
@@ -726,6 +730,7 @@ impl<O: Clone + PartialEq> Machine<O> {
             Event::Started { model, result } => self.started(&model, result),
             Event::Stopped { model } => self.stopped(&model),
             Event::Exited { model, error } => self.exited(&model, error),
+            Event::Measured { model, memory } => self.measured(&model, memory),
             Event::Tick => {}
         }
         self.expire_idle();
@@ -796,6 +801,26 @@ impl<O: Clone + PartialEq> Machine<O> {
     fn reject(&mut self, req: ReqId, name: &str, why: Rejection) {
         self.note("reject", why.code(), name, format!("{why:?}"));
         self.out.push(Effect::Reject { req, model: name.to_string(), why });
+    }
+
+    /// A loaded backend's measured memory: counted when it is more than its estimate.
+    fn measured(&mut self, name: &str, memory: u64) {
+        let Some(e) = self.models.get_mut(name).filter(|e| e.state == State::Loaded) else { return };
+        let (estimate, before) = (e.model.memory, e.memory);
+        let counted = memory.max(estimate);
+        if counted == before {
+            return;
+        }
+        e.memory = counted;
+        let mib = |b: u64| b / (1 << 20);
+        let (reason, detail) = match counted > estimate {
+            true => (
+                "over its estimate",
+                format!("counts {} MiB: measured {} MiB, estimated {} MiB", mib(counted), mib(memory), mib(estimate)),
+            ),
+            false => ("within its estimate", format!("counts its estimate, {} MiB, again", mib(estimate))),
+        };
+        self.note("measured", reason, name, detail);
     }
 
     fn note(&mut self, decision: &'static str, reason: &'static str, model: &str, detail: String) {

@@ -1464,6 +1464,36 @@ fn the_memory_budget_evicts_least_recently_used_models_of_any_type_and_refuses_w
 }
 
 #[test]
+fn a_backend_measured_past_its_estimate_counts_what_it_holds_and_a_load_evicts_for_it() {
+    let mut d = Drive::new(-1);
+    d.m = Machine::new(Limits::uniform(-1))
+        .with_settings(Settings { memory_budget: Some(Some(1_000)), ..Settings::default() });
+    let (a, b) = (sized("a", ModelType::Llm, 300), sized("b", ModelType::Llm, 300));
+    for m in [&a, &b] {
+        let r = d.use_model(m);
+        d.ev(Event::Release { req: r });
+    }
+    // Under its estimate: the estimate still counts; over it: what it holds.
+    d.ev(Event::Measured { model: "a".into(), memory: 200 });
+    assert_eq!(d.m.in_use(Pool::Memory), 600);
+    d.ev(Event::Measured { model: "a".into(), memory: 650 });
+    assert_eq!(d.m.in_use(Pool::Memory), 950);
+    let said = d.m.take_decisions();
+    assert!(said.iter().any(|x| x.decision == "measured" && x.reason == "over its estimate"), "{said:?}");
+    // A 300 model now fits only once the least recently used (A, as measured) is gone.
+    let req = d.req();
+    let fx = d.ev(Event::Acquire { req, model: sized("c", ModelType::Llm, 300), auto_load: Some(0) });
+    assert_eq!(fx, vec![Effect::Stop { model: "a".into() }]);
+    d.ev(Event::Stopped { model: "a".into() });
+    d.ev(Event::Started { model: "c".into(), result: Ok(()) });
+    d.ev(Event::Release { req });
+    assert_eq!(d.m.in_use(Pool::Memory), 600);
+    // Measurements of a model that is not loaded change nothing.
+    d.ev(Event::Measured { model: "a".into(), memory: 5_000 });
+    assert_eq!(d.m.in_use(Pool::Memory), 600);
+}
+
+#[test]
 fn gpu_models_fit_the_vram_budget_by_evicting_gpu_models_only_and_one_too_big_for_it_is_refused() {
     let mut d = Drive::new(-1);
     d.m = Machine::new(Limits::uniform(-1)).with_settings(Settings {

@@ -1,0 +1,94 @@
+//! What a backend binary supports: its `--help` and `--version` read once and kept by (path,
+//! size, mtime), so a start costs a `stat` and no process more. The reading of the texts is
+//! `backends::capabilities` (pure).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use backends::capabilities::Capabilities;
+use parking_lot::Mutex;
+
+/// How long a binary has to print its help (a GPU build may look for its devices first).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A file's size and mtime: the probe is kept while both stay.
+type Key = (u64, Option<SystemTime>);
+/// What a probe found (None: the binary lists no flags).
+type Found = Option<Arc<Capabilities>>;
+
+/// The capabilities of each backend binary read so far.
+#[derive(Default)]
+pub struct CapabilityCache {
+    known: Mutex<HashMap<PathBuf, (Key, Found)>>,
+}
+
+impl CapabilityCache {
+    /// The capabilities of `program` (named `name` in messages), read from its `--help` and
+    /// `--version` on first use and again only when the file changes. None when it lists no
+    /// flags (not a help text) or cannot run: it is then built for as the newest lemonade knows.
+    /// `version` is what its install says (`version.txt`), used when `--version` says nothing.
+    pub async fn get(&self, program: &Path, name: &str, version: Option<&str>) -> Option<Arc<Capabilities>> {
+        let meta = std::fs::metadata(program).ok()?;
+        let key = (meta.len(), meta.modified().ok());
+        if let Some((k, caps)) = self.known.lock().get(program) {
+            if *k == key {
+                return caps.clone();
+            }
+        }
+        let caps = probe(program, name, version).await.map(Arc::new);
+        match &caps {
+            Some(c) => {
+                tracing::info!(program = %program.display(), version = %c.describe(), "read the backend's capabilities")
+            }
+            None => {
+                tracing::warn!(program = %program.display(), "the backend's --help lists no flags: its arguments are not checked")
+            }
+        }
+        self.known.lock().insert(program.to_path_buf(), (key, caps.clone()));
+        caps
+    }
+}
+
+async fn probe(program: &Path, name: &str, version: Option<&str>) -> Option<Capabilities> {
+    let help = crate::supervisor::run_once(program, &["--help".to_string()], PROBE_TIMEOUT).await.ok()?.1;
+    // llama.cpp prints `version: N (commit)`; others may not know the flag (then the install's
+    // own version marker says it).
+    let printed = crate::supervisor::run_once(program, &["--version".to_string()], PROBE_TIMEOUT)
+        .await
+        .ok()
+        .filter(|(code, text)| *code == Some(0) && text.contains("version:"))
+        .map(|(_, text)| text);
+    Capabilities::parse(name, &help, printed.as_deref().or(version).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_probe_is_kept_until_the_file_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("llama-server");
+        let script = |flag: &str| {
+            format!("#!/bin/sh\ncase \"$1\" in --version) echo 'version: 9093 (84e939a1)';; *) echo '{flag}   a flag';; esac\n")
+        };
+        std::fs::write(&bin, script("--no-mmap")).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let cache = CapabilityCache::default();
+        let c = cache.get(&bin, "llama-server", None).await.unwrap();
+        assert!(c.has("--no-mmap") && c.describe() == "llama-server b9093");
+        std::fs::remove_file(&bin).unwrap();
+        assert!(cache.get(&bin, "llama-server", None).await.is_none(), "a file that is gone is no binary");
+        std::fs::write(&bin, script("--load-mode-and-more")).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let c = cache.get(&bin, "llama-server", None).await.unwrap();
+        assert!(c.has("--load-mode-and-more") && !c.has("--no-mmap"), "a changed file is read again");
+        let none = dir.path().join("quiet");
+        std::fs::write(&none, "#!/bin/sh\nexit 1\n").unwrap();
+        std::fs::set_permissions(&none, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(cache.get(&none, "x", Some("v1")).await.is_none());
+    }
+}
