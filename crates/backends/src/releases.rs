@@ -10,7 +10,8 @@ use serde::Serialize;
 
 use crate::Recipe;
 
-/// v9.4.1's pins, used unless `<cache>/backend_versions.json` exists.
+/// v9.4.1's pins (llama.cpp moved to b9093, the oldest build the tests run), used unless
+/// `<cache>/backend_versions.json` exists.
 pub const DEFAULT_PINS: &str = include_str!("backend_versions.json");
 
 /// Where release archives are downloaded from, unless `LEMONADE_RELEASES_URL` says otherwise.
@@ -451,7 +452,7 @@ mod tests {
     #[test]
     fn default_pins_parse() {
         let p = Pins::parse(DEFAULT_PINS).unwrap();
-        assert_eq!(p.version("llamacpp", "cpu"), Some("b8175"));
+        assert_eq!(p.version("llamacpp", "cpu"), Some("b9093"));
         assert_eq!(p.version("llamacpp", "rocm"), Some("b1203"));
         assert_eq!(p.version("flm", "npu"), Some("v0.9.34"));
         assert_eq!(p.sha256("x"), None);
@@ -463,12 +464,12 @@ mod tests {
 
     #[test]
     fn assets_follow_upstream_names() {
-        let a = asset(&linux(), "llamacpp", "cpu", "b8175").unwrap();
+        let a = asset(&linux(), "llamacpp", "cpu", "b9093").unwrap();
         assert_eq!(
             a.url("https://github.com/"),
-            "https://github.com/ggml-org/llama.cpp/releases/download/b8175/llama-b8175-bin-ubuntu-x64.tar.gz"
+            "https://github.com/ggml-org/llama.cpp/releases/download/b9093/llama-b9093-bin-ubuntu-x64.tar.gz"
         );
-        assert_eq!(a.release_url(), "https://github.com/ggml-org/llama.cpp/releases/tag/b8175");
+        assert_eq!(a.release_url(), "https://github.com/ggml-org/llama.cpp/releases/tag/b9093");
         let hw = Hardware { amd_igpu: Some("gfx1151".into()), ..linux() };
         assert_eq!(
             asset(&hw, "llamacpp", "rocm", "b1203").unwrap().filename,
@@ -493,7 +494,7 @@ mod tests {
             (d, s.state, s.action.as_str()),
             (vec!["cpu"], "installable", "lemonade recipes --install llamacpp:cpu")
         );
-        let (_, s) = state(&hw, &pins, "llamacpp", "cpu", &Installed::Managed(Some("b8175".into())));
+        let (_, s) = state(&hw, &pins, "llamacpp", "cpu", &Installed::Managed(Some("b9093".into())));
         assert_eq!((s.state, s.message.as_str()), ("installed", ""));
         let (_, s) = state(&hw, &pins, "llamacpp", "cpu", &Installed::Managed(Some("b1".into())));
         assert_eq!(s.state, "update_required");

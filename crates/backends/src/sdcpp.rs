@@ -165,6 +165,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_flag_lemonade_writes_is_in_the_real_sd_server_help() {
+        let help = include_str!("../testdata/sd-server-0.4.7.help");
+        let caps = crate::capabilities::Capabilities::parse("sd-server", help, "").unwrap();
+        let o = LoadOptions { steps: Some(4), cfg_scale: Some(1.5), width: Some(256), height: Some(320), ..Default::default() };
+        let args = command_line(Path::new("/hub/sd.safetensors"), 9000, &o);
+        assert_eq!(caps.unknown_flag(&args), None, "{}", args.join(" "));
+        assert!(caps.has("--listen-port") && caps.has("-W") && !caps.has("--no-such"));
+    }
+
+    #[test]
     fn command_line_turns_the_options_into_server_defaults() {
         let mut o = LoadOptions::default();
         assert_eq!(

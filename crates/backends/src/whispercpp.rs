@@ -103,6 +103,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn user_flags_are_checked_against_the_real_whisper_server_help() {
+        let help = include_str!("../testdata/whisper-server-1.8.5.help");
+        let caps =
+            crate::capabilities::Capabilities::parse("whisper-server", help, "pywhispercpp-1.5.1-cpu-avx2").unwrap();
+        assert!(caps.has("-t") && caps.has("--threads") && caps.has("-d") && caps.has("--duration"));
+        assert_eq!(user_for("-t 2 --beam-size 3 -nt", Some(&caps)).unwrap(), ["-t", "2", "--beam-size", "3", "-nt"]);
+        let e = user_for("-t 2 --no-such-flag", Some(&caps)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "Invalid custom whisper-server arguments: whisper-server pywhispercpp-1.5.1-cpu-avx2 has no flag \
+             '--no-such-flag' (not in its --help); nothing was started"
+        );
+        assert_eq!(user_for("--no-such-flag", None).unwrap(), ["--no-such-flag"], "unknown binary: not checked");
+    }
+
+    #[test]
     fn command_line_names_the_model_and_the_port() {
         assert_eq!(
             command_line(Path::new("/hub/ggml-tiny.en.bin"), 8123).join(" "),

@@ -81,8 +81,8 @@ async fn load_status_unload_list_and_system_info() {
     assert_eq!(v["devices"]["amd_npu"]["available"], false, "{v}");
     // Release pages where the backend has releases (any platform), none for `system`.
     let b = &v["recipes"]["llamacpp"]["backends"];
-    assert_eq!(b["vulkan"]["release_url"], "https://github.com/ggml-org/llama.cpp/releases/tag/b8175", "{b}");
-    assert_eq!(b["metal"]["release_url"], "https://github.com/ggml-org/llama.cpp/releases/tag/b8175", "{b}");
+    assert_eq!(b["vulkan"]["release_url"], "https://github.com/ggml-org/llama.cpp/releases/tag/b9093", "{b}");
+    assert_eq!(b["metal"]["release_url"], "https://github.com/ggml-org/llama.cpp/releases/tag/b9093", "{b}");
     assert_eq!(b["system"]["release_url"], "", "{b}");
     assert_eq!(
         v["recipes"]["whispercpp"]["release_url"],

@@ -63,6 +63,7 @@ pub const KEYS: &[Key] = &[
     key("device", Group::Options, Effect::NextLoad),
     key("llamacpp_backend", Group::Options, Effect::NextLoad),
     key("llamacpp_args", Group::Options, Effect::NextLoad),
+    key("cache_ram", Group::Options, Effect::NextLoad),
     key("sdcpp_backend", Group::Options, Effect::NextLoad),
     key("whispercpp_backend", Group::Options, Effect::NextLoad),
     key("whispercpp_args", Group::Options, Effect::NextLoad),
@@ -99,6 +100,8 @@ pub fn defaults() -> Map<String, Value> {
         "device": "auto",
         "llamacpp_backend": "cpu",
         "llamacpp_args": "",
+        // llama-server's host prompt cache (MiB): null sizes it from each model (its KV cache).
+        "cache_ram": null,
         "sdcpp_backend": "cpu",
         "whispercpp_backend": "cpu",
         "whispercpp_args": "",

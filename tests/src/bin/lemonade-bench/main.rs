@@ -240,19 +240,24 @@ pub(crate) fn llama_command_line(model: &std::path::Path) -> anyhow::Result<Vec<
 
 /// [`llama_command_line`] with llama.cpp RPC workers (`--rpc`, every layer offloaded to them).
 pub(crate) fn llama_command_line_rpc(model: &std::path::Path, rpc: Vec<String>) -> anyhow::Result<Vec<String>> {
-    Ok(backends::llamacpp::command_line(&backends::llamacpp::LlamaServerConfig {
-        model_path: model.to_path_buf(),
-        mmproj_path: None,
-        model_type: api_types::ModelType::Llm,
-        ctx_size: backends::llamacpp::DEFAULT_CTX_SIZE,
-        parallel: None,
-        backend: "cpu".into(),
-        user_args: LLAMA_ARGS.into(),
-        amd_igpu: false,
-        alias: "bench".into(),
-        rpc,
-        draft: None,
-    })?)
+    Ok(backends::llamacpp::command_line(
+        &backends::llamacpp::LlamaServerConfig {
+            model_path: model.to_path_buf(),
+            mmproj_path: None,
+            model_type: api_types::ModelType::Llm,
+            ctx_size: backends::llamacpp::DEFAULT_CTX_SIZE,
+            parallel: None,
+            backend: "cpu".into(),
+            user_args: LLAMA_ARGS.into(),
+            amd_igpu: false,
+            alias: "bench".into(),
+            rpc,
+            draft: None,
+            // The prompt cache's size does not change a start or a first token.
+            cache_ram_mib: None,
+        },
+        None,
+    )?)
 }
 
 /// Starts llama-server by hand with the command line lemonade would use and waits until

@@ -11,7 +11,7 @@ use test_support::{Lemonade, Sandbox, SD, WHISPER};
 use crate::median;
 
 /// Speech espeak-ng makes from a fixed passage, and its length in seconds.
-fn espeak_passage(dir: &Path) -> anyhow::Result<(Vec<u8>, f64)> {
+pub fn espeak_passage(dir: &Path) -> anyhow::Result<(Vec<u8>, f64)> {
     let text = "Lemonade serves many models on one port. It pulls them from the hub, runs each one in \
                 its own backend, and forwards every request as a byte pipe, so a client never waits \
                 on the server itself.";

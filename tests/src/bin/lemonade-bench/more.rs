@@ -413,49 +413,98 @@ pub async fn alternating(bin: &Path) -> anyhow::Result<Value> {
     Ok(json!({"secs": ALT_SECS, "rows": rows}))
 }
 
-/// The memory estimate lemonade places models by, against the RSS of the llama-server it
-/// started (after one request), for each provisioned model.
+/// The ledger against what each backend's process holds (VmRSS): every kind of backend is
+/// loaded with lemonade's defaults, then given `storm` requests, each different (distinct
+/// prompts of about 1,400 tokens, one token generated, for the LLMs: what fills llama-server's
+/// host prompt cache), and its RSS is read beside the estimate `/api/v1/scheduler` counts for
+/// it at load and after every third of the storm.
 pub async fn memory_estimate(bin: &Path) -> anyhow::Result<Value> {
-    let l = Lemonade::start_in(
-        bin,
-        test_support::Sandbox::new(),
-        &["--max-loaded-models", "-1", "--log-level", "info"],
-        &[],
-    )
-    .await;
+    let storm: usize = std::env::var("LEMONADE_BENCH_STORM").ok().and_then(|n| n.parse().ok()).unwrap_or(60);
+    let sandbox = test_support::Sandbox::new().with_whisper().with_sd().with_kokoro();
+    let l = Lemonade::start_in(bin, sandbox, &["--max-loaded-models", "-1", "--log-level", "info"], &[]).await;
+    let wav = crate::modalities::espeak_passage(l.sandbox.dir.path())?.0;
     let mut rows = Vec::new();
-    for (model, embed) in [(test_support::SMOL, false), (test_support::GEMMA, false), (test_support::MINILM, true)] {
+    let kinds = [
+        (test_support::SMOL, "llama-server (LLM)"),
+        (test_support::GEMMA, "llama-server (LLM)"),
+        (test_support::MINILM, "llama-server (embedding)"),
+        (test_support::WHISPER, "whisper-server"),
+        (test_support::SD, "sd-server"),
+        (test_support::KOKORO, "koko"),
+    ];
+    for (model, kind) in kinds {
+        // Fewer of the slow kinds: an image takes seconds here.
+        let n = if model == test_support::SD { (storm / 10).max(3) } else { storm };
+        let mut steps = Vec::new();
         let before = test_support::child_pids(l.pid());
-        let (s, v) = if embed {
-            l.post("/api/v1/embeddings", &json!({"model": model, "input": "memory"})).await
-        } else {
-            l.chat(model).await
-        };
-        anyhow::ensure!(s == 200, "{model}: {v}");
-        let pid = test_support::child_pids(l.pid()).into_iter().find(|p| !before.contains(p)).unwrap_or_default();
-        let rss = host::hardware::process_rss(pid).unwrap_or(0);
-        let (_, h) = l.get("/api/v1/health").await;
-        let est = h["all_models_loaded"]
-            .as_array()
-            .and_then(|a| a.iter().find(|m| m["model_name"] == model))
-            .and_then(|m| m["memory_estimate"].as_u64())
-            .unwrap_or(0);
-        rows.push(json!({"model": model, "estimate": est, "rss": rss, "ratio": est as f64 / rss as f64}));
+        for i in 0..=n {
+            one_request(&l, model, i, &wav).await?;
+            if i == 0 || i % (n / 3).max(1) == 0 {
+                let pid =
+                    test_support::child_pids(l.pid()).into_iter().find(|p| !before.contains(p)).unwrap_or_default();
+                let rss = host::hardware::process_rss(pid).unwrap_or(0);
+                let (_, s) = l.get("/api/v1/scheduler").await;
+                let m = s["models"].as_array().and_then(|a| a.iter().find(|m| m["model_name"] == model)).cloned();
+                let m = m.unwrap_or_default();
+                steps.push(json!({"after": i, "rss": rss, "estimate": m["estimate_memory_bytes"],
+                                  "counted": m["memory_bytes"], "prompt_cache": m["prompt_cache_bytes"]}));
+            }
+        }
+        rows.push(json!({"model": model, "kind": kind, "steps": steps}));
     }
-    println!("\nMemory estimate against the measured RSS of llama-server (ctx 4096, after one request)\n");
-    println!("| model | estimate (MiB) | RSS (MiB) | estimate / RSS |");
-    println!("|---|---:|---:|---:|");
+    println!("\nEach backend's RSS against the ledger, after distinct requests (lemonade's defaults)\n");
+    println!("| backend | model | requests | RSS (MiB) | estimate (MiB) | of which prompt cache | counted (MiB) | RSS / counted |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
+    let mib = |v: &Value| v.as_u64().unwrap_or(0) as f64 / (1u64 << 20) as f64;
     for r in &rows {
-        let mib = |k: &str| r[k].as_u64().unwrap_or(0) as f64 / (1u64 << 20) as f64;
-        println!(
-            "| {} | {:.1} | {:.1} | {:.3} |",
-            r["model"].as_str().unwrap_or_default(),
-            mib("estimate"),
-            mib("rss"),
-            r["ratio"].as_f64().unwrap_or(0.0)
-        );
+        for st in r["steps"].as_array().into_iter().flatten() {
+            println!(
+                "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} |",
+                r["kind"].as_str().unwrap_or_default(),
+                r["model"].as_str().unwrap_or_default(),
+                st["after"],
+                mib(&st["rss"]),
+                mib(&st["estimate"]),
+                mib(&st["prompt_cache"]),
+                mib(&st["counted"]),
+                mib(&st["rss"]) / mib(&st["counted"]).max(f64::MIN_POSITIVE),
+            );
+        }
     }
     Ok(json!(rows))
+}
+
+/// The `i`th distinct request of the memory storm to `model`.
+async fn one_request(l: &Lemonade, model: &str, i: usize, wav: &[u8]) -> anyhow::Result<()> {
+    // About 1,400 tokens of SmolLM2's tokenizer, different from the first word on.
+    let words = || (0..350).map(|w| format!("n{i}w{w}")).collect::<Vec<_>>().join(" ");
+    let (s, v) = match model {
+        test_support::MINILM => l.post("/api/v1/embeddings", &json!({"model": model, "input": words()})).await,
+        test_support::WHISPER => {
+            let form = reqwest::multipart::Form::new()
+                .part("file", reqwest::multipart::Part::bytes(wav.to_vec()).file_name("passage.wav"))
+                .text("model", model.to_string());
+            let r = l.http.post(l.url("/api/v1/audio/transcriptions")).multipart(form).send().await?;
+            (r.status().as_u16(), r.json().await?)
+        }
+        test_support::SD => {
+            let body = json!({"model": model, "prompt": format!("a lemon, take {i}"), "size": "256x256", "steps": 1, "seed": i});
+            l.post("/api/v1/images/generations", &body).await
+        }
+        test_support::KOKORO => {
+            let body = json!({"model": model, "input": format!("Request number {i} of the storm."), "voice": "jf_alpha", "response_format": "wav"});
+            let r = l.http.post(l.url("/api/v1/audio/speech")).json(&body).send().await?;
+            let status = r.status().as_u16();
+            let _ = r.bytes().await?;
+            (status, json!({}))
+        }
+        _ => {
+            let body = json!({"model": model, "messages": [{"role": "user", "content": words()}], "max_tokens": 1});
+            l.post("/api/v1/chat/completions", &body).await
+        }
+    };
+    anyhow::ensure!(s == 200, "{model} request {i}: {s} {v}");
+    Ok(())
 }
 
 /// How a dialect's stream is framed, and which of its events carries a token of content.
