@@ -168,7 +168,13 @@ mod tests {
     fn every_flag_lemonade_writes_is_in_the_real_sd_server_help() {
         let help = include_str!("../testdata/sd-server-0.4.7.help");
         let caps = crate::capabilities::Capabilities::parse("sd-server", help, "").unwrap();
-        let o = LoadOptions { steps: Some(4), cfg_scale: Some(1.5), width: Some(256), height: Some(320), ..Default::default() };
+        let o = LoadOptions {
+            steps: Some(4),
+            cfg_scale: Some(1.5),
+            width: Some(256),
+            height: Some(320),
+            ..Default::default()
+        };
         let args = command_line(Path::new("/hub/sd.safetensors"), 9000, &o);
         assert_eq!(caps.unknown_flag(&args), None, "{}", args.join(" "));
         assert!(caps.has("--listen-port") && caps.has("-W") && !caps.has("--no-such"));
