@@ -132,6 +132,43 @@ async fn holds_for(server: &Path, build: u32, newest: bool) {
     }
 }
 
+/// lemonade's prompt cache across a swap on this build: a conversation's slot saved when
+/// Gemma takes SmolLM2's place, restored when it comes back, so the next turn prefills only
+/// its new tokens (llama-server's `timings.prompt_n`).
+async fn prompt_cache_across_a_swap(server: &Path) {
+    let env = [("LEMONADE_LLAMACPP_CPU_BIN", server.to_str().unwrap())];
+    let l = Lemonade::start_in(bin(), Sandbox::new(), &[], &env).await;
+    let facts: String = (0..60).map(|i| format!("Fact {i}: lemon tree number {i} grows in row {}. ", i % 7)).collect();
+    let mut messages =
+        vec![json!({"role": "user", "content": format!("Read these notes. {facts}Which row has the most trees?")})];
+    let turn = |messages: Vec<Value>, model: &'static str| {
+        let body = json!({"model": model, "messages": messages, "max_tokens": 8, "temperature": 0});
+        let l = &l;
+        async move {
+            let (s, v) = l.post("/api/v1/chat/completions", &body).await;
+            assert_eq!(s, 200, "{v}");
+            v
+        }
+    };
+    let v = turn(messages.clone(), SMOL).await;
+    let first = v["timings"]["prompt_n"].as_u64().unwrap();
+    assert!(first > 500, "{v}");
+    messages.push(json!({"role": "assistant", "content": v["choices"][0]["message"]["content"]}));
+    messages.push(json!({"role": "user", "content": "Answer in one word."}));
+    turn(vec![json!({"role": "user", "content": "Hi"})], GEMMA).await;
+    assert_eq!(loaded_names(&l.get("/api/v1/health").await.1), [GEMMA], "SmolLM2 was swapped out");
+    let v = turn(messages, SMOL).await;
+    let again = v["timings"]["prompt_n"].as_u64().unwrap();
+    assert!(again <= 40, "only the new turn is prefilled after the swap: {again} of {first}: {v}");
+    assert!(l.log().contains("prompt cache: restored a saved prompt"), "{}", l.log());
+}
+
+#[tokio::test]
+async fn the_prompt_cache_resumes_a_conversation_across_a_swap_on_both_builds() {
+    prompt_cache_across_a_swap(&llama_server_oldest()).await;
+    prompt_cache_across_a_swap(&llama_server()).await;
+}
+
 #[tokio::test]
 async fn the_newest_llama_cpp_gets_command_lines_in_its_own_spelling() {
     holds_for(&llama_server(), 11434, true).await;

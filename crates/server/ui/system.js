@@ -151,6 +151,16 @@ export function mount(main) {
     }
   }
 
+  /** A model's memory as the ledger counts it: its estimate (with llama-server's prompt cache)
+   *  and what its process was measured to hold. */
+  function memoryOf(m) {
+    if (!m.estimate_memory_bytes && !m.measured_memory_bytes) return "";
+    const parts = [`estimate ${bytes(m.estimate_memory_bytes)}`];
+    if (m.prompt_cache_bytes) parts.push(`of which prompt cache ${bytes(m.prompt_cache_bytes)}`);
+    if (m.measured_memory_bytes) parts.push(`measured ${bytes(m.measured_memory_bytes)}`);
+    return ` — ${bytes(m.memory_bytes)} counted (${parts.join(", ")})`;
+  }
+
   /** One decision as a timeline entry (server uptime, what, why, detail). */
   function decision(d) {
     return h("li", { "data-decision": d.decision, "data-model": d.model },
@@ -167,7 +177,8 @@ export function mount(main) {
       (s.devices || []).map((d) => [`${d.id} (${d.name})`,
         `${d.kind === "npu" ? "one model at a time" : `${bytes(d.in_use_bytes)}${d.budget_bytes ? ` of ${bytes(d.budget_bytes)}` : " (no budget)"}`}` +
         (Object.keys(d.models).length ? `: ${Object.entries(d.models).map(([m, b]) => `${m} ${bytes(b)}`).join(", ")}` : "")]),
-      s.models.filter((m) => m.state !== "unloaded").map((m) => [m.model_name, m.resident === m.state ? m.state : `${m.state}: ${m.resident}`]))));
+      s.models.filter((m) => m.state !== "unloaded").map((m) => [m.model_name,
+        (m.resident === m.state ? m.state : `${m.state}: ${m.resident}`) + memoryOf(m)]))));
     if (!timeline.children.length) fill(timeline, s.decisions.slice(-30).reverse().map(decision));
   }
 
