@@ -480,7 +480,6 @@ pub fn wait_child(child: &mut Child, timeout: Duration) -> Option<std::process::
     None
 }
 
-/// Direct children of `pid` (from /proc).
 /// Sends `sig` to the next backend `server` spawns that is not in `seen`, the moment it exists
 /// (its exec done: a child still running the server's own image is forked but not yet exec'd,
 /// and signalling it would hit a copy of the server). /proc is polled without pause for at most
@@ -508,7 +507,14 @@ pub async fn signal_next_backend(server: u32, seen: &[u32], sig: i32) -> Option<
     .unwrap()
 }
 
+/// Direct children of `pid` (from /proc), but the short-lived runs of a backend binary that
+/// lemonade makes to read what it supports (`--help`, `--version`): they are no backends.
 pub fn child_pids(pid: u32) -> Vec<u32> {
+    let probe = |p: u32| {
+        let cmdline = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).filter(|a| !a.is_empty()).skip(1).collect();
+        matches!(args[..], [b"--help"] | [b"--version"])
+    };
     let mut out = Vec::new();
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return out;
@@ -521,7 +527,7 @@ pub fn child_pids(pid: u32) -> Vec<u32> {
             // pid (comm) state ppid …; comm may contain spaces, so split after the last ')'.
             let after = stat.rsplit_once(')').map(|x| x.1).unwrap_or_default();
             let ppid = after.split_whitespace().nth(1).and_then(|s| s.parse::<u32>().ok());
-            if ppid == Some(pid) {
+            if ppid == Some(pid) && !probe(p) {
                 out.push(p);
             }
         }

@@ -89,18 +89,34 @@ pub struct Entry {
     pub used_ms: u64,
 }
 
-/// llama.cpp's sequence-state file magic (`GGSQ`) and the version this reader knows.
+/// llama.cpp's sequence-state file magic (`GGSQ`) and the versions this reader knows: 4 (the
+/// token list packed as `[-1, 1, n, tokens…, media…]`, b11434) and 2 (the plain list, b9093).
 const SEQ_MAGIC: u32 = 0x6767_7371;
 const SEQ_VERSION: u32 = 4;
+const SEQ_VERSIONS: [u32; 2] = [2, SEQ_VERSION];
 
 /// How many bytes of a slot file hold its token list, from its first 12 bytes (magic,
 /// version, count); None when it is not a slot file this reader knows.
 pub fn header_len(first: &[u8]) -> Option<usize> {
     let u32_at = |i: usize| first.get(i..i + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-    if u32_at(0)? != SEQ_MAGIC || u32_at(4)? != SEQ_VERSION {
+    if u32_at(0)? != SEQ_MAGIC || !SEQ_VERSIONS.contains(&u32_at(4)?) {
         return None;
     }
     Some(12 + 4 * u32_at(8)? as usize)
+}
+
+/// Whether a slot of llama-server's `/slots` answer holds a prompt worth saving: idle, with at
+/// least `min_tokens` prompt tokens. A llama.cpp whose `/slots` does not say its prompt's
+/// length (b9093 has no `n_prompt_tokens`) is taken at its word that the slot served a task
+/// (`id_task`); the saved file's header then says how many tokens it holds.
+pub fn holds_prompt(slot: &serde_json::Value, min_tokens: u64) -> bool {
+    if slot["is_processing"].as_bool() == Some(true) {
+        return false;
+    }
+    match slot["n_prompt_tokens"].as_u64() {
+        Some(n) => n >= min_tokens,
+        None => slot["id_task"].as_i64().is_some_and(|t| t >= 0),
+    }
 }
 
 /// The tokens a slot file holds, from its header: llama-server writes its slot's tokens
@@ -215,8 +231,12 @@ mod tests {
     }
 
     fn slot_file(packed: &[i32]) -> Vec<u8> {
+        slot_file_v(SEQ_VERSION, packed)
+    }
+
+    fn slot_file_v(version: u32, packed: &[i32]) -> Vec<u8> {
         let mut v = Vec::new();
-        for w in [SEQ_MAGIC, SEQ_VERSION, packed.len() as u32] {
+        for w in [SEQ_MAGIC, version, packed.len() as u32] {
             v.extend(w.to_le_bytes());
         }
         for t in packed {
@@ -227,11 +247,26 @@ mod tests {
     }
 
     #[test]
+    fn a_slot_holds_a_prompt_by_its_length_or_where_not_given_by_its_task() {
+        use serde_json::json;
+        assert!(holds_prompt(&json!({"id": 0, "n_prompt_tokens": 40, "is_processing": false}), 32));
+        assert!(!holds_prompt(&json!({"id": 0, "n_prompt_tokens": 10, "is_processing": false}), 32));
+        assert!(!holds_prompt(&json!({"id": 0, "n_prompt_tokens": 400, "is_processing": true}), 32));
+        // b9093's answer (llama-server there does not report the prompt's length).
+        assert!(holds_prompt(&json!({"id": 3, "n_ctx": 8192, "is_processing": false, "id_task": 0}), 32));
+        assert!(!holds_prompt(&json!({"id": 0, "n_ctx": 8192, "is_processing": false}), 32));
+    }
+
+    #[test]
     fn the_tokens_are_read_back_from_a_slot_files_header() {
         let f = slot_file(&[-1, 1, 3, 10, 11, 12, 0]);
         assert_eq!(header_len(&f[..12]), Some(12 + 4 * 7));
         assert_eq!(saved_tokens(&f[..header_len(&f).unwrap()]), Some(vec![10, 11, 12]));
         assert_eq!(saved_tokens(&slot_file(&[5, 6])), Some(vec![5, 6]), "the older plain list");
+        // b9093 writes version 2, its tokens a plain list; an unknown version is not read.
+        let old = slot_file_v(2, &[9686, 198, 2683]);
+        assert_eq!(saved_tokens(&old[..header_len(&old).unwrap()]), Some(vec![9686, 198, 2683]));
+        assert_eq!(header_len(&slot_file_v(7, &[1])), None);
         assert_eq!(saved_tokens(&slot_file(&[-1, 2, 3, 10, 11, 12, 0])), None, "an unknown packing");
         assert_eq!(saved_tokens(&slot_file(&[-1, 1, 9, 10])), None, "a count past the end");
         assert_eq!(header_len(b"GGUF\x04\0\0\0\0\0\0\0"), None);

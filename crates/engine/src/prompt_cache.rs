@@ -108,8 +108,7 @@ pub async fn save(http: &reqwest::Client, base: &str, att: &Attached, limit: u64
     let mut saved = 0;
     for s in &all {
         let Some(id) = s["id"].as_u64() else { continue };
-        if s["n_prompt_tokens"].as_u64().unwrap_or(0) < MIN_TOKENS as u64 || s["is_processing"].as_bool() == Some(true)
-        {
+        if !rules::holds_prompt(s, MIN_TOKENS as u64) {
             continue;
         }
         let file = format!("{}-{id}.bin", now_ms());
@@ -194,7 +193,7 @@ pub async fn before_request(
     let id = all
         .iter()
         .filter(free)
-        .find(|s| s["n_prompt_tokens"].as_u64().unwrap_or(0) == 0)
+        .find(|s| !rules::holds_prompt(s, 1))
         .or_else(|| all.iter().find(free))
         .and_then(|s| s["id"].as_u64())
         .unwrap_or(0);

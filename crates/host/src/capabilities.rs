@@ -52,7 +52,12 @@ impl CapabilityCache {
 }
 
 async fn probe(program: &Path, name: &str, version: Option<&str>) -> Option<Capabilities> {
-    let help = crate::supervisor::run_once(program, &["--help".to_string()], PROBE_TIMEOUT).await.ok()?.1;
+    // Only a help that ends well is one: a program that fails on `--help` (a stand-in that
+    // panics, a wrapper) says nothing of what it takes.
+    let (code, help) = crate::supervisor::run_once(program, &["--help".to_string()], PROBE_TIMEOUT).await.ok()?;
+    if code != Some(0) {
+        return None;
+    }
     // llama.cpp prints `version: N (commit)`; others may not know the flag (then the install's
     // own version marker says it).
     let printed = crate::supervisor::run_once(program, &["--version".to_string()], PROBE_TIMEOUT)
@@ -87,7 +92,7 @@ mod tests {
         let c = cache.get(&bin, "llama-server", None).await.unwrap();
         assert!(c.has("--load-mode-and-more") && !c.has("--no-mmap"), "a changed file is read again");
         let none = dir.path().join("quiet");
-        std::fs::write(&none, "#!/bin/sh\nexit 1\n").unwrap();
+        std::fs::write(&none, "#!/bin/sh\necho '-m MODEL'\nexit 101\n").unwrap();
         std::fs::set_permissions(&none, std::fs::Permissions::from_mode(0o755)).unwrap();
         assert!(cache.get(&none, "x", Some("v1")).await.is_none());
     }

@@ -47,6 +47,11 @@ fn arg(args: &[String], flag: &str) -> Option<String> {
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
+    // A stand-in lists no flags: lemonade runs it as the newest llama-server and checks nothing.
+    if args.iter().any(|a| a == "--help" || a == "--version") {
+        eprintln!("fake llama-server: no help here");
+        std::process::exit(2);
+    }
     let model = arg(&args, "-m").expect("-m MODEL");
     let knobs: Value =
         std::fs::read(format!("{model}.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(json!({}));
