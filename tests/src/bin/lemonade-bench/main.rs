@@ -154,6 +154,10 @@ async fn main() -> anyhow::Result<()> {
     anyhow::ensure!(!backend.is_empty(), "no backend_url in {health}");
     let direct = format!("{backend}/chat/completions");
     stream_once(&http, &direct, None).await?;
+    if std::env::var("LEMONADE_BENCH_ONLY").as_deref() == Ok("lifecycle") {
+        // Load-to-ready and swap against the same work by hand, alone.
+        return lifecycle(&l).await.map(|_| ());
+    }
 
     let (mut d, mut p) = (Vec::new(), Vec::new());
     for i in 0..RUNS {
