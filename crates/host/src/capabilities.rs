@@ -22,6 +22,9 @@ type Found = Option<Arc<Capabilities>>;
 #[derive(Default)]
 pub struct CapabilityCache {
     known: Mutex<HashMap<PathBuf, (Key, Found)>>,
+    /// One probe at a time: requests that arrive together for a binary not read yet wait for
+    /// the first one's answer instead of each running the binary.
+    probing: tokio::sync::Mutex<()>,
 }
 
 impl CapabilityCache {
@@ -32,10 +35,16 @@ impl CapabilityCache {
     pub async fn get(&self, program: &Path, name: &str, version: Option<&str>) -> Option<Arc<Capabilities>> {
         let meta = std::fs::metadata(program).ok()?;
         let key = (meta.len(), meta.modified().ok());
-        if let Some((k, caps)) = self.known.lock().get(program) {
-            if *k == key {
-                return caps.clone();
-            }
+        let kept = || match self.known.lock().get(program) {
+            Some((k, caps)) if *k == key => Some(caps.clone()),
+            _ => None,
+        };
+        if let Some(caps) = kept() {
+            return caps;
+        }
+        let _one = self.probing.lock().await;
+        if let Some(caps) = kept() {
+            return caps;
         }
         let caps = probe(program, name, version).await.map(Arc::new);
         match &caps {
@@ -95,5 +104,20 @@ mod tests {
         std::fs::write(&none, "#!/bin/sh\necho '-m MODEL'\nexit 101\n").unwrap();
         std::fs::set_permissions(&none, std::fs::Permissions::from_mode(0o755)).unwrap();
         assert!(cache.get(&none, "x", Some("v1")).await.is_none());
+    }
+
+    #[tokio::test]
+    async fn requests_that_arrive_together_run_one_probe() {
+        let dir = tempfile::tempdir().unwrap();
+        let (bin, runs) = (dir.path().join("llama-server"), dir.path().join("runs"));
+        let script = format!("#!/bin/sh\necho x >> '{}'\necho '--no-mmap   a flag'\n", runs.display());
+        std::fs::write(&bin, script).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let cache = CapabilityCache::default();
+        let all = futures_util::future::join_all((0..16).map(|_| cache.get(&bin, "llama-server", None))).await;
+        assert!(all.iter().all(|c| c.as_ref().is_some_and(|c| c.has("--no-mmap"))));
+        let n = std::fs::read_to_string(&runs).unwrap().lines().count();
+        assert_eq!(n, 2, "one --help and one --version for 16 requests");
     }
 }
