@@ -109,10 +109,14 @@ async fn holds_for(server: &Path, build: u32, newest: bool) {
         let msg = e["error"]["message"].as_str().unwrap();
         assert!(msg.contains("'--no-such-flag'") && msg.contains(&format!("llama-server b{build}")), "{msg}");
     }
-    // The same through a request that would load it (its saved options name the flag).
-    let (s, e) =
-        l.post("/api/v1/load", &json!({"model_name": GEMMA, "llamacpp_args": "--bogus", "save_options": true})).await;
-    assert_eq!(s, 400, "{e}");
+    // A refused load saves nothing; options saved without a load are checked when a request
+    // would load the model.
+    let bogus = json!({"model_name": GEMMA, "llamacpp_args": "--bogus", "save_options": true});
+    assert_eq!(l.post("/api/v1/load", &bogus).await.0, 400);
+    let (_, o) = l.get(&format!("/api/v1/models/{GEMMA}/options")).await;
+    assert_eq!(o["saved"], json!({}), "{o}");
+    let (s, o) = l.post(&format!("/api/v1/models/{GEMMA}/options"), &json!({"llamacpp_args": "--bogus"})).await;
+    assert_eq!((s, &o["saved"]), (200, &json!({"llamacpp_args": "--bogus"})), "{o}");
     let (s, e) = l
         .post(
             "/api/v1/chat/completions",
@@ -125,11 +129,10 @@ async fn holds_for(server: &Path, build: u32, newest: bool) {
     assert_eq!(loaded_names(&h), [SMOL], "the loaded model is untouched: {h}");
     // The version the backend reports is the build's own (not `b0-unknown`).
     let (_, props) = l.get(&format!("/props?model={SMOL}")).await;
-    let fingerprint =
-        props["build_info"].as_str().or(props["system_fingerprint"].as_str()).unwrap_or_default().to_string();
-    if !fingerprint.is_empty() {
-        assert!(fingerprint.contains(&build.to_string()), "{props}");
-    }
+    let info = props["build_info"].as_str().unwrap_or_default();
+    assert!(info.starts_with(&format!("b{build}-")) && !info.contains("unknown"), "{props}");
+    let (_, c) = l.chat(SMOL).await;
+    assert_eq!(c["system_fingerprint"].as_str(), Some(info), "{c}");
 }
 
 /// lemonade's prompt cache across a swap on this build: a conversation's slot saved when

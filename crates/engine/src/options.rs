@@ -46,6 +46,22 @@ fn view_with(rt: &Engine, info: &ModelInfo, saved: &LoadOptions, entry: Map<Stri
     }
 }
 
+/// Saving an empty `llamacpp_args`, `whispercpp_args` or `flm_args` clears the key, as Lemonade
+/// v11 does (no saved value, so the server's layer applies again).
+fn clear_empty_args(p: &mut OptionsPatch) {
+    use api_types::OptionKey as K;
+    for (key, v) in [
+        (K::LlamacppArgs, &mut p.set.llamacpp_args),
+        (K::WhispercppArgs, &mut p.set.whispercpp_args),
+        (K::FlmArgs, &mut p.set.flm_args),
+    ] {
+        if v.as_deref().is_some_and(|a| a.trim().is_empty()) {
+            *v = None;
+            p.cleared.push(key);
+        }
+    }
+}
+
 /// `POST /models/{id}/options`: merges `body` into the model's saved entry (a value sets, a
 /// `null` removes) without loading anything; with `dry_run`, saves nothing and shows the
 /// options the save would give. A 400 names an unknown option, one of another recipe, a
@@ -56,7 +72,9 @@ pub fn save(rt: &Engine, info: &ModelInfo, body: &Map<String, Value>) -> Result<
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(EngineError::invalid("dry_run must be a boolean", Some("dry_run"))),
     };
-    let p = OptionsPatch::from_map(body, &NOT_OPTIONS).map_err(|e| EngineError::invalid(e.to_string(), Some(e.key)))?;
+    let mut p =
+        OptionsPatch::from_map(body, &NOT_OPTIONS).map_err(|e| EngineError::invalid(e.to_string(), Some(e.key)))?;
+    clear_empty_args(&mut p);
     if let Some(k) = p.unknown.first() {
         return Err(EngineError::invalid(format!("Unknown option '{k}'"), Some(k)));
     }

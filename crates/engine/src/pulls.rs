@@ -263,12 +263,13 @@ pub async fn load(rt: &Engine, req: &LoadRequest) -> Result<ModelInfo> {
     let info = rt.catalogue.get(&req.model_name)?;
     let opts = crate::options::of_request(req)?;
     let info = ensure_downloaded(rt, &info).await?;
-    if req.save_options == Some(true) {
-        crate::options::save_from_load(rt, &info.name, &opts)?;
-    }
+    // Checked before anything is saved: a refused load leaves the saved options as they were.
     let effective = rt.lifecycle.effective_options(&info, &opts);
     crate::draft::check(&rt.catalogue, &info, &effective)?;
     rt.lifecycle.check_args(&info, &effective).await?;
+    if req.save_options == Some(true) {
+        crate::options::save_from_load(rt, &info.name, &opts)?;
+    }
     if let Some(places) = &opts.set.spillover {
         rt.lifecycle.set_spillover(&info.name, Some(places.clone()));
     } else if opts.cleared.contains(&api_types::OptionKey::Spillover) {
