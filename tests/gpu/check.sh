@@ -12,6 +12,7 @@
 #     build) and /api/v1/scheduler's gpu0 ledger holds both;
 #  3. the ledger (lemonade's estimate) is within ±20 % of what NVML measures the two
 #     llama-server processes to use (nvidia-smi's per-process memory);
+#  5. /scheduler's measured_vram_bytes (lemonade's own NVML reading) is within 5 % of it;
 #  4. the backends were told their device: CUDA_VISIBLE_DEVICES=0 and
 #     GGML_VK_VISIBLE_DEVICES=0 in health's `env`, and llama-server's log names the GPU.
 # Run on an H100 on 2026-11-26 (docs/BENCHMARKS.md, "VRAM estimate on an H100"): llama-server
@@ -81,6 +82,16 @@ if python3 -c 'import sys; e, m = map(int, sys.argv[1:3]); sys.exit(0 if m > 0 a
   ok "3. estimate $estimate vs measured $measured bytes"
 else
   fail "3. estimate $estimate vs measured $measured bytes"
+fi
+
+# 5. lemonade's own per-process reading (NVML, every second) agrees with nvidia-smi's.
+seen=$(curl -sf "$api/scheduler" | python3 -c '
+import json, sys
+print(sum(m.get("measured_vram_bytes") or 0 for m in json.load(sys.stdin)["models"]))')
+if python3 -c 'import sys; s, m = map(int, sys.argv[1:3]); sys.exit(0 if m > 0 and abs(s - m) <= 0.05 * m else 1)' "$seen" "$measured"; then
+  ok "5. /scheduler's measured_vram_bytes $seen vs nvidia-smi $measured bytes"
+else
+  fail "5. /scheduler's measured_vram_bytes $seen vs nvidia-smi $measured bytes"
 fi
 
 env=$(curl -sf "$api/health" | python3 -c 'import json,sys; print(sorted({k+"="+v for m in json.load(sys.stdin)["all_models_loaded"] for k,v in m.get("env",{}).items()}))')

@@ -1231,6 +1231,10 @@ pub struct SchedulerModel {
     /// What its process holds (RSS), as last measured (every second while it runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured_memory_bytes: Option<u64>,
+    /// What its process holds on NVIDIA GPUs (NVML), as last measured; shown beside
+    /// `vram_bytes`, not yet counted in the VRAM ledgers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_vram_bytes: Option<u64>,
     /// Of the estimate, llama-server's host-memory prompt cache (`--cache-ram`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_cache_bytes: Option<u64>,

@@ -38,6 +38,8 @@ pub fn state(rt: &Engine) -> SchedulerState {
             let unload_in_s = v.unload_at.map(|at| at.saturating_sub(now).div_ceil(1000));
             let r = running.get(name);
             let measured = r.map(|r| r.measured.load(std::sync::atomic::Ordering::Relaxed)).filter(|b| *b > 0);
+            let measured_vram =
+                r.map(|r| r.measured_vram.load(std::sync::atomic::Ordering::Relaxed)).filter(|b| *b > 0);
             let cache = r.and_then(|r| r.options.cache_ram).map(|mib| mib * registry::memory::MIB);
             SchedulerModel {
                 model_name: name.clone(),
@@ -50,6 +52,7 @@ pub fn state(rt: &Engine) -> SchedulerState {
                 vram_bytes: v.vram,
                 estimate_memory_bytes: v.estimate,
                 measured_memory_bytes: measured,
+                measured_vram_bytes: measured_vram,
                 prompt_cache_bytes: cache,
                 devices: v.devices.clone(),
                 unload_in_s,

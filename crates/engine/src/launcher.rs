@@ -119,6 +119,10 @@ pub trait Launcher: Send + Sync + 'static {
     fn memory_of(&self, _process: &dyn Process) -> Option<u64> {
         None
     }
+    /// The GPU memory a running backend's process holds (NVML), when it holds some.
+    fn vram_of(&self, _process: &dyn Process) -> Option<u64> {
+        None
+    }
 }
 
 /// How long a worker has to accept a connection at load time.
@@ -318,6 +322,10 @@ impl Launcher for RealLauncher {
 
     fn memory_of(&self, process: &dyn Process) -> Option<u64> {
         host::hardware::process_rss(process.pid()?)
+    }
+
+    fn vram_of(&self, process: &dyn Process) -> Option<u64> {
+        host::hardware::process_vram(process.pid()?)
     }
 }
 

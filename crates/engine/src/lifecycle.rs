@@ -92,6 +92,9 @@ pub struct Running {
     streams: std::sync::atomic::AtomicUsize,
     /// The system memory its process holds (RSS, bytes), as last measured (0: not yet).
     pub measured: std::sync::atomic::AtomicU64,
+    /// The GPU memory its process holds (NVML, bytes), as last measured (0: none or unknown).
+    /// Shown beside the estimate; the VRAM ledgers do not count it yet.
+    pub measured_vram: std::sync::atomic::AtomicU64,
 }
 
 impl Running {
@@ -547,9 +550,9 @@ impl Lifecycle {
         let view = self.view();
         let sched = self.scheduler_view();
         let loaded = self.loaded();
-        let measured = |n: &str| {
-            let r = loaded.iter().find(|(r, _)| r.info.name == n)?;
-            Some(r.0.measured.load(Ordering::Relaxed)).filter(|b| *b > 0)
+        let measured = |n: &str, vram: bool| {
+            let r = &loaded.iter().find(|(r, _)| r.info.name == n)?.0;
+            Some(if vram { &r.measured_vram } else { &r.measured }.load(Ordering::Relaxed)).filter(|b| *b > 0)
         };
         crate::metrics::Snapshot {
             loaded: loaded.iter().map(|(r, _)| r.info.model_type).collect(),
@@ -561,7 +564,8 @@ impl Lifecycle {
                     running: v.in_flight as u64,
                     ready: v.state == State::Loaded,
                     kv_usage: None,
-                    memory: (v.state == State::Loaded).then(|| (v.estimate, measured(n))),
+                    memory: (v.state == State::Loaded).then(|| (v.estimate, measured(n, false))),
+                    measured_vram: measured(n, true),
                 })
                 .collect(),
             in_use: [sched.memory_in_use, sched.vram_in_use],
@@ -1113,6 +1117,7 @@ impl Lifecycle {
             env,
             streams: Default::default(),
             measured: Default::default(),
+            measured_vram: Default::default(),
         });
         // Registered unless a stop came first (it found no process): checked under the lock the
         // stop takes, so one of the two always sees the other.
@@ -1197,6 +1202,9 @@ async fn measure(rt: std::sync::Weak<Lifecycle>, name: String, r: Arc<Running>) 
         let current = lc.running.lock().get(&name).is_some_and(|x| Arc::ptr_eq(x, &r));
         if !current || r.backend.exit_status().is_some() {
             return;
+        }
+        if let Some(bytes) = lc.launcher.vram_of(r.backend.as_ref()) {
+            r.measured_vram.store(bytes, Ordering::Relaxed);
         }
         if let Some(bytes) = lc.launcher.memory_of(r.backend.as_ref()) {
             r.measured.store(bytes, Ordering::Relaxed);

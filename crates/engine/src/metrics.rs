@@ -118,6 +118,8 @@ pub struct ModelGauges {
     pub kv_usage: Option<f64>,
     /// Its estimate of system memory, and its process's RSS as last measured (loaded only).
     pub memory: Option<(u64, Option<u64>)>,
+    /// The GPU memory its process holds (NVML), as last measured.
+    pub measured_vram: Option<u64>,
 }
 
 /// The state gauges show, taken at a scrape.
@@ -299,7 +301,7 @@ impl Metrics {
         r.register_with_unit(
             "model_memory",
             "A loaded model's system memory: lemonade's estimate (kind=estimate, prompt cache included) and \
-             its process's RSS (kind=measured)",
+             its process's RSS (kind=measured); its GPU memory as NVML measures it (kind=measured_vram)",
             Unit::Bytes,
             m.model_memory.clone(),
         );
@@ -463,6 +465,10 @@ impl Metrics {
                     self.model_memory.get_or_create(&kind("measured")).set(gauge(b));
                 }
             }
+            if let Some(b) = m.measured_vram {
+                let l = MemoryLabel { model: m.name.clone(), kind: "measured_vram" };
+                self.model_memory.get_or_create(&l).set(gauge(b));
+            }
             self.queue_depth.get_or_create(&l).set(gauge(m.waiting));
             self.in_flight.get_or_create(&l).set(gauge(m.running));
             self.ready.get_or_create(&l).set(i64::from(m.ready));
@@ -530,6 +536,7 @@ mod tests {
                 ready: true,
                 kv_usage: Some(0.25),
                 memory: Some((300 << 20, Some(200 << 20))),
+                measured_vram: Some(100 << 20),
             }],
             in_use: [1 << 30, 0],
             budgets: [Some(2 << 30), None],
@@ -561,6 +568,7 @@ mod tests {
             r#"lemonade_model_ready{model="a"} 1"#,
             r#"lemonade_model_memory_bytes{model="a",kind="estimate"} 314572800"#,
             r#"lemonade_model_memory_bytes{model="a",kind="measured"} 209715200"#,
+            r#"lemonade_model_memory_bytes{model="a",kind="measured_vram"} 104857600"#,
             r#"lemonade_kv_cache_usage_ratio{model="a"} 0.25"#,
             r#"lemonade_memory_in_use_bytes{pool="memory"} 1073741824"#,
             r#"lemonade_memory_budget_bytes{pool="memory"} 2147483648"#,
@@ -580,7 +588,15 @@ mod tests {
     fn vllm_names_show_the_same_gauges_labelled_model_name() {
         let m = Metrics::new(MetricsNames::Vllm);
         let models = vec![
-            ModelGauges { name: "a".into(), waiting: 2, running: 3, ready: true, kv_usage: Some(0.5), memory: None },
+            ModelGauges {
+                name: "a".into(),
+                waiting: 2,
+                running: 3,
+                ready: true,
+                kv_usage: Some(0.5),
+                memory: None,
+                measured_vram: None,
+            },
             ModelGauges { name: "b".into(), ..Default::default() },
         ];
         let text = m.encode(&Snapshot { models, ..Default::default() });

@@ -323,6 +323,24 @@ pub fn auto_vram_budget() -> Option<u64> {
     Some(free.saturating_sub((free / 10).max(512 << 20)))
 }
 
+/// Bytes of NVIDIA GPU memory process `pid` holds, summed over the GPUs (NVML's compute and
+/// graphics processes); None without NVML or when it holds none there.
+pub fn process_vram(pid: u32) -> Option<u64> {
+    use nvml_wrapper::enums::device::UsedGpuMemory;
+    let nvml = nvml().ok()?;
+    let mut held = None::<u64>;
+    for i in 0..nvml.device_count().ok()? {
+        let Ok(d) = nvml.device_by_index(i) else { continue };
+        let procs = d.running_compute_processes().unwrap_or_default().into_iter();
+        for p in procs.chain(d.running_graphics_processes().unwrap_or_default()).filter(|p| p.pid == pid) {
+            if let UsedGpuMemory::Used(b) = p.used_gpu_memory {
+                held = Some(held.unwrap_or(0) + b);
+            }
+        }
+    }
+    held
+}
+
 /// Bytes resident in memory of process `pid` (VmRSS), for measuring the estimate.
 pub fn process_rss(pid: u32) -> Option<u64> {
     Some(kib_field(&format!("/proc/{pid}/status"), "VmRSS:")? * 1024)
