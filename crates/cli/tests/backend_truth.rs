@@ -233,3 +233,30 @@ async fn a_prompt_storm_stays_within_the_ledger_on_real_llama_server() {
     assert!(rss <= estimate + 16 * MIB, "RSS {} MiB over the ledger's {} MiB: {about}", rss / MIB, estimate / MIB);
     assert!(about.contains("--cache-ram 90"), "the cap the ledger counts: {about}");
 }
+
+/// A real llama-server (and the runs of its binary that read its flags) inherits none of
+/// lemonade's secrets: its environment is an allow-list (host::supervisor), and what lemonade
+/// sets for it comes on top. Read from the child's own `/proc/<pid>/environ`.
+#[tokio::test]
+async fn a_backend_inherits_no_secret_of_lemonades_environment() {
+    let secrets = [
+        ("HF_TOKEN", "hf_secret_token"),
+        ("OPENAI_API_KEY", "sk-secret-openai"),
+        ("ANTHROPIC_API_KEY", "sk-ant-secret"),
+        ("MY_OWN_PASSWORD", "hunter2"),
+    ];
+    let l = Lemonade::start_in(bin(), Sandbox::new(), &[], &secrets).await;
+    chat_answers(&l).await;
+    let (_, h) = l.get("/api/v1/health").await;
+    let pid = entry(&h, SMOL)["pid"].as_u64().expect("the backend's pid");
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let vars: Vec<String> =
+        environ.split(|b| *b == 0).filter(|v| !v.is_empty()).map(|v| String::from_utf8_lossy(v).into()).collect();
+    for (name, value) in secrets {
+        assert!(!vars.iter().any(|v| v.starts_with(&format!("{name}=")) || v.contains(value)), "{name}: {vars:?}");
+    }
+    assert!(!vars.iter().any(|v| v.starts_with("LEMONADE_")), "none of lemonade's own: {vars:?}");
+    // What a backend needs still reaches it: the search path, and llama.cpp's own variables.
+    assert!(vars.iter().any(|v| v.starts_with("PATH=")), "{vars:?}");
+    assert!(vars.iter().any(|v| v == "LLAMA_ARG_THREADS=1"), "{vars:?}");
+}

@@ -194,20 +194,18 @@ fn sync_tree(dir: &Path) -> std::io::Result<()> {
 async fn check_runs(tree: &Path, exe: &str) -> Result<(), InstallError> {
     let path = binary::find_recursive(tree, exe)
         .ok_or_else(|| InstallError::DoesNotRun(format!("{exe} vanished from {}", tree.display())))?;
-    let out = tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::process::Command::new(&path).arg("--version").kill_on_drop(true).output(),
-    )
-    .await;
-    match out {
-        Ok(Ok(o)) if o.status.success() => Ok(()),
-        Ok(Ok(o)) => Err(InstallError::DoesNotRun(format!(
+    // Run as a backend runs: with the allow-listed environment only.
+    match crate::supervisor::run_once(&path, &["--version".to_string()], Duration::from_secs(30)).await {
+        Ok((Some(0), _)) => Ok(()),
+        Ok((code, out)) => Err(InstallError::DoesNotRun(format!(
             "the downloaded {exe} does not run ({}): {}",
-            o.status,
-            String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or_default()
+            code.map_or("killed by a signal".to_string(), |c| format!("exit status: {c}")),
+            out.lines().last().unwrap_or_default()
         ))),
-        Ok(Err(e)) => Err(InstallError::DoesNotRun(format!("the downloaded {exe} does not run: {e}"))),
-        Err(_) => Err(InstallError::DoesNotRun(format!("the downloaded {exe} did not answer --version in 30 s"))),
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+            Err(InstallError::DoesNotRun(format!("the downloaded {exe} did not answer --version in 30 s")))
+        }
+        Err(e) => Err(InstallError::DoesNotRun(format!("the downloaded {exe} does not run: {e}"))),
     }
 }
 

@@ -97,6 +97,7 @@ impl Backend {
     /// the two, [`Backend::stop`] cancels the start.
     pub fn spawn(spec: SpawnSpec) -> Result<Backend, StartError> {
         let mut cmd = Command::new(&spec.program);
+        backend_env(cmd.as_std_mut());
         cmd.args(&spec.args)
             .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
@@ -345,6 +346,7 @@ pub fn parse_listening_port(line: &str) -> Option<u16> {
 /// `within`: its exit code (None: killed by a signal) and its output, stdout then stderr.
 pub async fn run_once(program: &Path, args: &[String], within: Duration) -> std::io::Result<(Option<i32>, String)> {
     let mut cmd = Command::new(program);
+    backend_env(cmd.as_std_mut());
     cmd.args(args).stdin(Stdio::null()).kill_on_drop(true);
     let out = tokio::time::timeout(within, cmd.output()).await.map_err(|_| {
         std::io::Error::new(std::io::ErrorKind::TimedOut, format!("did not finish within {} s", within.as_secs()))
@@ -354,9 +356,74 @@ pub async fn run_once(program: &Path, args: &[String], within: Duration) -> std:
     Ok((out.status.code(), text))
 }
 
+/// Variables a backend may see from lemonade's environment, by exact name: the system's
+/// (search path, home, user, locale, time zone, temporary files, the dynamic linker's path).
+const ENV_NAMES: &[&str] = &["PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH"];
+
+/// ... and by prefix: the locale's `LC_*`, llama.cpp's own `LLAMA_ARG_*` and ggml's `GGML_*`,
+/// the GPU runtimes' (CUDA, ROCm/HIP, HSA, Vulkan, Mesa, NVIDIA) and the math libraries'
+/// threading (OpenMP, OpenBLAS, MKL). Nothing else: not lemonade's keys, `HF_TOKEN`, provider
+/// keys, or anything the user set for themselves.
+const ENV_PREFIXES: &[&str] = &[
+    "LC_",
+    "LLAMA_ARG_",
+    "GGML_",
+    "CUDA_",
+    "HIP_",
+    "ROCR_",
+    "HSA_",
+    "ROCM_",
+    "VK_",
+    "MESA_",
+    "NVIDIA_",
+    "OMP_",
+    "OPENBLAS_",
+    "MKL_",
+];
+
+/// Whether a backend may inherit the variable `name` (an allow-list: see [`ENV_NAMES`]).
+pub fn inherits(name: &str) -> bool {
+    ENV_NAMES.contains(&name) || ENV_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// Gives `cmd` (a backend, or a run of its binary) only the allowed part of lemonade's
+/// environment; what the adapter sets for it comes on top.
+fn backend_env(cmd: &mut std::process::Command) {
+    cmd.env_clear().envs(std::env::vars_os().filter(|(k, _)| k.to_str().is_some_and(inherits)));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backend_inherits_only_the_allow_listed_variables() {
+        for name in [
+            "PATH",
+            "HOME",
+            "LANG",
+            "LC_ALL",
+            "LLAMA_ARG_THREADS",
+            "CUDA_VISIBLE_DEVICES",
+            "HSA_OVERRIDE_GFX_VERSION",
+            "OMP_NUM_THREADS",
+        ] {
+            assert!(inherits(name), "{name}");
+        }
+        for name in [
+            "LEMONADE_API_KEY",
+            "LEMONADE_ADMIN_API_KEY",
+            "HF_TOKEN",
+            "OPENAI_API_KEY",
+            "ANTHROPIC_API_KEY",
+            "AWS_SECRET_ACCESS_KEY",
+            "SSH_AUTH_SOCK",
+            "PATHX",
+            "LD_PRELOAD",
+        ] {
+            assert!(!inherits(name), "{name}");
+        }
+    }
 
     #[test]
     fn listening_line() {
