@@ -153,9 +153,11 @@ impl RealLauncher {
         if !matches!(recipe, Recipe::LlamaCpp | Recipe::WhisperCpp) {
             return None;
         }
-        let installed = program.parent().and_then(|d| std::fs::read_to_string(d.join("version.txt")).ok());
-        let exe = recipe.dir_and_exe().1;
-        self.capabilities.get(program, exe, installed.as_deref().map(str::trim)).await
+        let installed = || {
+            let text = std::fs::read_to_string(program.parent()?.join("version.txt")).ok()?;
+            Some(text.trim().to_string())
+        };
+        self.capabilities.get(program, recipe.dir_and_exe().1, installed).await
     }
 
     /// The backend's executable; a missing one is installed first when this platform has a
