@@ -361,6 +361,7 @@ pub async fn run_once(program: &Path, args: &[String], within: Duration) -> std:
 const ENV_NAMES: &[&str] = &["PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "LD_LIBRARY_PATH"];
 
 /// ... and by prefix: the locale's `LC_*`, llama.cpp's own `LLAMA_ARG_*` and ggml's `GGML_*`,
+/// FastFlowLM's `FLM_*`,
 /// the GPU runtimes' (CUDA, ROCm/HIP, HSA, Vulkan, Mesa, NVIDIA) and the math libraries'
 /// threading (OpenMP, OpenBLAS, MKL). Nothing else: not lemonade's keys, `HF_TOKEN`, provider
 /// keys, or anything the user set for themselves.
@@ -368,6 +369,7 @@ const ENV_PREFIXES: &[&str] = &[
     "LC_",
     "LLAMA_ARG_",
     "GGML_",
+    "FLM_",
     "CUDA_",
     "HIP_",
     "ROCR_",
