@@ -1231,8 +1231,9 @@ pub struct SchedulerModel {
     /// What its process holds (RSS), as last measured (every second while it runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured_memory_bytes: Option<u64>,
-    /// What its process holds on NVIDIA GPUs (NVML), as last measured; shown beside
-    /// `vram_bytes`, not yet counted in the VRAM ledgers.
+    /// What its process holds on NVIDIA GPUs (NVML), as last measured. Past its VRAM estimate,
+    /// `vram_bytes` and the devices' ledgers count it instead (spread over its devices in
+    /// proportion to their shares).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured_vram_bytes: Option<u64>,
     /// Of the estimate, llama-server's host-memory prompt cache (`--cache-ram`).

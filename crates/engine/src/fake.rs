@@ -40,6 +40,8 @@ struct Knobs {
     spawned: Vec<(String, Arc<FakeProcess>)>,
     /// Every start that reached `prepare`, in order.
     prepared: Vec<(String, LoadOptions)>,
+    /// What the processes of these models are measured to hold: (RSS, VRAM) bytes.
+    measured: HashMap<String, (Option<u64>, Option<u64>)>,
 }
 
 impl FakeLauncher {
@@ -52,6 +54,18 @@ impl FakeLauncher {
     /// [`release`]: FakeLauncher::release
     pub fn hold(&self, model: &str) {
         self.state.lock().held.insert(model.to_string(), watch::channel(false).0);
+    }
+
+    /// The processes of `model` are measured to hold `rss` bytes of memory and `vram` of GPU
+    /// memory from now on (None: not measurable).
+    pub fn measure(&self, model: &str, rss: Option<u64>, vram: Option<u64>) {
+        self.state.lock().measured.insert(model.to_string(), (rss, vram));
+    }
+
+    fn measured_of(&self, process: &dyn Process) -> (Option<u64>, Option<u64>) {
+        let s = self.state.lock();
+        let model = s.spawned.iter().find(|(_, p)| p.base_url() == process.base_url()).map(|(m, _)| m.clone());
+        model.and_then(|m| s.measured.get(&m).copied()).unwrap_or_default()
     }
 
     /// Lets held starts of `model` finish.
@@ -190,6 +204,14 @@ impl Launcher for FakeLauncher {
                 _ => Health::Ok,
             }
         })
+    }
+
+    fn memory_of(&self, process: &dyn Process) -> Option<u64> {
+        self.measured_of(process).0
+    }
+
+    fn vram_of(&self, process: &dyn Process) -> Option<u64> {
+        self.measured_of(process).1
     }
 }
 

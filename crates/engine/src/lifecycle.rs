@@ -1193,10 +1193,10 @@ const MEASURE_EVERY: Duration = Duration::from_secs(1);
 const MEASURE_STEP: u64 = 4 << 20;
 
 /// Reads a running backend's memory every [`MEASURE_EVERY`] while it is registered, keeps it in
-/// `r.measured`, and tells the owner when it moved by [`MEASURE_STEP`] or more (the machine
-/// counts it where it passes the estimate).
+/// `r.measured` (its GPU memory in `r.measured_vram`), and tells the owner when either moved by
+/// [`MEASURE_STEP`] or more (the machine counts it where it passes the estimate).
 async fn measure(rt: std::sync::Weak<Lifecycle>, name: String, r: Arc<Running>) {
-    let mut told = 0u64;
+    let (mut told, mut told_vram) = (0u64, 0u64);
     loop {
         let Some(lc) = rt.upgrade() else { return };
         let current = lc.running.lock().get(&name).is_some_and(|x| Arc::ptr_eq(x, &r));
@@ -1205,6 +1205,10 @@ async fn measure(rt: std::sync::Weak<Lifecycle>, name: String, r: Arc<Running>) 
         }
         if let Some(bytes) = lc.launcher.vram_of(r.backend.as_ref()) {
             r.measured_vram.store(bytes, Ordering::Relaxed);
+            if bytes.abs_diff(told_vram) >= MEASURE_STEP {
+                told_vram = bytes;
+                let _ = lc.tx.send(Event::MeasuredVram { model: name.clone(), vram: bytes }.into());
+            }
         }
         if let Some(bytes) = lc.launcher.memory_of(r.backend.as_ref()) {
             r.measured.store(bytes, Ordering::Relaxed);

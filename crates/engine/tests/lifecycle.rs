@@ -511,3 +511,25 @@ async fn a_request_that_just_ended_does_not_make_its_model_spill_the_next_one() 
     assert!(spilled.is_none() && stayed.is_none(), "the ended request spilled the next one");
     assert_eq!(s.engine.lifecycle.view()[A].in_flight, 0);
 }
+
+#[tokio::test]
+async fn a_backend_measured_past_its_estimates_is_counted_for_what_it_holds_in_memory_and_vram() {
+    let s = setup(|_| {});
+    s.load(A, None).await;
+    let estimate = s.engine.lifecycle.view()[A].memory;
+    let (rss, vram) = (estimate + (512 << 20), 3u64 << 30);
+    s.launcher.measure(A, Some(rss), Some(vram));
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    loop {
+        let v = s.engine.lifecycle.view()[A].clone();
+        if (v.memory, v.vram) == (rss, vram) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never counted: {:?}", (v.memory, v.vram));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let snap = s.engine.lifecycle.metrics_snapshot();
+    assert_eq!(snap.in_use, [rss, vram], "the budgets count what it holds");
+    let m = snap.models.iter().find(|m| m.name == A).unwrap();
+    assert_eq!((m.memory, m.measured_vram), (Some((estimate, Some(rss))), Some(vram)));
+}

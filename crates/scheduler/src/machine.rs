@@ -224,9 +224,33 @@ pub enum Event<O> {
     /// estimate, the difference is counted as used (placement and eviction see it); back under
     /// it, the estimate is counted again.
     Measured { model: String, memory: u64 },
+    /// The GPU memory a loaded backend's process holds was measured (NVML, summed over its
+    /// devices): past its VRAM estimate, the difference is counted as used on the devices it was
+    /// placed on, in proportion to their shares (placement and eviction see it); back under it,
+    /// the estimate's shares are counted again.
+    MeasuredVram { model: String, vram: u64 },
     /// Time passed (the executor sends it at [`Machine::next_deadline`]): idle models whose
     /// timeout is over are unloaded, and held swaps go ahead.
     Tick,
+}
+
+/// `shares` (summing to `estimate`) grown to sum to `counted`: each device takes the excess in
+/// proportion to its share, the rounding remainder going to the largest share.
+fn grown(shares: &Shares, estimate: u64, counted: u64) -> Shares {
+    let extra = counted.saturating_sub(estimate);
+    if extra == 0 || shares.is_empty() {
+        return shares.clone();
+    }
+    let weights: u128 = shares.values().map(|v| u128::from(*v).max(1)).sum();
+    let mut out: Shares = shares
+        .iter()
+        .map(|(id, v)| (id.clone(), v + (u128::from(extra) * u128::from(*v).max(1) / weights) as u64))
+        .collect();
+    let given: u64 = out.values().sum::<u64>() - shares.values().sum::<u64>();
+    if let Some(largest) = shares.iter().max_by_key(|(_, v)| **v).map(|(id, _)| id.clone()) {
+        *out.get_mut(&largest).expect("present") += extra - given;
+    }
+    out
 }
 
 /// Why a request (or a load) was not granted.
@@ -435,6 +459,9 @@ pub struct Entry<O> {
     pub shares: Shares,
     /// The placement chosen for the queued load, taken when it starts.
     placed: Shares,
+    /// The shares the running backend was placed with (its estimate), which `shares` grows from
+    /// when its measured VRAM passes the estimate.
+    estimated: Shares,
     /// The idle timeout of the running backend (ms; 0 = never); None: the machine's.
     pub idle_timeout_ms: Option<u64>,
     /// Requests the running backend serves at once.
@@ -731,6 +758,7 @@ impl<O: Clone + PartialEq> Machine<O> {
             Event::Stopped { model } => self.stopped(&model),
             Event::Exited { model, error } => self.exited(&model, error),
             Event::Measured { model, memory } => self.measured(&model, memory),
+            Event::MeasuredVram { model, vram } => self.measured_vram(&model, vram),
             Event::Tick => {}
         }
         self.expire_idle();
@@ -754,6 +782,7 @@ impl<O: Clone + PartialEq> Machine<O> {
             vram: 0,
             shares: Shares::new(),
             placed: Shares::new(),
+            estimated: Shares::new(),
             idle_timeout_ms: None,
             max_concurrent: None,
             load_waiters: Vec::new(),
@@ -819,6 +848,28 @@ impl<O: Clone + PartialEq> Machine<O> {
                 format!("counts {} MiB: measured {} MiB, estimated {} MiB", mib(counted), mib(memory), mib(estimate)),
             ),
             false => ("within its estimate", format!("counts its estimate, {} MiB, again", mib(estimate))),
+        };
+        self.note("measured", reason, name, detail);
+    }
+
+    fn measured_vram(&mut self, name: &str, vram: u64) {
+        let Some(e) = self.models.get_mut(name).filter(|e| e.state == State::Loaded) else { return };
+        let (estimate, before) = (e.model.vram, e.vram);
+        let counted = vram.max(estimate);
+        if counted == before {
+            return;
+        }
+        e.vram = counted;
+        e.shares = grown(&e.estimated, estimate, counted);
+        let mib = |b: u64| b / (1 << 20);
+        let on = e.shares.keys().cloned().collect::<Vec<_>>().join(", ");
+        let on = if on.is_empty() { String::new() } else { format!(" on {on}") };
+        let (reason, detail) = match counted > estimate {
+            true => (
+                "VRAM over its estimate",
+                format!("counts {} MiB{on}: measured {} MiB, estimated {} MiB", mib(counted), mib(vram), mib(estimate)),
+            ),
+            false => ("VRAM within its estimate", format!("counts its estimate, {} MiB{on}, again", mib(estimate))),
         };
         self.note("measured", reason, name, detail);
     }
@@ -1284,6 +1335,7 @@ impl<O: Clone + PartialEq> Machine<O> {
         e.memory = 0;
         e.vram = 0;
         e.shares.clear();
+        e.estimated.clear();
         let reload = e.pending.clone();
         let has_waiters = !e.waiting.is_empty() || !e.load_waiters.is_empty();
         // A reload in place asked with `load` goes first; requests that came while the model
@@ -1333,6 +1385,7 @@ impl<O: Clone + PartialEq> Machine<O> {
         e.memory = 0;
         e.vram = 0;
         e.shares.clear();
+        e.estimated.clear();
         e.last_error = Some(error.clone());
         // In-flight requests fail on their own (their connections broke) and release later;
         // they no longer hold this model, which may load again before they do.
@@ -1647,6 +1700,7 @@ impl<O: Clone + PartialEq> Machine<O> {
         e.memory = e.model.memory;
         e.vram = e.model.vram;
         e.shares = std::mem::take(&mut e.placed);
+        e.estimated = e.shares.clone();
         let devices = e.shares.clone();
         e.idle_timeout_ms = e.model.idle_timeout_ms;
         e.max_concurrent = e.model.max_concurrent;

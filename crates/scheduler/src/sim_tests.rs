@@ -1990,3 +1990,49 @@ fn among_models_waiting_to_load_the_higher_model_priority_loads_first() {
         vec![Effect::Start { model: "c".into(), options: 0, devices: Shares::new() }]
     );
 }
+
+#[test]
+fn a_backend_measured_past_its_vram_estimate_counts_what_it_holds_on_its_devices_and_placement_sees_it() {
+    let mut d = two_gpus();
+    d.serve(&on_gpu("chat", ModelType::Llm, 600, Placement::Auto));
+    assert_eq!(placed(&d, "chat"), [("gpu0".into(), 600)]);
+    // NVML says it holds 900: gpu0 counts 900, the machine's VRAM in use too.
+    d.ev(Event::MeasuredVram { model: "chat".into(), vram: 900 });
+    assert_eq!(d.m.device_in_use("gpu0"), 900);
+    assert_eq!(d.m.in_use(Pool::Vram), 900);
+    let said = d.m.take_decisions();
+    assert!(
+        said.iter()
+            .any(|x| x.decision == "measured" && x.reason == "VRAM over its estimate" && x.detail.contains("gpu0")),
+        "{said:?}"
+    );
+    // 200 more on gpu0 would not fit beside what chat really holds: a 300 asked onto gpu0 evicts it.
+    let on0 = Placement::On(vec!["gpu0".into()]);
+    let plan = d.m.plan(on_gpu("small", ModelType::Embedding, 200, on0), 0, d.now);
+    assert_eq!((plan.outcome, plan.evicts.clone()), ("load", vec!["chat".to_string()]), "{plan:?}");
+    // Auto goes to gpu1, where nothing has to give way.
+    d.serve(&on_gpu("embed", ModelType::Embedding, 200, Placement::Auto));
+    assert_eq!(placed(&d, "embed"), [("gpu1".into(), 200)]);
+    // Back under its estimate: the estimate's share is counted again.
+    d.ev(Event::MeasuredVram { model: "chat".into(), vram: 100 });
+    assert_eq!(d.m.device_in_use("gpu0"), 600);
+    // A reload starts from its estimate, not from the last measurement.
+    d.ev(Event::MeasuredVram { model: "chat".into(), vram: 950 });
+    let un = d.req();
+    d.ev(Event::Unload { req: un, model: Some("chat".into()) });
+    d.ev(Event::Stopped { model: "chat".into() });
+    assert_eq!(d.m.device_in_use("gpu0"), 0);
+    d.serve(&on_gpu("chat", ModelType::Llm, 600, Placement::Auto));
+    assert_eq!(d.m.in_use(Pool::Vram), 800);
+}
+
+#[test]
+fn a_split_model_measured_past_its_vram_estimate_grows_each_share_in_proportion() {
+    let mut d = two_gpus();
+    let both = Placement::On(vec!["gpu0".into(), "gpu1".into()]);
+    d.serve(&on_gpu("big", ModelType::Llm, 1_000, both));
+    assert_eq!(placed(&d, "big"), [("gpu0".into(), 500), ("gpu1".into(), 500)]);
+    d.ev(Event::MeasuredVram { model: "big".into(), vram: 1_301 });
+    assert_eq!(placed(&d, "big"), [("gpu0".into(), 650), ("gpu1".into(), 651)]);
+    assert_eq!(d.m.in_use(Pool::Vram), 1_301);
+}
