@@ -60,6 +60,16 @@ macro_rules! load_options {
                 self
             }
 
+            /// These options without the values equal to `defaults`' (but for `except`): the
+            /// canonical form, so that an option spelled out at its default and one left unset
+            /// compare equal.
+            pub fn without_defaults(mut self, defaults: &LoadOptions, except: &[OptionKey]) -> LoadOptions {
+                $( if !except.contains(&OptionKey::$key) && defaults.$field.is_some() && self.$field == defaults.$field {
+                    self.$field = None;
+                } )*
+                self
+            }
+
             /// These options without `keys`.
             pub fn clear(mut self, keys: &[OptionKey]) -> LoadOptions {
                 $( if keys.contains(&OptionKey::$key) { self.$field = None; } )*

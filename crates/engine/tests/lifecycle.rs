@@ -533,3 +533,31 @@ async fn a_backend_measured_past_its_estimates_is_counted_for_what_it_holds_in_m
     let m = snap.models.iter().find(|m| m.name == A).unwrap();
     assert_eq!((m.memory, m.measured_vram), (Some((estimate, Some(rss))), Some(vram)));
 }
+
+/// Lemonade v11's `effective` is the `/load` body that reproduces the load: saved options,
+/// erased, then `effective` replayed verbatim keeps the running backend (explicit ctx_size and
+/// `-1`, which the running process holds resolved).
+#[tokio::test]
+async fn replaying_effective_as_a_load_keeps_the_backend_it_describes() {
+    let s = setup(|_| {});
+    let e = &s.engine;
+    let info = e.catalogue.get(A).unwrap();
+    for (round, ctx) in [3072, -1].into_iter().enumerate() {
+        engine::options::reset(e, &info).unwrap();
+        engine::options::save(e, &info, &body(json!({"ctx_size": ctx, "llamacpp_args": "--no-mmap"}))).unwrap();
+        let effective = engine::options::view(e, &info).effective;
+        assert_eq!(effective["ctx_size"], ctx);
+        let req: LoadRequest = serde_json::from_value(json!({"model_name": A})).unwrap();
+        pulls::load(e, &req).await.unwrap();
+        assert_eq!(s.launcher.starts(A), round + 1);
+        engine::options::reset(e, &info).unwrap();
+        let req: LoadRequest = serde_json::from_value(Value::Object(effective.clone())).unwrap();
+        pulls::load(e, &req).await.unwrap();
+        assert_eq!(
+            s.launcher.starts(A),
+            round + 1,
+            "replaying {effective:?} reloaded: {:?}",
+            s.launcher.launched_with(A)
+        );
+    }
+}

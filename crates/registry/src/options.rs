@@ -9,7 +9,7 @@
 //! [`resolve`] layers 2 to 5 (what a backend is started with; a default is read where it is
 //! used); [`load_body`] adds layer 1 and makes a complete `/load` body of the result.
 
-use api_types::{LoadOptions, OptionsPatch};
+use api_types::{LoadOptions, OptionKey, OptionsPatch};
 use backends::Recipe;
 use serde_json::{Map, Value};
 
@@ -50,7 +50,11 @@ pub fn resolve(recipe: Recipe, l: Layers) -> LoadOptions {
             o.whispercpp_args = a;
         }
     }
-    crate::recipe_options(recipe, o)
+    // Canonical: a value spelled out at its default is the default left unset, so that a load
+    // replaying `effective` (every option written out) is the same load. The backends stay: the
+    // one a load gets when none is named depends on the machine, not on the recipe alone.
+    let backends = [OptionKey::LlamacppBackend, OptionKey::WhispercppBackend, OptionKey::SdcppBackend];
+    crate::recipe_options(recipe, o).without_defaults(&backends::options::defaults(recipe), &backends)
 }
 
 /// A complete `/load` body for `name`: every option `recipe` takes, resolved over its
@@ -67,7 +71,7 @@ pub fn load_body(name: &str, recipe: Recipe, resolved: &LoadOptions, idle_timeou
 #[cfg(test)]
 mod tests {
     use super::*;
-    use api_types::{CtxSize, OptionKey};
+    use api_types::CtxSize;
     use serde_json::json;
 
     fn ctx(n: u32) -> LoadOptions {
