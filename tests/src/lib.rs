@@ -203,7 +203,9 @@ impl Sandbox {
 
     /// This sandbox with Kokoro-82M downloaded as [`KOKORO_REPO`] and registered as [`KOKORO`].
     pub fn with_kokoro(self) -> Sandbox {
-        let index = self.dir.path().join("kokoro-index.json");
+        // In a folder of its own: a sandboxed backend reads the folder its model files are in.
+        let index = self.dir.path().join("kokoro-src").join("index.json");
+        std::fs::create_dir_all(index.parent().unwrap()).unwrap();
         std::fs::write(&index, KOKORO_INDEX).unwrap();
         // The blob's name only has to be unique in the repository.
         self.add_hf_file(KOKORO_REPO, "index.json", &index, &"1".repeat(64));

@@ -187,6 +187,9 @@ pub struct LoadedModel {
     /// of this machine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
+    /// The confinement its process runs under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxStatus>,
     /// Requests are being served (v11).
     #[serde(default)]
     pub is_busy: bool,
@@ -273,6 +276,33 @@ pub struct Health {
     /// Lemonade v11: whether OpenTelemetry spans are exported (`--otlp-endpoint`).
     #[serde(default)]
     pub telemetry: TelemetryState,
+    /// How backends are confined (`--sandbox`) and what this kernel cannot enforce.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxStatus>,
+}
+
+/// The confinement a backend process runs under (Landlock, with `no_new_privs`), or the one
+/// lemonade applies to every backend it starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SandboxStatus {
+    /// `strict`, `best-effort` or `off`.
+    pub mode: String,
+    /// The kernel's Landlock ABI version (0: no Landlock).
+    pub landlock_abi: u32,
+    /// Files: it reads only the system's libraries, its install and its model's files, and
+    /// writes only its scratch and slot-save folders.
+    pub filesystem: bool,
+    /// TCP: it binds only its own port and connects only to its RPC workers.
+    pub network: bool,
+    /// It cannot signal lemonade or other processes outside its sandbox, nor reach their
+    /// abstract UNIX sockets.
+    pub scoped: bool,
+    /// It cannot gain privileges (setuid programs, file capabilities) through exec.
+    pub no_new_privs: bool,
+    /// What of the confinement this kernel cannot enforce, in words.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1239,6 +1269,9 @@ pub struct SchedulerModel {
     /// Of the estimate, llama-server's host-memory prompt cache (`--cache-ram`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_cache_bytes: Option<u64>,
+    /// The confinement its process runs under (while it runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxStatus>,
     /// The devices it is placed on, with its bytes on each.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub devices: BTreeMap<String, u64>,

@@ -20,6 +20,7 @@ pub mod recipe;
 pub mod releases;
 pub mod rpc;
 pub mod ryzenai;
+pub mod sandbox;
 pub mod sdcpp;
 pub mod upstream;
 pub mod whispercpp;
@@ -189,6 +190,8 @@ pub struct SpawnSpec {
     pub ready_timeout: Duration,
     /// The port the process was told to use; None: it binds port 0 and logs the real one.
     pub port: Option<u16>,
+    /// How the kernel confines it (None: not at all, as `--sandbox off`).
+    pub sandbox: Option<(sandbox::Mode, sandbox::Policy)>,
 }
 
 impl SpawnSpec {
@@ -205,6 +208,7 @@ impl SpawnSpec {
                 Readiness::FixedPort(p) => Some(p),
                 Readiness::ListeningLine => None,
             },
+            sandbox: None,
         }
     }
 }

@@ -359,6 +359,16 @@ struct ServeArgs {
     /// not ask for.
     #[arg(long, env = "LEMONADE_CHECK_UPDATES")]
     check_updates: bool,
+    /// Serve an address other machines can reach (`--host 0.0.0.0`, a LAN address) with no API
+    /// key. Without it such a start is refused: set LEMONADE_API_KEY instead.
+    #[arg(long, env = "LEMONADE_ALLOW_NO_API_KEY")]
+    allow_no_api_key: bool,
+    /// How the kernel confines each backend process (Landlock with no_new_privs): `strict`
+    /// (every rule enforced: files, TCP ports, signals; a kernel that cannot is an error),
+    /// `best-effort` (what the kernel supports, the rest named in a warning and in
+    /// /api/v1/health) or `off`. Default: strict where the kernel holds it, else best-effort.
+    #[arg(long, env = "LEMONADE_SANDBOX", value_parser = sandbox_mode)]
+    sandbox: Option<backends::sandbox::Mode>,
     /// The crash back-off's first pause (ms); it doubles with each crash in a row.
     #[arg(long, env = "LEMONADE_CRASH_BACKOFF_MS", default_value_t = 1_000, hide = true)]
     crash_backoff_ms: u64,
@@ -371,6 +381,11 @@ struct ServeArgs {
 enum MetricsNames {
     Lemonade,
     Vllm,
+}
+
+/// `--sandbox`'s value.
+fn sandbox_mode(s: &str) -> anyhow::Result<backends::sandbox::Mode> {
+    backends::sandbox::Mode::parse(s).ok_or_else(|| anyhow::anyhow!("'{s}' is not strict, best-effort or off"))
 }
 
 /// A header name, lowercased (`--session-header`).
@@ -452,6 +467,13 @@ async fn serve(
         format!("--prompt-cache-size: '{}' is not a size (4G, 512M, bytes or 0)", args.prompt_cache_size)
     })?;
     cfg.crash_backoff = (Duration::from_millis(args.crash_backoff_ms), Duration::from_millis(args.crash_reset_ms));
+    cfg.sandbox = args.sandbox.unwrap_or_else(host::sandbox::default_mode);
+    let confinement = host::sandbox::status(cfg.sandbox).map_err(anyhow::Error::msg)?;
+    if confinement.missing.is_empty() {
+        tracing::info!(mode = %confinement.mode, landlock_abi = confinement.landlock_abi, "backends are sandboxed");
+    } else {
+        tracing::warn!(mode = %confinement.mode, landlock_abi = confinement.landlock_abi, missing = %confinement.missing.join("; "), "backends are not fully sandboxed");
+    }
     cfg.watchdog_interval = (args.watchdog_interval_ms > 0).then(|| Duration::from_millis(args.watchdog_interval_ms));
     cfg.metrics_names = match args.metrics_names {
         MetricsNames::Lemonade => engine::metrics::MetricsNames::Lemonade,
@@ -470,6 +492,16 @@ async fn serve(
     http.access.allowed_hosts = server::access::Access::hosts_from(env("LEMONADE_ALLOWED_HOSTS").as_deref());
     http.access.listen_host = host.clone();
 
+    // Bound first: an address other machines reach with no key is refused before anything starts.
+    let listeners = server::bind(&host, port).await?;
+    let keyless = http.access.api_key.is_none() && http.access.admin_key.is_none();
+    if let Some(open) = listeners.iter().filter_map(|l| l.local_addr().ok()).find(|a| !a.ip().is_loopback()) {
+        if keyless && !args.allow_no_api_key {
+            anyhow::bail!(
+                "refusing to listen on {open} (--host {host}) with no API key: anyone who can reach this machine could                  run, pull and delete models and change its settings. Set a key, e.g. `LEMONADE_API_KEY=$(openssl rand -hex 16)                  lemonade serve --host {host}` (clients then send `Authorization: Bearer <key>`; LEMONADE_ADMIN_API_KEY                  guards the management API apart), or pass --allow-no-api-key to serve it open anyway"
+            );
+        }
+    }
     let engine = engine::Engine::start(cfg)?;
     engine::pulls::preload(&engine);
     if args.check_updates {
@@ -477,7 +509,6 @@ async fn serve(
     }
     reload_on_sighup(&engine);
     let rt = server::AppState::new(engine, http);
-    let listeners = server::bind(&host, port).await?;
     // One PID file per port actually bound (port 0 picks one), removed again at exit.
     let mut ports: Vec<u16> = listeners.iter().filter_map(|l| l.local_addr().ok()).map(|a| a.port()).collect();
     ports.dedup();

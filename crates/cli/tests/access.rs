@@ -204,8 +204,22 @@ async fn cors_echoes_allowed_origins_and_refuses_others() {
 }
 
 #[tokio::test]
-async fn a_public_address_without_a_key_is_warned_about() {
-    let l = Lemonade::start_in(bin(), Sandbox::empty(), &["--host", "0.0.0.0"], &[]).await;
+async fn a_public_address_without_a_key_is_refused_unless_the_operator_says_so() {
+    // Refused before anything starts, saying how to set a key.
+    let s = Sandbox::empty();
+    let mut cmd = std::process::Command::new(bin());
+    s.apply(&mut cmd);
+    let out = cmd.args(["serve", "--host", "0.0.0.0", "--port", "0"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("refusing to listen on 0.0.0.0:") && err.contains("with no API key"), "{err}");
+    assert!(err.contains("LEMONADE_API_KEY=") && err.contains("--allow-no-api-key"), "{err}");
+    // With a key it serves, with no warning.
+    let l = Lemonade::start_in(bin(), Sandbox::empty(), &["--host", "0.0.0.0"], &[("LEMONADE_API_KEY", "k")]).await;
+    assert!(!l.log().contains("with no API key"), "{}", l.log());
+    drop(l);
+    // Said explicitly: it serves, and warns.
+    let l = Lemonade::start_in(bin(), Sandbox::empty(), &["--host", "0.0.0.0", "--allow-no-api-key"], &[]).await;
     assert!(l.log().contains("with no API key"), "{}", l.log());
     let l = Lemonade::start_in(bin(), Sandbox::empty(), &[], &[]).await;
     assert!(!l.log().contains("with no API key"));

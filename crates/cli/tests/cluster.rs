@@ -208,7 +208,8 @@ async fn trace_and_session_headers_reach_a_local_backend_and_the_session_header_
     let l = Lemonade::start_in(
         bin(),
         fake_sandbox(&[("m", None, knobs)]),
-        &["--session-header", "X-Conversation"],
+        // The fake writes its headers log outside the folders a sandboxed backend may write.
+        &["--session-header", "X-Conversation", "--sandbox", "off"],
         &[("LEMONADE_LLAMACPP_CPU_BIN", &fake)],
     )
     .await;

@@ -26,11 +26,13 @@ async fn real_llama_server_the_ollama_library_lists_shows_chats_generates_embeds
 
 #[tokio::test]
 async fn real_llama_server_the_anthropic_sdk_creates_streams_sends_tool_history_and_counts_tokens() {
-    let l = Lemonade::start(bin(), &[]).await;
-    // SmolLM2's own template has no tools: load it with one that renders them.
+    // SmolLM2's own template has no tools: serve it with one that renders them. The operator
+    // names the file (a sandboxed backend reads the files of the operator's arguments, never
+    // those a client names in a load's `llamacpp_args`).
     let template = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/chatml-tools.jinja");
     let args = format!("--chat-template-file {}", template.canonicalize().unwrap().display());
-    let (s, v) = l.post("/api/v1/load", &serde_json::json!({"model_name": SMOL, "llamacpp_args": args})).await;
+    let l = Lemonade::start(bin(), &["--llamacpp-args", &args]).await;
+    let (s, v) = l.post("/api/v1/load", &serde_json::json!({"model_name": SMOL})).await;
     assert_eq!(s, 200, "{v}");
     let base = l.url("");
     py_checks("anthropic_client.py", &[&base, SMOL]).await;

@@ -175,7 +175,8 @@ async fn failed_load_evicts_everything_and_retries_once() {
     let marker = tempfile::tempdir().unwrap();
     let marker = marker.path().join("failed-once");
     let l =
-        start(&[("x", None, json!({"fail_first_start": marker.to_str().unwrap()})), ("e", Some(1), json!({}))], &[])
+        // The fake writes its marker outside the folders a sandboxed backend may write.
+        start(&[("x", None, json!({"fail_first_start": marker.to_str().unwrap()})), ("e", Some(1), json!({}))], &["--sandbox", "off"])
             .await;
     assert_eq!(l.post("/api/v1/embeddings", &json!({"model": x("e"), "input": "q"})).await.0, 200);
     let (s, v) = l.post("/api/v1/load", &json!({"model_name": x("x")})).await;

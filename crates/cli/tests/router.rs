@@ -400,10 +400,18 @@ async fn real_llama_server_routing_validate_and_the_llm_as_router() {
         (json!({"model": SMOL, "input": "x"}), "labels"),
         (json!({"input": "x", "labels": ["a"]}), "model"),
         (json!({"model": SMOL, "input": "x", "labels": ["a"], "top_k": 0}), "top_k"),
+        // A label twice is the client's error, not the model's: once a 502 "no score for each label".
+        (json!({"model": SMOL, "input": "x", "labels": ["a", "a"]}), "labels"),
+        (
+            json!({"model": SMOL, "input": "x", "labels": (0..65).map(|i| format!("l{i}")).collect::<Vec<_>>()}),
+            "labels",
+        ),
     ] {
         let (s, e) = l.post("/api/v1/classify", &bad).await;
         assert_eq!((s, e["error"]["param"].as_str()), (400, Some(param)), "{bad}: {e}");
     }
+    let (_, e) = l.post("/api/v1/classify", &json!({"model": SMOL, "input": "x", "labels": ["a", "b", "a"]})).await;
+    assert_eq!(e["error"]["message"], "'labels' lists 'a' more than once", "{e}");
 
     // routing.router: SmolLM2 picks the candidate; whatever it says, the decision is a candidate
     // and the trace shows its classifier (a malformed reply falls open to the default).

@@ -652,7 +652,8 @@ async fn flm_standin_models_run_on_the_npu_one_at_a_time_as_v11_runs_flm() {
         ("LEMONADE_FLM_NPU_BIN", flm.to_str().unwrap()),
         ("FLM_STANDIN_LOG", log.to_str().unwrap()),
     ];
-    let l = Lemonade::start_in(bin(), Sandbox::new(), &["--max-loaded-models", "-1"], &env).await;
+    // The stand-in logs its calls outside the folders a sandboxed backend may write.
+    let l = Lemonade::start_in(bin(), Sandbox::new(), &["--max-loaded-models", "-1", "--sandbox", "off"], &env).await;
     let (_, info) = l.get("/api/v1/system-info").await;
     assert_eq!(info["recipes"]["flm"]["backends"]["npu"]["state"], "installed", "{}", info["recipes"]["flm"]);
     let (_, m) = l.get(&format!("/api/v1/models/{FLM_A}")).await;

@@ -45,6 +45,8 @@ pub struct Config {
     pub crash_backoff: (Duration, Duration),
     /// Bytes the prompt cache may take on disk (`--prompt-cache-size`); 0 turns it off.
     pub prompt_cache_size: u64,
+    /// How backends are confined (`--sandbox`); the strongest this kernel holds by default.
+    pub sandbox: backends::sandbox::Mode,
     /// How often remote providers' model lists are refreshed (None: only on demand).
     pub remote_refresh: Option<Duration>,
     /// The Hugging Face endpoint to pull from (None: `HF_ENDPOINT`, else huggingface.co).
@@ -186,6 +188,7 @@ impl Config {
                 Duration::from_millis(scheduler::machine::CRASH_RESET_MS),
             ),
             prompt_cache_size: 4 << 30,
+            sandbox: host::sandbox::default_mode(),
             devices: None,
             remote_refresh: Some(Duration::from_secs(60)),
             hub_endpoint: None,

@@ -54,6 +54,7 @@ pub fn state(rt: &Engine) -> SchedulerState {
                 measured_memory_bytes: measured,
                 measured_vram_bytes: measured_vram,
                 prompt_cache_bytes: cache,
+                sandbox: r.and_then(|r| r.backend.sandbox()),
                 devices: v.devices.clone(),
                 unload_in_s,
                 resident: resident(v.state, v.pinned, v.in_flight + v.queue_depth > 0, unload_in_s),

@@ -167,6 +167,7 @@ impl Launcher for FakeLauncher {
                 health_path: "/health".into(),
                 ready_timeout: Duration::from_secs(60),
                 port: None,
+                sandbox: None,
             };
             Ok(Prepared { spec, cache: None })
         })

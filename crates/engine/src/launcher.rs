@@ -79,6 +79,10 @@ pub trait Process: Send + Sync + 'static {
     fn pid(&self) -> Option<u32> {
         None
     }
+    /// The confinement it runs under, when it is a process lemonade started.
+    fn sandbox(&self) -> Option<api_types::SandboxStatus> {
+        None
+    }
 }
 
 /// What a start needs besides the model and its options: the devices the scheduler placed it
@@ -127,6 +131,17 @@ pub trait Launcher: Send + Sync + 'static {
 
 /// How long a worker has to accept a connection at load time.
 const WORKER_CONNECT: Duration = Duration::from_secs(3);
+
+/// A model's name as a folder name: ASCII letters, digits, `.`, `-` and `_` kept, the rest `_`.
+fn scratch_name(name: &str) -> String {
+    let s: String =
+        name.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
+    if s.trim_matches('.').is_empty() {
+        format!("_{s}")
+    } else {
+        s
+    }
+}
 
 /// The launcher of real processes, over `host`.
 pub struct RealLauncher {
@@ -245,7 +260,27 @@ impl RealLauncher {
         if flm {
             self.flm_ready(&program, &info.checkpoint).await?;
         }
-        Ok(Prepared { spec: SpawnSpec::new(name, program, launch, self.cfg.live.load_timeout()), cache })
+        // Its scratch folder, emptied at each start: its TMPDIR and the only folder it writes
+        // besides its saved slots.
+        let scratch = self.cfg.cache_dir.join("run").join(scratch_name(name));
+        let _ = std::fs::remove_dir_all(&scratch);
+        std::fs::create_dir_all(&scratch).map_err(|e| fatal(format!("cannot make {}: {e}", scratch.display())))?;
+        // Each model file where the command line names it and where its links lead (a Hub
+        // cache's snapshot links into the repository's blobs; a file may link elsewhere).
+        let named: Vec<&std::path::Path> =
+            [Some(main.as_path()), info.mmproj_path.as_deref(), with.draft.as_deref()].into_iter().flatten().collect();
+        let named = host::sandbox::model_files(&named);
+        let models: Vec<&std::path::Path> = named.iter().map(|p| p.as_path()).collect();
+        let writes: Vec<PathBuf> = cache.as_ref().map(|c| c.dir.clone()).into_iter().collect();
+        let ports: Vec<u16> = workers.iter().filter_map(|w| w.rsplit_once(':')?.1.parse().ok()).collect();
+        let mut runtime = host::sandbox::runtime_paths(&program);
+        let operator = self.cfg.live.options();
+        let given = [operator.llamacpp_args.as_deref(), operator.whispercpp_args.as_deref()];
+        runtime.extend(backends::sandbox::operator_files(&given.into_iter().flatten().collect::<Vec<_>>()));
+        let policy = backends::sandbox::policy(&program, &runtime, &models, (&scratch, &writes), port, &ports);
+        let mut spec = SpawnSpec::new(name, program, launch, self.cfg.live.load_timeout());
+        spec.sandbox = Some((self.cfg.sandbox, policy));
+        Ok(Prepared { spec, cache })
     }
 }
 
@@ -343,6 +378,9 @@ impl Process for RealProcess {
     }
     fn pid(&self) -> Option<u32> {
         Some(self.backend.pid())
+    }
+    fn sandbox(&self) -> Option<api_types::SandboxStatus> {
+        self.backend.sandbox().cloned()
     }
     fn port(&self) -> u16 {
         self.backend.port()

@@ -108,6 +108,11 @@ pub fn backend_client() -> reqwest::Client {
 }
 
 impl Engine {
+    /// How backends are confined on this kernel (`--sandbox`), and what it cannot enforce.
+    pub fn sandbox(&self) -> Option<api_types::SandboxStatus> {
+        host::sandbox::status(self.cfg.sandbox).ok()
+    }
+
     /// The engine with real processes: the catalogue read from disk, leftovers of killed
     /// writes and installs removed. Needs a tokio runtime. `--preload` models are the
     /// caller's to start ([`pulls::preload`]), once it is ready to serve.

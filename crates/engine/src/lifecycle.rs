@@ -657,6 +657,7 @@ impl Lifecycle {
             in_flight: v.in_flight as u64,
             queued: v.queue_depth as u64,
             pid: r.backend.pid(),
+            sandbox: r.backend.sandbox(),
             is_busy: v.in_flight > 0,
             is_streaming: r.streams.load(Ordering::Relaxed) > 0,
             command: r.command.clone(),

@@ -32,7 +32,8 @@ const SAVE_TIMEOUT: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 pub struct Attached {
     store: Store,
-    dir: PathBuf,
+    /// The folder llama-server saves this load's slots in (`--slot-save-path`).
+    pub dir: PathBuf,
     material: String,
     model: String,
     /// Saved prompts of this key not restored into this backend yet.

@@ -283,6 +283,10 @@ pub async fn validate(rt: &Engine, req: &RoutingValidateRequest) -> Result<Routi
     Ok(RoutingValidateResponse { decision, normalized_policy: normalized })
 }
 
+/// The most labels one `/classify` scores: each is a line of the model's prompt and of its
+/// answer, so a few dozen already fill a small model's context.
+pub const MAX_CLASSIFY_LABELS: usize = 64;
+
 /// `POST /classify` (Lemonade v11) on a chat model: the request's `labels` scored by the model
 /// (v11's LLM-as-classifier; there is no encoder classifier backend here). A reply without a
 /// score in `[0, 1]` for each label is a 502 naming the model.
@@ -300,6 +304,16 @@ pub async fn classify(rt: &Engine, req: &api_types::ClassifyRequest) -> Result<a
             "'labels' must list the labels to score: a chat model classifies into the labels given (no encoder classifier backend here)",
             Some("labels"),
         ));
+    }
+    if labels.len() > MAX_CLASSIFY_LABELS {
+        return Err(EngineError::invalid(
+            format!("'labels' lists {} labels; at most {MAX_CLASSIFY_LABELS} are scored in one request", labels.len()),
+            Some("labels"),
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(twice) = labels.iter().find(|l| !seen.insert(l.trim())) {
+        return Err(EngineError::invalid(format!("'labels' lists '{twice}' more than once"), Some("labels")));
     }
     let c = classifiers::llm_classifier(&model, labels.clone());
     let f = Features { input, ..Features::default() };

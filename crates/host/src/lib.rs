@@ -22,6 +22,7 @@ pub mod hub;
 pub mod install;
 pub mod net;
 pub mod prompt_cache;
+pub mod sandbox;
 pub mod service;
 pub mod supervisor;
 

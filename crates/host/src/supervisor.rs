@@ -54,6 +54,8 @@ pub enum StartError {
     Exited { label: String, exit: ExitInfo, tail: String },
     #[error("{label} backend was not ready after {secs} s. Last log lines:\n{tail}")]
     Timeout { label: String, secs: u64, tail: String },
+    #[error("{label} backend was not started: {message}")]
+    Sandbox { label: String, message: String },
 }
 
 /// A running backend process. Cheap to clone.
@@ -73,6 +75,8 @@ struct Inner {
     tail: Arc<Mutex<VecDeque<String>>>,
     /// Number of output pipes that reached EOF (2 when all output has been read).
     pipes_closed: watch::Receiver<usize>,
+    /// The confinement it runs under (None: none was asked).
+    sandbox: Option<api_types::SandboxStatus>,
 }
 
 impl std::fmt::Debug for Backend {
@@ -98,6 +102,10 @@ impl Backend {
     pub fn spawn(spec: SpawnSpec) -> Result<Backend, StartError> {
         let mut cmd = Command::new(&spec.program);
         backend_env(cmd.as_std_mut());
+        // Its scratch folder is its TMPDIR (the one it may write); set before the launch's own.
+        if let Some(dir) = spec.sandbox.as_ref().and_then(|(_, p)| p.scratch.as_ref()) {
+            cmd.env("TMPDIR", dir);
+        }
         cmd.args(&spec.args)
             .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
@@ -107,7 +115,16 @@ impl Backend {
         // The parent's pid, read before the fork: the child checks it still has that parent.
         // (Not "the parent is not 1": in a container without an init, lemonade *is* pid 1.)
         let parent = std::process::id() as libc::pid_t;
-        // SAFETY: only async-signal-safe libc calls between fork and exec.
+        let mut confined = match &spec.sandbox {
+            Some((mode, policy)) => Some(
+                crate::sandbox::prepare(*mode, policy)
+                    .map_err(|e| StartError::Sandbox { label: spec.label.clone(), message: e })?,
+            ),
+            None => None,
+        };
+        let sandbox = confined.as_ref().map(|c| c.status.clone());
+        // SAFETY: only async-signal-safe libc calls between fork and exec (the sandbox's are two
+        // system calls, no allocation).
         unsafe {
             cmd.pre_exec(move || {
                 libc::setpgid(0, 0);
@@ -118,6 +135,9 @@ impl Backend {
                     if libc::getppid() != parent {
                         libc::_exit(1);
                     }
+                }
+                if let Some(c) = confined.as_mut() {
+                    c.enforce()?;
                 }
                 Ok(())
             });
@@ -170,6 +190,7 @@ impl Backend {
                 exit: exit_rx,
                 tail,
                 pipes_closed: closed_rx,
+                sandbox,
             }),
         })
     }
@@ -230,6 +251,11 @@ impl Backend {
 
     fn exited_error(&self, exit: ExitInfo) -> StartError {
         StartError::Exited { label: self.inner.label.clone(), exit, tail: self.log_tail() }
+    }
+
+    /// The confinement it runs under (None: none was asked).
+    pub fn sandbox(&self) -> Option<&api_types::SandboxStatus> {
+        self.inner.sandbox.as_ref()
     }
 
     pub fn pid(&self) -> u32 {
@@ -445,6 +471,7 @@ mod tests {
             health_path: "/health".into(),
             ready_timeout: Duration::from_secs(10),
             port: None,
+            sandbox: None,
         }
     }
 

@@ -16,7 +16,11 @@
 //! ones: `{"status": 429, "retry_after": "1"}`), `headers_log` (a file each chat request's
 //! headers are appended to, a JSON object per line). It also lists its model at `/v1/models`
 //! (`--alias`) and serves `metrics` (a knob: Prometheus text) at `/metrics`, to stand in for a
-//! remote upstream.
+//! remote upstream. `hostile` makes it a compromised backend for the sandbox's tests: before it
+//! listens it tries `{"read": [paths], "write": [paths], "connect": [ports], "bind": [ports],
+//! "shell": "command"}` (the command run by `/bin/sh -c`; `{ppid}` in any of them is lemonade's
+//! pid), the reading of lemonade's `/proc/<pid>/environ` and a signal 0 to lemonade, and
+//! reports each outcome at `GET /hostile`.
 //! Never a substitute for the end-to-end tests against real llama-server.
 
 use std::convert::Infallible;
@@ -77,6 +81,7 @@ async fn main() {
         eprintln!("error: failed to load model (refuse_start)");
         std::process::exit(n("exit_code").unwrap_or(1) as i32);
     }
+    let hostile = knobs.get("hostile").map(attempt).unwrap_or(Value::Null);
     let state = Knobs {
         token_delay_ms: n("token_delay_ms").unwrap_or(0),
         tokens: n("tokens").unwrap_or(8),
@@ -94,6 +99,7 @@ async fn main() {
     let metrics = knobs.get("metrics").and_then(Value::as_str).map(str::to_string);
     let app = Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/hostile", get(move || async move { Json(hostile) }))
         .route("/slots", get(|| async { Json(json!([{"id": 0, "is_processing": false}])) }))
         .route("/v1/chat/completions", post(chat))
         .route(
@@ -148,7 +154,16 @@ async fn chat(
     }
     if body.get("stream") != Some(&json!(true)) {
         tokio::time::sleep(Duration::from_millis(k.token_delay_ms * tokens)).await;
-        let text: String = (0..tokens).map(|i| format!("tok{i} ")).collect();
+        let mut text: String = (0..tokens).map(|i| format!("tok{i} ")).collect();
+        // A JSON schema held to (llama-server's grammar): an object with each required
+        // property, integers at their minimum (how /classify's scores are asked for).
+        if let Some(required) = body.pointer("/response_format/json_schema/schema/required").and_then(Value::as_array) {
+            let props = body.pointer("/response_format/json_schema/schema/properties");
+            let value = |k: &str| props.and_then(|p| p[k]["minimum"].as_i64()).map_or(json!("x"), |m| json!(m));
+            let o: serde_json::Map<String, Value> =
+                required.iter().filter_map(Value::as_str).map(|k| (k.to_string(), value(k))).collect();
+            text = Value::Object(o).to_string();
+        }
         return Json(json!({"object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
             "usage": {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": tokens + 3}}))
         .into_response();
@@ -200,4 +215,58 @@ fn async_stream(k: Knobs, tokens: u64) -> impl futures_util::Stream<Item = Resul
             Some((Ok(chunk), i + 1))
         }
     })
+}
+
+/// What a compromised backend would try (the `hostile` knob); each outcome is `ok` or the
+/// error the attempt met.
+fn attempt(plan: &Value) -> Value {
+    use std::io::Read;
+    // SAFETY: getppid and kill(pid, 0) have no preconditions.
+    let ppid = unsafe { libc::getppid() };
+    let fill = |s: &str| s.replace("{ppid}", &ppid.to_string());
+    let list = |k: &str| plan.get(k).and_then(Value::as_array).cloned().unwrap_or_default();
+    let text = |v: &Value| fill(&v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()));
+    let outcome = |r: std::io::Result<()>| match r {
+        Ok(()) => "ok".to_string(),
+        Err(e) => e.to_string(),
+    };
+    let mut out = serde_json::Map::new();
+    for p in list("read") {
+        let p = text(&p);
+        let r = std::fs::File::open(&p).and_then(|mut f| f.read(&mut [0u8; 16]).map(|_| ()));
+        out.insert(format!("read {p}"), json!(outcome(r)));
+    }
+    for p in list("write") {
+        let p = text(&p);
+        out.insert(format!("write {p}"), json!(outcome(std::fs::write(&p, b"pwned"))));
+    }
+    for port in list("connect") {
+        let addr = format!("127.0.0.1:{}", text(&port));
+        let r = std::net::TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(2)).map(|_| ());
+        out.insert(format!("connect {addr}"), json!(outcome(r)));
+    }
+    for port in list("bind") {
+        let addr = format!("127.0.0.1:{}", text(&port));
+        out.insert(format!("bind {addr}"), json!(outcome(std::net::TcpListener::bind(&addr).map(|_| ()))));
+    }
+    let environ = format!("/proc/{ppid}/environ");
+    let r = std::fs::read(&environ).map(|_| ());
+    out.insert(format!("read {environ}"), json!(outcome(r)));
+    // SAFETY: signal 0 only checks whether a signal could be sent.
+    let sent = unsafe { libc::kill(ppid, 0) };
+    out.insert(
+        "signal lemonade".into(),
+        json!(outcome(if sent == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) })),
+    );
+    if let Some(cmd) = plan.get("shell").and_then(Value::as_str) {
+        let r = std::process::Command::new("/bin/sh").args(["-c", &fill(cmd)]).output();
+        let said = match r {
+            Ok(o) => {
+                json!({"status": o.status.code(), "stdout": String::from_utf8_lossy(&o.stdout), "stderr": String::from_utf8_lossy(&o.stderr)})
+            }
+            Err(e) => json!({"error": e.to_string()}),
+        };
+        out.insert("shell".into(), said);
+    }
+    Value::Object(out)
 }

@@ -32,6 +32,7 @@ pub async fn health(State(rt): State<AppState>, headers: http::HeaderMap) -> Jso
         websocket_port: rt.http.logs.as_ref().and_then(|_| host_port(&headers)),
         update_check_done: rt.updates.done(),
         telemetry: TelemetryState { enabled: rt.http.logs.as_ref().is_some_and(|h| h.telemetry_enabled()) },
+        sandbox: rt.sandbox(),
     })
 }
 

@@ -1,0 +1,198 @@
+//! Applies a backend's confinement ([`backends::sandbox::Policy`]) with Landlock and
+//! `no_new_privs`, through the `landlock` crate.
+//!
+//! The ruleset is built in lemonade (paths opened, rules added) before the fork; the child
+//! only sets `no_new_privs` and calls `landlock_restrict_self` between fork and exec, two
+//! system calls and no allocation. The rules hold for the backend and everything it starts
+//! (a launcher script's interpreter, a shell a compromised backend spawns).
+//!
+//! Why Landlock and not seccomp: the threats are files, the network and other processes,
+//! which Landlock names directly (paths, TCP ports, scopes) and which hold across exec;
+//! a seccomp filter names system calls, whose lists differ between glibc, CUDA, ROCm and
+//! Python builds and break them in ways no test here could see. `no_new_privs` closes the
+//! setuid route that would lift both.
+
+use std::path::PathBuf;
+
+use api_types::SandboxStatus;
+use backends::sandbox::{self, Mode, Policy};
+use landlock::{
+    Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+};
+
+/// The kernel's Landlock ABI version (0: none, or disabled at boot).
+pub fn landlock_abi() -> u32 {
+    // landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
+    // SAFETY: the documented version query; no memory is passed.
+    let v = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<u8>(), 0usize, 1u32) };
+    u32::try_from(v).unwrap_or(0)
+}
+
+/// The strongest mode this kernel holds completely: strict where it enforces every rule,
+/// best-effort (with what it lacks named) elsewhere.
+pub fn default_mode() -> Mode {
+    match sandbox::missing(landlock_abi()).is_empty() {
+        true => Mode::Strict,
+        false => Mode::BestEffort,
+    }
+}
+
+/// What `mode` gives every backend on this kernel. Err: `strict` asked of a kernel that cannot
+/// hold it, naming what it lacks.
+pub fn status(mode: Mode) -> Result<SandboxStatus, String> {
+    let abi = landlock_abi();
+    let missing = sandbox::missing(abi);
+    if mode == Mode::Strict && !missing.is_empty() {
+        return Err(format!(
+            "--sandbox strict: this kernel cannot confine backends fully; it lacks {}. Use --sandbox best-effort to run with what it has, or a newer kernel",
+            missing.join("; ")
+        ));
+    }
+    let on = mode != Mode::Off;
+    Ok(SandboxStatus {
+        mode: mode.as_str().to_string(),
+        landlock_abi: abi,
+        filesystem: on && abi >= sandbox::ABI_FILESYSTEM,
+        network: on && abi >= sandbox::ABI_NETWORK,
+        scoped: on && abi >= sandbox::ABI_SCOPES,
+        no_new_privs: on,
+        missing: if on { missing } else { vec!["--sandbox off: backends run with all of the user's rights".into()] },
+    })
+}
+
+/// A ruleset ready for the child, and what it enforces.
+pub struct Confinement {
+    ruleset: Option<RulesetCreated>,
+    pub status: SandboxStatus,
+}
+
+impl std::fmt::Debug for Confinement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Confinement").field("status", &self.status).finish()
+    }
+}
+
+impl Confinement {
+    /// Restricts the calling process. Only for the child between fork and exec: it sets
+    /// `no_new_privs` and enforces the ruleset, nothing else (no allocation).
+    pub fn enforce(&mut self) -> std::io::Result<()> {
+        let Some(r) = self.ruleset.take() else { return Ok(()) };
+        match r.restrict_self() {
+            Ok(s) if s.ruleset != RulesetStatus::NotEnforced || self.status.mode != "strict" => Ok(()),
+            Ok(_) => Err(std::io::Error::from_raw_os_error(libc::EPERM)),
+            Err(_) => Err(std::io::Error::last_os_error()),
+        }
+    }
+}
+
+/// The ruleset of `policy` under `mode`, built in this process (its paths opened now; a path
+/// that does not exist is skipped, as there is nothing there to grant).
+pub fn prepare(mode: Mode, policy: &Policy) -> Result<Confinement, String> {
+    let status = status(mode)?;
+    if mode == Mode::Off {
+        return Ok(Confinement { ruleset: None, status });
+    }
+    let abi = ABI::V6;
+    let level = if mode == Mode::Strict { CompatLevel::HardRequirement } else { CompatLevel::BestEffort };
+    let fail = |e: landlock::RulesetError| format!("the sandbox could not be built: {e}");
+    let exists = |p: &&PathBuf| p.exists();
+    let rules = |paths: &[PathBuf], access| {
+        paths
+            .iter()
+            .filter(exists)
+            .filter_map(|p| PathFd::new(p).ok().map(|fd| (!p.is_dir(), fd)))
+            .map(move |(file, fd)| {
+                let a: landlock::BitFlags<AccessFs> = access;
+                PathBeneath::new(fd, if file { a & AccessFs::from_file(abi) } else { a })
+            })
+            .collect::<Vec<_>>()
+    };
+    let read = AccessFs::from_read(abi);
+    let device = read | AccessFs::WriteFile | AccessFs::IoctlDev;
+    let mut r = Ruleset::default()
+        .set_compatibility(level)
+        .handle_access(AccessFs::from_all(abi))
+        .and_then(|r| r.handle_access(AccessNet::from_all(abi)))
+        .and_then(|r| r.scope(Scope::from_all(abi)))
+        .and_then(|r| r.create())
+        .map_err(fail)?
+        .no_new_privs(true);
+    for rule in rules(&policy.read, read)
+        .into_iter()
+        .chain(rules(&policy.write, AccessFs::from_all(abi)))
+        .chain(rules(&policy.devices, device))
+    {
+        r = r.add_rule(rule).map_err(fail)?;
+    }
+    for port in &policy.bind {
+        r = r.add_rule(NetPort::new(*port, AccessNet::BindTcp)).map_err(fail)?;
+    }
+    for port in &policy.connect {
+        r = r.add_rule(NetPort::new(*port, AccessNet::ConnectTcp)).map_err(fail)?;
+    }
+    Ok(Confinement { ruleset: Some(r), status })
+}
+
+/// The files a backend reads for the model files `named`: each of them, where its links lead,
+/// and for one in a Hugging Face snapshot, where its siblings' links lead (a Kokoro index
+/// names the ONNX file and voices beside it; a Hub cache made by other tools may link its
+/// snapshots outside the repository's blobs).
+pub fn model_files(named: &[&std::path::Path]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for p in named {
+        out.push(p.to_path_buf());
+        out.extend(std::fs::canonicalize(p).ok());
+        let in_snapshot = p.parent().and_then(|d| d.parent()).is_some_and(|s| s.ends_with("snapshots"));
+        if let (true, Some(dir)) = (in_snapshot, p.parent()) {
+            let siblings = std::fs::read_dir(dir).into_iter().flatten().flatten().take(256);
+            out.extend(siblings.filter_map(|e| std::fs::canonicalize(e.path()).ok()));
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// What an interpreter-run backend needs besides its own folder: for a program beside a
+/// Python venv (`venv/pyvenv.cfg`, Kokoro's launcher), the venv and the Python install it was
+/// made from (its `home`'s parent).
+pub fn runtime_paths(program: &std::path::Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Some(dir) = program.parent() else { return out };
+    if let Ok(real) = std::fs::canonicalize(program) {
+        if let Some(d) = real.parent().filter(|d| *d != dir) {
+            out.push(d.to_path_buf());
+        }
+    }
+    let cfg = dir.join("venv").join("pyvenv.cfg");
+    if let Ok(text) = std::fs::read_to_string(&cfg) {
+        for line in text.lines() {
+            if let Some((k, v)) = line.split_once('=') {
+                if k.trim() == "home" {
+                    let home = PathBuf::from(v.trim());
+                    let prefix = home.parent().map(|p| p.to_path_buf()).unwrap_or(home);
+                    out.extend(std::fs::canonicalize(&prefix).ok().filter(|c| *c != prefix));
+                    out.push(prefix);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strict_is_refused_naming_what_a_weak_kernel_lacks_and_off_says_so() {
+        let abi = landlock_abi();
+        match status(Mode::Strict) {
+            Ok(s) => assert!(abi >= sandbox::ABI_SCOPES && s.filesystem && s.network && s.scoped, "{s:?}"),
+            Err(e) => assert!(abi < sandbox::ABI_SCOPES && e.contains("--sandbox best-effort"), "{e}"),
+        }
+        let off = status(Mode::Off).unwrap();
+        assert!(!off.filesystem && !off.no_new_privs && off.missing[0].contains("all of the user's rights"));
+    }
+}
