@@ -434,6 +434,9 @@ def system(b, model, other):
     page = b.page()
     page.goto(base + "/system")
     expect(page.locator(f'tr[data-running="{model}"]')).to_contain_text("loaded")
+    # What confines its backend, and every backend (strict on the CI kernel).
+    expect(page.locator(f'tr[data-running="{model}"]')).to_contain_text("strict (files, network, signals)")
+    expect(page.locator("#sys-stats")).to_contain_text("Backend sandboxstrict (files, network, signals)")
     expect(page.locator('tr[data-backend="llamacpp:cpu"] [data-state]')).to_have_attribute("data-state", "installed")
     expect(page.locator("#sys-stats")).to_contain_text("Memory")
     expect(page.locator("#sys-cache")).to_contain_text("of 4.3 GB")

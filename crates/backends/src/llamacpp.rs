@@ -434,9 +434,59 @@ pub fn user_for(args: &str, caps: Option<&Capabilities>) -> Result<Vec<String>, 
     }
 }
 
+/// llama-server's native sampling and slot fields that reach it in a request body, with the
+/// range each must hold (inclusive). Outside it, llama.cpp has read or written out of bounds
+/// (a negative `n_discard`, CVE-2026-21869); lemonade refuses them at its edge.
+pub const NATIVE_RANGES: &[(&str, i64, i64)] = &[
+    ("n_predict", -2, 1 << 24),
+    ("n_keep", -1, 1 << 24),
+    ("n_discard", 0, 1 << 24),
+    ("n_probs", 0, 100),
+    ("n_indent", 0, 1 << 16),
+    ("id_slot", -1, 1 << 16),
+    ("n_cmpl", 1, 1 << 10),
+];
+
+/// The first of `body`'s llama.cpp native fields that is not an integer in its range:
+/// (message, field). A null stands for the default.
+pub fn check_native(body: &serde_json::Map<String, serde_json::Value>) -> Result<(), (String, &'static str)> {
+    for (field, lo, hi) in NATIVE_RANGES {
+        match body.get(*field) {
+            None | Some(serde_json::Value::Null) => {}
+            Some(v) => match v.as_i64() {
+                Some(n) if (*lo..=*hi).contains(&n) => {}
+                Some(n) => return Err((format!("'{field}' must be from {lo} to {hi}, got {n}"), field)),
+                None => return Err((format!("'{field}' must be an integer from {lo} to {hi}, got {v}"), field)),
+            },
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn native_fields_outside_their_range_are_refused_naming_them() {
+        let body = |v: serde_json::Value| v.as_object().unwrap().clone();
+        assert!(check_native(&body(
+            serde_json::json!({"n_predict": -1, "n_keep": -1, "n_discard": 0, "id_slot": null})
+        ))
+        .is_ok());
+        for (bad, field) in [
+            (serde_json::json!({"n_discard": -5}), "n_discard"),
+            (serde_json::json!({"n_probs": 1_000_000}), "n_probs"),
+            (serde_json::json!({"id_slot": -7}), "id_slot"),
+            (serde_json::json!({"n_keep": "all"}), "n_keep"),
+            (serde_json::json!({"n_predict": 1.5}), "n_predict"),
+            (serde_json::json!({"n_predict": -9_223_372_036_854_775_808i64}), "n_predict"),
+        ] {
+            let (msg, f) = check_native(&body(bad.clone())).unwrap_err();
+            assert_eq!(f, field, "{bad}: {msg}");
+            assert!(msg.starts_with(&format!("'{field}' must be")), "{msg}");
+        }
+    }
 
     fn cfg(model_type: ModelType, backend: &str, user_args: &str) -> LlamaServerConfig {
         LlamaServerConfig {

@@ -468,7 +468,7 @@ async fn serve(
     })?;
     cfg.crash_backoff = (Duration::from_millis(args.crash_backoff_ms), Duration::from_millis(args.crash_reset_ms));
     cfg.sandbox = args.sandbox.unwrap_or_else(host::sandbox::default_mode);
-    let confinement = host::sandbox::status(cfg.sandbox).map_err(anyhow::Error::msg)?;
+    let confinement = host::sandbox::status(cfg.sandbox)?;
     if confinement.missing.is_empty() {
         tracing::info!(mode = %confinement.mode, landlock_abi = confinement.landlock_abi, "backends are sandboxed");
     } else {

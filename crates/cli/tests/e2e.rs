@@ -511,3 +511,31 @@ async fn a_corrupt_gguf_fails_with_the_backend_log_and_no_local_path() {
     let (_, h) = l.get("/api/v1/health").await;
     assert_eq!(h["all_models_loaded"], json!([]));
 }
+
+/// llama.cpp's native fields (CVE-2026-21869 was a negative `n_discard`) outside their range
+/// are a 400 naming the field at lemonade's edge, on every route that reaches llama-server,
+/// before any model loads.
+#[tokio::test]
+async fn llama_cpp_native_fields_outside_their_range_are_refused_before_reaching_a_backend() {
+    let l = Lemonade::start(bin(), &[]).await;
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    for (path, body, field) in [
+        ("/api/v1/chat/completions", json!({"model": SMOL, "messages": msgs, "n_discard": -5}), "n_discard"),
+        ("/v1/completions", json!({"model": SMOL, "prompt": "hi", "n_probs": 100000}), "n_probs"),
+        ("/completion", json!({"model": SMOL, "prompt": "hi", "id_slot": -9}), "id_slot"),
+        ("/api/v1/chat/completions", json!({"model": SMOL, "messages": msgs, "n_keep": "all"}), "n_keep"),
+    ] {
+        let (s, e) = l.post(path, &body).await;
+        assert_eq!((s, e["error"]["param"].as_str()), (400, Some(field)), "{path} {body}: {e}");
+        assert!(e["error"]["message"].as_str().unwrap().contains(&format!("'{field}' must be")), "{e}");
+    }
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(h["all_models_loaded"], json!([]), "nothing was loaded for them");
+    let (s, _) = l
+        .post(
+            "/api/v1/chat/completions",
+            &json!({"model": SMOL, "messages": msgs, "max_tokens": 2, "n_probs": 2, "n_keep": -1}),
+        )
+        .await;
+    assert_eq!(s, 200, "in range, they pass");
+}

@@ -262,7 +262,7 @@ impl RealLauncher {
         }
         // Its scratch folder, emptied at each start: its TMPDIR and the only folder it writes
         // besides its saved slots.
-        let scratch = self.cfg.cache_dir.join("run").join(scratch_name(name));
+        let scratch = self.cfg.cache_dir.join("scratch").join(scratch_name(name));
         let _ = std::fs::remove_dir_all(&scratch);
         std::fs::create_dir_all(&scratch).map_err(|e| fatal(format!("cannot make {}: {e}", scratch.display())))?;
         // Each model file where the command line names it and where its links lead (a Hub

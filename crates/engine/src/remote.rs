@@ -354,6 +354,7 @@ impl Remotes {
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(5))
             .pool_idle_timeout(Duration::from_secs(30))
+            .redirect(host::net::same_origin_redirects())
             .build()
             .expect("reqwest client");
         let saved = host::cloud::load(&cache_dir).unwrap_or_else(|e| {

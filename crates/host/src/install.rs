@@ -151,8 +151,25 @@ fn unpack(archive: &Path, staging: &Path, exe: &str, version: &str) -> Result<Pa
         let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(f));
         ar.set_preserve_permissions(true);
         ar.set_overwrite(false);
-        // `unpack` refuses entries that would land outside `tree` (`..`, absolute paths).
-        ar.unpack(&tree).map_err(|e| bad(e.to_string()))?;
+        // Entry by entry: one whose name is absolute or climbs out (`..`), or that would be
+        // written through a link, refuses the whole archive (tar's own `unpack` skips the first
+        // two silently).
+        for entry in ar.entries().map_err(|e| bad(e.to_string()))? {
+            let mut entry = entry.map_err(|e| bad(e.to_string()))?;
+            let path = entry.path().map_err(|e| bad(e.to_string()))?.into_owned();
+            let climbs =
+                path.components().any(|c| !matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir));
+            if climbs {
+                return Err(bad(format!("its entry '{}' would land outside the install folder", path.display())));
+            }
+            match entry.unpack_in(&tree) {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(bad(format!("its entry '{}' would land outside the install folder", path.display())))
+                }
+                Err(e) => return Err(bad(format!("its entry '{}': {e}", path.display()))),
+            }
+        }
     } else if name.ends_with(".zip") {
         let out = std::process::Command::new("unzip")
             .args(["-q", "-o"])
@@ -281,5 +298,65 @@ mod tests {
         swap_in(&a, &b).unwrap();
         assert_eq!(std::fs::read_to_string(b.join("version.txt")).unwrap(), "new");
         assert!(!a.exists(), "the old install is removed");
+    }
+
+    /// An archive entry: name, kind, link target, content.
+    type Entry<'a> = (&'a str, tar::EntryType, Option<&'a str>, &'a [u8]);
+
+    /// A tar.gz whose entries are written raw (no path checks of the tar crate's builder).
+    fn hostile_archive(dir: &Path, entries: &[Entry]) -> PathBuf {
+        let path = dir.join("llama-b1-bin-ubuntu-x64.tar.gz");
+        let gz = flate2::write::GzEncoder::new(std::fs::File::create(&path).unwrap(), flate2::Compression::fast());
+        let mut b = tar::Builder::new(gz);
+        for (name, kind, link, data) in entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(*kind);
+            h.set_size(data.len() as u64);
+            h.set_mode(0o755);
+            // Raw bytes into the name field: set_path would refuse `..` and absolute paths.
+            let raw = &mut h.as_old_mut().name;
+            raw[..name.len()].copy_from_slice(name.as_bytes());
+            if let Some(l) = link {
+                h.as_old_mut().linkname[..l.len()].copy_from_slice(l.as_bytes());
+            }
+            h.set_cksum();
+            b.append(&h, *data).unwrap();
+        }
+        b.into_inner().unwrap().finish().unwrap();
+        path
+    }
+
+    /// CVE-class "zip slip": a backend archive's `../`, absolute and symlink-through entries
+    /// are refused, and nothing lands outside the staging folder.
+    #[test]
+    fn an_archive_that_writes_outside_its_folder_is_refused_and_writes_nothing_there() {
+        use tar::EntryType::{Regular, Symlink};
+        let tmp = tempfile::tempdir().unwrap();
+        let (staging, outside) = (tmp.path().join("staging"), tmp.path().join("outside"));
+        std::fs::create_dir_all(&staging).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        let out = outside.display().to_string();
+        let abs = format!("{out}/abs.txt");
+        let cases: Vec<Vec<Entry>> = vec![
+            vec![("llama-server", Regular, None, b"#!/bin/sh\n"), ("../outside/dotdot.txt", Regular, None, b"x")],
+            vec![("llama-server", Regular, None, b"#!/bin/sh\n"), (abs.as_str(), Regular, None, b"x")],
+            vec![
+                ("llama-server", Regular, None, b"#!/bin/sh\n"),
+                ("link", Symlink, Some(out.as_str()), b""),
+                ("link/through.txt", Regular, None, b"x"),
+            ],
+        ];
+        for (i, entries) in cases.iter().enumerate() {
+            let archive = hostile_archive(tmp.path(), entries);
+            let r = unpack(&archive, &staging, "llama-server", "b1");
+            let written: Vec<_> = std::fs::read_dir(&outside).unwrap().flatten().map(|e| e.file_name()).collect();
+            assert!(written.is_empty(), "case {i}: wrote {written:?} outside ({r:?})");
+            match r {
+                Err(InstallError::BadArchive(_, why)) => {
+                    assert!(why.contains("would land outside") || why.contains("link"), "case {i}: {why}")
+                }
+                other => panic!("case {i}: {other:?}"),
+            }
+        }
     }
 }

@@ -21,6 +21,17 @@ use landlock::{
     RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 
+/// Why a backend cannot be confined as asked.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error(
+        "--sandbox strict: this kernel cannot confine backends fully; it lacks {0}. Use --sandbox best-effort to run with what it has, or a newer kernel"
+    )]
+    Unsupported(String),
+    #[error("the sandbox could not be built: {0}")]
+    Build(#[from] landlock::RulesetError),
+}
+
 /// The kernel's Landlock ABI version (0: none, or disabled at boot).
 pub fn landlock_abi() -> u32 {
     // landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
@@ -40,14 +51,11 @@ pub fn default_mode() -> Mode {
 
 /// What `mode` gives every backend on this kernel. Err: `strict` asked of a kernel that cannot
 /// hold it, naming what it lacks.
-pub fn status(mode: Mode) -> Result<SandboxStatus, String> {
+pub fn status(mode: Mode) -> Result<SandboxStatus, SandboxError> {
     let abi = landlock_abi();
     let missing = sandbox::missing(abi);
     if mode == Mode::Strict && !missing.is_empty() {
-        return Err(format!(
-            "--sandbox strict: this kernel cannot confine backends fully; it lacks {}. Use --sandbox best-effort to run with what it has, or a newer kernel",
-            missing.join("; ")
-        ));
+        return Err(SandboxError::Unsupported(missing.join("; ")));
     }
     let on = mode != Mode::Off;
     Ok(SandboxStatus {
@@ -88,14 +96,14 @@ impl Confinement {
 
 /// The ruleset of `policy` under `mode`, built in this process (its paths opened now; a path
 /// that does not exist is skipped, as there is nothing there to grant).
-pub fn prepare(mode: Mode, policy: &Policy) -> Result<Confinement, String> {
+pub fn prepare(mode: Mode, policy: &Policy) -> Result<Confinement, SandboxError> {
     let status = status(mode)?;
     if mode == Mode::Off {
         return Ok(Confinement { ruleset: None, status });
     }
     let abi = ABI::V6;
     let level = if mode == Mode::Strict { CompatLevel::HardRequirement } else { CompatLevel::BestEffort };
-    let fail = |e: landlock::RulesetError| format!("the sandbox could not be built: {e}");
+    let fail = SandboxError::Build;
     let exists = |p: &&PathBuf| p.exists();
     let rules = |paths: &[PathBuf], access| {
         paths
@@ -190,7 +198,7 @@ mod tests {
         let abi = landlock_abi();
         match status(Mode::Strict) {
             Ok(s) => assert!(abi >= sandbox::ABI_SCOPES && s.filesystem && s.network && s.scoped, "{s:?}"),
-            Err(e) => assert!(abi < sandbox::ABI_SCOPES && e.contains("--sandbox best-effort"), "{e}"),
+            Err(e) => assert!(abi < sandbox::ABI_SCOPES && e.to_string().contains("--sandbox best-effort"), "{e}"),
         }
         let off = status(Mode::Off).unwrap();
         assert!(!off.filesystem && !off.no_new_privs && off.missing[0].contains("all of the user's rights"));

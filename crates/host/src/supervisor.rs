@@ -118,7 +118,7 @@ impl Backend {
         let mut confined = match &spec.sandbox {
             Some((mode, policy)) => Some(
                 crate::sandbox::prepare(*mode, policy)
-                    .map_err(|e| StartError::Sandbox { label: spec.label.clone(), message: e })?,
+                    .map_err(|e| StartError::Sandbox { label: spec.label.clone(), message: e.to_string() })?,
             ),
             None => None,
         };

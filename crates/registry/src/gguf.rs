@@ -179,8 +179,13 @@ fn string<R: Read>(r: &mut R) -> Result<String, GgufError> {
     if len > MAX_STR {
         return Err(GgufError::Corrupt("string too long"));
     }
-    let mut buf = vec![0u8; len as usize];
-    r.read_exact(&mut buf)?;
+    // Read as it comes, not allocated up front: a length the file cannot hold allocates no
+    // more than the file has.
+    let mut buf = Vec::new();
+    r.by_ref().take(len).read_to_end(&mut buf)?;
+    if buf.len() as u64 != len {
+        return Err(GgufError::Corrupt("truncated string"));
+    }
     String::from_utf8(buf).map_err(|_| GgufError::Corrupt("string is not UTF-8"))
 }
 

@@ -133,11 +133,12 @@ export function mount(main) {
         ["Memory", st.memory_gb !== null ? `${st.memory_gb.toFixed(1)} GB` : "—"],
         ["GPU", st.gpu_percent !== null ? `${st.gpu_percent.toFixed(0)} %` : "—"],
         ["VRAM", st.vram_gb !== null ? `${st.vram_gb.toFixed(1)} GB` : "—"],
-      ]));
+      ].concat(hl && hl.sandbox ? [["Backend sandbox", confinement(hl.sandbox)]] : [])));
     }
     if (ad) {
       const shown = ad.models.filter((m) => m.runtime_state !== "unloaded" || m.last_error || m.prompt_cache_files);
-      const HEAD = ["Model", "Backend", "State", "Memory", "Requests", "Saved prompts", "Last error"];
+      const HEAD = ["Model", "Backend", "State", "Memory", "Requests", "Saved prompts", "Sandbox", "Last error"];
+      const loaded = new Map(((hl && hl.all_models_loaded) || []).map((l) => [l.model_name, l]));
       const kind = (s) => (s === "failed" ? "bad" : s === "loaded" ? "ok" : "warn");
       fill(running, shown.length ? table(HEAD, shown.map((m) => row(HEAD, [
         [m.name, m.pinned ? h("span", { class: "label" }, "pinned") : null],
@@ -146,9 +147,17 @@ export function mount(main) {
         m.memory_estimate ? bytes(m.memory_estimate) : "—",
         `${m.inflight_requests} running, ${m.queue_depth} waiting`,
         m.prompt_cache_files ? `${m.prompt_cache_files} (${bytes(m.prompt_cache_bytes)})` : "—",
+        loaded.get(m.name) && loaded.get(m.name).sandbox ? confinement(loaded.get(m.name).sandbox) : "—",
         m.last_error || "—",
       ], { "data-running": m.name })), "Running models") : h("p", { class: "muted" }, "No model is loaded."));
     }
+  }
+
+  /** What confines a backend (or every backend): the mode, and what the kernel lacks. */
+  function confinement(s) {
+    const held = [s.filesystem && "files", s.network && "network", s.scoped && "signals"].filter(Boolean);
+    const text = s.mode === "off" ? "off" : `${s.mode} (${held.length ? held.join(", ") : "nothing enforced"})`;
+    return s.missing && s.missing.length && s.mode !== "off" ? `${text}; missing: ${s.missing.join("; ")}` : text;
   }
 
   /** A model's memory as the ledger counts it: its estimate (with llama-server's prompt cache)

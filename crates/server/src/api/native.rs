@@ -18,6 +18,9 @@ pub struct NativeRequest {
     pub model: String,
     #[serde(default)]
     pub stream: Option<bool>,
+    /// The rest of llama-server's body (its native fields are range-checked).
+    #[serde(flatten)]
+    pub extra: api_types::Extra,
 }
 
 /// llama-server's own POST endpoints (`/completion`, `/tokenize`, `/detokenize`,
@@ -37,6 +40,7 @@ pub async fn native_post(
     body: JsonBody<NativeRequest>,
 ) -> Result<Response, ApiError> {
     let path = native_path(uri.path());
+    crate::api::openai::check_native(&body.value.extra)?;
     let lease = pulls::lease(&rt, &body.value.model, &ModelType::ALL, path).await?;
     if body.value.stream == Some(true) {
         proxy::forward_stream(lease, path, body.raw).await

@@ -20,6 +20,11 @@ const EMBEDDING: &[ModelType] = &[ModelType::Embedding];
 const RERANKING: &[ModelType] = &[ModelType::Reranking];
 
 /// The model a request names; v9's messages when it names none.
+/// llama.cpp's native fields of a body, each in its range (a 400 naming the first that is not).
+pub(crate) fn check_native(extra: &api_types::Extra) -> Result<(), ApiError> {
+    backends::llamacpp::check_native(extra).map_err(|(message, field)| ApiError::bad_request(message, Some(field)))
+}
+
 fn require_model<'a>(rt: &AppState, model: Option<&'a str>) -> Result<&'a str, ApiError> {
     match model {
         Some(m) if !m.is_empty() => Ok(m),
@@ -133,6 +138,7 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let req = body.value;
     let model = require_model(&rt, req.model.as_deref())?.to_string();
+    check_native(&req.extra)?;
     let stream = req.stream.unwrap_or(false);
     let bytes = rewrite_chat(req, body.raw)?;
     dispatch(&rt, &model, LLM, "chat/completions", "/v1/chat/completions", bytes, stream).await
@@ -152,6 +158,7 @@ pub async fn chat_completions(
 pub async fn completions(State(rt): State<AppState>, body: JsonBody<CompletionRequest>) -> Result<Response, ApiError> {
     let mut req = body.value;
     let model = require_model(&rt, req.model.as_deref())?.to_string();
+    check_native(&req.extra)?;
     let stream = req.stream.unwrap_or(false);
     let bytes = if req.max_tokens.is_none() && req.max_completion_tokens.is_some() {
         req.max_tokens = req.max_completion_tokens;

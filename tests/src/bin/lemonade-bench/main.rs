@@ -99,6 +99,45 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// The sandbox's cost (`LEMONADE_BENCH_ONLY=sandbox`): two lemonades, one with its backends
+/// under `--sandbox strict`, one `--sandbox off`, the same model and arguments, streamed in
+/// alternation (which goes first alternates); the paired ratio of decode speed and the paired
+/// difference of TTFT, in one run.
+async fn sandbox(bin: &std::path::Path) -> anyhow::Result<Value> {
+    let args = |mode| ["--llamacpp-args", LLAMA_ARGS, "--log-level", "info", "--sandbox", mode];
+    let strict = Lemonade::start_in(bin, test_support::Sandbox::new(), &args("strict"), &[]).await;
+    let off = Lemonade::start_in(bin, test_support::Sandbox::new(), &args("off"), &[]).await;
+    let http =
+        reqwest::Client::builder().no_proxy().tcp_nodelay(true).pool_idle_timeout(Duration::from_secs(3)).build()?;
+    let (a, b) = (strict.url("/api/v1/chat/completions"), off.url("/api/v1/chat/completions"));
+    stream_once(&http, &a, Some(SMOL)).await?;
+    stream_once(&http, &b, Some(SMOL)).await?;
+    let (_, h) = strict.get("/api/v1/health").await;
+    anyhow::ensure!(h["all_models_loaded"][0]["sandbox"]["mode"] == "strict", "not sandboxed: {h}");
+    let (mut s, mut o) = (Vec::new(), Vec::new());
+    for i in 0..RUNS {
+        if i % 2 == 0 {
+            s.push(stream_once(&http, &a, Some(SMOL)).await?);
+            o.push(stream_once(&http, &b, Some(SMOL)).await?);
+        } else {
+            o.push(stream_once(&http, &b, Some(SMOL)).await?);
+            s.push(stream_once(&http, &a, Some(SMOL)).await?);
+        }
+    }
+    let med = |v: &[Sample], f: fn(&Sample) -> f64| median(v.iter().map(f).collect());
+    let ttft = median(s.iter().zip(&o).map(|(s, o)| s.ttft_ms - o.ttft_ms).collect());
+    let ratio = median(s.iter().zip(&o).map(|(s, o)| s.decode_tps / o.decode_tps).collect());
+    println!(
+        "\nSandbox on and off, SmolLM2-135M Q4_1 streamed through lemonade, {MAX_TOKENS} tokens, {RUNS} runs each\n"
+    );
+    println!("| backends | TTFT (ms, median) | decode tokens/s (median) |");
+    println!("|---|---:|---:|");
+    println!("| `--sandbox off` | {:.2} | {:.1} |", med(&o, |x| x.ttft_ms), med(&o, |x| x.decode_tps));
+    println!("| `--sandbox strict` | {:.2} | {:.1} |", med(&s, |x| x.ttft_ms), med(&s, |x| x.decode_tps));
+    println!("| strict vs off (median of paired runs) | {ttft:+.2} ms | {ratio:.3}× |");
+    Ok(json!({"added_ttft_ms": ttft, "decode_ratio": ratio}))
+}
+
 fn lemonade_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("LEMONADE_BENCH_BIN") {
         return p.into();
@@ -125,6 +164,7 @@ async fn main() -> anyhow::Result<()> {
         Ok("parallel") => return parallel::parallel(&bin).await.map(|_| ()),
         Ok("draft") => return parallel::draft(&bin).await.map(|_| ()),
         Ok("router") => return cluster::router(&bin).await.map(|_| ()),
+        Ok("sandbox") => return sandbox(&bin).await.map(|_| ()),
         Ok("modalities") => {
             modalities::transcription(&bin).await?;
             modalities::images(&bin).await?;
