@@ -215,6 +215,16 @@ pub fn operator_files(args: &[&str]) -> Vec<PathBuf> {
         .collect()
 }
 
+/// What a short run of a backend binary may touch (its `--help` and `--version`, an install's
+/// check that it starts): the system's files and its own install to read, nothing to write,
+/// no TCP port to bind or connect to.
+pub fn probe_policy(program: &Path, runtime: &[PathBuf]) -> Policy {
+    let mut read: Vec<PathBuf> = SYSTEM_READ.iter().map(PathBuf::from).collect();
+    read.extend(program.parent().filter(|d| !d.as_os_str().is_empty()).map(Path::to_path_buf));
+    read.extend(runtime.iter().cloned());
+    Policy { read, devices: DEVICES.iter().map(PathBuf::from).collect(), ..Policy::default() }
+}
+
 /// The folder a backend may read for a model file at `path`: in the Hugging Face cache, its
 /// repository's folder (`models--org--name`, whose snapshots are links into its blobs, so
 /// the file alone would not do); elsewhere the file's own folder (a GGUF beside its mmproj, a

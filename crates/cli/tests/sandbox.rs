@@ -132,3 +132,96 @@ async fn strict_is_refused_where_asked_off_is_said_and_a_bad_mode_is_an_error() 
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("'on' is not strict, best-effort or off"));
 }
+
+/// Every key lemonade holds (its API key, its admin key, the Hub token, a provider's key):
+/// after a session of requests (answers, errors, a model loaded, a failed pull, the CLI), none
+/// of them is in an answer, the log, a file under the test's home, or the loaded backend's
+/// command line or environment.
+#[tokio::test]
+async fn no_key_reaches_an_answer_a_log_a_file_or_a_backend() {
+    const API: &str = "lk-API-5f1e9c2b7a63";
+    const ADMIN: &str = "lk-ADMIN-8d3a6e0f4c19";
+    const HF: &str = "hf_TOKEN4b9e2d7c1a08";
+    const PROVIDER: &str = "sk-PROVIDER7e3c9a1f55";
+    let env = [
+        ("LEMONADE_API_KEY", API),
+        ("LEMONADE_ADMIN_API_KEY", ADMIN),
+        ("HF_TOKEN", HF),
+        ("LEMONADE_ACME_API_KEY", PROVIDER),
+    ];
+    let l = Lemonade::start_in(bin(), Sandbox::new(), &[], &env).await;
+    let mut seen = String::new();
+    let asks: Vec<(&str, &str, Option<Value>, Option<&str>)> = vec![
+        ("GET", "/api/v1/health", None, None),
+        ("GET", "/api/v1/models", None, Some(API)),
+        ("GET", "/api/v1/models", None, Some("wrong")),
+        ("POST", "/api/v1/chat/completions", Some(chat(SMOL, "hi", 2)), Some(API)),
+        ("GET", "/api/v1/health", None, Some(API)),
+        ("GET", "/api/v1/system-info", None, Some(API)),
+        ("GET", "/api/v1/scheduler", None, Some(API)),
+        ("GET", "/metrics", None, Some(API)),
+        ("GET", "/internal/config", None, Some(ADMIN)),
+        ("GET", "/api/v1/cloud", None, Some(API)),
+        ("POST", "/api/v1/load", Some(json!({"model_name": SMOL})), Some(API)),
+        (
+            "POST",
+            "/api/v1/pull",
+            Some(json!({"model_name": "user.Nope-GGUF", "checkpoint": "nobody/nope-GGUF:Q4_0", "recipe": "llamacpp"})),
+            Some(ADMIN),
+        ),
+        ("GET", "/v1/admin/models", None, Some(ADMIN)),
+    ];
+    for (method, path, body, key) in asks {
+        let mut r = match method {
+            "GET" => l.http.get(l.url(path)),
+            _ => l.http.post(l.url(path)).json(&body.unwrap_or(json!({}))),
+        };
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        let r = r.send().await.unwrap();
+        seen.push_str(&format!("{method} {path} {} {:?}\n", r.status(), r.headers()));
+        seen.push_str(&r.text().await.unwrap_or_default());
+    }
+    assert!(seen.contains("Invalid or missing API key"), "the wrong key was refused");
+    let (_, out, err) = l.cli_env(&["status"], &[("LEMONADE_API_KEY", API)]).await;
+    seen.push_str(&out);
+    seen.push_str(&err);
+    let (_, h) = {
+        let r = l.http.get(l.url("/api/v1/health")).bearer_auth(API).send().await.unwrap();
+        (r.status(), r.json::<Value>().await.unwrap())
+    };
+    let pid = h["all_models_loaded"][0]["pid"].as_u64().expect("a backend runs");
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let log = l.log();
+    let home = l.sandbox.dir.path().to_path_buf();
+    for key in [API, ADMIN, HF, PROVIDER] {
+        // The whole key and its distinctive middle: a key cut or quoted is still found.
+        for needle in [key, &key[3..key.len() - 3]] {
+            assert!(!seen.contains(needle), "{needle} in an answer");
+            assert!(!log.contains(needle), "{needle} in the log");
+            let hit = |b: &[u8]| b.windows(needle.len()).any(|w| w == needle.as_bytes());
+            assert!(!hit(&cmdline) && !hit(&environ), "{needle} reached the backend");
+            assert_eq!(files_containing(&home, needle), Vec::<std::path::PathBuf>::new(), "{needle} written");
+        }
+    }
+}
+
+fn files_containing(dir: &Path, needle: &str) -> Vec<std::path::PathBuf> {
+    let mut hits = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() && !p.is_symlink() {
+                stack.push(p);
+            } else if !p.is_symlink()
+                && std::fs::read(&p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+            {
+                hits.push(p);
+            }
+        }
+    }
+    hits
+}

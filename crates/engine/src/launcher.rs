@@ -308,7 +308,8 @@ impl RealLauncher {
 async fn failure_of(program: &std::path::Path, args: &[String], within: Duration) -> Option<String> {
     let name = program.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
     let shown = format!("{name} {}", args.join(" "));
-    match host::supervisor::run_once(program, args, within).await {
+    // FLM's validate and pull reach the NPU driver and the network: not confined.
+    match host::supervisor::run_once(program, args, within, false).await {
         Ok((Some(0), _)) => None,
         Ok((code, out)) => {
             Some(format!("{shown} exited {}: {}", code.map_or("on a signal".into(), |c| c.to_string()), out.trim()))

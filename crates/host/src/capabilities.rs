@@ -19,12 +19,19 @@ type Key = (u64, Option<SystemTime>);
 type Found = Option<Arc<Capabilities>>;
 
 /// The capabilities of each backend binary read so far.
-#[derive(Default)]
 pub struct CapabilityCache {
     known: Mutex<HashMap<PathBuf, (Key, Found)>>,
     /// One probe at a time: requests that arrive together for a binary not read yet wait for
     /// the first one's answer instead of each running the binary.
     probing: tokio::sync::Mutex<()>,
+    /// Probes run confined (always, but in the test that counts them through a file).
+    confined: bool,
+}
+
+impl Default for CapabilityCache {
+    fn default() -> CapabilityCache {
+        CapabilityCache { known: Mutex::default(), probing: tokio::sync::Mutex::default(), confined: true }
+    }
 }
 
 impl CapabilityCache {
@@ -52,7 +59,7 @@ impl CapabilityCache {
         if let Some(caps) = kept() {
             return caps;
         }
-        let caps = probe(program, name, version().as_deref()).await.map(Arc::new);
+        let caps = probe(program, name, version().as_deref(), self.confined).await.map(Arc::new);
         match &caps {
             Some(c) => {
                 tracing::info!(program = %program.display(), version = %c.describe(), "read the backend's capabilities")
@@ -66,16 +73,17 @@ impl CapabilityCache {
     }
 }
 
-async fn probe(program: &Path, name: &str, version: Option<&str>) -> Option<Capabilities> {
+async fn probe(program: &Path, name: &str, version: Option<&str>, confined: bool) -> Option<Capabilities> {
     // Only a help that ends well is one: a program that fails on `--help` (a stand-in that
     // panics, a wrapper) says nothing of what it takes.
-    let (code, help) = crate::supervisor::run_once(program, &["--help".to_string()], PROBE_TIMEOUT).await.ok()?;
+    let (code, help) =
+        crate::supervisor::run_once(program, &["--help".to_string()], PROBE_TIMEOUT, confined).await.ok()?;
     if code != Some(0) {
         return None;
     }
     // llama.cpp prints `version: N (commit)`; others may not know the flag (then the install's
     // own version marker says it).
-    let printed = crate::supervisor::run_once(program, &["--version".to_string()], PROBE_TIMEOUT)
+    let printed = crate::supervisor::run_once(program, &["--version".to_string()], PROBE_TIMEOUT, confined)
         .await
         .ok()
         .filter(|(code, text)| *code == Some(0) && text.contains("version:"))
@@ -120,7 +128,8 @@ mod tests {
         std::fs::write(&bin, script).unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let cache = CapabilityCache::default();
+        // Unconfined: the stand-in counts its runs in a file, which a confined probe cannot write.
+        let cache = CapabilityCache { confined: false, ..CapabilityCache::default() };
         let all = futures_util::future::join_all((0..16).map(|_| cache.get(&bin, "llama-server", || None))).await;
         assert!(all.iter().all(|c| c.as_ref().is_some_and(|c| c.has("--no-mmap"))));
         let n = std::fs::read_to_string(&runs).unwrap().lines().count();

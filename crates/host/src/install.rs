@@ -212,7 +212,7 @@ async fn check_runs(tree: &Path, exe: &str) -> Result<(), InstallError> {
     let path = binary::find_recursive(tree, exe)
         .ok_or_else(|| InstallError::DoesNotRun(format!("{exe} vanished from {}", tree.display())))?;
     // Run as a backend runs: with the allow-listed environment only.
-    match crate::supervisor::run_once(&path, &["--version".to_string()], Duration::from_secs(30)).await {
+    match crate::supervisor::run_once(&path, &["--version".to_string()], Duration::from_secs(30), true).await {
         Ok((Some(0), _)) => Ok(()),
         Ok((code, out)) => Err(InstallError::DoesNotRun(format!(
             "the downloaded {exe} does not run ({}): {}",

@@ -370,10 +370,27 @@ pub fn parse_listening_port(line: &str) -> Option<u16> {
 
 /// Runs `program args` to its end (a short command such as `flm validate`), killed after
 /// `within`: its exit code (None: killed by a signal) and its output, stdout then stderr.
-pub async fn run_once(program: &Path, args: &[String], within: Duration) -> std::io::Result<(Option<i32>, String)> {
+/// `confined`: under [`backends::sandbox::probe_policy`] (read its install and the system,
+/// write nothing, no TCP), as far as the kernel can (a probe is never refused for a weak
+/// kernel): for `--help`, `--version` and an install's check, not for `flm pull`.
+pub async fn run_once(
+    program: &Path,
+    args: &[String],
+    within: Duration,
+    confined: bool,
+) -> std::io::Result<(Option<i32>, String)> {
     let mut cmd = Command::new(program);
     backend_env(cmd.as_std_mut());
     cmd.args(args).stdin(Stdio::null()).kill_on_drop(true);
+    if confined {
+        let policy = backends::sandbox::probe_policy(program, &crate::sandbox::runtime_paths(program));
+        let mut c = crate::sandbox::prepare(backends::sandbox::Mode::BestEffort, &policy)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        // SAFETY: the sandbox's two system calls, no allocation, between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || c.enforce());
+        }
+    }
     let out = tokio::time::timeout(within, cmd.output()).await.map_err(|_| {
         std::io::Error::new(std::io::ErrorKind::TimedOut, format!("did not finish within {} s", within.as_secs()))
     })??;
@@ -451,6 +468,27 @@ mod tests {
         ] {
             assert!(!inherits(name), "{name}");
         }
+    }
+
+    /// A probe (`--help`, `--version`, an install's check) writes nothing and reaches no port;
+    /// the same command unconfined does (the test can fail). Needs Landlock, as CI's kernel has.
+    #[tokio::test]
+    async fn a_confined_probe_writes_nothing_and_connects_nowhere() {
+        assert!(crate::sandbox::landlock_abi() >= 4, "this kernel cannot confine: the sandbox tests cannot run");
+        let tmp = tempfile::tempdir().unwrap();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let file = tmp.path().join("probe-wrote");
+        // bash's /dev/tcp: a TCP connect from the shell itself.
+        let script = format!("echo x > {f}; exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected", f = file.display());
+        let args = vec!["-c".to_string(), script];
+        let (code, out) = run_once(Path::new("/bin/bash"), &args, Duration::from_secs(10), true).await.unwrap();
+        assert_ne!(code, Some(0), "{out}");
+        assert!(out.contains("Permission denied") && !out.contains("connected"), "{out}");
+        assert!(!file.exists(), "a confined probe wrote {}", file.display());
+        let (code, out) = run_once(Path::new("/bin/bash"), &args, Duration::from_secs(10), false).await.unwrap();
+        assert_eq!(code, Some(0), "{out}");
+        assert!(file.exists() && out.contains("connected"), "{out}");
     }
 
     #[test]
