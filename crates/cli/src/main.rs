@@ -368,7 +368,7 @@ struct ServeArgs {
     /// `best-effort` (what the kernel supports, the rest named in a warning and in
     /// /api/v1/health) or `off`. Default: strict where the kernel holds it, else best-effort.
     #[arg(long, env = "LEMONADE_SANDBOX", value_parser = sandbox_mode)]
-    sandbox: Option<backends::sandbox::Mode>,
+    sandbox: Option<String>,
     /// The crash back-off's first pause (ms); it doubles with each crash in a row.
     #[arg(long, env = "LEMONADE_CRASH_BACKOFF_MS", default_value_t = 1_000, hide = true)]
     crash_backoff_ms: u64,
@@ -384,8 +384,11 @@ enum MetricsNames {
 }
 
 /// `--sandbox`'s value.
-fn sandbox_mode(s: &str) -> anyhow::Result<backends::sandbox::Mode> {
-    backends::sandbox::Mode::parse(s).ok_or_else(|| anyhow::anyhow!("'{s}' is not strict, best-effort or off"))
+fn sandbox_mode(s: &str) -> anyhow::Result<String> {
+    match s == "auto" || backends::sandbox::Mode::parse(s).is_some() {
+        true => Ok(s.trim().to_ascii_lowercase()),
+        false => Err(anyhow::anyhow!("'{s}' is not strict, best-effort, off or auto")),
+    }
 }
 
 /// A header name, lowercased (`--session-header`).
@@ -410,7 +413,8 @@ fn config_flags(a: &ServeArgs, m: Option<&clap::ArgMatches>) -> serde_json::Map<
     };
     let limits =
         a.max_loaded_models.as_ref().map(|v| if v.len() == 1 { Value::from(v[0]) } else { Value::from(v.clone()) });
-    let all: [(&str, &str, Value); 14] = [
+    let all: [(&str, &str, Value); 15] = [
+        ("sandbox", "sandbox", a.sandbox.clone().into()),
         ("log_level", "log_level", a.log_level.name().into()),
         ("extra_models_dir", "extra_models_dir", a.extra_models_dir.as_ref().map(|d| d.display().to_string()).into()),
         ("load_timeout", "load_timeout", a.load_timeout.into()),
@@ -467,8 +471,7 @@ async fn serve(
         format!("--prompt-cache-size: '{}' is not a size (4G, 512M, bytes or 0)", args.prompt_cache_size)
     })?;
     cfg.crash_backoff = (Duration::from_millis(args.crash_backoff_ms), Duration::from_millis(args.crash_reset_ms));
-    cfg.sandbox = args.sandbox.unwrap_or_else(host::sandbox::default_mode);
-    let confinement = host::sandbox::status(cfg.sandbox)?;
+    let confinement = host::sandbox::status(cfg.live.sandbox())?;
     if confinement.missing.is_empty() {
         tracing::info!(mode = %confinement.mode, landlock_abi = confinement.landlock_abi, "backends are sandboxed");
     } else {

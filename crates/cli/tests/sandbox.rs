@@ -130,7 +130,7 @@ async fn strict_is_refused_where_asked_off_is_said_and_a_bad_mode_is_an_error() 
     drop(l);
     let out = std::process::Command::new(bin()).args(["serve", "--sandbox", "on"]).output().unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("'on' is not strict, best-effort or off"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("'on' is not strict, best-effort, off or auto"));
 }
 
 /// Every key lemonade holds (its API key, its admin key, the Hub token, a provider's key):
@@ -224,4 +224,30 @@ fn files_containing(dir: &Path, needle: &str) -> Vec<std::path::PathBuf> {
         }
     }
     hits
+}
+
+/// `sandbox` is a configuration key like the others: `config.json` sets it, `/internal/set`
+/// changes it for the next backends (checked: a bad value is a 400 naming it), the flag wins
+/// over the file.
+#[tokio::test]
+async fn the_sandbox_is_a_configuration_key_for_the_next_backends() {
+    let s = Sandbox::new();
+    std::fs::write(s.cache().join("config.json"), r#"{"sandbox": "off"}"#).unwrap();
+    let l = Lemonade::start_in(bin(), s, &[], &[]).await;
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(h["sandbox"]["mode"], "off", "{h}");
+    let (_, c) = l.get("/internal/config").await;
+    assert_eq!(c["sandbox"], "off", "{c}");
+    let (code, e) = l.post("/internal/set", &json!({"sandbox": "on"})).await;
+    assert_eq!((code, e["error"]["param"].as_str()), (400, Some("sandbox")), "{e}");
+    assert_eq!(l.post("/internal/set", &json!({"sandbox": "strict"})).await.0, 200);
+    assert_eq!(l.post("/api/v1/chat/completions", &chat(SMOL, "hi", 2)).await.0, 200);
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_strict(&h["all_models_loaded"][0]["sandbox"]);
+    assert_strict(&h["sandbox"]);
+    // The flag wins over the file.
+    let s = Sandbox::new();
+    std::fs::write(s.cache().join("config.json"), r#"{"sandbox": "off"}"#).unwrap();
+    let l = Lemonade::start_in(bin(), s, &["--sandbox", "best-effort"], &[]).await;
+    assert_eq!(l.get("/api/v1/health").await.1["sandbox"]["mode"], "best-effort");
 }

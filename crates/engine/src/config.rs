@@ -45,8 +45,6 @@ pub struct Config {
     pub crash_backoff: (Duration, Duration),
     /// Bytes the prompt cache may take on disk (`--prompt-cache-size`); 0 turns it off.
     pub prompt_cache_size: u64,
-    /// How backends are confined (`--sandbox`); the strongest this kernel holds by default.
-    pub sandbox: backends::sandbox::Mode,
     /// How often remote providers' model lists are refreshed (None: only on demand).
     pub remote_refresh: Option<Duration>,
     /// The Hugging Face endpoint to pull from (None: `HF_ENDPOINT`, else huggingface.co).
@@ -77,6 +75,8 @@ pub struct Live {
     /// The server-wide layer of the load options (`--ctx-size`, `--llamacpp`,
     /// `--llamacpp-args`, `config.json`'s option keys).
     options: RwLock<LoadOptions>,
+    /// How the next backends are confined (`--sandbox`, `config.json`'s `sandbox`).
+    sandbox: RwLock<backends::sandbox::Mode>,
 }
 
 impl Live {
@@ -89,7 +89,16 @@ impl Live {
             remote_timeout_ms: AtomicU64::new(300_000),
             extra_models_dir: RwLock::new(None),
             options: RwLock::new(LoadOptions { llamacpp_backend: Some("cpu".into()), ..LoadOptions::default() }),
+            sandbox: RwLock::new(host::sandbox::default_mode()),
         }
+    }
+
+    /// How the backends started from now on are confined.
+    pub fn sandbox(&self) -> backends::sandbox::Mode {
+        *self.sandbox.read()
+    }
+    pub fn set_sandbox(&self, mode: backends::sandbox::Mode) {
+        *self.sandbox.write() = mode;
     }
 
     /// How long a backend may take to load a model.
@@ -188,7 +197,6 @@ impl Config {
                 Duration::from_millis(scheduler::machine::CRASH_RESET_MS),
             ),
             prompt_cache_size: 4 << 30,
-            sandbox: host::sandbox::default_mode(),
             devices: None,
             remote_refresh: Some(Duration::from_secs(60)),
             hub_endpoint: None,

@@ -279,7 +279,7 @@ impl RealLauncher {
         runtime.extend(backends::sandbox::operator_files(&given.into_iter().flatten().collect::<Vec<_>>()));
         let policy = backends::sandbox::policy(&program, &runtime, &models, (&scratch, &writes), port, &ports);
         let mut spec = SpawnSpec::new(name, program, launch, self.cfg.live.load_timeout());
-        spec.sandbox = Some((self.cfg.sandbox, policy));
+        spec.sandbox = Some((self.cfg.live.sandbox(), policy));
         Ok(Prepared { spec, cache })
     }
 }

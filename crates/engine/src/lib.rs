@@ -110,7 +110,7 @@ pub fn backend_client() -> reqwest::Client {
 impl Engine {
     /// How backends are confined on this kernel (`--sandbox`), and what it cannot enforce.
     pub fn sandbox(&self) -> Option<api_types::SandboxStatus> {
-        host::sandbox::status(self.cfg.sandbox).ok()
+        host::sandbox::status(self.cfg.live.sandbox()).ok()
     }
 
     /// The engine with real processes: the catalogue read from disk, leftovers of killed

@@ -72,6 +72,7 @@ pub fn start_values(cache_dir: &Path, flags: &Map<String, Value>) -> Result<Star
 /// `cfg` set from `start`: the live parts and the scheduler's settings.
 pub fn configure(cfg: &mut Config, start: &StartValues) -> Result<()> {
     let values = &start.values;
+    cfg.live.set_sandbox(sandbox_mode(values)?.unwrap_or_else(host::sandbox::default_mode));
     apply_server(cfg, values);
     let mut options = keys::options(&start.overrides).map_err(refused)?;
     options.llamacpp_backend = keys::options(values).map_err(refused)?.llamacpp_backend;
@@ -79,6 +80,15 @@ pub fn configure(cfg: &mut Config, start: &StartValues) -> Result<()> {
     let update = keys::scheduler(values).map_err(refused)?;
     cfg.scheduler = crate::settings::settings(&update)?.over(cfg.scheduler.clone());
     Ok(())
+}
+
+/// The sandbox mode `values` name (`auto`: the strongest this kernel holds), checked against
+/// the kernel: `strict` where it cannot hold every rule is a 400 naming what it lacks.
+fn sandbox_mode(values: &Map<String, Value>) -> Result<Option<backends::sandbox::Mode>> {
+    let Some(v) = values.get("sandbox").and_then(Value::as_str) else { return Ok(None) };
+    let mode = backends::sandbox::Mode::parse(v).unwrap_or_else(host::sandbox::default_mode);
+    host::sandbox::status(mode).map_err(|e| EngineError::invalid(e.to_string(), Some("sandbox")))?;
+    Ok(Some(mode))
 }
 
 /// The timeouts and the extra models dir of `values` (the keys it has) into `cfg`'s live part.
@@ -109,6 +119,7 @@ pub fn snapshot(rt: &Engine) -> Map<String, Value> {
     m.insert("load_timeout".into(), live.load_timeout().as_secs().into());
     m.insert("pull_timeout".into(), live.pull_timeout().as_secs().into());
     m.insert("remote_timeout".into(), live.remote_timeout().as_secs().into());
+    m.insert("sandbox".into(), live.sandbox().as_str().into());
     // The scheduler's keys are `/params`' fields, but for the slot limits (one number when every
     // type has the same) and the budgets (`none` rather than null).
     let p = crate::settings::current(&rt.lifecycle);
@@ -151,6 +162,7 @@ pub async fn set(rt: &Engine, update: &Map<String, Value>) -> Result<Map<String,
     let resolved: Map<String, Value> =
         update.iter().map(|(k, v)| (k.clone(), if v.is_null() { defaults[k].clone() } else { v.clone() })).collect();
     let sched = crate::settings::settings(&keys::scheduler(&resolved).map_err(refused)?)?;
+    let sandbox = sandbox_mode(&resolved)?;
     let set: Map<String, Value> =
         update.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
     let mut options = rt.cfg.live.options();
@@ -171,6 +183,9 @@ pub async fn set(rt: &Engine, update: &Map<String, Value>) -> Result<Map<String,
         rt.catalogue.set_extra_models_dir(dir)?;
     }
     rt.cfg.live.set_options(options);
+    if let Some(mode) = sandbox {
+        rt.cfg.live.set_sandbox(mode);
+    }
     rt.lifecycle.configure(sched).await;
     tracing::info!(keys = ?resolved.keys().collect::<Vec<_>>(), "configuration changed");
     Ok(resolved)

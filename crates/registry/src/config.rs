@@ -53,6 +53,7 @@ pub const KEYS: &[Key] = &[
     key("load_timeout", Group::Server, Effect::Now),
     key("pull_timeout", Group::Server, Effect::Now),
     key("remote_timeout", Group::Server, Effect::Now),
+    key("sandbox", Group::Server, Effect::NextLoad),
     key("max_loaded_models", Group::Scheduler, Effect::Now),
     key("idle_timeout", Group::Scheduler, Effect::Now),
     key("max_queue", Group::Scheduler, Effect::Now),
@@ -90,6 +91,8 @@ pub fn defaults() -> Map<String, Value> {
         "load_timeout": 600,
         "pull_timeout": 3600,
         "remote_timeout": 300,
+        // How backends are confined: `auto` is the strongest the kernel holds.
+        "sandbox": "auto",
         "max_loaded_models": 1,
         "idle_timeout": 0,
         "max_queue": 256,
@@ -182,6 +185,11 @@ pub fn scheduler(values: &Map<String, Value>) -> Result<ParamsUpdate, ConfigErro
 
 /// Checks the server group's values that `values` holds.
 pub fn check_server(values: &Map<String, Value>) -> Result<(), ConfigError> {
+    if let Some(v) = values.get("sandbox") {
+        if v.as_str().is_none_or(|s| s != "auto" && backends::sandbox::Mode::parse(s).is_none()) {
+            return Err(refuse("sandbox", format!("sandbox must be auto, strict, best-effort or off, got {v}")));
+        }
+    }
     if let Some(v) = values.get("log_level") {
         match v.as_str() {
             Some(l) if LOG_LEVELS.contains(&l) => {}
