@@ -71,6 +71,23 @@ fn routes() -> Vec<(&'static str, String, Option<Value>)> {
             ("POST", p("/admin/models/extra.m.gguf/unload"), Some(json!({}))),
             ("GET", p("/props?model=extra.m.gguf"), None),
             ("POST", p("/tokenize"), Some(json!({"model": "extra.m.gguf", "content": "hi"}))),
+            ("POST", p("/audio/speech"), Some(json!({"model": "extra.m.gguf", "input": "hi"}))),
+            ("POST", p("/images/generations"), Some(json!({"model": "extra.m.gguf", "prompt": "a lemon"}))),
+            ("GET", p("/cloud"), None),
+            ("GET", p("/log-level"), None),
+            (
+                "POST",
+                p("/messages"),
+                Some(
+                    json!({"model": "extra.m.gguf", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}),
+                ),
+            ),
+            ("POST", p("/messages/count_tokens"), Some(json!({"model": "extra.m.gguf", "messages": "not a list"}))),
+            ("GET", p("/params"), None),
+            ("POST", p("/params"), Some(json!({"swap_hold_ms": 2000}))),
+            ("POST", p("/pin"), Some(json!({"model": "extra.m.gguf", "pinned": false}))),
+            ("DELETE", p("/prompt-cache"), None),
+            ("POST", p("/admin/models/extra.m.gguf/load"), Some(json!({}))),
             ("GET", p("/no-such-endpoint"), None),
         ]);
     }
@@ -79,6 +96,21 @@ fn routes() -> Vec<(&'static str, String, Option<Value>)> {
         ("GET", "/props?model=extra.m.gguf".to_string(), None),
         ("GET", "/metrics?model=extra.m.gguf".to_string(), None),
         ("GET", "/api/tags".to_string(), None),
+        ("GET", "/api/ps".to_string(), None),
+        ("GET", "/api/version".to_string(), None),
+        (
+            "POST",
+            "/api/chat".to_string(),
+            Some(json!({"model": "extra.m.gguf", "stream": false, "messages": [{"role": "user", "content": "hi"}]})),
+        ),
+        ("POST", "/api/generate".to_string(), Some(json!({"model": "extra.m.gguf", "stream": false, "prompt": "hi"}))),
+        ("POST", "/api/embed".to_string(), Some(json!({"model": "extra.m.gguf", "input": "hi"}))),
+        ("POST", "/api/embeddings".to_string(), Some(json!({"model": "extra.m.gguf", "prompt": "hi"}))),
+        ("POST", "/api/show".to_string(), Some(json!({"model": "extra.m.gguf"}))),
+        ("POST", "/api/pull".to_string(), Some(json!({"model": "nobody/nope:Q4_0", "stream": false}))),
+        ("DELETE", "/api/delete".to_string(), None),
+        ("GET", "/slots?model=extra.m.gguf".to_string(), None),
+        ("POST", "/tokenize".to_string(), Some(json!({"model": "extra.m.gguf", "content": "hi"}))),
         ("GET", "/internal/aliases".to_string(), None),
         ("POST", "/internal/aliases".to_string(), Some(json!({"alias": "a1", "target": "extra.m.gguf"}))),
         ("DELETE", "/internal/aliases/nope".to_string(), None),
@@ -125,7 +157,12 @@ async fn every_route_family_needs_the_key() {
         assert!(!text.contains("API key"), "{method} {path} with the key: {text}");
         if s >= 400 {
             let v: Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("{method} {path}: {text}"));
-            let msg = v["error"]["message"].as_str().unwrap_or_default();
+            // The dialect's own shape: `{"error": {"message"}}` (OpenAI, Anthropic) or Ollama's
+            // `{"error": "…"}`.
+            let msg = v["error"]["message"]
+                .as_str()
+                .or(v["error"].as_str().filter(|_| path.starts_with("/api/") && !path.starts_with("/api/v")))
+                .unwrap_or_default();
             assert!(!msg.is_empty(), "{method} {path}: an error names its cause: {text}");
         } else {
             assert!(!text.trim().is_empty(), "{method} {path}: an empty answer");
@@ -316,4 +353,168 @@ async fn the_key_guards_real_inference() {
     let r = l.http.post(l.url("/api/v1/unload")).bearer_auth(ADMIN).json(&unload).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
     assert!(child_pids(l.pid()).is_empty(), "the admin key unloaded it");
+}
+
+/// The operations of the route table (the OpenAPI document, which the server's router is
+/// checked against) that [`routes`] does not exercise with the key, and why. A route in
+/// neither list fails [`every_operation_of_the_route_table_under_every_prefix_needs_the_key`]:
+/// a new route must join the access tests.
+const NOT_IN_ROUTES: &[(&str, &str, &str)] = &[
+    ("GET", "/live", "public: liveness"),
+    ("GET", "/api/v1/health", "public: health, for monitors"),
+    ("GET", "/health", "public: a router's health probe"),
+    ("GET", "/get_load", "public: a router's load probe"),
+    ("GET", "/api/v1/logs/stream", "a stream: log_level_changes_what_logs_stream_shows"),
+    ("GET", "/logs/stream", "a WebSocket: the websocket tests"),
+    ("GET", "/api/v1/scheduler/events", "a stream that never ends"),
+    ("POST", "/internal/shutdown", "stops the server: cli.rs"),
+    ("POST", "/internal/telemetry/flush", "config.rs's OTLP test"),
+    ("POST", "/api/v1/audio/transcriptions", "multipart: audio.rs"),
+    ("POST", "/api/v1/audio/translations", "multipart: audio.rs"),
+    ("POST", "/api/v1/images/edits", "multipart: images.rs"),
+    ("POST", "/api/v1/images/variations", "multipart: images.rs"),
+    ("POST", "/api/create", "501 by design (the bad-input corpus checks that it always is)"),
+];
+
+/// The operations only the admin key may use when one is set (the API key gets a 403
+/// `admin_key_required`), as `(method, path)` of the route table.
+const ADMIN_OPS: &[(&str, &str)] = &[
+    ("POST", "/api/v1/pull"),
+    ("POST", "/api/v1/delete"),
+    ("POST", "/api/v1/install"),
+    ("POST", "/api/v1/uninstall"),
+    ("POST", "/api/v1/load"),
+    ("POST", "/api/v1/unload"),
+    ("POST", "/api/v1/log-level"),
+    ("POST", "/api/v1/downloads/control"),
+    ("POST", "/api/v1/cloud/auth"),
+    ("DELETE", "/api/v1/cloud/auth/{provider}"),
+    ("DELETE", "/api/v1/prompt-cache"),
+    ("POST", "/api/v1/models/{id}/options"),
+    ("DELETE", "/api/v1/models/{id}/options"),
+    ("POST", "/api/v1/models/register"),
+    ("POST", "/v1/admin/models/{model_name}/load"),
+    ("POST", "/v1/admin/models/{model_name}/unload"),
+    ("POST", "/api/pull"),
+    ("DELETE", "/api/delete"),
+    ("POST", "/api/create"),
+    ("GET", "/internal/aliases"),
+    ("POST", "/internal/aliases"),
+    ("DELETE", "/internal/aliases/{alias}"),
+    ("GET", "/internal/config"),
+    ("GET", "/internal/config/defaults"),
+    ("POST", "/internal/set"),
+    ("POST", "/internal/pin"),
+    ("POST", "/internal/cleanup-cache"),
+    ("POST", "/internal/shutdown"),
+    ("POST", "/internal/telemetry/flush"),
+];
+
+/// Every operation of the OpenAPI document: (method, path as documented).
+async fn route_table(l: &Lemonade) -> Vec<(String, String)> {
+    let (s, doc) = l.get("/api/v1/openapi.json").await;
+    assert_eq!(s, 200, "the route table is public");
+    let mut ops = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in ["get", "post", "delete", "put", "patch"] {
+            if item.get(method).is_some() {
+                ops.push((method.to_uppercase(), path.clone()));
+            }
+        }
+    }
+    assert!(ops.len() > 80, "{ops:?}");
+    ops
+}
+
+/// A documented path made concrete, under each prefix it is served at (`/api/v1/…` also under
+/// `/api/v0`, `/v0` and `/v1`).
+fn concrete(path: &str) -> Vec<String> {
+    let p = path
+        .replace("{id}", "extra.m.gguf")
+        .replace("{model_name}", "extra.m.gguf")
+        .replace("{provider}", "nope")
+        .replace("{alias}", "nope");
+    match p.strip_prefix("/api/v1") {
+        Some(rest) => ["/api/v0", "/api/v1", "/v0", "/v1"].iter().map(|pre| format!("{pre}{rest}")).collect(),
+        None => vec![p],
+    }
+}
+
+/// A path of [`routes`] as the route table documents it (`/api/v1` form, parameters named).
+fn documented(path: &str) -> String {
+    let path = path.split('?').next().unwrap_or(path);
+    let path = ["/api/v0", "/v0", "/v1"]
+        .iter()
+        .find_map(|pre| path.strip_prefix(pre).filter(|r| !r.starts_with("/admin")).map(|r| format!("/api/v1{r}")))
+        .unwrap_or_else(|| path.to_string());
+    let path = path.replace("/models/extra.m.gguf/", "/models/{id}/");
+    let path = if path.ends_with("/models/extra.m.gguf") { path.replace("extra.m.gguf", "{id}") } else { path };
+    path.replace("/admin/models/{id}/", "/admin/models/{model_name}/")
+        .replace("/api/v1/admin/models/extra.m.gguf/", "/v1/admin/models/{model_name}/")
+        .replace("/cloud/auth/nope", "/cloud/auth/{provider}")
+        .replace("/internal/aliases/nope", "/internal/aliases/{alias}")
+}
+
+#[tokio::test]
+async fn every_operation_of_the_route_table_under_every_prefix_needs_the_key() {
+    let l = keyed().await;
+    let public = ["/live", "/health", "/get_load"];
+    let listed: std::collections::BTreeSet<(String, String)> =
+        routes().into_iter().map(|(m, p, _)| (m.to_string(), documented(&p))).collect();
+    let mut unlisted = Vec::new();
+    let mut tried = 0;
+    for (method, path) in route_table(&l).await {
+        let known = NOT_IN_ROUTES.iter().any(|(m, p, _)| *m == method && *p == path);
+        if !known && !listed.contains(&(method.clone(), path.clone())) {
+            unlisted.push(format!("{method} {path}"));
+        }
+        for p in concrete(&path) {
+            let health = p.ends_with("/health");
+            let open = public.contains(&p.as_str()) || health;
+            for key in [None, Some("wrong")] {
+                let (s, text) = call(&l, &method, &p, &None, key).await;
+                tried += 1;
+                match open {
+                    true => assert!(s < 400 && method == "GET", "{method} {p} is public: {s} {text}"),
+                    false => assert_eq!(
+                        (s, text.as_str()),
+                        (401, r#"{"error": "Invalid or missing API key"}"#),
+                        "{method} {p} with {key:?}"
+                    ),
+                }
+            }
+        }
+    }
+    assert!(
+        unlisted.is_empty(),
+        "routes the access tests do not exercise (add them to routes() or NOT_IN_ROUTES): {unlisted:?}"
+    );
+    assert!(tried > 400, "{tried}");
+}
+
+#[tokio::test]
+async fn the_admin_operations_of_the_route_table_refuse_the_api_key_and_the_others_take_it() {
+    let s = fake_sandbox(&[("m", None, json!({}))]);
+    let fake = fake_llama_server();
+    let env = [
+        ("LEMONADE_LLAMACPP_CPU_BIN", fake.to_str().unwrap()),
+        ("LEMONADE_API_KEY", KEY),
+        ("LEMONADE_ADMIN_API_KEY", "adm1n"),
+    ];
+    let l = Lemonade::start_in(bin(), s, &[], &env).await;
+    let forbidden = r#"{"error":{"message":"This endpoint changes the server: it needs LEMONADE_ADMIN_API_KEY, not the API key","type":"forbidden","code":"admin_key_required"}}"#;
+    let never_ending = ["/logs/stream", "/scheduler/events"];
+    for (method, path) in route_table(&l).await {
+        let admin = ADMIN_OPS.iter().any(|(m, p)| *m == method && *p == path);
+        for p in concrete(&path) {
+            if !admin && never_ending.iter().any(|n| p.ends_with(n)) {
+                continue;
+            }
+            let (s, text) = call(&l, &method, &p, &Some(json!({})), Some(KEY)).await;
+            match admin {
+                true => assert_eq!((s, text.as_str()), (403, forbidden), "{method} {p} with the API key"),
+                false => assert!(s != 401 && s != 403, "{method} {p} with the API key: {s} {text}"),
+            }
+        }
+    }
 }

@@ -83,12 +83,17 @@ fn protected(path: &str) -> bool {
     api && !public
 }
 
-/// The endpoints that change what is on the machine or how it runs: pull, delete, install,
+/// The endpoints that change what is on the machine or how it runs: pull, delete, install (and
+/// Ollama's pull, delete and create),
 /// uninstall, load, unload, log-level, the admin API's load and unload, saving or erasing a
 /// model's options, emptying the prompt cache, and everything under `/internal/` (Lemonade
 /// v11's management endpoints, reads included, as v11 guards them).
 pub fn admin_path(method: &Method, path: &str) -> bool {
     if path.starts_with("/internal/") {
+        return true;
+    }
+    // Ollama's pull, delete and create change what is on the machine as v1's do.
+    if matches!((method.as_str(), path), ("POST", "/api/pull") | ("DELETE", "/api/delete") | ("POST", "/api/create")) {
         return true;
     }
     let Some(rest) = crate::routes::PREFIXES.iter().find_map(|p| path.strip_prefix(p)) else { return false };
