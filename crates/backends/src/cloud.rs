@@ -24,6 +24,45 @@ pub enum CloudError {
     BadAuthHeader(String),
     #[error("auth_header_prefix holds a control character or is longer than 64 characters")]
     BadAuthPrefix,
+    #[error(
+        "Base URL '{0}' points at {1}, which no model server answers on: link-local addresses (169.254.0.0/16, fe80::/10) hold cloud metadata services, and an unspecified address (0.0.0.0, ::) reaches this machine by accident"
+    )]
+    Unreachable(String, String),
+}
+
+/// Why lemonade never connects to `ip` for a provider: link-local (a cloud's metadata service
+/// at 169.254.169.254, fe80::/10) or unspecified (0.0.0.0, ::), also as an IPv4-mapped IPv6
+/// address (`::ffff:169.254.169.254`). Loopback and private addresses are a user's own engines
+/// (vLLM on localhost, a box on the LAN), named by the admin who installs the provider.
+pub fn forbidden_address(ip: core::net::IpAddr) -> Option<&'static str> {
+    use core::net::IpAddr;
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
+        v4 => v4,
+    };
+    match ip {
+        IpAddr::V4(v4) if v4.is_unspecified() => Some("an unspecified address"),
+        IpAddr::V4(v4) if v4.is_link_local() => Some("a link-local address"),
+        IpAddr::V6(v6) if v6.is_unspecified() => Some("an unspecified address"),
+        IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80 => Some("a link-local address"),
+        _ => None,
+    }
+}
+
+/// `url`'s host, when it is an IP address literal that [`forbidden_address`] refuses: an error
+/// naming it. A host name is checked when it is resolved, at each connection.
+pub fn check_base_address(url: &str) -> Result<(), CloudError> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => authority.split(':').next().unwrap_or(""),
+    };
+    match host.parse::<core::net::IpAddr>().ok().and_then(forbidden_address) {
+        Some(why) => Err(CloudError::Unreachable(url.to_string(), why.to_string())),
+        None => Ok(()),
+    }
 }
 
 /// The header a key goes in by default, and the text before it.
@@ -215,6 +254,33 @@ pub fn echo_model(json: &[u8], upstream: &str, requested: &str) -> Option<Vec<u8
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metadata_and_unspecified_addresses_are_refused_in_every_spelling_and_loopback_is_not() {
+        for url in [
+            "http://169.254.169.254/latest",
+            "http://169.254.169.254:80/v1",
+            "http://0.0.0.0:8000",
+            "http://[::]:8000/v1",
+            "http://[::ffff:169.254.169.254]/v1",
+            "http://[::ffff:0.0.0.0]:80",
+            "http://[fe80::1]:8000",
+            "http://user@169.254.169.254/v1",
+        ] {
+            let e = check_base_address(url).unwrap_err();
+            assert!(matches!(e, CloudError::Unreachable(..)), "{url}: {e}");
+        }
+        for url in [
+            "http://127.0.0.1:8000",
+            "http://[::1]:1",
+            "http://[::ffff:127.0.0.1]:80",
+            "http://10.0.0.5:8000/v1",
+            "https://api.example.com/v1",
+            "http://localhost:9",
+        ] {
+            assert!(check_base_address(url).is_ok(), "{url}");
+        }
+    }
 
     #[test]
     fn loopback_bases_are_this_machine() {

@@ -460,6 +460,26 @@ async fn real_llama_server_v11_cloud_install_auth_clear_uninstall_and_the_http_k
     let probe = c["upstreams"].as_array().unwrap().iter().find(|u| u["name"] == "far").unwrap()["last_probe"].clone();
     assert!(probe["error"].as_str().is_some_and(|e| e.contains("allow_insecure_http=true")), "{probe}");
     assert!(probe["ms"].as_u64().is_some_and(|ms| ms < 100), "refused before any connection: {probe}");
+
+    // SSRF: a cloud metadata address or an unspecified one, in any spelling, is never a
+    // provider (a 400 naming base_url; nothing registered). Loopback stays the user's choice.
+    for url in [
+        "http://169.254.169.254/latest",
+        "http://0.0.0.0:8000/v1",
+        "http://[::]:8000",
+        "http://[::ffff:169.254.169.254]/v1",
+    ] {
+        let body = json!({"backend": "cloud", "provider": "meta", "base_url": url, "api_key": "k"});
+        let (s, v) = l.post("/v1/install", &body).await;
+        assert_eq!((s, v["error"]["param"].as_str()), (400, Some("base_url")), "{url}: {v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains("link-local")
+                || v["error"]["message"].as_str().unwrap().contains("unspecified"),
+            "{v}"
+        );
+    }
+    let (_, c) = l.get("/api/v1/cloud").await;
+    assert!(!c.to_string().contains("\"meta\""), "nothing registered: {c}");
 }
 
 /// A router collection with a remote candidate (v11's cloud candidates): a `consent: denied`

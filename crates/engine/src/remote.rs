@@ -355,6 +355,10 @@ impl Remotes {
             .connect_timeout(Duration::from_secs(5))
             .pool_idle_timeout(Duration::from_secs(30))
             .redirect(host::net::same_origin_redirects())
+            // A provider's name is resolved at each connection and its link-local and
+            // unspecified addresses dropped: a name that turns to 169.254.169.254 (DNS
+            // rebinding) is never connected to.
+            .dns_resolver(std::sync::Arc::new(host::net::ProviderResolver))
             .build()
             .expect("reqwest client");
         let saved = host::cloud::load(&cache_dir).unwrap_or_else(|e| {
@@ -424,6 +428,7 @@ impl Remotes {
         let provider = match base_url {
             Some(url) => {
                 let base = cloud::api_base(url).map_err(|e| bad(e, "base_url"))?;
+                cloud::check_base_address(&base).map_err(|e| bad(e, "base_url"))?;
                 let old = self.get(name);
                 let insecure = o.allow_insecure_http.unwrap_or_else(|| {
                     old.as_ref().is_some_and(|p| p.insecure_ok.load(std::sync::atomic::Ordering::Relaxed))

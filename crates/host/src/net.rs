@@ -3,6 +3,27 @@
 
 use std::time::Duration;
 
+/// Resolves provider host names, keeping no address that [`backends::cloud::forbidden_address`]
+/// refuses: the check and the connection use the same resolution, so a name that answers a
+/// metadata address on its second lookup is never reached.
+pub struct ProviderResolver;
+
+impl reqwest::dns::Resolve for ProviderResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_string();
+        Box::pin(async move {
+            let all: Vec<std::net::SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let kept: Vec<std::net::SocketAddr> =
+                all.iter().copied().filter(|a| backends::cloud::forbidden_address(a.ip()).is_none()).collect();
+            if kept.is_empty() {
+                let why = format!("{host} resolves only to addresses lemonade never connects a provider to: {all:?}");
+                return Err(Box::new(std::io::Error::new(std::io::ErrorKind::PermissionDenied, why)) as _);
+            }
+            Ok(Box::new(kept.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
 /// Redirects followed within one origin only (at most 5): a provider's key travels in a header
 /// of its own naming (`x-api-key`, `api-key`, …), which reqwest does not strip on a redirect to
 /// another host as it strips `Authorization`, so a provider that answers `307` to another
