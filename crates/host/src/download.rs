@@ -332,3 +332,42 @@ impl Writeback {
         self.started = self.at;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// The Hub answers a file with a redirect to its CDN on another host: the download follows
+    /// it without the Hub token (`Authorization` is dropped on a redirect to another origin).
+    #[tokio::test]
+    async fn the_hub_token_does_not_follow_a_redirect_to_another_origin() {
+        let cdn = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let hub = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let cdn_port = cdn.local_addr().unwrap().port();
+        let hub_url = format!("http://127.0.0.1:{}/org/repo/resolve/main/m.gguf", hub.local_addr().unwrap().port());
+        let answer = |mut s: tokio::net::TcpStream, reply: String| async move {
+            let mut buf = vec![0u8; 8192];
+            let n = s.read(&mut buf).await.unwrap_or(0);
+            let _ = s.write_all(reply.as_bytes()).await;
+            String::from_utf8_lossy(&buf[..n]).to_lowercase()
+        };
+        let hub_seen = tokio::spawn(async move {
+            let (s, _) = hub.accept().await.unwrap();
+            // `localhost`: another origin than 127.0.0.1, the same machine.
+            let to = format!("http://localhost:{cdn_port}/blob");
+            answer(s, format!("HTTP/1.1 302 Found\r\nlocation: {to}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"))
+                .await
+        });
+        let cdn_seen = tokio::spawn(async move {
+            let (s, _) = cdn.accept().await.unwrap();
+            answer(s, "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok".into()).await
+        });
+        let d = Downloader::new(Some("hf_SECRETTOKEN".into()));
+        let r = d.get(&hub_url).timeout(Duration::from_secs(10)).send().await.unwrap();
+        assert_eq!(r.text().await.unwrap(), "ok");
+        assert!(hub_seen.await.unwrap().contains("authorization: bearer hf_secrettoken"), "the Hub gets the token");
+        let cdn = cdn_seen.await.unwrap();
+        assert!(!cdn.contains("hf_secrettoken") && !cdn.contains("authorization"), "{cdn}");
+    }
+}
