@@ -251,3 +251,31 @@ async fn the_sandbox_is_a_configuration_key_for_the_next_backends() {
     let l = Lemonade::start_in(bin(), s, &["--sandbox", "best-effort"], &[]).await;
     assert_eq!(l.get("/api/v1/health").await.1["sandbox"]["mode"], "best-effort");
 }
+
+/// Kokoro installed as lemonade installs a backend: its launcher copied into a folder of its
+/// own (`bin/kokoro/cpu/koko`, as `cargo xtask setup` and the demo have it), exec'ing a venv's
+/// Python and a script kept elsewhere. Under the strict sandbox it still speaks: the launcher's
+/// interpreter, script and venv are granted (the demo caught this; the other speech tests run
+/// the launcher beside its venv).
+#[tokio::test]
+async fn real_kokoro_installed_apart_from_its_venv_speaks_sandboxed() {
+    let s = Sandbox::new().with_kokoro();
+    let installed = s.cache().join("bin/kokoro/cpu");
+    std::fs::create_dir_all(&installed).unwrap();
+    std::fs::copy(koko(), installed.join("koko")).unwrap();
+    let launcher = installed.join("koko");
+    let l = Lemonade::start_in(bin(), s, &[], &[("LEMONADE_KOKORO_CPU_BIN", launcher.to_str().unwrap())]).await;
+    let r = l
+        .http
+        .post(l.url("/api/v1/audio/speech"))
+        .json(&json!({"model": KOKORO, "input": "Hello from the sandbox."}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let bytes = r.bytes().await.unwrap();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));
+    assert!(bytes.starts_with(b"RIFF") && bytes.len() > 10_000, "a WAV: {} bytes", bytes.len());
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_strict(&h["all_models_loaded"][0]["sandbox"]);
+}

@@ -162,21 +162,27 @@ pub fn model_files(named: &[&std::path::Path]) -> Vec<PathBuf> {
     out
 }
 
-/// What an interpreter-run backend needs besides its own folder: for a program beside a
-/// Python venv (`venv/pyvenv.cfg`, Kokoro's launcher), the venv and the Python install it was
-/// made from (its `home`'s parent).
+/// What an interpreter-run backend needs besides its own folder: where its links lead; for a
+/// launcher script (`#!`), the folders of the programs and files it names by absolute path
+/// (Kokoro's `koko` execs a venv's Python on a script kept elsewhere), followed once more;
+/// and for a program in or beside a Python venv (`pyvenv.cfg`), the venv and the Python
+/// install it was made from (its `home`'s parent).
 pub fn runtime_paths(program: &std::path::Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    let Some(dir) = program.parent() else { return out };
-    if let Ok(real) = std::fs::canonicalize(program) {
-        if let Some(d) = real.parent().filter(|d| *d != dir) {
-            out.push(d.to_path_buf());
+    let mut todo = vec![(program.to_path_buf(), 0)];
+    while let Some((p, depth)) = todo.pop() {
+        let Some(dir) = p.parent().map(std::path::Path::to_path_buf) else { continue };
+        if p != program {
+            out.push(dir.clone());
         }
-    }
-    let cfg = dir.join("venv").join("pyvenv.cfg");
-    if let Ok(text) = std::fs::read_to_string(&cfg) {
-        for line in text.lines() {
-            if let Some((k, v)) = line.split_once('=') {
+        if let Ok(real) = std::fs::canonicalize(&p) {
+            out.extend(real.parent().filter(|d| *d != dir).map(std::path::Path::to_path_buf));
+        }
+        // A venv beside it (`<dir>/venv`) or around it (`<venv>/bin/python`).
+        for venv in [dir.join("venv"), dir.parent().map(|d| d.to_path_buf()).unwrap_or_default()] {
+            let Ok(text) = std::fs::read_to_string(venv.join("pyvenv.cfg")) else { continue };
+            out.push(venv.clone());
+            for (k, v) in text.lines().filter_map(|l| l.split_once('=')) {
                 if k.trim() == "home" {
                     let home = PathBuf::from(v.trim());
                     let prefix = home.parent().map(|p| p.to_path_buf()).unwrap_or(home);
@@ -185,13 +191,61 @@ pub fn runtime_paths(program: &std::path::Path) -> Vec<PathBuf> {
                 }
             }
         }
+        if depth < 2 {
+            for named in script_paths(&p) {
+                todo.push((named, depth + 1));
+            }
+        }
     }
+    out.sort();
+    out.dedup();
     out
+}
+
+/// The existing files a launcher script (`#!`, its first 4 KiB) names by absolute path.
+fn script_paths(p: &std::path::Path) -> Vec<PathBuf> {
+    use std::io::Read;
+    let mut head = [0u8; 4096];
+    let n = std::fs::File::open(p).and_then(|mut f| f.read(&mut head)).unwrap_or(0);
+    if !head[..n].starts_with(b"#!") {
+        return Vec::new();
+    }
+    let text = String::from_utf8_lossy(&head[..n]);
+    text.split(|c: char| c.is_whitespace() || "'\"".contains(c))
+        .filter(|t| t.starts_with('/') && !t.starts_with("//"))
+        .map(PathBuf::from)
+        .filter(|t| t.is_file())
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Kokoro's launcher installed under lemonade's cache, exec'ing a venv's Python elsewhere:
+    /// the venv, its script's folder and the Python it was made from are all readable.
+    #[test]
+    fn a_launcher_script_grants_the_interpreter_and_script_it_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (bin, src) = (tmp.path().join("bin/kokoro/cpu"), tmp.path().join("kokoro-src"));
+        std::fs::create_dir_all(src.join("venv/bin")).unwrap();
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(src.join("venv/pyvenv.cfg"), "home = /opt/python3.11/bin\n").unwrap();
+        std::fs::write(src.join("venv/bin/python"), "").unwrap();
+        std::fs::write(src.join("koko.py"), "").unwrap();
+        let koko = bin.join("koko");
+        let script = format!(
+            "#!/bin/sh\nexec '{}' '{}' \"$@\"\n",
+            src.join("venv/bin/python").display(),
+            src.join("koko.py").display()
+        );
+        std::fs::write(&koko, script).unwrap();
+        let got = runtime_paths(&koko);
+        for want in [src.clone(), src.join("venv"), src.join("venv/bin"), PathBuf::from("/opt/python3.11")] {
+            assert!(got.contains(&want), "{} not in {got:?}", want.display());
+        }
+        assert!(!got.contains(&tmp.path().to_path_buf()), "{got:?}");
+    }
 
     #[test]
     fn strict_is_refused_naming_what_a_weak_kernel_lacks_and_off_says_so() {
