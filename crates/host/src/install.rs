@@ -171,6 +171,19 @@ fn unpack(archive: &Path, staging: &Path, exe: &str, version: &str) -> Result<Pa
             }
         }
     } else if name.ends_with(".zip") {
+        // Names first: one that is absolute or climbs out refuses the archive (unzip itself
+        // would strip them with a warning and go on).
+        let list = std::process::Command::new("unzip")
+            .arg("-Z1")
+            .arg(archive)
+            .output()
+            .map_err(|e| InstallError::DoesNotRun(format!("cannot run unzip for {name}: {e}")))?;
+        for entry in String::from_utf8_lossy(&list.stdout).lines() {
+            let p = Path::new(entry);
+            if p.components().any(|c| !matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir)) {
+                return Err(bad(format!("its entry '{entry}' would land outside the install folder")));
+            }
+        }
         let out = std::process::Command::new("unzip")
             .args(["-q", "-o"])
             .arg(archive)
@@ -184,6 +197,12 @@ fn unpack(archive: &Path, staging: &Path, exe: &str, version: &str) -> Result<Pa
     } else {
         return Err(bad("unknown archive type".into()));
     }
+    // No link may lead out of the tree (a zip's links are made after its files, so nothing was
+    // written through one; a link left pointing outside is refused all the same).
+    if let Some(link) = link_out_of(&tree, &tree) {
+        let _ = std::fs::remove_dir_all(&tree);
+        return Err(bad(format!("its link '{}' leads outside the install folder", link.display())));
+    }
     // By name, executable bit or not (archives made on Windows may lack it).
     let exe_path = binary::find_file(&tree, exe, &|_| true).ok_or_else(|| bad(format!("it contains no {exe}")))?;
     use std::os::unix::fs::PermissionsExt;
@@ -191,6 +210,31 @@ fn unpack(archive: &Path, staging: &Path, exe: &str, version: &str) -> Result<Pa
     std::fs::write(tree.join("version.txt"), format!("{version}\n")).map_err(|e| io_error(&tree, e))?;
     sync_tree(&tree).map_err(|e| io_error(&tree, e))?;
     Ok(tree)
+}
+
+/// The first symbolic link under `dir` whose target is absolute or resolves outside `root`.
+fn link_out_of(root: &Path, dir: &Path) -> Option<PathBuf> {
+    let root = std::fs::canonicalize(root).ok()?;
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let p = e.path();
+        let meta = std::fs::symlink_metadata(&p).ok()?;
+        if meta.file_type().is_symlink() {
+            let target = std::fs::read_link(&p).ok()?;
+            let escapes = target.is_absolute()
+                || std::fs::canonicalize(&p)
+                    .map_or(target.components().any(|c| c == std::path::Component::ParentDir), |t| {
+                        !t.starts_with(&root)
+                    });
+            if escapes {
+                return Some(p);
+            }
+        } else if meta.is_dir() {
+            if let Some(found) = link_out_of(&root, &p) {
+                return Some(found);
+            }
+        }
+    }
+    None
 }
 
 fn sync_tree(dir: &Path) -> std::io::Result<()> {
@@ -326,6 +370,24 @@ mod tests {
         path
     }
 
+    /// A zip whose entries are written as named (the zip crate checks no path on write).
+    fn hostile_zip(dir: &Path, entries: &[Entry]) -> PathBuf {
+        let path = dir.join("llama-b1-bin-ubuntu-x64.zip");
+        let mut z = zip::ZipWriter::new(std::fs::File::create(&path).unwrap());
+        let o = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+        for (name, kind, link, data) in entries {
+            match (kind, link) {
+                (tar::EntryType::Symlink, Some(l)) => z.add_symlink(*name, *l, o).unwrap(),
+                _ => {
+                    z.start_file(*name, o.unix_permissions(0o755)).unwrap();
+                    std::io::Write::write_all(&mut z, data).unwrap();
+                }
+            }
+        }
+        z.finish().unwrap();
+        path
+    }
+
     /// CVE-class "zip slip": a backend archive's `../`, absolute and symlink-through entries
     /// are refused, and nothing lands outside the staging folder.
     #[test]
@@ -346,8 +408,14 @@ mod tests {
                 ("link/through.txt", Regular, None, b"x"),
             ],
         ];
-        for (i, entries) in cases.iter().enumerate() {
-            let archive = hostile_archive(tmp.path(), entries);
+        for (i, entries) in cases
+            .iter()
+            .enumerate()
+            .flat_map(|(i, e)| [(i, e, false), (i + 10, e, true)])
+            .map(|(i, e, zip)| (i, (e, zip)))
+        {
+            let (entries, zip) = entries;
+            let archive = if zip { hostile_zip(tmp.path(), entries) } else { hostile_archive(tmp.path(), entries) };
             let r = unpack(&archive, &staging, "llama-server", "b1");
             let written: Vec<_> = std::fs::read_dir(&outside).unwrap().flatten().map(|e| e.file_name()).collect();
             assert!(written.is_empty(), "case {i}: wrote {written:?} outside ({r:?})");
