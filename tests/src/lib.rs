@@ -747,3 +747,22 @@ pub fn flm_standin() -> PathBuf {
     assert!(p.is_file(), "{} not found: build it with `cargo build -p lemonade-test-support --bins`", p.display());
     p
 }
+
+/// The files under `dir` (links not followed) that hold `needle`: where a secret was written.
+pub fn files_containing(dir: &Path, needle: &str) -> Vec<PathBuf> {
+    let mut hits = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() && !p.is_symlink() {
+                stack.push(p);
+            } else if !p.is_symlink()
+                && std::fs::read(&p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+            {
+                hits.push(p);
+            }
+        }
+    }
+    hits
+}

@@ -77,21 +77,6 @@ fn upstream_of<'a>(v: &'a Value, name: &str) -> &'a Value {
 }
 
 /// Every file under `dir` whose bytes contain `needle`.
-fn files_containing(dir: &Path, needle: &str) -> Vec<PathBuf> {
-    let mut hits = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() && !p.is_symlink() {
-                stack.push(p);
-            } else if std::fs::read(&p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes())) {
-                hits.push(p);
-            }
-        }
-    }
-    hits
-}
 
 #[tokio::test]
 async fn real_llama_server_remote_providers_are_discovered_named_and_serve_chat_streams_and_embeddings_with_the_key_kept_secret(

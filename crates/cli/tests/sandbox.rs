@@ -208,24 +208,6 @@ async fn no_key_reaches_an_answer_a_log_a_file_or_a_backend() {
     }
 }
 
-fn files_containing(dir: &Path, needle: &str) -> Vec<std::path::PathBuf> {
-    let mut hits = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() && !p.is_symlink() {
-                stack.push(p);
-            } else if !p.is_symlink()
-                && std::fs::read(&p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
-            {
-                hits.push(p);
-            }
-        }
-    }
-    hits
-}
-
 /// `sandbox` is a configuration key like the others: `config.json` sets it, `/internal/set`
 /// changes it for the next backends (checked: a bad value is a 400 naming it), the flag wins
 /// over the file.
