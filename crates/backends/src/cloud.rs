@@ -52,14 +52,7 @@ pub fn forbidden_address(ip: core::net::IpAddr) -> Option<&'static str> {
 /// `url`'s host, when it is an IP address literal that [`forbidden_address`] refuses: an error
 /// naming it. A host name is checked when it is resolved, at each connection.
 pub fn check_base_address(url: &str) -> Result<(), CloudError> {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let authority = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let host = match authority.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or(""),
-        None => authority.split(':').next().unwrap_or(""),
-    };
-    match host.parse::<core::net::IpAddr>().ok().and_then(forbidden_address) {
+    match host_of(url).parse::<core::net::IpAddr>().ok().and_then(forbidden_address) {
         Some(why) => Err(CloudError::Unreachable(url.to_string(), why.to_string())),
         None => Ok(()),
     }
@@ -125,16 +118,21 @@ pub fn upstream_url(base: &str, path: &str) -> String {
     }
 }
 
+/// A URL's host: no scheme, user, port or path; an IPv6 literal without its brackets.
+fn host_of(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => authority.split(':').next().unwrap_or(""),
+    }
+}
+
 /// Whether an API base's host is this machine (`localhost`, `127.x`, `::1`): a key sent there
 /// over plain HTTP never crosses a network.
 pub fn is_loopback_base(base: &str) -> bool {
-    let rest = base.split_once("://").map_or(base, |(_, r)| r);
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let authority = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let host = match authority.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or(""),
-        None => authority.split(':').next().unwrap_or(""),
-    };
+    let host = host_of(base);
     host.eq_ignore_ascii_case("localhost") || host.parse::<core::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 

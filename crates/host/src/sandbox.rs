@@ -18,7 +18,7 @@ use api_types::SandboxStatus;
 use backends::sandbox::{self, Mode, Policy};
 use landlock::{
     Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr,
-    RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    RulesetCreated, RulesetCreatedAttr, Scope, ABI,
 };
 
 /// Why a backend cannot be confined as asked.
@@ -33,11 +33,16 @@ pub enum SandboxError {
 }
 
 /// The kernel's Landlock ABI version (0: none, or disabled at boot).
+/// Asked once per process: the kernel's answer does not change while lemonade runs, and
+/// `/health` reports it on every call.
 pub fn landlock_abi() -> u32 {
-    // landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
-    // SAFETY: the documented version query; no memory is passed.
-    let v = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<u8>(), 0usize, 1u32) };
-    u32::try_from(v).unwrap_or(0)
+    static ABI: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *ABI.get_or_init(|| {
+        // landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
+        // SAFETY: the documented version query; no memory is passed.
+        let v = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, std::ptr::null::<u8>(), 0usize, 1u32) };
+        u32::try_from(v).unwrap_or(0)
+    })
 }
 
 /// The strongest mode this kernel holds completely: strict where it enforces every rule,
@@ -83,13 +88,12 @@ impl std::fmt::Debug for Confinement {
 
 impl Confinement {
     /// Restricts the calling process. Only for the child between fork and exec: it sets
-    /// `no_new_privs` and enforces the ruleset, nothing else (no allocation).
+    /// `no_new_privs` and enforces the ruleset, nothing else (no allocation). Under `strict`
+    /// the ruleset was built as a hard requirement, so what it enforces is all of it.
     pub fn enforce(&mut self) -> std::io::Result<()> {
-        let Some(r) = self.ruleset.take() else { return Ok(()) };
-        match r.restrict_self() {
-            Ok(s) if s.ruleset != RulesetStatus::NotEnforced || self.status.mode != "strict" => Ok(()),
-            Ok(_) => Err(std::io::Error::from_raw_os_error(libc::EPERM)),
-            Err(_) => Err(std::io::Error::last_os_error()),
+        match self.ruleset.take().map(RulesetCreated::restrict_self) {
+            None | Some(Ok(_)) => Ok(()),
+            Some(Err(_)) => Err(std::io::Error::last_os_error()),
         }
     }
 }

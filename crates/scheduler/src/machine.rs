@@ -757,8 +757,8 @@ impl<O: Clone + PartialEq> Machine<O> {
             Event::Started { model, result } => self.started(&model, result),
             Event::Stopped { model } => self.stopped(&model),
             Event::Exited { model, error } => self.exited(&model, error),
-            Event::Measured { model, memory } => self.measured(&model, memory),
-            Event::MeasuredVram { model, vram } => self.measured_vram(&model, vram),
+            Event::Measured { model, memory } => self.measured(&model, Pool::Memory, memory),
+            Event::MeasuredVram { model, vram } => self.measured(&model, Pool::Vram, vram),
             Event::Tick => {}
         }
         self.expire_idle();
@@ -832,44 +832,45 @@ impl<O: Clone + PartialEq> Machine<O> {
         self.out.push(Effect::Reject { req, model: name.to_string(), why });
     }
 
-    /// A loaded backend's measured memory: counted when it is more than its estimate.
-    fn measured(&mut self, name: &str, memory: u64) {
+    /// A loaded backend's measured memory of `pool`: counted when it is more than its estimate
+    /// (VRAM on the devices it was placed on, each share grown in proportion).
+    fn measured(&mut self, name: &str, pool: Pool, bytes: u64) {
         let Some(e) = self.models.get_mut(name).filter(|e| e.state == State::Loaded) else { return };
-        let (estimate, before) = (e.model.memory, e.memory);
-        let counted = memory.max(estimate);
-        if counted == before {
-            return;
-        }
-        e.memory = counted;
-        let mib = |b: u64| b / (1 << 20);
-        let (reason, detail) = match counted > estimate {
-            true => (
-                "over its estimate",
-                format!("counts {} MiB: measured {} MiB, estimated {} MiB", mib(counted), mib(memory), mib(estimate)),
-            ),
-            false => ("within its estimate", format!("counts its estimate, {} MiB, again", mib(estimate))),
+        let estimate = match pool {
+            Pool::Memory => e.model.memory,
+            Pool::Vram => e.model.vram,
         };
-        self.note("measured", reason, name, detail);
-    }
-
-    fn measured_vram(&mut self, name: &str, vram: u64) {
-        let Some(e) = self.models.get_mut(name).filter(|e| e.state == State::Loaded) else { return };
-        let (estimate, before) = (e.model.vram, e.vram);
-        let counted = vram.max(estimate);
-        if counted == before {
+        let counted = bytes.max(estimate);
+        if counted == e.size(pool) {
             return;
         }
-        e.vram = counted;
-        e.shares = grown(&e.estimated, estimate, counted);
+        let mut on = String::new();
+        match pool {
+            Pool::Memory => e.memory = counted,
+            Pool::Vram => {
+                e.vram = counted;
+                e.shares = grown(&e.estimated, estimate, counted);
+                if !e.shares.is_empty() {
+                    on = format!(" on {}", e.shares.keys().cloned().collect::<Vec<_>>().join(", "));
+                }
+            }
+        }
         let mib = |b: u64| b / (1 << 20);
-        let on = e.shares.keys().cloned().collect::<Vec<_>>().join(", ");
-        let on = if on.is_empty() { String::new() } else { format!(" on {on}") };
+        let (over, within) = match pool {
+            Pool::Memory => ("over its estimate", "within its estimate"),
+            Pool::Vram => ("VRAM over its estimate", "VRAM within its estimate"),
+        };
         let (reason, detail) = match counted > estimate {
             true => (
-                "VRAM over its estimate",
-                format!("counts {} MiB{on}: measured {} MiB, estimated {} MiB", mib(counted), mib(vram), mib(estimate)),
+                over,
+                format!(
+                    "counts {} MiB{on}: measured {} MiB, estimated {} MiB",
+                    mib(counted),
+                    mib(bytes),
+                    mib(estimate)
+                ),
             ),
-            false => ("VRAM within its estimate", format!("counts its estimate, {} MiB{on}, again", mib(estimate))),
+            false => (within, format!("counts its estimate, {} MiB{on}, again", mib(estimate))),
         };
         self.note("measured", reason, name, detail);
     }
