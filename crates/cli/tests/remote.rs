@@ -502,3 +502,57 @@ async fn real_llama_server_a_router_collection_sends_heavy_requests_to_a_remote_
     assert_eq!(loaded_names(&l.get("/api/v1/health").await.1), [SMOL], "the remote candidate holds no slot here");
     assert_eq!(loaded_names(&peer.get("/api/v1/health").await.1), [SMOL], "it ran on the peer");
 }
+
+/// A provider installed with a custom key header (`auth_header_name: x-api-key`) whose base
+/// answers every request with a 307 to another origin: lemonade's own provider client (its
+/// discovery at install, then a chat) never follows it, so the other origin never receives the
+/// key (reqwest's default would send it: it strips only `Authorization`).
+#[tokio::test]
+async fn a_providers_key_never_follows_its_redirect_to_another_origin() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let other = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let other_port = other.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(parking_lot::Mutex::new(String::new()));
+    let seen2 = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = other.accept().await {
+            let mut buf = vec![0u8; 8192];
+            let n = s.read(&mut buf).await.unwrap_or(0);
+            seen2.lock().push_str(&String::from_utf8_lossy(&buf[..n]));
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 25\r\nconnection: close\r\n\r\n{\"object\":\"list\",\"data\":[]}").await;
+        }
+    });
+    let redirecting = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = redirecting.local_addr().unwrap().port();
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let asked2 = asked.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = redirecting.accept().await {
+            let mut buf = vec![0u8; 8192];
+            let _ = s.read(&mut buf).await;
+            asked2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            // `localhost`: the same machine, another origin than 127.0.0.1.
+            let to = format!("http://localhost:{other_port}/v1/models");
+            let reply = format!(
+                "HTTP/1.1 307 Temporary Redirect\r\nlocation: {to}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            );
+            let _ = s.write_all(reply.as_bytes()).await;
+        }
+    });
+    let l = Lemonade::start_in(bin(), Sandbox::empty(), &[], &[]).await;
+    let body = json!({"recipe": "cloud", "backend": "hop", "base_url": format!("http://127.0.0.1:{port}/v1"),
+                      "api_key": "sk-HOPSECRET", "auth_header_name": "x-api-key", "auth_header_prefix": ""});
+    let (s, v) = l.post("/api/v1/install", &body).await;
+    assert_eq!(s, 200, "{v}");
+    let (_, c) = l.get("/api/v1/cloud").await;
+    let up = c["upstreams"].as_array().unwrap().iter().find(|u| u["name"] == "hop").cloned().unwrap();
+    assert!(up["last_probe"]["error"].as_str().is_some_and(|e| e.contains("another origin")), "{up}");
+    let (s, v) = l
+        .post("/api/v1/chat/completions", &json!({"model": "hop.any", "messages": [{"role": "user", "content": "hi"}]}))
+        .await;
+    assert!(s >= 400, "{s} {v}");
+    assert!(asked.load(std::sync::atomic::Ordering::SeqCst) >= 1, "the provider was asked");
+    let other_saw = seen.lock().clone();
+    assert!(!other_saw.contains("sk-HOPSECRET"), "the other origin got the key: {other_saw}");
+    assert!(other_saw.is_empty(), "the redirect was followed: {other_saw}");
+}
