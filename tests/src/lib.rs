@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 pub mod hub;
+pub mod keys;
 pub mod pty;
 pub mod release;
 
@@ -284,6 +285,12 @@ pub struct Lemonade {
     pub http: reqwest::Client,
     log: Arc<Mutex<Vec<String>>>,
     pub sandbox: Sandbox,
+    /// The secrets this server was given, searched for when it is dropped ([`keys`]).
+    secrets: Mutex<Vec<String>>,
+    /// Every answer the helpers read back (bodies, CLI output), for the key sweep.
+    answers: Mutex<Vec<String>>,
+    /// Files the test placed that hold a secret by design (the user's token file).
+    placed: Mutex<Vec<PathBuf>>,
 }
 
 impl Lemonade {
@@ -339,7 +346,44 @@ impl Lemonade {
             }
         };
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
-        Lemonade { child, bin: bin.to_path_buf(), base: format!("http://{addr}"), http, log, sandbox }
+        let secrets = Mutex::new(keys::secrets_in(env));
+        let (bin, base) = (bin.to_path_buf(), format!("http://{addr}"));
+        let (answers, placed) = (Mutex::new(Vec::new()), Mutex::new(Vec::new()));
+        Lemonade { child, bin, base, http, log, sandbox, secrets, answers, placed }
+    }
+
+    /// Names a secret this server holds that its environment does not show (a provider's key
+    /// given through the API): the key sweep searches for it too.
+    pub fn secret(&self, key: &str) {
+        self.secrets.lock().unwrap().push(key.to_string());
+    }
+
+    /// Names a file the test placed that holds a secret by design (the user's own token file):
+    /// the key sweep does not count it.
+    pub fn placed(&self, path: &Path) {
+        self.placed.lock().unwrap().push(path.to_path_buf());
+    }
+
+    /// Keeps `text` (an answer read back) for the key sweep and returns it.
+    fn answered(&self, text: String) -> String {
+        self.answers.lock().unwrap().push(text.clone());
+        text
+    }
+
+    /// Searches the log, the answers and the sandbox's files for every secret; fails the test
+    /// on a find (unless it is already failing) and records the sweep for `cargo xtask test`.
+    fn sweep_keys(&self) {
+        let secrets = std::mem::take(&mut *self.secrets.lock().unwrap());
+        let answers = std::mem::take(&mut *self.answers.lock().unwrap());
+        let placed = self.placed.lock().unwrap().clone();
+        let s = keys::sweep(&secrets, &self.log.lock().unwrap(), &answers, self.sandbox.dir.path(), &placed);
+        if secrets.is_empty() {
+            return;
+        }
+        keys::record(&s);
+        if !s.leaks.is_empty() && !std::thread::panicking() {
+            panic!("the key sweep found a secret:\n{}", s.leaks.join("\n"));
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -386,8 +430,8 @@ impl Lemonade {
         .unwrap();
         (
             out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
+            self.answered(String::from_utf8_lossy(&out.stdout).into_owned()),
+            self.answered(String::from_utf8_lossy(&out.stderr).into_owned()),
         )
     }
 
@@ -402,14 +446,14 @@ impl Lemonade {
     pub async fn get(&self, path: &str) -> (u16, Value) {
         let r = self.http.get(self.url(path)).send().await.expect("GET");
         let status = r.status().as_u16();
-        let text = r.text().await.unwrap_or_default();
+        let text = self.answered(r.text().await.unwrap_or_default());
         (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
     pub async fn delete(&self, path: &str) -> (u16, Value) {
         let r = self.http.delete(self.url(path)).send().await.expect("DELETE");
         let status = r.status().as_u16();
-        let text = r.text().await.unwrap_or_default();
+        let text = self.answered(r.text().await.unwrap_or_default());
         (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
@@ -427,7 +471,7 @@ impl Lemonade {
             .await
             .expect("POST");
         let status = r.status().as_u16();
-        let text = r.text().await.unwrap_or_default();
+        let text = self.answered(r.text().await.unwrap_or_default());
         (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
@@ -446,6 +490,7 @@ impl Lemonade {
             self.signal(libc::SIGKILL);
             let _ = self.child.wait();
         }
+        self.sweep_keys();
         std::mem::replace(&mut self.sandbox, Sandbox::empty())
     }
 
@@ -467,6 +512,7 @@ impl Drop for Lemonade {
         if std::thread::panicking() {
             eprintln!("---- lemonade log ----\n{}", self.log());
         }
+        self.sweep_keys();
     }
 }
 

@@ -121,8 +121,12 @@ fn test(rest: &[String]) -> Result<()> {
     cmd.args(rest);
     test_env(&mut cmd, &p);
     cmd.env("LEMONADE_TEST_FAKE_BACKEND", &fake);
+    // Every server a test gives a key sweeps for it when dropped and leaves a record here.
+    let sweep = root().join("target/key-sweep");
+    let _ = std::fs::remove_dir_all(&sweep);
+    cmd.env("LEMONADE_KEY_SWEEP", &sweep);
     // No doc tests exist (nextest would not run them); keep it that way or add a step here.
-    let tests = run(&mut cmd);
+    let tests = run(&mut cmd).and(key_sweep(&sweep, rest.is_empty()));
     // Then the soak's bounded subset (a few minutes), on the debug build the tests used. With a
     // test filter (extra arguments) it is not run, and the run says so.
     let soak = if rest.is_empty() {
@@ -139,6 +143,35 @@ fn test(rest: &[String]) -> Result<()> {
     // And the container image, built with podman from a base made locally, run and probed.
     let image = if rest.is_empty() { container(&["--debug".into(), "--check".into()]) } else { Ok(()) };
     tests.and(soak).and(package).and(image)
+}
+
+/// After the whole run: the key sweeps of every server that held a key, summed. Any find fails
+/// the run; so does a full run in which no server swept (the sweep must be seen to run).
+fn key_sweep(dir: &Path, full: bool) -> Result<()> {
+    let (mut servers, mut keys, mut files, mut bytes, mut lines, mut answers) = (0, 0, 0, 0, 0, 0);
+    let mut leaks = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let Some(v) = std::fs::read(e.path()).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        else {
+            continue;
+        };
+        let n = |k: &str| v[k].as_u64().unwrap_or(0);
+        servers += 1;
+        (keys, files, bytes) = (keys + n("keys"), files + n("files"), bytes + n("bytes"));
+        (lines, answers) = (lines + n("log_lines"), answers + n("answers"));
+        for l in v["leaks"].as_array().into_iter().flatten() {
+            leaks.push(format!("{}: {}", v["test"].as_str().unwrap_or("?"), l.as_str().unwrap_or_default()));
+        }
+    }
+    eprintln!(
+        "\nxtask test: key sweep: {servers} servers held keys ({keys} keys); searched {lines} log lines, \
+         {answers} answers, {files} files ({:.1} MiB): {} found",
+        bytes as f64 / (1024.0 * 1024.0),
+        leaks.len()
+    );
+    anyhow::ensure!(leaks.is_empty(), "the key sweep found secrets:\n{}", leaks.join("\n"));
+    anyhow::ensure!(!full || servers > 0, "the key sweep saw no server with a key: it did not run");
+    Ok(())
 }
 
 /// A clean `cargo xtask test` writes about 9 GiB under target/ (the debug build, the package,

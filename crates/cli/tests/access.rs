@@ -341,7 +341,8 @@ async fn a_public_address_without_a_key_is_refused_unless_the_operator_says_so()
     assert!(err.contains("refusing to listen on 0.0.0.0:") && err.contains("with no API key"), "{err}");
     assert!(err.contains("LEMONADE_API_KEY=") && err.contains("--allow-no-api-key"), "{err}");
     // With a key it serves, with no warning.
-    let l = Lemonade::start_in(bin(), Sandbox::empty(), &["--host", "0.0.0.0"], &[("LEMONADE_API_KEY", "k")]).await;
+    let l = Lemonade::start_in(bin(), Sandbox::empty(), &["--host", "0.0.0.0"], &[("LEMONADE_API_KEY", "k-open-bind")])
+        .await;
     assert!(!l.log().contains("with no API key"), "{}", l.log());
     drop(l);
     // Said explicitly: it serves, and warns.
@@ -427,7 +428,7 @@ async fn the_key_guards_real_inference() {
 
     // With an admin key too, against real llama-server: the API key answers inference but may
     // not unload the model it serves; the admin key may, and the backend process goes.
-    const ADMIN: &str = "adm1n";
+    const ADMIN: &str = "adm1n-7c2e";
     let l =
         Lemonade::start_in(bin(), Sandbox::new(), &[], &[("LEMONADE_API_KEY", KEY), ("LEMONADE_ADMIN_API_KEY", ADMIN)])
             .await;
@@ -588,7 +589,7 @@ async fn the_admin_operations_of_the_route_table_refuse_the_api_key_and_the_othe
     let env = [
         ("LEMONADE_LLAMACPP_CPU_BIN", fake.to_str().unwrap()),
         ("LEMONADE_API_KEY", KEY),
-        ("LEMONADE_ADMIN_API_KEY", "adm1n"),
+        ("LEMONADE_ADMIN_API_KEY", "adm1n-7c2e"),
     ];
     let l = Lemonade::start_in(bin(), s, &[], &env).await;
     let forbidden = r#"{"error":{"message":"This endpoint changes the server: it needs LEMONADE_ADMIN_API_KEY, not the API key","type":"forbidden","code":"admin_key_required"}}"#;

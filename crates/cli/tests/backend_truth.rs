@@ -243,7 +243,7 @@ async fn a_backend_inherits_no_secret_of_lemonades_environment() {
         ("HF_TOKEN", "hf_secret_token"),
         ("OPENAI_API_KEY", "sk-secret-openai"),
         ("ANTHROPIC_API_KEY", "sk-ant-secret"),
-        ("MY_OWN_PASSWORD", "hunter2"),
+        ("MY_OWN_PASSWORD", "hunter2-hunter2"),
     ];
     let l = Lemonade::start_in(bin(), Sandbox::new(), &[], &secrets).await;
     chat_answers(&l).await;

@@ -161,6 +161,7 @@ async fn real_llama_server_remote_providers_are_discovered_named_and_serve_chat_
     let msg = v["error"]["message"].as_str().unwrap_or_default();
     assert_eq!((s, v["error"]["code"].as_str()), (502, Some("upstream_error")), "{v}");
     assert!(msg.contains("Upstream 'vllm'") && msg.contains("401") && msg.contains("cloud auth vllm"), "{msg}");
+    l.secret(KEY);
     let (code, _, err) = l.cli_stdin(&["cloud", "auth", "vllm"], KEY).await;
     assert_eq!(code, 0, "{err}");
     assert_eq!(l.post("/api/v1/chat/completions", &chat_body("vllm.smol-chat", false)).await.0, 200);
@@ -191,6 +192,7 @@ async fn real_llama_server_an_upstream_killed_gives_502_and_recovers_a_hanging_o
     let port = free_port().unwrap();
     let up = Upstream::start(SMOL_FILE, "smol-chat", &[], port).await;
     let l = Lemonade::start(bin(), &["--remote-timeout", "2", "--remote-refresh", "0"]).await;
+    l.secret(KEY);
     let install = json!({"recipe": "cloud", "backend": "vllm", "base_url": up.url(), "api_key": KEY});
     assert_eq!(l.post("/api/v1/install", &install).await.0, 200);
     assert_eq!(l.post("/api/v1/chat/completions", &chat_body("vllm.smol-chat", false)).await.0, 200);
@@ -261,6 +263,7 @@ async fn real_llama_server_a_second_lemonade_is_a_provider_and_the_openai_sdk_us
     let peer =
         Lemonade::start_in(bin(), Sandbox::new(), &["--max-loaded-models", "-1"], &[("LEMONADE_API_KEY", KEY)]).await;
     let l = Lemonade::start(bin(), &[]).await;
+    l.secret(KEY);
     let install = json!({"recipe": "cloud", "backend": "peer", "base_url": peer.url("/api/v1"), "api_key": KEY});
     let (s, v) = l.post("/api/v1/install", &install).await;
     assert_eq!(s, 200, "{v}");
@@ -474,6 +477,7 @@ async fn real_llama_server_v11_cloud_install_auth_clear_uninstall_and_the_http_k
 async fn real_llama_server_a_router_collection_sends_heavy_requests_to_a_remote_candidate() {
     let peer = Lemonade::start_in(bin(), Sandbox::new(), &[], &[("LEMONADE_API_KEY", KEY)]).await;
     let l = Lemonade::start(bin(), &[]).await;
+    l.secret(KEY);
     let install = json!({"recipe": "cloud", "backend": "peer", "base_url": peer.url("/api/v1"), "api_key": KEY});
     assert_eq!(l.post("/api/v1/install", &install).await.0, 200);
     let remote = format!("peer.{SMOL}");

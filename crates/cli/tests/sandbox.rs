@@ -48,6 +48,7 @@ async fn a_hostile_backend_reaches_no_secret_file_port_or_lemonade_and_still_ser
     let fake = fake_llama_server();
     let env = [("LEMONADE_LLAMACPP_CPU_BIN", fake.to_str().unwrap()), ("HF_TOKEN", "hf_SECRETSECRETSECRET")];
     let l = Lemonade::start_in(bin(), s, &[], &env).await;
+    l.placed(&token);
     let (_, health) = l.get("/api/v1/health").await;
     assert_strict(&health["sandbox"]);
 

@@ -200,7 +200,7 @@ async fn curl_without_a_content_type_still_works() {
 }
 
 const ADMIN: &str = "adm1n-key";
-const API: &str = "api-key";
+const API: &str = "api-key-4e1b";
 
 /// Every control endpoint under one prefix, with a body its handler accepts or rejects
 /// without side effects on this sandbox, and what the handler answers it once past access
