@@ -56,6 +56,92 @@ pub fn judge(status: u16, retry_after: Option<Duration>, attempt: u32, attempts:
     }
 }
 
+/// One request's attempts at a remote provider, sans-IO: the caller sends when told
+/// [`Next::Send`], reports each outcome with the time elapsed since the first attempt, waits when
+/// told [`Next::Wait`] and stops at [`Next::Done`]. A refused connection, a 502/504 or a 503
+/// without `Retry-After` is tried again (nothing reached the client yet) after a back-off of
+/// `200 << attempt` ms; backpressure (429, 503 with `Retry-After`) is waited out when the pause
+/// is short ([`judge`]). No wait runs past the request's `timeout`.
+#[derive(Debug, Clone)]
+pub struct Retry {
+    attempt: u32,
+    attempts: u32,
+    timeout: Duration,
+}
+
+/// What an attempt came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The connection was refused (nothing was sent).
+    Refused,
+    /// The upstream answered `status`, with its `Retry-After` read.
+    Answered { status: u16, retry_after: Option<Duration> },
+}
+
+/// What the caller does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Send (again).
+    Send,
+    /// Wait this long, then send again.
+    Wait(Duration),
+    /// Stop: the last answer is relayed, or the request failed ([`Done`]).
+    Done(Done),
+}
+
+/// How the attempts ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Done {
+    /// Relay the last answer (a success, or a 4xx about the request).
+    Relay,
+    /// The upstream's own failure (a 5xx): 502 naming it.
+    Failed,
+    /// Its backpressure passed on: 503 with `Retry-After` (seconds).
+    Busy(u64),
+    /// The connection was refused on the last attempt.
+    Unreachable,
+}
+
+impl Retry {
+    /// `attempts` tries (the first counted) within `timeout`.
+    pub fn new(attempts: u32, timeout: Duration) -> Retry {
+        Retry { attempt: 1, attempts: attempts.max(1), timeout }
+    }
+
+    /// The attempt now being made (from 1).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// What is left of the request's time after `elapsed`.
+    pub fn left(&self, elapsed: Duration) -> Duration {
+        self.timeout.saturating_sub(elapsed)
+    }
+
+    /// The current attempt came to `outcome`, `elapsed` after the first began.
+    pub fn on(&mut self, outcome: Outcome, elapsed: Duration) -> Next {
+        let left = self.left(elapsed);
+        let backoff = || Duration::from_millis(200 << self.attempt).min(left);
+        let next = match outcome {
+            Outcome::Refused if self.attempt < self.attempts => Next::Wait(backoff()),
+            Outcome::Refused => Next::Done(Done::Unreachable),
+            Outcome::Answered { status, retry_after } => {
+                match judge(status, retry_after, self.attempt, self.attempts, left) {
+                    Answer::Relay => Next::Done(Done::Relay),
+                    Answer::Failed => Next::Done(Done::Failed),
+                    Answer::Busy(secs) => Next::Done(Done::Busy(secs)),
+                    Answer::Retry => Next::Wait(backoff()),
+                    Answer::RetryAfter(wait) => Next::Wait(wait.min(left)),
+                }
+            }
+        };
+        if matches!(next, Next::Wait(_)) {
+            self.attempt += 1;
+        }
+        next
+    }
+}
+
 /// A circuit breaker's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BreakerSettings {
@@ -218,6 +304,37 @@ pub fn describe(s: Option<&Signals>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_retry_machine_backs_off_on_refusals_and_transient_failures_and_stops_at_its_attempts() {
+        let ms = Duration::from_millis;
+        let mut r = Retry::new(3, Duration::from_secs(10));
+        assert_eq!(r.on(Outcome::Refused, ms(0)), Next::Wait(ms(400)));
+        assert_eq!(r.attempt(), 2);
+        let bad = Outcome::Answered { status: 502, retry_after: None };
+        assert_eq!(r.on(bad, ms(500)), Next::Wait(ms(800)));
+        // The third attempt is the last: a 502 then is the upstream's failure.
+        assert_eq!(r.on(bad, ms(1400)), Next::Done(Done::Failed));
+        let mut r = Retry::new(2, Duration::from_secs(10));
+        assert_eq!(r.on(Outcome::Refused, ms(0)), Next::Wait(ms(400)));
+        assert_eq!(r.on(Outcome::Refused, ms(500)), Next::Done(Done::Unreachable));
+    }
+
+    #[test]
+    fn the_retry_machine_waits_out_short_backpressure_relays_answers_and_never_waits_past_its_time() {
+        let ms = Duration::from_millis;
+        let busy = |s| Outcome::Answered { status: 429, retry_after: Some(Duration::from_secs(s)) };
+        let mut r = Retry::new(3, Duration::from_secs(10));
+        assert_eq!(r.on(busy(2), ms(0)), Next::Wait(Duration::from_secs(2)));
+        // Past the longest wait lemonade takes on itself: passed on as a 503.
+        assert_eq!(r.on(busy(30), ms(2100)), Next::Done(Done::Busy(30)));
+        let mut r = Retry::new(3, Duration::from_secs(1));
+        assert_eq!(r.on(Outcome::Answered { status: 504, retry_after: None }, ms(900)), Next::Wait(ms(100)));
+        let ok = Outcome::Answered { status: 200, retry_after: None };
+        assert_eq!(r.on(ok, ms(950)), Next::Done(Done::Relay));
+        assert_eq!(r.on(Outcome::Answered { status: 404, retry_after: None }, ms(0)), Next::Done(Done::Relay));
+        assert_eq!(r.left(ms(1500)), Duration::ZERO);
+    }
 
     #[test]
     fn retry_after_reads_seconds_and_http_dates() {

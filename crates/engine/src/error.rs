@@ -36,6 +36,9 @@ pub enum EngineError {
     /// A backend or a download could not be reached, or died.
     #[error("{0}")]
     Unavailable(String),
+    /// The backend's own error answer, passed on as it came.
+    #[error("The backend answered {status}: {}", String::from_utf8_lossy(body))]
+    Backend { status: u16, body: bytes::Bytes, content_type: Option<String> },
     /// A remote provider failed: refused, unreachable, a 5xx, or a refused key.
     #[error("{0}")]
     UpstreamFailed(String),

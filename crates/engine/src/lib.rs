@@ -14,6 +14,7 @@
 pub mod admin;
 pub mod aliases;
 pub mod cache;
+pub mod call;
 pub mod catalogue;
 pub mod config;
 pub mod decisions;
@@ -26,6 +27,7 @@ pub mod fake;
 pub mod installs;
 pub mod jobs;
 pub mod launcher;
+pub mod lease;
 pub mod lifecycle;
 pub mod live;
 pub mod locks;

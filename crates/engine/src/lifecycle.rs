@@ -221,6 +221,8 @@ pub struct Lease {
     streaming: bool,
     /// Where spillover sent the request, and why (the `x-lemonade-upstream` header).
     pub spilled: Option<String>,
+    /// The headers the request carries on to its backend (trace context, session).
+    pub forwarded: crate::lease::Forwarded,
 }
 
 /// What a lease forwards to.
@@ -251,6 +253,7 @@ impl Lease {
             waited: Duration::ZERO,
             streaming: false,
             spilled: None,
+            forwarded: Default::default(),
         }
     }
 
@@ -756,6 +759,7 @@ impl Lifecycle {
                         waited,
                         streaming: false,
                         spilled: None,
+                        forwarded: Default::default(),
                     })
                 }
                 dead => {

@@ -12,7 +12,6 @@ use registry::{CatalogueEntry, Checkpoint, LookupError, ModelInfo, USER_PREFIX};
 use tokio::sync::mpsc;
 
 use crate::error::{EngineError, Result};
-use crate::lifecycle::Lease;
 use crate::Engine;
 
 pub use crate::progress::{progress_reporter, PullEvent, PROGRESS_EVERY};
@@ -282,83 +281,6 @@ pub async fn load(rt: &Engine, req: &LoadRequest) -> Result<ModelInfo> {
     };
     EngineError::from_load(&info.name, rt.lifecycle.load(&info, effective, req.pinned, over).await)?;
     Ok(info)
-}
-
-/// A lease on `name` for `endpoint` (which serves the model types `want`): the model is pulled
-/// first when it is registered but not downloaded and auto-load is on, then loaded if needed.
-pub async fn lease(rt: &Engine, name: &str, want: &[ModelType], endpoint: &str) -> Result<Lease> {
-    lease_keeping(rt, name, want, endpoint, None).await
-}
-
-/// [`lease`] for a request of `priority` (higher is served first among the requests waiting
-/// for the model; see [`PRIORITIES`]).
-pub async fn lease_at(rt: &Engine, name: &str, want: &[ModelType], endpoint: &str, priority: i32) -> Result<Lease> {
-    lease_with(rt, name, want, endpoint, None, priority).await
-}
-
-/// The priorities a request may ask for (`priority` in its body); 0 by default.
-pub use backends::options::PRIORITIES;
-
-/// [`lease`], setting the model's idle timeout (ms; 0 = never) when `keep_alive` is given.
-pub async fn lease_keeping(
-    rt: &Engine,
-    name: &str,
-    want: &[ModelType],
-    endpoint: &str,
-    keep_alive: Option<u64>,
-) -> Result<Lease> {
-    lease_with(rt, name, want, endpoint, keep_alive, 0).await
-}
-
-pub async fn lease_with(
-    rt: &Engine,
-    name: &str,
-    want: &[ModelType],
-    endpoint: &str,
-    keep_alive: Option<u64>,
-    priority: i32,
-) -> Result<Lease> {
-    // `<provider>.<id>` of a registered remote provider, unless a local model has that name.
-    // Text endpoints are forwarded whatever the listed type (the upstream knows what its model
-    // serves); audio and image requests are shaped for lemonade's own backends, not forwarded.
-    if rt.catalogue.registry().get(name).is_err() {
-        if let Some(c) = rt.catalogue.registry().collection(name) {
-            return Err(EngineError::WrongModelType(match c.omni() {
-                Some(_) => format!("Model '{name}' is an omni collection: it answers /v1/chat/completions only, not {endpoint}"),
-                None => format!("Model '{name}' is a router collection: it answers chat, completions, responses, Ollama chat and generate and Anthropic messages, not {endpoint}"),
-            }));
-        }
-        if let Some(mut route) = rt.remotes.route(name).await? {
-            let text = [ModelType::Llm, ModelType::Embedding, ModelType::Reranking];
-            if !want.iter().any(|t| text.contains(t)) {
-                return Err(EngineError::WrongModelType(format!(
-                    "Model '{name}' is on remote provider '{}'; {endpoint} is not forwarded to remote providers (chat, completions, responses, embeddings, reranking and the llama.cpp endpoints are).",
-                    route.provider.name
-                )));
-            }
-            route.admitted = Some(route.provider.admit()?);
-            return Ok(Lease::remote(&rt.lifecycle, route));
-        }
-    }
-    let info = rt.lifecycle.model_for(name, want, endpoint)?;
-    let info = match (info.loads_without_pull(), rt.cfg.auto_load) {
-        (true, _) => info,
-        (false, true) => ensure_downloaded(rt, &info).await?,
-        (false, false) => return Err(EngineError::not_downloaded(name)),
-    };
-    // A model that will load for this request has its arguments checked first (a 400, not a
-    // backend that dies); a loaded one passed that check when it loaded.
-    if rt.cfg.auto_load && rt.lifecycle.state_of(&info.name) != Some(scheduler::State::Loaded) {
-        let options = rt.lifecycle.effective_options(&info, &Default::default());
-        rt.lifecycle.check_args(&info, &options).await?;
-    }
-    let (elsewhere, stayed) = crate::spill::place(rt, &info).await?;
-    if let Some(lease) = elsewhere {
-        return Ok(lease);
-    }
-    let mut lease = rt.lifecycle.acquire(&info, keep_alive, priority).await?;
-    lease.spilled = stayed;
-    Ok(lease)
 }
 
 /// `--preload`: loads each model in the background, pulling it first when needed, one after

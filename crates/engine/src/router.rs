@@ -12,6 +12,7 @@ use routing::{classifiers, Classifier, ClassifierKind, Features, Outcome, Policy
 use serde_json::{Map, Value};
 
 use crate::error::{EngineError, Result};
+use crate::lease::Endpoint;
 use crate::Engine;
 
 /// Whether a pull body defines a collection (`recipe: "collection.*"`).
@@ -224,18 +225,16 @@ pub async fn decide(rt: &Engine, policy: &Policy, features: &Features, want_trac
 
 async fn score(rt: &Engine, c: &Classifier, f: &Features) -> Score {
     let result = match c.kind {
-        ClassifierKind::Llm => {
-            call(rt, &c.model, ModelType::Llm, "/v1/chat/completions", &classifiers::llm_request(c, f))
-                .await
-                .map(|v| classifiers::parse_llm_reply(classifiers::chat_text(&v).unwrap_or_default(), &c.labels))
-        }
+        ClassifierKind::Llm => call(rt, &c.model, Endpoint::ChatCompletions, &classifiers::llm_request(c, f))
+            .await
+            .map(|v| classifiers::parse_llm_reply(classifiers::chat_text(&v).unwrap_or_default(), &c.labels)),
         ClassifierKind::Classifier => {
-            call(rt, &c.model, ModelType::Llm, "/v1/chat/completions", &classifiers::classifier_request(c, f))
+            call(rt, &c.model, Endpoint::ChatCompletions, &classifiers::classifier_request(c, f))
                 .await
                 .map(|v| classifiers::parse_percent_scores(c, &v))
         }
         ClassifierKind::SemanticSimilarity => {
-            call(rt, &c.model, ModelType::Embedding, "/v1/embeddings", &classifiers::semantic_request(c, f))
+            call(rt, &c.model, Endpoint::Embeddings, &classifiers::semantic_request(c, f))
                 .await
                 .map(|v| classifiers::semantic_scores(c, &v))
         }
@@ -247,19 +246,10 @@ async fn score(rt: &Engine, c: &Classifier, f: &Features) -> Score {
 }
 
 /// A JSON request to `model` (loaded as for any request), its JSON answer.
-async fn call(rt: &Engine, model: &str, want: ModelType, path: &str, body: &Value) -> Result<Value> {
-    let lease = crate::pulls::lease(rt, model, &[want], path.trim_start_matches("/v1/")).await?;
-    if lease.local().is_none() {
-        return Err(EngineError::Unavailable(format!(
-            "'{model}' is a remote model; routing classifiers run on local models"
-        )));
-    }
-    let r = lease.http().post(lease.url(path)).json(body).send().await;
-    let r = r.map_err(|e| EngineError::Unavailable(format!("'{model}' did not answer: {e}")))?;
-    if !r.status().is_success() {
-        return Err(EngineError::Unavailable(format!("'{model}' answered {}", r.status())));
-    }
-    r.json().await.map_err(|e| EngineError::Unavailable(format!("'{model}' answered with invalid JSON: {e}")))
+/// A classifier's request to its model, as any in-process model call ([`crate::call`]).
+async fn call(rt: &Engine, model: &str, endpoint: Endpoint, body: &Value) -> Result<Value> {
+    let req = crate::lease::LeaseRequest::new(model, endpoint);
+    crate::call::call(rt, req, crate::call::Payload::Json(body.clone())).await?.json()
 }
 
 /// `POST /routing/validate` (Lemonade v11): the policy checked (its components need not be
@@ -317,8 +307,7 @@ pub async fn classify(rt: &Engine, req: &api_types::ClassifyRequest) -> Result<a
     }
     let c = classifiers::llm_classifier(&model, labels.clone());
     let f = Features { input, ..Features::default() };
-    let answer =
-        call(rt, &model, ModelType::Llm, "/v1/chat/completions", &classifiers::classifier_request(&c, &f)).await?;
+    let answer = call(rt, &model, Endpoint::ChatCompletions, &classifiers::classifier_request(&c, &f)).await?;
     let score = classifiers::parse_percent_scores(&c, &answer);
     let mut scored: Vec<(String, f64)> = score.labels.into_iter().filter(|(l, _)| labels.contains(l)).collect();
     if !score.ok || scored.len() != labels.len() {

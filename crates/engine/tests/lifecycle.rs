@@ -9,8 +9,9 @@ use std::sync::Arc;
 use lemonade_engine as engine;
 use std::time::Duration;
 
-use api_types::{CtxSize, LoadRequest, ModelType};
+use api_types::{CtxSize, LoadRequest};
 use engine::fake::{self, FakeLauncher};
+use engine::lease::{Endpoint, LeaseRequest};
 use engine::pulls::{self, PullEvent};
 use engine::{Config, Engine, EngineError};
 use scheduler::{LoadOutcome, Rejection, State};
@@ -18,7 +19,6 @@ use serde_json::{json, Value};
 
 const A: &str = "extra.a.gguf";
 const B: &str = "extra.b.gguf";
-const LLM: &[ModelType] = &[ModelType::Llm];
 const WITHIN: Duration = Duration::from_secs(10);
 
 struct Setup {
@@ -70,7 +70,7 @@ impl Setup {
 #[tokio::test]
 async fn a_request_loads_the_model_and_its_lease_targets_that_process() {
     let s = setup(|_| {});
-    let lease = pulls::lease(&s.engine, A, LLM, "/v1/chat/completions").await.unwrap();
+    let lease = s.engine.lease(LeaseRequest::new(A, Endpoint::ChatCompletions)).await.unwrap();
     let procs = s.launcher.processes(A);
     assert_eq!(procs.len(), 1, "one process for one load");
     assert_eq!(
@@ -91,8 +91,8 @@ async fn a_request_loads_the_model_and_its_lease_targets_that_process() {
 #[tokio::test]
 async fn a_second_model_evicts_the_idle_first_one_from_the_only_slot() {
     let s = setup(|_| {});
-    drop(pulls::lease(&s.engine, A, LLM, "chat").await.unwrap());
-    drop(pulls::lease(&s.engine, B, LLM, "chat").await.unwrap());
+    drop(s.engine.lease(LeaseRequest::new(A, Endpoint::ChatCompletions)).await.unwrap());
+    drop(s.engine.lease(LeaseRequest::new(B, Endpoint::ChatCompletions)).await.unwrap());
     let a = &s.launcher.processes(A)[0];
     assert!(a.was_stopped(), "A was stopped (SIGTERM) for B, not left running");
     assert_eq!(s.launcher.alive(), vec![B.to_string()]);
@@ -102,13 +102,13 @@ async fn a_second_model_evicts_the_idle_first_one_from_the_only_slot() {
 #[tokio::test]
 async fn a_crashed_backend_is_reported_and_the_next_request_starts_a_new_one() {
     let s = setup(|c| c.crash_backoff = (Duration::ZERO, Duration::from_secs(60)));
-    drop(pulls::lease(&s.engine, A, LLM, "chat").await.unwrap());
+    drop(s.engine.lease(LeaseRequest::new(A, Endpoint::ChatCompletions)).await.unwrap());
     s.launcher.processes(A)[0].crash();
     s.wait_state(A, State::Failed).await;
     let error = s.engine.lifecycle.view()[A].last_error.clone().unwrap();
     assert!(error.contains("exited unexpectedly (exit code 1)"), "{error}");
     assert!(error.contains("fake backend extra.a.gguf log"), "the log tail is in the error: {error}");
-    let lease = pulls::lease(&s.engine, A, LLM, "chat").await.unwrap();
+    let lease = s.engine.lease(LeaseRequest::new(A, Endpoint::ChatCompletions)).await.unwrap();
     let procs = s.launcher.processes(A);
     assert_eq!(procs.len(), 2, "a new process");
     assert!(procs[1].is_alive());
@@ -142,7 +142,7 @@ async fn an_unload_waits_for_the_request_in_flight_then_stops_the_backend() {
     // reload that follows it.
     let s = setup(|c| c.auto_load = false);
     assert_eq!(s.load(A, None).await, LoadOutcome::Loaded);
-    let lease = pulls::lease(&s.engine, A, LLM, "chat").await.unwrap();
+    let lease = s.engine.lease(LeaseRequest::new(A, Endpoint::ChatCompletions)).await.unwrap();
     let unload = {
         let e = s.engine.clone();
         tokio::spawn(async move { e.lifecycle.unload(Some(A)).await })
@@ -156,7 +156,8 @@ async fn an_unload_waits_for_the_request_in_flight_then_stops_the_backend() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // A new request is not admitted meanwhile.
-    let refused = pulls::lease(&s.engine, A, LLM, "chat").await.err().expect("refused while unloading");
+    let refused =
+        s.engine.lease(LeaseRequest::new(A, Endpoint::ChatCompletions)).await.err().expect("refused while unloading");
     assert!(matches!(refused, EngineError::Rejected { why: Rejection::Unloading, .. }), "{refused:?}");
     drop(lease);
     assert_eq!(tokio::time::timeout(WITHIN, unload).await.unwrap().unwrap().unwrap(), vec![A.to_string()]);
@@ -180,7 +181,7 @@ async fn preload_loads_the_listed_models_in_order_without_a_request() {
 #[tokio::test]
 async fn an_idle_model_is_unloaded_after_its_idle_timeout_and_not_before_its_lease_ends() {
     let s = setup(|c| c.scheduler.idle_timeout_ms = Some(Some(50)));
-    let lease = pulls::lease(&s.engine, A, LLM, "chat").await.unwrap();
+    let lease = s.engine.lease(LeaseRequest::new(A, Endpoint::ChatCompletions)).await.unwrap();
     let until = tokio::time::Instant::now() + Duration::from_millis(150);
     while tokio::time::Instant::now() < until {
         assert_eq!(s.state(A), State::Loaded, "unloaded for idleness while in use");
@@ -229,7 +230,7 @@ async fn a_failed_start_is_retried_once_and_a_missing_binary_is_not_retried() {
 #[tokio::test]
 async fn the_watchdog_kills_a_backend_that_stops_answering_and_reports_it() {
     let s = setup(|c| c.watchdog_interval = Some(Duration::from_millis(10)));
-    drop(pulls::lease(&s.engine, A, LLM, "chat").await.unwrap());
+    drop(s.engine.lease(LeaseRequest::new(A, Endpoint::ChatCompletions)).await.unwrap());
     s.launcher.set_unhealthy(A, true);
     s.wait_state(A, State::Failed).await;
     let error = s.engine.lifecycle.view()[A].last_error.clone().unwrap();
@@ -239,8 +240,8 @@ async fn the_watchdog_kills_a_backend_that_stops_answering_and_reports_it() {
 #[tokio::test]
 async fn a_request_for_a_model_of_another_type_names_both_types() {
     let s = setup(|_| {});
-    let e = pulls::lease(&s.engine, A, &[ModelType::Embedding], "/v1/embeddings").await.err().unwrap();
-    assert_eq!(e.to_string(), format!("Model '{A}' is an llm model; /v1/embeddings needs an embedding model."));
+    let e = s.engine.lease(LeaseRequest::new(A, Endpoint::Embeddings)).await.err().unwrap();
+    assert_eq!(e.to_string(), format!("Model '{A}' is an llm model; embeddings needs an embedding model."));
     assert!(s.launcher.processes(A).is_empty());
 }
 
@@ -337,7 +338,7 @@ async fn a_remote_models_lease_routes_to_its_provider_with_the_upstream_id_and_t
     let url = provider().await;
     let up = s.engine.remotes.install("up", Some(&url), None).await.unwrap();
     assert_eq!(up.models, vec!["up.up-model".to_string()]);
-    let lease = pulls::lease(&s.engine, "up.up-model", LLM, "chat").await.unwrap();
+    let lease = s.engine.lease(LeaseRequest::new("up.up-model", Endpoint::ChatCompletions)).await.unwrap();
     match &lease.target {
         engine::Target::Remote(r) => {
             assert_eq!((r.id.as_str(), r.name.as_str()), ("up-model", "up.up-model"));
@@ -348,7 +349,7 @@ async fn a_remote_models_lease_routes_to_its_provider_with_the_upstream_id_and_t
     assert_eq!(lease.url("/v1/chat/completions"), format!("{url}/v1/chat/completions"));
     assert!(s.engine.lifecycle.view().is_empty(), "the scheduler never saw it");
     assert!(s.launcher.spawn_order().is_empty());
-    let e = pulls::lease(&s.engine, "up.other", LLM, "chat").await.err().unwrap();
+    let e = s.engine.lease(LeaseRequest::new("up.other", Endpoint::ChatCompletions)).await.err().unwrap();
     assert!(e.to_string().contains("does not list 'other'; it offers: up.up-model"), "{e}");
 }
 
@@ -361,7 +362,7 @@ async fn an_admin_load_racing_a_load_is_decided_on_the_state_the_owner_holds() {
     s.launcher.hold(A);
     let request = {
         let e = s.engine.clone();
-        tokio::spawn(async move { pulls::lease(&e, A, LLM, "chat").await.map(drop) })
+        tokio::spawn(async move { e.lease(LeaseRequest::new(A, Endpoint::ChatCompletions)).await.map(drop) })
     };
     assert!(s.launcher.wait_until(WITHIN, |l| l.processes(A).len() == 1).await);
     let with_ctx = api_types::AdminLoadRequest { gguf_n_ctx: Some(512), ..Default::default() };
@@ -501,7 +502,7 @@ async fn a_request_that_just_ended_does_not_make_its_model_spill_the_next_one() 
     s.engine.remotes.install("up", Some(&url), None).await.unwrap();
     s.engine.lifecycle.set_spillover(A, Some(vec!["up.up-model".into()]));
     let info = s.engine.catalogue.get(A).unwrap();
-    let lease = pulls::lease(&s.engine, A, LLM, "chat").await.unwrap();
+    let lease = s.engine.lease(LeaseRequest::new(A, Endpoint::ChatCompletions)).await.unwrap();
     // Held: the model is saturated and the place (no metrics: it has capacity) takes the next.
     let (spilled, _) = engine::spill::place(&s.engine, &info).await.unwrap();
     assert!(spilled.is_some_and(|l| l.name() == "up.up-model"), "a saturated model spills");

@@ -189,6 +189,11 @@ impl From<EngineError> for ApiError {
             E::NotFound(m) => ApiError::NotFound(m),
             E::RateLimited(m) => ApiError::RateLimited(m),
             E::Unavailable(m) => ApiError::BackendUnavailable(m),
+            E::Backend { status, body, content_type } => ApiError::Backend {
+                status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+                body,
+                content_type,
+            },
             E::UpstreamFailed(m) => ApiError::UpstreamFailed(m),
             E::UpstreamTimeout(m) => ApiError::UpstreamTimeout(m),
             E::UpstreamBusy { message, retry_after } => ApiError::UpstreamBusy { message, retry_after },

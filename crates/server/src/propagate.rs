@@ -15,8 +15,7 @@ use http::{HeaderName, HeaderValue};
 /// The longest value forwarded (W3C caps `tracestate` at 512 characters; `traceparent` is 55).
 const MAX_LEN: usize = 512;
 
-/// The headers forwarded, in the order they are sent.
-pub type Forwarded = Arc<Vec<(HeaderName, HeaderValue)>>;
+pub use engine::lease::Forwarded;
 
 tokio::task_local! {
     static FORWARDED: Forwarded;
@@ -42,10 +41,13 @@ impl Names {
 
 /// Reads the forwarded headers of a request for the handler and the proxy.
 pub async fn layer(State(names): State<Names>, req: Request, next: Next) -> Response {
-    let found: Vec<(HeaderName, HeaderValue)> = names
+    let found: Vec<(String, String)> = names
         .0
         .iter()
-        .filter_map(|n| req.headers().get(n).filter(|v| v.len() <= MAX_LEN).map(|v| (n.clone(), v.clone())))
+        .filter_map(|n| {
+            let v = req.headers().get(n).filter(|v| v.len() <= MAX_LEN)?.to_str().ok()?;
+            Some((n.as_str().to_string(), v.to_string()))
+        })
         .collect();
     let spilled = Arc::new(parking_lot::Mutex::new(None));
     let mut resp = SPILLED.scope(spilled.clone(), FORWARDED.scope(Arc::new(found), next.run(req))).await;
@@ -73,10 +75,8 @@ pub async fn within<F: std::future::Future>(headers: Forwarded, f: F) -> F::Outp
     FORWARDED.scope(headers, f).await
 }
 
-/// `req` with the forwarded headers.
-pub fn apply(mut req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-    for (n, v) in current().iter() {
-        req = req.header(n.as_str(), v.as_bytes());
-    }
-    req
+/// A lease request for `model` at `endpoint`, with the headers the request being handled
+/// forwards.
+pub fn request(model: &str, endpoint: engine::lease::Endpoint) -> engine::lease::LeaseRequest {
+    engine::lease::LeaseRequest::new(model, endpoint).forwarded(current())
 }

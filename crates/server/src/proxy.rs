@@ -3,7 +3,6 @@
 
 use std::convert::Infallible;
 
-use api_types::Stats;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
@@ -11,16 +10,17 @@ use futures_util::StreamExt;
 use http::{header, HeaderValue, StatusCode};
 use serde_json::Value;
 
-use dialects::{Counts, SseDecoder, StreamTranslator};
+use dialects::{SseDecoder, StreamTranslator};
 
 use crate::error::ApiError;
-use engine::remote::Route;
 use engine::{Lease, Target};
 
 /// Bytes of a stream kept to find the last usage/timings chunk and the `[DONE]` marker.
 const TAIL_KEEP: usize = 16 * 1024;
 const DONE: &[u8] = b"data: [DONE]";
 
+/// Sends through the engine's client half ([`engine::call`]), noting spillover's decision
+/// for the response's `x-lemonade-upstream`.
 async fn send(
     lease: &Lease,
     method: http::Method,
@@ -29,137 +29,7 @@ async fn send(
     stream: bool,
 ) -> Result<reqwest::Response, ApiError> {
     crate::propagate::spilled(lease.spilled.as_deref());
-    let body = match lease.upstream_model() {
-        Some(id) => body.map(|b| backends::cloud::rewrite_model(&b, id).map(Bytes::from).unwrap_or(b)),
-        None => body,
-    };
-    if lease.local().is_none() {
-        return send_remote(lease, method, path_and_query, body).await;
-    }
-    if let Some(b) = &body {
-        lease.before_forward(path_and_query, b).await;
-    }
-    let mut req = crate::propagate::apply(lease.http().request(method, lease.url(path_and_query)));
-    if stream {
-        // llama-server closes the connection after a streamed response although it advertised
-        // keep-alive; a pooled connection reused before its FIN arrives fails the next request.
-        req = req.header(header::CONNECTION, "close");
-    }
-    if let Some(b) = body {
-        req = req.header(header::CONTENT_TYPE, "application/json").body(b);
-    }
-    issue(lease, req).await
-}
-
-/// Attempts at a remote provider, counting the first: a refused connection, a 502/504 or a
-/// 503 without `Retry-After` is tried again, as nothing has reached the client yet; its
-/// backpressure (429, 503 with `Retry-After`) is waited out when the pause is short.
-const REMOTE_ATTEMPTS: u32 = 3;
-
-/// [`send`] to a remote provider (the model id already the upstream's): its key added in its
-/// auth header, the trace and session headers forwarded, an answer's headers awaited for
-/// `--remote-timeout`. Its backpressure, when it is not waited out, is a 503 with its
-/// `Retry-After` (`backends::upstream::judge`), never a 502.
-async fn send_remote(
-    lease: &Lease,
-    method: http::Method,
-    path_and_query: &str,
-    body: Option<Bytes>,
-) -> Result<reqwest::Response, ApiError> {
-    use backends::upstream::{judge, retry_after, Answer};
-    let Target::Remote(route) = &lease.target else { unreachable!("send_remote is for remote leases") };
-    let url = lease.url(path_and_query);
-    let auth = route.provider.sendable_key()?.map(|k| route.provider.auth_header(&k));
-    let started = std::time::Instant::now();
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let mut req = crate::propagate::apply(lease.http().request(method.clone(), &url));
-        if let Some((name, value)) = &auth {
-            req = req.header(name.as_str(), value.as_str());
-        }
-        if let Some(b) = &body {
-            req = req.header(header::CONTENT_TYPE, "application/json").body(b.clone());
-        }
-        let left = lease.remote_timeout().saturating_sub(started.elapsed());
-        let r = match tokio::time::timeout(left, req.send()).await {
-            Err(_) => return Err(remote_timeout(lease, route)),
-            Ok(Err(e)) if attempt < REMOTE_ATTEMPTS && e.is_connect() => {
-                pause(lease, route, attempt, started, None).await;
-                continue;
-            }
-            Ok(Err(e)) => return Err(remote_failed(route, &e, lease.remote_timeout())),
-            Ok(Ok(r)) => r,
-        };
-        let header = r.headers().get(header::RETRY_AFTER).and_then(|v| v.to_str().ok());
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let left = lease.remote_timeout().saturating_sub(started.elapsed());
-        match judge(r.status().as_u16(), retry_after(header, now), attempt, REMOTE_ATTEMPTS, left) {
-            Answer::Relay => {
-                route.answered(started.elapsed());
-                return Ok(r);
-            }
-            // The upstream's own failure: `backend_error` makes it a 502 naming it.
-            Answer::Failed => return Ok(r),
-            Answer::Retry => pause(lease, route, attempt, started, None).await,
-            Answer::RetryAfter(wait) => pause(lease, route, attempt, started, Some(wait)).await,
-            Answer::Busy(secs) => {
-                route.answered(started.elapsed());
-                let msg = format!(
-                    "Upstream '{}' ({}) is busy: it answered {} asking to retry after {secs} s",
-                    route.provider.name,
-                    route.provider.base,
-                    r.status()
-                );
-                tracing::info!(provider = %route.provider.name, retry_after = secs, "remote provider busy; passed on as 503");
-                return Err(ApiError::UpstreamBusy { message: msg, retry_after: secs });
-            }
-        }
-    }
-}
-
-/// Waits before attempt `attempt + 1` at a remote provider: `wait` (its `Retry-After`), else
-/// a back-off; never past the request's time.
-async fn pause(
-    lease: &Lease,
-    route: &Route,
-    attempt: u32,
-    started: std::time::Instant,
-    wait: Option<std::time::Duration>,
-) {
-    let wait = wait.unwrap_or(std::time::Duration::from_millis(200 << attempt));
-    tracing::warn!(provider = %route.provider.name, attempt, wait_ms = wait.as_millis() as u64, "remote provider failed or busy; trying again");
-    tokio::time::sleep(wait.min(lease.remote_timeout().saturating_sub(started.elapsed()))).await;
-}
-
-fn remote_timeout(lease: &Lease, route: &Route) -> ApiError {
-    let t = lease.remote_timeout();
-    let msg = format!(
-        "Upstream '{}' ({}) did not answer within {} s (--remote-timeout)",
-        route.provider.name,
-        route.provider.base,
-        t.as_secs_f64()
-    );
-    route.failed(t, &msg, true);
-    ApiError::UpstreamTimeout(msg)
-}
-
-fn remote_failed(route: &Route, e: &reqwest::Error, timeout: std::time::Duration) -> ApiError {
-    let msg = format!(
-        "Upstream '{}' ({}) failed: {}",
-        route.provider.name,
-        route.provider.base,
-        host::cloud::describe(e, timeout)
-    );
-    route.failed(std::time::Duration::ZERO, &msg, true);
-    ApiError::UpstreamFailed(msg)
-}
-
-async fn issue(lease: &Lease, req: reqwest::RequestBuilder) -> Result<reqwest::Response, ApiError> {
-    match req.send().await {
-        Ok(r) => Ok(r),
-        Err(e) => Err(unavailable(lease, &e).await),
-    }
+    Ok(lease.send(method, path_and_query, body, stream).await?)
 }
 
 /// Forwards a request whose answer is a byte stream other than SSE (speech audio): the
@@ -169,9 +39,10 @@ async fn issue(lease: &Lease, req: reqwest::RequestBuilder) -> Result<reqwest::R
 pub async fn forward_bytes(lease: Lease, path: &str, body: Bytes) -> Result<Response, ApiError> {
     let resp = send(&lease, http::Method::POST, path, Some(body), true).await?;
     if !resp.status().is_success() {
-        return Err(backend_error(&lease, resp).await);
+        return Err(lease.error_of(resp).await.into());
     }
-    let ct = content_type(&resp).unwrap_or_else(|| "application/octet-stream".into());
+    let ct = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    let ct = ct.unwrap_or("application/octet-stream").to_string();
     let stream = resp.bytes_stream().map(move |chunk| {
         let held = &lease;
         chunk.map_err(|e| {
@@ -197,111 +68,8 @@ pub async fn forward_form(
     form: reqwest::multipart::Form,
     content_type: &'static str,
 ) -> Result<Response, ApiError> {
-    // Only local backends get forms (pulls::lease forwards no audio request to a remote).
-    let resp = issue(&lease, crate::propagate::apply(lease.http().post(lease.url(path))).multipart(form)).await?;
-    if !resp.status().is_success() {
-        return Err(backend_error(&lease, resp).await);
-    }
-    let bytes = read_body(&lease, resp).await?;
-    Ok(([(header::CONTENT_TYPE, content_type)], bytes).into_response())
-}
-
-async fn read_body(lease: &Lease, resp: reqwest::Response) -> Result<Bytes, ApiError> {
-    if let Target::Remote(route) = &lease.target {
-        return match tokio::time::timeout(lease.remote_timeout(), resp.bytes()).await {
-            Ok(Ok(b)) => Ok(b),
-            Ok(Err(e)) => Err(remote_failed(route, &e, lease.remote_timeout())),
-            Err(_) => Err(remote_timeout(lease, route)),
-        };
-    }
-    match resp.bytes().await {
-        Ok(b) => Ok(b),
-        Err(e) => Err(unavailable(lease, &e).await),
-    }
-}
-
-fn content_type(resp: &reqwest::Response) -> Option<String> {
-    resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string)
-}
-
-/// The backend's error answer as [`ApiError::Backend`], its status and body kept.
-async fn backend_error(lease: &Lease, resp: reqwest::Response) -> ApiError {
-    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-    let content_type = content_type(&resp);
-    let body = match read_body(lease, resp).await {
-        Ok(body) => body,
-        Err(e) => return e,
-    };
-    match &lease.target {
-        // An upstream's 5xx, or its refusal of our key, is the upstream's failure, not the
-        // client's: 502 naming it. Its other 4xx are about the request and pass through.
-        Target::Remote(route) if status.is_server_error() || matches!(status.as_u16(), 401 | 403) => {
-            let text = String::from_utf8_lossy(&body);
-            let excerpt: String = text.chars().take(300).collect();
-            let hint = if status.is_server_error() {
-                String::new()
-            } else {
-                format!(
-                    " (its API key: `lemonade cloud auth {}` or {})",
-                    route.provider.name,
-                    backends::cloud::key_variable(&route.provider.name)
-                )
-            };
-            let msg = format!(
-                "Upstream '{}' ({}) answered {status}{hint}: {excerpt}",
-                route.provider.name, route.provider.base
-            );
-            route.failed(std::time::Duration::ZERO, &msg, status.is_server_error());
-            ApiError::UpstreamFailed(msg)
-        }
-        _ => ApiError::Backend { status, body, content_type },
-    }
-}
-
-/// A whole answer: its status, content type and body, or the backend's error.
-async fn fetch(
-    lease: &Lease,
-    method: http::Method,
-    path_and_query: &str,
-    body: Option<Bytes>,
-) -> Result<(StatusCode, Option<String>, Bytes), ApiError> {
-    let resp = send(lease, method, path_and_query, body, false).await?;
-    if !resp.status().is_success() {
-        return Err(backend_error(lease, resp).await);
-    }
-    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-    let content_type = content_type(&resp);
-    Ok((status, content_type, read_body(lease, resp).await?))
-}
-
-/// How long a transport failure waits to learn whether the backend died (its exit is
-/// recorded by a watcher task a moment after the connection breaks).
-const EXIT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
-
-async fn unavailable(lease: &Lease, e: &reqwest::Error) -> ApiError {
-    let model = match &lease.target {
-        Target::Local { model, .. } => model,
-        Target::Remote(route) => return remote_failed(route, e, lease.remote_timeout()),
-    };
-    let b = &model.backend;
-    let exit = match b.exit_status() {
-        Some(x) => Some(x),
-        None => tokio::time::timeout(EXIT_GRACE, b.wait_exit()).await.ok(),
-    };
-    let wedged = model.wedged.load(std::sync::atomic::Ordering::SeqCst);
-    match exit {
-        Some(exit) if wedged => ApiError::BackendUnavailable(format!(
-            "The backend of model '{}' stopped answering its health checks during the request and was killed ({exit}). Last log lines:\n{}",
-            model.info.name,
-            b.log_tail()
-        )),
-        Some(exit) => ApiError::BackendUnavailable(format!(
-            "The backend of model '{}' exited ({exit}) during the request. Last log lines:\n{}",
-            model.info.name,
-            b.log_tail()
-        )),
-        None => ApiError::BackendUnavailable(format!("Backend of model '{}' failed: {e}", model.info.name)),
-    }
+    let answer = lease.whole(lease.send_form(path, form).await?).await?;
+    Ok(([(header::CONTENT_TYPE, content_type)], answer.body).into_response())
 }
 
 /// Forwards a request and returns the backend's answer. Error statuses keep the backend's
@@ -320,12 +88,10 @@ pub async fn forward(
 /// for the dialects that translate it.
 pub async fn call_json(lease: &Lease, path: &str, body: &Value, record_stats: bool) -> Result<Value, ApiError> {
     let body = Some(Bytes::from(serde_json::to_vec(body)?));
-    let (_, _, bytes) = fetch(lease, http::Method::POST, path, body).await?;
-    let bytes = echo_requested_id(lease, bytes);
-    let v: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::BackendUnavailable(format!("The backend answered with invalid JSON: {e}")))?;
+    crate::propagate::spilled(lease.spilled.as_deref());
+    let v = lease.fetch(http::Method::POST, path, body).await?.json()?;
     if record_stats {
-        update_stats(lease, &v, true);
+        lease.record_usage(&v, true);
     }
     Ok(v)
 }
@@ -352,24 +118,16 @@ async fn forward_with(
     record_stats: bool,
     rewrite: fn(&Lease, Bytes) -> Bytes,
 ) -> Result<Response, ApiError> {
-    let (status, content_type, bytes) = fetch(&lease, method, path_and_query, body).await?;
+    crate::propagate::spilled(lease.spilled.as_deref());
+    let answer = lease.fetch(method, path_and_query, body).await?;
     if record_stats {
-        if let Ok(v) = serde_json::from_slice::<Value>(&bytes) {
-            update_stats(&lease, &v, true);
+        if let Ok(v) = serde_json::from_slice::<Value>(&answer.body) {
+            lease.record_usage(&v, true);
         }
     }
-    let ct = content_type.unwrap_or_else(|| "application/json".into());
-    let bytes = echo_requested_id(&lease, rewrite(&lease, bytes));
-    Ok((status, [(header::CONTENT_TYPE, ct)], bytes).into_response())
-}
-
-/// A remote model's answer names the id the client asked for (`<provider>.<id>`), not the
-/// upstream's own, as a local model's answer names its model (llama-server's `--alias`).
-fn echo_requested_id(lease: &Lease, bytes: Bytes) -> Bytes {
-    match &lease.target {
-        Target::Remote(r) => backends::cloud::echo_model(&bytes, &r.id, &r.name).map(Bytes::from).unwrap_or(bytes),
-        Target::Local { .. } => bytes,
-    }
+    let ct = answer.content_type.unwrap_or_else(|| "application/json".into());
+    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    Ok((status, [(header::CONTENT_TYPE, ct)], rewrite(&lease, answer.body)).into_response())
 }
 
 /// `bytes` with the model's local file paths replaced by its name; unchanged (no copy) when
@@ -414,7 +172,7 @@ async fn stream_with(
 ) -> Result<Response, ApiError> {
     let resp = send(&lease, http::Method::POST, path, Some(body), true).await?;
     if !resp.status().is_success() {
-        return Err(backend_error(&lease, resp).await);
+        return Err(lease.error_of(resp).await.into());
     }
     let content_type = translate.as_ref().map_or("text/event-stream", |t| t.content_type());
     let echo = match &lease.target {
@@ -439,7 +197,7 @@ async fn stream_with(
                     Ok(next) => next,
                     Err(_) => {
                         let Target::Remote(route) = &st.lease.target else { return None };
-                        let msg = remote_timeout(&st.lease, route).to_string();
+                        let msg = st.lease.remote_timed_out(route).to_string();
                         tracing::warn!(model = %st.lease.name(), error = %msg, "stream from upstream stalled");
                         return Some((Ok(st.failed(&msg)), None));
                     }
@@ -455,7 +213,7 @@ async fn stream_with(
                     }
                 }
                 Some(Err(e)) => {
-                    let msg = unavailable(&st.lease, &e).await.to_string();
+                    let msg = st.lease.transport_failed(&e).await.to_string();
                     tracing::warn!(model = %st.lease.name(), error = %msg, "stream from backend failed");
                     return Some((Ok(st.failed(&msg)), None));
                 }
@@ -621,53 +379,7 @@ impl StreamState {
         if let Some(v) = last {
             // Responses API events nest the usage inside `response`.
             let v = v.get("response").filter(|r| r.get("usage").is_some()).cloned().unwrap_or(v);
-            update_stats(&self.lease, &v, false);
-        }
-    }
-}
-
-fn update_stats(lease: &Lease, v: &Value, non_streaming: bool) {
-    if let Some(model) = lease.local() {
-        apply_usage(&mut model.stats.lock(), v, non_streaming);
-    }
-    // A whole answer's time to first token is the wait for the model plus the prompt's time.
-    lease.metrics().usage(lease.name(), &Counts::of(v), non_streaming.then_some(lease.waited));
-}
-
-/// usage → input/output tokens; llama.cpp `timings` override and give TTFT and tokens/s.
-pub fn apply_usage(s: &mut Stats, v: &Value, non_streaming: bool) {
-    let u64_at = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64);
-    let f64_at = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64);
-    if let Some(u) = v.get("usage") {
-        let input = u64_at(u, "prompt_tokens").or_else(|| u64_at(u, "input_tokens"));
-        let output = u64_at(u, "completion_tokens").or_else(|| u64_at(u, "output_tokens"));
-        if let Some(i) = input {
-            s.input_tokens = i;
-            if non_streaming {
-                s.prompt_tokens = i;
-            }
-        }
-        if let Some(o) = output {
-            s.output_tokens = o;
-        }
-    }
-    if let Some(t) = v.get("timings") {
-        if let Some(n) = u64_at(t, "prompt_n") {
-            s.input_tokens = n;
-            // The whole prompt is the processed part plus the part reused from the cache; a
-            // stream has no `usage` unless asked, but its last chunk has these timings.
-            if let Some(cached) = u64_at(t, "cache_n") {
-                s.prompt_tokens = n + cached;
-            }
-        }
-        if let Some(n) = u64_at(t, "predicted_n") {
-            s.output_tokens = n;
-        }
-        if let Some(ms) = f64_at(t, "prompt_ms") {
-            s.time_to_first_token = ms / 1000.0;
-        }
-        if let Some(tps) = f64_at(t, "predicted_per_second") {
-            s.tokens_per_second = tps;
+            self.lease.record_usage(&v, false);
         }
     }
 }
@@ -675,28 +387,6 @@ pub fn apply_usage(s: &mut Stats, v: &Value, non_streaming: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn timings_override_usage() {
-        let mut s = Stats::default();
-        let v = serde_json::json!({"usage": {"prompt_tokens": 10, "completion_tokens": 5},
-            "timings": {"prompt_n": 9, "predicted_n": 4, "prompt_ms": 25.0, "predicted_per_second": 80.5}});
-        apply_usage(&mut s, &v, true);
-        assert_eq!((s.input_tokens, s.output_tokens, s.prompt_tokens), (9, 4, 10));
-        // The metrics count the whole prompt (usage's, as no cache_n says otherwise).
-        let u = Counts::of(&v);
-        assert_eq!((u.prompt_tokens, u.completion_tokens, u.prompt_ms), (Some(10), Some(4), Some(25.0)));
-        assert_eq!(s.time_to_first_token, 0.025);
-        assert_eq!(s.tokens_per_second, 80.5);
-        let mut s2 = Stats::default();
-        apply_usage(&mut s2, &serde_json::json!({"usage": {"input_tokens": 3, "output_tokens": 2}}), false);
-        assert_eq!((s2.input_tokens, s2.output_tokens, s2.prompt_tokens), (3, 2, 0));
-        // A stream's final timings: processed plus cached tokens make the whole prompt.
-        let last = serde_json::json!({"timings": {"prompt_n": 1, "cache_n": 35}});
-        apply_usage(&mut s2, &last, false);
-        assert_eq!((s2.input_tokens, s2.prompt_tokens), (1, 36));
-        assert_eq!(Counts::of(&last).prompt_tokens, Some(36));
-    }
 
     #[test]
     fn error_frame_is_valid_json() {

@@ -9,10 +9,10 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use api_types::ModelType;
 use axum::response::Response;
 use bytes::Bytes;
-use engine::{pulls, Lease};
+use engine::lease::{Endpoint, PRIORITIES};
+use engine::Lease;
 use futures_util::StreamExt;
 use scheduler::State;
 use tokio::sync::mpsc;
@@ -34,11 +34,11 @@ tokio::task_local! {
     static HEADER_PRIORITY: i32;
 }
 
-/// Reads `X-Lemonade-Priority` (an integer in [`pulls::PRIORITIES`]) for the handler; a bad
+/// Reads `X-Lemonade-Priority` (an integer in [`PRIORITIES`]) for the handler; a bad
 /// value is a 400 naming the header.
 pub async fn priority_header(req: axum::extract::Request, next: axum::middleware::Next) -> Result<Response, ApiError> {
     let Some(v) = req.headers().get(PRIORITY_HEADER) else { return Ok(next.run(req).await) };
-    let p = v.to_str().ok().and_then(|s| s.trim().parse::<i32>().ok()).filter(|n| pulls::PRIORITIES.contains(n));
+    let p = v.to_str().ok().and_then(|s| s.trim().parse::<i32>().ok()).filter(|n| PRIORITIES.contains(n));
     let p = p.ok_or_else(|| {
         let shown = String::from_utf8_lossy(v.as_bytes()).chars().take(40).collect::<String>();
         ApiError::bad_request(
@@ -51,7 +51,7 @@ pub async fn priority_header(req: axum::extract::Request, next: axum::middleware
     Ok(HEADER_PRIORITY.scope(p, next.run(req)).await)
 }
 
-/// A request's `priority` (lemonade's; an integer in [`pulls::PRIORITIES`]): its body's, else
+/// A request's `priority` (lemonade's; an integer in [`PRIORITIES`]): its body's, else
 /// its `X-Lemonade-Priority` header's, else 0. The body is read only when it names one.
 pub fn priority_of(body: &[u8]) -> Result<i32, ApiError> {
     let from_header = || HEADER_PRIORITY.try_with(|p| *p).unwrap_or(0);
@@ -65,14 +65,12 @@ pub fn priority_of(body: &[u8]) -> Result<i32, ApiError> {
     let p: P = serde_json::from_slice(body)?;
     match p.priority {
         None | Some(serde_json::Value::Null) => Ok(from_header()),
-        Some(v) => {
-            v.as_i64().and_then(|n| i32::try_from(n).ok()).filter(|n| pulls::PRIORITIES.contains(n)).ok_or_else(|| {
-                ApiError::bad_request(
-                    format!("'priority' must be a whole number from -10 to 10 (higher is served first), got {v}"),
-                    Some("priority"),
-                )
-            })
-        }
+        Some(v) => v.as_i64().and_then(|n| i32::try_from(n).ok()).filter(|n| PRIORITIES.contains(n)).ok_or_else(|| {
+            ApiError::bad_request(
+                format!("'priority' must be a whole number from -10 to 10 (higher is served first), got {v}"),
+                Some("priority"),
+            )
+        }),
     }
 }
 
@@ -100,19 +98,11 @@ impl Voice {
 }
 
 /// Forwards a streamed request to `model` once it is granted, saying meanwhile where it is.
-pub async fn stream(
-    rt: &AppState,
-    model: &str,
-    want: &'static [ModelType],
-    endpoint: &'static str,
-    path: &str,
-    body: Bytes,
-) -> Result<Response, ApiError> {
+pub async fn stream(rt: &AppState, model: &str, endpoint: Endpoint, body: Bytes) -> Result<Response, ApiError> {
     let priority = priority_of(&body)?;
-    let (rt1, model1) = (rt.clone(), model.to_string());
-    let lease = async move { pulls::lease_at(&rt1, &model1, want, endpoint, priority).await };
-    let path = path.to_string();
-    let answer = move |l: Lease| async move { proxy::forward_stream(l, &path, body).await };
+    let (rt1, req) = (rt.clone(), crate::propagate::request(model, endpoint).priority(priority));
+    let lease = async move { rt1.lease(req).await };
+    let answer = move |l: Lease| async move { proxy::forward_stream(l, endpoint.path(), body).await };
     when_granted(rt, model, priority, lease, answer, Voice::sse()).await
 }
 

@@ -13,9 +13,7 @@ use crate::error::{AnthropicApiError, ApiError};
 use crate::extract::DialectJson;
 use crate::proxy;
 use crate::state::AppState;
-use engine::pulls;
-
-const LLM: &[ModelType] = &[ModelType::Llm];
+use engine::lease::Endpoint;
 
 /// A message id: `msg_` and 64 random bits (from the standard library's hasher keys, which
 /// are random per process and change with every `RandomState`).
@@ -64,7 +62,7 @@ async fn answer(
     openai: serde_json::Value,
     stream: bool,
 ) -> Result<Response, AnthropicApiError> {
-    let lease = pulls::lease(rt, model, LLM, "messages").await?;
+    let lease = rt.lease(crate::propagate::request(model, Endpoint::Messages)).await?;
     if stream {
         let t = Box::new(EventStream::new(model, &message_id()));
         return Ok(proxy::forward_translated(lease, "/v1/chat/completions", &openai, t).await?);
@@ -90,7 +88,7 @@ pub async fn count_tokens(
 ) -> Result<Json<CountTokensResponse>, AnthropicApiError> {
     let req = body.value;
     let templated = dialect::count_request(&req).map_err(bad)?;
-    let lease = pulls::lease(&rt, &req.model, LLM, "messages/count_tokens").await?;
+    let lease = rt.lease(crate::propagate::request(&req.model, Endpoint::CountTokens)).await?;
     let prompt = proxy::call_json(&lease, "/apply-template", &templated, false).await?;
     let prompt = prompt["prompt"].as_str().unwrap_or_default();
     let tokens = json!({"content": prompt, "add_special": false, "parse_special": true});

@@ -1,9 +1,7 @@
 //! The audio endpoints: transcription and translation (OpenAI's multipart shape), served by a
 //! model's whisper-server.
 
-use api_types::{
-    ErrorResponse, ModelType, SpeechRequest, TranscriptionFormat, TranscriptionRequest, TranscriptionResponse,
-};
+use api_types::{ErrorResponse, SpeechRequest, TranscriptionFormat, TranscriptionRequest, TranscriptionResponse};
 use axum::extract::State;
 use axum::response::Response;
 
@@ -11,10 +9,7 @@ use crate::error::ApiError;
 use crate::extract::{Form, JsonBody};
 use crate::proxy;
 use crate::state::AppState;
-use engine::pulls;
-
-const AUDIO: &[ModelType] = &[ModelType::Audio];
-const TTS: &[ModelType] = &[ModelType::Tts];
+use engine::lease::Endpoint;
 
 /// Text to speech (OpenAI), streamed as it is made.
 #[utoipa::path(post, path = "/api/v1/audio/speech", tag = "OpenAI",
@@ -33,7 +28,7 @@ pub async fn speech(State(rt): State<AppState>, body: JsonBody<SpeechRequest>) -
     let r = body.value;
     backends::kokoro::check(&r.input, r.response_format.as_deref(), r.speed)
         .map_err(|(msg, field)| ApiError::bad_request(msg, Some(field)))?;
-    let lease = pulls::lease(&rt, &r.model, TTS, "audio/speech").await?;
+    let lease = rt.lease(crate::propagate::request(&r.model, Endpoint::Speech)).await?;
     let upstream = serde_json::json!({"input": r.input, "voice": r.voice, "response_format": r.response_format, "speed": r.speed.unwrap_or(1.0)});
     proxy::forward_bytes(lease, backends::kokoro::SPEECH_PATH, bytes::Bytes::from(serde_json::to_vec(&upstream)?)).await
 }
@@ -76,7 +71,7 @@ pub async fn translations(State(rt): State<AppState>, form: Form) -> Result<Resp
 /// Checks the form, takes a lease on the model and forwards the form to its whisper-server.
 async fn transcribe(rt: &AppState, form: Form, translate: bool) -> Result<Response, ApiError> {
     let (model, format) = checked(&form)?;
-    let lease = pulls::lease(rt, model, AUDIO, "audio/transcriptions").await?;
+    let lease = rt.lease(crate::propagate::request(model, Endpoint::Transcriptions)).await?;
     let upstream = backend_form(&form, format, translate);
     proxy::forward_form(lease, backends::whispercpp::INFERENCE_PATH, upstream, format.content_type()).await
 }

@@ -1,7 +1,7 @@
 //! The image endpoints: generation, edits and variations (OpenAI's shapes plus Lemonade's sd
 //! parameters), served by a model's sd-server.
 
-use api_types::{ErrorResponse, ImageEditRequest, ImageGenerationRequest, ImagesResponse, ModelType, SdParameters};
+use api_types::{ErrorResponse, ImageEditRequest, ImageGenerationRequest, ImagesResponse, SdParameters};
 use axum::extract::State;
 use axum::response::Response;
 use backends::sdcpp::{self, SdParams};
@@ -13,9 +13,7 @@ use crate::error::ApiError;
 use crate::extract::{Form, JsonBody};
 use crate::proxy;
 use crate::state::AppState;
-use engine::pulls;
-
-const IMAGE: &[ModelType] = &[ModelType::Image];
+use engine::lease::Endpoint;
 
 /// Image generation (OpenAI): PNGs from a prompt.
 #[utoipa::path(post, path = "/api/v1/images/generations", tag = "OpenAI",
@@ -44,7 +42,7 @@ pub async fn generations(
     if let Some(size) = r.size {
         upstream["size"] = json!(size);
     }
-    let lease = pulls::lease(&rt, &r.model, IMAGE, "images/generations").await?;
+    let lease = rt.lease(crate::propagate::request(&r.model, Endpoint::ImageGenerations)).await?;
     let body = Bytes::from(serde_json::to_vec(&upstream)?);
     proxy::forward(lease, Method::POST, sdcpp::GENERATIONS_PATH, Some(body), false).await
 }
@@ -63,7 +61,7 @@ pub async fn generations(
         (status = 502, description = "The backend died or could not be reached", body = ErrorResponse),
     ))]
 pub async fn edits(State(rt): State<AppState>, form: Form) -> Result<Response, ApiError> {
-    redraw(&rt, form, "images/edits").await
+    redraw(&rt, form, Endpoint::ImageEdits).await
 }
 
 /// Image variation (OpenAI): the source image redrawn with no prompt.
@@ -80,7 +78,7 @@ pub async fn edits(State(rt): State<AppState>, form: Form) -> Result<Response, A
         (status = 502, description = "The backend died or could not be reached", body = ErrorResponse),
     ))]
 pub async fn variations(State(rt): State<AppState>, form: Form) -> Result<Response, ApiError> {
-    redraw(&rt, form, "images/variations").await
+    redraw(&rt, form, Endpoint::ImageVariations).await
 }
 
 /// The checks every image request shares.
@@ -111,8 +109,8 @@ fn field<T: std::str::FromStr>(form: &Form, name: &str) -> Result<Option<T>, Api
 }
 
 /// An edit or a variation: the form checked, then sent on to sd-server's edit route.
-async fn redraw(rt: &AppState, form: Form, endpoint: &str) -> Result<Response, ApiError> {
-    let variation = endpoint == "images/variations";
+async fn redraw(rt: &AppState, form: Form, endpoint: Endpoint) -> Result<Response, ApiError> {
+    let variation = endpoint == Endpoint::ImageVariations;
     let images = uploaded_images(&form)?;
     let model = form.text("model")?.filter(|m| !m.is_empty());
     let model = model.ok_or_else(|| ApiError::bad_request("Missing 'model' field in request", Some("model")))?;
@@ -129,7 +127,7 @@ async fn redraw(rt: &AppState, form: Form, endpoint: &str) -> Result<Response, A
     let n: Option<u32> = field(&form, "n")?;
     let size = form.text("size")?.filter(|s| !s.is_empty());
     checked(n, size, form.text("response_format")?, &sd)?;
-    let lease = pulls::lease(rt, model, IMAGE, endpoint).await?;
+    let lease = rt.lease(crate::propagate::request(model, endpoint)).await?;
     let mut upstream = reqwest::multipart::Form::new().text("prompt", sd.prompt_with(prompt));
     for p in images.iter().copied().chain(if variation { None } else { form.get("mask") }) {
         upstream = upstream.part(if p.name == "mask" { "mask" } else { "image[]" }, upload(p));

@@ -10,7 +10,7 @@ use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::proxy;
 use crate::state::AppState;
-use engine::pulls;
+use engine::lease::Endpoint;
 
 /// Body of llama-server's own POST endpoints: the model plus whatever llama-server reads.
 #[derive(serde::Deserialize)]
@@ -41,7 +41,7 @@ pub async fn native_post(
 ) -> Result<Response, ApiError> {
     let path = native_path(uri.path());
     crate::api::openai::check_native(&body.value.extra)?;
-    let lease = pulls::lease(&rt, &body.value.model, &ModelType::ALL, path).await?;
+    let lease = rt.lease(crate::propagate::request(&body.value.model, native_endpoint(path)?)).await?;
     if body.value.stream == Some(true) {
         proxy::forward_stream(lease, path, body.raw).await
     } else {
@@ -80,9 +80,15 @@ pub async fn native_get(
     let model = model.filter(|m| !m.is_empty()).ok_or_else(|| {
         ApiError::bad_request(format!("Missing required query parameter 'model' for {path}"), Some("model"))
     })?;
-    let lease = pulls::lease(&rt, &model, &ModelType::ALL, path).await?;
+    let lease = rt.lease(crate::propagate::request(&model, native_endpoint(path)?)).await?;
     let target = if rest.is_empty() { path.to_string() } else { format!("{path}?{rest}") };
     proxy::forward_native(lease, Method::GET, &target, None, false).await
+}
+
+/// The endpoint of llama-server's route `path` (one of the route table's).
+fn native_endpoint(path: &str) -> Result<Endpoint, ApiError> {
+    let known = crate::routes::NATIVE_POST.into_iter().chain(crate::routes::NATIVE_GET).find(|p| *p == path);
+    known.map(Endpoint::Native).ok_or_else(|| ApiError::UnknownPath(path.to_string()))
 }
 
 /// `/api/v1/tokenize` → `/tokenize`.

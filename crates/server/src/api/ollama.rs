@@ -18,14 +18,12 @@ use crate::error::{ApiError, OllamaApiError};
 use crate::extract::DialectJson;
 use crate::state::AppState;
 use crate::{proxy, sse};
+use engine::lease::Endpoint;
 use engine::pulls::{self, PullEvent};
 use engine::{Lease, ModelView, Running};
 
 type Body_<T> = DialectJson<T, OllamaApiError>;
 type Answer = Result<Response, OllamaApiError>;
-
-const LLM: &[ModelType] = &[ModelType::Llm];
-const EMBEDDING: &[ModelType] = &[ModelType::Embedding];
 
 /// Ollama's `modified_at` for every model (lemonade keeps no such date).
 const MODIFIED_AT: &str = "2024-01-01T00:00:00Z";
@@ -47,8 +45,13 @@ fn keep_alive(v: Option<&Value>) -> Result<Option<KeepAlive>, OllamaApiError> {
 }
 
 /// A lease on an LLM for `endpoint`, setting its idle timeout when `keep` is given.
-async fn lease(rt: &AppState, model: &str, endpoint: &str, keep: Option<KeepAlive>) -> Result<Lease, OllamaApiError> {
-    Ok(pulls::lease_keeping(rt, model, LLM, endpoint, keep.map(KeepAlive::idle_timeout_ms)).await?)
+async fn lease(
+    rt: &AppState,
+    model: &str,
+    endpoint: Endpoint,
+    keep: Option<KeepAlive>,
+) -> Result<Lease, OllamaApiError> {
+    Ok(rt.lease(crate::propagate::request(model, endpoint).keep_alive(keep.map(KeepAlive::idle_timeout_ms))).await?)
 }
 
 fn bad(e: dialects::BadRequest) -> OllamaApiError {
@@ -77,11 +80,11 @@ async fn load_or_unload(rt: &AppState, model: &str, keep: Option<KeepAlive>, cha
     })
 }
 
-fn endpoint(chat: bool) -> &'static str {
+fn endpoint(chat: bool) -> Endpoint {
     if chat {
-        "/api/chat"
+        Endpoint::OllamaChat
     } else {
-        "/api/generate"
+        Endpoint::OllamaGenerate
     }
 }
 
@@ -131,9 +134,9 @@ async fn streamed(
     chat: bool,
 ) -> Result<Response, ApiError> {
     let priority = crate::waiting::priority_of(b"")?;
-    let (rt1, m, ep) = (rt.clone(), model.to_string(), endpoint(chat));
-    let lease =
-        async move { pulls::lease_with(&rt1, &m, LLM, ep, keep.map(KeepAlive::idle_timeout_ms), priority).await };
+    let req = crate::propagate::request(model, endpoint(chat)).keep_alive(keep.map(KeepAlive::idle_timeout_ms));
+    let (rt1, req) = (rt.clone(), req.priority(priority));
+    let lease = async move { rt1.lease(req).await };
     let (m, path) = (model.to_string(), path.to_string());
     let answer = move |l: engine::Lease| async move {
         let t: Box<dyn dialects::StreamTranslator> =
@@ -224,7 +227,7 @@ async fn embed_values(
     keep: Option<KeepAlive>,
 ) -> Result<Value, OllamaApiError> {
     let keep = keep.map(KeepAlive::idle_timeout_ms);
-    let lease = pulls::lease_keeping(rt, model, EMBEDDING, "/api/embed", keep).await?;
+    let lease = rt.lease(crate::propagate::request(model, Endpoint::OllamaEmbed).keep_alive(keep)).await?;
     Ok(proxy::call_json(&lease, "/v1/embeddings", &json!({"model": model, "input": input}), true).await?)
 }
 

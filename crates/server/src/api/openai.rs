@@ -13,11 +13,7 @@ use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::proxy;
 use crate::state::AppState;
-use engine::pulls;
-
-const LLM: &[ModelType] = &[ModelType::Llm];
-const EMBEDDING: &[ModelType] = &[ModelType::Embedding];
-const RERANKING: &[ModelType] = &[ModelType::Reranking];
+use engine::lease::Endpoint;
 
 /// The model a request names; v9's messages when it names none.
 /// llama.cpp's native fields of a body, each in its range (a 400 naming the first that is not).
@@ -65,26 +61,24 @@ fn rewrite_chat(mut req: ChatCompletionRequest, raw: Bytes) -> Result<Bytes, Api
 async fn dispatch(
     rt: &AppState,
     model: &str,
-    want: &'static [ModelType],
-    endpoint: &'static str,
-    path: &str,
+    endpoint: Endpoint,
     body: Bytes,
     stream: bool,
 ) -> Result<Response, ApiError> {
     let body = crate::api::router::apply_variant(rt, model, body)?;
     let reg = rt.catalogue.registry();
-    let Some(c) = reg.collection(model).filter(|_| want == LLM) else {
-        return forward_to(rt, model, want, endpoint, path, body, stream).await;
+    let Some(c) = reg.collection(model).filter(|_| endpoint.accepts() == [ModelType::Llm]) else {
+        return forward_to(rt, model, endpoint, body, stream).await;
     };
     let Some(policy) = c.policy() else {
         return match (c.omni(), endpoint) {
-            (Some(o), "chat/completions") => omni_answer(rt, c, o, body, stream).await,
-            _ => forward_to(rt, model, want, endpoint, path, body, stream).await,
+            (Some(o), Endpoint::ChatCompletions) => omni_answer(rt, c, o, body, stream).await,
+            _ => forward_to(rt, model, endpoint, body, stream).await,
         };
     };
     let (chosen, body, decision, trace) = crate::api::router::route(rt, c, policy, &body).await?;
     drop(reg);
-    let answer = forward_to(rt, &chosen, want, endpoint, path, body, stream).await?;
+    let answer = forward_to(rt, &chosen, endpoint, body, stream).await?;
     Ok(crate::api::router::decorate(answer, &decision, trace, stream).await)
 }
 
@@ -103,18 +97,16 @@ fn omni_answer<'a>(
 async fn forward_to(
     rt: &AppState,
     model: &str,
-    want: &'static [ModelType],
-    endpoint: &'static str,
-    path: &str,
+    endpoint: Endpoint,
     body: Bytes,
     stream: bool,
 ) -> Result<Response, ApiError> {
     if stream {
-        return crate::waiting::stream(rt, model, want, endpoint, path, body).await;
+        return crate::waiting::stream(rt, model, endpoint, body).await;
     }
     let priority = crate::waiting::priority_of(&body)?;
-    let lease = pulls::lease_at(rt, model, want, endpoint, priority).await?;
-    proxy::forward(lease, Method::POST, path, Some(body), true).await
+    let lease = rt.lease(crate::propagate::request(model, endpoint).priority(priority)).await?;
+    proxy::forward(lease, Method::POST, endpoint.path(), Some(body), true).await
 }
 
 /// Chat completion (OpenAI). Streams SSE when `stream` is true.
@@ -141,7 +133,7 @@ pub async fn chat_completions(
     check_native(&req.extra)?;
     let stream = req.stream.unwrap_or(false);
     let bytes = rewrite_chat(req, body.raw)?;
-    dispatch(&rt, &model, LLM, "chat/completions", "/v1/chat/completions", bytes, stream).await
+    dispatch(&rt, &model, Endpoint::ChatCompletions, bytes, stream).await
 }
 
 /// Text completion (OpenAI legacy).
@@ -166,7 +158,7 @@ pub async fn completions(State(rt): State<AppState>, body: JsonBody<CompletionRe
     } else {
         body.raw
     };
-    dispatch(&rt, &model, LLM, "completions", "/v1/completions", bytes, stream).await
+    dispatch(&rt, &model, Endpoint::Completions, bytes, stream).await
 }
 
 /// Responses API (OpenAI), as llama-server implements it.
@@ -183,7 +175,7 @@ pub async fn completions(State(rt): State<AppState>, body: JsonBody<CompletionRe
 pub async fn responses(State(rt): State<AppState>, body: JsonBody<ResponsesRequest>) -> Result<Response, ApiError> {
     let model = require_model(&rt, body.value.model.as_deref())?.to_string();
     let stream = body.value.stream.unwrap_or(false);
-    dispatch(&rt, &model, LLM, "responses", "/v1/responses", body.raw, stream).await
+    dispatch(&rt, &model, Endpoint::Responses, body.raw, stream).await
 }
 
 /// Embeddings (OpenAI). `encoding_format: "base64"` returns little-endian f32 in base64.
@@ -199,7 +191,7 @@ pub async fn responses(State(rt): State<AppState>, body: JsonBody<ResponsesReque
     ))]
 pub async fn embeddings(State(rt): State<AppState>, body: JsonBody<EmbeddingRequest>) -> Result<Response, ApiError> {
     let model = require_model(&rt, body.value.model.as_deref())?.to_string();
-    dispatch(&rt, &model, EMBEDDING, "embeddings", "/v1/embeddings", body.raw, false).await
+    dispatch(&rt, &model, Endpoint::Embeddings, body.raw, false).await
 }
 
 /// Reranking: scores `documents` against `query`.
@@ -215,7 +207,7 @@ pub async fn embeddings(State(rt): State<AppState>, body: JsonBody<EmbeddingRequ
     ))]
 pub async fn reranking(State(rt): State<AppState>, body: JsonBody<RerankRequest>) -> Result<Response, ApiError> {
     let model = require_model(&rt, body.value.model.as_deref())?.to_string();
-    dispatch(&rt, &model, RERANKING, "reranking", "/v1/rerank", body.raw, false).await
+    dispatch(&rt, &model, Endpoint::Rerank, body.raw, false).await
 }
 
 /// Models available on this host; downloaded ones only unless `show_all=true`.

@@ -1,0 +1,405 @@
+//! The client half of forwarding, and the one in-process model call.
+//!
+//! [`Lease`]'s methods send a request to what the lease holds: a local backend (the prompt
+//! cache consulted first, the forwarded headers added) or a remote provider (its key in its
+//! auth header, its answers judged by `backends::upstream::Retry`, a sans-IO machine this
+//! module drives, waiting what it says within `--remote-timeout`). They read answers back,
+//! turn failures into [`EngineError`]s that say what happened, and record usage into the
+//! model's stats and lemonade's metrics. The server's proxy uses them and stays a byte pipe.
+//!
+//! [`call`] is the in-process model call: a lease from [`Engine::lease`], the request sent, the
+//! whole answer read and its usage recorded. Everything that composes model calls (the omni
+//! loop, MCP tools, routing classifiers, `/classify`) uses it; nothing calls an HTTP handler.
+
+use std::time::{Duration, Instant};
+
+use api_types::Stats;
+use backends::upstream::{retry_after, Done, Next, Outcome, Retry};
+use dialects::Counts;
+use serde_json::Value;
+
+pub use reqwest::multipart::{Form, Part};
+pub use reqwest::Method;
+
+use crate::error::{EngineError, Result};
+use crate::lease::LeaseRequest;
+use crate::lifecycle::{Lease, Target};
+use crate::remote::Route;
+use crate::Engine;
+
+/// Attempts at a remote provider, counting the first.
+pub const REMOTE_ATTEMPTS: u32 = 3;
+
+/// How long a transport failure waits to learn whether the backend died (its exit is
+/// recorded by a watcher task a moment after the connection breaks).
+const EXIT_GRACE: Duration = Duration::from_secs(1);
+
+/// A whole answer.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub body: bytes::Bytes,
+}
+
+impl Answer {
+    /// The body as JSON.
+    pub fn json(&self) -> Result<Value> {
+        serde_json::from_slice(&self.body)
+            .map_err(|e| EngineError::Unavailable(format!("The backend answered with invalid JSON: {e}")))
+    }
+}
+
+/// What an in-process call sends.
+pub enum Payload {
+    Json(Value),
+    Form(Form),
+}
+
+/// Calls `req`'s model in process: leased as a client's request would be, the whole answer
+/// read, its usage recorded. A backend's error answer is [`EngineError::Backend`].
+pub async fn call(rt: &Engine, req: LeaseRequest, payload: Payload) -> Result<Answer> {
+    let path = req.endpoint.path();
+    let lease = rt.lease(req).await?;
+    let answer = match payload {
+        Payload::Json(v) => {
+            let body = bytes::Bytes::from(serde_json::to_vec(&v).map_err(|e| EngineError::Internal(e.to_string()))?);
+            lease.fetch(Method::POST, path, Some(body)).await?
+        }
+        Payload::Form(form) => {
+            let resp = lease.send_form(path, form).await?;
+            lease.whole(resp).await?
+        }
+    };
+    if answer.content_type.as_deref().is_some_and(|c| c.contains("json")) {
+        if let Ok(v) = serde_json::from_slice::<Value>(&answer.body) {
+            lease.record_usage(&v, true);
+        }
+    }
+    Ok(answer)
+}
+
+impl Lease {
+    /// Sends a request to the lease's backend or provider. `stream`: its answer is streamed.
+    pub async fn send(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        body: Option<bytes::Bytes>,
+        stream: bool,
+    ) -> Result<reqwest::Response> {
+        let body = match self.upstream_model() {
+            Some(id) => body.map(|b| backends::cloud::rewrite_model(&b, id).map(bytes::Bytes::from).unwrap_or(b)),
+            None => body,
+        };
+        if let Target::Remote(route) = &self.target {
+            return self.send_remote(route, method, path_and_query, body).await;
+        }
+        if let Some(b) = &body {
+            self.before_forward(path_and_query, b).await;
+        }
+        let mut req = self.with_forwarded(self.http().request(method, self.url(path_and_query)));
+        if stream {
+            // llama-server closes the connection after a streamed response although it
+            // advertised keep-alive; a pooled connection reused before its FIN arrives fails
+            // the next request.
+            req = req.header(reqwest::header::CONNECTION, "close");
+        }
+        if let Some(b) = body {
+            req = req.header(reqwest::header::CONTENT_TYPE, "application/json").body(b);
+        }
+        match req.send().await {
+            Ok(r) => Ok(r),
+            Err(e) => Err(self.transport_failed(&e).await),
+        }
+    }
+
+    /// Sends a multipart form (a transcription, an image edit) to the lease's local backend.
+    pub async fn send_form(&self, path: &str, form: Form) -> Result<reqwest::Response> {
+        // Only local backends get forms (no audio or image request is leased to a remote).
+        let req = self.with_forwarded(self.http().post(self.url(path))).multipart(form);
+        match req.send().await {
+            Ok(r) => Ok(r),
+            Err(e) => Err(self.transport_failed(&e).await),
+        }
+    }
+
+    fn with_forwarded(&self, mut req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        for (n, v) in self.forwarded.iter() {
+            req = req.header(n.as_str(), v.as_str());
+        }
+        req
+    }
+
+    /// [`Lease::send`] to a remote provider (the model id already the upstream's): its key in
+    /// its auth header, the forwarded headers, the attempts [`Retry`] decides, an answer's
+    /// headers awaited for `--remote-timeout`. Its backpressure, when it is not waited out, is
+    /// [`EngineError::UpstreamBusy`] with its `Retry-After`, never a failure.
+    async fn send_remote(
+        &self,
+        route: &Route,
+        method: Method,
+        path_and_query: &str,
+        body: Option<bytes::Bytes>,
+    ) -> Result<reqwest::Response> {
+        let url = self.url(path_and_query);
+        let auth = route.provider.sendable_key()?.map(|k| route.provider.auth_header(&k));
+        let started = Instant::now();
+        let mut retry = Retry::new(REMOTE_ATTEMPTS, self.remote_timeout());
+        loop {
+            let mut req = self.with_forwarded(self.http().request(method.clone(), &url));
+            if let Some((name, value)) = &auth {
+                req = req.header(name.as_str(), value.as_str());
+            }
+            if let Some(b) = &body {
+                req = req.header(reqwest::header::CONTENT_TYPE, "application/json").body(b.clone());
+            }
+            let (outcome, answer) = match tokio::time::timeout(retry.left(started.elapsed()), req.send()).await {
+                Err(_) => return Err(self.remote_timed_out(route)),
+                Ok(Err(e)) if e.is_connect() => (Outcome::Refused, Err(e)),
+                Ok(Err(e)) => return Err(remote_failed(route, &e, self.remote_timeout())),
+                Ok(Ok(r)) => {
+                    let header = r.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok());
+                    let now =
+                        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                    (Outcome::Answered { status: r.status().as_u16(), retry_after: retry_after(header, now) }, Ok(r))
+                }
+            };
+            let attempt = retry.attempt();
+            match (retry.on(outcome, started.elapsed()), answer) {
+                (Next::Wait(wait), _) => {
+                    tracing::warn!(provider = %route.provider.name, attempt, wait_ms = wait.as_millis() as u64, "remote provider failed or busy; trying again");
+                    tokio::time::sleep(wait).await;
+                }
+                (Next::Done(Done::Relay), Ok(r)) => {
+                    route.answered(started.elapsed());
+                    return Ok(r);
+                }
+                // The upstream's own failure: [`Lease::error_of`] makes it a failure naming it.
+                (Next::Done(Done::Failed), Ok(r)) => return Ok(r),
+                (Next::Done(Done::Busy(secs)), Ok(r)) => {
+                    route.answered(started.elapsed());
+                    tracing::info!(provider = %route.provider.name, retry_after = secs, "remote provider busy; passed on as 503");
+                    return Err(EngineError::UpstreamBusy {
+                        message: format!(
+                            "Upstream '{}' ({}) is busy: it answered {} asking to retry after {secs} s",
+                            route.provider.name,
+                            route.provider.base,
+                            r.status()
+                        ),
+                        retry_after: secs,
+                    });
+                }
+                (_, Err(e)) => return Err(remote_failed(route, &e, self.remote_timeout())),
+                (Next::Send | Next::Done(Done::Unreachable), Ok(r)) => return Ok(r),
+            }
+        }
+    }
+
+    /// A remote provider that gave no answer within `--remote-timeout` (also mid-stream).
+    pub fn remote_timed_out(&self, route: &Route) -> EngineError {
+        let t = self.remote_timeout();
+        let msg = format!(
+            "Upstream '{}' ({}) did not answer within {} s (--remote-timeout)",
+            route.provider.name,
+            route.provider.base,
+            t.as_secs_f64()
+        );
+        route.failed(t, &msg, true);
+        EngineError::UpstreamTimeout(msg)
+    }
+
+    /// A transport failure (before or during an answer), said as what happened: the backend
+    /// exited, was killed as wedged, or failed; a remote provider failed.
+    pub async fn transport_failed(&self, e: &reqwest::Error) -> EngineError {
+        let model = match &self.target {
+            Target::Local { model, .. } => model,
+            Target::Remote(route) => return remote_failed(route, e, self.remote_timeout()),
+        };
+        let b = &model.backend;
+        let exit = match b.exit_status() {
+            Some(x) => Some(x),
+            None => tokio::time::timeout(EXIT_GRACE, b.wait_exit()).await.ok(),
+        };
+        let wedged = model.wedged.load(std::sync::atomic::Ordering::SeqCst);
+        EngineError::Unavailable(match exit {
+            Some(exit) if wedged => format!(
+                "The backend of model '{}' stopped answering its health checks during the request and was killed ({exit}). Last log lines:\n{}",
+                model.info.name,
+                b.log_tail()
+            ),
+            Some(exit) => format!(
+                "The backend of model '{}' exited ({exit}) during the request. Last log lines:\n{}",
+                model.info.name,
+                b.log_tail()
+            ),
+            None => format!("Backend of model '{}' failed: {e}", model.info.name),
+        })
+    }
+
+    /// An answer's body (a remote one within `--remote-timeout`).
+    pub async fn read_body(&self, resp: reqwest::Response) -> Result<bytes::Bytes> {
+        if let Target::Remote(route) = &self.target {
+            return match tokio::time::timeout(self.remote_timeout(), resp.bytes()).await {
+                Ok(Ok(b)) => Ok(b),
+                Ok(Err(e)) => Err(remote_failed(route, &e, self.remote_timeout())),
+                Err(_) => Err(self.remote_timed_out(route)),
+            };
+        }
+        match resp.bytes().await {
+            Ok(b) => Ok(b),
+            Err(e) => Err(self.transport_failed(&e).await),
+        }
+    }
+
+    /// The backend's error answer: [`EngineError::Backend`] with its status and body kept; a
+    /// remote provider's 5xx, or its refusal of our key, is its failure
+    /// ([`EngineError::UpstreamFailed`]). Its other 4xx are about the request and pass through.
+    pub async fn error_of(&self, resp: reqwest::Response) -> EngineError {
+        let status = resp.status().as_u16();
+        let content_type = content_type(&resp);
+        let body = match self.read_body(resp).await {
+            Ok(body) => body,
+            Err(e) => return e,
+        };
+        match &self.target {
+            Target::Remote(route) if status >= 500 || matches!(status, 401 | 403) => {
+                let text = String::from_utf8_lossy(&body);
+                let excerpt: String = text.chars().take(300).collect();
+                let hint = if status >= 500 {
+                    String::new()
+                } else {
+                    format!(
+                        " (its API key: `lemonade cloud auth {}` or {})",
+                        route.provider.name,
+                        backends::cloud::key_variable(&route.provider.name)
+                    )
+                };
+                let shown = reqwest::StatusCode::from_u16(status).map_or(status.to_string(), |s| s.to_string());
+                let msg = format!(
+                    "Upstream '{}' ({}) answered {shown}{hint}: {excerpt}",
+                    route.provider.name, route.provider.base
+                );
+                route.failed(Duration::ZERO, &msg, status >= 500);
+                EngineError::UpstreamFailed(msg)
+            }
+            _ => EngineError::Backend { status, body, content_type },
+        }
+    }
+
+    /// A successful answer read whole; an error answer as [`Lease::error_of`].
+    pub async fn whole(&self, resp: reqwest::Response) -> Result<Answer> {
+        if !resp.status().is_success() {
+            return Err(self.error_of(resp).await);
+        }
+        let (status, content_type) = (resp.status().as_u16(), content_type(&resp));
+        let body = self.echo_requested_id(self.read_body(resp).await?);
+        Ok(Answer { status, content_type, body })
+    }
+
+    /// Sends a request and reads its whole answer.
+    pub async fn fetch(&self, method: Method, path_and_query: &str, body: Option<bytes::Bytes>) -> Result<Answer> {
+        let resp = self.send(method, path_and_query, body, false).await?;
+        self.whole(resp).await
+    }
+
+    /// A remote model's answer names the id the client asked for (`<provider>.<id>`), not the
+    /// upstream's own, as a local model's answer names its model (llama-server's `--alias`).
+    pub fn echo_requested_id(&self, bytes: bytes::Bytes) -> bytes::Bytes {
+        match &self.target {
+            Target::Remote(r) => {
+                backends::cloud::echo_model(&bytes, &r.id, &r.name).map(bytes::Bytes::from).unwrap_or(bytes)
+            }
+            Target::Local { .. } => bytes,
+        }
+    }
+
+    /// Records an answer's usage/timings `v` into the model's `/stats` and the metrics. A whole
+    /// answer's time to first token is the wait for the model plus the prompt's time.
+    pub fn record_usage(&self, v: &Value, non_streaming: bool) {
+        if let Some(model) = self.local() {
+            apply_usage(&mut model.stats.lock(), v, non_streaming);
+        }
+        self.metrics().usage(self.name(), &Counts::of(v), non_streaming.then_some(self.waited));
+    }
+}
+
+fn content_type(resp: &reqwest::Response) -> Option<String> {
+    resp.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string)
+}
+
+fn remote_failed(route: &Route, e: &reqwest::Error, timeout: Duration) -> EngineError {
+    let msg = format!(
+        "Upstream '{}' ({}) failed: {}",
+        route.provider.name,
+        route.provider.base,
+        host::cloud::describe(e, timeout)
+    );
+    route.failed(Duration::ZERO, &msg, true);
+    EngineError::UpstreamFailed(msg)
+}
+
+/// usage → input/output tokens; llama.cpp `timings` override and give TTFT and tokens/s.
+pub fn apply_usage(s: &mut Stats, v: &Value, non_streaming: bool) {
+    let u64_at = |v: &Value, k: &str| v.get(k).and_then(Value::as_u64);
+    let f64_at = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64);
+    if let Some(u) = v.get("usage") {
+        let input = u64_at(u, "prompt_tokens").or_else(|| u64_at(u, "input_tokens"));
+        let output = u64_at(u, "completion_tokens").or_else(|| u64_at(u, "output_tokens"));
+        if let Some(i) = input {
+            s.input_tokens = i;
+            if non_streaming {
+                s.prompt_tokens = i;
+            }
+        }
+        if let Some(o) = output {
+            s.output_tokens = o;
+        }
+    }
+    if let Some(t) = v.get("timings") {
+        if let Some(n) = u64_at(t, "prompt_n") {
+            s.input_tokens = n;
+            // The whole prompt is the processed part plus the part reused from the cache; a
+            // stream has no `usage` unless asked, but its last chunk has these timings.
+            if let Some(cached) = u64_at(t, "cache_n") {
+                s.prompt_tokens = n + cached;
+            }
+        }
+        if let Some(n) = u64_at(t, "predicted_n") {
+            s.output_tokens = n;
+        }
+        if let Some(ms) = f64_at(t, "prompt_ms") {
+            s.time_to_first_token = ms / 1000.0;
+        }
+        if let Some(tps) = f64_at(t, "predicted_per_second") {
+            s.tokens_per_second = tps;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timings_override_usage() {
+        let mut s = Stats::default();
+        let v = serde_json::json!({"usage": {"prompt_tokens": 10, "completion_tokens": 5},
+            "timings": {"prompt_n": 9, "predicted_n": 4, "prompt_ms": 25.0, "predicted_per_second": 80.5}});
+        apply_usage(&mut s, &v, true);
+        assert_eq!((s.input_tokens, s.output_tokens, s.prompt_tokens), (9, 4, 10));
+        // The metrics count the whole prompt (usage's, as no cache_n says otherwise).
+        let u = Counts::of(&v);
+        assert_eq!((u.prompt_tokens, u.completion_tokens, u.prompt_ms), (Some(10), Some(4), Some(25.0)));
+        assert_eq!(s.time_to_first_token, 0.025);
+        assert_eq!(s.tokens_per_second, 80.5);
+        let mut s2 = Stats::default();
+        apply_usage(&mut s2, &serde_json::json!({"usage": {"input_tokens": 3, "output_tokens": 2}}), false);
+        assert_eq!((s2.input_tokens, s2.output_tokens, s2.prompt_tokens), (3, 2, 0));
+        // A stream's final timings: processed plus cached tokens make the whole prompt.
+        let last = serde_json::json!({"timings": {"prompt_n": 1, "cache_n": 35}});
+        apply_usage(&mut s2, &last, false);
+        assert_eq!((s2.input_tokens, s2.prompt_tokens), (1, 36));
+        assert_eq!(Counts::of(&last).prompt_tokens, Some(36));
+    }
+}

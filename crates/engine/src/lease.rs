@@ -1,0 +1,209 @@
+//! The one request entry: [`Engine::lease`] takes a [`LeaseRequest`] (the model asked for, the
+//! [`Endpoint`], its priority, keep-alive and forwarded headers) and gives the request its
+//! backend: a remote provider's model, a spillover upstream, or a local backend that is pulled
+//! first when auto-load allows and loaded if needed. Every request that reaches a model, from a
+//! client or composed in process ([`crate::call`]), comes through here.
+
+use std::sync::Arc;
+
+use api_types::ModelType;
+
+use crate::error::{EngineError, Result};
+use crate::lifecycle::Lease;
+use crate::Engine;
+
+/// The priorities a request may ask for (`priority` in its body); 0 by default.
+pub use backends::options::PRIORITIES;
+
+/// The headers a request carries on to whatever serves it (W3C trace context, the session
+/// header), as (lower-case name, value), in the order they are sent.
+pub type Forwarded = Arc<Vec<(String, String)>>;
+
+/// What a request asks a model for: its path at the backend and the model types it serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    ChatCompletions,
+    Completions,
+    Responses,
+    Embeddings,
+    Rerank,
+    /// Anthropic's messages and its token count.
+    Messages,
+    CountTokens,
+    /// Ollama's chat, generate and embed.
+    OllamaChat,
+    OllamaGenerate,
+    OllamaEmbed,
+    Speech,
+    Transcriptions,
+    ImageGenerations,
+    ImageEdits,
+    ImageVariations,
+    /// llama-server's own endpoints (`/completion`, `/tokenize`, `/props`, …), on any model.
+    Native(&'static str),
+}
+
+const LLM: &[ModelType] = &[ModelType::Llm];
+
+impl Endpoint {
+    /// The model types it serves.
+    pub fn accepts(self) -> &'static [ModelType] {
+        match self {
+            Endpoint::Embeddings | Endpoint::OllamaEmbed => &[ModelType::Embedding],
+            Endpoint::Rerank => &[ModelType::Reranking],
+            Endpoint::Speech => &[ModelType::Tts],
+            Endpoint::Transcriptions => &[ModelType::Audio],
+            Endpoint::ImageGenerations | Endpoint::ImageEdits | Endpoint::ImageVariations => &[ModelType::Image],
+            Endpoint::Native(_) => &ModelType::ALL,
+            _ => LLM,
+        }
+    }
+
+    /// Its path at the backend (the OpenAI path lemonade's backends serve).
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions | Endpoint::OllamaChat => "/v1/chat/completions",
+            Endpoint::Completions | Endpoint::OllamaGenerate => "/v1/completions",
+            Endpoint::Responses => "/v1/responses",
+            Endpoint::Embeddings | Endpoint::OllamaEmbed => "/v1/embeddings",
+            Endpoint::Rerank => "/v1/rerank",
+            Endpoint::Messages => "/v1/messages",
+            Endpoint::CountTokens => "/v1/messages/count_tokens",
+            Endpoint::Speech => "/v1/audio/speech",
+            Endpoint::Transcriptions => "/v1/audio/transcriptions",
+            Endpoint::ImageGenerations => "/v1/images/generations",
+            Endpoint::ImageEdits => "/v1/images/edits",
+            Endpoint::ImageVariations => "/v1/images/variations",
+            Endpoint::Native(p) => p,
+        }
+    }
+
+    /// How a message to a client names it ("Model 'x' is … model; chat/completions needs …").
+    pub fn name(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions => "chat/completions",
+            Endpoint::Completions => "completions",
+            Endpoint::Responses => "responses",
+            Endpoint::Embeddings => "embeddings",
+            Endpoint::Rerank => "reranking",
+            Endpoint::Messages => "messages",
+            Endpoint::CountTokens => "messages/count_tokens",
+            Endpoint::OllamaChat => "/api/chat",
+            Endpoint::OllamaGenerate => "/api/generate",
+            Endpoint::OllamaEmbed => "/api/embed",
+            Endpoint::Speech => "audio/speech",
+            Endpoint::Transcriptions => "audio/transcriptions",
+            Endpoint::ImageGenerations => "images/generations",
+            Endpoint::ImageEdits => "images/edits",
+            Endpoint::ImageVariations => "images/variations",
+            Endpoint::Native(p) => p,
+        }
+    }
+
+    /// Whether a remote provider is sent it: the text endpoints (its upstream knows what its
+    /// model serves); audio and image requests are shaped for lemonade's own backends.
+    fn forwarded_to_remotes(self) -> bool {
+        let text = [ModelType::Llm, ModelType::Embedding, ModelType::Reranking];
+        self.accepts().iter().any(|t| text.contains(t))
+    }
+}
+
+/// One request for a model.
+#[derive(Debug, Clone)]
+pub struct LeaseRequest {
+    pub model: String,
+    pub endpoint: Endpoint,
+    /// Higher is served first among the requests waiting for the model ([`PRIORITIES`]).
+    pub priority: i32,
+    /// The model's idle timeout (ms; 0 = never), set when given (Ollama's `keep_alive`).
+    pub keep_alive: Option<u64>,
+    pub forwarded: Forwarded,
+}
+
+impl LeaseRequest {
+    pub fn new(model: impl Into<String>, endpoint: Endpoint) -> LeaseRequest {
+        LeaseRequest { model: model.into(), endpoint, priority: 0, keep_alive: None, forwarded: Forwarded::default() }
+    }
+
+    pub fn priority(mut self, priority: i32) -> LeaseRequest {
+        self.priority = priority;
+        self
+    }
+
+    pub fn keep_alive(mut self, ms: Option<u64>) -> LeaseRequest {
+        self.keep_alive = ms;
+        self
+    }
+
+    pub fn forwarded(mut self, headers: Forwarded) -> LeaseRequest {
+        self.forwarded = headers;
+        self
+    }
+}
+
+impl Engine {
+    /// Gives `req` its backend. A model registered but not downloaded is pulled first when
+    /// auto-load is on; a model that will load for this request has its arguments checked
+    /// first (a 400, not a backend that dies); spillover may send it to an upstream.
+    pub async fn lease(&self, req: LeaseRequest) -> Result<Lease> {
+        let mut lease = self.lease_for(&req).await?;
+        lease.forwarded = req.forwarded;
+        Ok(lease)
+    }
+
+    async fn lease_for(&self, req: &LeaseRequest) -> Result<Lease> {
+        let (name, endpoint) = (req.model.as_str(), req.endpoint);
+        // `<provider>.<id>` of a registered remote provider, unless a local model has that name.
+        if self.catalogue.registry().get(name).is_err() {
+            if let Some(c) = self.catalogue.registry().collection(name) {
+                let e = endpoint.name();
+                return Err(EngineError::WrongModelType(match c.omni() {
+                    Some(_) => format!("Model '{name}' is an omni collection: it answers /v1/chat/completions only, not {e}"),
+                    None => format!("Model '{name}' is a router collection: it answers chat, completions, responses, Ollama chat and generate and Anthropic messages, not {e}"),
+                }));
+            }
+            if let Some(mut route) = self.remotes.route(name).await? {
+                if !endpoint.forwarded_to_remotes() {
+                    return Err(EngineError::WrongModelType(format!(
+                        "Model '{name}' is on remote provider '{}'; {} is not forwarded to remote providers (chat, completions, responses, embeddings, reranking and the llama.cpp endpoints are).",
+                        route.provider.name,
+                        endpoint.name()
+                    )));
+                }
+                route.admitted = Some(route.provider.admit()?);
+                return Ok(Lease::remote(&self.lifecycle, route));
+            }
+        }
+        let info = self.lifecycle.model_for(name, endpoint.accepts(), endpoint.name())?;
+        let info = match (info.loads_without_pull(), self.cfg.auto_load) {
+            (true, _) => info,
+            (false, true) => crate::pulls::ensure_downloaded(self, &info).await?,
+            (false, false) => return Err(EngineError::not_downloaded(name)),
+        };
+        if self.cfg.auto_load && self.lifecycle.state_of(&info.name) != Some(scheduler::State::Loaded) {
+            let options = self.lifecycle.effective_options(&info, &Default::default());
+            self.lifecycle.check_args(&info, &options).await?;
+        }
+        let (elsewhere, stayed) = crate::spill::place(self, &info).await?;
+        if let Some(lease) = elsewhere {
+            return Ok(lease);
+        }
+        let mut lease = self.lifecycle.acquire(&info, req.keep_alive, req.priority).await?;
+        lease.spilled = stayed;
+        Ok(lease)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_endpoint_names_its_path_and_the_types_it_serves() {
+        assert_eq!(Endpoint::OllamaChat.path(), "/v1/chat/completions");
+        assert_eq!(Endpoint::Rerank.accepts(), &[ModelType::Reranking]);
+        assert_eq!(Endpoint::Native("/tokenize").accepts(), &ModelType::ALL);
+        assert!(Endpoint::Embeddings.forwarded_to_remotes() && Endpoint::Native("/props").forwarded_to_remotes());
+        assert!(!Endpoint::Speech.forwarded_to_remotes() && !Endpoint::ImageEdits.forwarded_to_remotes());
+    }
+}
