@@ -58,8 +58,9 @@ pub enum Payload {
 
 /// Calls `req`'s model in process: leased as a client's request would be, the whole answer
 /// read, its usage recorded. A backend's error answer is [`EngineError::Backend`].
-pub async fn call(rt: &Engine, req: LeaseRequest, payload: Payload) -> Result<Answer> {
-    let path = req.endpoint.path();
+/// `path` is the backend's (an sd-server, Kokoro or whisper-server path where it differs from
+/// the endpoint's).
+pub async fn call(rt: &Engine, req: LeaseRequest, path: &str, payload: Payload) -> Result<Answer> {
     let lease = rt.lease(req).await?;
     let answer = match payload {
         Payload::Json(v) => {

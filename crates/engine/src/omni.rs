@@ -1,13 +1,23 @@
 //! Omni collections (Lemonade v11's `collection.omni`): which component plans (the first chat
-//! model) and which runs each tool (the first whose labels the tool needs). The tool loop is
-//! the server's; its prompts and bounds are `routing::omni`'s.
+//! model) and which runs each tool (the first whose labels the tool needs), and [`run`], the
+//! driver of the tool loop: `routing::omni::Loop` (sans-IO) says what to do, this module asks
+//! the planner and runs each tool on its component through [`crate::call`], as any in-process
+//! model call.
 
-use api_types::ModelType;
-use registry::Registry;
-use routing::omni::{Tool, ToolFormat};
-use serde_json::Value;
+use api_types::{ModelType, SdParameters};
+use backends::sdcpp::SdParams;
+use base64::Engine as _;
+use registry::{Collection, Registry};
+use routing::omni::{self as pure, Action, End, Failure, Loop, Omni, Tool, ToolFormat, ToolOutcome, ToolRun};
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
 
+use crate::call::{call, Form, Part, Payload};
+use crate::error::{EngineError, Result};
+use crate::lease::{Endpoint, Forwarded, LeaseRequest};
 use crate::Engine;
+
+const B64: base64::engine::general_purpose::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
 /// The name `tool_format` is stored and shown under.
 pub fn format_name(f: ToolFormat) -> &'static str {
@@ -60,4 +70,159 @@ pub fn listed_tools(rt: &Engine, components: &[String]) -> Vec<Value> {
             f
         })
         .collect()
+}
+
+/// Runs omni collection `c`'s tool loop for the client's chat request `body`: the planner is
+/// asked, each tool it calls runs on its component, the result goes back to it, until it
+/// answers. Each medium is sent on `media` the moment its tool finishes (a streaming client's
+/// content deltas). A tool that fails tells the planner so; it never fails the request. The
+/// planner's first failure is the request's (its status kept); a later one ends it.
+pub async fn run(
+    rt: &Engine,
+    c: &Collection,
+    o: &Omni,
+    body: Value,
+    forwarded: Forwarded,
+    media: Option<mpsc::Sender<String>>,
+) -> Result<(Loop, End)> {
+    let planner = planner(rt, &c.components).ok_or_else(|| {
+        EngineError::invalid(format!("Omni model '{}' has no chat model to plan with", c.name), Some("model"))
+    })?;
+    let mut l = Loop::new(o, &planner, tools(rt, &c.components), body);
+    let mut action = l.start();
+    let mut asked = 0;
+    loop {
+        action = match action {
+            Action::Done(end) => return Ok((l, end)),
+            Action::Ask(req) => {
+                tracing::debug!(collection = %c.name, request = %req, "omni planner request");
+                let lease = LeaseRequest::new(&planner, Endpoint::ChatCompletions).forwarded(forwarded.clone());
+                let reply = call(rt, lease, Endpoint::ChatCompletions.path(), Payload::Json(req)).await;
+                let reply = match reply.and_then(|a| a.json()) {
+                    Ok(v) => v,
+                    Err(e) if asked == 0 => return Err(e),
+                    Err(e) => return Err(EngineError::Unavailable(format!("The planner '{planner}' failed: {e}"))),
+                };
+                asked += 1;
+                l.planned(&reply)
+            }
+            Action::Run(run) => {
+                let outcome = run_tool(rt, &run, &forwarded).await;
+                tracing::debug!(collection = %c.name, tool = %run.tool, component = %run.component, ok = outcome.is_ok(), "omni tool");
+                if let (Some(tx), Ok((_, Some(m)))) = (&media, &outcome) {
+                    let _ = tx.send(m.clone()).await;
+                }
+                l.ran(outcome)
+            }
+        };
+    }
+}
+
+/// Runs one tool on its component.
+async fn run_tool(rt: &Engine, run: &ToolRun, forwarded: &Forwarded) -> ToolOutcome {
+    let on = |endpoint| LeaseRequest::new(&run.component, endpoint).forwarded(forwarded.clone());
+    let args = &run.arguments;
+    match run.tool.as_str() {
+        "generate_image" => {
+            let prompt = arg(args, "prompt").ok_or("'prompt' is required")?;
+            let sd = SdParameters {
+                steps: args.get("steps").and_then(Value::as_u64).map(|s| s as u32),
+                seed: args.get("seed").and_then(Value::as_i64),
+                ..Default::default()
+            };
+            let mut req = json!({"prompt": sd.prompt_with(prompt), "n": 1, "output_format": "png"});
+            if let Some(size) = arg(args, "size") {
+                req["size"] = size.into();
+            }
+            let answer =
+                tool_call(rt, on(Endpoint::ImageGenerations), backends::sdcpp::GENERATIONS_PATH, Payload::Json(req))
+                    .await?;
+            let png = first_image(&answer.body)?;
+            Ok((
+                json!({"image": "generated and shown to the user", "prompt": prompt}),
+                Some(pure::image_markdown(&png)),
+            ))
+        }
+        "edit_image" => {
+            let prompt = arg(args, "prompt").ok_or("'prompt' is required")?;
+            let source = run.image.as_deref().ok_or("there is no image in the conversation to edit")?;
+            let data = B64.decode(source).map_err(|e| Failure(format!("the image is not base64: {e}")))?;
+            let mut form = Form::new().text("prompt", prompt.to_string());
+            form = form.part("image[]", Part::bytes(data).file_name("image.png"));
+            if let Some(size) = arg(args, "size") {
+                form = form.text("size", size.to_string());
+            }
+            let form = form.text("output_format", "png");
+            let answer =
+                tool_call(rt, on(Endpoint::ImageEdits), backends::sdcpp::EDITS_PATH, Payload::Form(form)).await?;
+            let png = first_image(&answer.body)?;
+            Ok((json!({"image": "edited and shown to the user", "prompt": prompt}), Some(pure::image_markdown(&png))))
+        }
+        "text_to_speech" => {
+            let input = arg(args, "input").ok_or("'input' is required")?;
+            backends::kokoro::check(input, None, None).map_err(|(m, _)| Failure(m))?;
+            let req = json!({"input": input, "voice": arg(args, "voice"), "response_format": null, "speed": 1.0});
+            let answer = tool_call(rt, on(Endpoint::Speech), backends::kokoro::SPEECH_PATH, Payload::Json(req)).await?;
+            let mut audio = answer.body.to_vec();
+            pure::seal_wav(&mut audio);
+            let mime = answer.content_type.filter(|m| m.starts_with("audio/")).unwrap_or_else(|| "audio/wav".into());
+            Ok((
+                json!({"audio": "spoken to the user", "input": input}),
+                Some(pure::audio_tag(&mime, &B64.encode(&audio))),
+            ))
+        }
+        "transcribe_audio" => {
+            let (format, data) =
+                run.audio.clone().ok_or("the user sent no audio (an input_audio part) to transcribe")?;
+            let data = B64.decode(data).map_err(|e| Failure(format!("the audio is not base64: {e}")))?;
+            let mut form = Form::new().part("file", Part::bytes(data).file_name(format!("audio.{format}")));
+            if let Some(lang) = arg(args, "language") {
+                form = form.text("language", lang.to_string());
+            }
+            let form = form.text("response_format", "json").text("translate", "false");
+            let path = backends::whispercpp::INFERENCE_PATH;
+            let answer = tool_call(rt, on(Endpoint::Transcriptions), path, Payload::Form(form)).await?;
+            let v: Value = serde_json::from_slice(&answer.body).map_err(|e| Failure(e.to_string()))?;
+            Ok((json!({"text": v["text"].as_str().unwrap_or_default().trim()}), None))
+        }
+        "analyze_image" => {
+            let question = arg(args, "question").unwrap_or("Describe the image.");
+            let image = run.image.as_deref().ok_or("there is no image in the conversation to look at")?;
+            let url = format!("data:image/png;base64,{image}");
+            let req = json!({"model": run.component, "stream": false, "messages": [{"role": "user", "content": [
+                {"type": "text", "text": question}, {"type": "image_url", "image_url": {"url": url}}]}]});
+            let path = Endpoint::ChatCompletions.path();
+            let answer = tool_call(rt, on(Endpoint::ChatCompletions), path, Payload::Json(req)).await?;
+            let v: Value = serde_json::from_slice(&answer.body).map_err(|e| Failure(e.to_string()))?;
+            Ok((json!({"answer": v["choices"][0]["message"]["content"]}), None))
+        }
+        other => Err(Failure(format!("unknown tool '{other}'"))),
+    }
+}
+
+/// A tool's model call; its failure as the planner reads it (the backend's own message when
+/// it gave one).
+async fn tool_call(
+    rt: &Engine,
+    req: LeaseRequest,
+    path: &str,
+    payload: Payload,
+) -> std::result::Result<crate::call::Answer, Failure> {
+    call(rt, req, path, payload).await.map_err(|e| match e {
+        EngineError::Backend { body, .. } => {
+            let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let message = v["error"]["message"].as_str().or(v["error"].as_str()).map(str::to_string);
+            Failure(message.unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned()))
+        }
+        e => Failure(e.to_string()),
+    })
+}
+
+fn first_image(bytes: &[u8]) -> std::result::Result<String, Failure> {
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| Failure(e.to_string()))?;
+    v["data"][0]["b64_json"].as_str().map(str::to_string).ok_or_else(|| "the image model answered no image".into())
+}
+
+fn arg<'a>(args: &'a Map<String, Value>, k: &str) -> Option<&'a str> {
+    args.get(k).and_then(Value::as_str).filter(|s| !s.is_empty())
 }

@@ -249,7 +249,7 @@ async fn score(rt: &Engine, c: &Classifier, f: &Features) -> Score {
 /// A classifier's request to its model, as any in-process model call ([`crate::call`]).
 async fn call(rt: &Engine, model: &str, endpoint: Endpoint, body: &Value) -> Result<Value> {
     let req = crate::lease::LeaseRequest::new(model, endpoint);
-    crate::call::call(rt, req, crate::call::Payload::Json(body.clone())).await?.json()
+    crate::call::call(rt, req, endpoint.path(), crate::call::Payload::Json(body.clone())).await?.json()
 }
 
 /// `POST /routing/validate` (Lemonade v11): the policy checked (its components need not be

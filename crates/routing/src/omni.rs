@@ -1,8 +1,10 @@
 //! `collection.omni` (Lemonade v11's omni models), the pure part: the tool table (one table,
 //! the one `/models/{id}` lists and the web UI shows), which tools a collection's components
 //! offer, the planner's system prompt and requests, the reading of its replies, the guard that
-//! ends the loop, and the media as the answer embeds them. The caller (the server) sends the
-//! requests and runs the tools on the components.
+//! ends the loop, and the media as the answer embeds them; and the loop itself as a sans-IO
+//! machine ([`Loop`]): it says what to do next ([`Action`]: ask the planner, run a tool, done)
+//! and is told what came of it. The engine drives it, sending the requests and running the
+//! tools on the components.
 //!
 //! Two ways to ask the planner for tool calls: `native` (v11's: OpenAI `tools`, for a model
 //! whose chat template calls tools) and `json` (lemonade's, for a model whose template cannot:
@@ -218,6 +220,10 @@ pub fn planner_request(
         if let Some(v) = body.get(*k) {
             req.insert((*k).into(), v.clone());
         }
+    }
+    // As chat/completions reads it for a client: `max_completion_tokens` when no `max_tokens`.
+    if let (None, Some(m)) = (req.get("max_tokens"), req.get("max_completion_tokens").cloned()) {
+        req.insert("max_tokens".into(), m);
     }
     req.insert("model".into(), model.into());
     req.insert("messages".into(), Value::Array(messages.to_vec()));
@@ -528,5 +534,337 @@ pub fn seal_wav(wav: &mut [u8]) {
             return;
         }
         at = at.saturating_add(8).saturating_add(len + (len & 1));
+    }
+}
+
+/// How the loop ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum End {
+    /// The planner's answer.
+    Text(String),
+    /// The planner called tools of the client's: they go back to the client (finish_reason
+    /// `tool_calls`), as v11 does.
+    ClientCalls(String, Vec<Call>),
+}
+
+/// A tool to run on its component.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolRun {
+    pub tool: String,
+    pub component: String,
+    pub arguments: Map<String, Value>,
+    /// The most recent image: one made in this request, else one in the conversation.
+    pub image: Option<String>,
+    /// The most recent audio the user sent: its format and base64 data.
+    pub audio: Option<(String, String)>,
+}
+
+/// What a tool that ran came to: what it tells the planner and the medium it made (embedded in
+/// the answer), or why it failed.
+pub type ToolOutcome = Result<(Value, Option<String>), Failure>;
+
+/// What the driver does next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Send this chat request to the planner; report its answer with [`Loop::planned`].
+    Ask(Value),
+    /// Run this tool; report what came of it with [`Loop::ran`].
+    Run(ToolRun),
+    /// The loop ended.
+    Done(End),
+}
+
+/// The round being run: the planner's calls and what each came to so far.
+#[derive(Debug)]
+struct Round {
+    content: String,
+    calls: Vec<Call>,
+    fresh: Vec<bool>,
+    results: Vec<Value>,
+}
+
+/// One omni request's tool loop, sans-IO.
+#[derive(Debug)]
+pub struct Loop {
+    omni: Omni,
+    planner: String,
+    tools: Vec<(&'static Tool, String)>,
+    body: Value,
+    /// The client's messages (where the tools find the media it sent).
+    client: Vec<Value>,
+    /// What the planner sees.
+    messages: Vec<Value>,
+    guard: Guard,
+    round: Option<Round>,
+    /// The media made so far, as the answer embeds them.
+    media: Vec<String>,
+    /// Each tool call with its outcome (`x_lemonade_omni`).
+    trace: Vec<Value>,
+}
+
+impl Loop {
+    /// A loop for the client's chat request `body`, planned by `planner` with `tools` (each
+    /// with the component that runs it).
+    pub fn new(omni: &Omni, planner: &str, tools: Vec<(&'static Tool, String)>, body: Value) -> Loop {
+        let offered: Vec<&Tool> = tools.iter().map(|(t, _)| *t).collect();
+        let client = body["messages"].as_array().cloned().unwrap_or_default();
+        let messages = planner_messages(&system_prompt(omni, &offered), &client);
+        Loop {
+            omni: omni.clone(),
+            planner: planner.to_string(),
+            tools,
+            body,
+            client,
+            messages,
+            guard: Guard::default(),
+            round: None,
+            media: Vec::new(),
+            trace: Vec::new(),
+        }
+    }
+
+    /// The first action: the first planner request.
+    pub fn start(&self) -> Action {
+        Action::Ask(self.ask())
+    }
+
+    fn ask(&self) -> Value {
+        let offered: Vec<&Tool> = self.tools.iter().map(|(t, _)| *t).collect();
+        let text_only = self.guard.text_only();
+        planner_request(&self.planner, &self.messages, &offered, &self.body, self.omni.tool_format, text_only)
+    }
+
+    /// The planner answered `reply` (its chat completion).
+    pub fn planned(&mut self, reply: &Value) -> Action {
+        let forced = self.guard.text_only();
+        let (content, calls) = match parse_step(reply, self.omni.tool_format, self.guard.rounds()) {
+            Step::Text(t) => return Action::Done(End::Text(t)),
+            Step::Calls { content, .. } if forced => return Action::Done(End::Text(content)),
+            Step::Calls { content, calls } => (content, calls),
+        };
+        let client: Vec<Call> = calls.iter().filter(|c| self.tool(&c.name).is_none()).cloned().collect();
+        if !client.is_empty() {
+            return Action::Done(End::ClientCalls(content, client));
+        }
+        let fresh = self.guard.round(&calls);
+        self.round = Some(Round { content, calls, fresh, results: Vec::new() });
+        self.next()
+    }
+
+    /// The tool [`Action::Run`] named came to `outcome`.
+    pub fn ran(&mut self, outcome: ToolOutcome) -> Action {
+        let Some(round) = &self.round else { return self.next() };
+        let call = round.calls[round.results.len()].clone();
+        self.record(&call, outcome);
+        self.next()
+    }
+
+    /// The next call of the round (answered in place when it cannot run), or the next planner
+    /// request once every call has its result.
+    fn next(&mut self) -> Action {
+        loop {
+            let Some(round) = &self.round else { return Action::Ask(self.ask()) };
+            let i = round.results.len();
+            if i == round.calls.len() {
+                let round = self.round.take().expect("a round");
+                after_calls(&mut self.messages, self.omni.tool_format, &round.content, &round.calls, &round.results);
+                return Action::Ask(self.ask());
+            }
+            let call = round.calls[i].clone();
+            if !round.fresh[i] {
+                self.push_result(tool_error("already done: do not repeat it"));
+                continue;
+            }
+            match &call.arguments {
+                Err(raw) => {
+                    let e = Failure(format!("the arguments are not a JSON object: {raw}"));
+                    self.record(&call, Err(e));
+                }
+                Ok(args) => {
+                    return Action::Run(ToolRun {
+                        tool: call.name.clone(),
+                        component: self.tool(&call.name).map(|(_, c)| c.clone()).unwrap_or_default(),
+                        arguments: args.clone(),
+                        image: self.latest_image(),
+                        audio: latest_audio(&self.client),
+                    })
+                }
+            }
+        }
+    }
+
+    fn push_result(&mut self, v: Value) {
+        if let Some(r) = &mut self.round {
+            r.results.push(v);
+        }
+    }
+
+    /// Records what `call` came to: its result for the planner, its medium, its trace entry.
+    fn record(&mut self, call: &Call, outcome: ToolOutcome) {
+        let component = self.tool(&call.name).map(|(_, c)| c.clone()).unwrap_or_default();
+        let args = call.arguments.clone().map_or_else(|e| Value::String(e.0), Value::Object);
+        let (result, error) = match outcome {
+            Ok((fields, medium)) => {
+                self.media.extend(medium);
+                (tool_ok(fields), Value::Null)
+            }
+            Err(e) => (tool_error(&e.0), Value::from(e.0)),
+        };
+        self.trace.push(json!({"name": call.name, "arguments": args, "component": component, "error": error}));
+        self.push_result(result);
+    }
+
+    fn tool(&self, name: &str) -> Option<&(&'static Tool, String)> {
+        self.tools.iter().find(|(t, _)| t.name == name)
+    }
+
+    fn latest_image(&self) -> Option<String> {
+        let made = self.media.iter().rev().map(|m| json!({"content": m})).collect::<Vec<_>>();
+        latest_image(&made).or_else(|| latest_image(&self.client))
+    }
+
+    /// The media made so far, as the answer embeds them.
+    pub fn media(&self) -> &[String] {
+        &self.media
+    }
+
+    /// The planner's name.
+    pub fn planner(&self) -> &str {
+        &self.planner
+    }
+
+    /// `x_lemonade_omni`: the planner, the tool format and each tool call with its outcome.
+    pub fn trace(&self) -> Value {
+        let format = match self.omni.tool_format {
+            ToolFormat::Native => "native",
+            ToolFormat::Json => "json",
+        };
+        json!({"planner": self.planner, "tool_format": format, "tool_calls": self.trace})
+    }
+
+    /// The assistant message `end` makes (the media after the text when `with_media`), and its
+    /// finish reason.
+    pub fn message(&self, end: &End, with_media: bool) -> (Value, &'static str) {
+        let media = if with_media { self.media.join("\n\n") } else { String::new() };
+        let join = |t: &str| {
+            [t.trim(), media.as_str()].iter().filter(|s| !s.is_empty()).copied().collect::<Vec<_>>().join("\n\n")
+        };
+        match end {
+            End::Text(t) => (json!({"role": "assistant", "content": join(t)}), "stop"),
+            End::ClientCalls(content, calls) => {
+                let mut m = vec![];
+                after_calls(&mut m, ToolFormat::Native, &join(content), calls, &[]);
+                (m.remove(0), "tool_calls")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod loop_tests {
+    use super::*;
+
+    fn omni_loop(format: ToolFormat) -> Loop {
+        let components =
+            [("sd".to_string(), vec!["image".to_string(), "edit".into()]), ("kokoro".into(), vec!["tts".into()])];
+        let o = Omni { system_prompt: None, tool_format: format };
+        let body = json!({"messages": [{"role": "user", "content": "draw a cat"}], "max_completion_tokens": 50,
+                          "tools": [{"type": "function", "function": {"name": "client_fn", "parameters": {}}}]});
+        Loop::new(&o, "planner", offered(&components), body)
+    }
+
+    fn calls(calls: &[(&str, Value)]) -> Value {
+        let tc: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, (n, a))| json!({"id": format!("c{i}"), "function": {"name": n, "arguments": a.to_string()}}))
+            .collect();
+        json!({"choices": [{"message": {"content": "", "tool_calls": tc}}]})
+    }
+
+    fn text(t: &str) -> Value {
+        json!({"choices": [{"message": {"content": t}}]})
+    }
+
+    #[test]
+    fn a_tool_call_runs_on_its_component_its_result_goes_back_and_the_answer_embeds_the_medium() {
+        let mut l = omni_loop(ToolFormat::Native);
+        let Action::Ask(first) = l.start() else { panic!("asks first") };
+        assert_eq!(first["max_tokens"], 50, "max_completion_tokens read as chat/completions reads it");
+        assert_eq!(first["tool_choice"], "auto");
+        let Action::Run(run) = l.planned(&calls(&[("generate_image", json!({"prompt": "a cat"}))])) else {
+            panic!("runs the tool")
+        };
+        assert_eq!((run.tool.as_str(), run.component.as_str()), ("generate_image", "sd"));
+        assert_eq!(run.arguments["prompt"], "a cat");
+        let Action::Ask(second) = l.ran(Ok((json!({"image": "shown"}), Some(image_markdown("UE5H"))))) else {
+            panic!("asks again")
+        };
+        let last = second["messages"].as_array().unwrap().last().unwrap().clone();
+        assert_eq!((last["role"].as_str(), last["name"].as_str()), (Some("tool"), Some("generate_image")));
+        assert!(last["content"].as_str().unwrap().contains("\"status\":\"ok\""), "{last}");
+        let Action::Done(end) = l.planned(&text("Here is your cat.")) else { panic!("done") };
+        let (message, finish) = l.message(&end, true);
+        assert_eq!(finish, "stop");
+        assert_eq!(message["content"], format!("Here is your cat.\n\n{}", image_markdown("UE5H")));
+        assert_eq!(l.trace()["tool_calls"][0]["component"], "sd");
+        // A later edit finds the image made in this request.
+        let Action::Run(edit) = l.planned(&calls(&[("edit_image", json!({"prompt": "blue"}))])) else { panic!() };
+        assert_eq!(edit.image.as_deref(), Some("UE5H"));
+    }
+
+    #[test]
+    fn a_repeated_call_is_not_run_again_and_a_stalled_round_asks_for_text() {
+        let mut l = omni_loop(ToolFormat::Native);
+        let speak = calls(&[("text_to_speech", json!({"input": "hi"}))]);
+        assert!(matches!(l.planned(&speak), Action::Run(_)));
+        assert!(matches!(l.ran(Ok((json!({}), None))), Action::Ask(_)));
+        // The same call again: answered without running, and the next request wants text.
+        let Action::Ask(req) = l.planned(&speak) else { panic!("not run again") };
+        let last = req["messages"].as_array().unwrap().last().unwrap().clone();
+        assert!(last["content"].as_str().unwrap().contains("already done"), "{last}");
+        assert_eq!(req["tool_choice"], "none");
+        // Tool calls when text was demanded end the loop with the text written.
+        let Action::Done(End::Text(t)) = l.planned(&speak) else { panic!("forced text") };
+        assert_eq!(t, "");
+    }
+
+    #[test]
+    fn bad_arguments_and_failures_tell_the_planner_and_client_tools_go_back_to_the_client() {
+        let mut l = omni_loop(ToolFormat::Native);
+        let bad = json!({"choices": [{"message": {"content": "", "tool_calls": [
+            {"id": "x", "function": {"name": "generate_image", "arguments": "not json"}}]}}]});
+        let Action::Ask(req) = l.planned(&bad) else { panic!("no run for bad arguments") };
+        let told = req["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap().to_string();
+        assert!(told.contains("not a JSON object"), "{told}");
+        assert!(l.trace()["tool_calls"][0]["error"].as_str().unwrap().contains("not a JSON object"));
+        assert!(matches!(l.planned(&calls(&[("generate_image", json!({"prompt": "x"}))])), Action::Run(_)));
+        let Action::Ask(req) = l.ran(Err(Failure("the image model is down".into()))) else { panic!() };
+        let told = req["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap().to_string();
+        assert!(told.contains("the image model is down") && told.contains("\"status\":\"error\""), "{told}");
+        assert!(l.media().is_empty());
+        let Action::Done(end @ End::ClientCalls(..)) = l.planned(&calls(&[("client_fn", json!({}))])) else {
+            panic!("the client's own tool goes back to it")
+        };
+        let (message, finish) = l.message(&end, false);
+        assert_eq!((finish, message["tool_calls"][0]["function"]["name"].as_str()), ("tool_calls", Some("client_fn")));
+    }
+
+    #[test]
+    fn a_json_planner_is_asked_for_one_call_or_an_answer_and_the_rounds_are_bounded() {
+        let mut l = omni_loop(ToolFormat::Json);
+        let Action::Ask(first) = l.start() else { panic!() };
+        assert_eq!(first["response_format"]["type"], "json_schema");
+        for round in 0..MAX_ROUNDS - 1 {
+            let reply = text(&json!({"tool": "text_to_speech", "with": {"input": format!("say {round}")}}).to_string());
+            assert!(matches!(l.planned(&reply), Action::Run(_)), "round {round}");
+            let Action::Ask(next) = l.ran(Ok((json!({}), None))) else { panic!() };
+            if round + 2 == MAX_ROUNDS {
+                let schema = next["response_format"]["json_schema"]["schema"].to_string();
+                assert!(!schema.contains("\"tool\""), "the last round may only answer: {schema}");
+            }
+        }
+        let Action::Done(End::Text(t)) = l.planned(&text(r#"{"response": "done"}"#)) else { panic!() };
+        assert_eq!(t, "done");
     }
 }

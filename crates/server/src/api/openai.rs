@@ -72,7 +72,7 @@ async fn dispatch(
     };
     let Some(policy) = c.policy() else {
         return match (c.omni(), endpoint) {
-            (Some(o), Endpoint::ChatCompletions) => omni_answer(rt, c, o, body, stream).await,
+            (Some(o), Endpoint::ChatCompletions) => crate::api::omni::answer(rt, c, o, body, stream).await,
             _ => forward_to(rt, model, endpoint, body, stream).await,
         };
     };
@@ -80,18 +80,6 @@ async fn dispatch(
     drop(reg);
     let answer = forward_to(rt, &chosen, endpoint, body, stream).await?;
     Ok(crate::api::router::decorate(answer, &decision, trace, stream).await)
-}
-
-/// The omni loop calls chat/completions (the planner) again: the future is boxed (and said to
-/// be `Send`) to end the recursion in its type.
-fn omni_answer<'a>(
-    rt: &'a AppState,
-    c: &'a registry::Collection,
-    o: &'a routing::omni::Omni,
-    body: Bytes,
-    stream: bool,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, ApiError>> + Send + 'a>> {
-    Box::pin(crate::api::omni::answer(rt, c, o, body, stream))
 }
 
 async fn forward_to(
