@@ -257,7 +257,7 @@ impl Lease {
     /// remote provider's 5xx, or its refusal of our key, is its failure
     /// ([`EngineError::UpstreamFailed`]). Its other 4xx are about the request and pass through.
     pub async fn error_of(&self, resp: reqwest::Response) -> EngineError {
-        let status = resp.status().as_u16();
+        let (status, shown) = (resp.status().as_u16(), resp.status().to_string());
         let content_type = content_type(&resp);
         let body = match self.read_body(resp).await {
             Ok(body) => body,
@@ -276,7 +276,6 @@ impl Lease {
                         backends::cloud::key_variable(&route.provider.name)
                     )
                 };
-                let shown = reqwest::StatusCode::from_u16(status).map_or(status.to_string(), |s| s.to_string());
                 let msg = format!(
                     "Upstream '{}' ({}) answered {shown}{hint}: {excerpt}",
                     route.provider.name, route.provider.base

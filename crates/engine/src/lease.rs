@@ -4,8 +4,6 @@
 //! first when auto-load allows and loaded if needed. Every request that reaches a model, from a
 //! client or composed in process ([`crate::call`]), comes through here.
 
-use std::sync::Arc;
-
 use api_types::ModelType;
 
 use crate::error::{EngineError, Result};
@@ -15,9 +13,7 @@ use crate::Engine;
 /// The priorities a request may ask for (`priority` in its body); 0 by default.
 pub use backends::options::PRIORITIES;
 
-/// The headers a request carries on to whatever serves it (W3C trace context, the session
-/// header), as (lower-case name, value), in the order they are sent.
-pub type Forwarded = Arc<Vec<(String, String)>>;
+pub use crate::lifecycle::Forwarded;
 
 /// What a request asks a model for: its path at the backend and the model types it serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +42,12 @@ pub enum Endpoint {
 const LLM: &[ModelType] = &[ModelType::Llm];
 
 impl Endpoint {
+    /// llama-server's own endpoint at `path`, when it is one lemonade forwards.
+    pub fn native(path: &str) -> Option<Endpoint> {
+        let all = backends::llamacpp::NATIVE_POST.into_iter().chain(backends::llamacpp::NATIVE_GET);
+        all.into_iter().find(|p| *p == path).map(Endpoint::Native)
+    }
+
     /// The model types it serves.
     pub fn accepts(self) -> &'static [ModelType] {
         match self {

@@ -222,8 +222,12 @@ pub struct Lease {
     /// Where spillover sent the request, and why (the `x-lemonade-upstream` header).
     pub spilled: Option<String>,
     /// The headers the request carries on to its backend (trace context, session).
-    pub forwarded: crate::lease::Forwarded,
+    pub forwarded: Forwarded,
 }
+
+/// The headers a request carries on to whatever serves it (W3C trace context, the session
+/// header), as (lower-case name, value), in the order they are sent.
+pub type Forwarded = Arc<Vec<(String, String)>>;
 
 /// What a lease forwards to.
 pub enum Target {

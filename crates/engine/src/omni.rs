@@ -125,9 +125,10 @@ async fn run_tool(rt: &Engine, run: &ToolRun, forwarded: &Forwarded) -> ToolOutc
     match run.tool.as_str() {
         "generate_image" => {
             let prompt = arg(args, "prompt").ok_or("'prompt' is required")?;
+            let number = |k: &str| args.get(k).and_then(Value::as_i64);
             let sd = SdParameters {
-                steps: args.get("steps").and_then(Value::as_u64).map(|s| s as u32),
-                seed: args.get("seed").and_then(Value::as_i64),
+                steps: number("steps").and_then(|s| u32::try_from(s).ok()),
+                seed: number("seed"),
                 ..Default::default()
             };
             let mut req = json!({"prompt": sd.prompt_with(prompt), "n": 1, "output_format": "png"});

@@ -15,9 +15,8 @@ use crate::webui;
 pub const PREFIXES: [&str; 4] = ["/api/v0", "/api/v1", "/v0", "/v1"];
 
 /// llama-server's own routes, forwarded to the model's backend under every prefix and at the
-/// root: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
+/// root: POST ones, then GET ones (`backends::llamacpp`'s list).
+pub use backends::llamacpp::{NATIVE_GET, NATIVE_POST};
 
 /// A POST route; other methods get a JSON 405 naming POST.
 fn post_only<H: axum::handler::Handler<T, AppState>, T: 'static>(h: H) -> MethodRouter<AppState> {

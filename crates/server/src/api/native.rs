@@ -87,8 +87,7 @@ pub async fn native_get(
 
 /// The endpoint of llama-server's route `path` (one of the route table's).
 fn native_endpoint(path: &str) -> Result<Endpoint, ApiError> {
-    let known = crate::routes::NATIVE_POST.into_iter().chain(crate::routes::NATIVE_GET).find(|p| *p == path);
-    known.map(Endpoint::Native).ok_or_else(|| ApiError::UnknownPath(path.to_string()))
+    Endpoint::native(path).ok_or_else(|| ApiError::UnknownPath(path.to_string()))
 }
 
 /// `/api/v1/tokenize` → `/tokenize`.

@@ -25,19 +25,24 @@ pub async fn answer(rt: &AppState, c: &Collection, o: &Omni, body: Bytes, stream
         let (l, end) = engine::omni::run(rt, c, o, body, forwarded, None).await?;
         return Ok(Json(completion(&name, &l, &end)).into_response());
     }
+    Ok(streamed(rt, c, o, body, forwarded).await)
+}
+
+/// The answer as SSE: the role, each medium as its tool finishes, the text, the finish with
+/// the trace, `[DONE]`.
+async fn streamed(
+    rt: &AppState,
+    c: &Collection,
+    o: &Omni,
+    body: Value,
+    forwarded: engine::lease::Forwarded,
+) -> Response {
     let (tx, rx) = mpsc::channel::<Bytes>(16);
-    let (media_tx, mut media_rx) = mpsc::channel::<String>(4);
-    let (engine, c, o) = (rt.engine.clone(), c.clone(), o.clone());
+    let (media_tx, media_rx) = mpsc::channel::<String>(4);
+    let (engine, c, o, name) = (rt.engine.clone(), c.clone(), o.clone(), c.name.clone());
     let id = format!("chatcmpl-omni-{}", created());
     let _ = tx.send(chunk(&id, &name, json!({"role": "assistant", "content": ""}), None)).await;
-    let relay = {
-        let (tx, id, name) = (tx.clone(), id.clone(), name.clone());
-        tokio::spawn(async move {
-            while let Some(m) = media_rx.recv().await {
-                let _ = tx.send(chunk(&id, &name, json!({"content": format!("{m}\n\n")}), None)).await;
-            }
-        })
-    };
+    let relay = tokio::spawn(relay_media(tx.clone(), id.clone(), name.clone(), media_rx));
     tokio::spawn(async move {
         let ran = engine::omni::run(&engine, &c, &o, body, forwarded, Some(media_tx)).await;
         // Every medium is out before the text.
@@ -53,7 +58,14 @@ pub async fn answer(rt: &AppState, c: &Collection, o: &Omni, body: Bytes, stream
     });
     let events =
         futures_util::stream::unfold(rx, |mut rx| async { Some((Ok::<_, axum::Error>(rx.recv().await?), rx)) });
-    Ok(([(http::header::CONTENT_TYPE, "text/event-stream")], Body::from_stream(events)).into_response())
+    ([(http::header::CONTENT_TYPE, "text/event-stream")], Body::from_stream(events)).into_response()
+}
+
+/// Each medium, as a content delta the moment its tool finishes.
+async fn relay_media(tx: mpsc::Sender<Bytes>, id: String, name: String, mut media: mpsc::Receiver<String>) {
+    while let Some(m) = media.recv().await {
+        let _ = tx.send(chunk(&id, &name, json!({"content": format!("{m}\n\n")}), None)).await;
+    }
 }
 
 fn created() -> u64 {
