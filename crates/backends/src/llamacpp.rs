@@ -44,29 +44,13 @@ pub const RESERVED_FLAGS: &[&str] = &[
     "--cache-ram",
 ];
 
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// The flags lemonade writes only where the binary has them: defaults a llama.cpp without them
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// runs well without (it has its own defaults, or lacks the feature).
 const OPTIONAL_FLAGS: &[&str] =
     &["--context-shift", "--keep", "--reasoning-format", "--no-webui", "--metrics", "--cache-ram"];
 
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// The oldest llama.cpp lemonade supports and tests (docs/COMPATIBILITY.md).
 pub const OLDEST_BUILD: u32 = 9093;
-
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
 
 /// The API paths llama-server serves: OpenAI's under `/v1`, llama.cpp's own at the root.
 pub const SERVED_PATHS: &[&str] = &[
@@ -84,10 +68,6 @@ pub const SERVED_PATHS: &[&str] = &[
     "/slots",
     "/metrics",
 ];
-
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
 
 /// The llama.cpp adapter: `llama-server`, which binds port 0 and prints the port it got.
 pub struct LlamaCpp;
@@ -134,22 +114,10 @@ impl crate::Adapter for LlamaCpp {
     }
 }
 
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// KV-cache types llama-server accepts for `--cache-type-k` / `--cache-type-v`.
 pub const CACHE_TYPES: &[&str] = &["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"];
 
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// The runtime admin API's overrides as llama-server flags (`--flash-attn`, `--cache-type-k`,
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// `--cache-type-v`); an invalid value is an error naming the field.
 pub fn override_args(
     flash_attn: Option<&str>,
@@ -176,16 +144,8 @@ pub fn override_args(
 }
 
 pub const DEFAULT_CTX_SIZE: u32 = 4096;
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// Embedding models get at least this context (as Lemonade v9).
 pub const MIN_EMBEDDING_CTX_SIZE: u32 = 8192;
-
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
 
 /// What the command line is built from.
 #[derive(Debug, Clone, PartialEq)]
@@ -237,10 +197,6 @@ pub enum ArgsError {
     Lacks { flag: String, backend: String },
 }
 
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// Splits `llamacpp_args` on whitespace; single or double quotes group words and are removed.
 pub fn tokenize(args: &str) -> Result<Vec<String>, ArgsError> {
     let mut out = Vec::new();
@@ -276,10 +232,6 @@ pub fn tokenize(args: &str) -> Result<Vec<String>, ArgsError> {
     Ok(out)
 }
 
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// The flag part of a token: `--keep=4` → `--keep`.
 pub(crate) fn flag_of(token: &str) -> &str {
     if token.starts_with('-') {
@@ -288,10 +240,6 @@ pub(crate) fn flag_of(token: &str) -> &str {
         token
     }
 }
-
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
 
 /// Checks user arguments against the reserved list; the first offending flag is named.
 pub fn validate_user_args(tokens: &[String]) -> Result<(), ArgsError> {
@@ -305,10 +253,6 @@ pub fn validate_user_args(tokens: &[String]) -> Result<(), ArgsError> {
     }
 }
 
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// The first of `tokens` whose flag is one of `reserved` (any backend's user arguments).
 pub(crate) fn first_reserved<'a>(tokens: &'a [String], reserved: &[&str]) -> Option<&'a str> {
     tokens.iter().map(|t| flag_of(t)).find(|f| reserved.contains(f))
@@ -318,39 +262,15 @@ fn user_sets(tokens: &[String], flags: &[&str]) -> bool {
     tokens.iter().any(|t| flags.contains(&flag_of(t)))
 }
 
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// Whether `backend` runs the model's layers on a GPU: lemonade passes `-ngl 99` to every
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// backend but `cpu` (and users may not override it).
 pub fn offloads(backend: &str) -> bool {
     backend != "cpu"
 }
 
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// The `llama-server` arguments (without the program), listening on 127.0.0.1 with an
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// OS-chosen port (`--port 0`; the real port is read from the child's log), for a binary with
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// `caps` (None: not known, built for the newest llama.cpp lemonade knows). The user's
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// arguments are translated to the binary's spelling ([`user_for`]) and checked against it.
 pub fn command_line(cfg: &LlamaServerConfig, caps: Option<&Capabilities>) -> Result<Vec<String>, ArgsError> {
     let user = user_for(&cfg.user_args, caps)?;
@@ -455,15 +375,7 @@ pub fn command_line(cfg: &LlamaServerConfig, caps: Option<&Capabilities>) -> Res
     Ok(a)
 }
 
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// Lemonade's own arguments `a` for a binary with `c`: an optional default it lacks is left
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// out (with its value); a needed flag it lacks means too old a llama.cpp.
 fn fit_own(a: Vec<String>, c: &Capabilities) -> Result<Vec<String>, ArgsError> {
     let mut out = Vec::with_capacity(a.len());
@@ -484,25 +396,9 @@ fn fit_own(a: Vec<String>, c: &Capabilities) -> Result<Vec<String>, ArgsError> {
     Ok(out)
 }
 
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// The user's `llamacpp_args` as arguments for a binary with `caps`: reserved flags refused;
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// the loading-mode flags translated between the two spellings llama.cpp has had (`--no-mmap` /
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// `--mmap` and `--load-mode none|mmap`), so a v9 or v11 user's `--no-mmap` loads on a new
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// llama.cpp and `--load-mode none` on an old one; then every flag checked against the binary.
 pub fn user_for(args: &str, caps: Option<&Capabilities>) -> Result<Vec<String>, ArgsError> {
     let user = tokenize(args)?;
@@ -542,20 +438,8 @@ pub fn user_for(args: &str, caps: Option<&Capabilities>) -> Result<Vec<String>, 
     }
 }
 
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// llama-server's native sampling and slot fields that reach it in a request body, with the
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// range each must hold (inclusive). Outside it, llama.cpp has read or written out of bounds
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// (a negative `n_discard`, CVE-2026-21869); lemonade refuses them at its edge.
 pub const NATIVE_RANGES: &[(&str, i64, i64)] = &[
     ("n_predict", -2, 1 << 24),
@@ -567,15 +451,7 @@ pub const NATIVE_RANGES: &[(&str, i64, i64)] = &[
     ("n_cmpl", 1, 1 << 10),
 ];
 
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// The first of `body`'s llama.cpp native fields that is not an integer in its range:
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// (message, field). A null stands for the default.
 pub fn check_native(body: &serde_json::Map<String, serde_json::Value>) -> Result<(), (String, &'static str)> {
     for (field, lo, hi) in NATIVE_RANGES {
@@ -855,15 +731,7 @@ mod tests {
     }
 }
 
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// What a llama-server's memory depends on besides its model: context, slots and KV cache
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// types, as `options` (and the `llamacpp_args` in them) set them.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CacheSettings {
@@ -925,25 +793,9 @@ mod cache_settings_tests {
     }
 }
 
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// The share of a llama-server's KV cache its running requests hold (0 to 1), from its
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// `/slots` answer: the prompt and decoded tokens of each slot that is processing, over the
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// context of all slots. An idle slot's cells count as free (a new request may take them).
-/// llama-server's own endpoints lemonade forwards: POST ones, then GET ones.
-pub const NATIVE_POST: [&str; 5] = ["/completion", "/tokenize", "/detokenize", "/apply-template", "/infill"];
-pub const NATIVE_GET: [&str; 3] = ["/props", "/slots", "/metrics"];
-
 /// None when the answer is not a list of slots with a context.
 pub fn kv_usage(slots: &serde_json::Value) -> Option<f64> {
     let slots = slots.as_array()?;
