@@ -131,8 +131,11 @@ async fn run_tool(rt: &Engine, run: &ToolRun, forwarded: &Forwarded) -> ToolOutc
                 seed: number("seed"),
                 ..Default::default()
             };
+            // Checked as images/generations checks a client's request.
+            sd.validate().map_err(|(m, _)| Failure(m))?;
             let mut req = json!({"prompt": sd.prompt_with(prompt), "n": 1, "output_format": "png"});
             if let Some(size) = arg(args, "size") {
+                backends::sdcpp::parse_size(size).map_err(Failure)?;
                 req["size"] = size.into();
             }
             let answer =
@@ -151,6 +154,7 @@ async fn run_tool(rt: &Engine, run: &ToolRun, forwarded: &Forwarded) -> ToolOutc
             let mut form = Form::new().text("prompt", prompt.to_string());
             form = form.part("image[]", Part::bytes(data).file_name("image.png"));
             if let Some(size) = arg(args, "size") {
+                backends::sdcpp::parse_size(size).map_err(Failure)?;
                 form = form.text("size", size.to_string());
             }
             let form = form.text("output_format", "png");
