@@ -528,15 +528,20 @@ pub fn wait_child(child: &mut Child, timeout: Duration) -> Option<std::process::
     None
 }
 
+/// How long [`signal_next_backend`] waits for the next backend. A bound against a hang, not a
+/// timing: a retry after a failed start comes after the stop's 5 s grace (a frozen backend
+/// ignores SIGTERM), which on two cores busy with the whole suite took more than 10 s.
+const SPAWN_WAIT: Duration = Duration::from_secs(30);
+
 /// Sends `sig` to the next backend `server` spawns that is not in `seen`, the moment it exists
 /// (its exec done: a child still running the server's own image is forked but not yet exec'd,
 /// and signalling it would hit a copy of the server). /proc is polled without pause for at most
-/// 10 s. Its pid.
+/// [`SPAWN_WAIT`]. Its pid.
 pub async fn signal_next_backend(server: u32, seen: &[u32], sig: i32) -> Option<u32> {
     let seen = seen.to_vec();
     let exe = |p: u32| std::fs::read_link(format!("/proc/{p}/exe")).ok();
     tokio::task::spawn_blocking(move || {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let deadline = std::time::Instant::now() + SPAWN_WAIT;
         let own = exe(server);
         while std::time::Instant::now() < deadline {
             let exec_done = |c: &u32| exe(*c).is_some_and(|e| Some(&e) != own.as_ref());
@@ -796,19 +801,7 @@ pub fn flm_standin() -> PathBuf {
 
 /// The files under `dir` (links not followed) that hold `needle`: where a secret was written.
 pub fn files_containing(dir: &Path, needle: &str) -> Vec<PathBuf> {
-    let mut hits = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() && !p.is_symlink() {
-                stack.push(p);
-            } else if !p.is_symlink()
-                && std::fs::read(&p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
-            {
-                hits.push(p);
-            }
-        }
-    }
-    hits
+    let finder = memchr::memmem::Finder::new(needle.as_bytes());
+    let holds = |p: &PathBuf| std::fs::read(p).is_ok_and(|b| finder.find(&b).is_some());
+    keys::files_under(dir).into_iter().filter(holds).collect()
 }

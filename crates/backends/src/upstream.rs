@@ -56,8 +56,7 @@ pub fn judge(status: u16, retry_after: Option<Duration>, attempt: u32, attempts:
     }
 }
 
-/// One request's attempts at a remote provider, sans-IO: the caller sends when told
-/// [`Next::Send`], reports each outcome with the time elapsed since the first attempt, waits when
+/// One request's attempts at a remote provider, sans-IO: the caller sends, reports each outcome with the time elapsed since the first attempt, waits when
 /// told [`Next::Wait`] and stops at [`Next::Done`]. A refused connection, a 502/504 or a 503
 /// without `Retry-After` is tried again (nothing reached the client yet) after a back-off of
 /// `200 << attempt` ms; backpressure (429, 503 with `Retry-After`) is waited out when the pause
@@ -81,8 +80,6 @@ pub enum Outcome {
 /// What the caller does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Next {
-    /// Send (again).
-    Send,
     /// Wait this long, then send again.
     Wait(Duration),
     /// Stop: the last answer is relayed, or the request failed ([`Done`]).
@@ -94,12 +91,11 @@ pub enum Next {
 pub enum Done {
     /// Relay the last answer (a success, or a 4xx about the request).
     Relay,
-    /// The upstream's own failure (a 5xx): 502 naming it.
+    /// The upstream failed (a 5xx, or the connection refused on the last attempt): 502
+    /// naming it.
     Failed,
     /// Its backpressure passed on: 503 with `Retry-After` (seconds).
     Busy(u64),
-    /// The connection was refused on the last attempt.
-    Unreachable,
 }
 
 impl Retry {
@@ -124,7 +120,7 @@ impl Retry {
         let backoff = || Duration::from_millis(200 << self.attempt).min(left);
         let next = match outcome {
             Outcome::Refused if self.attempt < self.attempts => Next::Wait(backoff()),
-            Outcome::Refused => Next::Done(Done::Unreachable),
+            Outcome::Refused => Next::Done(Done::Failed),
             Outcome::Answered { status, retry_after } => {
                 match judge(status, retry_after, self.attempt, self.attempts, left) {
                     Answer::Relay => Next::Done(Done::Relay),
@@ -317,7 +313,7 @@ mod tests {
         assert_eq!(r.on(bad, ms(1400)), Next::Done(Done::Failed));
         let mut r = Retry::new(2, Duration::from_secs(10));
         assert_eq!(r.on(Outcome::Refused, ms(0)), Next::Wait(ms(400)));
-        assert_eq!(r.on(Outcome::Refused, ms(500)), Next::Done(Done::Unreachable));
+        assert_eq!(r.on(Outcome::Refused, ms(500)), Next::Done(Done::Failed));
     }
 
     #[test]

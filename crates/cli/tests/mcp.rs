@@ -77,6 +77,9 @@ async fn mcp_json_rpc_edges_answer_as_the_spec_says() {
     let (_, v) = rpc(&l, r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"lemonade_generate_image","arguments":{"model":"m","prompt":"p","output_path":"../../etc/x.png"}}}"#).await;
     let v: Value = serde_json::from_str(&v).unwrap();
     assert_eq!(v["result"]["isError"], true, "{v}");
+    // The path check refuses it, before any model is asked (there is no model "m").
+    let told = v["result"]["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(told.contains("is outside the MCP image folder"), "{v}");
     let r = l.http.get(l.url("/mcp")).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 405);
 }

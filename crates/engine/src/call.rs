@@ -58,9 +58,8 @@ pub enum Payload {
 
 /// Calls `req`'s model in process: leased as a client's request would be, the whole answer
 /// read, its usage recorded. A backend's error answer is [`EngineError::Backend`].
-/// `path` is the backend's (an sd-server, Kokoro or whisper-server path where it differs from
-/// the endpoint's).
-pub async fn call(rt: &Engine, req: LeaseRequest, path: &str, payload: Payload) -> Result<Answer> {
+pub async fn call(rt: &Engine, req: LeaseRequest, payload: Payload) -> Result<Answer> {
+    let path = req.endpoint.path();
     let lease = rt.lease(req).await?;
     let answer = match payload {
         Payload::Json(v) => {
@@ -167,33 +166,33 @@ impl Lease {
                 }
             };
             let attempt = retry.attempt();
-            match (retry.on(outcome, started.elapsed()), answer) {
-                (Next::Wait(wait), _) => {
+            let done = match retry.on(outcome, started.elapsed()) {
+                Next::Wait(wait) => {
                     tracing::warn!(provider = %route.provider.name, attempt, wait_ms = wait.as_millis() as u64, "remote provider failed or busy; trying again");
                     tokio::time::sleep(wait).await;
+                    continue;
                 }
-                (Next::Done(Done::Relay), Ok(r)) => {
+                Next::Done(done) => done,
+            };
+            let r = answer.map_err(|e| remote_failed(route, &e, self.remote_timeout()))?;
+            return match done {
+                Done::Relay => {
                     route.answered(started.elapsed());
-                    return Ok(r);
+                    Ok(r)
                 }
                 // The upstream's own failure: [`Lease::error_of`] makes it a failure naming it.
-                (Next::Done(Done::Failed), Ok(r)) => return Ok(r),
-                (Next::Done(Done::Busy(secs)), Ok(r)) => {
+                Done::Failed => Ok(r),
+                Done::Busy(secs) => {
                     route.answered(started.elapsed());
                     tracing::info!(provider = %route.provider.name, retry_after = secs, "remote provider busy; passed on as 503");
-                    return Err(EngineError::UpstreamBusy {
-                        message: format!(
-                            "Upstream '{}' ({}) is busy: it answered {} asking to retry after {secs} s",
-                            route.provider.name,
-                            route.provider.base,
-                            r.status()
-                        ),
-                        retry_after: secs,
-                    });
+                    let (name, base) = (&route.provider.name, &route.provider.base);
+                    let message = format!(
+                        "Upstream '{name}' ({base}) is busy: it answered {} asking to retry after {secs} s",
+                        r.status()
+                    );
+                    Err(EngineError::UpstreamBusy { message, retry_after: secs })
                 }
-                (_, Err(e)) => return Err(remote_failed(route, &e, self.remote_timeout())),
-                (Next::Send | Next::Done(Done::Unreachable), Ok(r)) => return Ok(r),
-            }
+            };
         }
     }
 

@@ -70,6 +70,15 @@ pub enum EngineError {
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 impl EngineError {
+    /// What a caller composing model calls (a tool, a classifier) is told: the backend's own
+    /// message when it answered an error, else this error's.
+    pub fn told(&self) -> String {
+        let EngineError::Backend { body, .. } = self else { return self.to_string() };
+        let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+        let message = v["error"]["message"].as_str().or(v["error"].as_str()).map(str::to_string);
+        message.unwrap_or_else(|| String::from_utf8_lossy(body).into_owned())
+    }
+
     pub fn invalid(message: impl Into<String>, param: Option<&str>) -> EngineError {
         EngineError::Invalid { message: message.into(), param: param.map(str::to_string), code: None }
     }

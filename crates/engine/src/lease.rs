@@ -61,7 +61,8 @@ impl Endpoint {
         }
     }
 
-    /// Its path at the backend (the OpenAI path lemonade's backends serve).
+    /// Its path at the backend that serves it (llama-server's OpenAI paths, sd-server's,
+    /// Kokoro's and whisper-server's own).
     pub fn path(self) -> &'static str {
         match self {
             Endpoint::ChatCompletions | Endpoint::OllamaChat => "/v1/chat/completions",
@@ -71,11 +72,11 @@ impl Endpoint {
             Endpoint::Rerank => "/v1/rerank",
             Endpoint::Messages => "/v1/messages",
             Endpoint::CountTokens => "/v1/messages/count_tokens",
-            Endpoint::Speech => "/v1/audio/speech",
-            Endpoint::Transcriptions => "/v1/audio/transcriptions",
-            Endpoint::ImageGenerations => "/v1/images/generations",
-            Endpoint::ImageEdits => "/v1/images/edits",
-            Endpoint::ImageVariations => "/v1/images/variations",
+            Endpoint::Speech => backends::kokoro::SPEECH_PATH,
+            Endpoint::Transcriptions => backends::whispercpp::INFERENCE_PATH,
+            Endpoint::ImageGenerations => backends::sdcpp::GENERATIONS_PATH,
+            // sd-server redraws an image for an edit and for a variation alike.
+            Endpoint::ImageEdits | Endpoint::ImageVariations => backends::sdcpp::EDITS_PATH,
             Endpoint::Native(p) => p,
         }
     }
@@ -156,8 +157,9 @@ impl Engine {
     async fn lease_for(&self, req: &LeaseRequest) -> Result<Lease> {
         let (name, endpoint) = (req.model.as_str(), req.endpoint);
         // `<provider>.<id>` of a registered remote provider, unless a local model has that name.
-        if self.catalogue.registry().get(name).is_err() {
-            if let Some(c) = self.catalogue.registry().collection(name) {
+        let reg = self.catalogue.registry();
+        if reg.get(name).is_err() {
+            if let Some(c) = reg.collection(name) {
                 let e = endpoint.name();
                 return Err(EngineError::WrongModelType(match c.omni() {
                     Some(_) => format!("Model '{name}' is an omni collection: it answers /v1/chat/completions only, not {e}"),
@@ -176,6 +178,7 @@ impl Engine {
                 return Ok(Lease::remote(&self.lifecycle, route));
             }
         }
+        drop(reg);
         let info = self.lifecycle.model_for(name, endpoint.accepts(), endpoint.name())?;
         let info = match (info.loads_without_pull(), self.cfg.auto_load) {
             (true, _) => info,

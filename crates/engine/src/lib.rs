@@ -31,6 +31,7 @@ pub mod lease;
 pub mod lifecycle;
 pub mod live;
 pub mod locks;
+pub mod mcp;
 pub mod metrics;
 pub mod omni;
 pub mod options;
@@ -43,6 +44,7 @@ pub mod settings;
 pub mod spill;
 #[cfg(test)]
 pub(crate) mod testing;
+pub mod tools;
 pub mod updates;
 
 use std::sync::Arc;

@@ -5,27 +5,16 @@
 //! model call.
 
 use api_types::{ModelType, SdParameters};
-use backends::sdcpp::SdParams;
 use base64::Engine as _;
 use registry::{Collection, Registry};
-use routing::omni::{self as pure, Action, End, Failure, Loop, Omni, Tool, ToolFormat, ToolOutcome, ToolRun};
+use routing::omni::{self as pure, Action, End, Failure, Loop, Omni, Tool, ToolOutcome, ToolRun};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
-use crate::call::{call, Form, Part, Payload};
+use crate::call::{call, Payload};
 use crate::error::{EngineError, Result};
 use crate::lease::{Endpoint, Forwarded, LeaseRequest};
-use crate::Engine;
-
-const B64: base64::engine::general_purpose::GeneralPurpose = base64::engine::general_purpose::STANDARD;
-
-/// The name `tool_format` is stored and shown under.
-pub fn format_name(f: ToolFormat) -> &'static str {
-    match f {
-        ToolFormat::Native => "native",
-        ToolFormat::Json => "json",
-    }
-}
+use crate::{tools, Engine};
 
 /// The planner: the first component that is a chat model (local or a remote provider's).
 pub fn planner(rt: &Engine, components: &[String]) -> Option<String> {
@@ -97,7 +86,7 @@ pub async fn run(
             Action::Ask(req) => {
                 tracing::debug!(collection = %c.name, request = %req, "omni planner request");
                 let lease = LeaseRequest::new(&planner, Endpoint::ChatCompletions).forwarded(forwarded.clone());
-                let reply = call(rt, lease, Endpoint::ChatCompletions.path(), Payload::Json(req)).await;
+                let reply = call(rt, lease, Payload::Json(req)).await;
                 let reply = match reply.and_then(|a| a.json()) {
                     Ok(v) => v,
                     Err(e) if asked == 0 => return Err(e),
@@ -120,73 +109,49 @@ pub async fn run(
 
 /// Runs one tool on its component.
 async fn run_tool(rt: &Engine, run: &ToolRun, forwarded: &Forwarded) -> ToolOutcome {
-    let on = |endpoint| LeaseRequest::new(&run.component, endpoint).forwarded(forwarded.clone());
-    let args = &run.arguments;
+    let (args, model) = (&run.arguments, run.component.as_str());
+    let image = |done: &str, prompt: &str, png: &str| {
+        Ok((
+            json!({"image": format!("{done} and shown to the user"), "prompt": prompt}),
+            Some(pure::image_markdown(png)),
+        ))
+    };
     match run.tool.as_str() {
         "generate_image" => {
             let prompt = arg(args, "prompt").ok_or("'prompt' is required")?;
             let number = |k: &str| args.get(k).and_then(Value::as_i64);
-            let sd = SdParameters {
-                steps: number("steps").and_then(|s| u32::try_from(s).ok()),
-                seed: number("seed"),
-                ..Default::default()
-            };
-            // Checked as images/generations checks a client's request.
-            sd.validate().map_err(|(m, _)| Failure(m))?;
-            let mut req = json!({"prompt": sd.prompt_with(prompt), "n": 1, "output_format": "png"});
-            if let Some(size) = arg(args, "size") {
-                backends::sdcpp::parse_size(size).map_err(Failure)?;
-                req["size"] = size.into();
-            }
-            let answer =
-                tool_call(rt, on(Endpoint::ImageGenerations), backends::sdcpp::GENERATIONS_PATH, Payload::Json(req))
-                    .await?;
-            let png = first_image(&answer.body)?;
-            Ok((
-                json!({"image": "generated and shown to the user", "prompt": prompt}),
-                Some(pure::image_markdown(&png)),
-            ))
+            let steps = number("steps").and_then(|s| u32::try_from(s).ok());
+            let sd = SdParameters { steps, seed: number("seed"), ..Default::default() };
+            let d = tools::Drawing { prompt, n: None, size: arg(args, "size"), sd };
+            image("generated", prompt, &tools::draw(rt, model, &d, forwarded).await?[0])
         }
         "edit_image" => {
             let prompt = arg(args, "prompt").ok_or("'prompt' is required")?;
             let source = run.image.as_deref().ok_or("there is no image in the conversation to edit")?;
-            let data = B64.decode(source).map_err(|e| Failure(format!("the image is not base64: {e}")))?;
-            let mut form = Form::new().text("prompt", prompt.to_string());
-            form = form.part("image[]", Part::bytes(data).file_name("image.png"));
-            if let Some(size) = arg(args, "size") {
-                backends::sdcpp::parse_size(size).map_err(Failure)?;
-                form = form.text("size", size.to_string());
-            }
-            let form = form.text("output_format", "png");
-            let answer =
-                tool_call(rt, on(Endpoint::ImageEdits), backends::sdcpp::EDITS_PATH, Payload::Form(form)).await?;
-            let png = first_image(&answer.body)?;
-            Ok((json!({"image": "edited and shown to the user", "prompt": prompt}), Some(pure::image_markdown(&png))))
+            image("edited", prompt, &tools::redraw(rt, model, prompt, arg(args, "size"), source, forwarded).await?[0])
         }
         "text_to_speech" => {
             let input = arg(args, "input").ok_or("'input' is required")?;
             backends::kokoro::check(input, None, None).map_err(|(m, _)| Failure(m))?;
             let req = json!({"input": input, "voice": arg(args, "voice"), "response_format": null, "speed": 1.0});
-            let answer = tool_call(rt, on(Endpoint::Speech), backends::kokoro::SPEECH_PATH, Payload::Json(req)).await?;
+            let answer = tools::on(rt, model, Endpoint::Speech, forwarded, Payload::Json(req)).await?;
             let mut audio = answer.body.to_vec();
             pure::seal_wav(&mut audio);
             let mime = answer.content_type.filter(|m| m.starts_with("audio/")).unwrap_or_else(|| "audio/wav".into());
-            Ok((
-                json!({"audio": "spoken to the user", "input": input}),
-                Some(pure::audio_tag(&mime, &B64.encode(&audio))),
-            ))
+            let medium = pure::audio_tag(&mime, &tools::B64.encode(&audio));
+            Ok((json!({"audio": "spoken to the user", "input": input}), Some(medium)))
         }
         "transcribe_audio" => {
             let (format, data) =
                 run.audio.clone().ok_or("the user sent no audio (an input_audio part) to transcribe")?;
-            let data = B64.decode(data).map_err(|e| Failure(format!("the audio is not base64: {e}")))?;
-            let mut form = Form::new().part("file", Part::bytes(data).file_name(format!("audio.{format}")));
-            if let Some(lang) = arg(args, "language") {
-                form = form.text("language", lang.to_string());
-            }
-            let form = form.text("response_format", "json").text("translate", "false");
-            let path = backends::whispercpp::INFERENCE_PATH;
-            let answer = tool_call(rt, on(Endpoint::Transcriptions), path, Payload::Form(form)).await?;
+            let data = tools::B64.decode(data).map_err(|e| Failure(format!("the audio is not base64: {e}")))?;
+            let h = tools::Hearing {
+                file_name: format!("audio.{format}"),
+                data,
+                language: arg(args, "language"),
+                format: None,
+            };
+            let answer = tools::transcribe(rt, model, h, forwarded).await?;
             let v: Value = serde_json::from_slice(&answer.body).map_err(|e| Failure(e.to_string()))?;
             Ok((json!({"text": v["text"].as_str().unwrap_or_default().trim()}), None))
         }
@@ -194,38 +159,14 @@ async fn run_tool(rt: &Engine, run: &ToolRun, forwarded: &Forwarded) -> ToolOutc
             let question = arg(args, "question").unwrap_or("Describe the image.");
             let image = run.image.as_deref().ok_or("there is no image in the conversation to look at")?;
             let url = format!("data:image/png;base64,{image}");
-            let req = json!({"model": run.component, "stream": false, "messages": [{"role": "user", "content": [
+            let req = json!({"model": model, "stream": false, "messages": [{"role": "user", "content": [
                 {"type": "text", "text": question}, {"type": "image_url", "image_url": {"url": url}}]}]});
-            let path = Endpoint::ChatCompletions.path();
-            let answer = tool_call(rt, on(Endpoint::ChatCompletions), path, Payload::Json(req)).await?;
+            let answer = tools::on(rt, model, Endpoint::ChatCompletions, forwarded, Payload::Json(req)).await?;
             let v: Value = serde_json::from_slice(&answer.body).map_err(|e| Failure(e.to_string()))?;
             Ok((json!({"answer": v["choices"][0]["message"]["content"]}), None))
         }
         other => Err(Failure(format!("unknown tool '{other}'"))),
     }
-}
-
-/// A tool's model call; its failure as the planner reads it (the backend's own message when
-/// it gave one).
-async fn tool_call(
-    rt: &Engine,
-    req: LeaseRequest,
-    path: &str,
-    payload: Payload,
-) -> std::result::Result<crate::call::Answer, Failure> {
-    call(rt, req, path, payload).await.map_err(|e| match e {
-        EngineError::Backend { body, .. } => {
-            let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            let message = v["error"]["message"].as_str().or(v["error"].as_str()).map(str::to_string);
-            Failure(message.unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned()))
-        }
-        e => Failure(e.to_string()),
-    })
-}
-
-fn first_image(bytes: &[u8]) -> std::result::Result<String, Failure> {
-    let v: Value = serde_json::from_slice(bytes).map_err(|e| Failure(e.to_string()))?;
-    v["data"][0]["b64_json"].as_str().map(str::to_string).ok_or_else(|| "the image model answered no image".into())
 }
 
 fn arg<'a>(args: &'a Map<String, Value>, k: &str) -> Option<&'a str> {

@@ -79,7 +79,7 @@ pub fn register(rt: &Engine, req: &PullRequest) -> Result<String> {
         components,
         routing: req.routing.clone().filter(|_| omni.is_none()),
         system_prompt: omni.as_ref().and_then(|o| o.system_prompt.clone()),
-        tool_format: omni.map(|o| crate::omni::format_name(o.tool_format).into()),
+        tool_format: omni.map(|o| o.tool_format.name().into()),
         labels: vec!["collection".into()],
         ..Default::default()
     };
@@ -194,9 +194,93 @@ fn view(rt: &Engine, c: &Collection, downloaded: bool) -> Model {
         components: Some(c.components.clone()),
         routing: Some(c.routing.clone()).filter(|_| omni.is_none()),
         system_prompt: omni.and_then(|o| o.system_prompt.clone()),
-        tool_format: omni.map(|o| crate::omni::format_name(o.tool_format).into()),
+        tool_format: omni.map(|o| o.tool_format.name().into()),
         omni_tools: omni.map(|_| crate::omni::listed_tools(rt, &c.components)),
     }
+}
+
+/// Where a request naming `model` at `endpoint` goes, once a parameter variant's fields are
+/// applied: the model itself, a router collection's candidate (the body's `model` rewritten,
+/// with the decision), or an omni collection's tool loop (chat completions only). `B`: the
+/// body, as bytes (a client's request, forwarded as it came) or as JSON (a translated one).
+pub enum Resolved<B> {
+    Model {
+        model: String,
+        body: B,
+        /// A router collection's decision, and whether the request asked for its trace.
+        routed: Option<(RouteDecision, bool)>,
+    },
+    Omni {
+        collection: Collection,
+        omni: routing::omni::Omni,
+        body: B,
+    },
+}
+
+/// [`resolve_value`] for a body as it came: parsed only when `model` is a variant or a
+/// collection (a plain model's request is forwarded untouched).
+pub async fn resolve(
+    rt: &Engine,
+    model: &str,
+    endpoint: Endpoint,
+    body: bytes::Bytes,
+) -> Result<Resolved<bytes::Bytes>> {
+    let plain = {
+        let reg = rt.catalogue.registry();
+        reg.variant(model).is_none() && reg.collection(model).is_none()
+    };
+    if plain {
+        return Ok(Resolved::Model { model: model.to_string(), body, routed: None });
+    }
+    let bad = |e: serde_json::Error| EngineError::invalid(format!("Invalid JSON body: {e}"), None);
+    let v: Value = serde_json::from_slice(&body).map_err(bad)?;
+    let bytes = |v: Value| serde_json::to_vec(&v).map(bytes::Bytes::from).map_err(bad);
+    Ok(match resolve_value(rt, model, endpoint, v).await {
+        Resolved::Model { model, body, routed } => Resolved::Model { model, body: bytes(body)?, routed },
+        Resolved::Omni { collection, omni, body } => Resolved::Omni { collection, omni, body: bytes(body)? },
+    })
+}
+
+/// For the dialects that translate a request first (Ollama, Anthropic: no omni loop there):
+/// the model that answers the OpenAI-shaped `body` (rewritten for it) and a router
+/// collection's decision.
+pub async fn route_value(
+    rt: &Engine,
+    model: &str,
+    endpoint: Endpoint,
+    body: Value,
+) -> (String, Value, Option<RouteDecision>) {
+    match resolve_value(rt, model, endpoint, body).await {
+        Resolved::Model { model, body, routed } => (model, body, routed.map(|(d, _)| d)),
+        // Refused when it is leased: an omni collection answers chat completions only.
+        Resolved::Omni { body, .. } => (model.to_string(), body, None),
+    }
+}
+
+/// Resolves an OpenAI-shaped request `body` naming `model` for `endpoint` (see [`Resolved`]).
+pub async fn resolve_value(rt: &Engine, model: &str, endpoint: Endpoint, mut body: Value) -> Resolved<Value> {
+    let reg = rt.catalogue.registry();
+    reg.apply_variant(model, &mut body);
+    let chat = endpoint.accepts() == [ModelType::Llm];
+    let Some(c) = reg.collection(model).filter(|_| chat) else {
+        return Resolved::Model { model: model.to_string(), body, routed: None };
+    };
+    let Some(policy) = c.policy() else {
+        return match c.omni() {
+            Some(omni) if endpoint == Endpoint::ChatCompletions => {
+                Resolved::Omni { collection: c.clone(), omni: omni.clone(), body }
+            }
+            _ => Resolved::Model { model: model.to_string(), body, routed: None },
+        };
+    };
+    let want_trace = body.get("route_trace").and_then(Value::as_bool).unwrap_or(false);
+    if let Some(o) = body.as_object_mut() {
+        o.remove("route_trace");
+    }
+    let decision = decide_request(rt, policy, &body, want_trace).await;
+    body["model"] = Value::from(decision.route_to.clone());
+    tracing::debug!(collection = %c.name, route_to = %decision.route_to, rule = %decision.matched_rule, "routed");
+    Resolved::Model { model: decision.route_to.clone(), body, routed: Some((decision, want_trace)) }
 }
 
 /// The decision for an OpenAI-shaped request `body` under a router collection's `policy`.
@@ -249,7 +333,7 @@ async fn score(rt: &Engine, c: &Classifier, f: &Features) -> Score {
 /// A classifier's request to its model, as any in-process model call ([`crate::call`]).
 async fn call(rt: &Engine, model: &str, endpoint: Endpoint, body: &Value) -> Result<Value> {
     let req = crate::lease::LeaseRequest::new(model, endpoint);
-    crate::call::call(rt, req, endpoint.path(), crate::call::Payload::Json(body.clone())).await?.json()
+    crate::call::call(rt, req, crate::call::Payload::Json(body.clone())).await?.json()
 }
 
 /// `POST /routing/validate` (Lemonade v11): the policy checked (its components need not be

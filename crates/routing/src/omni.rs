@@ -31,6 +31,16 @@ pub enum ToolFormat {
     Json,
 }
 
+impl ToolFormat {
+    /// The name `tool_format` is stored and shown under.
+    pub fn name(self) -> &'static str {
+        match self {
+            ToolFormat::Native => "native",
+            ToolFormat::Json => "json",
+        }
+    }
+}
+
 /// An omni collection's settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Omni {
@@ -735,11 +745,7 @@ impl Loop {
 
     /// `x_lemonade_omni`: the planner, the tool format and each tool call with its outcome.
     pub fn trace(&self) -> Value {
-        let format = match self.omni.tool_format {
-            ToolFormat::Native => "native",
-            ToolFormat::Json => "json",
-        };
-        json!({"planner": self.planner, "tool_format": format, "tool_calls": self.trace})
+        json!({"planner": self.planner, "tool_format": self.omni.tool_format.name(), "tool_calls": self.trace})
     }
 
     /// The assistant message `end` makes (the media after the text when `with_media`), and its

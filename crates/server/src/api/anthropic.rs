@@ -47,12 +47,11 @@ pub async fn messages(
     body: DialectJson<MessagesRequest, AnthropicApiError>,
 ) -> Result<Response, AnthropicApiError> {
     let req = body.value;
-    let mut openai = dialect::request(&req, &req.model).map_err(bad)?;
+    let openai = dialect::request(&req, &req.model).map_err(bad)?;
     // A router collection: the candidate its policy picks answers, as if asked directly.
-    let Some(d) = crate::api::router::route_value(&rt, &req.model, &mut openai).await else {
-        return answer(&rt, &req.model, openai, req.stream == Some(true)).await;
-    };
-    let a = answer(&rt, &d.route_to, openai, req.stream == Some(true)).await?;
+    let (model, openai, routed) = engine::router::route_value(&rt, &req.model, Endpoint::Messages, openai).await;
+    let a = answer(&rt, &model, openai, req.stream == Some(true)).await?;
+    let Some(d) = routed else { return Ok(a) };
     Ok(crate::api::router::decorate(a, &d, req.route_trace == Some(true), req.stream == Some(true)).await)
 }
 

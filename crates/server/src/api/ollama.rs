@@ -95,16 +95,15 @@ async fn serve(
     model: &str,
     keep: Option<KeepAlive>,
     path: &str,
-    mut body: Value,
+    body: Value,
     chat: bool,
     trace: bool,
 ) -> Answer {
     // A router collection: the candidate its policy picks answers, as if asked directly.
-    let Some(d) = crate::api::router::route_value(rt, model, &mut body).await else {
-        return answer(rt, model, keep, path, body, chat).await;
-    };
+    let (model, body, routed) = engine::router::route_value(rt, model, endpoint(chat), body).await;
     let stream = body["stream"] == true;
-    let a = answer(rt, &d.route_to, keep, path, body, chat).await?;
+    let a = answer(rt, &model, keep, path, body, chat).await?;
+    let Some(d) = routed else { return Ok(a) };
     Ok(crate::api::router::decorate(a, &d, trace, stream).await)
 }
 

@@ -14,6 +14,7 @@ use crate::extract::JsonBody;
 use crate::proxy;
 use crate::state::AppState;
 use engine::lease::Endpoint;
+use engine::router::Resolved;
 
 /// The model a request names; v9's messages when it names none.
 /// llama.cpp's native fields of a body, each in its range (a 400 naming the first that is not).
@@ -65,21 +66,16 @@ async fn dispatch(
     body: Bytes,
     stream: bool,
 ) -> Result<Response, ApiError> {
-    let body = crate::api::router::apply_variant(rt, model, body)?;
-    let reg = rt.catalogue.registry();
-    let Some(c) = reg.collection(model).filter(|_| endpoint.accepts() == [ModelType::Llm]) else {
-        return forward_to(rt, model, endpoint, body, stream).await;
-    };
-    let Some(policy) = c.policy() else {
-        return match (c.omni(), endpoint) {
-            (Some(o), Endpoint::ChatCompletions) => crate::api::omni::answer(rt, c, o, body, stream).await,
-            _ => forward_to(rt, model, endpoint, body, stream).await,
-        };
-    };
-    let (chosen, body, decision, trace) = crate::api::router::route(rt, c, policy, &body).await?;
-    drop(reg);
-    let answer = forward_to(rt, &chosen, endpoint, body, stream).await?;
-    Ok(crate::api::router::decorate(answer, &decision, trace, stream).await)
+    match engine::router::resolve(rt, model, endpoint, body).await? {
+        Resolved::Omni { collection, omni, body } => {
+            crate::api::omni::answer(rt, &collection, &omni, body, stream).await
+        }
+        Resolved::Model { model, body, routed: None } => forward_to(rt, &model, endpoint, body, stream).await,
+        Resolved::Model { model, body, routed: Some((decision, trace)) } => {
+            let answer = forward_to(rt, &model, endpoint, body, stream).await?;
+            Ok(crate::api::router::decorate(answer, &decision, trace, stream).await)
+        }
+    }
 }
 
 async fn forward_to(

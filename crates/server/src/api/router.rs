@@ -11,7 +11,6 @@ use axum::response::Response;
 use axum::Json;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use registry::Collection;
 use serde_json::Value;
 
 use crate::error::ApiError;
@@ -20,26 +19,6 @@ use crate::state::AppState;
 
 /// The header naming the rule that routed a request.
 pub const ROUTE_HEADER: &str = "x-lemonade-route";
-
-/// Decides where a request `body` for collection `c` goes and rewrites it for that model.
-/// Returns the chosen model, the body to send it, and the decision (when the request asked
-/// for its trace, `route_trace` removed).
-pub async fn route(
-    rt: &AppState,
-    c: &Collection,
-    policy: &routing::Policy,
-    body: &Bytes,
-) -> Result<(String, Bytes, RouteDecision, bool), ApiError> {
-    let mut v: Value = serde_json::from_slice(body)?;
-    let want_trace = v.get("route_trace").and_then(Value::as_bool).unwrap_or(false);
-    if let Some(o) = v.as_object_mut() {
-        o.remove("route_trace");
-    }
-    let decision = engine::router::decide_request(rt, policy, &v, want_trace).await;
-    v["model"] = Value::from(decision.route_to.clone());
-    tracing::debug!(collection = %c.name, route_to = %decision.route_to, rule = %decision.matched_rule, "routed");
-    Ok((decision.route_to.clone(), Bytes::from(serde_json::to_vec(&v)?), decision, want_trace))
-}
 
 /// `answer` with the route header, and the decision in its body when asked for.
 pub async fn decorate(answer: Response, decision: &RouteDecision, trace: bool, stream: bool) -> Response {
@@ -115,30 +94,6 @@ fn take_first_event(buf: &mut Vec<u8>, value: &Value, end: &[u8]) -> (Vec<u8>, b
         return (out, true);
     }
     (out, false)
-}
-
-/// `body` as a request through the parameter variant `model` sends it (its forced fields set,
-/// its removed ones gone); unchanged when `model` is no variant.
-pub fn apply_variant(rt: &AppState, model: &str, body: Bytes) -> Result<Bytes, ApiError> {
-    let reg = rt.catalogue.registry();
-    if reg.variant(model).is_none() {
-        return Ok(body);
-    }
-    let mut v: Value = serde_json::from_slice(&body)?;
-    reg.apply_variant(model, &mut v);
-    Ok(Bytes::from(serde_json::to_vec(&v)?))
-}
-
-/// For the dialects that translate a request first: a parameter variant's fields applied to the
-/// (OpenAI-shaped) `body`, then, when `model` names a router collection, the decision for it
-/// (`body`'s `model` becomes the candidate chosen).
-pub async fn route_value(rt: &AppState, model: &str, body: &mut Value) -> Option<RouteDecision> {
-    let reg = rt.catalogue.registry();
-    reg.apply_variant(model, body);
-    let policy = reg.collection(model)?.policy()?;
-    let decision = engine::router::decide_request(rt, policy, body, false).await;
-    body["model"] = Value::from(decision.route_to.clone());
-    Some(decision)
 }
 
 /// One SSE event with `value` as `x_lemonade_route` in its `data:` JSON, or one NDJSON line
