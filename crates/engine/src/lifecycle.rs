@@ -460,6 +460,21 @@ impl Lifecycle {
         (Some(v.state), mine.map_or(0, |i| i + 1))
     }
 
+    /// [`Lifecycle::place`] in words, for a request that started waiting at `since` (ms):
+    /// `queued 2`, `loading 3 s`, `loading 3 s, queued 2`, `starting`, or that it waits for a
+    /// restart.
+    pub fn place_words(&self, name: &str, since: u64, priority: i32) -> String {
+        let waited = self.now_ms().saturating_sub(since) / 1000;
+        match self.place(name, since, priority) {
+            (Some(State::Loaded), n) if n > 0 => format!("queued {n}"),
+            (Some(State::Loaded), _) => "starting".to_string(),
+            (Some(State::Unloading), _) => format!("waiting for {name} to restart, {waited} s"),
+            // Behind others who wait for the same load: its place in line too.
+            (_, n) if n > 1 => format!("loading {waited} s, queued {n}"),
+            _ => format!("loading {waited} s"),
+        }
+    }
+
     /// `info`'s spillover places: those its last load gave, else its saved ones.
     pub fn spillover_of(&self, info: &ModelInfo) -> Vec<String> {
         if let Some(places) = self.spillover.lock().get(&info.name) {

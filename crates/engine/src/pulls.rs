@@ -254,6 +254,28 @@ pub fn pull_in_background(rt: &Engine, m: ModelInfo) -> mpsc::Receiver<PullEvent
     rx
 }
 
+/// `POST /load` of a model or a collection: a router collection is virtual (v11: each request
+/// loads the candidate it routes to), an omni collection loads each of its local components
+/// (v11); a model loads as [`load`] says.
+pub async fn load_named(rt: &Engine, req: &LoadRequest) -> Result<LoadResponse> {
+    let collection = rt.catalogue.registry().collection(&req.model_name).cloned();
+    let Some(c) = collection else {
+        let info = load(rt, req).await?;
+        let (model_name, checkpoint, recipe) = (info.name.clone(), info.checkpoint.clone(), info.recipe.to_string());
+        return Ok(LoadResponse { status: "success".into(), model_name, checkpoint, recipe });
+    };
+    if c.omni().is_some() {
+        let local: Vec<String> = {
+            let reg = rt.catalogue.registry();
+            c.components.iter().filter(|m| reg.get(m).is_ok()).cloned().collect()
+        };
+        for m in local {
+            load(rt, &LoadRequest { model_name: m, ..Default::default() }).await?;
+        }
+    }
+    Ok(LoadResponse { status: "success".into(), model_name: c.name, checkpoint: String::new(), recipe: c.recipe })
+}
+
 /// `POST /load`: the model `req` names, pulled first when it is registered but not
 /// downloaded, its options validated (a 400 naming the field), saved as its defaults when
 /// asked, layered over the saved ones and the flags, then loaded (reloaded in place when it

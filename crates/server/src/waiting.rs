@@ -14,7 +14,6 @@ use bytes::Bytes;
 use engine::lease::{Endpoint, PRIORITIES};
 use engine::Lease;
 use futures_util::StreamExt;
-use scheduler::State;
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
@@ -138,7 +137,7 @@ where
             tokio::select! {
                 l = &mut lease => break l,
                 _ = tick.tick() => {
-                    if tx.send((voice.place)(&place(&rt2, &model, since, priority))).await.is_err() {
+                    if tx.send((voice.place)(&rt2.lifecycle.place_words(&model, since, priority))).await.is_err() {
                         return; // the client left; dropping the lease future withdraws the request
                     }
                 }
@@ -166,17 +165,4 @@ where
     let mut r = crate::sse::response(&rt.lifecycle, events);
     r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static(content_type));
     Ok(r)
-}
-
-/// Where a request that started waiting at `since` is, in words.
-fn place(rt: &AppState, model: &str, since: u64, priority: i32) -> String {
-    let waited = rt.lifecycle.now_ms().saturating_sub(since) / 1000;
-    match rt.lifecycle.place(model, since, priority) {
-        (Some(State::Loaded), n) if n > 0 => format!("queued {n}"),
-        (Some(State::Loaded), _) => "starting".to_string(),
-        (Some(State::Unloading), _) => format!("waiting for {model} to restart, {waited} s"),
-        // Behind others who wait for the same load: its place in line too.
-        (_, n) if n > 1 => format!("loading {waited} s, queued {n}"),
-        _ => format!("loading {waited} s"),
-    }
 }

@@ -78,29 +78,7 @@ pub async fn stats(State(rt): State<AppState>) -> Json<Stats> {
         (status = 507, description = "`insufficient_memory`: its estimate can never fit the memory budget (figures named)", body = ErrorResponse),
     ))]
 pub async fn load(State(rt): State<AppState>, body: JsonBody<LoadRequest>) -> Result<Json<LoadResponse>, ApiError> {
-    // A router collection is virtual (v11): each request loads the candidate it routes to. An
-    // omni collection loads every component (v11).
-    let collection = rt.catalogue.registry().collection(&body.value.model_name).cloned();
-    if let Some(c) = collection {
-        if c.omni().is_some() {
-            for m in c.components.iter().filter(|m| rt.catalogue.registry().get(m).is_ok()) {
-                pulls::load(&rt, &LoadRequest { model_name: m.clone(), ..Default::default() }).await?;
-            }
-        }
-        return Ok(Json(LoadResponse {
-            status: "success".into(),
-            model_name: c.name,
-            checkpoint: String::new(),
-            recipe: c.recipe,
-        }));
-    }
-    let info = pulls::load(&rt, &body.value).await?;
-    Ok(Json(LoadResponse {
-        status: "success".into(),
-        model_name: info.name.clone(),
-        checkpoint: info.checkpoint.clone(),
-        recipe: info.recipe.to_string(),
-    }))
+    Ok(Json(pulls::load_named(&rt, &body.value).await?))
 }
 
 /// Unloads one model (after its in-flight requests finish), or every model.
