@@ -89,6 +89,13 @@ pub(crate) async fn stream_once(http: &reqwest::Client, url: &str, model: Option
     })
 }
 
+/// `with` against `base`, run by run: the median TTFT added (ms) and the median decode ratio.
+fn paired(base: &[Sample], with: &[Sample]) -> (f64, f64) {
+    let added = median(base.iter().zip(with).map(|(a, b)| b.ttft_ms - a.ttft_ms).collect());
+    let ratio = median(base.iter().zip(with).map(|(a, b)| b.decode_tps / a.decode_tps).collect());
+    (added, ratio)
+}
+
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
@@ -125,8 +132,7 @@ async fn sandbox(bin: &std::path::Path) -> anyhow::Result<Value> {
         }
     }
     let med = |v: &[Sample], f: fn(&Sample) -> f64| median(v.iter().map(f).collect());
-    let ttft = median(s.iter().zip(&o).map(|(s, o)| s.ttft_ms - o.ttft_ms).collect());
-    let ratio = median(s.iter().zip(&o).map(|(s, o)| s.decode_tps / o.decode_tps).collect());
+    let (ttft, ratio) = paired(&o, &s);
     println!(
         "\nSandbox on and off, SmolLM2-135M Q4_1 streamed through lemonade, {MAX_TOKENS} tokens, {RUNS} runs each\n"
     );
@@ -216,8 +222,7 @@ async fn main() -> anyhow::Result<()> {
     let (d_tps, p_tps) =
         (median(d.iter().map(|s| s.decode_tps).collect()), median(p.iter().map(|s| s.decode_tps).collect()));
     // Paired: each proxied run against the direct run next to it.
-    let added_ttft = median(d.iter().zip(&p).map(|(a, b)| b.ttft_ms - a.ttft_ms).collect());
-    let ratio = median(d.iter().zip(&p).map(|(a, b)| b.decode_tps / a.decode_tps).collect());
+    let (added_ttft, ratio) = paired(&d, &p);
 
     println!(
         "\nStreaming chat, SmolLM2-135M Q4_1, {MAX_TOKENS} tokens, {RUNS} runs per path, llama-server {LLAMA_ARGS}\n"
