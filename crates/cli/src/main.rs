@@ -451,7 +451,7 @@ async fn serve(
     host: String,
     port: u16,
     api_key: Option<String>,
-    logs: std::sync::Arc<server::logging::LogHub>,
+    logs: std::sync::Arc<host::logging::LogHub>,
 ) -> anyhow::Result<()> {
     let cache = cache_dir();
     let mut cfg = engine::Config::new(cache.clone(), host::hf_cache::cache_root_from_env(|k| std::env::var(k).ok()));
@@ -749,7 +749,7 @@ fn main() -> std::process::ExitCode {
                 }
             };
             let otlp = args.otlp_endpoint.clone().filter(|e| !e.is_empty());
-            let logs = server::logging::init(engine::live::log_level(&start.values), otlp.as_deref());
+            let logs = host::logging::init(engine::live::log_level(&start.values), otlp.as_deref());
             let telemetry = logs.clone();
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
             let served = rt.block_on(serve(args, start, cli.host, cli.port, cli.api_key, logs));

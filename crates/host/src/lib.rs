@@ -20,6 +20,7 @@ pub mod hardware;
 pub mod hf_cache;
 pub mod hub;
 pub mod install;
+pub mod logging;
 pub mod net;
 pub mod prompt_cache;
 pub mod sandbox;

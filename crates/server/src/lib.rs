@@ -5,7 +5,6 @@ pub mod access;
 pub mod api;
 pub mod error;
 pub mod extract;
-pub mod logging;
 pub mod metrics;
 pub mod openapi;
 pub mod propagate;

@@ -1,8 +1,9 @@
 //! Server-sent events: progress of pulls and installs, and SSE responses that end when
-//! shutdown begins.
+//! shutdown begins, and the process log as it is written.
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use api_types::PullProgress;
 use axum::body::Body;
@@ -11,7 +12,7 @@ use bytes::Bytes;
 use engine::lifecycle::Lifecycle;
 use engine::pulls::PullEvent;
 use http::{header, HeaderValue};
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 
 /// One pull or install event as SSE's `(event, data)`: `progress` and `complete` carry a
 /// [`PullProgress`], `error` carries `{"error": message}`; a finished file has no event of its
@@ -84,4 +85,75 @@ fn headers(mut r: Response) -> Response {
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     r
+}
+
+/// An SSE comment is sent after this long without a line, so idle streams stay open.
+const HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// The log as SSE bytes: the kept lines, a few at a time, then each new line, with a
+/// heartbeat comment after [`HEARTBEAT`] without one.
+pub fn log_lines(
+    hub: &Arc<host::logging::LogHub>,
+) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
+    let (mut next, end, mut rx) = hub.subscribe();
+    let (tx, body_rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    let hub = hub.clone();
+    tokio::spawn(async move {
+        // The kept lines, a few at a time: a slow reader holds a few lines, not a copy of the tail.
+        while next < end {
+            let (after, lines) = hub.past(next, end, 32);
+            if lines.is_empty() {
+                break;
+            }
+            next = after;
+            let mut chunk = Vec::new();
+            for l in &lines {
+                chunk.extend_from_slice(&event(l));
+            }
+            if tx.send(Bytes::from(chunk)).await.is_err() {
+                return;
+            }
+        }
+        loop {
+            let next = tokio::select! {
+                r = rx.recv() => r,
+                _ = tx.closed() => return,
+                _ = tokio::time::sleep(HEARTBEAT) => {
+                    if tx.send(Bytes::from_static(b": heartbeat\n\n")).await.is_err() { return; }
+                    continue;
+                }
+            };
+            let chunk = match next {
+                Ok(line) => event(&line),
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    Bytes::from(format!(": {n} lines skipped (slow reader)\n\n"))
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            };
+            if tx.send(chunk).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut body_rx = body_rx;
+    futures_util::stream::poll_fn(move |cx| body_rx.poll_recv(cx).map(|o| o.map(Ok::<_, Infallible>)))
+}
+
+fn event(line: &str) -> Bytes {
+    let mut s = String::with_capacity(line.len() + 8);
+    for l in line.split('\n') {
+        s.push_str("data: ");
+        s.push_str(l.trim_end_matches('\r'));
+        s.push('\n');
+    }
+    s.push('\n');
+    Bytes::from(s)
+}
+
+#[cfg(test)]
+mod log_tests {
+    #[test]
+    fn a_multiline_log_entry_stays_one_event() {
+        assert_eq!(&super::event("a\nb")[..], b"data: a\ndata: b\n\n");
+    }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use engine::Engine;
 
-use crate::logging::LogHub;
+use host::logging::LogHub;
 
 /// The HTTP layer's own settings.
 #[derive(Clone)]

@@ -98,7 +98,7 @@ pub async fn set(
 ) -> Result<Json<ConfigSetResponse>, ApiError> {
     let updated = engine::live::set(&rt, &body.value).await?;
     if let (Some(h), Some(_)) = (&rt.http.logs, updated.get("log_level")) {
-        h.set_level(engine::live::log_level(&updated)).map_err(ApiError::Internal)?;
+        h.set_level(engine::live::log_level(&updated)).map_err(|e| ApiError::Internal(e.to_string()))?;
     }
     Ok(Json(ConfigSetResponse { status: "success".into(), updated }))
 }
@@ -175,7 +175,8 @@ pub async fn telemetry_flush(State(rt): State<AppState>) -> Result<Json<StatusRe
     };
     let sent = tokio::task::spawn_blocking(move || hub.flush_telemetry())
         .await
-        .map_err(|e| ApiError::Internal(format!("telemetry flush failed: {e}")))??;
+        .map_err(|e| ApiError::Internal(format!("telemetry flush failed: {e}")))?
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
     let status = if sent { "flushed" } else { "disabled" };
     Ok(Json(StatusResponse { status: status.into(), model_name: None, message: None }))
 }

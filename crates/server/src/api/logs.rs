@@ -11,10 +11,9 @@ use axum::extract::ws::{Message, WebSocket};
 
 use crate::error::ApiError;
 use crate::extract::JsonBody;
-use crate::logging::LogHub;
-use crate::logging::{filter_for, LEVELS};
 use crate::sse;
 use crate::state::AppState;
+use host::logging::{filter_for, LogHub, LEVELS};
 
 /// The level the server logs at now.
 #[utoipa::path(get, path = "/api/v1/log-level", tag = "System",
@@ -46,7 +45,7 @@ pub async fn set_level(
         ));
     }
     if let Some(h) = &rt.http.logs {
-        h.set_level(&level).map_err(ApiError::Internal)?;
+        h.set_level(&level).map_err(|e| ApiError::Internal(e.to_string()))?;
     }
     tracing::info!(level = %level, "log level changed");
     Ok(Json(LogLevelResponse { status: "success".into(), level }))
@@ -65,7 +64,7 @@ pub async fn stream(State(rt): State<AppState>) -> Result<Response, ApiError> {
     let Some(h) = &rt.http.logs else {
         return Err(ApiError::bad_request("Log streaming is not enabled in this process", None));
     };
-    Ok(sse::response(&rt.lifecycle, h.stream()))
+    Ok(sse::response(&rt.lifecycle, sse::log_lines(h)))
 }
 
 /// Lemonade v11's log stream at the root of the port. A WebSocket upgrade gets v11's
@@ -89,7 +88,7 @@ pub async fn ws_stream(State(rt): State<AppState>, req: axum::extract::Request) 
     let (mut parts, _) = req.into_parts();
     Ok(match WebSocketUpgrade::from_request_parts(&mut parts, &rt).await {
         Ok(ws) => ws.on_upgrade(move |socket| serve_ws(hub, socket)),
-        Err(_) => sse::response(&rt.lifecycle, hub.stream()),
+        Err(_) => sse::response(&rt.lifecycle, sse::log_lines(&hub)),
     })
 }
 
@@ -138,7 +137,7 @@ async fn serve_ws(hub: Arc<LogHub>, mut socket: WebSocket) {
         tokio::select! {
             r = rx.recv() => match r {
                 Ok(line) => {
-                    let entry = crate::logging::entry(next, &line);
+                    let entry = host::logging::entry(next, &line);
                     next += 1;
                     if !send_json(&mut socket, serde_json::json!({"type": "logs.entry", "entry": entry})).await {
                         return;

@@ -1,19 +1,16 @@
-//! The server log: tracing to stderr plus an in-memory tail that `logs/stream` serves as SSE,
-//! with a filter that `log-level` changes at run time.
+//! The process's log: tracing to stderr plus an in-memory tail (which the server's
+//! `logs/stream` serves), with a filter that `log-level` changes at run time, and the spans'
+//! OpenTelemetry export.
 //!
 //! Lemonade's levels map to tracing filters (critical and error → error; warning → warn;
 //! info also shows backend warnings; debug shows backend output; trace shows everything,
 //! prompts included). `RUST_LOG`, when set, replaces the mapping at start-up.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::io::Write;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use std::time::Duration;
-
-use bytes::Bytes;
 use tokio::sync::broadcast;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -23,9 +20,7 @@ use tracing_subscriber::{fmt, reload, EnvFilter, Layer};
 pub const SPANS: &str = "lemonade::spans";
 
 /// Lines kept for a new `logs/stream` client.
-const TAIL_LINES: usize = 2000;
-/// An SSE comment is sent after this long without a line, so idle streams stay open.
-const HEARTBEAT: Duration = Duration::from_secs(10);
+pub const TAIL_LINES: usize = 2000;
 
 pub const LEVELS: [&str; 6] = ["critical", "error", "warning", "info", "debug", "trace"];
 
@@ -41,8 +36,19 @@ pub fn filter_for(level: &str) -> Option<&'static str> {
     })
 }
 
+/// What the log could not do.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error("unknown level '{0}'")]
+    UnknownLevel(String),
+    #[error("the log filter could not be changed: {0}")]
+    Reload(String),
+    #[error("telemetry flush failed: {0}")]
+    Flush(String),
+}
+
 /// Replaces the active filter (a tracing-subscriber reload handle, type-erased).
-type Reload = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+type Reload = Box<dyn Fn(&str) -> Result<(), LogError> + Send + Sync>;
 
 pub struct LogHub {
     /// The kept lines with their sequence numbers (shared: a reader clones pointers, not text).
@@ -81,14 +87,14 @@ impl LogHub {
 
     /// The sequence number where the kept lines start, where live lines start, and a receiver
     /// for every later line (no gap, no duplicate).
-    fn subscribe(&self) -> (u64, u64, broadcast::Receiver<Arc<str>>) {
+    pub fn subscribe(&self) -> (u64, u64, broadcast::Receiver<Arc<str>>) {
         let tail = self.tail.lock();
         (tail.first, tail.first + tail.lines.len() as u64, self.tx.subscribe())
     }
 
     /// Up to `max` kept lines from sequence number `from` (below `end`); lines that left the
     /// tail meanwhile are skipped.
-    fn past(&self, from: u64, end: u64, max: usize) -> (u64, Vec<Arc<str>>) {
+    pub fn past(&self, from: u64, end: u64, max: usize) -> (u64, Vec<Arc<str>>) {
         let tail = self.tail.lock();
         let from = from.max(tail.first);
         let skip = (from - tail.first) as usize;
@@ -109,9 +115,9 @@ impl LogHub {
 
     /// Sends every finished span not sent yet (`POST /internal/telemetry/flush`); false when
     /// no exporter is configured.
-    pub fn flush_telemetry(&self) -> Result<bool, crate::error::ApiError> {
+    pub fn flush_telemetry(&self) -> Result<bool, LogError> {
         let Some(p) = self.telemetry.lock().clone() else { return Ok(false) };
-        p.force_flush().map_err(|e| crate::error::ApiError::Internal(format!("telemetry flush failed: {e}")))?;
+        p.force_flush().map_err(|e| LogError::Flush(e.to_string()))?;
         Ok(true)
     }
 
@@ -131,55 +137,8 @@ impl LogHub {
         self.level.lock().clone()
     }
 
-    /// The log as SSE bytes: the kept lines, a few at a time, then each new line, with a
-    /// heartbeat comment after [`HEARTBEAT`] without one.
-    pub fn stream(self: &Arc<Self>) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
-        let (mut next, end, mut rx) = self.subscribe();
-        let (tx, body_rx) = tokio::sync::mpsc::channel::<Bytes>(16);
-        let hub = self.clone();
-        tokio::spawn(async move {
-            // The kept lines, a few at a time: a slow reader holds a few lines, not a copy of the tail.
-            while next < end {
-                let (after, lines) = hub.past(next, end, 32);
-                if lines.is_empty() {
-                    break;
-                }
-                next = after;
-                let mut chunk = Vec::new();
-                for l in &lines {
-                    chunk.extend_from_slice(&event(l));
-                }
-                if tx.send(Bytes::from(chunk)).await.is_err() {
-                    return;
-                }
-            }
-            loop {
-                let next = tokio::select! {
-                    r = rx.recv() => r,
-                    _ = tx.closed() => return,
-                    _ = tokio::time::sleep(HEARTBEAT) => {
-                        if tx.send(Bytes::from_static(b": heartbeat\n\n")).await.is_err() { return; }
-                        continue;
-                    }
-                };
-                let chunk = match next {
-                    Ok(line) => event(&line),
-                    Err(broadcast::error::RecvError::Lagged(n)) => {
-                        Bytes::from(format!(": {n} lines skipped (slow reader)\n\n"))
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return,
-                };
-                if tx.send(chunk).await.is_err() {
-                    return;
-                }
-            }
-        });
-        let mut body_rx = body_rx;
-        futures_util::stream::poll_fn(move |cx| body_rx.poll_recv(cx).map(|o| o.map(Ok::<_, Infallible>)))
-    }
-
-    pub fn set_level(&self, level: &str) -> Result<(), String> {
-        let filter = filter_for(level).ok_or_else(|| format!("unknown level '{level}'"))?;
+    pub fn set_level(&self, level: &str) -> Result<(), LogError> {
+        let filter = filter_for(level).ok_or_else(|| LogError::UnknownLevel(level.to_string()))?;
         (self.reload)(filter)?;
         *self.level.lock() = level.to_string();
         Ok(())
@@ -212,7 +171,7 @@ pub fn init(level: &str, otlp: Option<&str>) -> Arc<LogHub> {
         tail: Mutex::new(Tail { first: 0, lines: VecDeque::with_capacity(TAIL_LINES) }),
         tx,
         level: Mutex::new(level.to_string()),
-        reload: Box::new(move |f: &str| handle.reload(EnvFilter::new(f)).map_err(|e| e.to_string())),
+        reload: Box::new(move |f: &str| handle.reload(EnvFilter::new(f)).map_err(|e| LogError::Reload(e.to_string()))),
         telemetry: Mutex::new(None),
     });
     let w = HubWriter(hub.clone());
@@ -267,28 +226,16 @@ pub fn entry(seq: u64, line: &str) -> api_types::LogEntry {
     api_types::LogEntry { seq, timestamp, severity: severity.into(), tag, line: line.trim_end().to_string() }
 }
 
-fn event(line: &str) -> Bytes {
-    let mut s = String::with_capacity(line.len() + 8);
-    for l in line.split('\n') {
-        s.push_str("data: ");
-        s.push_str(l.trim_end_matches('\r'));
-        s.push('\n');
-    }
-    s.push('\n');
-    Bytes::from(s)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn every_level_maps_and_multiline_entries_stay_one_event() {
+    fn every_level_maps_to_a_filter() {
         for l in LEVELS {
             assert!(filter_for(l).is_some(), "{l}");
         }
         assert_eq!(filter_for("verbose"), None);
-        assert_eq!(&event("a\nb")[..], b"data: a\ndata: b\n\n");
     }
 
     #[test]
