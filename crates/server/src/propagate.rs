@@ -1,29 +1,32 @@
-//! The headers a request carries on to whatever serves it: W3C trace context (`traceparent`,
-//! `tracestate`) and the session header (`x-session-id`, `--session-header`), forwarded as
-//! they came to local backends and remote upstreams, so a trace continues through lemonade and
-//! a router's session affinity holds past it. A value too long to be what it claims is
-//! dropped, never forwarded. It also carries back spillover's decision for the request, which
-//! the response gets as `x-lemonade-upstream`.
+//! What a request carries past lemonade, read from its headers once by a middleware and handed
+//! to the handler as a value ([`Edge`], a request extension): the headers forwarded as they
+//! came to local backends and remote upstreams (W3C trace context `traceparent`, `tracestate`,
+//! and the session header, `x-session-id` or `--session-header`), so a trace continues through
+//! lemonade and a router's session affinity holds past it (a value too long to be what it
+//! claims is dropped, never forwarded); and the priority `X-Lemonade-Priority` gives (a bad
+//! value is a 400 naming the header). Back out, spillover's decision for the request, which a
+//! response carries as an extension ([`Spilled`]), becomes its `x-lemonade-upstream` header.
 
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
+use engine::lease::{Endpoint, LeaseRequest, PRIORITIES};
 use http::{HeaderName, HeaderValue};
+
+use crate::error::ApiError;
 
 /// The longest value forwarded (W3C caps `tracestate` at 512 characters; `traceparent` is 55).
 const MAX_LEN: usize = 512;
 
 pub use engine::lease::Forwarded;
 
-tokio::task_local! {
-    static FORWARDED: Forwarded;
-    static SPILLED: Arc<parking_lot::Mutex<Option<String>>>;
-}
-
 /// The response header that says where spillover sent a request, and why.
 pub const UPSTREAM_HEADER: &str = "x-lemonade-upstream";
+
+/// The header that gives a request's priority when its body gives none.
+pub const PRIORITY_HEADER: &str = "x-lemonade-priority";
 
 /// Which headers are forwarded: the trace context and `session` (lowercase).
 #[derive(Clone)]
@@ -39,8 +42,61 @@ impl Names {
     }
 }
 
-/// Reads the forwarded headers of a request for the handler and the proxy.
-pub async fn layer(State(names): State<Names>, req: Request, next: Next) -> Response {
+/// What a request carries past lemonade (see the module's header).
+#[derive(Clone, Default)]
+pub struct Edge {
+    pub forwarded: Forwarded,
+    /// `X-Lemonade-Priority`, when given.
+    pub priority: Option<i32>,
+}
+
+impl Edge {
+    /// A lease request for `model` at `endpoint`, with this request's forwarded headers.
+    pub fn request(&self, model: &str, endpoint: Endpoint) -> LeaseRequest {
+        LeaseRequest::new(model, endpoint).forwarded(self.forwarded.clone())
+    }
+
+    /// The request's `priority` (an integer in [`PRIORITIES`]): its body's, else its header's,
+    /// else 0. The body is read only when it names one.
+    pub fn priority_of(&self, body: &[u8]) -> Result<i32, ApiError> {
+        let from_header = self.priority.unwrap_or(0);
+        if memchr::memmem::find(body, b"\"priority\"").is_none() {
+            return Ok(from_header);
+        }
+        #[derive(serde::Deserialize)]
+        struct P {
+            priority: Option<serde_json::Value>,
+        }
+        let p: P = serde_json::from_slice(body)?;
+        match p.priority {
+            None | Some(serde_json::Value::Null) => Ok(from_header),
+            Some(v) => {
+                v.as_i64().and_then(|n| i32::try_from(n).ok()).filter(|n| PRIORITIES.contains(n)).ok_or_else(|| {
+                    ApiError::bad_request(
+                        format!("'priority' must be a whole number from -10 to 10 (higher is served first), got {v}"),
+                        Some("priority"),
+                    )
+                })
+            }
+        }
+    }
+}
+
+/// Spillover's decision for a request, put on its response by whatever answered from a lease.
+#[derive(Clone)]
+pub struct Spilled(pub String);
+
+/// `response` with a lease's spillover `decision`, when it has one.
+pub fn spilled(decision: Option<&str>, mut response: Response) -> Response {
+    if let Some(d) = decision {
+        response.extensions_mut().insert(Spilled(d.to_string()));
+    }
+    response
+}
+
+/// Reads a request's [`Edge`] into its extensions, and writes its response's [`Spilled`] as
+/// the `x-lemonade-upstream` header.
+pub async fn layer(State(names): State<Names>, mut req: Request, next: Next) -> Result<Response, ApiError> {
     let found: Vec<(String, String)> = names
         .0
         .iter()
@@ -49,34 +105,29 @@ pub async fn layer(State(names): State<Names>, req: Request, next: Next) -> Resp
             Some((n.as_str().to_string(), v.to_string()))
         })
         .collect();
-    let spilled = Arc::new(parking_lot::Mutex::new(None));
-    let mut resp = SPILLED.scope(spilled.clone(), FORWARDED.scope(Arc::new(found), next.run(req))).await;
-    if let Some(v) = spilled.lock().take().and_then(|v| HeaderValue::from_str(&v).ok()) {
-        resp.headers_mut().insert(UPSTREAM_HEADER, v);
-    }
-    resp
-}
-
-/// Records spillover's decision for the request being handled (a no-op outside one).
-pub fn spilled(decision: Option<&str>) {
-    if let Some(d) = decision {
+    let priority = header_priority(&req)?;
+    req.extensions_mut().insert(Edge { forwarded: Arc::new(found), priority });
+    let mut resp = next.run(req).await;
+    if let Some(Spilled(d)) = resp.extensions_mut().remove::<Spilled>() {
         let shown: String = d.chars().map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' }).collect();
-        let _ = SPILLED.try_with(|s| *s.lock() = Some(shown));
+        if let Ok(v) = HeaderValue::from_str(&shown) {
+            resp.headers_mut().insert(UPSTREAM_HEADER, v);
+        }
     }
+    Ok(resp)
 }
 
-/// The headers the request being handled forwards (none outside one).
-pub fn current() -> Forwarded {
-    FORWARDED.try_with(Arc::clone).unwrap_or_default()
-}
-
-/// Runs `f` (a task spawned for the request) with `headers` forwarded.
-pub async fn within<F: std::future::Future>(headers: Forwarded, f: F) -> F::Output {
-    FORWARDED.scope(headers, f).await
-}
-
-/// A lease request for `model` at `endpoint`, with the headers the request being handled
-/// forwards.
-pub fn request(model: &str, endpoint: engine::lease::Endpoint) -> engine::lease::LeaseRequest {
-    engine::lease::LeaseRequest::new(model, endpoint).forwarded(current())
+/// `X-Lemonade-Priority` (an integer in [`PRIORITIES`]); a bad value is a 400 naming it.
+fn header_priority(req: &Request) -> Result<Option<i32>, ApiError> {
+    let Some(v) = req.headers().get(PRIORITY_HEADER) else { return Ok(None) };
+    let p = v.to_str().ok().and_then(|s| s.trim().parse::<i32>().ok()).filter(|n| PRIORITIES.contains(n));
+    p.map(Some).ok_or_else(|| {
+        let shown = String::from_utf8_lossy(v.as_bytes()).chars().take(40).collect::<String>();
+        ApiError::bad_request(
+            format!(
+                "X-Lemonade-Priority must be a whole number from -10 to 10 (higher is served first), got '{shown}'"
+            ),
+            Some("X-Lemonade-Priority"),
+        )
+    })
 }

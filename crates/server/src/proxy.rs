@@ -13,36 +13,25 @@ use serde_json::Value;
 use dialects::{SseDecoder, StreamTranslator};
 
 use crate::error::ApiError;
+use crate::propagate::spilled;
 use engine::{Lease, Target};
 
 /// Bytes of a stream kept to find the last usage/timings chunk and the `[DONE]` marker.
 const TAIL_KEEP: usize = 16 * 1024;
 const DONE: &[u8] = b"data: [DONE]";
 
-/// Sends through the engine's client half ([`engine::call`]), noting spillover's decision
-/// for the response's `x-lemonade-upstream`.
-async fn send(
-    lease: &Lease,
-    method: http::Method,
-    path_and_query: &str,
-    body: Option<Bytes>,
-    stream: bool,
-) -> Result<reqwest::Response, ApiError> {
-    crate::propagate::spilled(lease.spilled.as_deref());
-    Ok(lease.send(method, path_and_query, body, stream).await?)
-}
-
 /// Forwards a request whose answer is a byte stream other than SSE (speech audio): the
 /// backend's content type and bytes, relayed as they come, the lease held until the end. A
 /// failure mid-stream aborts the response, so the client sees a cut stream rather than audio
 /// that merely ends early.
 pub async fn forward_bytes(lease: Lease, path: &str, body: Bytes) -> Result<Response, ApiError> {
-    let resp = send(&lease, http::Method::POST, path, Some(body), true).await?;
+    let resp = lease.send(http::Method::POST, path, Some(body), true).await?;
     if !resp.status().is_success() {
         return Err(lease.error_of(resp).await.into());
     }
     let ct = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
     let ct = ct.unwrap_or("application/octet-stream").to_string();
+    let spill = lease.spilled.clone();
     let stream = resp.bytes_stream().map(move |chunk| {
         let held = &lease;
         chunk.map_err(|e| {
@@ -57,7 +46,7 @@ pub async fn forward_bytes(lease: Lease, path: &str, body: Bytes) -> Result<Resp
         HeaderValue::from_str(&ct).unwrap_or(HeaderValue::from_static("application/octet-stream")),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    Ok(r)
+    Ok(spilled(spill.as_deref(), r))
 }
 
 /// Forwards a multipart form (a transcription) and returns the backend's answer labelled
@@ -69,7 +58,7 @@ pub async fn forward_form(
     content_type: &'static str,
 ) -> Result<Response, ApiError> {
     let answer = lease.whole(lease.send_form(path, form).await?).await?;
-    Ok(([(header::CONTENT_TYPE, content_type)], answer.body).into_response())
+    Ok(spilled(lease.spilled.as_deref(), ([(header::CONTENT_TYPE, content_type)], answer.body).into_response()))
 }
 
 /// Forwards a request and returns the backend's answer. Error statuses keep the backend's
@@ -85,10 +74,10 @@ pub async fn forward(
 }
 
 /// Sends a JSON request and returns the backend's JSON answer (recording `/stats` when asked),
-/// for the dialects that translate it.
+/// for the dialects that translate it (their answer takes the lease's spillover decision with
+/// [`spilled`]).
 pub async fn call_json(lease: &Lease, path: &str, body: &Value, record_stats: bool) -> Result<Value, ApiError> {
     let body = Some(Bytes::from(serde_json::to_vec(body)?));
-    crate::propagate::spilled(lease.spilled.as_deref());
     let v = lease.fetch(http::Method::POST, path, body).await?.json()?;
     if record_stats {
         lease.record_usage(&v, true);
@@ -118,7 +107,6 @@ async fn forward_with(
     record_stats: bool,
     rewrite: fn(&Lease, Bytes) -> Bytes,
 ) -> Result<Response, ApiError> {
-    crate::propagate::spilled(lease.spilled.as_deref());
     let answer = lease.fetch(method, path_and_query, body).await?;
     if record_stats {
         if let Ok(v) = serde_json::from_slice::<Value>(&answer.body) {
@@ -127,7 +115,8 @@ async fn forward_with(
     }
     let ct = answer.content_type.unwrap_or_else(|| "application/json".into());
     let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
-    Ok((status, [(header::CONTENT_TYPE, ct)], rewrite(&lease, answer.body)).into_response())
+    let r = (status, [(header::CONTENT_TYPE, ct)], rewrite(&lease, answer.body)).into_response();
+    Ok(spilled(lease.spilled.as_deref(), r))
 }
 
 /// `bytes` with the model's local file paths replaced by its name; unchanged (no copy) when
@@ -170,7 +159,7 @@ async fn stream_with(
     body: Bytes,
     translate: Option<Box<dyn StreamTranslator>>,
 ) -> Result<Response, ApiError> {
-    let resp = send(&lease, http::Method::POST, path, Some(body), true).await?;
+    let resp = lease.send(http::Method::POST, path, Some(body), true).await?;
     if !resp.status().is_success() {
         return Err(lease.error_of(resp).await.into());
     }
@@ -179,6 +168,7 @@ async fn stream_with(
         Target::Remote(r) => Some(Echo { upstream: r.id.clone(), requested: r.name.clone(), partial: BytesMut::new() }),
         Target::Local { .. } => None,
     };
+    let spill = lease.spilled.clone();
     let state = StreamState {
         upstream: Box::pin(resp.bytes_stream()),
         echo,
@@ -227,7 +217,7 @@ async fn stream_with(
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    Ok(r)
+    Ok(spilled(spill.as_deref(), r))
 }
 
 /// One upstream event's payload through `t`: a chunk, or the backend's own error frame as

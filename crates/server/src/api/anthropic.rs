@@ -11,8 +11,10 @@ use serde_json::json;
 
 use crate::error::{AnthropicApiError, ApiError};
 use crate::extract::DialectJson;
+use crate::propagate::Edge;
 use crate::proxy;
 use crate::state::AppState;
+use axum::Extension;
 use engine::lease::Endpoint;
 
 /// A message id: `msg_` and 64 random bits (from the standard library's hasher keys, which
@@ -44,30 +46,35 @@ fn bad(e: dialects::BadRequest) -> AnthropicApiError {
     ))]
 pub async fn messages(
     State(rt): State<AppState>,
+    Extension(edge): Extension<Edge>,
     body: DialectJson<MessagesRequest, AnthropicApiError>,
 ) -> Result<Response, AnthropicApiError> {
     let req = body.value;
     let openai = dialect::request(&req, &req.model).map_err(bad)?;
     // A router collection: the candidate its policy picks answers, as if asked directly.
     let (model, openai, routed) = engine::router::route_value(&rt, &req.model, Endpoint::Messages, openai).await;
-    let a = answer(&rt, &model, openai, req.stream == Some(true)).await?;
+    let a = answer(&rt, &edge, &model, openai, req.stream == Some(true)).await?;
     let Some(d) = routed else { return Ok(a) };
     Ok(crate::api::router::decorate(a, &d, req.route_trace == Some(true), req.stream == Some(true)).await)
 }
 
 async fn answer(
     rt: &AppState,
+    edge: &Edge,
     model: &str,
     openai: serde_json::Value,
     stream: bool,
 ) -> Result<Response, AnthropicApiError> {
-    let lease = rt.lease(crate::propagate::request(model, Endpoint::Messages)).await?;
+    let lease = rt.lease(edge.request(model, Endpoint::Messages)).await?;
     if stream {
         let t = Box::new(EventStream::new(model, &message_id()));
         return Ok(proxy::forward_translated(lease, "/v1/chat/completions", &openai, t).await?);
     }
     let v = proxy::call_json(&lease, "/v1/chat/completions", &openai, true).await?;
-    Ok(Json(dialect::response(&v, model, &message_id())).into_response())
+    Ok(crate::propagate::spilled(
+        lease.spilled.as_deref(),
+        Json(dialect::response(&v, model, &message_id())).into_response(),
+    ))
 }
 
 /// Tokens of a conversation (Anthropic), counted by the model's own template and tokenizer.
@@ -83,11 +90,12 @@ async fn answer(
     ))]
 pub async fn count_tokens(
     State(rt): State<AppState>,
+    Extension(edge): Extension<Edge>,
     body: DialectJson<CountTokensRequest, AnthropicApiError>,
 ) -> Result<Json<CountTokensResponse>, AnthropicApiError> {
     let req = body.value;
     let templated = dialect::count_request(&req).map_err(bad)?;
-    let lease = rt.lease(crate::propagate::request(&req.model, Endpoint::CountTokens)).await?;
+    let lease = rt.lease(edge.request(&req.model, Endpoint::CountTokens)).await?;
     let prompt = proxy::call_json(&lease, "/apply-template", &templated, false).await?;
     let prompt = prompt["prompt"].as_str().unwrap_or_default();
     let tokens = json!({"content": prompt, "add_special": false, "parse_special": true});

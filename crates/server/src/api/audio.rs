@@ -7,8 +7,10 @@ use axum::response::Response;
 
 use crate::error::ApiError;
 use crate::extract::{Form, JsonBody};
+use crate::propagate::Edge;
 use crate::proxy;
 use crate::state::AppState;
+use axum::Extension;
 use engine::lease::Endpoint;
 
 /// Text to speech (OpenAI), streamed as it is made.
@@ -24,11 +26,15 @@ use engine::lease::Endpoint;
         (status = 500, description = "The model failed to load", body = ErrorResponse),
         (status = 502, description = "The backend died or could not be reached", body = ErrorResponse),
     ))]
-pub async fn speech(State(rt): State<AppState>, body: JsonBody<SpeechRequest>) -> Result<Response, ApiError> {
+pub async fn speech(
+    State(rt): State<AppState>,
+    Extension(edge): Extension<Edge>,
+    body: JsonBody<SpeechRequest>,
+) -> Result<Response, ApiError> {
     let r = body.value;
     backends::kokoro::check(&r.input, r.response_format.as_deref(), r.speed)
         .map_err(|(msg, field)| ApiError::bad_request(msg, Some(field)))?;
-    let lease = rt.lease(crate::propagate::request(&r.model, Endpoint::Speech)).await?;
+    let lease = rt.lease(edge.request(&r.model, Endpoint::Speech)).await?;
     let upstream = serde_json::json!({"input": r.input, "voice": r.voice, "response_format": r.response_format, "speed": r.speed.unwrap_or(1.0)});
     proxy::forward_bytes(lease, backends::kokoro::SPEECH_PATH, bytes::Bytes::from(serde_json::to_vec(&upstream)?)).await
 }
@@ -47,8 +53,12 @@ pub async fn speech(State(rt): State<AppState>, body: JsonBody<SpeechRequest>) -
         (status = 500, description = "The model failed to load", body = ErrorResponse),
         (status = 502, description = "The backend died or could not be reached", body = ErrorResponse),
     ))]
-pub async fn transcriptions(State(rt): State<AppState>, form: Form) -> Result<Response, ApiError> {
-    transcribe(&rt, form, false).await
+pub async fn transcriptions(
+    State(rt): State<AppState>,
+    Extension(edge): Extension<Edge>,
+    form: Form,
+) -> Result<Response, ApiError> {
+    transcribe(&rt, &edge, form, false).await
 }
 
 /// Translation (OpenAI): the speech in an audio file as English text.
@@ -64,14 +74,18 @@ pub async fn transcriptions(State(rt): State<AppState>, form: Form) -> Result<Re
         (status = 500, description = "The model failed to load", body = ErrorResponse),
         (status = 502, description = "The backend died or could not be reached", body = ErrorResponse),
     ))]
-pub async fn translations(State(rt): State<AppState>, form: Form) -> Result<Response, ApiError> {
-    transcribe(&rt, form, true).await
+pub async fn translations(
+    State(rt): State<AppState>,
+    Extension(edge): Extension<Edge>,
+    form: Form,
+) -> Result<Response, ApiError> {
+    transcribe(&rt, &edge, form, true).await
 }
 
 /// Checks the form, takes a lease on the model and forwards the form to its whisper-server.
-async fn transcribe(rt: &AppState, form: Form, translate: bool) -> Result<Response, ApiError> {
+async fn transcribe(rt: &AppState, edge: &Edge, form: Form, translate: bool) -> Result<Response, ApiError> {
     let (model, format) = checked(&form)?;
-    let lease = rt.lease(crate::propagate::request(model, Endpoint::Transcriptions)).await?;
+    let lease = rt.lease(edge.request(model, Endpoint::Transcriptions)).await?;
     let upstream = backend_form(&form, format, translate);
     proxy::forward_form(lease, backends::whispercpp::INFERENCE_PATH, upstream, format.content_type()).await
 }

@@ -11,8 +11,10 @@ use serde_json::json;
 
 use crate::error::ApiError;
 use crate::extract::{Form, JsonBody};
+use crate::propagate::Edge;
 use crate::proxy;
 use crate::state::AppState;
+use axum::Extension;
 use engine::lease::Endpoint;
 
 /// Image generation (OpenAI): PNGs from a prompt.
@@ -30,6 +32,7 @@ use engine::lease::Endpoint;
     ))]
 pub async fn generations(
     State(rt): State<AppState>,
+    Extension(edge): Extension<Edge>,
     body: JsonBody<ImageGenerationRequest>,
 ) -> Result<Response, ApiError> {
     let r = body.value;
@@ -42,7 +45,7 @@ pub async fn generations(
     if let Some(size) = r.size {
         upstream["size"] = json!(size);
     }
-    let lease = rt.lease(crate::propagate::request(&r.model, Endpoint::ImageGenerations)).await?;
+    let lease = rt.lease(edge.request(&r.model, Endpoint::ImageGenerations)).await?;
     let body = Bytes::from(serde_json::to_vec(&upstream)?);
     proxy::forward(lease, Method::POST, sdcpp::GENERATIONS_PATH, Some(body), false).await
 }
@@ -60,8 +63,12 @@ pub async fn generations(
         (status = 500, description = "The model failed to load", body = ErrorResponse),
         (status = 502, description = "The backend died or could not be reached", body = ErrorResponse),
     ))]
-pub async fn edits(State(rt): State<AppState>, form: Form) -> Result<Response, ApiError> {
-    redraw(&rt, form, Endpoint::ImageEdits).await
+pub async fn edits(
+    State(rt): State<AppState>,
+    Extension(edge): Extension<Edge>,
+    form: Form,
+) -> Result<Response, ApiError> {
+    redraw(&rt, &edge, form, Endpoint::ImageEdits).await
 }
 
 /// Image variation (OpenAI): the source image redrawn with no prompt.
@@ -77,8 +84,12 @@ pub async fn edits(State(rt): State<AppState>, form: Form) -> Result<Response, A
         (status = 500, description = "The model failed to load", body = ErrorResponse),
         (status = 502, description = "The backend died or could not be reached", body = ErrorResponse),
     ))]
-pub async fn variations(State(rt): State<AppState>, form: Form) -> Result<Response, ApiError> {
-    redraw(&rt, form, Endpoint::ImageVariations).await
+pub async fn variations(
+    State(rt): State<AppState>,
+    Extension(edge): Extension<Edge>,
+    form: Form,
+) -> Result<Response, ApiError> {
+    redraw(&rt, &edge, form, Endpoint::ImageVariations).await
 }
 
 /// The checks every image request shares.
@@ -109,7 +120,7 @@ fn field<T: std::str::FromStr>(form: &Form, name: &str) -> Result<Option<T>, Api
 }
 
 /// An edit or a variation: the form checked, then sent on to sd-server's edit route.
-async fn redraw(rt: &AppState, form: Form, endpoint: Endpoint) -> Result<Response, ApiError> {
+async fn redraw(rt: &AppState, edge: &Edge, form: Form, endpoint: Endpoint) -> Result<Response, ApiError> {
     let variation = endpoint == Endpoint::ImageVariations;
     let images = uploaded_images(&form)?;
     let model = form.text("model")?.filter(|m| !m.is_empty());
@@ -127,7 +138,7 @@ async fn redraw(rt: &AppState, form: Form, endpoint: Endpoint) -> Result<Respons
     let n: Option<u32> = field(&form, "n")?;
     let size = form.text("size")?.filter(|s| !s.is_empty());
     checked(n, size, form.text("response_format")?, &sd)?;
-    let lease = rt.lease(crate::propagate::request(model, endpoint)).await?;
+    let lease = rt.lease(edge.request(model, endpoint)).await?;
     let mut upstream = reqwest::multipart::Form::new().text("prompt", sd.prompt_with(prompt));
     for p in images.iter().copied().chain(if variation { None } else { form.get("mask") }) {
         upstream = upstream.part(if p.name == "mask" { "mask" } else { "image[]" }, upload(p));

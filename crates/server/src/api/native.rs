@@ -8,8 +8,10 @@ use http::Method;
 
 use crate::error::ApiError;
 use crate::extract::JsonBody;
+use crate::propagate::Edge;
 use crate::proxy;
 use crate::state::AppState;
+use axum::Extension;
 use engine::lease::Endpoint;
 
 /// Body of llama-server's own POST endpoints: the model plus whatever llama-server reads.
@@ -36,12 +38,13 @@ pub struct NativeRequest {
     ))]
 pub async fn native_post(
     State(rt): State<AppState>,
+    Extension(edge): Extension<Edge>,
     uri: http::Uri,
     body: JsonBody<NativeRequest>,
 ) -> Result<Response, ApiError> {
     let path = native_path(uri.path());
     crate::api::openai::check_native(&body.value.extra)?;
-    let lease = rt.lease(crate::propagate::request(&body.value.model, native_endpoint(path)?)).await?;
+    let lease = rt.lease(edge.request(&body.value.model, native_endpoint(path)?)).await?;
     if body.value.stream == Some(true) {
         proxy::forward_stream(lease, path, body.raw).await
     } else {
@@ -61,14 +64,21 @@ pub async fn native_post(
     ))]
 pub async fn native_get(
     State(rt): State<AppState>,
+    Extension(edge): Extension<Edge>,
     uri: http::Uri,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let path = native_path(uri.path());
+    get(&rt, &edge, uri.path(), query.as_deref()).await
+}
+
+/// llama-server's GET endpoint `uri_path`, for the model `query` names (also lemonade's
+/// `/metrics?model=`).
+pub async fn get(rt: &AppState, edge: &Edge, uri_path: &str, query: Option<&str>) -> Result<Response, ApiError> {
+    let path = native_path(uri_path);
     let mut model = None;
     let rest = {
         let mut rest = form_urlencoded::Serializer::new(String::new());
-        for (k, v) in form_urlencoded::parse(query.as_deref().unwrap_or("").as_bytes()) {
+        for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
             if k == "model" {
                 model = Some(v.into_owned());
             } else {
@@ -80,7 +90,7 @@ pub async fn native_get(
     let model = model.filter(|m| !m.is_empty()).ok_or_else(|| {
         ApiError::bad_request(format!("Missing required query parameter 'model' for {path}"), Some("model"))
     })?;
-    let lease = rt.lease(crate::propagate::request(&model, native_endpoint(path)?)).await?;
+    let lease = rt.lease(edge.request(&model, native_endpoint(path)?)).await?;
     let target = if rest.is_empty() { path.to_string() } else { format!("{path}?{rest}") };
     proxy::forward_native(lease, Method::GET, &target, None, false).await
 }

@@ -16,8 +16,10 @@ use tokio::sync::mpsc;
 
 use crate::error::{ApiError, OllamaApiError};
 use crate::extract::DialectJson;
+use crate::propagate::Edge;
 use crate::state::AppState;
 use crate::{proxy, sse};
+use axum::Extension;
 use engine::lease::Endpoint;
 use engine::pulls::{self, PullEvent};
 use engine::{Lease, ModelView, Running};
@@ -47,11 +49,12 @@ fn keep_alive(v: Option<&Value>) -> Result<Option<KeepAlive>, OllamaApiError> {
 /// A lease on an LLM for `endpoint`, setting its idle timeout when `keep` is given.
 async fn lease(
     rt: &AppState,
+    edge: &Edge,
     model: &str,
     endpoint: Endpoint,
     keep: Option<KeepAlive>,
 ) -> Result<Lease, OllamaApiError> {
-    Ok(rt.lease(crate::propagate::request(model, endpoint).keep_alive(keep.map(KeepAlive::idle_timeout_ms))).await?)
+    Ok(rt.lease(edge.request(model, endpoint).keep_alive(keep.map(KeepAlive::idle_timeout_ms))).await?)
 }
 
 fn bad(e: dialects::BadRequest) -> OllamaApiError {
@@ -59,12 +62,12 @@ fn bad(e: dialects::BadRequest) -> OllamaApiError {
 }
 
 /// Empty messages (or prompt): Ollama's load, or unload with `keep_alive: 0`.
-async fn load_or_unload(rt: &AppState, model: &str, keep: Option<KeepAlive>, chat: bool) -> Answer {
+async fn load_or_unload(rt: &AppState, edge: &Edge, model: &str, keep: Option<KeepAlive>, chat: bool) -> Answer {
     let reason = if keep == Some(KeepAlive::UnloadAfter) {
         let _ = rt.lifecycle.unload(Some(model)).await;
         "unload"
     } else {
-        drop(lease(rt, model, endpoint(chat), keep).await?);
+        drop(lease(rt, edge, model, endpoint(chat), keep).await?);
         "load"
     };
     let (created_at, done_reason) = (now(), Some(reason.to_string()));
@@ -88,36 +91,47 @@ fn endpoint(chat: bool) -> Endpoint {
     }
 }
 
+/// An Ollama chat or generate request: its model, its `keep_alive`, which of the two it is,
+/// and whether it asked for a router collection's decision in the answer.
+struct Turn<'a> {
+    model: &'a str,
+    keep: Option<KeepAlive>,
+    chat: bool,
+    trace: bool,
+}
+
 /// Serves a translated chat or generate request: NDJSON as the backend streams, or one answer.
-/// `trace`: the request asked for a router collection's decision in the answer.
-async fn serve(
+async fn serve(rt: &AppState, edge: &Edge, t: Turn<'_>, path: &str, body: Value) -> Answer {
+    // A router collection: the candidate its policy picks answers, as if asked directly.
+    let (model, body, routed) = engine::router::route_value(rt, t.model, endpoint(t.chat), body).await;
+    let stream = body["stream"] == true;
+    let a = answer(rt, edge, &model, t.keep, path, body, t.chat).await?;
+    let Some(d) = routed else { return Ok(a) };
+    Ok(crate::api::router::decorate(a, &d, t.trace, stream).await)
+}
+
+async fn answer(
     rt: &AppState,
+    edge: &Edge,
     model: &str,
     keep: Option<KeepAlive>,
     path: &str,
     body: Value,
     chat: bool,
-    trace: bool,
 ) -> Answer {
-    // A router collection: the candidate its policy picks answers, as if asked directly.
-    let (model, body, routed) = engine::router::route_value(rt, model, endpoint(chat), body).await;
-    let stream = body["stream"] == true;
-    let a = answer(rt, &model, keep, path, body, chat).await?;
-    let Some(d) = routed else { return Ok(a) };
-    Ok(crate::api::router::decorate(a, &d, trace, stream).await)
-}
-
-async fn answer(rt: &AppState, model: &str, keep: Option<KeepAlive>, path: &str, body: Value, chat: bool) -> Answer {
     if body["stream"] == true {
-        return Ok(streamed(rt, model, keep, path, body, chat).await?);
+        return Ok(streamed(rt, edge, model, keep, path, body, chat).await?);
     }
-    let lease = lease(rt, model, endpoint(chat), keep).await?;
+    let lease = lease(rt, edge, model, endpoint(chat), keep).await?;
     let v = proxy::call_json(&lease, path, &body, true).await?;
-    Ok(if chat {
-        Json(dialect::chat_response(&v, model, &now())).into_response()
-    } else {
-        Json(dialect::generate_response(&v, model, &now())).into_response()
-    })
+    Ok(crate::propagate::spilled(
+        lease.spilled.as_deref(),
+        if chat {
+            Json(dialect::chat_response(&v, model, &now())).into_response()
+        } else {
+            Json(dialect::generate_response(&v, model, &now())).into_response()
+        },
+    ))
 }
 
 /// A streamed answer: NDJSON lines as the model speaks. One that waits for its model (or a
@@ -126,14 +140,15 @@ async fn answer(rt: &AppState, model: &str, keep: Option<KeepAlive>, path: &str,
 /// an empty chunk. A failure after that is an `{"error": …}` line, as Ollama ends a stream.
 async fn streamed(
     rt: &AppState,
+    edge: &Edge,
     model: &str,
     keep: Option<KeepAlive>,
     path: &str,
     body: Value,
     chat: bool,
 ) -> Result<Response, ApiError> {
-    let priority = crate::waiting::priority_of(b"")?;
-    let req = crate::propagate::request(model, endpoint(chat)).keep_alive(keep.map(KeepAlive::idle_timeout_ms));
+    let priority = edge.priority_of(b"")?;
+    let req = edge.request(model, endpoint(chat)).keep_alive(keep.map(KeepAlive::idle_timeout_ms));
     let (rt1, req) = (rt.clone(), req.priority(priority));
     let lease = async move { rt1.lease(req).await };
     let (m, path) = (model.to_string(), path.to_string());
@@ -177,15 +192,20 @@ fn ndjson_voice(model: &str, chat: bool) -> crate::waiting::Voice {
         (status = 404, description = "Unknown model", body = OllamaError),
         (status = 502, description = "The backend failed", body = OllamaError),
     ))]
-pub async fn chat(State(rt): State<AppState>, body: Body_<OllamaChatRequest>) -> Answer {
+pub async fn chat(
+    State(rt): State<AppState>,
+    Extension(edge): Extension<Edge>,
+    body: Body_<OllamaChatRequest>,
+) -> Answer {
     let req = body.value;
     let model = required(req.model.as_deref(), "model")?;
     let keep = keep_alive(req.keep_alive.as_ref())?;
     if req.messages.as_ref().is_none_or(|m| m.is_empty()) {
-        return load_or_unload(&rt, &model, keep, true).await;
+        return load_or_unload(&rt, &edge, &model, keep, true).await;
     }
     let openai = dialect::chat_request(&req, &model).map_err(bad)?;
-    serve(&rt, &model, keep, "/v1/chat/completions", openai, true, req.route_trace == Some(true)).await
+    let turn = Turn { model: &model, keep, chat: true, trace: req.route_trace == Some(true) };
+    serve(&rt, &edge, turn, "/v1/chat/completions", openai).await
 }
 
 /// Generate (Ollama).
@@ -198,15 +218,20 @@ pub async fn chat(State(rt): State<AppState>, body: Body_<OllamaChatRequest>) ->
         (status = 400, description = "No model, a bad keep_alive, format or think", body = OllamaError),
         (status = 404, description = "Unknown model", body = OllamaError),
     ))]
-pub async fn generate(State(rt): State<AppState>, body: Body_<OllamaGenerateRequest>) -> Answer {
+pub async fn generate(
+    State(rt): State<AppState>,
+    Extension(edge): Extension<Edge>,
+    body: Body_<OllamaGenerateRequest>,
+) -> Answer {
     let req = body.value;
     let model = required(req.model.as_deref(), "model")?;
     let keep = keep_alive(req.keep_alive.as_ref())?;
     if req.prompt.as_deref().is_none_or(str::is_empty) && req.images.as_ref().is_none_or(|i| i.is_empty()) {
-        return load_or_unload(&rt, &model, keep, false).await;
+        return load_or_unload(&rt, &edge, &model, keep, false).await;
     }
     let (path, openai) = dialect::generate_request(&req, &model).map_err(bad)?;
-    serve(&rt, &model, keep, path, openai, false, req.route_trace == Some(true)).await
+    let turn = Turn { model: &model, keep, chat: false, trace: req.route_trace == Some(true) };
+    serve(&rt, &edge, turn, path, openai).await
 }
 
 /// The vectors of an OpenAI embeddings answer, in input order.
@@ -219,15 +244,19 @@ fn vectors(v: &Value) -> Vec<Vec<f32>> {
         .collect()
 }
 
+/// The embeddings of `input`, and the lease that made them (its spillover decision goes on
+/// the answer).
 async fn embed_values(
     rt: &AppState,
+    edge: &Edge,
     model: &str,
     input: Value,
     keep: Option<KeepAlive>,
-) -> Result<Value, OllamaApiError> {
+) -> Result<(Value, Lease), OllamaApiError> {
     let keep = keep.map(KeepAlive::idle_timeout_ms);
-    let lease = rt.lease(crate::propagate::request(model, Endpoint::OllamaEmbed).keep_alive(keep)).await?;
-    Ok(proxy::call_json(&lease, "/v1/embeddings", &json!({"model": model, "input": input}), true).await?)
+    let lease = rt.lease(edge.request(model, Endpoint::OllamaEmbed).keep_alive(keep)).await?;
+    let v = proxy::call_json(&lease, "/v1/embeddings", &json!({"model": model, "input": input}), true).await?;
+    Ok((v, lease))
 }
 
 /// Embeddings (Ollama).
@@ -238,20 +267,27 @@ async fn embed_values(
         (status = 400, description = "No model or input, or not an embedding model", body = OllamaError),
         (status = 404, description = "Unknown model", body = OllamaError),
     ))]
-pub async fn embed(State(rt): State<AppState>, body: Body_<OllamaEmbedRequest>) -> Answer {
+pub async fn embed(
+    State(rt): State<AppState>,
+    Extension(edge): Extension<Edge>,
+    body: Body_<OllamaEmbedRequest>,
+) -> Answer {
     let req = body.value;
     let model = required(req.model.as_deref(), "model")?;
     let keep = keep_alive(req.keep_alive.as_ref())?;
     let input =
         req.input.filter(|i| !i.is_null()).ok_or_else(|| bad(dialects::BadRequest("input is required".into())))?;
-    let v = embed_values(&rt, &model, input, keep).await?;
+    let (v, lease) = embed_values(&rt, &edge, &model, input, keep).await?;
     let metrics = OllamaMetrics {
         prompt_eval_count: v["usage"]["prompt_tokens"].as_u64(),
         total_duration: Some(0),
         load_duration: Some(0),
         ..Default::default()
     };
-    Ok(Json(OllamaEmbedResponse { model, embeddings: vectors(&v), metrics }).into_response())
+    Ok(crate::propagate::spilled(
+        lease.spilled.as_deref(),
+        Json(OllamaEmbedResponse { model, embeddings: vectors(&v), metrics }).into_response(),
+    ))
 }
 
 /// Embedding of one prompt (Ollama's older route).
@@ -262,14 +298,21 @@ pub async fn embed(State(rt): State<AppState>, body: Body_<OllamaEmbedRequest>) 
         (status = 400, description = "No model or prompt", body = OllamaError),
         (status = 404, description = "Unknown model", body = OllamaError),
     ))]
-pub async fn embeddings(State(rt): State<AppState>, body: Body_<OllamaEmbeddingsRequest>) -> Answer {
+pub async fn embeddings(
+    State(rt): State<AppState>,
+    Extension(edge): Extension<Edge>,
+    body: Body_<OllamaEmbeddingsRequest>,
+) -> Answer {
     let req = body.value;
     let model = required(req.model.as_deref(), "model")?;
     let keep = keep_alive(req.keep_alive.as_ref())?;
     let prompt = required(req.prompt.as_deref(), "prompt")?;
-    let v = embed_values(&rt, &model, Value::String(prompt), keep).await?;
+    let (v, lease) = embed_values(&rt, &edge, &model, Value::String(prompt), keep).await?;
     let embedding = vectors(&v).into_iter().next().unwrap_or_default();
-    Ok(Json(OllamaEmbeddingsResponse { embedding }).into_response())
+    Ok(crate::propagate::spilled(
+        lease.spilled.as_deref(),
+        Json(OllamaEmbeddingsResponse { embedding }).into_response(),
+    ))
 }
 
 /// The version lemonade answers as (Lemonade v9's).

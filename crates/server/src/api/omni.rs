@@ -17,9 +17,16 @@ use crate::error::ApiError;
 use crate::state::AppState;
 
 /// Answers a chat completion to omni collection `c`.
-pub async fn answer(rt: &AppState, c: &Collection, o: &Omni, body: Bytes, stream: bool) -> Result<Response, ApiError> {
+pub async fn answer(
+    rt: &AppState,
+    edge: &crate::propagate::Edge,
+    c: &Collection,
+    o: &Omni,
+    body: Bytes,
+    stream: bool,
+) -> Result<Response, ApiError> {
     let body: Value = serde_json::from_slice(&body)?;
-    let forwarded = crate::propagate::current();
+    let forwarded = edge.forwarded.clone();
     let name = c.name.clone();
     if !stream {
         let (l, end) = engine::omni::run(rt, c, o, body, forwarded, None).await?;

@@ -11,8 +11,10 @@ use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::extract::JsonBody;
+use crate::propagate::Edge;
 use crate::proxy;
 use crate::state::AppState;
+use axum::Extension;
 use engine::lease::Endpoint;
 use engine::router::Resolved;
 
@@ -61,6 +63,7 @@ fn rewrite_chat(mut req: ChatCompletionRequest, raw: Bytes) -> Result<Bytes, Api
 /// picks for this request (with the route header and, when asked, the decision).
 async fn dispatch(
     rt: &AppState,
+    edge: &Edge,
     model: &str,
     endpoint: Endpoint,
     body: Bytes,
@@ -68,11 +71,11 @@ async fn dispatch(
 ) -> Result<Response, ApiError> {
     match engine::router::resolve(rt, model, endpoint, body).await? {
         Resolved::Omni { collection, omni, body } => {
-            crate::api::omni::answer(rt, &collection, &omni, body, stream).await
+            crate::api::omni::answer(rt, edge, &collection, &omni, body, stream).await
         }
-        Resolved::Model { model, body, routed: None } => forward_to(rt, &model, endpoint, body, stream).await,
+        Resolved::Model { model, body, routed: None } => forward_to(rt, edge, &model, endpoint, body, stream).await,
         Resolved::Model { model, body, routed: Some((decision, trace)) } => {
-            let answer = forward_to(rt, &model, endpoint, body, stream).await?;
+            let answer = forward_to(rt, edge, &model, endpoint, body, stream).await?;
             Ok(crate::api::router::decorate(answer, &decision, trace, stream).await)
         }
     }
@@ -80,16 +83,17 @@ async fn dispatch(
 
 async fn forward_to(
     rt: &AppState,
+    edge: &Edge,
     model: &str,
     endpoint: Endpoint,
     body: Bytes,
     stream: bool,
 ) -> Result<Response, ApiError> {
     if stream {
-        return crate::waiting::stream(rt, model, endpoint, body).await;
+        return crate::waiting::stream(rt, edge, model, endpoint, body).await;
     }
-    let priority = crate::waiting::priority_of(&body)?;
-    let lease = rt.lease(crate::propagate::request(model, endpoint).priority(priority)).await?;
+    let priority = edge.priority_of(&body)?;
+    let lease = rt.lease(edge.request(model, endpoint).priority(priority)).await?;
     proxy::forward(lease, Method::POST, endpoint.path(), Some(body), true).await
 }
 
@@ -110,6 +114,7 @@ async fn forward_to(
     ))]
 pub async fn chat_completions(
     State(rt): State<AppState>,
+    Extension(edge): Extension<Edge>,
     body: JsonBody<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
     let req = body.value;
@@ -117,7 +122,7 @@ pub async fn chat_completions(
     check_native(&req.extra)?;
     let stream = req.stream.unwrap_or(false);
     let bytes = rewrite_chat(req, body.raw)?;
-    dispatch(&rt, &model, Endpoint::ChatCompletions, bytes, stream).await
+    dispatch(&rt, &edge, &model, Endpoint::ChatCompletions, bytes, stream).await
 }
 
 /// Text completion (OpenAI legacy).
@@ -131,7 +136,11 @@ pub async fn chat_completions(
         (status = 500, description = "Model failed to load", body = ErrorResponse),
         (status = 502, description = "Backend failure", body = ErrorResponse),
     ))]
-pub async fn completions(State(rt): State<AppState>, body: JsonBody<CompletionRequest>) -> Result<Response, ApiError> {
+pub async fn completions(
+    State(rt): State<AppState>,
+    Extension(edge): Extension<Edge>,
+    body: JsonBody<CompletionRequest>,
+) -> Result<Response, ApiError> {
     let mut req = body.value;
     let model = require_model(&rt, req.model.as_deref())?.to_string();
     check_native(&req.extra)?;
@@ -142,7 +151,7 @@ pub async fn completions(State(rt): State<AppState>, body: JsonBody<CompletionRe
     } else {
         body.raw
     };
-    dispatch(&rt, &model, Endpoint::Completions, bytes, stream).await
+    dispatch(&rt, &edge, &model, Endpoint::Completions, bytes, stream).await
 }
 
 /// Responses API (OpenAI), as llama-server implements it.
@@ -156,10 +165,14 @@ pub async fn completions(State(rt): State<AppState>, body: JsonBody<CompletionRe
         (status = 500, description = "Model failed to load", body = ErrorResponse),
         (status = 502, description = "Backend failure", body = ErrorResponse),
     ))]
-pub async fn responses(State(rt): State<AppState>, body: JsonBody<ResponsesRequest>) -> Result<Response, ApiError> {
+pub async fn responses(
+    State(rt): State<AppState>,
+    Extension(edge): Extension<Edge>,
+    body: JsonBody<ResponsesRequest>,
+) -> Result<Response, ApiError> {
     let model = require_model(&rt, body.value.model.as_deref())?.to_string();
     let stream = body.value.stream.unwrap_or(false);
-    dispatch(&rt, &model, Endpoint::Responses, body.raw, stream).await
+    dispatch(&rt, &edge, &model, Endpoint::Responses, body.raw, stream).await
 }
 
 /// Embeddings (OpenAI). `encoding_format: "base64"` returns little-endian f32 in base64.
@@ -173,9 +186,13 @@ pub async fn responses(State(rt): State<AppState>, body: JsonBody<ResponsesReque
         (status = 500, description = "Model failed to load", body = ErrorResponse),
         (status = 502, description = "Backend failure", body = ErrorResponse),
     ))]
-pub async fn embeddings(State(rt): State<AppState>, body: JsonBody<EmbeddingRequest>) -> Result<Response, ApiError> {
+pub async fn embeddings(
+    State(rt): State<AppState>,
+    Extension(edge): Extension<Edge>,
+    body: JsonBody<EmbeddingRequest>,
+) -> Result<Response, ApiError> {
     let model = require_model(&rt, body.value.model.as_deref())?.to_string();
-    dispatch(&rt, &model, Endpoint::Embeddings, body.raw, false).await
+    dispatch(&rt, &edge, &model, Endpoint::Embeddings, body.raw, false).await
 }
 
 /// Reranking: scores `documents` against `query`.
@@ -189,9 +206,13 @@ pub async fn embeddings(State(rt): State<AppState>, body: JsonBody<EmbeddingRequ
         (status = 500, description = "Model failed to load", body = ErrorResponse),
         (status = 502, description = "Backend failure", body = ErrorResponse),
     ))]
-pub async fn reranking(State(rt): State<AppState>, body: JsonBody<RerankRequest>) -> Result<Response, ApiError> {
+pub async fn reranking(
+    State(rt): State<AppState>,
+    Extension(edge): Extension<Edge>,
+    body: JsonBody<RerankRequest>,
+) -> Result<Response, ApiError> {
     let model = require_model(&rt, body.value.model.as_deref())?.to_string();
-    dispatch(&rt, &model, Endpoint::Rerank, body.raw, false).await
+    dispatch(&rt, &edge, &model, Endpoint::Rerank, body.raw, false).await
 }
 
 /// Models available on this host; downloaded ones only unless `show_all=true`.
