@@ -93,6 +93,7 @@ fn endpoint(chat: bool) -> Endpoint {
 
 /// An Ollama chat or generate request: its model, its `keep_alive`, which of the two it is,
 /// and whether it asked for a router collection's decision in the answer.
+#[derive(Clone, Copy)]
 struct Turn<'a> {
     model: &'a str,
     keep: Option<KeepAlive>,
@@ -105,24 +106,17 @@ async fn serve(rt: &AppState, edge: &Edge, t: Turn<'_>, path: &str, body: Value)
     // A router collection: the candidate its policy picks answers, as if asked directly.
     let (model, body, routed) = engine::router::route_value(rt, t.model, endpoint(t.chat), body).await;
     let stream = body["stream"] == true;
-    let a = answer(rt, edge, &model, t.keep, path, body, t.chat).await?;
+    let a = answer(rt, edge, Turn { model: &model, ..t }, path, body).await?;
     let Some(d) = routed else { return Ok(a) };
     Ok(crate::api::router::decorate(a, &d, t.trace, stream).await)
 }
 
-async fn answer(
-    rt: &AppState,
-    edge: &Edge,
-    model: &str,
-    keep: Option<KeepAlive>,
-    path: &str,
-    body: Value,
-    chat: bool,
-) -> Answer {
+async fn answer(rt: &AppState, edge: &Edge, t: Turn<'_>, path: &str, body: Value) -> Answer {
     if body["stream"] == true {
-        return Ok(streamed(rt, edge, model, keep, path, body, chat).await?);
+        return Ok(streamed(rt, edge, t, path, body).await?);
     }
-    let lease = lease(rt, edge, model, endpoint(chat), keep).await?;
+    let (model, chat) = (t.model, t.chat);
+    let lease = lease(rt, edge, model, endpoint(chat), t.keep).await?;
     let v = proxy::call_json(&lease, path, &body, true).await?;
     Ok(crate::propagate::spilled(
         lease.spilled.as_deref(),
@@ -138,15 +132,8 @@ async fn answer(
 /// place on it) is answered at once, with a line each second that carries no text and says
 /// where it is in `lemonade_status` (`queued 2`, `loading 3 s`): Ollama's clients read it as
 /// an empty chunk. A failure after that is an `{"error": …}` line, as Ollama ends a stream.
-async fn streamed(
-    rt: &AppState,
-    edge: &Edge,
-    model: &str,
-    keep: Option<KeepAlive>,
-    path: &str,
-    body: Value,
-    chat: bool,
-) -> Result<Response, ApiError> {
+async fn streamed(rt: &AppState, edge: &Edge, t: Turn<'_>, path: &str, body: Value) -> Result<Response, ApiError> {
+    let (model, keep, chat) = (t.model, t.keep, t.chat);
     let priority = edge.priority_of(b"")?;
     let req = edge.request(model, endpoint(chat)).keep_alive(keep.map(KeepAlive::idle_timeout_ms));
     let (rt1, req) = (rt.clone(), req.priority(priority));
