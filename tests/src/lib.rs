@@ -528,9 +528,9 @@ pub fn wait_child(child: &mut Child, timeout: Duration) -> Option<std::process::
     None
 }
 
-/// How long [`signal_next_backend`] waits for the next backend. A bound against a hang, not a
-/// timing: a retry after a failed start comes after the stop's 5 s grace (a frozen backend
-/// ignores SIGTERM), which on two cores busy with the whole suite took more than 10 s.
+/// How long [`signal_next_backend`] waits for the next backend: a bound against a hang, not a
+/// timing. A retry after a failed start comes only after the stop's 5 s grace (a frozen backend
+/// ignores SIGTERM), so on two cores busy with the whole suite 10 s left little room.
 const SPAWN_WAIT: Duration = Duration::from_secs(30);
 
 /// Sends `sig` to the next backend `server` spawns that is not in `seen`, the moment it exists
@@ -561,12 +561,15 @@ pub async fn signal_next_backend(server: u32, seen: &[u32], sig: i32) -> Option<
 }
 
 /// Direct children of `pid` (from /proc), but the short-lived runs of a backend binary that
-/// lemonade makes to read what it supports (`--help`, `--version`): they are no backends.
+/// lemonade makes to read what it supports (`--help`, `--version`): they are no backends. A
+/// child whose command line reads empty is one of those exiting (its memory, and with it the
+/// command line, goes before it is a zombie): not counted either, or a probe caught at its end
+/// would be taken for the backend.
 pub fn child_pids(pid: u32) -> Vec<u32> {
     let probe = |p: u32| {
         let cmdline = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
         let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).filter(|a| !a.is_empty()).skip(1).collect();
-        matches!(args[..], [b"--help"] | [b"--version"])
+        cmdline.is_empty() || matches!(args[..], [b"--help"] | [b"--version"])
     };
     let mut out = Vec::new();
     let Ok(entries) = std::fs::read_dir("/proc") else {
