@@ -125,13 +125,13 @@ fn invalid(message: String) -> EngineError {
 /// llama.cpp backend cannot take. The flags go through `backends::llamacpp::override_args`.
 pub fn overrides(req: &AdminLoadRequest) -> Result<LoadOptions> {
     if req.gguf_n_ctx == Some(0) {
-        return Err(EngineError::Unprocessable("Invalid value for 'gguf_n_ctx': must be at least 1".into()));
+        return Err(EngineError::LoadSchema("Invalid value for 'gguf_n_ctx': must be at least 1".into()));
     }
     if let Some(k) = req.other.keys().find(|k| FOREIGN_PREFIXES.iter().any(|p| k.starts_with(p))) {
         return Err(invalid(format!("'{k}' is not a load override of llama.cpp models")));
     }
     if let Some(k) = req.other.keys().next() {
-        return Err(EngineError::Unprocessable(format!("Unknown field '{k}'")));
+        return Err(EngineError::LoadSchema(format!("Unknown field '{k}'")));
     }
     if req.replicas.is_some_and(|r| r != 1) {
         return Err(invalid("replicas: only 1 replica per model is supported".into()));
@@ -139,7 +139,7 @@ pub fn overrides(req: &AdminLoadRequest) -> Result<LoadOptions> {
     let (fa, k, v) = (req.gguf_flash_attn.as_deref(), req.gguf_type_k.as_deref(), req.gguf_type_v.as_deref());
     let args = backends::llamacpp::override_args(fa, k, v).map_err(|e| invalid(e.to_string()))?;
     let ctx_size = req.gguf_n_ctx.map(u32::try_from).transpose().map_err(|_| {
-        EngineError::Unprocessable(format!("Invalid value for 'gguf_n_ctx': must be at most {}", u32::MAX))
+        EngineError::LoadSchema(format!("Invalid value for 'gguf_n_ctx': must be at most {}", u32::MAX))
     })?;
     Ok(LoadOptions {
         ctx_size: ctx_size.map(api_types::CtxSize::Tokens),
@@ -183,9 +183,7 @@ pub async fn load(rt: &Engine, name: &str, req: &AdminLoadRequest) -> Result<Adm
         rt.lifecycle.set_load_override(name, before);
     }
     match outcome {
-        LoadOutcome::Refused(Rejection::Unloading) => {
-            Err(EngineError::Conflict(format!("Model '{name}' is unloading; load it again once it is unloaded")))
-        }
+        LoadOutcome::Refused(Rejection::Unloading) => Err(EngineError::StillUnloading { model: name.to_string() }),
         LoadOutcome::Refused(Rejection::InUse(s)) => {
             Err(invalid(format!("Model '{name}' is {}: unload it before loading with overrides", s.as_str())))
         }

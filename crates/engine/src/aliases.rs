@@ -42,7 +42,7 @@ pub fn set(rt: &Engine, req: &AliasRequest) -> Result<AliasResponse> {
 /// `DELETE /internal/aliases/{alias}` (404 when there is no such alias).
 pub fn remove(rt: &Engine, alias: &str) -> Result<AliasResponse> {
     if !rt.catalogue.set_alias(alias, None, None)? {
-        return Err(EngineError::NotFound(format!("Alias '{alias}' does not exist")));
+        return Err(EngineError::Missing { what: crate::error::Thing::Alias, name: alias.to_string() });
     }
     Ok(AliasResponse { status: "deleted".into(), alias: alias.into(), target: None })
 }

@@ -21,7 +21,7 @@ use serde_json::Value;
 pub use reqwest::multipart::{Form, Part};
 pub use reqwest::Method;
 
-use crate::error::{EngineError, Result};
+use crate::error::{BackendLoss, EngineError, Result, UpstreamFailure};
 use crate::lease::LeaseRequest;
 use crate::lifecycle::{Lease, Target};
 use crate::remote::Route;
@@ -46,7 +46,7 @@ impl Answer {
     /// The body as JSON.
     pub fn json(&self) -> Result<Value> {
         serde_json::from_slice(&self.body)
-            .map_err(|e| EngineError::Unavailable(format!("The backend answered with invalid JSON: {e}")))
+            .map_err(|e| EngineError::BadAnswer { what: format!("The backend answered with invalid JSON: {e}") })
     }
 }
 
@@ -185,12 +185,8 @@ impl Lease {
                 Done::Busy(secs) => {
                     route.answered(started.elapsed());
                     tracing::info!(provider = %route.provider.name, retry_after = secs, "remote provider busy; passed on as 503");
-                    let (name, base) = (&route.provider.name, &route.provider.base);
-                    let message = format!(
-                        "Upstream '{name}' ({base}) is busy: it answered {} asking to retry after {secs} s",
-                        r.status()
-                    );
-                    Err(EngineError::UpstreamBusy { message, retry_after: secs })
+                    let status = r.status().to_string();
+                    Err(route.provider.failure(UpstreamFailure::Busy { status, retry_after: secs }))
                 }
             };
         }
@@ -199,14 +195,9 @@ impl Lease {
     /// A remote provider that gave no answer within `--remote-timeout` (also mid-stream).
     pub fn remote_timed_out(&self, route: &Route) -> EngineError {
         let t = self.remote_timeout();
-        let msg = format!(
-            "Upstream '{}' ({}) did not answer within {} s (--remote-timeout)",
-            route.provider.name,
-            route.provider.base,
-            t.as_secs_f64()
-        );
-        route.failed(t, &msg, true);
-        EngineError::UpstreamTimeout(msg)
+        let e = route.provider.failure(UpstreamFailure::TimedOut { secs: t.as_secs_f64() });
+        route.failed(t, &e.to_string(), true);
+        e
     }
 
     /// A transport failure (before or during an answer), said as what happened: the backend
@@ -222,18 +213,10 @@ impl Lease {
             None => tokio::time::timeout(EXIT_GRACE, b.wait_exit()).await.ok(),
         };
         let wedged = model.wedged.load(std::sync::atomic::Ordering::SeqCst);
-        EngineError::Unavailable(match exit {
-            Some(exit) if wedged => format!(
-                "The backend of model '{}' stopped answering its health checks during the request and was killed ({exit}). Last log lines:\n{}",
-                model.info.name,
-                b.log_tail()
-            ),
-            Some(exit) => format!(
-                "The backend of model '{}' exited ({exit}) during the request. Last log lines:\n{}",
-                model.info.name,
-                b.log_tail()
-            ),
-            None => format!("Backend of model '{}' failed: {e}", model.info.name),
+        let model = model.info.name.clone();
+        EngineError::BackendLost(match exit {
+            Some(exit) => BackendLoss::Exited { model, exit: exit.to_string(), wedged, log_tail: b.log_tail() },
+            None => BackendLoss::Failed { model, error: e.to_string() },
         })
     }
 
@@ -264,23 +247,14 @@ impl Lease {
         };
         match &self.target {
             Target::Remote(route) if status >= 500 || matches!(status, 401 | 403) => {
-                let text = String::from_utf8_lossy(&body);
-                let excerpt: String = text.chars().take(300).collect();
-                let hint = if status >= 500 {
-                    String::new()
-                } else {
-                    format!(
-                        " (its API key: `lemonade cloud auth {}` or {})",
-                        route.provider.name,
-                        backends::cloud::key_variable(&route.provider.name)
-                    )
-                };
-                let msg = format!(
-                    "Upstream '{}' ({}) answered {shown}{hint}: {excerpt}",
-                    route.provider.name, route.provider.base
-                );
-                route.failed(Duration::ZERO, &msg, status >= 500);
-                EngineError::UpstreamFailed(msg)
+                let excerpt: String = String::from_utf8_lossy(&body).chars().take(300).collect();
+                let e = route.provider.failure(UpstreamFailure::Answered {
+                    status: shown,
+                    excerpt,
+                    key_refused: status < 500,
+                });
+                route.failed(Duration::ZERO, &e.to_string(), status >= 500);
+                e
             }
             _ => EngineError::Backend { status, body, content_type },
         }
@@ -328,14 +302,9 @@ fn content_type(resp: &reqwest::Response) -> Option<String> {
 }
 
 fn remote_failed(route: &Route, e: &reqwest::Error, timeout: Duration) -> EngineError {
-    let msg = format!(
-        "Upstream '{}' ({}) failed: {}",
-        route.provider.name,
-        route.provider.base,
-        host::cloud::describe(e, timeout)
-    );
-    route.failed(Duration::ZERO, &msg, true);
-    EngineError::UpstreamFailed(msg)
+    let e = route.provider.failure(UpstreamFailure::Failed { why: host::cloud::describe(e, timeout) });
+    route.failed(Duration::ZERO, &e.to_string(), true);
+    e
 }
 
 /// usage → input/output tokens; llama.cpp `timings` override and give TTFT and tokens/s.

@@ -93,7 +93,7 @@ pub fn control(rt: &Engine, id: &str, action: &str) -> Result<Option<DownloadJob
     };
     match (action, known) {
         ("remove", None) => Ok(None),
-        (_, None) => Err(EngineError::NotFound(format!("No download job '{id}'"))),
+        (_, None) => Err(EngineError::Missing { what: crate::error::Thing::DownloadJob, name: id.to_string() }),
         ("pause", Some(j)) => {
             stop(Stop::Pause);
             Ok(Some(j))

@@ -6,7 +6,7 @@
 
 use api_types::ModelType;
 
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, Result, Serves};
 use crate::lifecycle::Lease;
 use crate::Engine;
 
@@ -160,19 +160,20 @@ impl Engine {
         let reg = self.catalogue.registry();
         if reg.get(name).is_err() {
             if let Some(c) = reg.collection(name) {
-                let e = endpoint.name();
-                return Err(EngineError::WrongModelType(match c.omni() {
-                    Some(_) => format!("Model '{name}' is an omni collection: it answers /v1/chat/completions only, not {e}"),
-                    None => format!("Model '{name}' is a router collection: it answers chat, completions, responses, Ollama chat and generate and Anthropic messages, not {e}"),
-                }));
+                let is = if c.omni().is_some() { Serves::OmniCollection } else { Serves::RouterCollection };
+                return Err(EngineError::WrongModelType {
+                    model: name.to_string(),
+                    is,
+                    wants: endpoint.name().to_string(),
+                });
             }
             if let Some(mut route) = self.remotes.route(name).await? {
                 if !endpoint.forwarded_to_remotes() {
-                    return Err(EngineError::WrongModelType(format!(
-                        "Model '{name}' is on remote provider '{}'; {} is not forwarded to remote providers (chat, completions, responses, embeddings, reranking and the llama.cpp endpoints are).",
-                        route.provider.name,
-                        endpoint.name()
-                    )));
+                    return Err(EngineError::WrongModelType {
+                        model: name.to_string(),
+                        is: Serves::Remote { provider: route.provider.name.clone() },
+                        wants: endpoint.name().to_string(),
+                    });
                 }
                 route.admitted = Some(route.provider.admit()?);
                 return Ok(Lease::remote(&self.lifecycle, route));
@@ -183,7 +184,7 @@ impl Engine {
         let info = match (info.loads_without_pull(), self.cfg.auto_load) {
             (true, _) => info,
             (false, true) => crate::pulls::ensure_downloaded(self, &info).await?,
-            (false, false) => return Err(EngineError::not_downloaded(name)),
+            (false, false) => return Err(EngineError::NotDownloaded { model: name.to_string() }),
         };
         if self.cfg.auto_load && self.lifecycle.state_of(&info.name) != Some(scheduler::State::Loaded) {
             let options = self.lifecycle.effective_options(&info, &Default::default());

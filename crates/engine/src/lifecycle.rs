@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::catalogue::Catalogue;
 use crate::config::Config;
-use crate::error::{EngineError, Result};
+use crate::error::{BackendLoss, EngineError, Result, Serves};
 use crate::launcher::{Health, Launcher, Process, StartFailure};
 use crate::metrics::Metrics;
 
@@ -47,7 +47,7 @@ impl Acquired {
     fn into_error(self) -> EngineError {
         match self {
             Acquired::Refused(e) => e,
-            Died(_) => EngineError::Unavailable("The model's backend exited just now".into()),
+            Died(_) => EngineError::BackendLost(BackendLoss::ExitedJustNow { model: None }),
         }
     }
 }
@@ -712,17 +712,11 @@ impl Lifecycle {
     pub fn model_for(&self, name: &str, want: &[ModelType], endpoint: &str) -> Result<ModelInfo> {
         let info = self.catalogue.get(name)?;
         if !want.contains(&info.model_type) {
-            // "an LLM", "an audio model", "a TTS model": the article as the name is read.
-            let a = |t: ModelType| match t {
-                ModelType::Llm | ModelType::Embedding | ModelType::Audio | ModelType::Image => "an",
-                ModelType::Reranking | ModelType::Tts => "a",
-            };
-            return Err(EngineError::WrongModelType(format!(
-                "Model '{name}' is {} {} model; {endpoint} needs {} model.",
-                a(info.model_type),
-                info.model_type.as_str(),
-                want.iter().map(|&t| format!("{} {}", a(t), t.as_str())).collect::<Vec<_>>().join(" or "),
-            )));
+            return Err(EngineError::WrongModelType {
+                model: name.to_string(),
+                is: Serves::Type { is: info.model_type, accepted: want.to_vec() },
+                wants: endpoint.to_string(),
+            });
         }
         Ok(info)
     }
@@ -741,7 +735,7 @@ impl Lifecycle {
                 }
                 match self.acquire_once(info, keep_alive, priority).await {
                     Err(Died(_)) => {
-                        Err(EngineError::Unavailable(format!("The backend of model '{}' exited just now", info.name)))
+                        Err(EngineError::BackendLost(BackendLoss::ExitedJustNow { model: Some(info.name.clone()) }))
                     }
                     other => other.map_err(Acquired::into_error),
                 }

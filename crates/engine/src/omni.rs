@@ -90,7 +90,9 @@ pub async fn run(
                 let reply = match reply.and_then(|a| a.json()) {
                     Ok(v) => v,
                     Err(e) if asked == 0 => return Err(e),
-                    Err(e) => return Err(EngineError::Unavailable(format!("The planner '{planner}' failed: {e}"))),
+                    Err(e) => {
+                        return Err(EngineError::BadAnswer { what: format!("The planner '{planner}' failed: {e}") })
+                    }
                 };
                 asked += 1;
                 l.planned(&reply)

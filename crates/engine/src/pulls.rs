@@ -11,7 +11,7 @@ use host::hub::{Download, Hub, HubError};
 use registry::{CatalogueEntry, Checkpoint, LookupError, ModelInfo, USER_PREFIX};
 use tokio::sync::mpsc;
 
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, HubFailure, Result};
 use crate::Engine;
 
 pub use crate::progress::{progress_reporter, PullEvent, PROGRESS_EVERY};
@@ -141,11 +141,9 @@ fn hub_error(e: HubError) -> EngineError {
             EngineError::invalid_code(e.to_string(), "checkpoint", "checkpoint_not_found")
         }
         HubError::Io { ref source, .. } if source.kind() == std::io::ErrorKind::StorageFull => {
-            EngineError::InsufficientStorage(format!(
-                "Download failed: {e}. Free some space and pull again: the partial download is kept and resumes"
-            ))
+            EngineError::Hub(HubFailure::DiskFull { error: e.to_string() })
         }
-        e => EngineError::Unavailable(format!("Download failed: {e}")),
+        e => EngineError::Hub(HubFailure::Download { error: e.to_string() }),
     }
 }
 
@@ -159,17 +157,13 @@ pub async fn ensure_downloaded(rt: &Engine, m: &ModelInfo) -> Result<ModelInfo> 
     tracing::info!(model = %m.name, checkpoint = %m.checkpoint, "model not downloaded: pulling it before loading");
     let t = Instant::now();
     tokio::time::timeout(rt.cfg.live.pull_timeout(), download(rt, m, None)).await.map_err(|_| {
-        EngineError::Unavailable(format!(
-            "Pulling '{}' took longer than {} s; the partial download is kept",
-            m.name,
-            rt.cfg.live.pull_timeout().as_secs()
-        ))
+        EngineError::Hub(HubFailure::PullTimedOut { model: m.name.clone(), secs: rt.cfg.live.pull_timeout().as_secs() })
     })??;
     rt.catalogue.reload()?;
     tracing::info!(model = %m.name, secs = t.elapsed().as_secs_f64(), "pulled");
     let pulled = rt.catalogue.get(&m.name)?;
     if !pulled.downloaded {
-        return Err(EngineError::not_downloaded(&m.name));
+        return Err(EngineError::NotDownloaded { model: m.name.clone() });
     }
     Ok(pulled)
 }
@@ -404,9 +398,9 @@ pub async fn variants(rt: &Engine, checkpoint: Option<&str>) -> Result<PullVaria
     match hub(rt).list(repo, "main").await {
         Ok((_, files)) => Ok(registry::variants::of(repo, &files)),
         Err(HubError::Status { status: 404, .. }) => {
-            Err(EngineError::NotFound(format!("Repository '{repo}' was not found on Hugging Face")))
+            Err(EngineError::Missing { what: crate::error::Thing::HubRepository, name: repo.to_string() })
         }
-        Err(e) => Err(EngineError::Internal(format!("Cannot list '{repo}': {e}"))),
+        Err(e) => Err(EngineError::Hub(HubFailure::Listing { repo: repo.to_string(), error: e.to_string() })),
     }
 }
 
@@ -443,13 +437,9 @@ pub async fn search(rt: &Engine, q: &SearchQuery) -> Result<SearchResults> {
         }
     };
     let (total, found) = hub(rt).search(query, limit, gguf).await.map_err(|e| match e {
-        HubError::Status { status: 429, .. } => {
-            EngineError::RateLimited("Hugging Face rate-limited the search; try again later".into())
-        }
-        HubError::Status { status, .. } => {
-            EngineError::UpstreamFailed(format!("Hugging Face answered the search with {status}"))
-        }
-        e => EngineError::UpstreamFailed(format!("Hugging Face search failed: {e}")),
+        HubError::Status { status: 429, .. } => EngineError::Hub(HubFailure::SearchRateLimited),
+        HubError::Status { status, .. } => EngineError::Hub(HubFailure::SearchAnswered { status }),
+        e => EngineError::Hub(HubFailure::Search { error: e.to_string() }),
     })?;
     let results = found.iter().filter_map(registry::search::result).take(limit as usize).collect();
     Ok(SearchResults {

@@ -16,7 +16,7 @@ use backends::cloud::{self, Discovered};
 use backends::upstream::{Breaker, BreakerSettings};
 use parking_lot::{Mutex, RwLock};
 
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, Result, UpstreamFailure};
 
 /// One provider.
 pub struct Provider {
@@ -159,23 +159,17 @@ impl Provider {
         }
     }
 
+    /// This provider's `failure`, as an error naming it.
+    pub fn failure(&self, failure: UpstreamFailure) -> EngineError {
+        EngineError::Upstream { provider: self.name.clone(), base: self.base.clone(), failure }
+    }
+
     /// A request may go to it now: its breaker is not open and it is under its in-flight
-    /// bound. Else a 503 whose `Retry-After` says when to come back.
+    /// bound. Else a failure that says when to come back.
     pub fn admit(self: &Arc<Self>) -> Result<Admitted> {
         use std::sync::atomic::Ordering;
         if let Err(wait_ms) = self.breaker.lock().admit(self.now_ms()) {
-            let why = if wait_ms == 0 {
-                "a probe request is testing it".to_string()
-            } else {
-                format!("retry in {} ms", wait_ms)
-            };
-            return Err(EngineError::UpstreamBusy {
-                message: format!(
-                    "Upstream '{}' ({}) is failing: its circuit breaker is open ({why})",
-                    self.name, self.base
-                ),
-                retry_after: wait_ms.div_ceil(1000).max(1),
-            });
+            return Err(self.failure(UpstreamFailure::BreakerOpen { wait_ms }));
         }
         let max = self.reach.read().max_in_flight;
         let n = self.in_flight.fetch_add(1, Ordering::SeqCst);
@@ -185,13 +179,7 @@ impl Provider {
             drop(admitted);
             // A half-open probe that was refused here must not keep the breaker half-open.
             self.breaker.lock().abandoned(self.now_ms());
-            return Err(EngineError::UpstreamBusy {
-                message: format!(
-                    "Upstream '{}' ({}) has {max} requests in flight, its bound (max_in_flight)",
-                    self.name, self.base
-                ),
-                retry_after: 1,
-            });
+            return Err(self.failure(UpstreamFailure::AtBound { max }));
         }
         Ok(admitted)
     }
@@ -467,7 +455,8 @@ impl Remotes {
 
     /// A registered provider.
     pub fn provider(&self, name: &str) -> Result<Arc<Provider>> {
-        self.get(name).ok_or_else(|| EngineError::NotFound(format!("Cloud provider '{name}' is not installed")))
+        self.get(name)
+            .ok_or_else(|| EngineError::Missing { what: crate::error::Thing::Provider, name: name.to_string() })
     }
 
     /// Lemonade v11's `POST /cloud/auth`: holds `key` for `name` in memory and rediscovers its
@@ -476,10 +465,7 @@ impl Remotes {
     pub async fn auth(&self, name: &str, key: &str, allow_insecure_http: Option<bool>) -> Result<Arc<Provider>> {
         let p = self.provider(name)?;
         if p.env_key().is_some() {
-            return Err(EngineError::Conflict(format!(
-                "{} is set in the lemonade process; the env var takes precedence and the supplied API key was not stored.",
-                cloud::key_variable(name)
-            )));
+            return Err(EngineError::KeyFromEnvironment { variable: cloud::key_variable(name) });
         }
         if let Some(ok) = allow_insecure_http {
             p.insecure_ok.store(ok, std::sync::atomic::Ordering::Relaxed);
@@ -574,7 +560,7 @@ impl Remotes {
         // Unknown to a provider that is down: its failure, not a missing model.
         if let Some(probe) = view.last_probe.filter(|p| !p.ok) {
             let why = probe.error.unwrap_or_else(|| "its last probe failed".into());
-            return Err(EngineError::UpstreamFailed(format!("Upstream '{p}' ({}) is down: {why}", provider.base)));
+            return Err(provider.failure(UpstreamFailure::Down { why }));
         }
         let offered = if view.models.is_empty() { "nothing".to_string() } else { view.models.join(", ") };
         Err(EngineError::Lookup(registry::LookupError::NotFound {

@@ -395,7 +395,7 @@ pub async fn classify(rt: &Engine, req: &api_types::ClassifyRequest) -> Result<a
     let score = classifiers::parse_percent_scores(&c, &answer);
     let mut scored: Vec<(String, f64)> = score.labels.into_iter().filter(|(l, _)| labels.contains(l)).collect();
     if !score.ok || scored.len() != labels.len() {
-        return Err(EngineError::Unavailable(format!("'{model}' answered no score from 0 to 1 for each label")));
+        return Err(EngineError::BadAnswer { what: format!("'{model}' answered no score from 0 to 1 for each label") });
     }
     scored.sort_by(|a, b| b.1.total_cmp(&a.1));
     scored.truncate(req.top_k.map_or(usize::MAX, |k| k as usize));

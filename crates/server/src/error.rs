@@ -1,76 +1,167 @@
-//! One error type for the HTTP layer; `IntoResponse` is the single place that maps errors to
-//! status codes and OpenAI-style bodies, and `From<EngineError>` below is the single place
-//! where an error of the layers below (the engine's, which wraps registry, backends, host and
-//! scheduler errors) becomes an HTTP error.
+//! One error type for the HTTP layer: the engine's errors (by cause) plus the HTTP layer's own
+//! (a body it cannot parse, an unknown path). [`table`] is the one place any of them becomes a
+//! status, a type and a code; [`advice`] adds what a client of this server can do about it.
 
 use api_types::ErrorResponse;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 pub use engine::error::bytes;
-use engine::error::rejection_message;
+use engine::error::{HubFailure, UpstreamFailure};
 use engine::EngineError;
 use registry::LookupError;
+use scheduler::Rejection;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
-    /// Malformed or invalid request; `param` names the offending field.
+    /// What the engine says happened; [`row`] maps each cause to HTTP.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// A request the HTTP layer cannot parse; `param` names the offending field.
     #[error("{message}")]
     BadRequest { message: String, param: Option<String>, code: Option<&'static str> },
-    #[error(transparent)]
-    Lookup(LookupError),
-    /// The model exists but cannot serve this endpoint (e.g. chat to an embedding model).
-    #[error("{0}")]
-    WrongModelType(String),
-    /// The model could not be loaded.
-    #[error("Failed to load model '{model}': {message}")]
-    LoadFailed { model: String, message: String },
-    /// The backend answered with an error: its status and body are passed through.
-    #[error("backend answered {status}")]
-    Backend { status: StatusCode, body: Bytes, content_type: Option<String> },
-    /// The backend could not be reached or died during the request.
-    #[error("{0}")]
-    BackendUnavailable(String),
-    #[error("No model loaded")]
-    NoModelLoaded,
     /// The body is valid JSON but fails the schema (admin API).
     #[error("{0}")]
     Unprocessable(String),
-    /// The model's state forbids the operation now (admin API).
-    #[error("{0}")]
-    Conflict(String),
-    /// An upstream rate-limited the request (429 `rate_limited`).
-    #[error("{0}")]
-    RateLimited(String),
-    /// A thing other than a model or a path (an alias, …) that does not exist (404 `not_found`).
-    #[error("{0}")]
-    NotFound(String),
-    /// Unload of a model that is not loaded.
-    #[error("{message}")]
-    NotLoaded { message: String },
-    /// The runtime did not admit the request (the model's state forbids it).
-    #[error("{}", rejection_message(model, why))]
-    Rejected { model: String, why: scheduler::Rejection },
     #[error("The requested endpoint does not exist")]
     UnknownPath(String),
     #[error("Method Not Allowed. Use {allowed} for this endpoint")]
     MethodNotAllowed { allowed: String },
-    /// A remote provider failed: refused, unreachable, a 5xx, or a refused key (502).
-    #[error("{0}")]
-    UpstreamFailed(String),
-    /// A remote provider gave no answer within `--remote-timeout` (504).
-    #[error("{0}")]
-    UpstreamTimeout(String),
-    /// A remote upstream cannot take the request now (503 with `Retry-After`, seconds).
-    #[error("{message}")]
-    UpstreamBusy { message: String, retry_after: u64 },
-    /// The disk is full (a download).
-    #[error("{0}")]
-    InsufficientStorage(String),
     #[error("Request body is larger than the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
     #[error("{0}")]
     Internal(String),
+}
+
+/// One row of the table: the status, the error's `type` and `code`, and the request field it
+/// names (`param`) and the model it is about (`requested_model`), where it has them.
+struct Row {
+    status: StatusCode,
+    kind: &'static str,
+    code: &'static str,
+    param: Option<String>,
+    model: Option<String>,
+}
+
+fn row(status: StatusCode, kind: &'static str, code: &'static str) -> Row {
+    Row { status, kind, code, param: None, model: None }
+}
+
+impl Row {
+    fn param(mut self, p: impl Into<String>) -> Row {
+        self.param = Some(p.into());
+        self
+    }
+    fn model(mut self, m: &str) -> Row {
+        self.model = Some(m.to_string());
+        self.param("model")
+    }
+}
+
+/// The one table: every error, the engine's by cause, to its status, type and code.
+fn table(e: &ApiError) -> Row {
+    use EngineError as E;
+    use StatusCode as S;
+    let invalid = |param: &Option<String>, code: &Option<&'static str>| {
+        let r = row(S::BAD_REQUEST, "invalid_request_error", code.unwrap_or("invalid_request"));
+        match param {
+            Some(p) => r.param(p.clone()),
+            None => r,
+        }
+    };
+    let internal = || row(S::INTERNAL_SERVER_ERROR, "internal_error", "internal_error");
+    let backend = || row(S::BAD_GATEWAY, "backend_error", "backend_error");
+    let e = match e {
+        ApiError::Engine(e) => e,
+        ApiError::BadRequest { param, code, .. } => return invalid(param, code),
+        ApiError::Unprocessable(_) => return row(S::UNPROCESSABLE_ENTITY, "invalid_request_error", "validation_error"),
+        ApiError::UnknownPath(_) => return row(S::NOT_FOUND, "not_found", "not_found"),
+        ApiError::MethodNotAllowed { .. } => {
+            return row(S::METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed")
+        }
+        ApiError::PayloadTooLarge { .. } => {
+            return row(S::PAYLOAD_TOO_LARGE, "invalid_request_error", "payload_too_large")
+        }
+        ApiError::Internal(_) => return internal(),
+    };
+    let lookup = |l: &LookupError| match l {
+        LookupError::NotFound { name, .. } => row(S::NOT_FOUND, "model_not_found", "model_not_found").model(name),
+        LookupError::NotSupported { name, .. } => {
+            row(S::NOT_FOUND, "model_not_supported", "model_not_supported").model(name)
+        }
+    };
+    let registry = |r: &registry::RegistryError| match r {
+        registry::RegistryError::Lookup(l) => lookup(l),
+        registry::RegistryError::Invalid(_) => invalid(&Some("model".into()), &None),
+        registry::RegistryError::Plan(_) => invalid(&Some("checkpoint".into()), &None),
+        registry::RegistryError::Json { .. } => internal(),
+    };
+    match e {
+        E::Invalid { param, code, .. } => invalid(param, code),
+        E::LoadSchema(_) => row(S::UNPROCESSABLE_ENTITY, "invalid_request_error", "validation_error"),
+        E::Lookup(l) => lookup(l),
+        E::NotDownloaded { .. } => invalid(&Some("model".into()), &Some("model_not_downloaded")),
+        E::WrongModelType { .. } => {
+            row(S::BAD_REQUEST, "invalid_request_error", "unsupported_model_type").param("model")
+        }
+        E::LoadFailed { model, .. } => {
+            row(S::INTERNAL_SERVER_ERROR, "model_load_error", "model_load_error").model(model)
+        }
+        E::Rejected { why: Rejection::UnknownDevice { .. }, .. } => {
+            row(S::BAD_REQUEST, "invalid_request_error", "unknown_device").param("device")
+        }
+        E::Rejected { model, why } => {
+            let status = match why {
+                Rejection::LoadFailed(_) => S::INTERNAL_SERVER_ERROR,
+                Rejection::Failed(_) | Rejection::Backoff { .. } | Rejection::QueueFull { .. } => {
+                    S::SERVICE_UNAVAILABLE
+                }
+                Rejection::NoMemory { .. } => S::INSUFFICIENT_STORAGE,
+                _ => S::CONFLICT,
+            };
+            row(status, why.code(), why.code()).model(model)
+        }
+        E::LoadCancelled { .. } | E::StillUnloading { .. } | E::KeyFromEnvironment { .. } => {
+            row(S::CONFLICT, "invalid_request_error", "conflict")
+        }
+        E::NotLoaded(_) => row(S::NOT_FOUND, "model_not_loaded", "model_not_loaded"),
+        E::Missing { .. } => row(S::NOT_FOUND, "not_found", "not_found"),
+        E::BackendLost(_) | E::BadAnswer { .. } => backend(),
+        E::Backend { status, .. } => Row { status: S::from_u16(*status).unwrap_or(S::BAD_GATEWAY), ..backend() },
+        E::Upstream { failure, .. } => match failure {
+            UpstreamFailure::TimedOut { .. } => row(S::GATEWAY_TIMEOUT, "upstream_timeout", "upstream_timeout"),
+            f if f.retry_after().is_some() => row(S::SERVICE_UNAVAILABLE, "upstream_busy", "upstream_busy"),
+            _ => row(S::BAD_GATEWAY, "upstream_error", "upstream_error"),
+        },
+        E::Hub(h) => match h {
+            HubFailure::Download { .. } | HubFailure::PullTimedOut { .. } => backend(),
+            HubFailure::DiskFull { .. } => row(S::INSUFFICIENT_STORAGE, "insufficient_storage", "insufficient_storage"),
+            HubFailure::Listing { .. } => internal(),
+            HubFailure::SearchRateLimited => row(S::TOO_MANY_REQUESTS, "rate_limited", "rate_limited"),
+            HubFailure::SearchAnswered { .. } | HubFailure::Search { .. } => {
+                row(S::BAD_GATEWAY, "upstream_error", "upstream_error")
+            }
+        },
+        E::Registry(r) | E::Host(host::HostError::Registry(r)) => registry(r),
+        E::Host(e @ host::HostError::Io { .. }) if e.is_disk_full() => {
+            row(S::INSUFFICIENT_STORAGE, "insufficient_storage", "insufficient_storage")
+        }
+        E::Host(_) => internal(),
+        E::Install(host::install::InstallError::NotInstalled(..)) => {
+            invalid(&Some("backend".into()), &Some("backend_not_installed"))
+        }
+        E::Install(host::install::InstallError::Io { .. } | host::install::InstallError::Task(_)) => internal(),
+        E::Install(_) => backend(),
+        E::InstallPlan(p) => {
+            use backends::releases::InstallPlanError as P;
+            let (param, code) = match p {
+                P::UnknownRecipe(_) => ("recipe", "unknown_recipe"),
+                P::UnknownBackend { .. } => ("backend", "unknown_backend"),
+                P::NotInstallable(_) => ("backend", "backend_not_installable"),
+            };
+            invalid(&Some(param.into()), &Some(code))
+        }
+        E::Internal(_) => internal(),
+    }
 }
 
 impl ApiError {
@@ -79,92 +170,23 @@ impl ApiError {
     }
 
     pub fn status(&self) -> StatusCode {
-        match self {
-            ApiError::BadRequest { .. } | ApiError::WrongModelType(_) => StatusCode::BAD_REQUEST,
-            ApiError::Lookup(_) | ApiError::UnknownPath(_) | ApiError::NoModelLoaded | ApiError::NotLoaded { .. } => {
-                StatusCode::NOT_FOUND
-            }
-            ApiError::LoadFailed { .. } | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            ApiError::Rejected { why, .. } => match why {
-                scheduler::Rejection::LoadFailed(_) => StatusCode::INTERNAL_SERVER_ERROR,
-                scheduler::Rejection::Failed(_)
-                | scheduler::Rejection::Backoff { .. }
-                | scheduler::Rejection::QueueFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
-                scheduler::Rejection::NoMemory { .. } => StatusCode::INSUFFICIENT_STORAGE,
-                scheduler::Rejection::UnknownDevice { .. } => StatusCode::BAD_REQUEST,
-                _ => StatusCode::CONFLICT,
-            },
-            ApiError::Backend { status, .. } => *status,
-            ApiError::BackendUnavailable(_) | ApiError::UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
-            ApiError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            ApiError::UpstreamBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            ApiError::Conflict(_) => StatusCode::CONFLICT,
-            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::InsufficientStorage(_) => StatusCode::INSUFFICIENT_STORAGE,
-        }
+        table(self).status
     }
 
     /// The OpenAI-style body (not used for pass-through backend errors).
     pub fn body(&self) -> ErrorResponse {
-        let msg = self.to_string();
-        match self {
-            ApiError::BadRequest { param, code, .. } => {
-                let mut e = ErrorResponse::new("invalid_request_error", msg).code(code.unwrap_or("invalid_request"));
-                if let Some(p) = param {
-                    e = e.param(p.clone());
-                }
-                e
-            }
-            ApiError::Lookup(LookupError::NotFound { name, .. }) => ErrorResponse::new("model_not_found", msg)
-                .code("model_not_found")
-                .param("model")
-                .requested_model(name.clone()),
-            ApiError::Lookup(LookupError::NotSupported { name, .. }) => ErrorResponse::new("model_not_supported", msg)
-                .code("model_not_supported")
-                .param("model")
-                .requested_model(name.clone()),
-            ApiError::WrongModelType(_) => {
-                ErrorResponse::new("invalid_request_error", msg).code("unsupported_model_type").param("model")
-            }
-            ApiError::LoadFailed { model, .. } => ErrorResponse::new("model_load_error", msg)
-                .code("model_load_error")
-                .param("model")
-                .requested_model(model.clone()),
-            ApiError::Backend { .. } | ApiError::BackendUnavailable(_) => {
-                ErrorResponse::new("backend_error", msg).code("backend_error")
-            }
-            ApiError::NoModelLoaded | ApiError::NotLoaded { .. } => {
-                ErrorResponse::new("model_not_loaded", msg).code("model_not_loaded")
-            }
-            ApiError::Rejected { why: scheduler::Rejection::UnknownDevice { .. }, .. } => {
-                ErrorResponse::new("invalid_request_error", msg).code("unknown_device").param("device")
-            }
-            ApiError::Rejected { model, why } => {
-                ErrorResponse::new(why.code(), msg).code(why.code()).param("model").requested_model(model.clone())
-            }
-            ApiError::UnknownPath(path) => ErrorResponse::new("not_found", msg).code("not_found").path(path.clone()),
-            ApiError::MethodNotAllowed { .. } => {
-                ErrorResponse::new("invalid_request_error", msg).code("method_not_allowed")
-            }
-            ApiError::Unprocessable(_) => ErrorResponse::new("invalid_request_error", msg).code("validation_error"),
-            ApiError::Conflict(_) => ErrorResponse::new("invalid_request_error", msg).code("conflict"),
-            ApiError::NotFound(_) => ErrorResponse::new("not_found", msg).code("not_found"),
-            ApiError::RateLimited(_) => ErrorResponse::new("rate_limited", msg).code("rate_limited"),
-            ApiError::PayloadTooLarge { .. } => {
-                ErrorResponse::new("invalid_request_error", msg).code("payload_too_large")
-            }
-            ApiError::Internal(_) => ErrorResponse::new("internal_error", msg).code("internal_error"),
-            ApiError::UpstreamFailed(_) => ErrorResponse::new("upstream_error", msg).code("upstream_error"),
-            ApiError::UpstreamTimeout(_) => ErrorResponse::new("upstream_timeout", msg).code("upstream_timeout"),
-            ApiError::UpstreamBusy { .. } => ErrorResponse::new("upstream_busy", msg).code("upstream_busy"),
-            ApiError::InsufficientStorage(_) => {
-                ErrorResponse::new("insufficient_storage", msg).code("insufficient_storage")
-            }
+        let Row { kind, code, param, model, .. } = table(self);
+        let mut e = ErrorResponse::new(kind, self.message()).code(code);
+        if let Some(p) = param {
+            e = e.param(p);
         }
+        if let Some(m) = model {
+            e = e.requested_model(m);
+        }
+        if let ApiError::UnknownPath(path) = self {
+            e = e.path(path.clone());
+        }
+        e
     }
 }
 
@@ -175,95 +197,55 @@ impl From<serde_json::Error> for ApiError {
     }
 }
 
-impl From<EngineError> for ApiError {
-    fn from(e: EngineError) -> ApiError {
-        use EngineError as E;
-        match e {
-            E::Invalid { message, param, code } => ApiError::BadRequest { message, param, code },
-            E::Unprocessable(m) => ApiError::Unprocessable(m),
-            E::Lookup(l) => ApiError::Lookup(l),
-            E::WrongModelType(m) => ApiError::WrongModelType(m),
-            E::LoadFailed { model, message } => ApiError::LoadFailed { model, message },
-            E::Rejected { model, why } => ApiError::Rejected { model, why },
-            E::Conflict(m) => ApiError::Conflict(m),
-            E::NotFound(m) => ApiError::NotFound(m),
-            E::RateLimited(m) => ApiError::RateLimited(m),
-            E::Unavailable(m) => ApiError::BackendUnavailable(m),
-            E::Backend { status, body, content_type } => ApiError::Backend {
-                status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
-                body,
-                content_type,
-            },
-            E::UpstreamFailed(m) => ApiError::UpstreamFailed(m),
-            E::UpstreamTimeout(m) => ApiError::UpstreamTimeout(m),
-            E::UpstreamBusy { message, retry_after } => ApiError::UpstreamBusy { message, retry_after },
-            E::InsufficientStorage(m) => ApiError::InsufficientStorage(m),
-            E::Registry(r) => registry_error(r),
-            E::Host(host::HostError::Registry(r)) => registry_error(r),
-            E::Host(e @ host::HostError::Io { .. }) if e.is_disk_full() => ApiError::InsufficientStorage(e.to_string()),
-            E::Host(e) => ApiError::Internal(e.to_string()),
-            E::Install(e) => install_error(e),
-            E::InstallPlan(e) => {
-                use backends::releases::InstallPlanError as P;
-                let (param, code) = match &e {
-                    P::UnknownRecipe(_) => ("recipe", "unknown_recipe"),
-                    P::UnknownBackend { .. } => ("backend", "unknown_backend"),
-                    P::NotInstallable(_) => ("backend", "backend_not_installable"),
-                };
-                ApiError::BadRequest { message: e.to_string(), param: Some(param.into()), code: Some(code) }
-            }
-            E::Scheduler(e) => ApiError::NotLoaded { message: e.to_string() },
-            E::Internal(m) => ApiError::Internal(m),
+/// The advice a client of this server reads after what happened: the command or the route
+/// that helps, where one does.
+fn advice(e: &EngineError) -> Option<String> {
+    use EngineError as E;
+    Some(match e {
+        E::NotDownloaded { model } => {
+            format!("Model '{model}' is not downloaded. Pull it first: lemonade pull {model}")
         }
-    }
-}
-
-fn registry_error(e: registry::RegistryError) -> ApiError {
-    match e {
-        registry::RegistryError::Lookup(l) => ApiError::Lookup(l),
-        registry::RegistryError::Invalid(m) => ApiError::bad_request(m, Some("model")),
-        e @ registry::RegistryError::Plan(_) => ApiError::bad_request(e.to_string(), Some("checkpoint")),
-        e @ registry::RegistryError::Json { .. } => ApiError::Internal(e.to_string()),
-    }
-}
-
-fn install_error(e: host::install::InstallError) -> ApiError {
-    use host::install::InstallError as I;
-    match e {
-        I::NotInstalled(..) => ApiError::BadRequest {
-            message: e.to_string(),
-            param: Some("backend".into()),
-            code: Some("backend_not_installed"),
-        },
-        I::Io { .. } | I::Task(_) => ApiError::Internal(e.to_string()),
-        e => ApiError::BackendUnavailable(e.to_string()),
-    }
+        E::WrongModelType { model, is: engine::error::Serves::OmniCollection, wants } => {
+            format!("Model '{model}' is an omni collection: it answers /v1/chat/completions only, not {wants}")
+        }
+        E::Upstream { failure: UpstreamFailure::TimedOut { .. }, .. } => format!("{e} (--remote-timeout)"),
+        E::Upstream { provider, base, failure: UpstreamFailure::Answered { status, excerpt, key_refused: true } } => {
+            format!(
+                "Upstream '{provider}' ({base}) answered {status} (its API key: `lemonade cloud auth {provider}` or {}): {excerpt}",
+                backends::cloud::key_variable(provider)
+            )
+        }
+        _ => return None,
+    })
 }
 
 impl ApiError {
     /// The message a client should read: a backend's own error message when it sent one.
     pub fn message(&self) -> String {
-        if let ApiError::Backend { body, status, .. } = self {
+        if let ApiError::Engine(EngineError::Backend { body, status, .. }) = self {
+            let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY);
             let v: Option<serde_json::Value> = serde_json::from_slice(body).ok();
             let msg = v.as_ref().and_then(|v| v["error"]["message"].as_str().or_else(|| v["error"].as_str()));
             return match msg {
                 Some(m) => m.to_string(),
-                None if body.iter().all(u8::is_ascii_whitespace) => no_details(*status),
+                None if body.iter().all(u8::is_ascii_whitespace) => no_details(status),
                 None => String::from_utf8_lossy(body).into_owned(),
             };
         }
-        self.to_string()
+        match self {
+            ApiError::Engine(e) => advice(e).unwrap_or_else(|| e.to_string()),
+            e => e.to_string(),
+        }
     }
 
     /// Retry-After (seconds) for a rejection that says when to come back.
     fn retry_after(&self) -> Option<u64> {
         match self {
-            ApiError::Rejected {
-                why:
-                    scheduler::Rejection::Backoff { retry_in_ms, .. } | scheduler::Rejection::QueueFull { retry_in_ms, .. },
+            ApiError::Engine(EngineError::Rejected {
+                why: Rejection::Backoff { retry_in_ms, .. } | Rejection::QueueFull { retry_in_ms, .. },
                 ..
-            } => Some(retry_in_ms.div_ceil(1000).max(1)),
-            ApiError::UpstreamBusy { retry_after, .. } => Some((*retry_after).max(1)),
+            }) => Some(retry_in_ms.div_ceil(1000).max(1)),
+            ApiError::Engine(EngineError::Upstream { failure, .. }) => failure.retry_after().map(|s| s.max(1)),
             _ => None,
         }
     }
@@ -369,7 +351,7 @@ pub type AnthropicApiError = Shaped<Anthropic>;
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if let ApiError::Backend { body, content_type, .. } = &self {
+        if let ApiError::Engine(EngineError::Backend { body, content_type, .. }) = &self {
             // llama-server's errors are OpenAI's shape already and pass through; others (an
             // empty body, whisper-server's `{"error": "…"}`, plain text) are put in that shape.
             let openai_shaped =
