@@ -154,7 +154,7 @@ pub fn check(o: &LoadOptions) -> Result<(), Invalid> {
         })?;
     }
     for w in o.rpc_servers.iter().flatten() {
-        rpc::check_worker(w).map_err(|m| invalid(OptionKey::RpcServers, m))?;
+        rpc::check_worker(w).map_err(|m| invalid(OptionKey::RpcServers, m.to_string()))?;
     }
     if let Some(s) = o.steps.filter(|s| !(1..=150).contains(s)) {
         return Err(invalid(OptionKey::Steps, format!("Invalid value for 'steps': expected 1 to 150, got {s}")));

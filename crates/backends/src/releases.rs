@@ -49,18 +49,39 @@ pub fn recipes() -> impl Iterator<Item = (Recipe, &'static [&'static str])> {
     Recipe::ALL.into_iter().map(|r| (r, r.backends()))
 }
 
-/// Whether `recipe:backend` can run here: `Ok(devices)` or `Err(why not)`.
-pub fn support(hw: &Hardware, recipe: &str, backend: &str) -> Result<Vec<&'static str>, String> {
-    let os_name = |os: &str| match os {
+/// Why a backend cannot run on this machine.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unsupported {
+    #[error("Requires {}", os_names(.0))]
+    Os(&'static [&'static str]),
+    #[error("Requires AMD XDNA 2 AMD NPU")]
+    NoNpu,
+    #[error("Requires an x86_64 CPU or an AMD GPU")]
+    NoCpuOrAmdGpu,
+    #[error("Requires AMD ROCm-capable GPU (gfx1150, gfx1151, gfx110X or gfx120X)")]
+    NoRocmGpu,
+    #[error("Requires x86_64 CPU")]
+    NotX86,
+    #[error("Unknown backend {recipe}:{backend}")]
+    Unknown { recipe: String, backend: String },
+}
+
+fn os_names(oses: &[&str]) -> String {
+    let name = |os: &str| match os {
         "windows" => "Windows",
         "macos" => "macOS",
         _ => "Linux",
     };
-    let requires_os = |oses: &[&str]| -> Result<(), String> {
+    oses.iter().map(|o| name(o)).collect::<Vec<_>>().join(" or ")
+}
+
+/// Whether `recipe:backend` can run here: `Ok(devices)` or `Err(why not)`.
+pub fn support(hw: &Hardware, recipe: &str, backend: &str) -> Result<Vec<&'static str>, Unsupported> {
+    let requires_os = |oses: &'static [&'static str]| -> Result<(), Unsupported> {
         if oses.contains(&hw.os.as_str()) {
             Ok(())
         } else {
-            Err(format!("Requires {}", oses.iter().map(|o| os_name(o)).collect::<Vec<_>>().join(" or ")))
+            Err(Unsupported::Os(oses))
         }
     };
     let x86 = hw.cpu_family == "x86_64";
@@ -69,12 +90,12 @@ pub fn support(hw: &Hardware, recipe: &str, backend: &str) -> Result<Vec<&'stati
         |linux_1150: bool| igpu.is_some_and(|f| f == "gfx1151" || (f == "gfx1150" && (linux_1150 || hw.os != "linux")));
     let rocm_dgpu = hw.amd_dgpus.iter().any(|f| f == "gfx110X" || f == "gfx120X");
     // FastFlowLM runs on Linux too (the upstream `amdxdna` driver), as in Lemonade v11.
-    let npu_on = |oses: &[&str]| -> Result<Vec<&'static str>, String> {
+    let npu_on = |oses: &'static [&'static str]| -> Result<Vec<&'static str>, Unsupported> {
         requires_os(oses)?;
         if hw.xdna2_npu {
             Ok(vec!["amd_npu"])
         } else {
-            Err("Requires AMD XDNA 2 AMD NPU".into())
+            Err(Unsupported::NoNpu)
         }
     };
     let with_gpus = |mut d: Vec<&'static str>, igpu_ok: bool, dgpu_ok: bool| {
@@ -95,7 +116,7 @@ pub fn support(hw: &Hardware, recipe: &str, backend: &str) -> Result<Vec<&'stati
             requires_os(&["windows", "linux"])?;
             let d = with_gpus(if x86 { vec!["cpu"] } else { vec![] }, igpu.is_some(), !hw.amd_dgpus.is_empty());
             if d.is_empty() {
-                Err("Requires an x86_64 CPU or an AMD GPU".into())
+                Err(Unsupported::NoCpuOrAmdGpu)
             } else {
                 Ok(d)
             }
@@ -104,7 +125,7 @@ pub fn support(hw: &Hardware, recipe: &str, backend: &str) -> Result<Vec<&'stati
             requires_os(&["windows", "linux"])?;
             let d = with_gpus(vec![], rocm_igpu(recipe == "sd-cpp"), rocm_dgpu);
             if d.is_empty() {
-                Err("Requires AMD ROCm-capable GPU (gfx1150, gfx1151, gfx110X or gfx120X)".into())
+                Err(Unsupported::NoRocmGpu)
             } else {
                 Ok(d)
             }
@@ -114,7 +135,7 @@ pub fn support(hw: &Hardware, recipe: &str, backend: &str) -> Result<Vec<&'stati
             if x86 {
                 Ok(vec!["cpu"])
             } else {
-                Err("Requires x86_64 CPU".into())
+                Err(Unsupported::NotX86)
             }
         }
         ("llamacpp", "system") => Ok(vec!["cpu"]),
@@ -129,7 +150,7 @@ pub fn support(hw: &Hardware, recipe: &str, backend: &str) -> Result<Vec<&'stati
             Ok(vec!["cpu"])
         }
         ("kokoro", "cpu") | ("sd-cpp", "cpu") => Ok(vec!["cpu"]),
-        _ => Err(format!("Unknown backend {recipe}:{backend}")),
+        _ => Err(Unsupported::Unknown { recipe: recipe.to_string(), backend: backend.to_string() }),
     }
 }
 
@@ -374,8 +395,9 @@ pub fn state(
     let action = format!("lemonade recipes --install {recipe}:{backend}");
     let pinned = pins.version(recipe, backend).unwrap_or_default().to_string();
     let devices = match support(hw, recipe, backend) {
-        Err(message) => {
-            return (vec![], BackendState { state: "unsupported", message, action: String::new(), version: pinned })
+        Err(why) => {
+            let message = why.to_string();
+            return (vec![], BackendState { state: "unsupported", message, action: String::new(), version: pinned });
         }
         Ok(d) => d,
     };

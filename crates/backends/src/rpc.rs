@@ -4,10 +4,17 @@
 
 use core::net::IpAddr;
 
+/// An `rpc_servers` entry that is not `host:port`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("rpc_servers: '{worker}' is not host:port (e.g. 192.168.1.20:50052)")]
+pub struct BadWorker {
+    pub worker: String,
+}
+
 /// A worker's `host:port`, checked: a host name, an IPv4 address or a bracketed IPv6 one, and a
 /// port from 1 to 65535.
-pub fn check_worker(w: &str) -> Result<(), String> {
-    let bad = || format!("rpc_servers: '{w}' is not host:port (e.g. 192.168.1.20:50052)");
+pub fn check_worker(w: &str) -> Result<(), BadWorker> {
+    let bad = || BadWorker { worker: w.to_string() };
     let (host, port) = w.rsplit_once(':').ok_or_else(bad)?;
     let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
     let name_ok = !host.is_empty()

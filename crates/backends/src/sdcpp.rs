@@ -79,13 +79,18 @@ pub const SAMPLERS: &[&str] = &[
 pub const MIN_SIDE: u32 = 64;
 pub const MAX_SIDE: u32 = 2048;
 
+/// A requested image size sd-server cannot draw.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "Unsupported size '{size}': expected WIDTHxHEIGHT with each side a multiple of 64 from {MIN_SIDE} to {MAX_SIDE} (e.g. 512x512)"
+)]
+pub struct BadSize {
+    pub size: String,
+}
+
 /// `WIDTHxHEIGHT` as numbers, or why not.
-pub fn parse_size(size: &str) -> Result<(u32, u32), String> {
-    let bad = || {
-        format!(
-            "Unsupported size '{size}': expected WIDTHxHEIGHT with each side a multiple of 64 from {MIN_SIDE} to {MAX_SIDE} (e.g. 512x512)"
-        )
-    };
+pub fn parse_size(size: &str) -> Result<(u32, u32), BadSize> {
+    let bad = || BadSize { size: size.to_string() };
     let (w, h) = size.split_once('x').ok_or_else(bad)?;
     let side = |s: &str| s.parse::<u32>().ok().filter(|v| (MIN_SIDE..=MAX_SIDE).contains(v) && v % 64 == 0);
     match (side(w), side(h)) {
@@ -197,7 +202,7 @@ mod tests {
         assert_eq!(parse_size("256x256"), Ok((256, 256)));
         assert_eq!(parse_size("1024x576"), Ok((1024, 576)));
         for bad in ["256", "0x0", "100x100", "4096x4096", "axb", "256x", "-64x64", "256X256"] {
-            let e = parse_size(bad).unwrap_err();
+            let e = parse_size(bad).unwrap_err().to_string();
             assert!(e.starts_with(&format!("Unsupported size '{bad}'")), "{e}");
         }
     }

@@ -77,7 +77,8 @@ async fn mcp_json_rpc_edges_answer_as_the_spec_says() {
     let (_, v) = rpc(&l, r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"lemonade_generate_image","arguments":{"model":"m","prompt":"p","output_path":"../../etc/x.png"}}}"#).await;
     let v: Value = serde_json::from_str(&v).unwrap();
     assert_eq!(v["result"]["isError"], true, "{v}");
-    // The path check refuses it, before any model is asked (there is no model "m").
+    // The path check refuses it, before any model is asked (there is no model "m"; the real
+    // sd-server test below refuses it with a model that would draw).
     let told = v["result"]["content"][0]["text"].as_str().unwrap_or_default();
     assert!(told.contains("is outside the MCP image folder"), "{v}");
     let r = l.http.get(l.url("/mcp")).send().await.unwrap();
@@ -109,7 +110,15 @@ async fn real_sd_server_the_mcp_image_tool_writes_into_its_folder_or_answers_inl
     use base64::Engine as _;
     let png = base64::engine::general_purpose::STANDARD.decode(block["data"].as_str().unwrap()).unwrap();
     assert!(png.starts_with(b"\x89PNG"));
-    let outside = json!({"model": SD, "prompt": "a lemon", "output_path": format!("{dir}/../escape.png")});
-    let (_, v) = rpc(&l, &call(outside)).await;
-    assert!(v.contains("\"isError\":true") && !images.path().join("../escape.png").exists(), "{v}");
+    // With a real model that would draw, the path check is what refuses a path outside the
+    // folder (relative or absolute): nothing is written there.
+    for out in [format!("{dir}/../escape.png"), "../../escape.png".to_string()] {
+        let outside = json!({"model": SD, "prompt": "a lemon", "size": "256x256", "steps": 1, "output_path": out});
+        let (_, v) = rpc(&l, &call(outside)).await;
+        let v: Value = serde_json::from_str(&v).unwrap();
+        assert_eq!(v["result"]["isError"], true, "{v}");
+        let told = v["result"]["content"][0]["text"].as_str().unwrap_or_default();
+        assert!(told.contains("is outside the MCP image folder"), "{out}: {v}");
+        assert!(!images.path().join("../escape.png").exists() && !images.path().join("../../escape.png").exists());
+    }
 }

@@ -26,13 +26,15 @@ fn omni(name: &str, components: &[&str], extra: Value) -> Value {
     v
 }
 
-/// The Proof's two requests, each through the official openai SDK, whole and streamed: "draw a
-/// lemon and say what you drew" answers with a PNG from sd-server and text; "say hello" with a
-/// WAV from Kokoro. Gemma 3 270M plans the first and SmolLM2-135M the second: each of these
+/// The loop on real backends, each through the official openai SDK, whole and streamed: "draw
+/// a lemon and say what you drew" answers with a PNG from sd-server and text; "say hello" with
+/// a WAV from Kokoro. Gemma 3 270M plans the first and SmolLM2-135M the second: each of these
 /// tiny models picks one tool for nearly every request (Gemma generate_image, SmolLM2
-/// text_to_speech), so neither can plan both; the prompts and arguments are theirs.
+/// text_to_speech), so this proves the loop runs a real planner's call on real components, not
+/// that the planner chose by content (the scripted tests below prove what the loop does with a
+/// choice).
 #[tokio::test]
-async fn real_backends_omni_models_draw_a_lemon_and_say_hello_through_the_openai_sdk() {
+async fn real_backends_omni_loop_runs_each_biased_planners_tool_through_the_openai_sdk() {
     let l = Lemonade::start_in(bin(), Sandbox::new().with_sd().with_kokoro(), &["--max-loaded-models", "4"], &[]).await;
     let settings = json!({"tool_format": "json", "system_prompt": FEW_SHOT});
     for (name, planner) in [("user.Omni-Draw", GEMMA), ("user.Omni-Speak", SMOL)] {
@@ -76,8 +78,14 @@ async fn scripted_planner_omni_loop_survives_failing_tools_repeats_and_client_to
         {"content": "Done. Last tool said: {last}"}
     ]});
     let weather = json!({"replies": [{"content": "Let me look.", "tool_calls": [call("w", "get_weather", json!({"city": "Paris"}))]}]});
+    let hello = json!({"replies": [
+        {"content": "", "tool_calls": [call("h", "text_to_speech", json!({"input": "Hello."}))]},
+        {"content": "I said hello."}
+    ]});
     let fake = fake_llama_server();
-    let sandbox = fake_sandbox(&[("planner", None, lemon), ("weather", None, weather)]).with_sd().with_kokoro();
+    let sandbox = fake_sandbox(&[("planner", None, lemon), ("weather", None, weather), ("hello", None, hello)])
+        .with_sd()
+        .with_kokoro();
     let images = tempfile::tempdir().unwrap();
     let env = [
         ("LEMONADE_LLAMACPP_CPU_BIN", fake.to_str().unwrap()),
@@ -85,7 +93,7 @@ async fn scripted_planner_omni_loop_survives_failing_tools_repeats_and_client_to
     ];
     let l = Lemonade::start_in(bin(), sandbox, &["--max-loaded-models", "4"], &env).await;
     let (planner, weather) = ("extra.planner.gguf", "extra.weather.gguf");
-    for (name, p) in [("user.Lemon", planner), ("user.Weather", weather)] {
+    for (name, p) in [("user.Lemon", planner), ("user.Weather", weather), ("user.Hello", "extra.hello.gguf")] {
         let (s, v) = l.post("/api/v1/pull", &omni(name, &[p, SD, KOKORO], json!({}))).await;
         assert_eq!(s, 200, "{v}");
     }
@@ -133,6 +141,25 @@ async fn scripted_planner_omni_loop_survives_failing_tools_repeats_and_client_to
     let last = chunks.last().unwrap();
     assert_eq!(last["choices"][0]["finish_reason"], "stop");
     assert_eq!(last["x_lemonade_omni"]["tool_calls"].as_array().unwrap().len(), 2);
+
+    // The loop runs what the planner chose and nothing else: a planner that only speaks for
+    // "Say hello" draws nothing (sd-server is a component, and is never called), and the
+    // streamed medium precedes the text.
+    let hi = json!({"model": "user.Hello", "stream": true, "messages": [{"role": "user", "content": "Say hello"}]});
+    let text = l.http.post(l.url("/api/v1/chat/completions")).json(&hi).send().await.unwrap().text().await.unwrap();
+    let chunks: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: ").filter(|d| *d != "[DONE]"))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let deltas: Vec<&str> = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    let audio = deltas.iter().position(|d| d.contains("<audio>data:audio/wav;base64,")).expect("a WAV delta");
+    let said = deltas.iter().position(|d| d.contains("I said hello.")).expect("the text delta");
+    assert!(audio < said, "the medium came first: {deltas:?}");
+    assert!(!text.contains("data:image/png"), "no image was drawn for a prompt that asks none");
+    let trace = &chunks.last().unwrap()["x_lemonade_omni"];
+    let names: Vec<&str> = trace["tool_calls"].as_array().unwrap().iter().filter_map(|c| c["name"].as_str()).collect();
+    assert_eq!(names, ["text_to_speech"], "{trace}");
 
     // The client's own tool goes back to it, with the planner's text.
     let mut body = ask("user.Weather", false);

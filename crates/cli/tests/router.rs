@@ -323,6 +323,11 @@ async fn bad_collections_are_refused_naming_the_field() {
     assert!(e["error"]["message"].as_str().unwrap().contains("cannot be nested"), "{e}");
 }
 
+/// Rules over request features decide exactly; the model-backed conditions (an `llm` label, a
+/// `classifier` score, `/classify`, the LLM router) are plumbing tests here: SmolLM2-135M's
+/// labels are not reliable enough to assert which one it picks, so they assert the path (the
+/// model was asked, its answer is held to the labels and lands in the trace) and, for the
+/// score, that a real threshold decides both ways on the score the model gave.
 #[tokio::test]
 async fn real_llama_server_routing_validate_and_the_llm_as_router() {
     let l = Lemonade::start(bin(), &["--max-loaded-models", "2"]).await;
@@ -383,6 +388,22 @@ async fn real_llama_server_routing_validate_and_the_llm_as_router() {
     assert_eq!((t["condition"].clone(), t["label"].clone()), (json!("classifier:mood"), json!("happy")), "{v}");
     assert!(t["score"].as_f64().is_some_and(|s| (0.0..=1.0).contains(&s)), "the classifier answered scores: {v}");
     assert_eq!(v["decision"]["matched_rule"], "happy", "a score ≥ 0 is in the band: {v}");
+    // A real threshold decides both ways on the model's own score (temperature 0, so the same
+    // prompt scores the same): just under the score matches, just over it does not and the
+    // request falls to the default.
+    let score = t["score"].as_f64().unwrap();
+    for (min, matched) in [((score - 0.01).max(0.0), true), (score + 0.01, false)] {
+        if min > 1.0 {
+            continue; // a score of 1 has no band above it; the other side still decides
+        }
+        cp["routing"]["rules"][0]["match"]["min_score"] = json!(min);
+        let (s, v) =
+            l.post("/api/v1/routing/validate", &json!({"policy": cp, "prompt": "What a wonderful sunny day!"})).await;
+        assert_eq!(s, 200, "{v}");
+        let rule = v["decision"]["matched_rule"].as_str();
+        assert_eq!(rule == Some("happy"), matched, "min_score {min} against the score {score}: {v}");
+        assert_eq!(v["decision"]["trace"][0]["score"].as_f64(), Some(score), "the same score again: {v}");
+    }
 
     // POST /classify: the same path, as an endpoint.
     let body =

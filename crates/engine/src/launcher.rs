@@ -168,11 +168,8 @@ impl RealLauncher {
         if !matches!(recipe, Recipe::LlamaCpp | Recipe::WhisperCpp) {
             return None;
         }
-        let installed = || {
-            let text = std::fs::read_to_string(program.parent()?.join("version.txt")).ok()?;
-            Some(text.trim().to_string())
-        };
-        self.capabilities.get(program, recipe.dir_and_exe().1, installed).await
+        let installed = program.parent().map(|d| d.join("version.txt"));
+        self.capabilities.get(program, recipe.dir_and_exe().1, installed.as_deref()).await
     }
 
     /// The backend's executable; a missing one is installed first when this platform has a
@@ -247,7 +244,7 @@ impl RealLauncher {
         };
         let mut launch = backends::launch(info.recipe, &input).map_err(|e| fatal(e.to_string()))?;
         let workers = backends::rpc::workers(options);
-        check_workers(name, &workers).await.map_err(|e| fatal(e.0))?;
+        check_workers(name, &workers).await.map_err(|e| fatal(e.to_string()))?;
         // A slot's KV state on RPC workers is not saved, nor a draft model's: the prompt cache
         // stays off.
         let cache = (info.recipe == Recipe::LlamaCpp && workers.is_empty() && with.draft.is_none())
@@ -263,8 +260,13 @@ impl RealLauncher {
         // Its scratch folder, emptied at each start: its TMPDIR and the only folder it writes
         // besides its saved slots.
         let scratch = self.cfg.cache_dir.join("scratch").join(scratch_name(name));
-        let _ = std::fs::remove_dir_all(&scratch);
-        std::fs::create_dir_all(&scratch).map_err(|e| fatal(format!("cannot make {}: {e}", scratch.display())))?;
+        let made = scratch.clone();
+        let fresh = move || {
+            let _ = std::fs::remove_dir_all(&made);
+            std::fs::create_dir_all(&made)
+        };
+        let made = tokio::task::spawn_blocking(fresh).await.unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        made.map_err(|e| fatal(format!("cannot make {}: {e}", scratch.display())))?;
         // Each model file where the command line names it and where its links lead (a Hub
         // cache's snapshot links into the repository's blobs; a file may link elsewhere).
         let named: Vec<&std::path::Path> =
@@ -410,7 +412,13 @@ impl Process for RealProcess {
 }
 
 /// Why a load's RPC worker cannot serve it.
-struct Unreachable(String);
+#[derive(Debug, thiserror::Error)]
+enum Unreachable {
+    #[error("RPC worker {worker} is unreachable ({error}); start rpc-server there or remove it from rpc_servers")]
+    Gone { worker: String, error: String },
+    #[error("RPC worker {worker} did not accept a connection within {secs} s")]
+    Silent { worker: String, secs: u64 },
+}
 
 /// Fails a load whose RPC workers cannot be reached, naming the first such; warns of workers
 /// outside loopback and private networks (rpc-server has no authentication).
@@ -421,14 +429,9 @@ async fn check_workers(model: &str, workers: &[String]) -> Result<(), Unreachabl
         }
         match host::net::probe(w, WORKER_CONNECT).await {
             host::net::Worker::Up => {}
-            host::net::Worker::Gone(e) => {
-                return Err(Unreachable(format!(
-                    "RPC worker {w} is unreachable ({e}); start rpc-server there or remove it from rpc_servers"
-                )))
-            }
+            host::net::Worker::Gone(e) => return Err(Unreachable::Gone { worker: w.clone(), error: e.to_string() }),
             host::net::Worker::Silent => {
-                let secs = WORKER_CONNECT.as_secs();
-                return Err(Unreachable(format!("RPC worker {w} did not accept a connection within {secs} s")));
+                return Err(Unreachable::Silent { worker: w.clone(), secs: WORKER_CONNECT.as_secs() });
             }
         }
     }

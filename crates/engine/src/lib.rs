@@ -23,6 +23,7 @@ pub mod downloads;
 pub mod draft;
 pub mod error;
 pub mod explain;
+#[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod installs;
 pub mod jobs;

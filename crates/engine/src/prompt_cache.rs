@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use backends::prompt_cache::{self as rules, Entry};
-use host::prompt_cache::{now_ms, Store, PART};
+use host::prompt_cache::{now_ms, SlotFileError, Store, PART};
 use serde_json::{json, Value};
 
 use crate::metrics::Metrics;
@@ -79,22 +79,33 @@ pub fn attach(
     })
 }
 
-async fn post(http: &reqwest::Client, url: &str, body: &Value, timeout: Duration) -> Result<Value, String> {
-    let r = http.post(url).json(body).timeout(timeout).send().await.map_err(|e| e.to_string())?;
-    let status = r.status();
-    let text = r.text().await.map_err(|e| e.to_string())?;
-    if !status.is_success() {
-        return Err(format!("HTTP {status}: {}", text.chars().take(300).collect::<String>()));
-    }
-    serde_json::from_str(&text).map_err(|e| e.to_string())
+/// Why a call to llama-server's slot API failed (logged: the cache never fails a request).
+#[derive(Debug, thiserror::Error)]
+enum SlotCallError {
+    #[error(transparent)]
+    Transport(#[from] reqwest::Error),
+    #[error("it answered {status}: {excerpt}")]
+    Answered { status: u16, excerpt: String },
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
 }
 
-async fn slots(http: &reqwest::Client, base: &str) -> Result<Vec<Value>, String> {
-    let r = http.get(format!("{base}/slots")).timeout(SLOTS_TIMEOUT).send().await.map_err(|e| e.to_string())?;
-    if !r.status().is_success() {
-        return Err(format!("HTTP {}", r.status()));
+async fn post(http: &reqwest::Client, url: &str, body: &Value, timeout: Duration) -> Result<Value, SlotCallError> {
+    let r = http.post(url).json(body).timeout(timeout).send().await?;
+    let status = r.status();
+    let text = r.text().await?;
+    if !status.is_success() {
+        return Err(SlotCallError::Answered { status: status.as_u16(), excerpt: text.chars().take(300).collect() });
     }
-    r.json::<Vec<Value>>().await.map_err(|e| e.to_string())
+    Ok(serde_json::from_str(&text)?)
+}
+
+async fn slots(http: &reqwest::Client, base: &str) -> Result<Vec<Value>, SlotCallError> {
+    let r = http.get(format!("{base}/slots")).timeout(SLOTS_TIMEOUT).send().await?;
+    if !r.status().is_success() {
+        return Err(SlotCallError::Answered { status: r.status().as_u16(), excerpt: String::new() });
+    }
+    Ok(r.json::<Vec<Value>>().await?)
 }
 
 /// Saves every slot of the backend at `base` that holds a prompt, then keeps the whole cache
@@ -115,14 +126,14 @@ pub async fn save(http: &reqwest::Client, base: &str, att: &Attached, limit: u64
         let file = format!("{}-{id}.bin", now_ms());
         let url = format!("{base}/slots/{id}?action=save");
         if let Err(e) = post(http, &url, &json!({"filename": format!("{file}{PART}")}), SAVE_TIMEOUT).await {
-            let _ = std::fs::remove_file(att.dir.join(format!("{file}{PART}")));
+            let _ = tokio::fs::remove_file(att.dir.join(format!("{file}{PART}"))).await;
             tracing::warn!(model = %att.model, slot = id, error = %e, "prompt cache: the backend did not save its slot");
             continue;
         }
         let (store, dir, model, material) =
             (att.store.clone(), att.dir.clone(), att.model.clone(), att.material.clone());
         let committed = tokio::task::spawn_blocking(move || store.commit(&dir, &file, &model, &material)).await;
-        match committed.unwrap_or_else(|e| Err(e.to_string())) {
+        match committed.unwrap_or_else(|e| Err(SlotFileError::Task(e.to_string()))) {
             Ok(e) => {
                 saved += 1;
                 metrics.cache_saved(&att.model);
@@ -182,10 +193,11 @@ pub async fn before_request(
     att.any_pending.store(!pending.is_empty(), Ordering::Release);
     let t = Instant::now();
     let (store, dir, e) = (att.store.clone(), att.dir.clone(), entry.clone());
-    let checked =
-        tokio::task::spawn_blocking(move || store.verify(&dir, &e)).await.unwrap_or_else(|e| Err(e.to_string()));
+    let checked = tokio::task::spawn_blocking(move || store.verify(&dir, &e))
+        .await
+        .unwrap_or_else(|e| Err(SlotFileError::Task(e.to_string())));
     if let Err(why) = checked {
-        return discard(att, &entry, &why, metrics);
+        return discard(att, &entry, &why.to_string(), metrics);
     }
     // A slot that holds nothing, else one that is not busy, else the first (the backend
     // waits until it is free).

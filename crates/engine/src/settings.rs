@@ -26,9 +26,8 @@ pub fn parse_bytes(s: &str) -> Option<u64> {
 }
 
 /// A budget of `pool`: bytes, `auto` (the free memory, or VRAM, now, less a margin) or
-/// `none`. `auto` VRAM on a machine with no GPU is no budget. Err: the message for a bad
-/// value.
-pub fn budget(b: &MemoryBudget, pool: Pool) -> Result<Option<u64>, String> {
+/// `none`. `auto` VRAM on a machine with no GPU is no budget. Err: a bad value, named.
+pub fn budget(b: &MemoryBudget, pool: Pool) -> Result<Option<u64>> {
     let field = match pool {
         Pool::Memory => "memory_budget",
         Pool::Vram => "vram_budget",
@@ -38,26 +37,33 @@ pub fn budget(b: &MemoryBudget, pool: Pool) -> Result<Option<u64>, String> {
         MemoryBudget::Bytes(n) => Ok(Some(*n)),
         MemoryBudget::Word(w) => match w.trim().to_ascii_lowercase().as_str() {
             "auto" => match pool {
-                Pool::Memory => host::hardware::auto_memory_budget()
-                    .map(Some)
-                    .ok_or_else(|| "memory_budget 'auto' needs /proc/meminfo, which cannot be read here".to_string()),
+                Pool::Memory => host::hardware::auto_memory_budget().map(Some).ok_or_else(|| {
+                    EngineError::invalid(
+                        "memory_budget 'auto' needs /proc/meminfo, which cannot be read here",
+                        Some(field),
+                    )
+                }),
                 Pool::Vram => Ok(host::hardware::auto_vram_budget()),
             },
             "none" | "off" | "0" => Ok(None),
             other => parse_bytes(other).map(|n| (n > 0).then_some(n)).ok_or_else(|| {
-                format!("{field} must be a number of bytes (e.g. 8G, 512M), 'auto' or 'none', got '{w}'")
+                EngineError::invalid(
+                    format!("{field} must be a number of bytes (e.g. 8G, 512M), 'auto' or 'none', got '{w}'"),
+                    Some(field),
+                )
             }),
         },
     }
 }
 
 /// Slot limits from one value (every type) or up to three (llm, embedding, reranking).
-pub fn slot_limits(values: &[i64]) -> Result<Limits, String> {
+pub fn slot_limits(values: &[i64]) -> Result<Limits> {
+    let bad = |m: String| Err(EngineError::invalid(m, Some("max_loaded_models")));
     if values.is_empty() || values.len() > 3 {
-        return Err(format!("max_loaded_models takes 1 to 3 values, got {}", values.len()));
+        return bad(format!("max_loaded_models takes 1 to 3 values, got {}", values.len()));
     }
-    if let Some(bad) = values.iter().find(|v| **v != -1 && **v < 1) {
-        return Err(format!("max_loaded_models must be -1 (unlimited) or at least 1, got {bad}"));
+    if let Some(v) = values.iter().find(|v| **v != -1 && **v < 1) {
+        return bad(format!("max_loaded_models must be -1 (unlimited) or at least 1, got {v}"));
     }
     if let [n] = values {
         return Ok(Limits::uniform(*n));
@@ -71,25 +77,17 @@ pub fn slot_limits(values: &[i64]) -> Result<Limits, String> {
 
 /// The scheduler settings `u` asks for (a 400 naming the field for a bad value).
 pub fn settings(u: &ParamsUpdate) -> Result<Settings> {
-    fn bad(field: &'static str) -> impl Fn(String) -> EngineError {
-        move |m| EngineError::invalid(m, Some(field))
-    }
     let limits = match &u.max_loaded_models {
         None => None,
-        Some(SlotLimits::One(n)) => Some(slot_limits(&[*n]).map_err(bad("max_loaded_models"))?),
-        Some(SlotLimits::Per(v)) => Some(slot_limits(v).map_err(bad("max_loaded_models"))?),
+        Some(SlotLimits::One(n)) => Some(slot_limits(&[*n])?),
+        Some(SlotLimits::Per(v)) => Some(slot_limits(v)?),
     };
     Ok(Settings {
         limits,
         idle_timeout_ms: u.idle_timeout.map(|s| (s > 0).then(|| s.saturating_mul(1000))),
         max_queue: u.max_queue.map(|q| (q > 0).then_some(q as usize)),
-        memory_budget: u
-            .memory_budget
-            .as_ref()
-            .map(|b| budget(b, Pool::Memory))
-            .transpose()
-            .map_err(bad("memory_budget"))?,
-        vram_budget: u.vram_budget.as_ref().map(|b| budget(b, Pool::Vram)).transpose().map_err(bad("vram_budget"))?,
+        memory_budget: u.memory_budget.as_ref().map(|b| budget(b, Pool::Memory)).transpose()?,
+        vram_budget: u.vram_budget.as_ref().map(|b| budget(b, Pool::Vram)).transpose()?,
         swap_hold_ms: u.swap_hold_ms,
         devices: None,
     })
@@ -151,14 +149,16 @@ mod tests {
         assert_eq!(parse_bytes("1.5g"), Some(3 << 29));
         assert_eq!(parse_bytes("123"), Some(123));
         assert_eq!(parse_bytes("12 parsecs"), None);
-        assert_eq!(budget(&MemoryBudget::Word("none".into()), Pool::Memory), Ok(None));
-        assert_eq!(budget(&MemoryBudget::Bytes(1000), Pool::Memory), Ok(Some(1000)));
-        let e = budget(&MemoryBudget::Word("lots".into()), Pool::Memory).unwrap_err();
+        assert_eq!(budget(&MemoryBudget::Word("none".into()), Pool::Memory).unwrap(), None);
+        assert_eq!(budget(&MemoryBudget::Bytes(1000), Pool::Memory).unwrap(), Some(1000));
+        let e = budget(&MemoryBudget::Word("lots".into()), Pool::Memory).unwrap_err().to_string();
         assert!(e.contains("'lots'"), "{e}");
-        assert_eq!(budget(&MemoryBudget::Word("6G".into()), Pool::Vram), Ok(Some(6 << 30)));
+        assert_eq!(budget(&MemoryBudget::Word("6G".into()), Pool::Vram).unwrap(), Some(6 << 30));
         let e = budget(&MemoryBudget::Word("big".into()), Pool::Vram).unwrap_err();
+        assert!(matches!(&e, EngineError::Invalid { param: Some(p), .. } if p == "vram_budget"), "{e}");
+        let e = e.to_string();
         assert!(e.starts_with("vram_budget must be") && e.contains("'big'"), "{e}");
-        assert!(slot_limits(&[0]).unwrap_err().contains("got 0"));
+        assert!(slot_limits(&[0]).unwrap_err().to_string().contains("got 0"));
         let u = ParamsUpdate { max_queue: Some(0), idle_timeout: Some(30), ..Default::default() };
         let s = settings(&u).unwrap();
         assert_eq!((s.max_queue, s.idle_timeout_ms), (Some(None), Some(Some(30_000))));

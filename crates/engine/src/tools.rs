@@ -44,7 +44,7 @@ pub async fn draw(rt: &Engine, model: &str, d: &Drawing<'_>, forwarded: &Forward
     d.sd.validate().map_err(|(m, _)| Failure(m))?;
     let mut req = json!({"prompt": d.sd.prompt_with(d.prompt), "n": d.n.unwrap_or(1), "output_format": "png"});
     if let Some(size) = d.size {
-        backends::sdcpp::parse_size(size).map_err(Failure)?;
+        backends::sdcpp::parse_size(size).map_err(|e| Failure(e.to_string()))?;
         req["size"] = size.into();
     }
     let answer = on(rt, model, Endpoint::ImageGenerations, forwarded, Payload::Json(req)).await?;
@@ -64,7 +64,7 @@ pub async fn redraw(
     let mut form =
         Form::new().text("prompt", prompt.to_string()).part("image[]", Part::bytes(data).file_name("image.png"));
     if let Some(size) = size {
-        backends::sdcpp::parse_size(size).map_err(Failure)?;
+        backends::sdcpp::parse_size(size).map_err(|e| Failure(e.to_string()))?;
         form = form.text("size", size.to_string());
     }
     let answer =

@@ -38,14 +38,9 @@ impl CapabilityCache {
     /// The capabilities of `program` (named `name` in messages), read from its `--help` and
     /// `--version` on first use and again only when the file changes. None when it lists no
     /// flags (not a help text) or cannot run: it is then built for as the newest lemonade knows.
-    /// `version` gives what its install says (`version.txt`, read only when the binary is
+    /// `version_file` holds what its install says (`version.txt`, read only when the binary is
     /// probed), used when `--version` says nothing.
-    pub async fn get(
-        &self,
-        program: &Path,
-        name: &str,
-        version: impl FnOnce() -> Option<String>,
-    ) -> Option<Arc<Capabilities>> {
+    pub async fn get(&self, program: &Path, name: &str, version_file: Option<&Path>) -> Option<Arc<Capabilities>> {
         let meta = std::fs::metadata(program).ok()?;
         let key = (meta.len(), meta.modified().ok());
         let kept = || match self.known.lock().get(program) {
@@ -59,7 +54,8 @@ impl CapabilityCache {
         if let Some(caps) = kept() {
             return caps;
         }
-        let caps = probe(program, name, version().as_deref(), self.confined).await.map(Arc::new);
+        let version = version_file.and_then(|f| std::fs::read_to_string(f).ok()).map(|t| t.trim().to_string());
+        let caps = probe(program, name, version.as_deref(), self.confined).await.map(Arc::new);
         match &caps {
             Some(c) => {
                 tracing::info!(program = %program.display(), version = %c.describe(), "read the backend's capabilities")
@@ -106,18 +102,20 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
         let cache = CapabilityCache::default();
-        let c = cache.get(&bin, "llama-server", || None).await.unwrap();
+        let c = cache.get(&bin, "llama-server", None).await.unwrap();
         assert!(c.has("--no-mmap") && c.describe() == "llama-server b9093");
         std::fs::remove_file(&bin).unwrap();
-        assert!(cache.get(&bin, "llama-server", || None).await.is_none(), "a file that is gone is no binary");
+        assert!(cache.get(&bin, "llama-server", None).await.is_none(), "a file that is gone is no binary");
         std::fs::write(&bin, script("--load-mode-and-more")).unwrap();
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let c = cache.get(&bin, "llama-server", || None).await.unwrap();
+        let c = cache.get(&bin, "llama-server", None).await.unwrap();
         assert!(c.has("--load-mode-and-more") && !c.has("--no-mmap"), "a changed file is read again");
         let none = dir.path().join("quiet");
         std::fs::write(&none, "#!/bin/sh\necho '-m MODEL'\nexit 101\n").unwrap();
         std::fs::set_permissions(&none, std::fs::Permissions::from_mode(0o755)).unwrap();
-        assert!(cache.get(&none, "x", || Some("v1".into())).await.is_none());
+        let version = dir.path().join("version.txt");
+        std::fs::write(&version, "v1\n").unwrap();
+        assert!(cache.get(&none, "x", Some(&version)).await.is_none());
     }
 
     #[tokio::test]
@@ -130,7 +128,7 @@ mod tests {
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
         // Unconfined: the stand-in counts its runs in a file, which a confined probe cannot write.
         let cache = CapabilityCache { confined: false, ..CapabilityCache::default() };
-        let all = futures_util::future::join_all((0..16).map(|_| cache.get(&bin, "llama-server", || None))).await;
+        let all = futures_util::future::join_all((0..16).map(|_| cache.get(&bin, "llama-server", None))).await;
         assert!(all.iter().all(|c| c.as_ref().is_some_and(|c| c.has("--no-mmap"))));
         let n = std::fs::read_to_string(&runs).unwrap().lines().count();
         assert_eq!(n, 2, "one --help and one --version for 16 requests");

@@ -56,7 +56,7 @@ fn detect() -> Detected {
     hw.amd_dgpus = amd_dgpu.iter().map(|g| g.family.clone()).collect();
     let (nvidia_dgpu, nvidia_dgpu_error) = match nvidia_gpus() {
         Ok(list) => (list, None),
-        Err(e) => (Vec::new(), Some(e)),
+        Err(e) => (Vec::new(), Some(e.to_string())),
     };
     hw.nvidia_gpus = nvidia_dgpu.len();
     let amd_npu = amd_npu(&root.join("class/accel"), &processor);
@@ -147,19 +147,26 @@ pub fn nvidia_memory() -> Vec<crate::devices::NvidiaGpu> {
         .collect()
 }
 
-static NVML: OnceLock<Result<nvml_wrapper::Nvml, String>> = OnceLock::new();
-
-/// The NVML library, loaded once; the error says why it is unavailable (no driver here).
-fn nvml() -> Result<&'static nvml_wrapper::Nvml, String> {
-    NVML.get_or_init(|| nvml_wrapper::Nvml::init().map_err(|e| format!("NVML is unavailable: {e}")))
-        .as_ref()
-        .map_err(Clone::clone)
+/// Why no NVIDIA GPU is listed (shown as `gpu-memory`'s and the hardware's `error`).
+#[derive(Debug, thiserror::Error)]
+enum NoNvidia {
+    #[error("NVML is unavailable: {0}")]
+    Unavailable(&'static nvml_wrapper::error::NvmlError),
+    #[error("NVML device count failed: {0}")]
+    Count(nvml_wrapper::error::NvmlError),
 }
 
-fn nvidia_gpus() -> Result<Vec<GpuDevice>, String> {
+static NVML: OnceLock<Result<nvml_wrapper::Nvml, nvml_wrapper::error::NvmlError>> = OnceLock::new();
+
+/// The NVML library, loaded once; the error says why it is unavailable (no driver here).
+fn nvml() -> Result<&'static nvml_wrapper::Nvml, NoNvidia> {
+    NVML.get_or_init(nvml_wrapper::Nvml::init).as_ref().map_err(NoNvidia::Unavailable)
+}
+
+fn nvidia_gpus() -> Result<Vec<GpuDevice>, NoNvidia> {
     let nvml = nvml()?;
     let driver = nvml.sys_driver_version().unwrap_or_default();
-    let count = nvml.device_count().map_err(|e| format!("NVML device count failed: {e}"))?;
+    let count = nvml.device_count().map_err(NoNvidia::Count)?;
     Ok((0..count)
         .filter_map(|i| nvml.device_by_index(i).ok())
         .map(|d| GpuDevice {
@@ -176,11 +183,11 @@ fn nvidia_gpus() -> Result<Vec<GpuDevice>, String> {
 pub fn gpu_memory() -> (Vec<GpuInfo>, Option<String>) {
     let nvml = match nvml() {
         Ok(n) => n,
-        Err(e) => return (Vec::new(), Some(e)),
+        Err(e) => return (Vec::new(), Some(e.to_string())),
     };
     let count = match nvml.device_count() {
         Ok(c) => c,
-        Err(e) => return (Vec::new(), Some(format!("NVML device count failed: {e}"))),
+        Err(e) => return (Vec::new(), Some(NoNvidia::Count(e).to_string())),
     };
     let mut out = Vec::new();
     for i in 0..count {

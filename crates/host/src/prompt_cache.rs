@@ -34,6 +34,23 @@ pub fn read_tokens(path: &Path) -> Option<Vec<i32>> {
     backends::prompt_cache::saved_tokens(&head)
 }
 
+/// Why a slot file is not kept, or not trusted (logged: the cache never fails a request).
+#[derive(Debug, thiserror::Error)]
+pub enum SlotFileError {
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("{file} has {len} bytes, its entry says {entry}")]
+    Size { file: String, len: u64, entry: u64 },
+    #[error("{file} does not match its sha256")]
+    Sha256 { file: String },
+    #[error("{file} is not a slot file this version reads")]
+    Unreadable { file: String },
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    #[error("the cache's file task failed: {0}")]
+    Task(String),
+}
+
 /// The cache directory, and what it holds per model (kept in memory, so `health` reads it
 /// without touching the disk).
 #[derive(Clone, Debug)]
@@ -108,15 +125,16 @@ impl Store {
     }
 
     /// Checks a slot file against its entry (size, then sha256).
-    pub fn verify(&self, dir: &Path, e: &Entry) -> Result<(), String> {
+    pub fn verify(&self, dir: &Path, e: &Entry) -> Result<(), SlotFileError> {
         let p = dir.join(&e.file);
-        let len = std::fs::metadata(&p).map_err(|err| format!("{}: {err}", p.display()))?.len();
+        let io = |source| SlotFileError::Io { path: p.display().to_string(), source };
+        let len = std::fs::metadata(&p).map_err(io)?.len();
         if len != e.bytes {
-            return Err(format!("{} has {len} bytes, its entry says {}", e.file, e.bytes));
+            return Err(SlotFileError::Size { file: e.file.clone(), len, entry: e.bytes });
         }
-        let sha = crate::download::sha256_file(&p).map_err(|err| format!("{}: {err}", p.display()))?;
+        let sha = crate::download::sha256_file(&p).map_err(io)?;
         if sha != e.sha256 {
-            return Err(format!("{} does not match its sha256", e.file));
+            return Err(SlotFileError::Sha256 { file: e.file.clone() });
         }
         Ok(())
     }
@@ -125,13 +143,13 @@ impl Store {
     /// `material`) an entry: reads its tokens, hashes it, renames it into place, then writes
     /// its entry atomically. A file whose bytes an entry of the directory already holds is
     /// dropped and that entry marked used instead.
-    pub fn commit(&self, dir: &Path, file: &str, model: &str, material: &str) -> Result<Entry, String> {
+    pub fn commit(&self, dir: &Path, file: &str, model: &str, material: &str) -> Result<Entry, SlotFileError> {
         let part = dir.join(format!("{file}{PART}"));
-        let io = |err: std::io::Error| format!("{}: {err}", part.display());
+        let io = |source| SlotFileError::Io { path: part.display().to_string(), source };
         let bytes = std::fs::metadata(&part).map_err(io)?.len();
         let Some(token_ids) = read_tokens(&part) else {
             let _ = std::fs::remove_file(&part);
-            return Err(format!("{file} is not a slot file this version reads"));
+            return Err(SlotFileError::Unreadable { file: file.to_string() });
         };
         let e = Entry {
             model: model.into(),
@@ -149,7 +167,7 @@ impl Store {
         }
         let file = dir.join(&e.file);
         std::fs::rename(&part, &file).map_err(io)?;
-        let json = serde_json::to_vec_pretty(&e).map_err(|err| err.to_string())?;
+        let json = serde_json::to_vec_pretty(&e)?;
         write_atomic(&dir.join(format!("{}.json", e.file)), &json).map_err(io)?;
         self.refresh();
         Ok(e)
@@ -231,7 +249,7 @@ fn remove_files(dir: &Path, e: &Entry) {
 mod tests {
     use super::*;
 
-    fn commit(s: &Store, d: &Path, file: &str) -> Result<Entry, String> {
+    fn commit(s: &Store, d: &Path, file: &str) -> Result<Entry, SlotFileError> {
         s.commit(d, file, "m", "k")
     }
 
@@ -261,9 +279,9 @@ mod tests {
         let mut bytes = std::fs::read(d.join("a.bin")).unwrap();
         bytes[500] ^= 1;
         std::fs::write(d.join("a.bin"), &bytes).unwrap();
-        assert!(s.verify(&d, &e).unwrap_err().contains("sha256"));
+        assert!(s.verify(&d, &e).unwrap_err().to_string().contains("sha256"));
         std::fs::write(d.join("a.bin"), &bytes[..999]).unwrap();
-        assert!(s.verify(&d, &e).unwrap_err().contains("999 bytes"));
+        assert!(s.verify(&d, &e).unwrap_err().to_string().contains("999 bytes"));
         // The same bytes twice make one entry.
         std::fs::write(d.join("b.bin.part"), slot_file(&[1], 9, 10)).unwrap();
         let b = commit(&s, &d, "b.bin").unwrap();

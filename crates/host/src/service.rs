@@ -72,8 +72,12 @@ pub fn remove_unit(path: &Path) -> Result<bool, HostError> {
 
 /// `systemctl --user` failed, or could not run: what it said.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct SystemctlError(pub String);
+pub enum SystemctlError {
+    #[error("systemctl --user {args} failed ({status}): {said}")]
+    Failed { args: String, status: std::process::ExitStatus, said: String },
+    #[error("systemctl could not run: {0}")]
+    CannotRun(#[from] std::io::Error),
+}
 
 /// `systemctl --user ARGS`: its output when it succeeded.
 pub fn systemctl(args: &[&str]) -> Result<String, SystemctlError> {
@@ -81,9 +85,9 @@ pub fn systemctl(args: &[&str]) -> Result<String, SystemctlError> {
         Ok(o) if o.status.success() => Ok(String::from_utf8_lossy(&o.stdout).trim().to_string()),
         Ok(o) => {
             let said = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-            Err(SystemctlError(format!("systemctl --user {} failed ({}): {}", args.join(" "), o.status, said.trim())))
+            Err(SystemctlError::Failed { args: args.join(" "), status: o.status, said: said.trim().to_string() })
         }
-        Err(e) => Err(SystemctlError(format!("systemctl could not run: {e}"))),
+        Err(e) => Err(SystemctlError::CannotRun(e)),
     }
 }
 

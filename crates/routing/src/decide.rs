@@ -39,7 +39,9 @@ pub enum Outcome {
 }
 
 /// A classifier whose scores the evaluation reached and does not have.
-struct Needs(String);
+struct Needs {
+    classifier: String,
+}
 
 struct Eval<'a> {
     policy: &'a Policy,
@@ -71,7 +73,7 @@ pub fn decide(policy: &Policy, features: &Features, scores: &BTreeMap<String, Sc
     };
     for rule in &policy.rules {
         match e.eval(&rule.cond) {
-            Err(Needs(id)) => return Outcome::Needs(id),
+            Err(Needs { classifier }) => return Outcome::Needs(classifier),
             Ok(true) => {
                 return Outcome::Decided(decision(&rule.route_to, &rule.id, false, rule.outputs.clone(), e.trace));
             }
@@ -153,7 +155,7 @@ impl Eval<'_> {
 
     fn band(&mut self, id: &str, label: Option<&str>, min: Option<f64>, max: Option<f64>) -> Result<bool, Needs> {
         let c: &Classifier = self.policy.classifier(id).expect("checked when parsed");
-        let Some(score) = self.scores.get(id) else { return Err(Needs(id.to_string())) };
+        let Some(score) = self.scores.get(id) else { return Err(Needs { classifier: id.to_string() }) };
         let label = label.or(c.default_label.as_deref());
         let (result, value) = if score.ok {
             let v = match label {

@@ -98,7 +98,7 @@ fn checked(n: Option<u32>, size: Option<&str>, format: Option<&str>, sd: &SdPara
         return Err(ApiError::bad_request(format!("Invalid value for 'n': expected 1 to 10, got {n}"), Some("n")));
     }
     if let Some(size) = size {
-        sdcpp::parse_size(size).map_err(|e| ApiError::bad_request(e, Some("size")))?;
+        sdcpp::parse_size(size).map_err(|e| ApiError::bad_request(e.to_string(), Some("size")))?;
     }
     if let Some(f) = format.filter(|f| *f != "b64_json") {
         let msg = format!(
