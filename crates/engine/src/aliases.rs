@@ -29,19 +29,19 @@ pub fn list(rt: &Engine) -> AliasList {
 
 /// `POST /internal/aliases`: creates or repoints an alias (400 naming a missing or bad field,
 /// or an alias that takes a model's name).
-pub fn set(rt: &Engine, req: &AliasRequest) -> Result<AliasResponse> {
+pub async fn set(rt: &Engine, req: &AliasRequest) -> Result<AliasResponse> {
     let alias = req.alias.as_deref().filter(|a| !a.is_empty());
     let alias = alias.ok_or_else(|| EngineError::invalid("Missing required field 'alias'", Some("alias")))?;
     let target = req.target.as_deref().or(req.model.as_deref()).filter(|t| !t.is_empty());
     let target = target.ok_or_else(|| EngineError::invalid("Missing required field 'target'", Some("target")))?;
     let params = variant(req)?;
-    rt.catalogue.set_alias(alias, Some(target), params.as_ref())?;
+    rt.catalogue.set_alias(alias, Some(target), params.as_ref()).await?;
     Ok(AliasResponse { status: "ok".into(), alias: alias.into(), target: Some(target.into()) })
 }
 
 /// `DELETE /internal/aliases/{alias}` (404 when there is no such alias).
-pub fn remove(rt: &Engine, alias: &str) -> Result<AliasResponse> {
-    if !rt.catalogue.set_alias(alias, None, None)? {
+pub async fn remove(rt: &Engine, alias: &str) -> Result<AliasResponse> {
+    if !rt.catalogue.set_alias(alias, None, None).await? {
         return Err(EngineError::Missing { what: crate::error::Thing::Alias, name: alias.to_string() });
     }
     Ok(AliasResponse { status: "deleted".into(), alias: alias.into(), target: None })

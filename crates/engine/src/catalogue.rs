@@ -100,7 +100,7 @@ impl Catalogue {
 
     fn first_scan(&self) -> Result<()> {
         let t = Instant::now();
-        let r = self.reload();
+        let r = self.reload_now();
         if r.is_ok() {
             let reads = self.headers.as_ref().map_or(0, |h| h.reads());
             let models = self.current.read().models().count();
@@ -140,9 +140,26 @@ impl Catalogue {
         self.cfg.read().cache_dir.clone()
     }
 
+    /// Runs `f` (a mutation: a file write and a rescan under the writer lock) off the async
+    /// threads. Every mutation the engine calls from async code goes through here, so a slow
+    /// disk or a long rescan never stalls a runtime thread.
+    async fn off_thread<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&Catalogue) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || f(&me))
+            .await
+            .map_err(|e| EngineError::Internal(format!("a catalogue change did not run: {e}")))?
+    }
+
     /// Scans `dir` as the extra models dir from now on (None: none), and publishes the scan
     /// before it returns.
-    pub fn set_extra_models_dir(&self, dir: Option<std::path::PathBuf>) -> Result<()> {
+    pub async fn set_extra_models_dir(self: &Arc<Self>, dir: Option<std::path::PathBuf>) -> Result<()> {
+        self.off_thread(move |c| c.set_extra_models_dir_now(dir)).await
+    }
+
+    fn set_extra_models_dir_now(&self, dir: Option<std::path::PathBuf>) -> Result<()> {
         let _one = self.writer.lock();
         self.cfg.write().extra_models_dir = dir;
         self.rescan()
@@ -170,7 +187,11 @@ impl Catalogue {
     }
 
     /// Reads the disk again (after files changed) and publishes what it found.
-    pub fn reload(&self) -> Result<()> {
+    pub async fn reload(self: &Arc<Self>) -> Result<()> {
+        self.off_thread(|c| c.reload_now()).await
+    }
+
+    fn reload_now(&self) -> Result<()> {
         let _one = self.writer.lock();
         self.rescan()
     }
@@ -199,7 +220,12 @@ impl Catalogue {
 
     /// Registers (or re-registers) the `user.*` model `name` with `entry`; returns it as the
     /// catalogue now sees it.
-    pub fn register(&self, name: &str, entry: &CatalogueEntry) -> Result<ModelInfo> {
+    pub async fn register(self: &Arc<Self>, name: &str, entry: &CatalogueEntry) -> Result<ModelInfo> {
+        let (name, entry) = (name.to_string(), entry.clone());
+        self.off_thread(move |c| c.register_now(&name, &entry)).await
+    }
+
+    fn register_now(&self, name: &str, entry: &CatalogueEntry) -> Result<ModelInfo> {
         self.save_user(name, entry)?;
         self.get(name)
     }
@@ -213,7 +239,12 @@ impl Catalogue {
     }
 
     /// Registers (or replaces) the collection `name` with `entry`.
-    pub fn register_collection(&self, name: &str, entry: &CatalogueEntry) -> Result<()> {
+    pub async fn register_collection(self: &Arc<Self>, name: &str, entry: &CatalogueEntry) -> Result<()> {
+        let (name, entry) = (name.to_string(), entry.clone());
+        self.off_thread(move |c| c.register_collection_now(&name, &entry)).await
+    }
+
+    fn register_collection_now(&self, name: &str, entry: &CatalogueEntry) -> Result<()> {
         self.save_user(name, entry)?;
         match self.registry().collection(name) {
             Some(_) => Ok(()),
@@ -222,15 +253,30 @@ impl Catalogue {
     }
 
     /// Forgets a `user.*` registration (its files are the caller's to remove).
-    pub fn unregister(&self, name: &str) -> Result<()> {
-        let Some(key) = name.strip_prefix(USER_PREFIX) else { return self.reload() };
+    pub async fn unregister(self: &Arc<Self>, name: &str) -> Result<()> {
+        let name = name.to_string();
+        self.off_thread(move |c| c.unregister_now(&name)).await
+    }
+
+    fn unregister_now(&self, name: &str) -> Result<()> {
+        let Some(key) = name.strip_prefix(USER_PREFIX) else { return self.reload_now() };
         self.mutate(|| host::files::save_user_model(&self.cache_dir(), key, None))
     }
 
     /// Points `alias` at `target` (None: removes it), a parameter variant when `params` is given.
     /// An alias may not take a model's name, nor a reserved prefix; its target need not exist
     /// yet. Returns whether the alias existed.
-    pub fn set_alias(
+    pub async fn set_alias(
+        self: &Arc<Self>,
+        alias: &str,
+        target: Option<&str>,
+        params: Option<&api_types::AliasParams>,
+    ) -> Result<bool> {
+        let (alias, target, params) = (alias.to_string(), target.map(str::to_string), params.cloned());
+        self.off_thread(move |c| c.set_alias_now(&alias, target.as_deref(), params.as_ref())).await
+    }
+
+    fn set_alias_now(
         &self,
         alias: &str,
         target: Option<&str>,
@@ -263,7 +309,16 @@ impl Catalogue {
     /// Replaces `name`'s entry in `recipe_options.json` with what `change` makes of it as
     /// written (None: removes it). Read, change and write are one step: two changes never
     /// lose each other's keys.
-    pub fn update_options(
+    pub async fn update_options(
+        self: &Arc<Self>,
+        name: &str,
+        change: impl FnOnce(Map<String, Value>) -> Option<Map<String, Value>> + Send + 'static,
+    ) -> Result<()> {
+        let name = name.to_string();
+        self.off_thread(move |c| c.update_options_now(&name, change)).await
+    }
+
+    fn update_options_now(
         &self,
         name: &str,
         change: impl FnOnce(Map<String, Value>) -> Option<Map<String, Value>>,
@@ -323,14 +378,14 @@ mod tests {
         disk.store(1, Ordering::SeqCst);
         let a = {
             let cat = cat.clone();
-            std::thread::spawn(move || cat.reload().unwrap())
+            std::thread::spawn(move || cat.reload_now().unwrap())
         };
         entered_rx.recv_timeout(Duration::from_secs(10)).expect("the first reload scans");
         // The disk changes again while the first scan runs; a second reload starts.
         disk.store(2, Ordering::SeqCst);
         let b = {
             let cat = cat.clone();
-            std::thread::spawn(move || cat.reload().unwrap())
+            std::thread::spawn(move || cat.reload_now().unwrap())
         };
         // The second reload must not scan while the first holds the writer: watched for 100 ms
         // (without the lock it scans at once, sees disk 2 and publishes before the first).

@@ -57,7 +57,7 @@ async fn run(rt: Engine, m: ModelInfo, id: String, mut stop: watch::Receiver<Sto
     }
     // The failure, if the download (or the rescan after it) failed.
     let failed: Option<String> = match outcome {
-        Ok(Ok(_)) => rt.catalogue.reload().err().map(|e| e.to_string()),
+        Ok(Ok(_)) => rt.catalogue.reload().await.err().map(|e| e.to_string()),
         Ok(Err(e)) => Some(e.to_string()),
         Err(_) => None,
     };

@@ -177,10 +177,13 @@ pub async fn set(rt: &Engine, update: &Map<String, Value>) -> Result<Map<String,
     if options.llamacpp_backend.is_none() {
         options.llamacpp_backend = Some("cpu".into());
     }
-    let file = host::files::load_config(&rt.cfg.cache_dir)?;
-    host::files::save_config(&rt.cfg.cache_dir, &keys::updated_file(&file, update))?;
+    let (dir, changes) = (rt.cfg.cache_dir.clone(), update.clone());
+    let save = move || host::files::save_config(&dir, &keys::updated_file(&host::files::load_config(&dir)?, &changes));
+    tokio::task::spawn_blocking(save)
+        .await
+        .map_err(|e| EngineError::Internal(format!("the configuration was not saved: {e}")))??;
     if let Some(dir) = apply_server(&rt.cfg, &resolved) {
-        rt.catalogue.set_extra_models_dir(dir)?;
+        rt.catalogue.set_extra_models_dir(dir).await?;
     }
     rt.cfg.live.set_options(options);
     if let Some(mode) = sandbox {

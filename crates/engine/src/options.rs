@@ -66,7 +66,7 @@ fn clear_empty_args(p: &mut OptionsPatch) {
 /// `null` removes) without loading anything; with `dry_run`, saves nothing and shows the
 /// options the save would give. A 400 names an unknown option, one of another recipe, a
 /// value of the wrong type or out of range; nothing of a refused body is saved.
-pub fn save(rt: &Engine, info: &ModelInfo, body: &Map<String, Value>) -> Result<ModelOptions> {
+pub async fn save(rt: &Engine, info: &ModelInfo, body: &Map<String, Value>) -> Result<ModelOptions> {
     let dry_run = match body.get("dry_run") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -82,7 +82,7 @@ pub fn save(rt: &Engine, info: &ModelInfo, body: &Map<String, Value>) -> Result<
     backends::options::check(&p.set).map_err(refused)?;
     crate::devices::check(rt.lifecycle.devices(), &p.set)?;
     crate::draft::check(&rt.catalogue, info, &p.set)?;
-    let merge = |mut entry: Map<String, Value>| {
+    let merge = move |mut entry: Map<String, Value>| {
         entry.extend(p.set.to_map());
         for k in &p.cleared {
             entry.remove(k.as_str());
@@ -94,26 +94,29 @@ pub fn save(rt: &Engine, info: &ModelInfo, body: &Map<String, Value>) -> Result<
         let after = merge(on_disk.clone());
         return Ok(view_with(rt, info, &LoadOptions::from_map_lossy(&after).0, on_disk));
     }
-    rt.catalogue.update_options(&info.name, |e| Some(merge(e)).filter(|e| !e.is_empty()))?;
+    rt.catalogue.update_options(&info.name, move |e| Some(merge(e)).filter(|e| !e.is_empty())).await?;
     Ok(view(rt, &rt.catalogue.get(&info.name)?))
 }
 
 /// `DELETE /models/{id}/options`: erases the model's saved entry.
-pub fn reset(rt: &Engine, info: &ModelInfo) -> Result<ModelOptions> {
-    rt.catalogue.update_options(&info.name, |_| None)?;
+pub async fn reset(rt: &Engine, info: &ModelInfo) -> Result<ModelOptions> {
+    rt.catalogue.update_options(&info.name, |_| None).await?;
     Ok(view(rt, &rt.catalogue.get(&info.name)?))
 }
 
 /// `/load` with `save_options`: the request's values replace the saved entry, except that a
 /// key the request set to `null` keeps its saved value (v11).
-pub fn save_from_load(rt: &Engine, name: &str, p: &OptionsPatch) -> Result<()> {
-    rt.catalogue.update_options(name, |old| {
-        let mut entry = p.set.to_map();
-        for k in &p.cleared {
-            if let Some(v) = old.get(k.as_str()) {
-                entry.insert(k.as_str().to_string(), v.clone());
+pub async fn save_from_load(rt: &Engine, name: &str, p: &OptionsPatch) -> Result<()> {
+    let p = p.clone();
+    rt.catalogue
+        .update_options(name, move |old| {
+            let mut entry = p.set.to_map();
+            for k in &p.cleared {
+                if let Some(v) = old.get(k.as_str()) {
+                    entry.insert(k.as_str().to_string(), v.clone());
+                }
             }
-        }
-        Some(entry)
-    })
+            Some(entry)
+        })
+        .await
 }

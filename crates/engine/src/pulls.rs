@@ -24,7 +24,7 @@ fn hub(rt: &Engine) -> Hub {
 }
 
 /// Validates the request and registers a new `user.*` model; returns the model to download.
-pub fn resolve(rt: &Engine, req: &PullRequest) -> Result<ModelInfo> {
+pub async fn resolve(rt: &Engine, req: &PullRequest) -> Result<ModelInfo> {
     let name = req.model.clone().or_else(|| req.model_name.clone()).filter(|n| !n.is_empty());
     let name = name.ok_or_else(|| EngineError::invalid("Missing required field 'model'", Some("model")))?;
     let checkpoint = req
@@ -124,11 +124,11 @@ pub fn resolve(rt: &Engine, req: &PullRequest) -> Result<ModelInfo> {
         ..Default::default()
     };
     // Registered before the download, so a failed download can be resumed by name.
-    let info = rt.catalogue.register(&name, &entry)?;
+    let info = rt.catalogue.register(&name, &entry).await?;
     match options {
         // v9: the pull's options replace the model's saved entry.
         Some(o) => {
-            rt.catalogue.update_options(&name, |_| Some(o.to_map()))?;
+            rt.catalogue.update_options(&name, move |_| Some(o.to_map())).await?;
             rt.catalogue.get(&name)
         }
         None => Ok(info),
@@ -159,7 +159,7 @@ pub async fn ensure_downloaded(rt: &Engine, m: &ModelInfo) -> Result<ModelInfo> 
     tokio::time::timeout(rt.cfg.live.pull_timeout(), download(rt, m, None)).await.map_err(|_| {
         EngineError::Hub(HubFailure::PullTimedOut { model: m.name.clone(), secs: rt.cfg.live.pull_timeout().as_secs() })
     })??;
-    rt.catalogue.reload()?;
+    rt.catalogue.reload().await?;
     tracing::info!(model = %m.name, secs = t.elapsed().as_secs_f64(), "pulled");
     let pulled = rt.catalogue.get(&m.name)?;
     if !pulled.downloaded {
@@ -227,7 +227,7 @@ async fn download_files(rt: &Engine, m: &ModelInfo, events: Option<&mpsc::Sender
 /// [`download`] then the registry reloaded, so the model counts as downloaded.
 pub async fn pull_now(rt: &Engine, m: &ModelInfo) -> Result<()> {
     download(rt, m, None).await?;
-    rt.catalogue.reload()
+    rt.catalogue.reload().await
 }
 
 /// [`download`] in its own task, its events on the returned channel (ending with `Complete`
@@ -238,7 +238,7 @@ pub fn pull_in_background(rt: &Engine, m: ModelInfo) -> mpsc::Receiver<PullEvent
     let rt = rt.clone();
     tokio::spawn(async move {
         let result = download(&rt, &m, Some(&tx)).await;
-        let reloaded = rt.catalogue.reload();
+        let reloaded = rt.catalogue.reload().await;
         let last = match (result, reloaded) {
             (Ok(total), Ok(())) => PullEvent::Complete { file: String::new(), index: total, total, bytes: 0 },
             (Err(e), _) | (Ok(_), Err(e)) => PullEvent::Error(e.to_string()),
@@ -283,7 +283,7 @@ pub async fn load(rt: &Engine, req: &LoadRequest) -> Result<ModelInfo> {
     crate::draft::check(&rt.catalogue, &info, &effective)?;
     rt.lifecycle.check_args(&info, &effective).await?;
     if req.save_options == Some(true) {
-        crate::options::save_from_load(rt, &info.name, &opts)?;
+        crate::options::save_from_load(rt, &info.name, &opts).await?;
     }
     if let Some(places) = &opts.set.spillover {
         rt.lifecycle.set_spillover(&info.name, Some(places.clone()));
@@ -337,12 +337,12 @@ pub async fn delete(rt: &Engine, m: &ModelInfo) -> Result<()> {
     }
     let _ = rt.lifecycle.unload(Some(&m.name)).await;
     host::hf_cache::remove_repo(&rt.cfg.hf_cache, &registry::Checkpoint::parse(&m.checkpoint).repo).await?;
-    rt.catalogue.unregister(&m.name)
+    rt.catalogue.unregister(&m.name).await
 }
 
 /// `POST /models/register` (Lemonade v11): registers or updates the `user.*` model `req`
 /// defines, downloading nothing; checked as a pull's registration is (a 400 names the field).
-pub fn register(rt: &Engine, req: &RegisterRequest) -> Result<ModelInfo> {
+pub async fn register(rt: &Engine, req: &RegisterRequest) -> Result<ModelInfo> {
     if req.model_name.is_empty() {
         return Err(EngineError::invalid("Missing required field 'model_name'", Some("model_name")));
     }
@@ -369,7 +369,7 @@ pub fn register(rt: &Engine, req: &RegisterRequest) -> Result<ModelInfo> {
         labels: req.labels.clone(),
         ..Default::default()
     };
-    resolve(rt, &pull)
+    resolve(rt, &pull).await
 }
 
 /// The id the listings show for `m`: its bare name when that name means `m`, else its own.

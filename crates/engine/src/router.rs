@@ -27,7 +27,7 @@ fn policy_error(e: routing::PolicyError) -> EngineError {
 /// `POST /pull` of a collection definition: checked as v11 checks it (a `user.` name, the
 /// policy, each component a registered model or a remote provider's, none of them a collection
 /// or the collection itself), then registered; nothing is downloaded. Re-pulling replaces it.
-pub fn register(rt: &Engine, req: &PullRequest) -> Result<String> {
+pub async fn register(rt: &Engine, req: &PullRequest) -> Result<String> {
     let name = req.model.clone().or_else(|| req.model_name.clone()).filter(|n| !n.is_empty());
     let name = name.ok_or_else(|| EngineError::invalid("Missing required field 'model'", Some("model")))?;
     if !name.starts_with(USER_PREFIX) {
@@ -65,7 +65,7 @@ pub fn register(rt: &Engine, req: &PullRequest) -> Result<String> {
         }
     };
     if let Some(models) = &req.models {
-        embedded(rt, models, &components)?;
+        embedded(rt, models, &components).await?;
     }
     check_components(rt, &name, &components)?;
     if omni.is_some() && crate::omni::planner(rt, &components).is_none() {
@@ -83,7 +83,7 @@ pub fn register(rt: &Engine, req: &PullRequest) -> Result<String> {
         labels: vec!["collection".into()],
         ..Default::default()
     };
-    rt.catalogue.register_collection(&name, &entry)?;
+    rt.catalogue.register_collection(&name, &entry).await?;
     Ok(name)
 }
 
@@ -129,7 +129,7 @@ fn check_components(rt: &Engine, name: &str, components: &[String]) -> Result<()
 /// A collection file's embedded component definitions (`models`, as `lemonade export` writes
 /// them): a component already registered here keeps its own definition; another is registered
 /// (downloading nothing) from its entry. Each must name one of `components`.
-fn embedded(rt: &Engine, models: &Value, components: &[String]) -> Result<()> {
+async fn embedded(rt: &Engine, models: &Value, components: &[String]) -> Result<()> {
     let Some(items) = models.as_array() else {
         return Err(EngineError::invalid("'models' must be an array of model definitions", Some("models")));
     };
@@ -144,7 +144,7 @@ fn embedded(rt: &Engine, models: &Value, components: &[String]) -> Result<()> {
             tracing::debug!(model = %def.model_name, "collection import: the component is registered; its own definition is kept");
             continue;
         }
-        crate::pulls::register(rt, &def).map_err(|e| match e {
+        crate::pulls::register(rt, &def).await.map_err(|e| match e {
             EngineError::Invalid { message, .. } => EngineError::invalid(message, Some(&param)),
             e => e,
         })?;

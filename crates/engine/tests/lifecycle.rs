@@ -267,7 +267,7 @@ async fn pull_events_come_in_order_and_a_failed_file_ends_with_an_error() {
         recipe: Some("llamacpp".into()),
         ..Default::default()
     };
-    let m = pulls::resolve(&s.engine, &req).unwrap();
+    let m = pulls::resolve(&s.engine, &req).await.unwrap();
     assert!(!m.downloaded);
     let mut rx = pulls::pull_in_background(&s.engine, m.clone());
     let mut events = Vec::new();
@@ -406,6 +406,7 @@ async fn per_model_options_merge_dry_run_refuse_and_reset_without_loading() {
         &info,
         &body(json!({"ctx_size": 2048, "llamacpp_args": "--no-mmap", "model_name": "ignored"})),
     )
+    .await
     .unwrap();
     assert_eq!(Value::Object(v.saved), json!({"ctx_size": 2048, "llamacpp_args": "--no-mmap"}));
     assert_eq!(
@@ -416,10 +417,10 @@ async fn per_model_options_merge_dry_run_refuse_and_reset_without_loading() {
     let file = std::fs::read_to_string(e.cfg.cache_dir.join("recipe_options.json")).unwrap();
     assert!(file.contains("--no-mmap"), "{file}");
 
-    let v = engine::options::save(e, &info, &body(json!({"llamacpp_args": null}))).unwrap();
+    let v = engine::options::save(e, &info, &body(json!({"llamacpp_args": null}))).await.unwrap();
     assert_eq!(Value::Object(v.saved), json!({"ctx_size": 2048}), "null removes only its key");
 
-    let dry = engine::options::save(e, &info, &body(json!({"ctx_size": -1, "dry_run": true}))).unwrap();
+    let dry = engine::options::save(e, &info, &body(json!({"ctx_size": -1, "dry_run": true}))).await.unwrap();
     assert_eq!((dry.effective["ctx_size"].clone(), Value::Object(dry.saved)), (json!(-1), json!({"ctx_size": 2048})));
     assert_eq!(engine::options::view(e, &info).effective["ctx_size"], 2048, "the dry run saved nothing");
 
@@ -431,7 +432,7 @@ async fn per_model_options_merge_dry_run_refuse_and_reset_without_loading() {
         (json!({"llamacpp_args": "--port 1"}), "llamacpp_args"),
         (json!({"ctx_size": 1024, "dry_run": "yes"}), "dry_run"),
     ] {
-        match engine::options::save(e, &info, &body(bad.clone())) {
+        match engine::options::save(e, &info, &body(bad.clone())).await {
             Err(EngineError::Invalid { param: Some(p), .. }) => assert_eq!(p, param, "{bad}"),
             other => panic!("{bad}: {other:?}"),
         }
@@ -442,7 +443,7 @@ async fn per_model_options_merge_dry_run_refuse_and_reset_without_loading() {
         "refused bodies saved nothing"
     );
 
-    let v = engine::options::reset(e, &info).unwrap();
+    let v = engine::options::reset(e, &info).await.unwrap();
     assert_eq!((Value::Object(v.saved), v.effective == v.defaults), (json!({}), true));
     assert_eq!(s.launcher.starts(A), 0, "no option call loads the model");
 }
@@ -455,7 +456,7 @@ async fn load_options_are_three_state_and_a_same_options_load_is_a_no_op() {
     let s = setup(|_| {});
     let e = &s.engine;
     let info = e.catalogue.get(A).unwrap();
-    engine::options::save(e, &info, &body(json!({"ctx_size": 2048, "llamacpp_args": "--no-mmap"}))).unwrap();
+    engine::options::save(e, &info, &body(json!({"ctx_size": 2048, "llamacpp_args": "--no-mmap"}))).await.unwrap();
     let load = |v: Value| {
         let mut v = v;
         v["model_name"] = json!(A);
@@ -544,14 +545,14 @@ async fn replaying_effective_as_a_load_keeps_the_backend_it_describes() {
     let e = &s.engine;
     let info = e.catalogue.get(A).unwrap();
     for (round, ctx) in [3072, -1].into_iter().enumerate() {
-        engine::options::reset(e, &info).unwrap();
-        engine::options::save(e, &info, &body(json!({"ctx_size": ctx, "llamacpp_args": "--no-mmap"}))).unwrap();
+        engine::options::reset(e, &info).await.unwrap();
+        engine::options::save(e, &info, &body(json!({"ctx_size": ctx, "llamacpp_args": "--no-mmap"}))).await.unwrap();
         let effective = engine::options::view(e, &info).effective;
         assert_eq!(effective["ctx_size"], ctx);
         let req: LoadRequest = serde_json::from_value(json!({"model_name": A})).unwrap();
         pulls::load(e, &req).await.unwrap();
         assert_eq!(s.launcher.starts(A), round + 1);
-        engine::options::reset(e, &info).unwrap();
+        engine::options::reset(e, &info).await.unwrap();
         let req: LoadRequest = serde_json::from_value(Value::Object(effective.clone())).unwrap();
         pulls::load(e, &req).await.unwrap();
         assert_eq!(

@@ -36,7 +36,7 @@ pub async fn set_alias(
     State(rt): State<AppState>,
     body: JsonBody<AliasRequest>,
 ) -> Result<Json<AliasResponse>, ApiError> {
-    Ok(Json(engine::aliases::set(&rt, &body.value)?))
+    Ok(Json(engine::aliases::set(&rt, &body.value).await?))
 }
 
 /// Removes an alias.
@@ -51,7 +51,7 @@ pub async fn delete_alias(
     State(rt): State<AppState>,
     Path(alias): Path<String>,
 ) -> Result<Json<AliasResponse>, ApiError> {
-    Ok(Json(engine::aliases::remove(&rt, &alias)?))
+    Ok(Json(engine::aliases::remove(&rt, &alias).await?))
 }
 
 /// The configuration in force.

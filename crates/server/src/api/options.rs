@@ -50,7 +50,7 @@ pub async fn get_options(rt: &AppState, id: &str) -> Result<Json<ModelOptions>, 
     ))]
 pub async fn save_options(rt: &AppState, id: &str, body: &Map<String, Value>) -> Result<Json<ModelOptions>, ApiError> {
     let info = rt.catalogue.get(id)?;
-    Ok(Json(engine::options::save(rt, &info, body)?))
+    Ok(Json(engine::options::save(rt, &info, body).await?))
 }
 
 /// Erases the model's saved options.
@@ -64,7 +64,7 @@ pub async fn save_options(rt: &AppState, id: &str, body: &Map<String, Value>) ->
     ))]
 pub async fn reset_options(rt: &AppState, id: &str) -> Result<Json<ModelOptions>, ApiError> {
     let info = rt.catalogue.get(id)?;
-    Ok(Json(engine::options::reset(rt, &info)?))
+    Ok(Json(engine::options::reset(rt, &info).await?))
 }
 
 /// POST on `/models/{*id}`: only `{id}/options` takes one.

@@ -31,12 +31,12 @@ use engine::pulls;
 pub async fn pull(State(rt): State<AppState>, body: JsonBody<PullRequest>) -> Result<Response, ApiError> {
     let req = body.value;
     if engine::router::is_collection_pull(&req) {
-        let name = engine::router::register(&rt, &req)?;
+        let name = engine::router::register(&rt, &req).await?;
         return Ok(
             Json(StatusResponse { status: "success".into(), model_name: Some(name), message: None }).into_response()
         );
     }
-    let m = pulls::resolve(&rt, &req)?;
+    let m = pulls::resolve(&rt, &req).await?;
     if req.do_not_upgrade == Some(true) && m.downloaded {
         return Ok(
             Json(StatusResponse { status: "success".into(), model_name: Some(m.name), message: None }).into_response()
@@ -71,7 +71,7 @@ pub async fn delete(
     let name = body.value.model.or(body.value.model_name).filter(|n| !n.is_empty());
     let name = name.ok_or_else(|| ApiError::bad_request("Missing required field 'model'", Some("model")))?;
     if let Some(c) = rt.catalogue.registry().collection(&name).cloned() {
-        rt.catalogue.unregister(&c.name)?;
+        rt.catalogue.unregister(&c.name).await?;
         let message = Some(format!("Deleted model: {}", c.name));
         return Ok(Json(StatusResponse { status: "success".into(), model_name: None, message }));
     }
@@ -98,7 +98,7 @@ pub async fn register(
     State(rt): State<AppState>,
     body: JsonBody<RegisterRequest>,
 ) -> Result<Json<RegisterResponse>, ApiError> {
-    let m = engine::pulls::register(&rt, &body.value)?;
+    let m = engine::pulls::register(&rt, &body.value).await?;
     let id = engine::pulls::public_id(&rt, &m);
     Ok(Json(RegisterResponse {
         status: "success".into(),
