@@ -114,20 +114,46 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// A file's code before its inline test module (`#[cfg(test)]` then `mod … {`); a
-/// `#[cfg(test)]` on anything else (a test-only module file's declaration) does not end it.
-fn before_tests(text: &str) -> &str {
-    let mut from = 0;
-    while let Some(at) = text[from..].find("#[cfg(test)]") {
-        let start = from + at;
-        let next = text[start + "#[cfg(test)]".len()..].trim_start();
-        let line = next.lines().next().unwrap_or("");
-        if line.contains("mod ") && line.trim_end().ends_with('{') {
-            return &text[..start];
-        }
-        from = start + 1;
+/// A file's code without its `#[cfg(test)]` items (an inline test module, a test-only
+/// function or `use`), each replaced by blank lines so line numbers stay true; the code after
+/// a test module is read like the rest.
+fn without_tests(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        out.push_str(&rest[..at]);
+        let item = &rest[at..];
+        // The item ends at its first `;` before any `{`, or at the `}` matching its first `{`.
+        let semi = item.find(';');
+        let brace = item.find('{');
+        let end = match (semi, brace) {
+            (Some(s), Some(b)) if s < b => s + 1,
+            (Some(s), None) => s + 1,
+            (_, Some(b)) => {
+                let mut depth = 0;
+                let mut end = item.len();
+                for (i, c) in item[b..].char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                end = b + i + 1;
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                end
+            }
+            (None, None) => item.len(),
+        };
+        out.push_str(&"\n".repeat(item[..end].matches('\n').count()));
+        rest = &item[end..];
     }
-    text
+    out.push_str(rest);
+    out
 }
 
 /// The code of a file, without comments (line comments; doc comments are line comments).
@@ -204,7 +230,7 @@ fn every_function_of_the_handlers_is_short() {
     for f in files {
         let text = std::fs::read_to_string(&f).unwrap();
         // Test modules are not handlers.
-        let code = before_tests(&text);
+        let code = without_tests(&text);
         let lines: Vec<&str> = code.lines().collect();
         let mut i = 0;
         while i < lines.len() {
@@ -232,16 +258,23 @@ fn every_function_of_the_handlers_is_short() {
 }
 
 /// The modules of `src` (a crate's source folder) as a graph: module → the modules it uses.
-/// A file's module is its first path component under `src` (`api/x.rs` is `api`). Edges:
-/// `crate::m…` and `use crate::{m, …}` for a module `m`; `crate::Item` of an item the crate
-/// root defines or re-exports is an edge to `lib`; and `lib.rs` itself uses `m` by `m::…`.
+/// A file's module is its first path component under `src` (`foo/x.rs` is `foo`), except that
+/// each file of the server's handler folder is a module of its own (`api/x.rs` is `api/x`, and
+/// `api/mod.rs` is `api`). Edges: `crate::m…` and `use crate::{m, …}` for a module `m`
+/// (`crate::api::x` and `super::x` from a handler are `api/x`); `crate::Item` of an item the
+/// crate root defines or re-exports is an edge to `lib`; and `lib.rs` itself uses `m` by `m::…`.
 fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut files = Vec::new();
     rust_files(src, &mut files);
     let module_of = |f: &Path| -> String {
         let rel = f.strip_prefix(src).unwrap();
-        let first = rel.components().next().unwrap().as_os_str().to_string_lossy().to_string();
-        first.trim_end_matches(".rs").to_string()
+        let parts: Vec<String> =
+            rel.components().map(|c| c.as_os_str().to_string_lossy().trim_end_matches(".rs").to_string()).collect();
+        match parts.as_slice() {
+            [dir, file] if dir == "api" && file != "mod" => format!("api/{file}"),
+            [first, ..] => first.clone(),
+            [] => unreachable!(),
+        }
     };
     let modules: BTreeSet<String> = files.iter().map(|f| module_of(f)).collect();
     let ident = |s: &str| -> String { s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect() };
@@ -249,17 +282,48 @@ fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     for f in &files {
         let m = module_of(f);
         let text = std::fs::read_to_string(f).unwrap();
-        // Imports in test modules do not count: tests may reach anywhere.
-        let code = before_tests(&text);
+        // Imports in test items do not count: tests may reach anywhere. A `use` over several
+        // lines is read as one line.
+        let code = joined_uses(&without_tests(&text));
         let mut add = |target: String| {
             if target != m && !target.is_empty() {
                 edges.entry(m.clone()).or_default().insert(target);
             }
         };
-        for (_, line) in code_lines(code) {
-            let mut targets: Vec<String> = line.split("crate::").skip(1).map(ident).collect();
-            if let Some(group) = line.split("crate::{").nth(1) {
-                targets.extend(group.split(['}', ',']).map(|s| ident(s.trim())));
+        for (_, line) in code_lines(&code) {
+            let mut paths: Vec<&str> = line.split("crate::").skip(1).collect();
+            let group: Vec<String> = line
+                .split("crate::{")
+                .nth(1)
+                .map(|g| g.split('}').next().unwrap_or("").split(',').map(|s| s.trim().to_string()).collect())
+                .unwrap_or_default();
+            paths.extend(group.iter().map(String::as_str));
+            let mut targets: Vec<String> = Vec::new();
+            for p in paths {
+                let first = ident(p);
+                if first == "api" {
+                    // `api::x…` or `api::{x, y}`: each handler named, else the folder's mod.rs.
+                    let rest = p["api".len()..].strip_prefix("::").unwrap_or("");
+                    let named: Vec<String> = if let Some(g) = rest.strip_prefix('{') {
+                        g.split('}').next().unwrap_or("").split(',').map(|s| ident(s.trim())).collect()
+                    } else {
+                        vec![ident(rest)]
+                    };
+                    let named: Vec<String> =
+                        named.into_iter().map(|n| format!("api/{n}")).filter(|n| modules.contains(n)).collect();
+                    if named.is_empty() {
+                        targets.push("api".into());
+                    }
+                    targets.extend(named);
+                } else {
+                    targets.push(first);
+                }
+            }
+            if m.starts_with("api/") {
+                for p in line.split("super::").skip(1) {
+                    let n = format!("api/{}", ident(p));
+                    targets.push(if modules.contains(&n) { n } else { "api".into() });
+                }
             }
             for t in targets.into_iter().filter(|t| !t.is_empty()) {
                 add(if modules.contains(&t) { t } else { "lib".to_string() });
@@ -278,6 +342,37 @@ fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
         }
     }
     edges
+}
+
+/// `code` with each `use …;` that spans lines joined into one line (blank lines keep the
+/// numbering).
+fn joined_uses(code: &str) -> String {
+    let mut out = Vec::new();
+    let mut open: Option<String> = None;
+    for line in code.lines() {
+        match open.take() {
+            Some(mut u) => {
+                u.push(' ');
+                u.push_str(line.trim());
+                if line.contains(';') {
+                    out.push(u);
+                } else {
+                    open = Some(u);
+                }
+                out.push(String::new());
+            }
+            None => {
+                let t = line.trim_start();
+                if (t.starts_with("use ") || t.starts_with("pub use ")) && !t.contains(';') {
+                    open = Some(line.to_string());
+                } else {
+                    out.push(line.to_string());
+                }
+            }
+        }
+    }
+    out.extend(open);
+    out.join("\n")
 }
 
 /// The first circle in `edges`, if any.
@@ -310,12 +405,13 @@ fn circle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
     edges.keys().find_map(|n| visit(n, edges, &mut Vec::new(), &mut done))
 }
 
-/// The server's, the engine's and the registry's modules form layers: no module imports one
+/// The server's (each handler file its own module), the engine's, the registry's and host's
+/// modules form layers: no module imports one
 /// that imports it back, directly or through others; the crate root (`lib`) is a module like
 /// any other.
 #[test]
 fn no_crate_has_modules_that_import_in_a_circle() {
-    for krate in ["server", "engine", "registry"] {
+    for krate in ["server", "engine", "registry", "host"] {
         let edges = module_graph(&root().join("crates").join(krate).join("src"));
         assert!(edges.contains_key("lib"), "{krate}: the crate root's uses were not read: {edges:#?}");
         if let Some(c) = circle(&edges) {
@@ -414,11 +510,11 @@ fn string_errors() -> Vec<(String, String, usize, String)> {
             continue;
         }
         let text = std::fs::read_to_string(f).unwrap();
-        let code = before_tests(&text);
+        let code = without_tests(&text);
         // The function the line is in (the last `fn name(` seen), for the allow-list.
         let mut within = String::new();
         let mut derives_error: u32 = 0;
-        for (n, line) in code_lines(code) {
+        for (n, line) in code_lines(&code) {
             if let Some(name) = line.split("fn ").nth(1).map(|r| r.split(['(', '<']).next().unwrap_or("")) {
                 if !line.contains("|") {
                     within = name.to_string();
@@ -512,7 +608,7 @@ fn load_options_are_read_as_fields() {
         {
             continue;
         }
-        for (n, line) in code_lines(before_tests(&text)) {
+        for (n, line) in code_lines(&without_tests(&text)) {
             let by_name = api_types::OptionKey::ALL.iter().any(|k| {
                 let w = k.as_str();
                 [
@@ -608,7 +704,7 @@ fn no_std_fs_in_async_fns() {
                 continue;
             }
             let text = std::fs::read_to_string(&f).unwrap();
-            let code: String = before_tests(&text)
+            let code: String = without_tests(&text)
                 .lines()
                 .map(|l| if l.trim_start().starts_with("//") { "" } else { l })
                 .collect::<Vec<_>>()
@@ -631,4 +727,94 @@ fn no_std_fs_in_async_fns() {
     let found: Vec<bool> =
         code[s..e].match_indices("std::fs::").map(|(at, _)| off_the_async_threads(&code[s..e], at)).collect();
     assert_eq!(found, [true, false]);
+}
+
+/// The layers docs/ARCHITECTURE.md states for `krate`: its line `- <krate>: a → {b, c} → d`
+/// under "Module layers", each group a list of module names (`api/*`: every handler file).
+fn documented_layers(krate: &str) -> Vec<Vec<String>> {
+    let doc = std::fs::read_to_string(root().join("docs/ARCHITECTURE.md")).unwrap();
+    let section =
+        doc.split("### Module layers").nth(1).expect("docs/ARCHITECTURE.md has a '### Module layers' section");
+    // A line and its continuations (indented lines after it).
+    let mut text = String::new();
+    let mut on = false;
+    for line in section.lines() {
+        if line.starts_with(&format!("- {krate}:")) {
+            on = true;
+            text.push_str(&line[krate.len() + 3..]);
+        } else if on && line.starts_with("  ") && !line.trim_start().starts_with("- ") {
+            text.push(' ');
+            text.push_str(line.trim());
+        } else if on {
+            break;
+        }
+    }
+    assert!(!text.is_empty(), "no '- {krate}:' line under '### Module layers'");
+    text.split('→')
+        .map(|g| {
+            g.trim()
+                .trim_end_matches('.')
+                .trim_matches(['{', '}'])
+                .split(',')
+                .map(|m| m.trim().trim_matches('`').to_string())
+                .filter(|m| !m.is_empty())
+                .collect()
+        })
+        .collect()
+}
+
+/// Each layer's modules, by the longest import path below it (for a failure's message).
+fn suggested_layers(edges: &BTreeMap<String, BTreeSet<String>>, modules: &BTreeSet<String>) -> String {
+    fn depth(m: &str, e: &BTreeMap<String, BTreeSet<String>>, memo: &mut BTreeMap<String, usize>) -> usize {
+        if let Some(d) = memo.get(m) {
+            return *d;
+        }
+        memo.insert(m.to_string(), 0);
+        let d = e.get(m).into_iter().flatten().map(|n| depth(n, e, memo) + 1).max().unwrap_or(0);
+        memo.insert(m.to_string(), d);
+        d
+    }
+    let mut memo = BTreeMap::new();
+    let mut by: BTreeMap<usize, Vec<&str>> = BTreeMap::new();
+    for m in modules {
+        by.entry(depth(m, edges, &mut memo)).or_default().push(m);
+    }
+    by.values().rev().map(|g| format!("{{{}}}", g.join(", "))).collect::<Vec<_>>().join(" → ")
+}
+
+/// docs/ARCHITECTURE.md's module layers for the server and the engine are true: every module
+/// is named in one layer, and each imports only modules of its own layer or of layers to its
+/// right.
+#[test]
+fn the_documented_layers_match_the_imports() {
+    for krate in ["server", "engine"] {
+        let edges = module_graph(&root().join("crates").join(krate).join("src"));
+        let layers = documented_layers(krate);
+        let mut modules: BTreeSet<String> = edges.keys().cloned().collect();
+        modules.extend(edges.values().flatten().cloned());
+        let mut files = Vec::new();
+        rust_files(&root().join("crates").join(krate).join("src"), &mut files);
+        let layer_of = |m: &str| -> Option<usize> {
+            layers.iter().position(|g| {
+                g.iter().any(|p| p == m || p.strip_suffix('*').is_some_and(|pre| m.starts_with(pre) && m != "api"))
+            })
+        };
+        let unnamed: Vec<&String> = modules.iter().filter(|m| layer_of(m).is_none()).collect();
+        let mut bad: Vec<String> = unnamed.iter().map(|m| format!("{m} is in no layer")).collect();
+        for (from, tos) in &edges {
+            for to in tos {
+                if let (Some(a), Some(b)) = (layer_of(from), layer_of(to)) {
+                    if b < a {
+                        bad.push(format!("{from} (layer {a}) imports {to} (layer {b})"));
+                    }
+                }
+            }
+        }
+        assert!(
+            bad.is_empty(),
+            "{krate}: docs/ARCHITECTURE.md's layers are not the code's:\n{}\nthe imports give: {}",
+            bad.join("\n"),
+            suggested_layers(&edges, &modules)
+        );
+    }
 }

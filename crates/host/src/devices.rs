@@ -10,32 +10,8 @@ use std::path::{Path, PathBuf};
 
 use api_types::ComputeDevice;
 
-/// One NVIDIA GPU as NVML reports it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
-pub struct NvidiaGpu {
-    pub name: String,
-    pub total_bytes: u64,
-    pub used_bytes: u64,
-    /// What NVML reports free (total less used and reserved); the stand-in may leave it out.
-    #[serde(default)]
-    pub free_bytes: Option<u64>,
-}
-
-impl NvidiaGpu {
-    pub fn free(&self) -> u64 {
-        self.free_bytes.unwrap_or(self.total_bytes.saturating_sub(self.used_bytes))
-    }
-}
-
-/// The stand-in root, if one is set.
-fn stand_in_root() -> Option<PathBuf> {
-    std::env::var_os("LEMONADE_HARDWARE_ROOT").filter(|v| !v.is_empty()).map(PathBuf::from)
-}
-
-/// The root of sysfs: `/sys`, or the stand-in tree's `sys`.
-pub fn sys_root() -> PathBuf {
-    stand_in_root().map_or_else(|| PathBuf::from("/sys"), |r| r.join("sys"))
-}
+use crate::hardware::stand_in_root;
+pub use crate::hardware::{sys_root, NvidiaGpu};
 
 /// The devices of this machine now (blocking: sysfs reads and NVML queries).
 pub fn compute_devices() -> Vec<ComputeDevice> {

@@ -2,7 +2,7 @@
 //! so a machine without the driver just has none), AMD GPUs and NPUs (sysfs: the KFD topology
 //! and the `amdxdna` accel driver, which no crate covers). Detected once per process.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
@@ -44,7 +44,7 @@ fn detect() -> Detected {
     let cores = System::physical_core_count().unwrap_or(threads);
     let cpu = CpuDevice { name: processor.clone(), cores, threads, available: true, family: hw.cpu_family.clone() };
 
-    let root = crate::devices::sys_root();
+    let root = sys_root();
     let (igpu, amd_dgpu) = amd_gpus(&root.join("class/kfd/kfd/topology/nodes"));
     let amd_igpu = match igpu {
         Some(g) => {
@@ -130,14 +130,14 @@ pub fn is_igpu(gfx: &str) -> bool {
 }
 
 /// Each NVIDIA GPU's name and memory from NVML (none without the driver).
-pub fn nvidia_memory() -> Vec<crate::devices::NvidiaGpu> {
+pub fn nvidia_memory() -> Vec<NvidiaGpu> {
     let Ok(nvml) = nvml() else { return Vec::new() };
     let count = nvml.device_count().unwrap_or(0);
     (0..count)
         .filter_map(|i| nvml.device_by_index(i).ok())
         .filter_map(|d| {
             let m = d.memory_info().ok()?;
-            Some(crate::devices::NvidiaGpu {
+            Some(NvidiaGpu {
                 name: d.name().unwrap_or_default(),
                 total_bytes: m.total,
                 used_bytes: m.used,
@@ -351,6 +351,33 @@ pub fn process_vram(pid: u32) -> Option<u64> {
 /// Bytes resident in memory of process `pid` (VmRSS), for measuring the estimate.
 pub fn process_rss(pid: u32) -> Option<u64> {
     Some(kib_field(&format!("/proc/{pid}/status"), "VmRSS:")? * 1024)
+}
+
+/// One NVIDIA GPU as NVML reports it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct NvidiaGpu {
+    pub name: String,
+    pub total_bytes: u64,
+    pub used_bytes: u64,
+    /// What NVML reports free (total less used and reserved); the stand-in may leave it out.
+    #[serde(default)]
+    pub free_bytes: Option<u64>,
+}
+
+impl NvidiaGpu {
+    pub fn free(&self) -> u64 {
+        self.free_bytes.unwrap_or(self.total_bytes.saturating_sub(self.used_bytes))
+    }
+}
+
+/// The stand-in root, if one is set.
+pub(crate) fn stand_in_root() -> Option<PathBuf> {
+    std::env::var_os("LEMONADE_HARDWARE_ROOT").filter(|v| !v.is_empty()).map(PathBuf::from)
+}
+
+/// The root of sysfs: `/sys`, or the stand-in tree's `sys`.
+pub fn sys_root() -> PathBuf {
+    stand_in_root().map_or_else(|| PathBuf::from("/sys"), |r| r.join("sys"))
 }
 
 #[cfg(test)]
