@@ -34,6 +34,7 @@ pub mod live;
 pub mod locks;
 pub mod mcp;
 pub mod metrics;
+pub mod models;
 pub mod omni;
 pub mod options;
 pub mod progress;
@@ -67,25 +68,74 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// The application. Cheap to clone: every part is shared.
 #[derive(Clone)]
 pub struct Engine {
-    pub cfg: Arc<Config>,
-    pub catalogue: Arc<Catalogue>,
-    pub lifecycle: Arc<Lifecycle>,
+    cfg: Arc<Config>,
+    catalogue: Arc<Catalogue>,
+    lifecycle: Arc<Lifecycle>,
     /// Remote OpenAI-compatible providers (recipe `cloud`).
-    pub remotes: Arc<Remotes>,
+    remotes: Arc<Remotes>,
     /// The upstreams' metrics spillover last read.
-    pub spill: Arc<remote::Scrapes>,
+    spill: Arc<remote::Scrapes>,
     /// The prompt cache's files (`<cache>/prompt-cache`).
-    pub prompt_cache: host::prompt_cache::Store,
+    prompt_cache: host::prompt_cache::Store,
     /// lemonade's own Prometheus metrics.
-    pub metrics: Arc<Metrics>,
+    metrics: Arc<Metrics>,
     /// One download per repository, one install per backend at a time.
-    pub locks: Arc<locks::Locks>,
+    locks: Arc<locks::Locks>,
     /// `config.json`'s writer (`POST /internal/set`, `POST /params`).
-    pub config: Arc<config::ConfigStore>,
+    config: Arc<config::ConfigStore>,
     /// Server-owned download jobs (`GET /downloads`).
-    pub downloads: Arc<downloads::Downloads>,
+    downloads: Arc<downloads::Downloads>,
     /// What the last update check found.
-    pub updates: Arc<updates::Updates>,
+    updates: Arc<updates::Updates>,
+}
+
+/// The engine's parts, for the layers above (the server, the CLI's `serve`, tests); inside the
+/// crate the fields are read directly.
+impl Engine {
+    /// The configuration, with its live (changeable) part.
+    pub fn cfg(&self) -> &Arc<Config> {
+        &self.cfg
+    }
+    /// The model catalogue.
+    pub fn catalogue(&self) -> &Arc<Catalogue> {
+        &self.catalogue
+    }
+    /// The models' lifecycle: loads, leases, the views.
+    pub fn lifecycle(&self) -> &Arc<Lifecycle> {
+        &self.lifecycle
+    }
+    /// Remote OpenAI-compatible providers.
+    pub fn remotes(&self) -> &Arc<Remotes> {
+        &self.remotes
+    }
+    /// The upstreams' metrics spillover last read.
+    pub fn spill(&self) -> &Arc<remote::Scrapes> {
+        &self.spill
+    }
+    /// The prompt cache's files.
+    pub fn prompt_cache(&self) -> &host::prompt_cache::Store {
+        &self.prompt_cache
+    }
+    /// lemonade's own Prometheus metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+    /// One download per repository, one install per backend at a time.
+    pub fn locks(&self) -> &Arc<locks::Locks> {
+        &self.locks
+    }
+    /// `config.json`'s writer.
+    pub fn config(&self) -> &Arc<config::ConfigStore> {
+        &self.config
+    }
+    /// Server-owned download jobs.
+    pub fn downloads(&self) -> &Arc<downloads::Downloads> {
+        &self.downloads
+    }
+    /// What the last update check found.
+    pub fn updates(&self) -> &Arc<updates::Updates> {
+        &self.updates
+    }
 }
 
 /// Where the catalogue is read from, for `cfg`.

@@ -48,7 +48,7 @@ fn setup_with(adjust: impl FnOnce(&mut Config), catalogue: impl FnOnce(&Config) 
 
 impl Setup {
     fn state(&self, model: &str) -> State {
-        self.engine.lifecycle.view().get(model).map(|v| v.state).unwrap_or(State::Unloaded)
+        self.engine.lifecycle().view().get(model).map(|v| v.state).unwrap_or(State::Unloaded)
     }
 
     /// Waits until `model` is in `state` (bounded); fails the test naming what it saw.
@@ -61,9 +61,9 @@ impl Setup {
     }
 
     async fn load(&self, model: &str, pin: Option<bool>) -> LoadOutcome {
-        let info = self.engine.catalogue.get(model).unwrap();
-        let options = self.engine.lifecycle.effective_options(&info, &Default::default());
-        self.engine.lifecycle.load(&info, options, pin, Default::default()).await
+        let info = self.engine.catalogue().get(model).unwrap();
+        let options = self.engine.lifecycle().effective_options(&info, &Default::default());
+        self.engine.lifecycle().load(&info, options, pin, Default::default()).await
     }
 }
 
@@ -78,11 +78,11 @@ async fn a_request_loads_the_model_and_its_lease_targets_that_process() {
         format!("{}/v1/chat/completions", engine::launcher::Process::base_url(&*procs[0]))
     );
     assert_eq!(s.state(A), State::Loaded);
-    let v = s.engine.lifecycle.view()[A].clone();
+    let v = s.engine.lifecycle().view()[A].clone();
     assert_eq!(v.in_flight, 1, "the lease holds the model");
     drop(lease);
     let deadline = tokio::time::Instant::now() + WITHIN;
-    while s.engine.lifecycle.view()[A].in_flight != 0 {
+    while s.engine.lifecycle().view()[A].in_flight != 0 {
         assert!(tokio::time::Instant::now() < deadline, "the dropped lease was never released");
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -105,7 +105,7 @@ async fn a_crashed_backend_is_reported_and_the_next_request_starts_a_new_one() {
     drop(s.engine.lease(LeaseRequest::new(A, Endpoint::ChatCompletions)).await.unwrap());
     s.launcher.processes(A)[0].crash();
     s.wait_state(A, State::Failed).await;
-    let error = s.engine.lifecycle.view()[A].last_error.clone().unwrap();
+    let error = s.engine.lifecycle().view()[A].last_error.clone().unwrap();
     assert!(error.contains("exited unexpectedly (exit code 1)"), "{error}");
     assert!(error.contains("fake backend extra.a.gguf log"), "the log tail is in the error: {error}");
     let lease = s.engine.lease(LeaseRequest::new(A, Endpoint::ChatCompletions)).await.unwrap();
@@ -122,14 +122,14 @@ async fn an_unload_during_a_load_cancels_it_and_stops_the_starting_process() {
     let load = {
         let e = s.engine.clone();
         tokio::spawn(async move {
-            let info = e.catalogue.get(A).unwrap();
-            let o = e.lifecycle.effective_options(&info, &Default::default());
-            e.lifecycle.load(&info, o, None, Default::default()).await
+            let info = e.catalogue().get(A).unwrap();
+            let o = e.lifecycle().effective_options(&info, &Default::default());
+            e.lifecycle().load(&info, o, None, Default::default()).await
         })
     };
     assert!(s.launcher.wait_until(WITHIN, |l| l.processes(A).len() == 1).await, "the load spawned its process");
     assert_eq!(s.state(A), State::Loading);
-    s.engine.lifecycle.unload(Some(A)).await.unwrap();
+    s.engine.lifecycle().unload(Some(A)).await.unwrap();
     assert_eq!(load.await.unwrap(), LoadOutcome::Cancelled, "the load is answered as cancelled, not loaded");
     assert!(s.launcher.processes(A)[0].was_stopped(), "the starting process was stopped");
     assert_eq!(s.state(A), State::Unloaded);
@@ -145,7 +145,7 @@ async fn an_unload_waits_for_the_request_in_flight_then_stops_the_backend() {
     let lease = s.engine.lease(LeaseRequest::new(A, Endpoint::ChatCompletions)).await.unwrap();
     let unload = {
         let e = s.engine.clone();
-        tokio::spawn(async move { e.lifecycle.unload(Some(A)).await })
+        tokio::spawn(async move { e.lifecycle().unload(Some(A)).await })
     };
     s.wait_state(A, State::Unloading).await;
     // While the lease is held, the backend serves on: watched for 100 ms.
@@ -171,11 +171,11 @@ async fn preload_loads_the_listed_models_in_order_without_a_request() {
         c.scheduler.limits = Some(scheduler::Limits::uniform(2));
     });
     pulls::preload(&s.engine);
-    assert_eq!(s.engine.lifecycle.loading(), vec![B.to_string(), A.to_string()], "both announced as loading");
+    assert_eq!(s.engine.lifecycle().loading(), vec![B.to_string(), A.to_string()], "both announced as loading");
     s.wait_state(A, State::Loaded).await;
     s.wait_state(B, State::Loaded).await;
     assert_eq!(s.launcher.spawn_order(), vec![B.to_string(), A.to_string()], "in the order given");
-    assert!(s.engine.lifecycle.loading().is_empty());
+    assert!(s.engine.lifecycle().loading().is_empty());
 }
 
 #[tokio::test]
@@ -233,7 +233,7 @@ async fn the_watchdog_kills_a_backend_that_stops_answering_and_reports_it() {
     drop(s.engine.lease(LeaseRequest::new(A, Endpoint::ChatCompletions)).await.unwrap());
     s.launcher.set_unhealthy(A, true);
     s.wait_state(A, State::Failed).await;
-    let error = s.engine.lifecycle.view()[A].last_error.clone().unwrap();
+    let error = s.engine.lifecycle().view()[A].last_error.clone().unwrap();
     assert!(error.contains("stopped answering its health checks"), "{error}");
 }
 
@@ -297,7 +297,7 @@ async fn pull_events_come_in_order_and_a_failed_file_ends_with_an_error() {
         _ => None,
     });
     assert_eq!(last_progress, Some((300_000, Some(300_000))), "the last progress says the file is whole");
-    assert!(s.engine.catalogue.get("user.tiny").unwrap().downloaded, "downloaded once Complete was sent");
+    assert!(s.engine.catalogue().get("user.tiny").unwrap().downloaded, "downloaded once Complete was sent");
 
     // The same model again, its file now corrupt on the Hub and gone from the cache.
     std::fs::remove_dir_all(tmp.path().join("hf")).unwrap();
@@ -336,7 +336,7 @@ async fn provider() -> String {
 async fn a_remote_models_lease_routes_to_its_provider_with_the_upstream_id_and_takes_no_slot() {
     let s = setup(|_| {});
     let url = provider().await;
-    let up = s.engine.remotes.install("up", Some(&url), None).await.unwrap();
+    let up = s.engine.remotes().install("up", Some(&url), None).await.unwrap();
     assert_eq!(up.models, vec!["up.up-model".to_string()]);
     let lease = s.engine.lease(LeaseRequest::new("up.up-model", Endpoint::ChatCompletions)).await.unwrap();
     match &lease.target {
@@ -347,7 +347,7 @@ async fn a_remote_models_lease_routes_to_its_provider_with_the_upstream_id_and_t
     }
     assert_eq!(lease.name(), "up.up-model", "the name the client asked for");
     assert_eq!(lease.url("/v1/chat/completions"), format!("{url}/v1/chat/completions"));
-    assert!(s.engine.lifecycle.view().is_empty(), "the scheduler never saw it");
+    assert!(s.engine.lifecycle().view().is_empty(), "the scheduler never saw it");
     assert!(s.launcher.spawn_order().is_empty());
     let e = s.engine.lease(LeaseRequest::new("up.other", Endpoint::ChatCompletions)).await.err().unwrap();
     assert!(e.to_string().contains("does not list 'other'; it offers: up.up-model"), "{e}");
@@ -373,7 +373,7 @@ async fn an_admin_load_racing_a_load_is_decided_on_the_state_the_owner_holds() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(s.engine.lifecycle.load_override(A), None, "a refused override is not recorded");
+    assert_eq!(s.engine.lifecycle().load_override(A), None, "a refused override is not recorded");
     s.launcher.release(A);
     request.await.unwrap().unwrap();
     // Loaded: a plain admin load leaves it as it is (no second process), overrides are refused.
@@ -394,7 +394,7 @@ fn body(v: Value) -> serde_json::Map<String, Value> {
 async fn per_model_options_merge_dry_run_refuse_and_reset_without_loading() {
     let s = setup(|_| {});
     let e = &s.engine;
-    let info = e.catalogue.get(A).unwrap();
+    let info = e.catalogue().get(A).unwrap();
     let fresh = engine::options::view(e, &info);
     assert_eq!(Value::Object(fresh.saved.clone()), json!({}));
     assert_eq!(fresh.effective, fresh.defaults, "nothing saved: effective is the defaults");
@@ -414,7 +414,7 @@ async fn per_model_options_merge_dry_run_refuse_and_reset_without_loading() {
         (json!(2048), json!("--no-mmap"))
     );
     assert_eq!(v.defaults["ctx_size"], 4096, "defaults do not move");
-    let file = std::fs::read_to_string(e.cfg.cache_dir.join("recipe_options.json")).unwrap();
+    let file = std::fs::read_to_string(e.cfg().cache_dir.join("recipe_options.json")).unwrap();
     assert!(file.contains("--no-mmap"), "{file}");
 
     let v = engine::options::save(e, &info, &body(json!({"llamacpp_args": null}))).await.unwrap();
@@ -455,7 +455,7 @@ async fn per_model_options_merge_dry_run_refuse_and_reset_without_loading() {
 async fn load_options_are_three_state_and_a_same_options_load_is_a_no_op() {
     let s = setup(|_| {});
     let e = &s.engine;
-    let info = e.catalogue.get(A).unwrap();
+    let info = e.catalogue().get(A).unwrap();
     engine::options::save(e, &info, &body(json!({"ctx_size": 2048, "llamacpp_args": "--no-mmap"}))).await.unwrap();
     let load = |v: Value| {
         let mut v = v;
@@ -500,37 +500,37 @@ async fn load_options_are_three_state_and_a_same_options_load_is_a_no_op() {
 async fn a_request_that_just_ended_does_not_make_its_model_spill_the_next_one() {
     let s = setup(|c| c.max_concurrent = Some(1));
     let url = provider().await;
-    s.engine.remotes.install("up", Some(&url), None).await.unwrap();
-    s.engine.lifecycle.set_spillover(A, Some(vec!["up.up-model".into()]));
-    let info = s.engine.catalogue.get(A).unwrap();
+    s.engine.remotes().install("up", Some(&url), None).await.unwrap();
+    s.engine.lifecycle().set_spillover(A, Some(vec!["up.up-model".into()]));
+    let info = s.engine.catalogue().get(A).unwrap();
     let lease = s.engine.lease(LeaseRequest::new(A, Endpoint::ChatCompletions)).await.unwrap();
     // Held: the model is saturated and the place (no metrics: it has capacity) takes the next.
     let (spilled, _) = engine::spill::place(&s.engine, &info).await.unwrap();
     assert!(spilled.is_some_and(|l| l.name() == "up.up-model"), "a saturated model spills");
     drop(lease);
-    assert_eq!(s.engine.lifecycle.view()[A].in_flight, 1, "the release is still queued");
+    assert_eq!(s.engine.lifecycle().view()[A].in_flight, 1, "the release is still queued");
     let (spilled, stayed) = engine::spill::place(&s.engine, &info).await.unwrap();
     assert!(spilled.is_none() && stayed.is_none(), "the ended request spilled the next one");
-    assert_eq!(s.engine.lifecycle.view()[A].in_flight, 0);
+    assert_eq!(s.engine.lifecycle().view()[A].in_flight, 0);
 }
 
 #[tokio::test]
 async fn a_backend_measured_past_its_estimates_is_counted_for_what_it_holds_in_memory_and_vram() {
     let s = setup(|_| {});
     s.load(A, None).await;
-    let estimate = s.engine.lifecycle.view()[A].memory;
+    let estimate = s.engine.lifecycle().view()[A].memory;
     let (rss, vram) = (estimate + (512 << 20), 3u64 << 30);
     s.launcher.measure(A, Some(rss), Some(vram));
     let deadline = tokio::time::Instant::now() + WITHIN;
     loop {
-        let v = s.engine.lifecycle.view()[A].clone();
+        let v = s.engine.lifecycle().view()[A].clone();
         if (v.memory, v.vram) == (rss, vram) {
             break;
         }
         assert!(tokio::time::Instant::now() < deadline, "never counted: {:?}", (v.memory, v.vram));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let snap = s.engine.lifecycle.metrics_snapshot();
+    let snap = s.engine.lifecycle().metrics_snapshot();
     assert_eq!(snap.in_use, [rss, vram], "the budgets count what it holds");
     let m = snap.models.iter().find(|m| m.name == A).unwrap();
     assert_eq!((m.memory, m.measured_vram), (Some((estimate, Some(rss))), Some(vram)));
@@ -543,7 +543,7 @@ async fn a_backend_measured_past_its_estimates_is_counted_for_what_it_holds_in_m
 async fn replaying_effective_as_a_load_keeps_the_backend_it_describes() {
     let s = setup(|_| {});
     let e = &s.engine;
-    let info = e.catalogue.get(A).unwrap();
+    let info = e.catalogue().get(A).unwrap();
     for (round, ctx) in [3072, -1].into_iter().enumerate() {
         engine::options::reset(e, &info).await.unwrap();
         engine::options::save(e, &info, &body(json!({"ctx_size": ctx, "llamacpp_args": "--no-mmap"}))).await.unwrap();

@@ -42,11 +42,14 @@ fn app_with(state: AppState, access: access::Access) -> Router {
     routes::router()
         .merge(SwaggerUi::new("/docs").url("/api/v1/openapi.json", openapi::document()))
         .layer(DefaultBodyLimit::max(state.http.body_limit))
-        .layer(axum::middleware::from_fn_with_state(propagate::Names::new(&state.cfg.session_header), propagate::layer))
-        .layer(axum::middleware::from_fn_with_state(state.catalogue.clone(), scanned))
+        .layer(axum::middleware::from_fn_with_state(
+            propagate::Names::new(&state.engine.cfg().session_header),
+            propagate::layer,
+        ))
+        .layer(axum::middleware::from_fn_with_state(state.engine.catalogue().clone(), scanned))
         .layer(axum::middleware::from_fn_with_state(Arc::new(access), access::layer))
         // Outermost, so refusals by access control are counted too.
-        .layer(axum::middleware::from_fn_with_state(state.metrics.clone(), metrics::layer))
+        .layer(axum::middleware::from_fn_with_state(state.engine.metrics().clone(), metrics::layer))
         .with_state(state)
 }
 
@@ -138,7 +141,7 @@ pub async fn serve(
     let mut rx = stop_rx.clone();
     let _ = rx.wait_for(|s| *s).await;
     tracing::info!("shutting down: stopping backends");
-    rt.shutdown().await;
+    rt.engine.shutdown().await;
     let drained = tokio::time::timeout(Duration::from_secs(10), async {
         while let Some(r) = servers.join_next().await {
             if let Ok(Err(e)) = r {

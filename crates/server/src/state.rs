@@ -1,7 +1,6 @@
 //! The state every handler gets: the engine (the application: catalogue, lifecycle, pulls,
 //! remote providers, prompt cache, metrics) and what only the HTTP layer needs.
 
-use std::ops::Deref;
 use std::sync::Arc;
 
 use engine::Engine;
@@ -43,14 +42,6 @@ pub struct AppState {
 impl AppState {
     pub fn new(engine: Engine, http: Http) -> AppState {
         AppState { engine, http: Arc::new(http) }
-    }
-}
-
-/// Handlers call the engine's parts through the state (`rt.catalogue`, `rt.lifecycle`).
-impl Deref for AppState {
-    type Target = Engine;
-    fn deref(&self) -> &Engine {
-        &self.engine
     }
 }
 

@@ -59,7 +59,7 @@ pub async fn stream(
 ) -> Result<Response, ApiError> {
     let priority = edge.priority_of(&body)?;
     let (rt1, req) = (rt.clone(), edge.request(model, endpoint).priority(priority));
-    let lease = async move { rt1.lease(req).await };
+    let lease = async move { rt1.engine.lease(req).await };
     let answer = move |l: Lease| async move { proxy::forward_stream(l, endpoint.path(), body).await };
     when_granted(rt, model, priority, lease, answer, Voice::sse()).await
 }
@@ -81,7 +81,7 @@ where
     A: FnOnce(Lease) -> F + Send + 'static,
     F: std::future::Future<Output = Result<Response, ApiError>> + Send,
 {
-    let since = rt.lifecycle.now_ms();
+    let since = rt.engine.lifecycle().now_ms();
     let mut lease = Box::pin(lease);
     if let Ok(l) = tokio::time::timeout(PATIENCE, &mut lease).await {
         return answer(l?).await;
@@ -95,7 +95,7 @@ where
             tokio::select! {
                 l = &mut lease => break l,
                 _ = tick.tick() => {
-                    if tx.send((voice.place)(&rt2.lifecycle.place_words(&model, since, priority))).await.is_err() {
+                    if tx.send((voice.place)(&rt2.engine.lifecycle().place_words(&model, since, priority))).await.is_err() {
                         return; // the client left; dropping the lease future withdraws the request
                     }
                 }
@@ -120,7 +120,7 @@ where
         }
     });
     let events = futures_util::stream::unfold(rx, |mut rx| async { Some((Ok::<_, Infallible>(rx.recv().await?), rx)) });
-    let mut r = crate::sse::response(&rt.lifecycle, events);
+    let mut r = crate::sse::response(rt.engine.lifecycle(), events);
     r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static(content_type));
     Ok(r)
 }

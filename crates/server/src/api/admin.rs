@@ -23,7 +23,7 @@ use crate::state::AppState;
                    the load overrides this model accepts.",
     responses((status = 200, description = "Models", body = AdminModels)))]
 pub async fn models(State(rt): State<AppState>) -> Json<AdminModels> {
-    Json(AdminModels { models: admin::models(&rt), upstreams: rt.remotes.views() })
+    Json(AdminModels { models: admin::models(&rt.engine), upstreams: rt.engine.remotes().views() })
 }
 
 /// Loads a model and waits until it is loaded (or failed).
@@ -46,14 +46,14 @@ pub async fn load(
     Path(name): Path<String>,
     body: Bytes,
 ) -> Result<Json<AdminModel>, ApiError> {
-    rt.catalogue.get(&name)?;
+    rt.engine.catalogue().get(&name)?;
     // An empty body is no overrides; a body that fails the schema is a 422.
     let req: AdminLoadRequest = if body.iter().all(u8::is_ascii_whitespace) {
         AdminLoadRequest::default()
     } else {
         crate::extract::parse(&body).map_err(|e| ApiError::Unprocessable(e.to_string()))?
     };
-    Ok(Json(admin::load(&rt, &name, &req).await?))
+    Ok(Json(admin::load(&rt.engine, &name, &req).await?))
 }
 
 /// Unloads a model gracefully: no new requests, in-flight ones finish, then the backend stops.
@@ -65,7 +65,7 @@ pub async fn load(
         (status = 404, description = "Unknown model", body = api_types::ErrorResponse),
     ))]
 pub async fn unload(State(rt): State<AppState>, Path(name): Path<String>) -> Result<Json<AdminModel>, ApiError> {
-    Ok(Json(admin::unload(&rt, &name).await?))
+    Ok(Json(admin::unload(&rt.engine, &name).await?))
 }
 
 /// GPU memory (NVML) and per-model VRAM estimates.

@@ -52,7 +52,7 @@ pub async fn messages(
     let req = body.value;
     let openai = dialect::request(&req, &req.model).map_err(bad)?;
     // A router collection: the candidate its policy picks answers, as if asked directly.
-    let (model, openai, routed) = engine::router::route_value(&rt, &req.model, Endpoint::Messages, openai).await;
+    let (model, openai, routed) = engine::router::route_value(&rt.engine, &req.model, Endpoint::Messages, openai).await;
     let a = answer(&rt, &edge, &model, openai, req.stream == Some(true)).await?;
     let Some(d) = routed else { return Ok(a) };
     Ok(crate::api::router::decorate(a, &d, req.route_trace == Some(true), req.stream == Some(true)).await)
@@ -65,7 +65,7 @@ async fn answer(
     openai: serde_json::Value,
     stream: bool,
 ) -> Result<Response, AnthropicApiError> {
-    let lease = rt.lease(edge.request(model, Endpoint::Messages)).await?;
+    let lease = rt.engine.lease(edge.request(model, Endpoint::Messages)).await?;
     if stream {
         let t = Box::new(EventStream::new(model, &message_id()));
         return Ok(proxy::forward_translated(lease, "/v1/chat/completions", &openai, t).await?);
@@ -95,7 +95,7 @@ pub async fn count_tokens(
 ) -> Result<Json<CountTokensResponse>, AnthropicApiError> {
     let req = body.value;
     let templated = dialect::count_request(&req).map_err(bad)?;
-    let lease = rt.lease(edge.request(&req.model, Endpoint::CountTokens)).await?;
+    let lease = rt.engine.lease(edge.request(&req.model, Endpoint::CountTokens)).await?;
     let prompt = proxy::call_json(&lease, "/apply-template", &templated, false).await?;
     let prompt = prompt["prompt"].as_str().unwrap_or_default();
     let tokens = json!({"content": prompt, "add_special": false, "parse_special": true});

@@ -34,7 +34,7 @@ pub async fn speech(
     let r = body.value;
     backends::kokoro::check(&r.input, r.response_format.as_deref(), r.speed)
         .map_err(|(msg, field)| ApiError::bad_request(msg, Some(field)))?;
-    let lease = rt.lease(edge.request(&r.model, Endpoint::Speech)).await?;
+    let lease = rt.engine.lease(edge.request(&r.model, Endpoint::Speech)).await?;
     let upstream = serde_json::json!({"input": r.input, "voice": r.voice, "response_format": r.response_format, "speed": r.speed.unwrap_or(1.0)});
     proxy::forward_bytes(lease, backends::kokoro::SPEECH_PATH, bytes::Bytes::from(serde_json::to_vec(&upstream)?)).await
 }
@@ -85,7 +85,7 @@ pub async fn translations(
 /// Checks the form, takes a lease on the model and forwards the form to its whisper-server.
 async fn transcribe(rt: &AppState, edge: &Edge, form: Form, translate: bool) -> Result<Response, ApiError> {
     let (model, format) = checked(&form)?;
-    let lease = rt.lease(edge.request(model, Endpoint::Transcriptions)).await?;
+    let lease = rt.engine.lease(edge.request(model, Endpoint::Transcriptions)).await?;
     let upstream = backend_form(&form, format, translate);
     proxy::forward_form(lease, backends::whispercpp::INFERENCE_PATH, upstream, format.content_type()).await
 }

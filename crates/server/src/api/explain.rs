@@ -23,7 +23,7 @@ use crate::state::AppState;
         loaded-model limits, and the latest 256 decisions with their reasons.",
     responses((status = 200, description = "The scheduler's state", body = SchedulerState)))]
 pub async fn state(State(rt): State<AppState>) -> Json<SchedulerState> {
-    Json(engine::explain::state(&rt))
+    Json(engine::explain::state(&rt.engine))
 }
 
 /// A dry run of a load.
@@ -39,7 +39,7 @@ pub async fn state(State(rt): State<AppState>) -> Json<SchedulerState> {
         (status = 404, description = "Unknown model", body = ErrorResponse),
     ))]
 pub async fn plan(State(rt): State<AppState>, body: JsonBody<LoadRequest>) -> Result<Json<SchedulerPlan>, ApiError> {
-    Ok(Json(engine::explain::plan(&rt, &body.value).await?))
+    Ok(Json(engine::explain::plan(&rt.engine, &body.value).await?))
 }
 
 /// The scheduler's decisions as they are taken.
@@ -50,7 +50,7 @@ pub async fn plan(State(rt): State<AppState>, body: JsonBody<LoadRequest>) -> Re
         for the N decisions it missed.",
     responses((status = 200, description = "text/event-stream of SchedulerDecision")))]
 pub async fn events(State(rt): State<AppState>) -> Response {
-    let rx = rt.lifecycle.explain.subscribe();
+    let rx = rt.engine.lifecycle().explain.subscribe();
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         let chunk = match rx.recv().await {
             Ok(d) => format!("data: {}\n\n", serde_json::to_string(&d).unwrap_or_default()),
@@ -61,5 +61,5 @@ pub async fn events(State(rt): State<AppState>) -> Response {
     });
     let first =
         futures_util::stream::once(async { Ok::<_, Infallible>(Bytes::from_static(b": scheduler events\n\n")) });
-    crate::sse::response(&rt.lifecycle, futures_util::StreamExt::chain(first, stream))
+    crate::sse::response(rt.engine.lifecycle(), futures_util::StreamExt::chain(first, stream))
 }

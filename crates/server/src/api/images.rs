@@ -45,7 +45,7 @@ pub async fn generations(
     if let Some(size) = r.size {
         upstream["size"] = json!(size);
     }
-    let lease = rt.lease(edge.request(&r.model, Endpoint::ImageGenerations)).await?;
+    let lease = rt.engine.lease(edge.request(&r.model, Endpoint::ImageGenerations)).await?;
     let body = Bytes::from(serde_json::to_vec(&upstream)?);
     proxy::forward(lease, Method::POST, sdcpp::GENERATIONS_PATH, Some(body), false).await
 }
@@ -138,7 +138,7 @@ async fn redraw(rt: &AppState, edge: &Edge, form: Form, endpoint: Endpoint) -> R
     let n: Option<u32> = field(&form, "n")?;
     let size = form.text("size")?.filter(|s| !s.is_empty());
     checked(n, size, form.text("response_format")?, &sd)?;
-    let lease = rt.lease(edge.request(model, endpoint)).await?;
+    let lease = rt.engine.lease(edge.request(model, endpoint)).await?;
     let mut upstream = reqwest::multipart::Form::new().text("prompt", sd.prompt_with(prompt));
     for p in images.iter().copied().chain(if variation { None } else { form.get("mask") }) {
         upstream = upstream.part(if p.name == "mask" { "mask" } else { "image[]" }, upload(p));

@@ -45,9 +45,9 @@ pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallReq
     if recipe == backends::cloud::RECIPE {
         return Ok(Json(cloud_install(&rt, backend, req).await?).into_response());
     }
-    let p = installs::plan_for(&rt.cfg, &recipe, &backend)?;
+    let p = installs::plan_for(rt.engine.cfg(), &recipe, &backend)?;
     if req.stream != Some(true) {
-        let version = Some(installs::install_now(&rt.cfg, &rt.locks, &p).await?);
+        let version = Some(installs::install_now(rt.engine.cfg(), rt.engine.locks(), &p).await?);
         return Ok(Json(InstallResponse {
             status: "success".into(),
             recipe,
@@ -58,7 +58,7 @@ pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallReq
         })
         .into_response());
     }
-    Ok(sse::events(&rt.lifecycle, installs::install_in_background(&rt.cfg, &rt.locks, p)))
+    Ok(sse::events(rt.engine.lifecycle(), installs::install_in_background(rt.engine.cfg(), rt.engine.locks(), p)))
 }
 
 /// Removes a managed backend, unloading the models that use it first.
@@ -73,19 +73,18 @@ pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallReq
 pub async fn uninstall_route(State(rt): State<AppState>, body: JsonBody<InstallRequest>) -> Result<Response, ApiError> {
     if body.value.backend.as_deref() == Some(backends::cloud::RECIPE) && body.value.recipe.is_none() {
         let name = provider_of(&body.value)?;
-        let p = rt.remotes.provider(&name)?;
+        let p = rt.engine.remotes().provider(&name)?;
         let models_evicted = engine::remote::Remotes::model_count(&p);
-        rt.remotes.uninstall(&name)?;
+        rt.engine.remotes().uninstall(&name)?;
         let backend = backends::cloud::RECIPE.into();
         return Ok(Json(CloudUninstalled { status: "success".into(), backend, provider: name, models_evicted })
             .into_response());
     }
     let (recipe, backend) = required(&body.value)?;
     let message = match recipe == backends::cloud::RECIPE {
-        true => {
-            (!rt.remotes.uninstall(&backend)?).then(|| format!("No remote provider '{backend}'; nothing to remove"))
-        }
-        false => rt.uninstall_backend(&recipe, &backend).await?,
+        true => (!rt.engine.remotes().uninstall(&backend)?)
+            .then(|| format!("No remote provider '{backend}'; nothing to remove")),
+        false => rt.engine.uninstall_backend(&recipe, &backend).await?,
     };
     Ok(Json(InstallResponse { status: "success".into(), recipe, backend, version: None, message, upstream: None })
         .into_response())
@@ -110,8 +109,8 @@ async fn v11_cloud_install(rt: &AppState, req: InstallRequest) -> Result<CloudIn
     let name = provider_of(&req)?;
     let url = req.base_url.clone().filter(|u| !u.is_empty());
     let url = url.ok_or_else(|| ApiError::bad_request("Missing required field 'base_url'", Some("base_url")))?;
-    let up = rt.remotes.install_with(&name, Some(&url), req.api_key.clone(), install_options(&req)).await?;
-    let p = rt.remotes.provider(&name)?;
+    let up = rt.engine.remotes().install_with(&name, Some(&url), req.api_key.clone(), install_options(&req)).await?;
+    let p = rt.engine.remotes().provider(&name)?;
     let state = auth_state(&p);
     let warning = (req.api_key.is_some() && state.env_var_set).then(|| {
         format!(
@@ -150,14 +149,14 @@ pub async fn cloud_auth(State(rt): State<AppState>, body: JsonBody<CloudAuthRequ
         let param = if b.provider.is_empty() { "provider" } else { "api_key" };
         return Err(ApiError::bad_request(format!("Missing required field '{param}'"), Some(param)));
     }
-    let p = rt.remotes.provider(&b.provider)?;
+    let p = rt.engine.remotes().provider(&b.provider)?;
     if p.auth_state().0 {
         let env_var = backends::cloud::key_variable(&b.provider);
         let message = format!("{env_var} is set in the lemonade process; the env var takes precedence and the supplied API key was not stored.");
         let body = serde_json::json!({"error": {"type": "auth_conflict", "env_var": env_var, "message": message}});
         return Ok((http::StatusCode::CONFLICT, Json(body)).into_response());
     }
-    let p = rt.remotes.auth(&b.provider, &b.api_key, b.allow_insecure_http).await?;
+    let p = rt.engine.remotes().auth(&b.provider, &b.api_key, b.allow_insecure_http).await?;
     let models_discovered = Some(engine::remote::Remotes::model_count(&p));
     Ok(Json(CloudAuth {
         provider: b.provider.clone(),
@@ -181,7 +180,7 @@ pub async fn cloud_auth_clear(
     State(rt): State<AppState>,
     Path(provider): Path<String>,
 ) -> Result<Json<CloudAuth>, ApiError> {
-    let (p, cleared) = rt.remotes.clear_auth(&provider)?;
+    let (p, cleared) = rt.engine.remotes().clear_auth(&provider)?;
     Ok(Json(CloudAuth {
         provider,
         auth_state: auth_state(&p),
@@ -197,7 +196,7 @@ fn install_options(req: &InstallRequest) -> engine::remote::InstallOptions {
 /// Registers a remote provider (or changes its key) and discovers its models.
 async fn cloud_install(rt: &AppState, name: String, req: InstallRequest) -> Result<InstallResponse, ApiError> {
     let options = install_options(&req);
-    let up = rt.remotes.install_with(&name, req.base_url.as_deref(), req.api_key, options).await?;
+    let up = rt.engine.remotes().install_with(&name, req.base_url.as_deref(), req.api_key, options).await?;
     let message = match &up.last_probe {
         Some(p) if p.ok => format!("{} model(s): {}", up.models.len(), up.models.join(", ")),
         Some(p) => format!("registered, but its models could not be listed: {}", p.error.as_deref().unwrap_or("")),
@@ -226,7 +225,7 @@ pub async fn cloud_list(
     axum::extract::Query(q): axum::extract::Query<api_types::CloudQuery>,
 ) -> Json<api_types::UpstreamList> {
     if q.refresh.as_deref() == Some("true") {
-        rt.remotes.refresh().await;
+        rt.engine.remotes().refresh().await;
     }
-    Json(api_types::UpstreamList { upstreams: rt.remotes.views() })
+    Json(api_types::UpstreamList { upstreams: rt.engine.remotes().views() })
 }

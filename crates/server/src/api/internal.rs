@@ -15,7 +15,7 @@ use crate::state::AppState;
         target is a model here, whether it is downloaded and its recipe. Needs the admin key when one is set.",
     responses((status = 200, description = "The aliases", body = AliasList)))]
 pub async fn aliases(State(rt): State<AppState>) -> Json<AliasList> {
-    Json(engine::aliases::list(&rt))
+    Json(engine::aliases::list(&rt.engine))
 }
 
 /// Creates an alias, or points it at another model.
@@ -36,7 +36,7 @@ pub async fn set_alias(
     State(rt): State<AppState>,
     body: JsonBody<AliasRequest>,
 ) -> Result<Json<AliasResponse>, ApiError> {
-    Ok(Json(engine::aliases::set(&rt, &body.value).await?))
+    Ok(Json(engine::aliases::set(&rt.engine, &body.value).await?))
 }
 
 /// Removes an alias.
@@ -51,7 +51,7 @@ pub async fn delete_alias(
     State(rt): State<AppState>,
     Path(alias): Path<String>,
 ) -> Result<Json<AliasResponse>, ApiError> {
-    Ok(Json(engine::aliases::remove(&rt, &alias).await?))
+    Ok(Json(engine::aliases::remove(&rt.engine, &alias).await?))
 }
 
 /// The configuration in force.
@@ -62,7 +62,7 @@ pub async fn delete_alias(
         `global_timeout` are listed beside the flat keys. Needs the admin key when one is set.",
     responses((status = 200, description = "Every key, and the v11.7 sections", body = Object)))]
 pub async fn config(State(rt): State<AppState>) -> Json<serde_json::Map<String, serde_json::Value>> {
-    let mut m = engine::live::snapshot(&rt);
+    let mut m = engine::live::snapshot(&rt.engine);
     let level = rt.http.logs.as_ref().map_or_else(|| "info".to_string(), |h| h.level());
     m.insert("log_level".into(), level.into());
     Json(m)
@@ -96,7 +96,7 @@ pub async fn set(
     State(rt): State<AppState>,
     body: JsonBody<serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Json<ConfigSetResponse>, ApiError> {
-    let updated = engine::live::set(&rt, &body.value).await?;
+    let updated = engine::live::set(&rt.engine, &body.value).await?;
     if let (Some(h), Some(_)) = (&rt.http.logs, updated.get("log_level")) {
         h.set_level(engine::live::log_level(&updated)).map_err(|e| ApiError::Internal(e.to_string()))?;
     }
@@ -124,8 +124,8 @@ pub async fn pin(
     let pinned = b.get("pinned").and_then(|p| p.as_bool());
     let pinned = pinned
         .ok_or_else(|| ApiError::bad_request("Parameter 'pinned' is required and must be a boolean", Some("pinned")))?;
-    rt.catalogue.get(model)?;
-    rt.lifecycle.pin(model, pinned).await?;
+    rt.engine.catalogue().get(model)?;
+    rt.engine.lifecycle().pin(model, pinned).await?;
     Ok(Json(PinResponse { status: "success".into(), model_name: model.into(), pinned }))
 }
 
@@ -135,7 +135,7 @@ pub async fn pin(
         accepting connections, lets the open ones finish and exits. Needs the admin key when one is set.",
     responses((status = 200, description = "`{\"status\": \"shutting down\"}`", body = StatusResponse)))]
 pub async fn shutdown(State(rt): State<AppState>) -> Result<Json<StatusResponse>, ApiError> {
-    rt.lifecycle.unload(None).await?;
+    rt.engine.lifecycle().unload(None).await?;
     rt.http.shutdown.notify_one();
     Ok(Json(StatusResponse { status: "shutting down".into(), model_name: None, message: None }))
 }
@@ -157,7 +157,7 @@ pub async fn cleanup_cache(
     body: JsonBody<CleanupCacheRequest>,
 ) -> Result<Json<CleanupCacheResponse>, ApiError> {
     let dry_run = body.value.dry_run.unwrap_or(true);
-    let found = tokio::task::spawn_blocking(move || engine::cache::cleanup(&rt, dry_run))
+    let found = tokio::task::spawn_blocking(move || engine::cache::cleanup(&rt.engine, dry_run))
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))??;
     Ok(Json(found))

@@ -15,24 +15,24 @@ use engine::pulls;
     description = "Also under /api/v0, /v0 and /v1.",
     responses((status = 200, description = "Status", body = Health)))]
 pub async fn health(State(rt): State<AppState>, headers: http::HeaderMap) -> Json<Health> {
-    let loaded = rt.lifecycle.loaded();
+    let loaded = rt.engine.lifecycle().loaded();
     let max_models =
-        engine::settings::limits_by_type(&rt.lifecycle.scheduler_view().settings.limits.unwrap_or_default());
+        engine::settings::limits_by_type(&rt.engine.lifecycle().scheduler_view().settings.limits.unwrap_or_default());
     Json(Health {
         status: "ok".into(),
         version: engine::VERSION.into(),
-        model_loaded: rt.lifecycle.most_recent().map(|m| m.info.name.clone()),
-        all_models_loaded: loaded.iter().map(|(r, v)| rt.lifecycle.health_entry(r, v)).collect(),
-        models_loading: rt.lifecycle.loading(),
+        model_loaded: rt.engine.lifecycle().most_recent().map(|m| m.info.name.clone()),
+        all_models_loaded: loaded.iter().map(|(r, v)| rt.engine.lifecycle().health_entry(r, v)).collect(),
+        models_loading: rt.engine.lifecycle().loading(),
         max_models,
         log_streaming: LogStreaming { sse: rt.http.logs.is_some(), websocket: rt.http.logs.is_some() },
-        prompt_cache: rt.prompt_cache_usage(),
-        upstreams: rt.remotes.views(),
+        prompt_cache: rt.engine.prompt_cache_usage(),
+        upstreams: rt.engine.remotes().views(),
         pinned_models: engine::settings::pinned_by_type(&loaded),
         websocket_port: rt.http.logs.as_ref().and_then(|_| host_port(&headers)),
-        update_check_done: rt.updates.done(),
+        update_check_done: rt.engine.updates().done(),
         telemetry: TelemetryState { enabled: rt.http.logs.as_ref().is_some_and(|h| h.telemetry_enabled()) },
-        sandbox: rt.sandbox(),
+        sandbox: rt.engine.sandbox(),
     })
 }
 
@@ -48,7 +48,7 @@ fn host_port(headers: &http::HeaderMap) -> Option<u16> {
         saves before it stops a llama-server). Needs the admin key when one is set.",
     responses((status = 200, description = "Emptied", body = PromptCacheCleared)))]
 pub async fn clear_prompt_cache(State(rt): State<AppState>) -> Json<PromptCacheCleared> {
-    let (files, bytes) = rt.clear_prompt_cache().await;
+    let (files, bytes) = rt.engine.clear_prompt_cache().await;
     Json(PromptCacheCleared { status: "success".into(), files_removed: files, bytes_freed: bytes })
 }
 
@@ -59,7 +59,7 @@ pub async fn clear_prompt_cache(State(rt): State<AppState>) -> Json<PromptCacheC
                    loaded) every figure is 0, as in Lemonade.",
     responses((status = 200, description = "Telemetry", body = Stats)))]
 pub async fn stats(State(rt): State<AppState>) -> Json<Stats> {
-    let last = rt.lifecycle.most_recent().map(|m| m.stats());
+    let last = rt.engine.lifecycle().most_recent().map(|m| m.stats());
     Json(last.unwrap_or_default())
 }
 
@@ -78,7 +78,7 @@ pub async fn stats(State(rt): State<AppState>) -> Json<Stats> {
         (status = 507, description = "`insufficient_memory`: its estimate can never fit the memory budget (figures named)", body = ErrorResponse),
     ))]
 pub async fn load(State(rt): State<AppState>, body: JsonBody<LoadRequest>) -> Result<Json<LoadResponse>, ApiError> {
-    Ok(Json(pulls::load_named(&rt, &body.value).await?))
+    Ok(Json(pulls::load_named(&rt.engine, &body.value).await?))
 }
 
 /// Unloads one model (after its in-flight requests finish), or every model.
@@ -95,7 +95,7 @@ pub async fn unload(State(rt): State<AppState>, body: Bytes) -> Result<Json<Unlo
     let req: UnloadRequest =
         if body.iter().all(u8::is_ascii_whitespace) { UnloadRequest::default() } else { crate::extract::parse(&body)? };
     let name = req.model_name.or(req.model).filter(|n| !n.is_empty());
-    rt.lifecycle.unload(name.as_deref()).await?;
+    rt.engine.lifecycle().unload(name.as_deref()).await?;
     Ok(Json(match name {
         Some(n) => UnloadResponse {
             status: "success".into(),
@@ -126,7 +126,7 @@ pub async fn root_health() -> Json<Live> {
 /// This node's load as the SGLang router protocol reads it (vllm-router's `power_of_two`).
 #[utoipa::path(get, path = "/get_load", tag = "Lemonade", responses((status = 200, description = "Requests running and waiting", body = NodeLoad)))]
 pub async fn get_load(State(rt): State<AppState>) -> Json<NodeLoad> {
-    let (running, waiting) = rt.lifecycle.node_load();
+    let (running, waiting) = rt.engine.lifecycle().node_load();
     Json(NodeLoad { load: running + waiting, running, waiting })
 }
 
@@ -144,8 +144,8 @@ pub async fn get_load(State(rt): State<AppState>) -> Json<NodeLoad> {
 pub async fn pin(State(rt): State<AppState>, body: JsonBody<PinRequest>) -> Result<Json<PinResponse>, ApiError> {
     let req = body.value;
     let pinned = req.pinned.unwrap_or(true);
-    rt.catalogue.get(&req.model_name)?;
-    rt.lifecycle.pin(&req.model_name, pinned).await?;
+    rt.engine.catalogue().get(&req.model_name)?;
+    rt.engine.lifecycle().pin(&req.model_name, pinned).await?;
     Ok(Json(PinResponse { status: "success".into(), model_name: req.model_name, pinned }))
 }
 
@@ -155,7 +155,7 @@ pub async fn pin(State(rt): State<AppState>, body: JsonBody<PinRequest>) -> Resu
                    memory counted now) and the anti-thrash hold.",
     responses((status = 200, description = "Settings", body = Params)))]
 pub async fn params(State(rt): State<AppState>) -> Json<Params> {
-    Json(engine::settings::current(&rt.lifecycle))
+    Json(engine::settings::current(rt.engine.lifecycle()))
 }
 
 /// Changes the scheduler's settings while it runs, and saves them.
@@ -171,5 +171,5 @@ pub async fn params(State(rt): State<AppState>) -> Json<Params> {
         (status = 400, description = "An invalid value (named)", body = ErrorResponse),
     ))]
 pub async fn set_params(State(rt): State<AppState>, body: JsonBody<ParamsUpdate>) -> Result<Json<Params>, ApiError> {
-    Ok(Json(engine::live::update_params(&rt, &body.value).await?))
+    Ok(Json(engine::live::update_params(&rt.engine, &body.value).await?))
 }

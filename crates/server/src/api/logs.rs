@@ -64,7 +64,7 @@ pub async fn stream(State(rt): State<AppState>) -> Result<Response, ApiError> {
     let Some(h) = &rt.http.logs else {
         return Err(ApiError::bad_request("Log streaming is not enabled in this process", None));
     };
-    Ok(sse::response(&rt.lifecycle, sse::log_lines(h)))
+    Ok(sse::response(rt.engine.lifecycle(), sse::log_lines(h)))
 }
 
 /// Lemonade v11's log stream at the root of the port. A WebSocket upgrade gets v11's
@@ -88,7 +88,7 @@ pub async fn ws_stream(State(rt): State<AppState>, req: axum::extract::Request) 
     let (mut parts, _) = req.into_parts();
     Ok(match WebSocketUpgrade::from_request_parts(&mut parts, &rt).await {
         Ok(ws) => ws.on_upgrade(move |socket| serve_ws(hub, socket)),
-        Err(_) => sse::response(&rt.lifecycle, sse::log_lines(&hub)),
+        Err(_) => sse::response(rt.engine.lifecycle(), sse::log_lines(&hub)),
     })
 }
 

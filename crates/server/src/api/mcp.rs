@@ -92,7 +92,7 @@ async fn call(rt: &AppState, params: &Value) -> Result<Value, RpcError> {
         _ => return Err(RpcError::new(mcp::INVALID_PARAMS, "'arguments' must be an object")),
     };
     let limit = rt.http.body_limit as u64;
-    engine::mcp::tool(rt, name, &args, limit)
+    engine::mcp::tool(&rt.engine, name, &args, limit)
         .await
         .ok_or_else(|| RpcError::new(mcp::INVALID_PARAMS, format!("Unknown tool: {name}")))
 }

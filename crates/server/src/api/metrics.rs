@@ -24,5 +24,5 @@ pub async fn metrics(
     if names_a_model {
         return native::get(&rt, &edge, uri.path(), query.as_deref()).await;
     }
-    Ok(([(header::CONTENT_TYPE, CONTENT_TYPE)], rt.metrics_text().await).into_response())
+    Ok(([(header::CONTENT_TYPE, CONTENT_TYPE)], rt.engine.metrics_text().await).into_response())
 }

@@ -44,7 +44,7 @@ pub async fn native_post(
 ) -> Result<Response, ApiError> {
     let path = native_path(uri.path());
     crate::api::openai::check_native(&body.value.extra)?;
-    let lease = rt.lease(edge.request(&body.value.model, native_endpoint(path)?)).await?;
+    let lease = rt.engine.lease(edge.request(&body.value.model, native_endpoint(path)?)).await?;
     if body.value.stream == Some(true) {
         proxy::forward_stream(lease, path, body.raw).await
     } else {
@@ -90,7 +90,7 @@ pub async fn get(rt: &AppState, edge: &Edge, uri_path: &str, query: Option<&str>
     let model = model.filter(|m| !m.is_empty()).ok_or_else(|| {
         ApiError::bad_request(format!("Missing required query parameter 'model' for {path}"), Some("model"))
     })?;
-    let lease = rt.lease(edge.request(&model, native_endpoint(path)?)).await?;
+    let lease = rt.engine.lease(edge.request(&model, native_endpoint(path)?)).await?;
     let target = if rest.is_empty() { path.to_string() } else { format!("{path}?{rest}") };
     proxy::forward_native(lease, Method::GET, &target, None, false).await
 }

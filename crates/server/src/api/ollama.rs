@@ -54,7 +54,7 @@ async fn lease(
     endpoint: Endpoint,
     keep: Option<KeepAlive>,
 ) -> Result<Lease, OllamaApiError> {
-    Ok(rt.lease(edge.request(model, endpoint).keep_alive(keep.map(KeepAlive::idle_timeout_ms))).await?)
+    Ok(rt.engine.lease(edge.request(model, endpoint).keep_alive(keep.map(KeepAlive::idle_timeout_ms))).await?)
 }
 
 fn bad(e: dialects::BadRequest) -> OllamaApiError {
@@ -64,7 +64,7 @@ fn bad(e: dialects::BadRequest) -> OllamaApiError {
 /// Empty messages (or prompt): Ollama's load, or unload with `keep_alive: 0`.
 async fn load_or_unload(rt: &AppState, edge: &Edge, model: &str, keep: Option<KeepAlive>, chat: bool) -> Answer {
     let reason = if keep == Some(KeepAlive::UnloadAfter) {
-        let _ = rt.lifecycle.unload(Some(model)).await;
+        let _ = rt.engine.lifecycle().unload(Some(model)).await;
         "unload"
     } else {
         drop(lease(rt, edge, model, endpoint(chat), keep).await?);
@@ -104,7 +104,7 @@ struct Turn<'a> {
 /// Serves a translated chat or generate request: NDJSON as the backend streams, or one answer.
 async fn serve(rt: &AppState, edge: &Edge, t: Turn<'_>, path: &str, body: Value) -> Answer {
     // A router collection: the candidate its policy picks answers, as if asked directly.
-    let (model, body, routed) = engine::router::route_value(rt, t.model, endpoint(t.chat), body).await;
+    let (model, body, routed) = engine::router::route_value(&rt.engine, t.model, endpoint(t.chat), body).await;
     let stream = body["stream"] == true;
     let a = answer(rt, edge, Turn { model: &model, ..t }, path, body).await?;
     let Some(d) = routed else { return Ok(a) };
@@ -137,7 +137,7 @@ async fn streamed(rt: &AppState, edge: &Edge, t: Turn<'_>, path: &str, body: Val
     let priority = edge.priority_of(b"")?;
     let req = edge.request(model, endpoint(chat)).keep_alive(keep.map(KeepAlive::idle_timeout_ms));
     let (rt1, req) = (rt.clone(), req.priority(priority));
-    let lease = async move { rt1.lease(req).await };
+    let lease = async move { rt1.engine.lease(req).await };
     let (m, path) = (model.to_string(), path.to_string());
     let answer = move |l: engine::Lease| async move {
         let t: Box<dyn dialects::StreamTranslator> =
@@ -241,7 +241,7 @@ async fn embed_values(
     keep: Option<KeepAlive>,
 ) -> Result<(Value, Lease), OllamaApiError> {
     let keep = keep.map(KeepAlive::idle_timeout_ms);
-    let lease = rt.lease(edge.request(model, Endpoint::OllamaEmbed).keep_alive(keep)).await?;
+    let lease = rt.engine.lease(edge.request(model, Endpoint::OllamaEmbed).keep_alive(keep)).await?;
     let v = proxy::call_json(&lease, "/v1/embeddings", &json!({"model": model, "input": input}), true).await?;
     Ok((v, lease))
 }
@@ -321,7 +321,7 @@ fn size(m: &registry::ModelInfo) -> u64 {
 #[utoipa::path(get, path = "/api/tags", tag = "Ollama",
     responses((status = 200, description = "Downloaded models, named with `:latest`", body = OllamaTags)))]
 pub async fn tags(State(rt): State<AppState>) -> Json<OllamaTags> {
-    let reg = rt.catalogue.registry();
+    let reg = rt.engine.catalogue().registry();
     let models = reg
         .listed(false)
         .into_iter()
@@ -333,7 +333,7 @@ pub async fn tags(State(rt): State<AppState>) -> Json<OllamaTags> {
             digest: dialect::DIGEST.into(),
             details: details(m),
         })
-        .chain(engine::router::listed(&rt, false).into_iter().map(|c| OllamaModel {
+        .chain(engine::router::listed(&rt.engine, false).into_iter().map(|c| OllamaModel {
             name: dialect::tagged(&c.id),
             model: dialect::tagged(&c.id),
             modified_at: MODIFIED_AT.into(),
@@ -348,9 +348,9 @@ pub async fn tags(State(rt): State<AppState>) -> Json<OllamaTags> {
 fn running(rt: &AppState, r: &Running, v: &ModelView) -> OllamaRunning {
     // 2099-01-01 when it does not unload by idleness (or later than that).
     let far = SystemTime::UNIX_EPOCH + Duration::from_secs(4_070_908_800);
-    let expires = v
-        .unload_at
-        .and_then(|at| SystemTime::now().checked_add(Duration::from_millis(at.saturating_sub(rt.lifecycle.now_ms()))));
+    let expires = v.unload_at.and_then(|at| {
+        SystemTime::now().checked_add(Duration::from_millis(at.saturating_sub(rt.engine.lifecycle().now_ms())))
+    });
     let expires = expires.unwrap_or(far).min(far);
     OllamaRunning {
         name: dialect::tagged(&r.info.name),
@@ -368,7 +368,7 @@ fn running(rt: &AppState, r: &Running, v: &ModelView) -> OllamaRunning {
 #[utoipa::path(get, path = "/api/ps", tag = "Ollama",
     responses((status = 200, description = "Loaded models", body = OllamaPs)))]
 pub async fn ps(State(rt): State<AppState>) -> Json<OllamaPs> {
-    Json(OllamaPs { models: rt.lifecycle.loaded().iter().map(|(r, v)| running(&rt, r, v)).collect() })
+    Json(OllamaPs { models: rt.engine.lifecycle().loaded().iter().map(|(r, v)| running(&rt, r, v)).collect() })
 }
 
 fn named(req: &OllamaModelRequest) -> Result<String, OllamaApiError> {
@@ -388,7 +388,7 @@ pub async fn show(
     body: Body_<OllamaModelRequest>,
 ) -> Result<Json<OllamaShow>, OllamaApiError> {
     let name = named(&body.value)?;
-    let m = rt.catalogue.get(&name)?;
+    let m = rt.engine.catalogue().get(&name)?;
     let mut capabilities = match m.model_type {
         ModelType::Llm => vec!["completion", "tools"],
         ModelType::Embedding => vec!["embedding"],
@@ -422,8 +422,8 @@ pub async fn show(
     ))]
 pub async fn delete(State(rt): State<AppState>, body: Body_<OllamaModelRequest>) -> Answer {
     let name = named(&body.value)?;
-    let m = rt.catalogue.get(&name)?;
-    pulls::delete(&rt, &m).await?;
+    let m = rt.engine.catalogue().get(&name)?;
+    pulls::delete(&rt.engine, &m).await?;
     Ok(StatusCode::OK.into_response())
 }
 
@@ -457,7 +457,8 @@ fn pull_lines(rt: &AppState, mut rx: mpsc::Receiver<PullEvent>) -> Response {
     let rest =
         futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)).filter_map(|ev| std::future::ready(pull_line(&ev)));
     let lines = futures_util::stream::once(std::future::ready(first)).chain(rest).map(Ok::<_, Infallible>);
-    ([(header::CONTENT_TYPE, "application/x-ndjson")], sse::until_shutdown(&rt.lifecycle, lines)).into_response()
+    ([(header::CONTENT_TYPE, "application/x-ndjson")], sse::until_shutdown(rt.engine.lifecycle(), lines))
+        .into_response()
 }
 
 /// Downloads a catalogue (or registered) model.
@@ -472,12 +473,12 @@ fn pull_lines(rt: &AppState, mut rx: mpsc::Receiver<PullEvent>) -> Response {
     ))]
 pub async fn pull(State(rt): State<AppState>, body: Body_<OllamaModelRequest>) -> Answer {
     let name = named(&body.value)?;
-    let m = rt.catalogue.get(&name)?;
+    let m = rt.engine.catalogue().get(&name)?;
     if body.value.stream == Some(false) {
-        pulls::pull_now(&rt, &m).await?;
+        pulls::pull_now(&rt.engine, &m).await?;
         return Ok(Json(OllamaPullStatus { status: "success".into(), ..Default::default() }).into_response());
     }
-    Ok(pull_lines(&rt, pulls::pull_in_background(&rt, m)))
+    Ok(pull_lines(&rt, pulls::pull_in_background(&rt.engine, m)))
 }
 
 /// Ollama routes lemonade does not serve.

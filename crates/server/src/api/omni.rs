@@ -29,7 +29,7 @@ pub async fn answer(
     let forwarded = edge.forwarded.clone();
     let name = c.name.clone();
     if !stream {
-        let (l, end) = engine::omni::run(rt, c, o, body, forwarded, None).await?;
+        let (l, end) = engine::omni::run(&rt.engine, c, o, body, forwarded, None).await?;
         return Ok(Json(completion(&name, &l, &end)).into_response());
     }
     Ok(streamed(rt, c, o, body, forwarded).await)

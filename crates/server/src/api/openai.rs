@@ -27,7 +27,7 @@ pub(crate) fn check_native(extra: &api_types::Extra) -> Result<(), ApiError> {
 fn require_model<'a>(rt: &AppState, model: Option<&'a str>) -> Result<&'a str, ApiError> {
     match model {
         Some(m) if !m.is_empty() => Ok(m),
-        _ if rt.lifecycle.loaded().is_empty() => {
+        _ if rt.engine.lifecycle().loaded().is_empty() => {
             Err(ApiError::bad_request("No model loaded and no model specified in request", Some("model")))
         }
         _ => Err(ApiError::bad_request("No model specified in request", Some("model"))),
@@ -69,7 +69,7 @@ async fn dispatch(
     body: Bytes,
     stream: bool,
 ) -> Result<Response, ApiError> {
-    match engine::router::resolve(rt, model, endpoint, body).await? {
+    match engine::router::resolve(&rt.engine, model, endpoint, body).await? {
         Resolved::Omni { collection, omni, body } => {
             crate::api::omni::answer(rt, edge, &collection, &omni, body, stream).await
         }
@@ -93,7 +93,7 @@ async fn forward_to(
         return crate::waiting::stream(rt, edge, model, endpoint, body).await;
     }
     let priority = edge.priority_of(&body)?;
-    let lease = rt.lease(edge.request(model, endpoint).priority(priority)).await?;
+    let lease = rt.engine.lease(edge.request(model, endpoint).priority(priority)).await?;
     proxy::forward(lease, Method::POST, endpoint.path(), Some(body), true).await
 }
 
@@ -222,20 +222,7 @@ pub async fn reranking(
     params(ModelsQuery),
     responses((status = 200, description = "Model list", body = ModelList)))]
 pub async fn list_models(State(rt): State<AppState>, Query(q): Query<ModelsQuery>) -> Json<ModelList> {
-    let show_all = q.show_all.as_deref() == Some("true");
-    let reg = rt.catalogue.registry();
-    let updates = |m: &registry::ModelInfo| rt.updates.available(&m.name);
-    let mut data: Vec<Model> = reg
-        .listed(show_all)
-        .into_iter()
-        .map(|(id, m)| {
-            let (parallel, slot_ctx_size) = rt.lifecycle.slots(&m.name).unzip();
-            Model { id, update_available: updates(m), parallel, slot_ctx_size, ..reg.to_api(m) }
-        })
-        .collect();
-    data.extend(rt.remotes.models());
-    data.extend(engine::router::listed(&rt, show_all));
-    Json(ModelList { object: "list".into(), data })
+    Json(engine::models::list(&rt.engine, q.show_all.as_deref() == Some("true")))
 }
 
 /// One model by id (the id may contain `/` and `.`).
@@ -257,20 +244,7 @@ pub async fn get_model(
     if let Some(model) = id.strip_suffix("/files").filter(|m| !m.is_empty()) {
         return Ok(crate::api::options::files(&rt, model, &q).await?.into_response());
     }
-    let reg = rt.catalogue.registry();
-    if let Some(c) = reg.collection(&id) {
-        return Ok(Json(engine::router::model(&rt, c)).into_response());
-    }
-    match (reg.get(&id), rt.remotes.model(&id)) {
-        (Err(_), Some(remote)) => Ok(Json(remote).into_response()),
-        (Ok(m), _) => {
-            let entry = reg.entry(&id).map_err(engine::EngineError::from)?;
-            let (parallel, slot_ctx_size) = rt.lifecycle.slots(&m.name).unzip();
-            Ok(Json(Model { update_available: rt.updates.available(&m.name), parallel, slot_ctx_size, ..entry })
-                .into_response())
-        }
-        (Err(e), None) => Err(engine::EngineError::from(e).into()),
-    }
+    Ok(Json(engine::models::get(&rt.engine, &id)?).into_response())
 }
 
 #[cfg(test)]

@@ -31,8 +31,8 @@ fn options_of(path: &str, allowed: &str) -> Result<String, ApiError> {
         (status = 404, description = "Unknown model (`model_not_found`)", body = ErrorResponse),
     ))]
 pub async fn get_options(rt: &AppState, id: &str) -> Result<Json<ModelOptions>, ApiError> {
-    let info = rt.catalogue.get(id)?;
-    Ok(Json(engine::options::view(rt, &info)))
+    let info = rt.engine.catalogue().get(id)?;
+    Ok(Json(engine::options::view(&rt.engine, &info)))
 }
 
 /// Saves options without loading the model: merged into its saved entry, `null` removes one.
@@ -49,8 +49,8 @@ pub async fn get_options(rt: &AppState, id: &str) -> Result<Json<ModelOptions>, 
         (status = 404, description = "Unknown model (`model_not_found`)", body = ErrorResponse),
     ))]
 pub async fn save_options(rt: &AppState, id: &str, body: &Map<String, Value>) -> Result<Json<ModelOptions>, ApiError> {
-    let info = rt.catalogue.get(id)?;
-    Ok(Json(engine::options::save(rt, &info, body).await?))
+    let info = rt.engine.catalogue().get(id)?;
+    Ok(Json(engine::options::save(&rt.engine, &info, body).await?))
 }
 
 /// Erases the model's saved options.
@@ -63,8 +63,8 @@ pub async fn save_options(rt: &AppState, id: &str, body: &Map<String, Value>) ->
         (status = 404, description = "Unknown model (`model_not_found`)", body = ErrorResponse),
     ))]
 pub async fn reset_options(rt: &AppState, id: &str) -> Result<Json<ModelOptions>, ApiError> {
-    let info = rt.catalogue.get(id)?;
-    Ok(Json(engine::options::reset(rt, &info).await?))
+    let info = rt.engine.catalogue().get(id)?;
+    Ok(Json(engine::options::reset(&rt.engine, &info).await?))
 }
 
 /// POST on `/models/{*id}`: only `{id}/options` takes one.
@@ -96,5 +96,5 @@ pub async fn delete_model_path(
         (status = 404, description = "Unknown model (`model_not_found`)", body = ErrorResponse),
     ))]
 pub async fn files(rt: &AppState, id: &str, q: &FilesQuery) -> Result<Json<ModelFiles>, ApiError> {
-    Ok(Json(engine::pulls::files(rt, id, q.include_paths.as_deref() == Some("true"))?))
+    Ok(Json(engine::pulls::files(&rt.engine, id, q.include_paths.as_deref() == Some("true"))?))
 }

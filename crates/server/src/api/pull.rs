@@ -31,27 +31,27 @@ use engine::pulls;
 pub async fn pull(State(rt): State<AppState>, body: JsonBody<PullRequest>) -> Result<Response, ApiError> {
     let req = body.value;
     if engine::router::is_collection_pull(&req) {
-        let name = engine::router::register(&rt, &req).await?;
+        let name = engine::router::register(&rt.engine, &req).await?;
         return Ok(
             Json(StatusResponse { status: "success".into(), model_name: Some(name), message: None }).into_response()
         );
     }
-    let m = pulls::resolve(&rt, &req).await?;
+    let m = pulls::resolve(&rt.engine, &req).await?;
     if req.do_not_upgrade == Some(true) && m.downloaded {
         return Ok(
             Json(StatusResponse { status: "success".into(), model_name: Some(m.name), message: None }).into_response()
         );
     }
     if req.stream == Some(true) && req.subscribe == Some(false) {
-        return Ok(Json(engine::jobs::start(&rt, m)).into_response());
+        return Ok(Json(engine::jobs::start(&rt.engine, m)).into_response());
     }
     if req.stream != Some(true) {
-        pulls::pull_now(&rt, &m).await?;
+        pulls::pull_now(&rt.engine, &m).await?;
         return Ok(
             Json(StatusResponse { status: "success".into(), model_name: Some(m.name), message: None }).into_response()
         );
     }
-    Ok(sse::events(&rt.lifecycle, pulls::pull_in_background(&rt, m)))
+    Ok(sse::events(rt.engine.lifecycle(), pulls::pull_in_background(&rt.engine, m)))
 }
 
 /// Removes a model's files (and a `user.*` registration), unloading it first.
@@ -70,13 +70,14 @@ pub async fn delete(
 ) -> Result<Json<StatusResponse>, ApiError> {
     let name = body.value.model.or(body.value.model_name).filter(|n| !n.is_empty());
     let name = name.ok_or_else(|| ApiError::bad_request("Missing required field 'model'", Some("model")))?;
-    if let Some(c) = rt.catalogue.registry().collection(&name).cloned() {
-        rt.catalogue.unregister(&c.name).await?;
+    if let Some(c) = rt.engine.catalogue().registry().collection(&name).cloned() {
+        rt.engine.catalogue().unregister(&c.name).await?;
         let message = Some(format!("Deleted model: {}", c.name));
         return Ok(Json(StatusResponse { status: "success".into(), model_name: None, message }));
     }
-    let m = rt.catalogue.get(&name).map_err(|_| ApiError::Unprocessable(format!("Model not found: {name}")))?;
-    pulls::delete(&rt, &m).await?;
+    let m =
+        rt.engine.catalogue().get(&name).map_err(|_| ApiError::Unprocessable(format!("Model not found: {name}")))?;
+    pulls::delete(&rt.engine, &m).await?;
     Ok(Json(StatusResponse {
         status: "success".into(),
         model_name: None,
@@ -98,8 +99,8 @@ pub async fn register(
     State(rt): State<AppState>,
     body: JsonBody<RegisterRequest>,
 ) -> Result<Json<RegisterResponse>, ApiError> {
-    let m = engine::pulls::register(&rt, &body.value).await?;
-    let id = engine::pulls::public_id(&rt, &m);
+    let m = engine::pulls::register(&rt.engine, &body.value).await?;
+    let id = engine::pulls::public_id(&rt.engine, &m);
     Ok(Json(RegisterResponse {
         status: "success".into(),
         model_name: id.clone(),
@@ -124,7 +125,7 @@ pub async fn variants(
     State(rt): State<AppState>,
     Query(q): Query<VariantsQuery>,
 ) -> Result<Json<PullVariants>, ApiError> {
-    Ok(Json(engine::pulls::variants(&rt, q.checkpoint.as_deref()).await?))
+    Ok(Json(engine::pulls::variants(&rt.engine, q.checkpoint.as_deref()).await?))
 }
 
 /// Searches Hugging Face for model repositories.
@@ -139,7 +140,7 @@ pub async fn variants(
         (status = 502, description = "The Hub failed (its status named)", body = ErrorResponse),
     ))]
 pub async fn search(State(rt): State<AppState>, Query(q): Query<SearchQuery>) -> Result<Json<SearchResults>, ApiError> {
-    Ok(Json(engine::pulls::search(&rt, &q).await?))
+    Ok(Json(engine::pulls::search(&rt.engine, &q).await?))
 }
 
 /// Checks downloaded models for newer upstream commits.
@@ -150,7 +151,7 @@ pub async fn search(State(rt): State<AppState>, Query(q): Query<SearchQuery>) ->
         updated. Downloads nothing.",
     responses((status = 200, description = "The models with an update", body = CheckUpdates)))]
 pub async fn check_updates(State(rt): State<AppState>) -> Result<Json<CheckUpdates>, ApiError> {
-    Ok(Json(engine::pulls::check_updates(&rt).await?))
+    Ok(Json(engine::pulls::check_updates(&rt.engine).await?))
 }
 
 /// Server-owned download jobs.
@@ -160,7 +161,7 @@ pub async fn check_updates(State(rt): State<AppState>) -> Result<Json<CheckUpdat
         They survive a restart (an unfinished one is listed as paused).",
     responses((status = 200, description = "The jobs", body = [DownloadJob])))]
 pub async fn downloads(State(rt): State<AppState>) -> Json<Vec<DownloadJob>> {
-    Json(rt.downloads.list())
+    Json(rt.engine.downloads().list())
 }
 
 /// Pauses, resumes, cancels or removes a download job.
@@ -180,8 +181,8 @@ pub async fn control(State(rt): State<AppState>, body: JsonBody<DownloadControl>
     if c.id.is_empty() {
         return Err(ApiError::bad_request("Missing required field 'id'", Some("id")));
     }
-    let missing = rt.downloads.get(&c.id).is_none();
-    Ok(match engine::jobs::control(&rt, &c.id, &c.action)? {
+    let missing = rt.engine.downloads().get(&c.id).is_none();
+    Ok(match engine::jobs::control(&rt.engine, &c.id, &c.action)? {
         Some(job) => Json(job).into_response(),
         None if missing => Json(serde_json::json!({"status": "ok", "missing": true})).into_response(),
         None => Json(serde_json::json!({"status": "ok"})).into_response(),

@@ -133,7 +133,7 @@ pub async fn validate(
     State(rt): State<AppState>,
     body: JsonBody<RoutingValidateRequest>,
 ) -> Result<Json<RoutingValidateResponse>, ApiError> {
-    Ok(Json(engine::router::validate(&rt, &body.value).await?))
+    Ok(Json(engine::router::validate(&rt.engine, &body.value).await?))
 }
 
 #[cfg(test)]
@@ -177,5 +177,5 @@ pub async fn classify(
     State(rt): State<AppState>,
     body: JsonBody<ClassifyRequest>,
 ) -> Result<Json<ClassifyResponse>, ApiError> {
-    Ok(Json(engine::router::classify(&rt, &body.value).await?))
+    Ok(Json(engine::router::classify(&rt.engine, &body.value).await?))
 }

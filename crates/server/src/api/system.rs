@@ -43,8 +43,8 @@ fn system_info_now(rt: &AppState, verbose: bool) -> SystemInfo {
         processor: d.processor.clone(),
         physical_memory: d.memory.clone(),
         devices: d.devices.clone(),
-        compute_devices: rt.lifecycle.devices().to_vec(),
-        recipes: engine::installs::recipes(&rt.cfg),
+        compute_devices: rt.engine.lifecycle().devices().to_vec(),
+        recipes: engine::installs::recipes(rt.engine.cfg()),
         details: verbose.then(|| details(rt)),
     }
 }
@@ -54,7 +54,7 @@ fn details(rt: &AppState) -> SystemDetails {
     for (recipe, list) in releases::recipes() {
         let (dir, exe) = recipe.dir_and_exe();
         for backend in list {
-            if let Some(r) = binary::resolve_from_env(&rt.cfg.cache_dir, dir, backend, exe) {
+            if let Some(r) = binary::resolve_from_env(&rt.engine.cfg().cache_dir, dir, backend, exe) {
                 backend_binaries.insert(format!("{recipe}:{backend}"), r.path.display().to_string());
             }
         }
@@ -66,11 +66,11 @@ fn details(rt: &AppState) -> SystemDetails {
         host_name,
         cpu_arch,
         available_memory_gb,
-        cache_dir: rt.cfg.cache_dir.display().to_string(),
-        hf_cache: rt.cfg.hf_cache.display().to_string(),
+        cache_dir: rt.engine.cfg().cache_dir.display().to_string(),
+        hf_cache: rt.engine.cfg().hf_cache.display().to_string(),
         releases_url: host::install::releases_url(),
         backend_binaries,
-        llamacpp_backend: rt.cfg.live.llamacpp_backend(),
+        llamacpp_backend: rt.engine.cfg().live.llamacpp_backend(),
     }
 }
 
