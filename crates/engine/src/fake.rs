@@ -42,6 +42,8 @@ struct Knobs {
     prepared: Vec<(String, LoadOptions)>,
     /// What the processes of these models are measured to hold: (RSS, VRAM) bytes.
     measured: HashMap<String, (Option<u64>, Option<u64>)>,
+    /// Where the processes of these models answer HTTP (a test's server on loopback).
+    served: HashMap<String, String>,
 }
 
 impl FakeLauncher {
@@ -66,6 +68,12 @@ impl FakeLauncher {
         let s = self.state.lock();
         let model = s.spawned.iter().find(|(_, p)| p.base_url() == process.base_url()).map(|(m, _)| m.clone());
         model.and_then(|m| s.measured.get(&m).copied()).unwrap_or_default()
+    }
+
+    /// The processes of `model` started from now on answer HTTP at `base_url` (a server the
+    /// test runs on 127.0.0.1 standing for the backend), so requests to them really travel.
+    pub fn serve(&self, model: &str, base_url: &str) {
+        self.state.lock().served.insert(model.to_string(), base_url.trim_end_matches('/').to_string());
     }
 
     /// Lets held starts of `model` finish.
@@ -178,6 +186,7 @@ impl Launcher for FakeLauncher {
             let mut s = self.state.lock();
             let gate = s.held.get(name).map(|g| g.subscribe());
             let p = Arc::new(FakeProcess {
+                served: s.served.get(name).cloned(),
                 name: name.to_string(),
                 exit: watch::channel(None).0,
                 gate,
@@ -218,6 +227,8 @@ impl Launcher for FakeLauncher {
 
 /// One fake backend process.
 pub struct FakeProcess {
+    /// The loopback server it answers at, when the test gave one.
+    served: Option<String>,
     name: String,
     exit: watch::Sender<Option<ExitInfo>>,
     gate: Option<watch::Receiver<bool>>,
@@ -265,8 +276,12 @@ impl FakeProcess {
 
 impl Process for FakeProcess {
     fn base_url(&self) -> String {
-        // Unique per process, so the launcher's probe can tell them apart.
-        format!("http://fake.invalid/{}/{:p}", self.name, self)
+        // Unique per process, so the launcher's probe can tell them apart (a served model's
+        // processes share their server).
+        match &self.served {
+            Some(url) => url.clone(),
+            None => format!("http://fake.invalid/{}/{:p}", self.name, self),
+        }
     }
     fn port(&self) -> u16 {
         0
@@ -319,9 +334,17 @@ impl Process for FakeProcess {
 /// behind them: the fake launcher needs none); its own files (saved options, user models,
 /// aliases) are read from and written to `cache_dir`.
 pub fn catalogue_at(cache_dir: &std::path::Path, names: &[&str]) -> Catalogue {
+    catalogue_with(cache_dir, names, &[])
+}
+
+/// [`catalogue_at`] with the Hugging Face repositories `repos` downloaded too (each with the
+/// files named), so the built-in models of those repositories count as downloaded.
+pub fn catalogue_with(cache_dir: &std::path::Path, names: &[&str], repos: &[(&str, &[&str])]) -> Catalogue {
     let dir = std::path::PathBuf::from("/fake-models");
     let found: Vec<registry::ExtraFile> =
         names.iter().map(|n| registry::ExtraFile { path: dir.join(n), bytes: 1 << 20 }).collect();
+    let repos: Arc<HashMap<String, Vec<String>>> =
+        Arc::new(repos.iter().map(|(r, f)| (r.to_string(), f.iter().map(|f| f.to_string()).collect())).collect());
     let cfg = host::catalogue::CatalogueConfig {
         cache_dir: cache_dir.to_path_buf(),
         hf_cache: "/nonexistent/hub".into(),
@@ -336,17 +359,19 @@ pub fn catalogue_at(cache_dir: &std::path::Path, names: &[&str]) -> Catalogue {
             disable_filtering: true,
             ..Default::default()
         };
-        Ok(registry::Registry::build(&rc, user, &AllThere)?)
+        Ok(registry::Registry::build(&rc, user, &AllThere(repos.clone()))?)
     };
     Catalogue::with_scanner(cfg, Box::new(scan)).expect("the fake catalogue builds")
 }
 
 /// A cache in which every file is complete (and has no GGUF header to read).
-struct AllThere;
+/// The repositories named are downloaded with their files.
+struct AllThere(Arc<HashMap<String, Vec<String>>>);
 
 impl registry::ModelFiles for AllThere {
-    fn snapshots(&self, _repo: &str) -> Vec<registry::Snapshot> {
-        Vec::new()
+    fn snapshots(&self, repo: &str) -> Vec<registry::Snapshot> {
+        let dir = std::path::Path::new("/fake-hub").join(repo.replace('/', "--"));
+        self.0.get(repo).map(|files| vec![registry::Snapshot { dir, files: files.clone() }]).unwrap_or_default()
     }
     fn is_complete(&self, _file: &std::path::Path) -> bool {
         true
