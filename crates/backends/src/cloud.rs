@@ -249,6 +249,40 @@ pub fn echo_model(json: &[u8], upstream: &str, requested: &str) -> Option<Vec<u8
     })
 }
 
+/// A remote stream's lines with the requested id in place of the upstream's (see
+/// [`echo_model`]): whole lines are passed on as they complete; a line split across chunks
+/// waits for its end (one event, at most), so no id is missed at a chunk boundary.
+pub struct EchoLines {
+    upstream: String,
+    requested: String,
+    partial: Vec<u8>,
+}
+
+impl EchoLines {
+    pub fn new(upstream: &str, requested: &str) -> EchoLines {
+        EchoLines { upstream: upstream.into(), requested: requested.into(), partial: Vec::new() }
+    }
+
+    /// The complete lines `chunk` finishes, echoed; the rest waits.
+    pub fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
+        self.partial.extend_from_slice(chunk);
+        let Some(end) = self.partial.iter().rposition(|b| *b == b'\n') else { return Vec::new() };
+        let rest = self.partial.split_off(end + 1);
+        let lines = std::mem::replace(&mut self.partial, rest);
+        self.echo(lines)
+    }
+
+    /// What is left at the end of the stream.
+    pub fn rest(&mut self) -> Vec<u8> {
+        let rest = std::mem::take(&mut self.partial);
+        self.echo(rest)
+    }
+
+    fn echo(&self, lines: Vec<u8>) -> Vec<u8> {
+        echo_model(&lines, &self.upstream, &self.requested).unwrap_or(lines)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,5 +399,17 @@ mod tests {
         assert_eq!((v["model"].as_str(), v["stream"].as_bool()), (Some("m"), Some(true)));
         assert_eq!(rewrite_model(b"not json", "m"), None);
         assert_eq!(rewrite_model(b"[1]", "m"), None);
+    }
+
+    #[test]
+    fn echo_lines_rewrites_an_id_split_across_chunks() {
+        let mut e = EchoLines::new("gpt-x", "up.gpt-x");
+        let mut out = e.push(b"data: {\"model\":\"gp");
+        assert!(out.is_empty(), "half a line waits");
+        out.extend(e.push(b"t-x\",\"n\":1}\n\ndata: {\"model\":\"gpt-x\"}"));
+        out.extend(e.rest());
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.matches("\"model\":\"up.gpt-x\"").count(), 2, "{text}");
+        assert!(!text.contains("\"gpt-x\""), "{text}");
     }
 }

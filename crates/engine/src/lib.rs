@@ -35,6 +35,7 @@ pub mod locks;
 pub mod mcp;
 pub mod metrics;
 pub mod models;
+pub mod ollama;
 pub mod omni;
 pub mod options;
 pub mod progress;

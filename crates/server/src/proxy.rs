@@ -10,6 +10,7 @@ use futures_util::StreamExt;
 use http::{header, HeaderValue, StatusCode};
 use serde_json::Value;
 
+use backends::cloud::EchoLines;
 use dialects::{SseDecoder, StreamTranslator};
 
 use crate::error::ApiError;
@@ -165,7 +166,7 @@ async fn stream_with(
     }
     let content_type = translate.as_ref().map_or("text/event-stream", |t| t.content_type());
     let echo = match &lease.target {
-        Target::Remote(r) => Some(Echo { upstream: r.id.clone(), requested: r.name.clone(), partial: BytesMut::new() }),
+        Target::Remote(r) => Some(EchoLines::new(&r.id, &r.name)),
         Target::Local { .. } => None,
     };
     let spill = lease.spilled.clone();
@@ -239,39 +240,10 @@ pub fn error_frame(message: &str) -> Bytes {
     Bytes::from(format!("data: {v}\n\n"))
 }
 
-/// A remote stream's lines with the requested id in place of the upstream's (see
-/// [`echo_requested_id`]): whole lines are passed on as they complete; a line split across
-/// chunks waits for its end (one event, at most), so no id is missed at a chunk boundary.
-struct Echo {
-    upstream: String,
-    requested: String,
-    partial: BytesMut,
-}
-
-impl Echo {
-    /// The complete lines `chunk` finishes, echoed; the rest waits.
-    fn push(&mut self, chunk: &[u8]) -> Bytes {
-        self.partial.extend_from_slice(chunk);
-        let Some(end) = self.partial.iter().rposition(|b| *b == b'\n') else { return Bytes::new() };
-        let lines = self.partial.split_to(end + 1).freeze();
-        self.echo(lines)
-    }
-
-    /// What is left at the end of the stream.
-    fn rest(&mut self) -> Bytes {
-        let rest = self.partial.split().freeze();
-        self.echo(rest)
-    }
-
-    fn echo(&self, lines: Bytes) -> Bytes {
-        backends::cloud::echo_model(&lines, &self.upstream, &self.requested).map(Bytes::from).unwrap_or(lines)
-    }
-}
-
 struct StreamState {
     upstream: std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<Bytes>> + Send>>,
     /// A remote model's stream: its model id echoed as the client asked for it.
-    echo: Option<Echo>,
+    echo: Option<EchoLines>,
     /// Held until the stream ends or the client goes away.
     lease: Lease,
     tail: BytesMut,
@@ -285,7 +257,7 @@ impl StreamState {
     /// What to send for `chunk`: the chunk itself, or its translation (None: nothing yet).
     fn relay(&mut self, chunk: Bytes) -> Option<Bytes> {
         let chunk = match &mut self.echo {
-            Some(e) => e.push(&chunk),
+            Some(e) => Bytes::from(e.push(&chunk)),
             None => chunk,
         };
         if chunk.is_empty() {
@@ -310,7 +282,7 @@ impl StreamState {
     /// What to send once the backend's stream has ended: a translation's end, or `[DONE]`
     /// when the backend left it out.
     fn ended(&mut self) -> Option<Bytes> {
-        let rest = self.echo.as_mut().map(Echo::rest).unwrap_or_default();
+        let rest = Bytes::from(self.echo.as_mut().map(EchoLines::rest).unwrap_or_default());
         if let Some((t, sse)) = &mut self.translate {
             let mut out = Vec::new();
             for data in sse.push(&rest) {
