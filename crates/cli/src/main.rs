@@ -447,7 +447,7 @@ fn truthy(var: &str) -> bool {
 
 async fn serve(
     args: ServeArgs,
-    start: engine::live::StartValues,
+    start: engine::config::file::StartValues,
     host: String,
     port: u16,
     api_key: Option<String>,
@@ -455,7 +455,7 @@ async fn serve(
 ) -> anyhow::Result<()> {
     let cache = cache_dir();
     let mut cfg = engine::Config::new(cache.clone(), host::hf_cache::cache_root_from_env(|k| std::env::var(k).ok()));
-    engine::live::configure(&mut cfg, &start)?;
+    engine::config::file::configure(&mut cfg, &start)?;
     cfg.max_concurrent = args.max_concurrent.filter(|n| *n > 0);
     cfg.preload = args.preload.iter().map(|m| m.trim().to_string()).filter(|m| !m.is_empty()).collect();
     for (pool, b) in [("memory", cfg.scheduler.memory_budget), ("VRAM", cfg.scheduler.vram_budget)] {
@@ -467,7 +467,7 @@ async fn serve(
     cfg.auto_load = !args.no_auto_load;
     cfg.stop_grace = Duration::from_secs(args.stop_timeout);
     cfg.remote_refresh = (args.remote_refresh > 0).then(|| Duration::from_secs(args.remote_refresh));
-    cfg.prompt_cache_size = engine::settings::parse_bytes(&args.prompt_cache_size).with_context(|| {
+    cfg.prompt_cache_size = engine::config::settings::parse_bytes(&args.prompt_cache_size).with_context(|| {
         format!("--prompt-cache-size: '{}' is not a size (4G, 512M, bytes or 0)", args.prompt_cache_size)
     })?;
     cfg.crash_backoff = (Duration::from_millis(args.crash_backoff_ms), Duration::from_millis(args.crash_reset_ms));
@@ -506,7 +506,7 @@ async fn serve(
         }
     }
     let engine = engine::Engine::start(cfg)?;
-    engine::pulls::preload(&engine);
+    engine::loads::preload(&engine);
     if args.check_updates {
         engine::pulls::check_updates_in_background(&engine);
     }
@@ -586,7 +586,7 @@ fn reload_on_sighup(engine: &engine::Engine) {
     let engine = engine.clone();
     tokio::spawn(async move {
         while hup.recv().await.is_some() {
-            match engine::live::reload(&engine).await {
+            match engine::configure::reload(&engine).await {
                 Ok(keys) => tracing::info!(keys = ?keys.keys().collect::<Vec<_>>(), "SIGHUP: config.json reloaded"),
                 Err(e) => tracing::error!(error = %e, "SIGHUP: config.json not reloaded; nothing changed"),
             }
@@ -741,7 +741,7 @@ fn main() -> std::process::ExitCode {
     match cli.command {
         Command::Serve(args) => {
             let flags = config_flags(&args, matches.subcommand_matches("serve"));
-            let start = match engine::live::start_values(&cache_dir(), &flags) {
+            let start = match engine::config::file::start_values(&cache_dir(), &flags) {
                 Ok(s) => s,
                 Err(e) => {
                     eprintln!("Error: {e}");
@@ -749,7 +749,7 @@ fn main() -> std::process::ExitCode {
                 }
             };
             let otlp = args.otlp_endpoint.clone().filter(|e| !e.is_empty());
-            let logs = host::logging::init(engine::live::log_level(&start.values), otlp.as_deref());
+            let logs = host::logging::init(engine::config::file::log_level(&start.values), otlp.as_deref());
             let telemetry = logs.clone();
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
             let served = rt.block_on(serve(args, start, cli.host, cli.port, cli.api_key, logs));

@@ -8,15 +8,18 @@
 //! * [`lifecycle`]: the owner task over the scheduler's state machine, leases, the views.
 //! * [`launcher`]: the seam to processes ([`launcher::RealLauncher`] over host; [`fake`] in
 //!   memory, for in-process tests).
-//! * [`pulls`]: downloads with typed [`pulls::PullEvent`]s, leases that pull first, preloads.
-//! * [`installs`], [`remote`], [`prompt_cache`], [`settings`], [`metrics`], [`config`].
+//! * [`pulls`]: downloads with typed [`pulls::PullEvent`]s; [`loads`]: `/load` and `--preload`.
+//! * [`lease`] and [`call`]: the one request entry and the one in-process model call.
+//! * [`installs`], [`remote`], [`prompt_cache`], [`configure`], [`metrics`], [`config`].
 
 pub mod admin;
 pub mod aliases;
-pub mod cache;
 pub mod call;
 pub mod catalogue;
+pub mod cleanup;
+pub mod cloud;
 pub mod config;
+pub mod configure;
 pub mod decisions;
 pub mod devices;
 pub mod downloads;
@@ -30,7 +33,7 @@ pub mod jobs;
 pub mod launcher;
 pub mod lease;
 pub mod lifecycle;
-pub mod live;
+pub mod loads;
 pub mod locks;
 pub mod mcp;
 pub mod metrics;
@@ -43,8 +46,8 @@ pub mod prompt_cache;
 pub mod pulls;
 pub mod remote;
 pub mod router;
-pub mod settings;
 pub mod spill;
+pub mod system;
 #[cfg(test)]
 pub(crate) mod testing;
 pub mod tools;
@@ -171,7 +174,7 @@ impl Engine {
 
     /// The engine with real processes: the catalogue read from disk, leftovers of killed
     /// writes and installs removed. Needs a tokio runtime. `--preload` models are the
-    /// caller's to start ([`pulls::preload`]), once it is ready to serve.
+    /// caller's to start ([`loads::preload`]), once it is ready to serve.
     pub fn start(cfg: Config) -> Result<Engine> {
         // Hardware is detected once, here, so no load waits for it.
         let hw = host::hardware::detected();

@@ -1,8 +1,8 @@
 //! The model list and one model as clients read them (`GET /models`, `GET /models/{id}`): the
 //! catalogue's models with their slots and update state, the remote providers' models and the
-//! collections.
+//! collections; and `GET /health`'s view of what is loaded.
 
-use api_types::{Model, ModelList};
+use api_types::{Health, Model, ModelList};
 
 use crate::error::{EngineError, Result};
 use crate::Engine;
@@ -40,5 +40,30 @@ pub fn get(rt: &Engine, id: &str) -> Result<Model> {
             Ok(Model { update_available: rt.updates.available(&m.name), parallel, slot_ctx_size, ..entry })
         }
         (Err(e), None) => Err(e.into()),
+    }
+}
+
+/// `GET /health` as the engine knows it: what is loaded and loading, the limits, the prompt
+/// cache, the upstreams, the sandbox. The log stream, the WebSocket port and telemetry are the
+/// server's to fill in.
+pub fn health(rt: &Engine) -> Health {
+    let loaded = rt.lifecycle.loaded();
+    Health {
+        status: "ok".into(),
+        version: crate::VERSION.into(),
+        model_loaded: rt.lifecycle.most_recent().map(|m| m.info.name.clone()),
+        all_models_loaded: loaded.iter().map(|(r, v)| rt.lifecycle.health_entry(r, v)).collect(),
+        models_loading: rt.lifecycle.loading(),
+        max_models: crate::config::settings::limits_by_type(
+            &rt.lifecycle.scheduler_view().settings.limits.unwrap_or_default(),
+        ),
+        prompt_cache: rt.prompt_cache_usage(),
+        upstreams: rt.remotes.views(),
+        pinned_models: crate::configure::pinned_by_type(&loaded),
+        update_check_done: rt.updates.done(),
+        sandbox: rt.sandbox(),
+        log_streaming: api_types::LogStreaming { sse: false, websocket: false },
+        websocket_port: None,
+        telemetry: api_types::TelemetryState { enabled: false },
     }
 }

@@ -170,7 +170,7 @@ async fn preload_loads_the_listed_models_in_order_without_a_request() {
         c.preload = vec![B.into(), A.into()];
         c.scheduler.limits = Some(scheduler::Limits::uniform(2));
     });
-    pulls::preload(&s.engine);
+    engine::loads::preload(&s.engine);
     assert_eq!(s.engine.lifecycle().loading(), vec![B.to_string(), A.to_string()], "both announced as loading");
     s.wait_state(A, State::Loaded).await;
     s.wait_state(B, State::Loaded).await;
@@ -462,7 +462,7 @@ async fn load_options_are_three_state_and_a_same_options_load_is_a_no_op() {
         v["model_name"] = json!(A);
         let req: LoadRequest = serde_json::from_value(v).unwrap();
         let e = e.clone();
-        async move { pulls::load(&e, &req).await.map(|_| ()) }
+        async move { engine::loads::load(&e, &req).await.map(|_| ()) }
     };
     let last = || s.launcher.launched_with(A).last().cloned().unwrap();
 
@@ -550,11 +550,11 @@ async fn replaying_effective_as_a_load_keeps_the_backend_it_describes() {
         let effective = engine::options::view(e, &info).effective;
         assert_eq!(effective["ctx_size"], ctx);
         let req: LoadRequest = serde_json::from_value(json!({"model_name": A})).unwrap();
-        pulls::load(e, &req).await.unwrap();
+        engine::loads::load(e, &req).await.unwrap();
         assert_eq!(s.launcher.starts(A), round + 1);
         engine::options::reset(e, &info).await.unwrap();
         let req: LoadRequest = serde_json::from_value(Value::Object(effective.clone())).unwrap();
-        pulls::load(e, &req).await.unwrap();
+        engine::loads::load(e, &req).await.unwrap();
         assert_eq!(
             s.launcher.starts(A),
             round + 1,

@@ -39,11 +39,11 @@ fn required(req: &InstallRequest) -> Result<(String, String), ApiError> {
 pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallRequest>) -> Result<Response, ApiError> {
     let req = body.value;
     if req.backend.as_deref() == Some(backends::cloud::RECIPE) && req.recipe.is_none() {
-        return Ok(Json(v11_cloud_install(&rt, req).await?).into_response());
+        return Ok(Json(engine::cloud::install_v11(&rt.engine, &req).await?).into_response());
     }
     let (recipe, backend) = required(&req)?;
     if recipe == backends::cloud::RECIPE {
-        return Ok(Json(cloud_install(&rt, backend, req).await?).into_response());
+        return Ok(Json(engine::cloud::install(&rt.engine, backend, &req).await?).into_response());
     }
     let p = installs::plan_for(rt.engine.cfg(), &recipe, &backend)?;
     if req.stream != Some(true) {
@@ -72,13 +72,7 @@ pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallReq
     ))]
 pub async fn uninstall_route(State(rt): State<AppState>, body: JsonBody<InstallRequest>) -> Result<Response, ApiError> {
     if body.value.backend.as_deref() == Some(backends::cloud::RECIPE) && body.value.recipe.is_none() {
-        let name = provider_of(&body.value)?;
-        let p = rt.engine.remotes().provider(&name)?;
-        let models_evicted = engine::remote::Remotes::model_count(&p);
-        rt.engine.remotes().uninstall(&name)?;
-        let backend = backends::cloud::RECIPE.into();
-        return Ok(Json(CloudUninstalled { status: "success".into(), backend, provider: name, models_evicted })
-            .into_response());
+        return Ok(Json(engine::cloud::uninstall_v11(&rt.engine, &body.value)?).into_response());
     }
     let (recipe, backend) = required(&body.value)?;
     let message = match recipe == backends::cloud::RECIPE {
@@ -88,47 +82,6 @@ pub async fn uninstall_route(State(rt): State<AppState>, body: JsonBody<InstallR
     };
     Ok(Json(InstallResponse { status: "success".into(), recipe, backend, version: None, message, upstream: None })
         .into_response())
-}
-
-/// Lemonade v11's `provider` of a cloud body (400 when missing).
-fn provider_of(req: &InstallRequest) -> Result<String, ApiError> {
-    req.provider
-        .clone()
-        .filter(|p| !p.is_empty())
-        .ok_or_else(|| ApiError::bad_request("Missing required field 'provider'", Some("provider")))
-}
-
-fn auth_state(p: &engine::remote::Provider) -> AuthState {
-    let (env_var_set, runtime_key_set) = p.auth_state();
-    AuthState { env_var_set, runtime_key_set }
-}
-
-/// Lemonade v11's cloud install: `{backend: "cloud", provider, base_url, api_key?,
-/// allow_insecure_http?}`.
-async fn v11_cloud_install(rt: &AppState, req: InstallRequest) -> Result<CloudInstalled, ApiError> {
-    let name = provider_of(&req)?;
-    let url = req.base_url.clone().filter(|u| !u.is_empty());
-    let url = url.ok_or_else(|| ApiError::bad_request("Missing required field 'base_url'", Some("base_url")))?;
-    let up = rt.engine.remotes().install_with(&name, Some(&url), req.api_key.clone(), install_options(&req)).await?;
-    let p = rt.engine.remotes().provider(&name)?;
-    let state = auth_state(&p);
-    let warning = (req.api_key.is_some() && state.env_var_set).then(|| {
-        format!(
-            "{} is set in the lemonade process; it takes precedence over the api_key given",
-            backends::cloud::key_variable(&name)
-        )
-    });
-    let models_discovered = up.models.len();
-    let (backend, base_url) = (backends::cloud::RECIPE.to_string(), up.base_url);
-    Ok(CloudInstalled {
-        status: "success".into(),
-        backend,
-        provider: name,
-        base_url,
-        models_discovered,
-        auth_state: state,
-        warning,
-    })
 }
 
 /// Sets a cloud provider's API key, held in memory only.
@@ -156,15 +109,7 @@ pub async fn cloud_auth(State(rt): State<AppState>, body: JsonBody<CloudAuthRequ
         let body = serde_json::json!({"error": {"type": "auth_conflict", "env_var": env_var, "message": message}});
         return Ok((http::StatusCode::CONFLICT, Json(body)).into_response());
     }
-    let p = rt.engine.remotes().auth(&b.provider, &b.api_key, b.allow_insecure_http).await?;
-    let models_discovered = Some(engine::remote::Remotes::model_count(&p));
-    Ok(Json(CloudAuth {
-        provider: b.provider.clone(),
-        auth_state: auth_state(&p),
-        models_discovered,
-        cleared_runtime_key: None,
-    })
-    .into_response())
+    Ok(Json(engine::cloud::auth(&rt.engine, &b.provider, &b.api_key, b.allow_insecure_http).await?).into_response())
 }
 
 /// Drops a cloud provider's key held in memory.
@@ -180,37 +125,7 @@ pub async fn cloud_auth_clear(
     State(rt): State<AppState>,
     Path(provider): Path<String>,
 ) -> Result<Json<CloudAuth>, ApiError> {
-    let (p, cleared) = rt.engine.remotes().clear_auth(&provider)?;
-    Ok(Json(CloudAuth {
-        provider,
-        auth_state: auth_state(&p),
-        models_discovered: None,
-        cleared_runtime_key: Some(cleared),
-    }))
-}
-
-fn install_options(req: &InstallRequest) -> engine::remote::InstallOptions {
-    engine::remote::InstallOptions { allow_insecure_http: req.allow_insecure_http, reach: req.reach.clone() }
-}
-
-/// Registers a remote provider (or changes its key) and discovers its models.
-async fn cloud_install(rt: &AppState, name: String, req: InstallRequest) -> Result<InstallResponse, ApiError> {
-    let options = install_options(&req);
-    let up = rt.engine.remotes().install_with(&name, req.base_url.as_deref(), req.api_key, options).await?;
-    let message = match &up.last_probe {
-        Some(p) if p.ok => format!("{} model(s): {}", up.models.len(), up.models.join(", ")),
-        Some(p) => format!("registered, but its models could not be listed: {}", p.error.as_deref().unwrap_or("")),
-        None => "registered".into(),
-    };
-    let recipe = backends::cloud::RECIPE.to_string();
-    Ok(InstallResponse {
-        status: "success".into(),
-        recipe,
-        backend: name,
-        version: None,
-        message: Some(message),
-        upstream: Some(up),
-    })
+    Ok(Json(engine::cloud::clear_auth(&rt.engine, &provider)?))
 }
 
 /// Remote providers (recipe `cloud`), their state and models.

@@ -62,7 +62,7 @@ pub async fn delete_alias(
         `global_timeout` are listed beside the flat keys. Needs the admin key when one is set.",
     responses((status = 200, description = "Every key, and the v11.7 sections", body = Object)))]
 pub async fn config(State(rt): State<AppState>) -> Json<serde_json::Map<String, serde_json::Value>> {
-    let mut m = engine::live::snapshot(&rt.engine);
+    let mut m = engine::configure::snapshot(&rt.engine);
     let level = rt.http.logs.as_ref().map_or_else(|| "info".to_string(), |h| h.level());
     m.insert("log_level".into(), level.into());
     Json(m)
@@ -74,7 +74,7 @@ pub async fn config(State(rt): State<AppState>) -> Json<serde_json::Map<String, 
         when one is set.",
     responses((status = 200, description = "Flat object of every key", body = Object)))]
 pub async fn config_defaults() -> Json<serde_json::Map<String, serde_json::Value>> {
-    Json(engine::live::defaults())
+    Json(engine::config::file::defaults())
 }
 
 /// Changes the configuration: every key checked first, saved to `config.json`, applied.
@@ -96,9 +96,9 @@ pub async fn set(
     State(rt): State<AppState>,
     body: JsonBody<serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Json<ConfigSetResponse>, ApiError> {
-    let updated = engine::live::set(&rt.engine, &body.value).await?;
+    let updated = engine::configure::set(&rt.engine, &body.value).await?;
     if let (Some(h), Some(_)) = (&rt.http.logs, updated.get("log_level")) {
-        h.set_level(engine::live::log_level(&updated)).map_err(|e| ApiError::Internal(e.to_string()))?;
+        h.set_level(engine::config::file::log_level(&updated)).map_err(|e| ApiError::Internal(e.to_string()))?;
     }
     Ok(Json(ConfigSetResponse { status: "success".into(), updated }))
 }
@@ -157,7 +157,7 @@ pub async fn cleanup_cache(
     body: JsonBody<CleanupCacheRequest>,
 ) -> Result<Json<CleanupCacheResponse>, ApiError> {
     let dry_run = body.value.dry_run.unwrap_or(true);
-    let found = tokio::task::spawn_blocking(move || engine::cache::cleanup(&rt.engine, dry_run))
+    let found = tokio::task::spawn_blocking(move || engine::cleanup::cleanup(&rt.engine, dry_run))
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))??;
     Ok(Json(found))

@@ -8,31 +8,18 @@ use bytes::Bytes;
 use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::state::AppState;
-use engine::pulls;
 
 /// Server status and loaded models.
 #[utoipa::path(get, path = "/api/v1/health", tag = "Lemonade",
     description = "Also under /api/v0, /v0 and /v1.",
     responses((status = 200, description = "Status", body = Health)))]
 pub async fn health(State(rt): State<AppState>, headers: http::HeaderMap) -> Json<Health> {
-    let loaded = rt.engine.lifecycle().loaded();
-    let max_models =
-        engine::settings::limits_by_type(&rt.engine.lifecycle().scheduler_view().settings.limits.unwrap_or_default());
+    let logs = rt.http.logs.as_ref();
     Json(Health {
-        status: "ok".into(),
-        version: engine::VERSION.into(),
-        model_loaded: rt.engine.lifecycle().most_recent().map(|m| m.info.name.clone()),
-        all_models_loaded: loaded.iter().map(|(r, v)| rt.engine.lifecycle().health_entry(r, v)).collect(),
-        models_loading: rt.engine.lifecycle().loading(),
-        max_models,
-        log_streaming: LogStreaming { sse: rt.http.logs.is_some(), websocket: rt.http.logs.is_some() },
-        prompt_cache: rt.engine.prompt_cache_usage(),
-        upstreams: rt.engine.remotes().views(),
-        pinned_models: engine::settings::pinned_by_type(&loaded),
-        websocket_port: rt.http.logs.as_ref().and_then(|_| host_port(&headers)),
-        update_check_done: rt.engine.updates().done(),
-        telemetry: TelemetryState { enabled: rt.http.logs.as_ref().is_some_and(|h| h.telemetry_enabled()) },
-        sandbox: rt.engine.sandbox(),
+        log_streaming: LogStreaming { sse: logs.is_some(), websocket: logs.is_some() },
+        websocket_port: logs.and_then(|_| host_port(&headers)),
+        telemetry: TelemetryState { enabled: logs.is_some_and(|h| h.telemetry_enabled()) },
+        ..engine::models::health(&rt.engine)
     })
 }
 
@@ -78,7 +65,7 @@ pub async fn stats(State(rt): State<AppState>) -> Json<Stats> {
         (status = 507, description = "`insufficient_memory`: its estimate can never fit the memory budget (figures named)", body = ErrorResponse),
     ))]
 pub async fn load(State(rt): State<AppState>, body: JsonBody<LoadRequest>) -> Result<Json<LoadResponse>, ApiError> {
-    Ok(Json(pulls::load_named(&rt.engine, &body.value).await?))
+    Ok(Json(engine::loads::load_named(&rt.engine, &body.value).await?))
 }
 
 /// Unloads one model (after its in-flight requests finish), or every model.
@@ -155,7 +142,7 @@ pub async fn pin(State(rt): State<AppState>, body: JsonBody<PinRequest>) -> Resu
                    memory counted now) and the anti-thrash hold.",
     responses((status = 200, description = "Settings", body = Params)))]
 pub async fn params(State(rt): State<AppState>) -> Json<Params> {
-    Json(engine::settings::current(rt.engine.lifecycle()))
+    Json(engine::configure::current(rt.engine.lifecycle()))
 }
 
 /// Changes the scheduler's settings while it runs, and saves them.
@@ -171,5 +158,5 @@ pub async fn params(State(rt): State<AppState>) -> Json<Params> {
         (status = 400, description = "An invalid value (named)", body = ErrorResponse),
     ))]
 pub async fn set_params(State(rt): State<AppState>, body: JsonBody<ParamsUpdate>) -> Result<Json<Params>, ApiError> {
-    Ok(Json(engine::live::update_params(&rt.engine, &body.value).await?))
+    Ok(Json(engine::configure::update_params(&rt.engine, &body.value).await?))
 }

@@ -1,113 +1,20 @@
-//! Lemonade v11's live configuration: `config.json` in the cache dir (sparse overrides of the
-//! defaults), `GET /internal/config`, `GET /internal/config/defaults` and `POST /internal/set`.
-//! The keys, their checks and defaults are `registry::config`'s; this module reads and writes
-//! the file and applies a change where it takes effect. One store: `POST /params` writes here
-//! too, and a `settings.json` from before is folded in once, at start.
+//! Changing the configuration while lemonade runs (Lemonade v11's `GET /internal/config`,
+//! `POST /internal/set`, `POST /params`, a reload on SIGHUP): a change is checked, saved in
+//! `config.json` (the one store: `POST /params` writes there too) and applied where it takes
+//! effect (the live options, the catalogue's extra models dir, the scheduler).
 //!
 //! The log level is the one key the engine does not apply itself: logging belongs to the
 //! process (the CLI sets it up, the server changes it), so [`set`] checks it, saves it and
 //! hands it back.
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
-
-use registry::config::{self as keys, ConfigError};
+use api_types::{ModelType, Params};
+use registry::config as keys;
 use serde_json::{Map, Value};
 
-use crate::config::Config;
+use crate::config::file::{apply_server, refused, sandbox_mode};
+use crate::config::settings::limits_by_type;
+use crate::lifecycle::Lifecycle;
 use crate::{Engine, EngineError, Result};
-
-fn refused(e: ConfigError) -> EngineError {
-    EngineError::Invalid { message: e.message, param: Some(e.key), code: Some("invalid_config") }
-}
-
-/// What lemonade starts with: every key's value, and the keys set by `config.json` or a flag
-/// (the options among them form the server-wide options layer; a default is read where it
-/// is used, so answers list only options that were set, as v9's).
-#[derive(Debug, Clone)]
-pub struct StartValues {
-    pub values: Map<String, Value>,
-    pub overrides: Map<String, Value>,
-}
-
-/// The values lemonade starts with: the defaults, under `config.json` (a `settings.json` of an
-/// earlier version folded in and moved aside), under `flags` (the flags and `LEMONADE_*`
-/// variables given, never written back). A corrupt file, or a bad value in it or in the flags,
-/// is an error naming it.
-pub fn start_values(cache_dir: &Path, flags: &Map<String, Value>) -> Result<StartValues> {
-    let mut file = host::files::load_config(cache_dir)?;
-    let old = host::files::load_settings(cache_dir)?;
-    if old != api_types::ParamsUpdate::default() {
-        if let Ok(Value::Object(o)) = serde_json::to_value(&old) {
-            for (k, v) in o {
-                file.entry(k).or_insert(v);
-            }
-        }
-        host::files::save_config(cache_dir, &file)?;
-        host::files::retire_settings(cache_dir)?;
-        tracing::info!("settings.json folded into config.json");
-    }
-    // A v11.7 file's nested sections read as the flat keys (what lemonade lacks is skipped).
-    let flat = keys::flatten(&file, false).map_err(|e| {
-        EngineError::invalid(
-            format!("{} in {}: {}", e.key, cache_dir.join(keys::CONFIG_FILE).display(), e.message),
-            Some(&e.key),
-        )
-    })?;
-    let known: Map<String, Value> = flat.into_iter().filter(|(k, v)| keys::find(k).is_some() && !v.is_null()).collect();
-    keys::check(&known).map_err(|e| {
-        EngineError::invalid(
-            format!("{} in {}: {}", e.key, cache_dir.join(keys::CONFIG_FILE).display(), e.message),
-            Some(&e.key),
-        )
-    })?;
-    keys::check(flags).map_err(refused)?;
-    let mut overrides = known;
-    keys::deep_merge(&mut overrides, flags);
-    let mut values = keys::defaults();
-    keys::deep_merge(&mut values, &overrides);
-    Ok(StartValues { values, overrides })
-}
-
-/// `cfg` set from `start`: the live parts and the scheduler's settings.
-pub fn configure(cfg: &mut Config, start: &StartValues) -> Result<()> {
-    let values = &start.values;
-    cfg.live.set_sandbox(sandbox_mode(values)?.unwrap_or_else(host::sandbox::default_mode));
-    apply_server(cfg, values);
-    let mut options = keys::options(&start.overrides).map_err(refused)?;
-    options.llamacpp_backend = keys::options(values).map_err(refused)?.llamacpp_backend;
-    cfg.live.set_options(options);
-    let update = keys::scheduler(values).map_err(refused)?;
-    cfg.scheduler = crate::settings::settings(&update)?.over(cfg.scheduler.clone());
-    Ok(())
-}
-
-/// The sandbox mode `values` name (`auto`: the strongest this kernel holds), checked against
-/// the kernel: `strict` where it cannot hold every rule is a 400 naming what it lacks.
-fn sandbox_mode(values: &Map<String, Value>) -> Result<Option<backends::sandbox::Mode>> {
-    let Some(v) = values.get("sandbox").and_then(Value::as_str) else { return Ok(None) };
-    let mode = backends::sandbox::Mode::parse(v).unwrap_or_else(host::sandbox::default_mode);
-    host::sandbox::status(mode).map_err(|e| EngineError::invalid(e.to_string(), Some("sandbox")))?;
-    Ok(Some(mode))
-}
-
-/// The timeouts and the extra models dir of `values` (the keys it has) into `cfg`'s live part.
-fn apply_server(cfg: &Config, values: &Map<String, Value>) -> Option<Option<PathBuf>> {
-    let secs = |k: &str| values.get(k).and_then(Value::as_u64).map(Duration::from_secs);
-    if let Some(d) = secs("load_timeout") {
-        cfg.live.set_load_timeout(d);
-    }
-    if let Some(d) = secs("pull_timeout") {
-        cfg.live.set_pull_timeout(d);
-    }
-    if let Some(d) = secs("remote_timeout") {
-        cfg.live.set_remote_timeout(d);
-    }
-    let dir = values.get("extra_models_dir").and_then(Value::as_str)?;
-    let dir = (!dir.is_empty()).then(|| PathBuf::from(dir));
-    cfg.live.set_extra_models_dir(dir.clone());
-    Some(dir)
-}
 
 /// The configuration in force, every key but `log_level` (the server's): read from where each
 /// value lives, so it is what lemonade does now, not what a file says.
@@ -122,7 +29,7 @@ pub fn snapshot(rt: &Engine) -> Map<String, Value> {
     m.insert("sandbox".into(), live.sandbox().as_str().into());
     // The scheduler's keys are `/params`' fields, but for the slot limits (one number when every
     // type has the same) and the budgets (`none` rather than null).
-    let p = crate::settings::current(&rt.lifecycle);
+    let p = current(&rt.lifecycle);
     let params = match serde_json::to_value(&p) {
         Ok(Value::Object(o)) => o,
         _ => Map::new(),
@@ -161,7 +68,7 @@ pub async fn set(rt: &Engine, update: &Map<String, Value>) -> Result<Map<String,
     let defaults = keys::defaults();
     let resolved: Map<String, Value> =
         update.iter().map(|(k, v)| (k.clone(), if v.is_null() { defaults[k].clone() } else { v.clone() })).collect();
-    let sched = crate::settings::settings(&keys::scheduler(&resolved).map_err(refused)?)?;
+    let sched = crate::config::settings::settings(&keys::scheduler(&resolved).map_err(refused)?)?;
     let sandbox = sandbox_mode(&resolved)?;
     let set: Map<String, Value> =
         update.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -210,31 +117,42 @@ pub async fn reload(rt: &Engine) -> Result<Map<String, Value>> {
     set(rt, &changed).await
 }
 
-/// `GET /internal/config/defaults`: the factory defaults.
-pub fn defaults() -> Map<String, Value> {
-    keys::defaults()
-}
-
-/// The log level `values` set, as lemonade names it (v11's `fatal` and `none` are `critical`).
-pub fn log_level(values: &Map<String, Value>) -> &'static str {
-    match values.get("log_level").and_then(Value::as_str) {
-        Some("trace") => "trace",
-        Some("debug") => "debug",
-        Some("warning") => "warning",
-        Some("error") => "error",
-        Some("critical" | "fatal" | "none") => "critical",
-        _ => "info",
-    }
-}
-
 /// `POST /params`: applies `update` to the running scheduler and saves it in `config.json`
 /// (the one store of settings); returns the settings now in force. A bad value changes nothing.
 pub async fn update_params(rt: &Engine, update: &api_types::ParamsUpdate) -> Result<api_types::Params> {
-    crate::settings::settings(update)?;
+    crate::config::settings::settings(update)?;
     let keys = match serde_json::to_value(update) {
         Ok(Value::Object(m)) => m,
         _ => Map::new(),
     };
     set(rt, &keys).await?;
-    Ok(crate::settings::current(&rt.lifecycle))
+    Ok(current(&rt.lifecycle))
+}
+
+/// Pinned models among `loaded`, per model type (every type listed, 0 when none).
+pub fn pinned_by_type(
+    loaded: &[(std::sync::Arc<crate::lifecycle::Running>, crate::lifecycle::ModelView)],
+) -> std::collections::BTreeMap<String, i64> {
+    ModelType::ALL
+        .iter()
+        .map(|t| {
+            (t.as_str().to_string(), loaded.iter().filter(|(r, v)| v.pinned && r.info.model_type == *t).count() as i64)
+        })
+        .collect()
+}
+
+/// The settings in force, as the scheduler last published them.
+pub fn current(rt: &Lifecycle) -> Params {
+    let v = rt.scheduler_view();
+    let s = v.settings;
+    Params {
+        max_loaded_models: limits_by_type(&s.limits.unwrap_or_default()),
+        idle_timeout: s.idle_timeout_ms.flatten().map(|ms| ms / 1000).unwrap_or(0),
+        max_queue: s.max_queue.flatten().map(|q| q as u64).unwrap_or(0),
+        memory_budget: s.memory_budget.flatten(),
+        memory_in_use: v.memory_in_use,
+        vram_budget: s.vram_budget.flatten(),
+        vram_in_use: v.vram_in_use,
+        swap_hold_ms: s.swap_hold_ms.unwrap_or(0),
+    }
 }

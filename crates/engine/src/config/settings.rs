@@ -1,12 +1,11 @@
 //! The scheduler settings of `GET/POST /api/v1/params` (kept in `config.json`, see
-//! `crate::live`): validation of an update into the scheduler's [`Settings`], and the view of
+//! `crate::configure`): validation of an update into the scheduler's [`Settings`], and the view of
 //! the settings in force.
 
-use api_types::{MemoryBudget, ModelType, Params, ParamsUpdate, SlotLimits};
+use api_types::{MemoryBudget, ModelType, ParamsUpdate, SlotLimits};
 use scheduler::{Limits, Pool, Settings};
 
 use crate::error::{EngineError, Result};
-use crate::lifecycle::Lifecycle;
 
 /// `8G`, `512MiB`, `1073741824`: bytes (binary multiples).
 pub fn parse_bytes(s: &str) -> Option<u64> {
@@ -108,34 +107,6 @@ pub fn over(flags: ParamsUpdate, saved: ParamsUpdate) -> ParamsUpdate {
 /// Slot limit per model type as the API shows them (-1: unlimited).
 pub fn limits_by_type(limits: &Limits) -> std::collections::BTreeMap<String, i64> {
     ModelType::ALL.iter().map(|t| (t.as_str().to_string(), limits.get(*t))).collect()
-}
-
-/// Pinned models among `loaded`, per model type (every type listed, 0 when none).
-pub fn pinned_by_type(
-    loaded: &[(std::sync::Arc<crate::lifecycle::Running>, crate::lifecycle::ModelView)],
-) -> std::collections::BTreeMap<String, i64> {
-    ModelType::ALL
-        .iter()
-        .map(|t| {
-            (t.as_str().to_string(), loaded.iter().filter(|(r, v)| v.pinned && r.info.model_type == *t).count() as i64)
-        })
-        .collect()
-}
-
-/// The settings in force, as the scheduler last published them.
-pub fn current(rt: &Lifecycle) -> Params {
-    let v = rt.scheduler_view();
-    let s = v.settings;
-    Params {
-        max_loaded_models: limits_by_type(&s.limits.unwrap_or_default()),
-        idle_timeout: s.idle_timeout_ms.flatten().map(|ms| ms / 1000).unwrap_or(0),
-        max_queue: s.max_queue.flatten().map(|q| q as u64).unwrap_or(0),
-        memory_budget: s.memory_budget.flatten(),
-        memory_in_use: v.memory_in_use,
-        vram_budget: s.vram_budget.flatten(),
-        vram_in_use: v.vram_in_use,
-        swap_hold_ms: s.swap_hold_ms.unwrap_or(0),
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,9 @@
 //! The engine's settings, resolved from CLI flags and `LEMONADE_*` variables by the CLI (the
 //! HTTP layer's own, such as access rules and the body limit, are the server's).
 
+pub mod file;
+pub mod settings;
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -58,7 +61,7 @@ pub struct Config {
     pub breaker: backends::upstream::BreakerSettings,
 }
 
-/// `config.json`'s writer: one change at a time (read, check, write, apply; `crate::live`).
+/// `config.json`'s writer: one change at a time (read, check, write, apply; `crate::configure`).
 #[derive(Debug, Default)]
 pub struct ConfigStore {
     pub(crate) writer: tokio::sync::Mutex<()>,
