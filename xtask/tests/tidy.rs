@@ -129,24 +129,7 @@ fn without_tests(text: &str) -> String {
         let end = match (semi, brace) {
             (Some(s), Some(b)) if s < b => s + 1,
             (Some(s), None) => s + 1,
-            (_, Some(b)) => {
-                let mut depth = 0;
-                let mut end = item.len();
-                for (i, c) in item[b..].char_indices() {
-                    match c {
-                        '{' => depth += 1,
-                        '}' => {
-                            depth -= 1;
-                            if depth == 0 {
-                                end = b + i + 1;
-                                break;
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-                end
-            }
+            (_, Some(b)) => closing_brace(item, b).map_or(item.len(), |e| e + 1),
             (None, None) => item.len(),
         };
         out.push_str(&"\n".repeat(item[..end].matches('\n').count()));
@@ -628,6 +611,24 @@ fn load_options_are_read_as_fields() {
     assert!(bad.is_empty(), "a load option looked up by name (read LoadOptions' fields):\n{}", bad.join("\n"));
 }
 
+/// The index of the `}` that closes the `{` at `open` in `code` (literals are not parsed).
+fn closing_brace(code: &str, open: usize) -> Option<usize> {
+    let mut depth = 0;
+    for (i, c) in code[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(open + i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
 /// `(start, end)` byte ranges of the bodies of the `async fn`s in `code` (braces matched;
 /// string and char literals are not parsed, which the crates' code does not need).
 fn async_fn_bodies(code: &str) -> Vec<(usize, usize)> {
@@ -641,22 +642,7 @@ fn async_fn_bodies(code: &str) -> Vec<(usize, usize)> {
             from = start + 1;
             continue;
         }
-        let mut depth = 0;
-        let mut end = code.len();
-        for (i, c) in code[open..].char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        end = open + i;
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
-        out.push((open, end));
+        out.push((open, closing_brace(code, open).unwrap_or(code.len())));
         from = open + 1;
     }
     out
