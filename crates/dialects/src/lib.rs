@@ -4,6 +4,7 @@
 //! ([`StreamTranslator`], fed by [`SseDecoder`]), so nothing is buffered but the tool-call
 //! arguments a dialect wants whole. No I/O and no clock: timestamps and ids come in as values.
 
+pub mod annotate;
 pub mod anthropic;
 pub mod mcp;
 pub mod ollama;

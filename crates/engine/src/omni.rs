@@ -174,3 +174,49 @@ async fn run_tool(rt: &Engine, run: &ToolRun, forwarded: &Forwarded) -> ToolOutc
 fn arg<'a>(args: &'a Map<String, Value>, k: &str) -> Option<&'a str> {
     args.get(k).and_then(Value::as_str).filter(|s| !s.is_empty())
 }
+
+/// Unix seconds now (an answer's `created`).
+fn created() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Omni collection `c`'s whole answer to chat request `body`: one OpenAI chat completion.
+pub async fn answer(rt: &Engine, c: &Collection, o: &Omni, body: Value, forwarded: Forwarded) -> Result<Value> {
+    let (l, end) = run(rt, c, o, body, forwarded, None).await?;
+    Ok(l.completion(&end, &c.name, created()))
+}
+
+/// Omni collection `c`'s answer as SSE events, each sent as it is made: the role, each medium
+/// the moment its tool finishes, the text, the finish with the trace, `[DONE]`. The loop runs
+/// in its own task; dropping the receiver leaves it to finish unread.
+pub fn stream(rt: &Engine, c: &Collection, o: &Omni, body: Value, forwarded: Forwarded) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel::<String>(16);
+    let (media_tx, mut media_rx) = mpsc::channel::<String>(4);
+    let (rt, c, o) = (rt.clone(), c.clone(), o.clone());
+    let (id, name) = (format!("chatcmpl-omni-{}", created()), c.name.clone());
+    tokio::spawn(async move {
+        let event = {
+            let (id, name) = (id.clone(), name.clone());
+            move |delta: Value| pure::chunk_event(&id, &name, created(), delta, None, None)
+        };
+        let _ = tx.send(event(json!({"role": "assistant", "content": ""}))).await;
+        let media = {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                while let Some(m) = media_rx.recv().await {
+                    let _ = tx.send(event(json!({"content": format!("{m}\n\n")}))).await;
+                }
+            })
+        };
+        let ran = run(&rt, &c, &o, body, forwarded, Some(media_tx)).await;
+        // Every medium is out before the text.
+        let _ = media.await;
+        let last = match ran {
+            Ok((l, end)) => l.last_events(&end, &id, &name, created()),
+            Err(e) => format!("data: {}\n\n", json!({"error": {"message": e.to_string(), "type": "server_error"}})),
+        };
+        let _ = tx.send(last).await;
+        let _ = tx.send("data: [DONE]\n\n".into()).await;
+    });
+    rx
+}

@@ -748,6 +748,26 @@ impl Loop {
         json!({"planner": self.planner, "tool_format": self.omni.tool_format.name(), "tool_calls": self.trace})
     }
 
+    /// The whole answer as one OpenAI chat completion of `model`, made at `created` (Unix s),
+    /// the media after the text, the loop's trace in `x_lemonade_omni`.
+    pub fn completion(&self, end: &End, model: &str, created: u64) -> Value {
+        let (message, finish) = self.message(end, true);
+        json!({"id": format!("chatcmpl-omni-{created}"), "object": "chat.completion", "created": created,
+               "model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+               "x_lemonade_omni": self.trace()})
+    }
+
+    /// A stream's last events: the text (the media went out as their tools finished), then the
+    /// finish with the trace.
+    pub fn last_events(&self, end: &End, id: &str, model: &str, created: u64) -> String {
+        let (mut message, finish) = self.message(end, false);
+        if let Some(o) = message.as_object_mut() {
+            o.remove("role");
+        }
+        chunk_event(id, model, created, message, None, None)
+            + &chunk_event(id, model, created, json!({}), Some(finish), Some(self.trace()))
+    }
+
     /// The assistant message `end` makes (the media after the text when `with_media`), and its
     /// finish reason.
     pub fn message(&self, end: &End, with_media: bool) -> (Value, &'static str) {
@@ -764,6 +784,23 @@ impl Loop {
             }
         }
     }
+}
+
+/// One OpenAI chat completion chunk as an SSE event (`trace`: the loop's, on the last one).
+pub fn chunk_event(
+    id: &str,
+    model: &str,
+    created: u64,
+    delta: Value,
+    finish: Option<&str>,
+    trace: Option<Value>,
+) -> String {
+    let mut c = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+    if let Some(t) = trace {
+        c["x_lemonade_omni"] = t;
+    }
+    format!("data: {c}\n\n")
 }
 
 #[cfg(test)]
