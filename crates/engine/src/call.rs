@@ -287,6 +287,22 @@ impl Lease {
         }
     }
 
+    /// Records a stream's usage: the last `data:` line of its `tail` with usage or timings (a
+    /// Responses API event nests it in `response`).
+    pub fn record_stream_tail(&self, tail: &[u8]) {
+        let text = String::from_utf8_lossy(tail);
+        let last = text
+            .lines()
+            .rev()
+            .filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
+            .filter(|d| d.contains("\"timings\"") || d.contains("\"usage\""))
+            .find_map(|d| serde_json::from_str::<Value>(d.trim()).ok());
+        if let Some(v) = last {
+            let v = v.get("response").filter(|r| r.get("usage").is_some()).cloned().unwrap_or(v);
+            self.record_usage(&v, false);
+        }
+    }
+
     /// Records an answer's usage/timings `v` into the model's `/stats` and the metrics. A whole
     /// answer's time to first token is the wait for the model plus the prompt's time.
     pub fn record_usage(&self, v: &Value, non_streaming: bool) {

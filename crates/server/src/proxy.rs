@@ -329,20 +329,9 @@ impl Drop for StreamState {
 }
 
 impl StreamState {
-    /// Reads the last `data:` line with usage or timings into the model's stats.
+    /// Records the stream's usage (from its tail) into the model's stats.
     fn finish(&self) {
-        let text = String::from_utf8_lossy(&self.tail);
-        let last = text
-            .lines()
-            .rev()
-            .filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
-            .filter(|d| d.contains("\"timings\"") || d.contains("\"usage\""))
-            .find_map(|d| serde_json::from_str::<Value>(d.trim()).ok());
-        if let Some(v) = last {
-            // Responses API events nest the usage inside `response`.
-            let v = v.get("response").filter(|r| r.get("usage").is_some()).cloned().unwrap_or(v);
-            self.lease.record_usage(&v, false);
-        }
+        self.lease.record_stream_tail(&self.tail);
     }
 }
 

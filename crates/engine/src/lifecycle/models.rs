@@ -68,11 +68,6 @@ impl Models {
         self.read(name, |x| x.running.as_ref().is_some_and(|x| Arc::ptr_eq(x, r))).unwrap_or(false)
     }
 
-    /// Every registered backend, by model.
-    pub(super) fn all_running(&self) -> HashMap<String, Arc<Running>> {
-        self.0.lock().iter().filter_map(|(n, r)| Some((n.clone(), r.running.clone()?))).collect()
-    }
-
     /// Unregisters every backend (shutdown) and returns them.
     pub(super) fn take_all_running(&self) -> Vec<Arc<Running>> {
         let mut all = self.0.lock();

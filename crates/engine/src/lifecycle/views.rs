@@ -192,11 +192,10 @@ impl Lifecycle {
     /// Loaded models in load order, with their published state.
     pub fn loaded(&self) -> Vec<(Arc<Running>, ModelView)> {
         let view = self.view();
-        let running = self.models.all_running();
         let mut out: Vec<(Arc<Running>, ModelView)> = view
             .into_iter()
             .filter(|(_, v)| v.state == State::Loaded)
-            .filter_map(|(n, v)| running.get(&n).map(|r| (r.clone(), v)))
+            .filter_map(|(n, v)| Some((self.models.running(&n)?, v)))
             .collect();
         out.sort_by_key(|(r, _)| r.seq);
         out
