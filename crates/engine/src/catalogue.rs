@@ -4,19 +4,20 @@
 //!
 //! Invariant: the published registry only moves forward. A reload scans and publishes while it
 //! holds the one writer lock, and a mutation writes its file and rescans under that same lock;
-//! readers take the published `Arc<Registry>` without waiting, once the first scan is done.
+//! readers take the published `Arc<Registry>` without waiting.
 //!
 //! The first scan can run after the server listens ([`Catalogue::start`]): lemonade's own files
 //! are checked at once (a damaged one still stops the start), the model files are scanned in
-//! the background, and whoever needs the registry before that waits for it
-//! ([`Catalogue::scanned`]; `registry()` itself blocks only until then). GGUF headers are kept
+//! the background, and whoever needs the registry before that awaits it
+//! ([`Catalogue::scanned`]; the server holds every request there). `registry()` never blocks:
+//! before the first scan it is the empty registry. GGUF headers are kept
 //! by (path, size, mtime), so a rescan reads only the files that changed.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 
 use host::catalogue::{CatalogueConfig, HeaderCache};
 use registry::{CatalogueEntry, ModelInfo, Registry, USER_PREFIX};
@@ -36,9 +37,8 @@ pub struct Catalogue {
     writer: Mutex<()>,
     /// How many scans were published (the first, at start, is 1).
     generation: AtomicU64,
-    /// Whether the first scan has been published; waiters block on `first` or await `ready`.
+    /// Whether the first scan has been published; waiters await `ready`.
     scanned: AtomicBool,
-    first: (Mutex<bool>, Condvar),
     ready: tokio::sync::watch::Sender<bool>,
     /// The real scanner's header facts (None for an injected scanner).
     headers: Option<Arc<HeaderCache>>,
@@ -92,7 +92,6 @@ impl Catalogue {
             writer: Mutex::new(()),
             generation: AtomicU64::new(0),
             scanned: AtomicBool::new(false),
-            first: (Mutex::new(false), Condvar::new()),
             ready: tokio::sync::watch::channel(false).0,
             headers,
         }
@@ -113,8 +112,6 @@ impl Catalogue {
 
     fn mark_scanned(&self) {
         self.scanned.store(true, Ordering::SeqCst);
-        *self.first.0.lock() = true;
-        self.first.1.notify_all();
         self.ready.send_replace(true);
     }
 
@@ -165,14 +162,9 @@ impl Catalogue {
         self.rescan()
     }
 
-    /// The registry as last published (before the first scan is done, it waits for it).
+    /// The registry as last published, at once (empty before the first scan: await
+    /// [`Catalogue::scanned`] first where that matters).
     pub fn registry(&self) -> Arc<Registry> {
-        if !self.scanned.load(Ordering::SeqCst) {
-            let mut done = self.first.0.lock();
-            while !*done {
-                self.first.1.wait(&mut done);
-            }
-        }
         self.current.read().clone()
     }
 
@@ -404,10 +396,11 @@ mod tests {
         assert_eq!(cat.generation(), 3);
     }
 
-    /// Started in the background, the catalogue answers nobody until its first scan is
-    /// published: `scanned()` and `registry()` wait for it, then see it.
+    /// Started in the background, the catalogue makes `scanned()` wait for its first scan,
+    /// while `registry()` never blocks: it answers the empty registry until the scan is
+    /// published, then the scan.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn before_its_first_scan_the_catalogue_makes_readers_wait_for_it() {
+    async fn before_its_first_scan_the_catalogue_makes_awaiters_wait_and_readers_see_it_empty() {
         let (go_tx, go_rx) = mpsc::channel::<()>();
         let go_rx = Mutex::new(go_rx);
         let scan: Scanner = Box::new(move |_| {
@@ -415,23 +408,20 @@ mod tests {
             Ok(crate::testing::registry_with_user_model("scanned"))
         });
         let cat = Catalogue::start_with(Catalogue::unscanned(cfg(), scan, None)).unwrap();
-        let reader = {
-            let cat = cat.clone();
-            std::thread::spawn(move || cat.registry().get("user.scanned").is_ok())
-        };
         let waiter = {
             let cat = cat.clone();
             tokio::spawn(async move { cat.scanned().await })
         };
-        // Watched for 100 ms: neither gets an answer while the scan runs.
+        assert!(cat.registry().get("user.scanned").is_err(), "a reader is answered at once, before the scan");
+        // Watched for 100 ms: the waiter gets no answer while the scan runs.
         let until = std::time::Instant::now() + Duration::from_millis(100);
         while std::time::Instant::now() < until {
-            assert!(!reader.is_finished() && !waiter.is_finished(), "answered before the first scan");
+            assert!(!waiter.is_finished(), "scanned() answered before the first scan");
             tokio::task::yield_now().await;
         }
         go_tx.send(()).unwrap();
         tokio::time::timeout(Duration::from_secs(10), waiter).await.unwrap().unwrap();
-        assert!(reader.join().unwrap(), "the reader saw the first scan, not an empty registry");
+        assert!(cat.registry().get("user.scanned").is_ok(), "once scanned() resolves, readers see the scan");
         assert_eq!(cat.generation(), 1);
     }
 }
