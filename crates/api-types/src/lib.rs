@@ -15,6 +15,7 @@ mod admin;
 mod anthropic;
 mod audio;
 mod cloud;
+pub mod form;
 mod images;
 mod lemonade;
 mod ollama;

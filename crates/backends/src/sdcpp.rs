@@ -165,6 +165,77 @@ pub fn image_format(head: &[u8]) -> Option<&'static str> {
     }
 }
 
+/// The checks every image request shares: `n` from 1 to 10, a size sd-server makes, b64_json
+/// answers only, and the sd parameters in range.
+pub fn checked(
+    n: Option<u32>,
+    size: Option<&str>,
+    format: Option<&str>,
+    sd: &SdParameters,
+) -> Result<(), api_types::form::BadField> {
+    use api_types::form::BadField;
+    if let Some(n) = n.filter(|n| !(1..=10).contains(n)) {
+        return Err(BadField::new(format!("Invalid value for 'n': expected 1 to 10, got {n}"), "n"));
+    }
+    if let Some(size) = size {
+        parse_size(size).map_err(|e| BadField::new(e.to_string(), "size"))?;
+    }
+    if let Some(f) = format.filter(|f| *f != "b64_json") {
+        let msg = format!(
+            "Unsupported response_format '{f}': lemonade answers b64_json only (it keeps no images to link to)"
+        );
+        return Err(BadField::new(msg, "response_format"));
+    }
+    sd.validate().map_err(|(msg, field)| BadField::new(msg, field))
+}
+
+/// An edit or a variation, its form checked: what sd-server's edit route is sent.
+#[derive(Debug)]
+pub struct Redraw<'a> {
+    pub model: &'a str,
+    /// The prompt with the sd parameters in it (a space for a variation).
+    pub prompt: String,
+    pub n: Option<u32>,
+    pub size: Option<&'a str>,
+    /// The source images (`image` or `image[]`), then the mask (an edit's, if any).
+    pub images: Vec<&'a api_types::form::Part>,
+    pub mask: Option<&'a api_types::form::Part>,
+}
+
+/// Checks an edit's (or a variation's) form before any model loads: at least one image, each
+/// (and the mask) an image sd-server reads, a model, a prompt unless a variation, and the
+/// checks every image request shares.
+pub fn redraw(form: &api_types::form::Form, variation: bool) -> Result<Redraw<'_>, api_types::form::BadField> {
+    use api_types::form::BadField;
+    let images: Vec<_> = form.parts.iter().filter(|p| p.name == "image" || p.name == "image[]").collect();
+    if images.is_empty() {
+        return Err(BadField::new("Missing 'image' field in request", "image"));
+    }
+    let mask = if variation { None } else { form.get("mask") };
+    for p in images.iter().copied().chain(form.get("mask")) {
+        if image_format(&p.data).is_none() {
+            let name = p.file_name.as_deref().map(|n| format!(" '{n}'")).unwrap_or_default();
+            let msg = format!("The uploaded file{name} is not an image: expected PNG, JPEG, WebP, BMP or GIF");
+            return Err(BadField::new(msg, &p.name));
+        }
+    }
+    let model = form.required("model")?;
+    let prompt = if variation { " " } else { form.text("prompt")?.unwrap_or_default() };
+    if prompt.trim().is_empty() && !variation {
+        return Err(BadField::new("Missing 'prompt' field in request", "prompt"));
+    }
+    let sd = SdParameters {
+        steps: form.number("steps")?,
+        cfg_scale: form.number("cfg_scale")?,
+        seed: form.number("seed")?,
+        sampler: form.text("sampler")?.map(str::to_string),
+    };
+    let n: Option<u32> = form.number("n")?;
+    let size = form.text("size")?.filter(|s| !s.is_empty());
+    checked(n, size, form.text("response_format")?, &sd)?;
+    Ok(Redraw { model, prompt: sd.prompt_with(prompt), n, size, images, mask })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,5 +303,38 @@ mod tests {
         assert_eq!(image_format(b"RIFF\0\0\0\0WEBPVP8 "), Some("webp"));
         assert_eq!(image_format(b"RIFF\0\0\0\0WAVEfmt "), None);
         assert_eq!(image_format(b"hello"), None);
+    }
+
+    fn form(fields: &[(&str, &[u8])]) -> api_types::form::Form {
+        let part = |(n, d): &(&str, &[u8])| api_types::form::Part {
+            name: n.to_string(),
+            file_name: None,
+            content_type: None,
+            data: bytes::Bytes::copy_from_slice(d),
+        };
+        api_types::form::Form { parts: fields.iter().map(part).collect() }
+    }
+
+    #[test]
+    fn a_redraw_form_is_checked_and_its_prompt_carries_the_sd_parameters() {
+        let png: &[u8] = b"\x89PNG\r\n\x1a\n....";
+        let f = form(&[("image[]", png), ("mask", png), ("model", b"sd"), ("prompt", b"a cat"), ("steps", b"4")]);
+        let r = redraw(&f, false).unwrap();
+        assert_eq!((r.model, r.images.len(), r.mask.is_some()), ("sd", 1, true));
+        assert!(
+            r.prompt.starts_with("a cat<sd_cpp_extra_args>") && r.prompt.contains("\"sample_steps\":4"),
+            "{}",
+            r.prompt
+        );
+        let v = redraw(&f, true).unwrap();
+        assert!(v.mask.is_none() && v.prompt.starts_with(' '), "a variation sends no mask and no prompt");
+        let refused = |fields: &[(&str, &[u8])], variation| redraw(&form(fields), variation).unwrap_err().field;
+        assert_eq!(refused(&[("model", b"sd")], true), "image");
+        assert_eq!(refused(&[("image", b"text"), ("model", b"sd")], true), "image");
+        assert_eq!(refused(&[("image", png), ("mask", b"text"), ("model", b"sd")], true), "mask");
+        assert_eq!(refused(&[("image", png), ("model", b"sd")], false), "prompt");
+        assert_eq!(refused(&[("image", png), ("model", b"sd"), ("n", b"11")], true), "n");
+        assert_eq!(refused(&[("image", png), ("model", b"sd"), ("steps", b"x")], true), "steps");
+        assert_eq!(refused(&[("image", png), ("model", b"sd"), ("response_format", b"url")], true), "response_format");
     }
 }

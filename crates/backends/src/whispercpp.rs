@@ -98,6 +98,46 @@ pub fn audio_format(head: &[u8]) -> Option<&'static str> {
     }
 }
 
+/// What a transcription upload asks for, once checked: the model, the answer's format.
+#[derive(Debug, PartialEq)]
+pub struct Upload<'a> {
+    pub model: &'a str,
+    pub format: api_types::TranscriptionFormat,
+}
+
+/// Checks a transcription's form before any model loads: a file that is audio whisper-server
+/// reads, a model, a known `response_format` and a `temperature` from 0 to 1.
+pub fn upload(form: &api_types::form::Form) -> Result<Upload<'_>, api_types::form::BadField> {
+    use api_types::form::BadField;
+    use api_types::TranscriptionFormat as F;
+    let file = form.get("file").filter(|p| p.file_name.is_some() || !p.data.is_empty());
+    let file = file.ok_or_else(|| BadField::new("Missing 'file' field in request", "file"))?;
+    let model = form.required("model")?;
+    if audio_format(&file.data).is_none() {
+        let named = file.file_name.as_deref().map(|n| format!(" '{n}'")).unwrap_or_default();
+        let msg = format!("The uploaded file{named} is not audio lemonade can transcribe: expected {AUDIO_FORMATS}");
+        return Err(BadField::new(msg, "file"));
+    }
+    let format = match form.text("response_format")? {
+        None | Some("") => F::Json,
+        Some(f) => F::parse(f).ok_or_else(|| {
+            let all = F::ALL.map(F::as_str).join(", ");
+            BadField::new(format!("Unsupported response_format '{f}': expected one of {all}"), "response_format")
+        })?,
+    };
+    if let Some(t) = form.text("temperature")?.filter(|t| !t.is_empty()) {
+        if !t.trim().parse::<f32>().is_ok_and(|t| (0.0..=1.0).contains(&t)) {
+            let msg = format!("Invalid value for 'temperature': expected a number from 0 to 1, got '{t}'");
+            return Err(BadField::new(msg, "temperature"));
+        }
+    }
+    Ok(Upload { model, format })
+}
+
+/// The form fields whisper-server does not get from the client as they are: lemonade's
+/// `model`, and the two it sets itself (the format made explicit, `translate`).
+pub const FIELDS_SET_HERE: &[&str] = &["model", "response_format", "translate"];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,5 +185,32 @@ mod tests {
         assert_eq!(audio_format(b"\x89PNG\r\n\x1a\n"), None);
         assert_eq!(audio_format(b"hello, world"), None);
         assert_eq!(audio_format(b""), None);
+    }
+
+    fn form(fields: &[(&str, Option<&str>, &[u8])]) -> api_types::form::Form {
+        let part = |(n, f, d): &(&str, Option<&str>, &[u8])| api_types::form::Part {
+            name: n.to_string(),
+            file_name: f.map(str::to_string),
+            content_type: None,
+            data: bytes::Bytes::copy_from_slice(d),
+        };
+        api_types::form::Form { parts: fields.iter().map(part).collect() }
+    }
+
+    #[test]
+    fn an_upload_is_checked_field_by_field_before_any_model_loads() {
+        use api_types::TranscriptionFormat as F;
+        let wav: &[u8] = b"RIFF\0\0\0\0WAVEfmt ";
+        let ok = form(&[("file", Some("a.wav"), wav), ("model", None, b"w"), ("response_format", None, b"srt")]);
+        assert_eq!(upload(&ok), Ok(Upload { model: "w", format: F::Srt }));
+        let refused = |f: &[(&str, Option<&str>, &[u8])]| upload(&form(f)).unwrap_err();
+        assert_eq!(refused(&[("model", None, b"w")]).field, "file");
+        assert_eq!(refused(&[("file", Some("a.wav"), wav)]).field, "model");
+        let e = refused(&[("file", Some("notes.txt"), b"hello"), ("model", None, b"w")]);
+        assert!(e.message.contains("'notes.txt' is not audio") && e.field == "file", "{e:?}");
+        let e = refused(&[("file", None, wav), ("model", None, b"w"), ("response_format", None, b"mp3")]);
+        assert!(e.message.starts_with("Unsupported response_format 'mp3'"), "{e:?}");
+        let e = refused(&[("file", None, wav), ("model", None, b"w"), ("temperature", None, b"2")]);
+        assert_eq!(e.field, "temperature");
     }
 }

@@ -6,8 +6,10 @@
 
 pub mod annotate;
 pub mod anthropic;
+pub mod echo;
 pub mod mcp;
 pub mod ollama;
+pub mod relay;
 mod sse;
 
 use serde_json::Value;

@@ -2,8 +2,8 @@
 //! and generate requests, their answers and NDJSON streams.
 
 use api_types::{
-    OllamaChatRequest, OllamaChatResponse, OllamaDetails, OllamaFunctionCall, OllamaGenerateRequest,
-    OllamaGenerateResponse, OllamaMessage, OllamaMetrics, OllamaOptions, OllamaToolCall,
+    OllamaChatRequest, OllamaChatResponse, OllamaDetails, OllamaEmbedResponse, OllamaFunctionCall,
+    OllamaGenerateRequest, OllamaGenerateResponse, OllamaMessage, OllamaMetrics, OllamaOptions, OllamaToolCall,
 };
 use serde_json::{json, Map, Value};
 
@@ -388,6 +388,78 @@ pub fn generate_response(v: &Value, model: &str, created_at: &str) -> OllamaGene
     }
 }
 
+/// The answer to a chat (or generate) request with nothing to say: Ollama's load, or its
+/// unload (`reason`).
+pub fn done_answer(model: &str, created_at: &str, chat: bool, reason: &str) -> Value {
+    let (model, created_at, done_reason) = (model.to_string(), created_at.to_string(), Some(reason.to_string()));
+    let v = if chat {
+        let message =
+            OllamaMessage { role: Some("assistant".into()), content: Some(String::new()), ..Default::default() };
+        serde_json::to_value(OllamaChatResponse {
+            model,
+            created_at,
+            message,
+            done: true,
+            done_reason,
+            ..Default::default()
+        })
+    } else {
+        serde_json::to_value(OllamaGenerateResponse {
+            model,
+            created_at,
+            done: true,
+            done_reason,
+            ..Default::default()
+        })
+    };
+    v.unwrap_or(Value::Null)
+}
+
+/// The vectors of an OpenAI embeddings answer, in input order.
+pub fn vectors(v: &Value) -> Vec<Vec<f32>> {
+    let mut data: Vec<&Value> = v["data"].as_array().map(|d| d.iter().collect()).unwrap_or_default();
+    data.sort_by_key(|d| d["index"].as_u64().unwrap_or(0));
+    data.iter()
+        .map(|d| d["embedding"].as_array().map(|e| e.iter().filter_map(|x| x.as_f64()).map(|x| x as f32).collect()))
+        .map(Option::unwrap_or_default)
+        .collect()
+}
+
+/// An OpenAI embeddings answer as `/api/embed`'s.
+pub fn embed_response(v: &Value, model: String) -> OllamaEmbedResponse {
+    let metrics = OllamaMetrics {
+        prompt_eval_count: v["usage"]["prompt_tokens"].as_u64(),
+        total_duration: Some(0),
+        load_duration: Some(0),
+        ..Default::default()
+    };
+    OllamaEmbedResponse { model, embeddings: vectors(v), metrics }
+}
+
+/// `v` as one NDJSON line.
+pub fn line(v: impl serde::Serialize) -> Vec<u8> {
+    let mut b = serde_json::to_vec(&v).unwrap_or_default();
+    b.push(b'\n');
+    b
+}
+
+/// A line of a stream that waits for its model: no text (an empty chunk to Ollama's clients),
+/// where it is in `lemonade_status` (`queued 2`, `loading 3 s`).
+pub fn waiting_line(model: &str, created_at: &str, chat: bool, words: &str) -> Vec<u8> {
+    let mut v = json!({"model": model, "created_at": created_at, "done": false, "lemonade_status": words});
+    if chat {
+        v["message"] = json!({"role": "assistant", "content": ""});
+    } else {
+        v["response"] = json!("");
+    }
+    line(v)
+}
+
+/// The line that ends a stream with an error, as Ollama ends one.
+pub fn error_line(message: &str) -> Vec<u8> {
+    line(json!({"error": message}))
+}
+
 /// The NDJSON stream of `/api/chat` (or `/api/generate`) from the backend's OpenAI stream: a
 /// line per content or thinking delta as it comes, the tool calls whole once the backend has
 /// finished them, and a last `done: true` line with the counts and durations.
@@ -641,5 +713,23 @@ mod tests {
         assert_eq!((&line["response"], &line["done"]), (&json!("x"), &json!(false)));
         let last: Value = serde_json::from_slice(&g.end()).unwrap();
         assert_eq!((&last["done"], &last["context"]), (&json!(true), &json!([])));
+    }
+
+    #[test]
+    fn loads_embeddings_and_waiting_lines_are_ollamas_shapes() {
+        let chat = done_answer("m", "t", true, "unload");
+        assert_eq!((chat["done_reason"].as_str(), chat["message"]["content"].as_str()), (Some("unload"), Some("")));
+        assert!(done_answer("m", "t", false, "load").get("message").is_none());
+        let v = json!({"data": [{"index": 1, "embedding": [2.0]}, {"index": 0, "embedding": [1.0, 0.5]}],
+                       "usage": {"prompt_tokens": 3}});
+        let e = embed_response(&v, "m".into());
+        assert_eq!(e.embeddings, vec![vec![1.0, 0.5], vec![2.0]], "in input order");
+        assert_eq!(e.metrics.prompt_eval_count, Some(3));
+        let w: Value = serde_json::from_slice(&waiting_line("m", "t", false, "queued 2")).unwrap();
+        assert_eq!(
+            (w["lemonade_status"].as_str(), w["response"].as_str(), w["done"].as_bool()),
+            (Some("queued 2"), Some(""), Some(false))
+        );
+        assert_eq!(error_line("x"), b"{\"error\":\"x\"}\n");
     }
 }

@@ -281,7 +281,7 @@ impl Lease {
     pub fn echo_requested_id(&self, bytes: bytes::Bytes) -> bytes::Bytes {
         match &self.target {
             Target::Remote(r) => {
-                backends::cloud::echo_model(&bytes, &r.id, &r.name).map(bytes::Bytes::from).unwrap_or(bytes)
+                dialects::echo::echo_model(&bytes, &r.id, &r.name).map(bytes::Bytes::from).unwrap_or(bytes)
             }
             Target::Local { .. } => bytes,
         }

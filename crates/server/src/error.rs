@@ -190,6 +190,12 @@ impl ApiError {
     }
 }
 
+impl From<api_types::form::BadField> for ApiError {
+    fn from(e: api_types::form::BadField) -> ApiError {
+        ApiError::BadRequest { message: e.message, param: Some(e.field), code: None }
+    }
+}
+
 impl From<serde_json::Error> for ApiError {
     /// Serializing a body we built: a bug, not bad input.
     fn from(e: serde_json::Error) -> ApiError {

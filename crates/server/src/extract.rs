@@ -54,35 +54,9 @@ async fn read_whole(req: Request, state: &AppState) -> Result<Bytes, ApiError> {
     })
 }
 
-/// One part of a multipart form.
-pub struct Part {
-    pub name: String,
-    pub file_name: Option<String>,
-    pub content_type: Option<String>,
-    pub data: Bytes,
-}
-
-/// A `multipart/form-data` body (a transcription's upload), read whole under the body limit
-/// and split into its parts by `multer`.
-pub struct Form {
-    pub parts: Vec<Part>,
-}
-
-impl Form {
-    pub fn get(&self, name: &str) -> Option<&Part> {
-        self.parts.iter().find(|p| p.name == name)
-    }
-
-    /// A text field's value; a 400 naming it when it is not UTF-8.
-    pub fn text(&self, name: &str) -> Result<Option<&str>, ApiError> {
-        self.get(name)
-            .map(|p| {
-                std::str::from_utf8(&p.data)
-                    .map_err(|_| ApiError::bad_request(format!("Field '{name}' is not UTF-8 text"), Some(name)))
-            })
-            .transpose()
-    }
-}
+/// A `multipart/form-data` body (an upload), read whole under the body limit and split into
+/// its parts by `multer`.
+pub struct Form(pub api_types::form::Form);
 
 impl FromRequest<AppState> for Form {
     type Rejection = ApiError;
@@ -107,9 +81,9 @@ impl FromRequest<AppState> for Form {
             let file_name = field.file_name().map(str::to_string);
             let content_type = field.content_type().map(|m| m.to_string());
             let data = field.bytes().await.map_err(malformed)?;
-            parts.push(Part { name, file_name, content_type, data });
+            parts.push(api_types::form::Part { name, file_name, content_type, data });
         }
-        Ok(Form { parts })
+        Ok(Form(api_types::form::Form { parts }))
     }
 }
 

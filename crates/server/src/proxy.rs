@@ -5,21 +5,18 @@ use std::convert::Infallible;
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{header, HeaderValue, StatusCode};
 use serde_json::Value;
 
-use backends::cloud::EchoLines;
-use dialects::{SseDecoder, StreamTranslator};
+use dialects::echo::EchoLines;
+use dialects::relay::Relay;
+use dialects::StreamTranslator;
 
 use crate::error::ApiError;
 use crate::propagate::spilled;
 use engine::{Lease, Target};
-
-/// Bytes of a stream kept to find the last usage/timings chunk and the `[DONE]` marker.
-const TAIL_KEEP: usize = 16 * 1024;
-const DONE: &[u8] = b"data: [DONE]";
 
 /// Forwards a request whose answer is a byte stream other than SSE (speech audio): the
 /// backend's content type and bytes, relayed as they come, the lease held until the end. A
@@ -60,6 +57,16 @@ pub async fn forward_form(
 ) -> Result<Response, ApiError> {
     let answer = lease.whole(lease.send_form(path, form).await?).await?;
     Ok(spilled(lease.spilled.as_deref(), ([(header::CONTENT_TYPE, content_type)], answer.body).into_response()))
+}
+
+/// An uploaded file as a part of the form sent on (named `default` when it came unnamed, if
+/// given).
+pub fn upload(p: &api_types::form::Part, default: Option<&str>) -> reqwest::multipart::Part {
+    let part = reqwest::multipart::Part::stream_with_length(reqwest::Body::from(p.data.clone()), p.data.len() as u64);
+    match p.file_name.as_deref().or(default) {
+        Some(name) => part.file_name(name.to_string()),
+        None => part,
+    }
 }
 
 /// Forwards a request and returns the backend's answer. Error statuses keep the backend's
@@ -164,20 +171,14 @@ async fn stream_with(
     if !resp.status().is_success() {
         return Err(lease.error_of(resp).await.into());
     }
-    let content_type = translate.as_ref().map_or("text/event-stream", |t| t.content_type());
     let echo = match &lease.target {
         Target::Remote(r) => Some(EchoLines::new(&r.id, &r.name)),
         Target::Local { .. } => None,
     };
+    let relay = Relay::new(translate, echo);
+    let content_type = relay.content_type();
     let spill = lease.spilled.clone();
-    let state = StreamState {
-        upstream: Box::pin(resp.bytes_stream()),
-        echo,
-        lease,
-        tail: BytesMut::new(),
-        translate: translate.map(|t| (t, SseDecoder::default())),
-        started: false,
-    };
+    let state = StreamState { upstream: Box::pin(resp.bytes_stream()), lease, relay, started: false };
     let stream = futures_util::stream::unfold(Some(state), |state| async move {
         let mut st = state?;
         loop {
@@ -190,26 +191,24 @@ async fn stream_with(
                         let Target::Remote(route) = &st.lease.target else { return None };
                         let msg = st.lease.remote_timed_out(route).to_string();
                         tracing::warn!(model = %st.lease.name(), error = %msg, "stream from upstream stalled");
-                        return Some((Ok(st.failed(&msg)), None));
+                        return Some((Ok(st.relay.failed(&msg)), None));
                     }
                 },
             };
             match next {
                 Some(Ok(chunk)) => {
                     st.first_byte();
-                    st.keep_tail(&chunk);
-                    // A chunk that makes no output (part of an event) is not sent empty.
-                    if let Some(out) = st.relay(chunk) {
+                    if let Some(out) = st.relay.chunk(chunk) {
                         return Some((Ok::<Bytes, Infallible>(out), Some(st)));
                     }
                 }
                 Some(Err(e)) => {
                     let msg = st.lease.transport_failed(&e).await.to_string();
                     tracing::warn!(model = %st.lease.name(), error = %msg, "stream from backend failed");
-                    return Some((Ok(st.failed(&msg)), None));
+                    return Some((Ok(st.relay.failed(&msg)), None));
                 }
                 // `st` is dropped here, which records the stats (see `Drop`).
-                None => return st.ended().map(|out| (Ok(out), None)),
+                None => return st.relay.ended().map(|out| (Ok(out), None)),
             }
         }
     });
@@ -221,100 +220,22 @@ async fn stream_with(
     Ok(spilled(spill.as_deref(), r))
 }
 
-/// One upstream event's payload through `t`: a chunk, or the backend's own error frame as
-/// the dialect's error (`[DONE]`, not JSON, adds nothing).
-fn translate_event(t: &mut dyn StreamTranslator, data: &str, out: &mut Vec<u8>) {
-    match serde_json::from_str::<Value>(data) {
-        Ok(v) if v.get("error").is_some() => {
-            let e = &v["error"];
-            out.extend(t.error(e["message"].as_str().or(e.as_str()).unwrap_or("the backend failed")));
-        }
-        Ok(v) => out.extend(t.chunk(&v)),
-        Err(_) => {}
-    }
-}
-
-/// An SSE frame carrying an error, as Lemonade writes them (`type: streaming_error`).
-pub fn error_frame(message: &str) -> Bytes {
-    let v = serde_json::json!({"error": {"message": message, "type": "streaming_error"}});
-    Bytes::from(format!("data: {v}\n\n"))
-}
-
+/// The pipe's state: the upstream's bytes, the lease (held until the stream ends or the
+/// client goes away), and the relay that decides what each chunk becomes.
 struct StreamState {
     upstream: std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<Bytes>> + Send>>,
-    /// A remote model's stream: its model id echoed as the client asked for it.
-    echo: Option<EchoLines>,
-    /// Held until the stream ends or the client goes away.
     lease: Lease,
-    tail: BytesMut,
-    /// Another dialect's translator, and the decoder that feeds it events.
-    translate: Option<(Box<dyn StreamTranslator>, SseDecoder)>,
+    relay: Relay,
     /// Whether the first byte has come (for the time to first token).
     started: bool,
 }
 
 impl StreamState {
-    /// What to send for `chunk`: the chunk itself, or its translation (None: nothing yet).
-    fn relay(&mut self, chunk: Bytes) -> Option<Bytes> {
-        let chunk = match &mut self.echo {
-            Some(e) => Bytes::from(e.push(&chunk)),
-            None => chunk,
-        };
-        if chunk.is_empty() {
-            return None;
-        }
-        let Some((t, sse)) = &mut self.translate else { return Some(chunk) };
-        let mut out = Vec::new();
-        for data in sse.push(&chunk) {
-            translate_event(t.as_mut(), &data, &mut out);
-        }
-        (!out.is_empty()).then(|| Bytes::from(out))
-    }
-
-    /// The frame that ends a stream the backend broke off.
-    fn failed(&mut self, msg: &str) -> Bytes {
-        match &mut self.translate {
-            Some((t, _)) => Bytes::from(t.error(msg)),
-            None => error_frame(msg),
-        }
-    }
-
-    /// What to send once the backend's stream has ended: a translation's end, or `[DONE]`
-    /// when the backend left it out.
-    fn ended(&mut self) -> Option<Bytes> {
-        let rest = Bytes::from(self.echo.as_mut().map(EchoLines::rest).unwrap_or_default());
-        if let Some((t, sse)) = &mut self.translate {
-            let mut out = Vec::new();
-            for data in sse.push(&rest) {
-                translate_event(t.as_mut(), &data, &mut out);
-            }
-            if let Some(data) = sse.finish() {
-                translate_event(t.as_mut(), &data, &mut out);
-            }
-            out.extend(t.end());
-            return Some(Bytes::from(out));
-        }
-        let done = self.tail.windows(DONE.len()).any(|w| w == DONE);
-        let mut out = BytesMut::from(&rest[..]);
-        if !done {
-            out.extend_from_slice(b"data: [DONE]\n\n");
-        }
-        (!out.is_empty()).then(|| out.freeze())
-    }
-
     fn first_byte(&mut self) {
         if !self.started {
             self.started = true;
             self.lease.streaming();
             self.lease.metrics().first_token(self.lease.name(), self.lease.asked.elapsed());
-        }
-    }
-
-    fn keep_tail(&mut self, chunk: &[u8]) {
-        self.tail.extend_from_slice(chunk);
-        if self.tail.len() > 2 * TAIL_KEEP {
-            let cut = self.tail.len() - TAIL_KEEP;
-            let _ = self.tail.split_to(cut);
         }
     }
 }
@@ -324,28 +245,6 @@ impl StreamState {
 /// been polled).
 impl Drop for StreamState {
     fn drop(&mut self) {
-        self.finish();
-    }
-}
-
-impl StreamState {
-    /// Records the stream's usage (from its tail) into the model's stats.
-    fn finish(&self) {
-        self.lease.record_stream_tail(&self.tail);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn error_frame_is_valid_json() {
-        let f = error_frame("boom \"quoted\"\nline");
-        let s = std::str::from_utf8(&f).unwrap();
-        assert!(s.starts_with("data: ") && s.ends_with("\n\n"));
-        let v: Value = serde_json::from_str(s.trim_start_matches("data: ").trim()).unwrap();
-        assert_eq!(v["error"]["type"], "streaming_error");
-        assert_eq!(v["error"]["message"], "boom \"quoted\"\nline");
+        self.lease.record_stream_tail(self.relay.tail());
     }
 }

@@ -1,9 +1,10 @@
 //! The audio endpoints: transcription and translation (OpenAI's multipart shape), served by a
 //! model's whisper-server.
 
-use api_types::{ErrorResponse, SpeechRequest, TranscriptionFormat, TranscriptionRequest, TranscriptionResponse};
+use api_types::{ErrorResponse, SpeechRequest, TranscriptionRequest, TranscriptionResponse};
 use axum::extract::State;
 use axum::response::Response;
+use backends::whispercpp;
 
 use crate::error::ApiError;
 use crate::extract::{Form, JsonBody};
@@ -82,57 +83,16 @@ pub async fn translations(
     transcribe(&rt, &edge, form, true).await
 }
 
-/// Checks the form, takes a lease on the model and forwards the form to its whisper-server.
-async fn transcribe(rt: &AppState, edge: &Edge, form: Form, translate: bool) -> Result<Response, ApiError> {
-    let (model, format) = checked(&form)?;
-    let lease = rt.engine.lease(edge.request(model, Endpoint::Transcriptions)).await?;
-    let upstream = backend_form(&form, format, translate);
-    proxy::forward_form(lease, backends::whispercpp::INFERENCE_PATH, upstream, format.content_type()).await
-}
-
-/// The form's model and answer format, once its file, model, format and temperature check out
-/// (a 400 naming the field otherwise), before any model loads.
-fn checked(form: &Form) -> Result<(&str, TranscriptionFormat), ApiError> {
-    let file = form.get("file").filter(|p| p.file_name.is_some() || !p.data.is_empty());
-    let file = file.ok_or_else(|| ApiError::bad_request("Missing 'file' field in request", Some("file")))?;
-    let model = form.text("model")?.filter(|m| !m.is_empty());
-    let model = model.ok_or_else(|| ApiError::bad_request("Missing 'model' field in request", Some("model")))?;
-    if backends::whispercpp::audio_format(&file.data).is_none() {
-        let named = file.file_name.as_deref().map(|n| format!(" '{n}'")).unwrap_or_default();
-        let msg = format!(
-            "The uploaded file{named} is not audio lemonade can transcribe: expected {}",
-            backends::whispercpp::AUDIO_FORMATS
-        );
-        return Err(ApiError::bad_request(msg, Some("file")));
-    }
-    let format = match form.text("response_format")? {
-        None | Some("") => TranscriptionFormat::Json,
-        Some(f) => TranscriptionFormat::parse(f).ok_or_else(|| {
-            let all = TranscriptionFormat::ALL.map(TranscriptionFormat::as_str).join(", ");
-            let msg = format!("Unsupported response_format '{f}': expected one of {all}");
-            ApiError::bad_request(msg, Some("response_format"))
-        })?,
-    };
-    if let Some(t) = form.text("temperature")?.filter(|t| !t.is_empty()) {
-        if !t.trim().parse::<f32>().is_ok_and(|t| (0.0..=1.0).contains(&t)) {
-            let msg = format!("Invalid value for 'temperature': expected a number from 0 to 1, got '{t}'");
-            return Err(ApiError::bad_request(msg, Some("temperature")));
-        }
-    }
-    Ok((model, format))
-}
-
-/// The form whisper-server reads: every field but `model`, the format made explicit, and
+/// Checks the form, takes a lease on the model and forwards the form to its whisper-server:
+/// every field but those [`whispercpp::FIELDS_SET_HERE`], the format made explicit, and
 /// `translate` for a translation.
-fn backend_form(form: &Form, format: TranscriptionFormat, translate: bool) -> reqwest::multipart::Form {
+async fn transcribe(rt: &AppState, edge: &Edge, Form(form): Form, translate: bool) -> Result<Response, ApiError> {
+    let up = whispercpp::upload(&form)?;
+    let lease = rt.engine.lease(edge.request(up.model, Endpoint::Transcriptions)).await?;
     let mut out = reqwest::multipart::Form::new();
-    for p in form.parts.iter().filter(|p| !["model", "response_format", "translate"].contains(&p.name.as_str())) {
-        let len = p.data.len() as u64;
-        let mut part = reqwest::multipart::Part::stream_with_length(reqwest::Body::from(p.data.clone()), len);
-        if let Some(name) = &p.file_name {
-            part = part.file_name(name.clone());
-        }
-        out = out.part(p.name.clone(), part);
+    for p in form.parts.iter().filter(|p| !whispercpp::FIELDS_SET_HERE.contains(&p.name.as_str())) {
+        out = out.part(p.name.clone(), proxy::upload(p, None));
     }
-    out.text("response_format", format.as_str()).text("translate", if translate { "true" } else { "false" })
+    let out = out.text("response_format", up.format.as_str()).text("translate", translate.to_string());
+    proxy::forward_form(lease, whispercpp::INFERENCE_PATH, out, up.format.content_type()).await
 }

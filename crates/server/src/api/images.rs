@@ -37,7 +37,7 @@ pub async fn generations(
 ) -> Result<Response, ApiError> {
     let r = body.value;
     let sd = SdParameters { steps: r.steps, cfg_scale: r.cfg_scale, seed: r.seed, sampler: r.sampler.clone() };
-    checked(r.n, r.size.as_deref(), r.response_format.as_deref(), &sd)?;
+    sdcpp::checked(r.n, r.size.as_deref(), r.response_format.as_deref(), &sd)?;
     if r.prompt.trim().is_empty() {
         return Err(ApiError::bad_request("'prompt' must not be empty", Some("prompt")));
     }
@@ -92,83 +92,21 @@ pub async fn variations(
     redraw(&rt, &edge, form, Endpoint::ImageVariations).await
 }
 
-/// The checks every image request shares.
-fn checked(n: Option<u32>, size: Option<&str>, format: Option<&str>, sd: &SdParameters) -> Result<(), ApiError> {
-    if let Some(n) = n.filter(|n| !(1..=10).contains(n)) {
-        return Err(ApiError::bad_request(format!("Invalid value for 'n': expected 1 to 10, got {n}"), Some("n")));
-    }
-    if let Some(size) = size {
-        sdcpp::parse_size(size).map_err(|e| ApiError::bad_request(e.to_string(), Some("size")))?;
-    }
-    if let Some(f) = format.filter(|f| *f != "b64_json") {
-        let msg = format!(
-            "Unsupported response_format '{f}': lemonade answers b64_json only (it keeps no images to link to)"
-        );
-        return Err(ApiError::bad_request(msg, Some("response_format")));
-    }
-    sd.validate().map_err(|(msg, field)| ApiError::bad_request(msg, Some(field)))
-}
-
-/// A form field parsed as `T`, or a 400 naming it.
-fn field<T: std::str::FromStr>(form: &Form, name: &str) -> Result<Option<T>, ApiError> {
-    match form.text(name)?.map(str::trim).filter(|v| !v.is_empty()) {
-        None => Ok(None),
-        Some(v) => v.parse().map(Some).map_err(|_| {
-            ApiError::bad_request(format!("Invalid value for '{name}': '{v}' is not a valid number"), Some(name))
-        }),
-    }
-}
-
 /// An edit or a variation: the form checked, then sent on to sd-server's edit route.
-async fn redraw(rt: &AppState, edge: &Edge, form: Form, endpoint: Endpoint) -> Result<Response, ApiError> {
-    let variation = endpoint == Endpoint::ImageVariations;
-    let images = uploaded_images(&form)?;
-    let model = form.text("model")?.filter(|m| !m.is_empty());
-    let model = model.ok_or_else(|| ApiError::bad_request("Missing 'model' field in request", Some("model")))?;
-    let prompt = if variation { " " } else { form.text("prompt")?.unwrap_or_default() };
-    if prompt.trim().is_empty() && !variation {
-        return Err(ApiError::bad_request("Missing 'prompt' field in request", Some("prompt")));
+async fn redraw(rt: &AppState, edge: &Edge, Form(form): Form, endpoint: Endpoint) -> Result<Response, ApiError> {
+    let r = sdcpp::redraw(&form, endpoint == Endpoint::ImageVariations)?;
+    let lease = rt.engine.lease(edge.request(r.model, endpoint)).await?;
+    let mut upstream = reqwest::multipart::Form::new().text("prompt", r.prompt);
+    for p in r.images {
+        upstream = upstream.part("image[]", proxy::upload(p, Some("image")));
     }
-    let sd = SdParameters {
-        steps: field(&form, "steps")?,
-        cfg_scale: field(&form, "cfg_scale")?,
-        seed: field(&form, "seed")?,
-        sampler: form.text("sampler")?.map(str::to_string),
-    };
-    let n: Option<u32> = field(&form, "n")?;
-    let size = form.text("size")?.filter(|s| !s.is_empty());
-    checked(n, size, form.text("response_format")?, &sd)?;
-    let lease = rt.engine.lease(edge.request(model, endpoint)).await?;
-    let mut upstream = reqwest::multipart::Form::new().text("prompt", sd.prompt_with(prompt));
-    for p in images.iter().copied().chain(if variation { None } else { form.get("mask") }) {
-        upstream = upstream.part(if p.name == "mask" { "mask" } else { "image[]" }, upload(p));
+    if let Some(mask) = r.mask {
+        upstream = upstream.part("mask", proxy::upload(mask, Some("image")));
     }
-    for (k, v) in [("n", n.map(|n| n.to_string())), ("size", size.map(str::to_string))] {
+    for (k, v) in [("n", r.n.map(|n| n.to_string())), ("size", r.size.map(str::to_string))] {
         if let Some(v) = v {
             upstream = upstream.text(k, v);
         }
     }
     proxy::forward_form(lease, sdcpp::EDITS_PATH, upstream.text("output_format", "png"), "application/json").await
-}
-
-/// The form's images (`image` or `image[]`), each an image sd-server reads, as is the mask.
-fn uploaded_images(form: &Form) -> Result<Vec<&crate::extract::Part>, ApiError> {
-    let images: Vec<_> = form.parts.iter().filter(|p| p.name == "image" || p.name == "image[]").collect();
-    if images.is_empty() {
-        return Err(ApiError::bad_request("Missing 'image' field in request", Some("image")));
-    }
-    for p in images.iter().copied().chain(form.get("mask")) {
-        if sdcpp::image_format(&p.data).is_none() {
-            let name = p.file_name.as_deref().map(|n| format!(" '{n}'")).unwrap_or_default();
-            let msg = format!("The uploaded file{name} is not an image: expected PNG, JPEG, WebP, BMP or GIF");
-            return Err(ApiError::bad_request(msg, Some(&p.name)));
-        }
-    }
-    Ok(images)
-}
-
-/// An uploaded file as a part of the form sent on.
-fn upload(p: &crate::extract::Part) -> reqwest::multipart::Part {
-    let part = reqwest::multipart::Part::stream_with_length(reqwest::Body::from(p.data.clone()), p.data.len() as u64);
-    part.file_name(p.file_name.clone().unwrap_or_else(|| "image".into()))
 }

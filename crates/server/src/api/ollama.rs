@@ -67,17 +67,7 @@ async fn load_or_unload(rt: &AppState, edge: &Edge, model: &str, keep: Option<Ke
         drop(lease(rt, edge, model, endpoint(chat), keep).await?);
         "load"
     };
-    let (created_at, done_reason) = (now(), Some(reason.to_string()));
-    let model = model.to_string();
-    Ok(if chat {
-        let message =
-            OllamaMessage { role: Some("assistant".into()), content: Some(String::new()), ..Default::default() };
-        Json(OllamaChatResponse { model, created_at, message, done: true, done_reason, ..Default::default() })
-            .into_response()
-    } else {
-        Json(OllamaGenerateResponse { model, created_at, done: true, done_reason, ..Default::default() })
-            .into_response()
-    })
+    Ok(Json(dialect::done_answer(model, &now(), chat, reason)).into_response())
 }
 
 fn endpoint(chat: bool) -> Endpoint {
@@ -149,16 +139,8 @@ fn ndjson_voice(model: &str, chat: bool) -> crate::waiting::Voice {
     let m = model.to_string();
     crate::waiting::Voice {
         content_type: "application/x-ndjson",
-        place: Box::new(move |words| {
-            let mut line = json!({"model": m, "created_at": now(), "done": false, "lemonade_status": words});
-            if chat {
-                line["message"] = json!({"role": "assistant", "content": ""});
-            } else {
-                line["response"] = json!("");
-            }
-            bytes::Bytes::from(format!("{line}\n"))
-        }),
-        failure: Box::new(|e| bytes::Bytes::from(format!("{}\n", json!({"error": e.message()})))),
+        place: Box::new(move |words| dialect::waiting_line(&m, &now(), chat, words).into()),
+        failure: Box::new(|e| dialect::error_line(&e.message()).into()),
     }
 }
 
@@ -218,16 +200,6 @@ pub async fn generate(
     serve(&rt, &edge, turn, path, openai).await
 }
 
-/// The vectors of an OpenAI embeddings answer, in input order.
-fn vectors(v: &Value) -> Vec<Vec<f32>> {
-    let mut data: Vec<&Value> = v["data"].as_array().map(|d| d.iter().collect()).unwrap_or_default();
-    data.sort_by_key(|d| d["index"].as_u64().unwrap_or(0));
-    data.iter()
-        .map(|d| d["embedding"].as_array().map(|e| e.iter().filter_map(|x| x.as_f64()).map(|x| x as f32).collect()))
-        .map(Option::unwrap_or_default)
-        .collect()
-}
-
 /// The embeddings of `input`, and the lease that made them (its spillover decision goes on
 /// the answer).
 async fn embed_values(
@@ -262,16 +234,7 @@ pub async fn embed(
     let input =
         req.input.filter(|i| !i.is_null()).ok_or_else(|| bad(dialects::BadRequest("input is required".into())))?;
     let (v, lease) = embed_values(&rt, &edge, &model, input, keep).await?;
-    let metrics = OllamaMetrics {
-        prompt_eval_count: v["usage"]["prompt_tokens"].as_u64(),
-        total_duration: Some(0),
-        load_duration: Some(0),
-        ..Default::default()
-    };
-    Ok(crate::propagate::spilled(
-        lease.spilled.as_deref(),
-        Json(OllamaEmbedResponse { model, embeddings: vectors(&v), metrics }).into_response(),
-    ))
+    Ok(crate::propagate::spilled(lease.spilled.as_deref(), Json(dialect::embed_response(&v, model)).into_response()))
 }
 
 /// Embedding of one prompt (Ollama's older route).
@@ -292,7 +255,7 @@ pub async fn embeddings(
     let keep = keep_alive(req.keep_alive.as_ref())?;
     let prompt = required(req.prompt.as_deref(), "prompt")?;
     let (v, lease) = embed_values(&rt, &edge, &model, Value::String(prompt), keep).await?;
-    let embedding = vectors(&v).into_iter().next().unwrap_or_default();
+    let embedding = dialect::vectors(&v).into_iter().next().unwrap_or_default();
     Ok(crate::propagate::spilled(
         lease.spilled.as_deref(),
         Json(OllamaEmbeddingsResponse { embedding }).into_response(),
@@ -354,20 +317,15 @@ pub async fn delete(State(rt): State<AppState>, body: Body_<OllamaModelRequest>)
     Ok(StatusCode::OK.into_response())
 }
 
-fn line(v: impl serde::Serialize) -> bytes::Bytes {
-    let mut b = serde_json::to_vec(&v).unwrap_or_default();
-    b.push(b'\n');
-    bytes::Bytes::from(b)
-}
-
 /// Pull progress as Ollama's NDJSON: `pulling manifest`, `pulling <file>` with total and
 /// completed bytes, then `success` (or `{"error"}`). A client that leaves drops `rx`, which
 /// cancels the download; shutdown ends the stream.
 fn pull_lines(rt: &AppState, mut rx: mpsc::Receiver<PullEvent>) -> Response {
     use futures_util::StreamExt;
-    let first = line(OllamaPullStatus { status: "pulling manifest".into(), ..Default::default() });
+    let line = |v| bytes::Bytes::from(dialect::line(v));
+    let first = line(json!(OllamaPullStatus { status: "pulling manifest".into(), ..Default::default() }));
     let rest = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
-        .filter_map(|ev| std::future::ready(engine::ollama::pull_status(&ev).map(line)));
+        .filter_map(move |ev| std::future::ready(engine::ollama::pull_status(&ev).map(line)));
     let lines = futures_util::stream::once(std::future::ready(first)).chain(rest).map(Ok::<_, Infallible>);
     ([(header::CONTENT_TYPE, "application/x-ndjson")], sse::until_shutdown(rt.engine.lifecycle(), lines))
         .into_response()
