@@ -410,6 +410,20 @@ impl StreamTranslator for EventStream {
     }
 }
 
+/// The error `type` Anthropic names for an HTTP status.
+pub fn error_type(status: u16) -> &'static str {
+    match status {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 => "overloaded_error",
+        s if s >= 500 => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

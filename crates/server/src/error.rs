@@ -228,17 +228,8 @@ fn advice(e: &EngineError) -> Option<String> {
 impl ApiError {
     /// The message a client should read: a backend's own error message when it sent one.
     pub fn message(&self) -> String {
-        if let ApiError::Engine(EngineError::Backend { body, status, .. }) = self {
-            let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY);
-            let v: Option<serde_json::Value> = serde_json::from_slice(body).ok();
-            let msg = v.as_ref().and_then(|v| v["error"]["message"].as_str().or_else(|| v["error"].as_str()));
-            return match msg {
-                Some(m) => m.to_string(),
-                None if body.iter().all(u8::is_ascii_whitespace) => no_details(status),
-                None => String::from_utf8_lossy(body).into_owned(),
-            };
-        }
         match self {
+            ApiError::Engine(e @ EngineError::Backend { .. }) => e.told(),
             ApiError::Engine(e) => advice(e).unwrap_or_else(|| e.to_string()),
             e => e.to_string(),
         }
@@ -281,15 +272,6 @@ impl ApiError {
         }
         resp
     }
-}
-
-/// What a backend's error answer with an empty body is reported as.
-fn no_details(status: StatusCode) -> String {
-    format!(
-        "The backend answered {} {} with no details",
-        status.as_u16(),
-        status.canonical_reason().unwrap_or_default()
-    )
 }
 
 /// How a dialect writes an error's body.
@@ -337,16 +319,7 @@ pub struct Anthropic;
 
 impl ErrorShape for Anthropic {
     fn body(e: &ApiError) -> serde_json::Value {
-        let kind = match e.status().as_u16() {
-            401 => "authentication_error",
-            403 => "permission_error",
-            404 => "not_found_error",
-            413 => "request_too_large",
-            429 => "rate_limit_error",
-            503 => "overloaded_error",
-            s if s >= 500 => "api_error",
-            _ => "invalid_request_error",
-        };
+        let kind = dialects::anthropic::error_type(e.status().as_u16());
         serde_json::json!(api_types::AnthropicError::new(kind, e.message()))
     }
 }

@@ -17,30 +17,19 @@ use crate::error::ApiError;
 use crate::state::AppState;
 
 /// Every configured (downloaded) model and every model the runtime has seen, with its state.
-#[utoipa::path(get, path = "/v1/admin/models", tag = "Admin",
-    description = "Configured models with their live runtime state: `unloaded`, `loading`, `loaded`, `unloading` \
-                   (no new requests; in-flight ones finish) or `failed` (see `last_error`). `load_constraints` lists \
-                   the load overrides this model accepts.",
-    responses((status = 200, description = "Models", body = AdminModels)))]
+#[utoipa::path(get, path = "/v1/admin/models", tag = "Admin")]
 pub async fn models(State(rt): State<AppState>) -> Json<AdminModels> {
     Json(AdminModels { models: admin::models(&rt.engine), upstreams: rt.engine.remotes().views() })
 }
 
 /// Loads a model and waits until it is loaded (or failed).
-#[utoipa::path(post, path = "/v1/admin/models/{model_name}/load", tag = "Admin",
-    description = "Synchronous: answers once the model is loaded. 200 when it is already loaded or loading (without \
-                   overrides). Overrides (gguf_n_ctx, gguf_flash_attn, gguf_type_k, gguf_type_v) are runtime-only and \
-                   only accepted while the model is unloaded or failed.",
+#[utoipa::path(
+    post,
+    path = "/v1/admin/models/{model_name}/load",
+    tag = "Admin",
     params(("model_name" = String, Path, description = "Model name")),
-    request_body(content = AdminLoadRequest, description = "Optional overrides"),
-    responses(
-        (status = 200, description = "Loaded", body = AdminModel),
-        (status = 400, description = "`invalid_load_request`: values invalid for this backend, or overrides for a loaded model", body = api_types::ErrorResponse),
-        (status = 404, description = "Unknown model", body = api_types::ErrorResponse),
-        (status = 409, description = "The model is unloading", body = api_types::ErrorResponse),
-        (status = 422, description = "The body failed schema validation", body = api_types::ErrorResponse),
-        (status = 500, description = "The load failed; the model is `failed` with `last_error`", body = api_types::ErrorResponse),
-    ))]
+    request_body(content = AdminLoadRequest, description = "Optional overrides")
+)]
 pub async fn load(
     State(rt): State<AppState>,
     Path(name): Path<String>,
@@ -57,21 +46,18 @@ pub async fn load(
 }
 
 /// Unloads a model gracefully: no new requests, in-flight ones finish, then the backend stops.
-#[utoipa::path(post, path = "/v1/admin/models/{model_name}/unload", tag = "Admin",
-    description = "200 when the model is already unloaded or unloading.",
-    params(("model_name" = String, Path, description = "Model name")),
-    responses(
-        (status = 200, description = "Unloaded", body = AdminModel),
-        (status = 404, description = "Unknown model", body = api_types::ErrorResponse),
-    ))]
+#[utoipa::path(
+    post,
+    path = "/v1/admin/models/{model_name}/unload",
+    tag = "Admin",
+    params(("model_name" = String, Path, description = "Model name"))
+)]
 pub async fn unload(State(rt): State<AppState>, Path(name): Path<String>) -> Result<Json<AdminModel>, ApiError> {
     Ok(Json(admin::unload(&rt.engine, &name).await?))
 }
 
 /// GPU memory (NVML) and per-model VRAM estimates.
-#[utoipa::path(get, path = "/v1/admin/gpu-memory", tag = "Admin",
-    description = "On a machine without NVIDIA GPUs (or without the driver), `gpus` is empty and `error` says why.",
-    responses((status = 200, description = "GPU memory", body = GpuMemory)))]
+#[utoipa::path(get, path = "/v1/admin/gpu-memory", tag = "Admin")]
 pub async fn gpu_memory(State(rt): State<AppState>) -> Json<GpuMemory> {
     let (gpus, error) = tokio::task::spawn_blocking(host::hardware::gpu_memory)
         .await

@@ -31,19 +31,7 @@ fn bad(e: dialects::BadRequest) -> AnthropicApiError {
 }
 
 /// Messages (Anthropic).
-#[utoipa::path(post, path = "/api/v1/messages", tag = "Anthropic",
-    description = "Also under /api/v0, /v0 and /v1. System prompt, text, image, tool_use and tool_result blocks, tools, \
-                   stop_sequences and thinking on or off. With `stream: true` the answer is Anthropic's event stream \
-                   (message_start, ping, content_block_start/delta/stop, message_delta with the stop reason and usage, \
-                   message_stop), translated from the backend's stream as it comes; a failure mid-stream is an \
-                   `error` event.",
-    request_body = MessagesRequest,
-    responses(
-        (status = 200, description = "The message, or its event stream", body = MessagesResponse),
-        (status = 400, description = "Missing model, max_tokens or messages, or a bad block", body = AnthropicError),
-        (status = 404, description = "Unknown model", body = AnthropicError),
-        (status = 502, description = "The backend failed", body = AnthropicError),
-    ))]
+#[utoipa::path(post, path = "/api/v1/messages", tag = "Anthropic", request_body = MessagesRequest)]
 pub async fn messages(
     State(rt): State<AppState>,
     Extension(edge): Extension<Edge>,
@@ -78,16 +66,7 @@ async fn answer(
 }
 
 /// Tokens of a conversation (Anthropic), counted by the model's own template and tokenizer.
-#[utoipa::path(post, path = "/api/v1/messages/count_tokens", tag = "Anthropic",
-    description = "Also under /api/v0, /v0 and /v1. The conversation (with system prompt and tools) goes through the \
-                   model's chat template and tokenizer in its backend (llama-server's /apply-template and /tokenize), \
-                   so the count is the prompt the model would see.",
-    request_body = CountTokensRequest,
-    responses(
-        (status = 200, description = "The count", body = CountTokensResponse),
-        (status = 400, description = "Missing model or messages, or a bad block", body = AnthropicError),
-        (status = 404, description = "Unknown model", body = AnthropicError),
-    ))]
+#[utoipa::path(post, path = "/api/v1/messages/count_tokens", tag = "Anthropic", request_body = CountTokensRequest)]
 pub async fn count_tokens(
     State(rt): State<AppState>,
     Extension(edge): Extension<Edge>,

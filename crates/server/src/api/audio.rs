@@ -1,7 +1,7 @@
 //! The audio endpoints: transcription and translation (OpenAI's multipart shape), served by a
 //! model's whisper-server.
 
-use api_types::{ErrorResponse, SpeechRequest, TranscriptionRequest, TranscriptionResponse};
+use api_types::{SpeechRequest, TranscriptionRequest};
 use axum::extract::State;
 use axum::response::Response;
 use backends::whispercpp;
@@ -15,18 +15,7 @@ use axum::Extension;
 use engine::lease::Endpoint;
 
 /// Text to speech (OpenAI), streamed as it is made.
-#[utoipa::path(post, path = "/api/v1/audio/speech", tag = "OpenAI",
-    description = "Also under /api/v0, /v0 and /v1. Loads the model on demand and asks its Kokoro backend; the audio \
-                   bytes are streamed as each sentence is made (`wav` with open-ended sizes, or raw `pcm`, 16-bit mono \
-                   24 kHz).",
-    request_body = SpeechRequest,
-    responses(
-        (status = 200, description = "The audio (audio/wav or audio/pcm), streamed", content_type = "audio/wav"),
-        (status = 400, description = "Empty input, an unsupported response_format or speed, an unknown voice, or a model that is not a speech model", body = ErrorResponse),
-        (status = 404, description = "Unknown model", body = ErrorResponse),
-        (status = 500, description = "The model failed to load", body = ErrorResponse),
-        (status = 502, description = "The backend died or could not be reached", body = ErrorResponse),
-    ))]
+#[utoipa::path(post, path = "/api/v1/audio/speech", tag = "OpenAI", request_body = SpeechRequest)]
 pub async fn speech(
     State(rt): State<AppState>,
     Extension(edge): Extension<Edge>,
@@ -41,19 +30,12 @@ pub async fn speech(
 }
 
 /// Transcription (OpenAI): the speech in an audio file as text.
-#[utoipa::path(post, path = "/api/v1/audio/transcriptions", tag = "OpenAI",
-    description = "Also under /api/v0, /v0 and /v1. A multipart/form-data upload, as OpenAI's; loads the model on \
-                   demand and forwards the audio to its whisper-server. `response_format` json (default), text, srt, \
-                   verbose_json or vtt. Fields whisper-server reads itself (offset_t, beam_size, …) pass through.",
-    request_body(content = TranscriptionRequest, content_type = "multipart/form-data"),
-    responses(
-        (status = 200, description = "The transcription in the asked format", body = TranscriptionResponse),
-        (status = 400, description = "Not multipart, no file or model, a file that is not audio, an unknown response_format, or a model that is not a transcription model", body = ErrorResponse),
-        (status = 404, description = "Unknown model", body = ErrorResponse),
-        (status = 413, description = "Body larger than the limit", body = ErrorResponse),
-        (status = 500, description = "The model failed to load", body = ErrorResponse),
-        (status = 502, description = "The backend died or could not be reached", body = ErrorResponse),
-    ))]
+#[utoipa::path(
+    post,
+    path = "/api/v1/audio/transcriptions",
+    tag = "OpenAI",
+    request_body(content = TranscriptionRequest, content_type = "multipart/form-data")
+)]
 pub async fn transcriptions(
     State(rt): State<AppState>,
     Extension(edge): Extension<Edge>,
@@ -63,18 +45,12 @@ pub async fn transcriptions(
 }
 
 /// Translation (OpenAI): the speech in an audio file as English text.
-#[utoipa::path(post, path = "/api/v1/audio/translations", tag = "OpenAI",
-    description = "Also under /api/v0, /v0 and /v1. As audio/transcriptions, with whisper's translate task (a \
-                   multilingual model translates into English; an English-only model transcribes).",
-    request_body(content = TranscriptionRequest, content_type = "multipart/form-data"),
-    responses(
-        (status = 200, description = "The English text in the asked format", body = TranscriptionResponse),
-        (status = 400, description = "As for audio/transcriptions", body = ErrorResponse),
-        (status = 404, description = "Unknown model", body = ErrorResponse),
-        (status = 413, description = "Body larger than the limit", body = ErrorResponse),
-        (status = 500, description = "The model failed to load", body = ErrorResponse),
-        (status = 502, description = "The backend died or could not be reached", body = ErrorResponse),
-    ))]
+#[utoipa::path(
+    post,
+    path = "/api/v1/audio/translations",
+    tag = "OpenAI",
+    request_body(content = TranscriptionRequest, content_type = "multipart/form-data")
+)]
 pub async fn translations(
     State(rt): State<AppState>,
     Extension(edge): Extension<Edge>,

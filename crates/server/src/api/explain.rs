@@ -16,39 +16,19 @@ use crate::extract::JsonBody;
 use crate::state::AppState;
 
 /// The scheduler's state.
-#[utoipa::path(get, path = "/api/v1/scheduler", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1. The memory ledgers (system memory and VRAM: budget, in use, each \
-        model's share), every model the scheduler holds with its state, requests in flight and waiting, and why it \
-        stays (`resident`: pinned, serving, idle until its timeout, or kept until evicted), the load queue, the \
-        loaded-model limits, and the latest 256 decisions with their reasons.",
-    responses((status = 200, description = "The scheduler's state", body = SchedulerState)))]
+#[utoipa::path(get, path = "/api/v1/scheduler", tag = "Lemonade")]
 pub async fn state(State(rt): State<AppState>) -> Json<SchedulerState> {
     Json(engine::explain::state(&rt.engine))
 }
 
 /// A dry run of a load.
-#[utoipa::path(post, path = "/api/v1/scheduler/plan", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1. Takes `/load`'s body and says what that load would do now, \
-        worked out on a copy of the scheduler: `loaded` (nothing to do), `load` (with the models it would evict), \
-        `refused` (with the code and message `/load` would answer), or `waits` (for models to finish their requests \
-        or for a load in progress). Nothing is loaded, evicted or saved.",
-    request_body = LoadRequest,
-    responses(
-        (status = 200, description = "What the load would do", body = SchedulerPlan),
-        (status = 400, description = "Invalid body or option", body = ErrorResponse),
-        (status = 404, description = "Unknown model", body = ErrorResponse),
-    ))]
+#[utoipa::path(post, path = "/api/v1/scheduler/plan", tag = "Lemonade", request_body = LoadRequest)]
 pub async fn plan(State(rt): State<AppState>, body: JsonBody<LoadRequest>) -> Result<Json<SchedulerPlan>, ApiError> {
     Ok(Json(engine::explain::plan(&rt.engine, &body.value).await?))
 }
 
 /// The scheduler's decisions as they are taken.
-#[utoipa::path(get, path = "/api/v1/scheduler/events", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1. Server-Sent Events: each decision (`load`, `evict`, `unload`, \
-        `queue`, `reject`, `refuse`, `crash`, with its `reason`, `model` and `detail`) as one `data:` JSON event, from \
-        now on (the latest ones are in `GET /scheduler`). A reader too slow for the stream gets a `: lagged N` comment \
-        for the N decisions it missed.",
-    responses((status = 200, description = "text/event-stream of SchedulerDecision")))]
+#[utoipa::path(get, path = "/api/v1/scheduler/events", tag = "Lemonade")]
 pub async fn events(State(rt): State<AppState>) -> Response {
     let rx = rt.engine.lifecycle().explain.subscribe();
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {

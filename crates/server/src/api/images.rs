@@ -1,7 +1,7 @@
 //! The image endpoints: generation, edits and variations (OpenAI's shapes plus Lemonade's sd
 //! parameters), served by a model's sd-server.
 
-use api_types::{ErrorResponse, ImageEditRequest, ImageGenerationRequest, ImagesResponse, SdParameters};
+use api_types::{ImageEditRequest, ImageGenerationRequest, SdParameters};
 use axum::extract::State;
 use axum::response::Response;
 use backends::sdcpp::{self, SdParams};
@@ -18,18 +18,7 @@ use axum::Extension;
 use engine::lease::Endpoint;
 
 /// Image generation (OpenAI): PNGs from a prompt.
-#[utoipa::path(post, path = "/api/v1/images/generations", tag = "OpenAI",
-    description = "Also under /api/v0, /v0 and /v1. Loads the model on demand and asks its sd-server. The answer \
-                   holds base64 PNGs (`b64_json`) of the requested `size`; `steps`, `cfg_scale`, `seed` and `sampler` \
-                   override the model's defaults.",
-    request_body = ImageGenerationRequest,
-    responses(
-        (status = 200, description = "The images", body = ImagesResponse),
-        (status = 400, description = "An empty prompt, an unsupported size, n or response_format, a bad sd parameter, or a model that is not an image model", body = ErrorResponse),
-        (status = 404, description = "Unknown model", body = ErrorResponse),
-        (status = 500, description = "The model failed to load", body = ErrorResponse),
-        (status = 502, description = "The backend died or could not be reached", body = ErrorResponse),
-    ))]
+#[utoipa::path(post, path = "/api/v1/images/generations", tag = "OpenAI", request_body = ImageGenerationRequest)]
 pub async fn generations(
     State(rt): State<AppState>,
     Extension(edge): Extension<Edge>,
@@ -51,18 +40,12 @@ pub async fn generations(
 }
 
 /// Image edit (OpenAI): a source image (and an optional mask) redrawn after a prompt.
-#[utoipa::path(post, path = "/api/v1/images/edits", tag = "OpenAI",
-    description = "Also under /api/v0, /v0 and /v1. A multipart/form-data upload: `image` (or `image[]`), an optional \
-                   `mask`, `prompt`, `model`, and optionally n, size and the sd parameters. sd-server redraws the image.",
-    request_body(content = ImageEditRequest, content_type = "multipart/form-data"),
-    responses(
-        (status = 200, description = "The images", body = ImagesResponse),
-        (status = 400, description = "Not multipart, no image or model, a file that is not an image, an empty prompt, or a bad parameter", body = ErrorResponse),
-        (status = 404, description = "Unknown model", body = ErrorResponse),
-        (status = 413, description = "Body larger than the limit", body = ErrorResponse),
-        (status = 500, description = "The model failed to load", body = ErrorResponse),
-        (status = 502, description = "The backend died or could not be reached", body = ErrorResponse),
-    ))]
+#[utoipa::path(
+    post,
+    path = "/api/v1/images/edits",
+    tag = "OpenAI",
+    request_body(content = ImageEditRequest, content_type = "multipart/form-data")
+)]
 pub async fn edits(
     State(rt): State<AppState>,
     Extension(edge): Extension<Edge>,
@@ -72,18 +55,12 @@ pub async fn edits(
 }
 
 /// Image variation (OpenAI): the source image redrawn with no prompt.
-#[utoipa::path(post, path = "/api/v1/images/variations", tag = "OpenAI",
-    description = "Also under /api/v0, /v0 and /v1. As images/edits without `prompt` or `mask`: sd-server redraws \
-                   the image from itself (image to image with an empty prompt).",
-    request_body(content = ImageEditRequest, content_type = "multipart/form-data"),
-    responses(
-        (status = 200, description = "The images", body = ImagesResponse),
-        (status = 400, description = "As for images/edits", body = ErrorResponse),
-        (status = 404, description = "Unknown model", body = ErrorResponse),
-        (status = 413, description = "Body larger than the limit", body = ErrorResponse),
-        (status = 500, description = "The model failed to load", body = ErrorResponse),
-        (status = 502, description = "The backend died or could not be reached", body = ErrorResponse),
-    ))]
+#[utoipa::path(
+    post,
+    path = "/api/v1/images/variations",
+    tag = "OpenAI",
+    request_body(content = ImageEditRequest, content_type = "multipart/form-data")
+)]
 pub async fn variations(
     State(rt): State<AppState>,
     Extension(edge): Extension<Edge>,

@@ -21,21 +21,7 @@ fn required(req: &InstallRequest) -> Result<(String, String), ApiError> {
 }
 
 /// Downloads and installs a backend's pinned release.
-#[utoipa::path(post, path = "/api/v1/install", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1. With recipe `cloud`, registers a remote OpenAI-compatible \
-        provider instead: `backend` is its name, `base_url` its API base, `api_key` its key (held in memory only; \
-        else `LEMONADE_<NAME>_API_KEY`); its models are discovered and served as `<name>.<id>`. Otherwise: downloads the pinned release archive of `recipe:backend` for \
-        this platform from `LEMONADE_RELEASES_URL` (default https://github.com), verifies it (the pinned sha256 \
-        when `<cache>/backend_versions.json` carries one; the executable must run `--version`), and swaps it \
-        into `<cache>/bin/<dir>/<backend>/` atomically: an interrupted install leaves the old backend. With \
-        `stream: true` the answer is SSE like `pull` (one file); an installed pinned version answers one \
-        `complete` event with 0 bytes.",
-    request_body = InstallRequest,
-    responses(
-        (status = 200, description = "Installed (or SSE events)", body = InstallResponse),
-        (status = 400, description = "Missing or unknown recipe/backend, or not installable here", body = api_types::ErrorResponse),
-        (status = 502, description = "Download or verification failed; the old backend is unchanged", body = api_types::ErrorResponse),
-    ))]
+#[utoipa::path(post, path = "/api/v1/install", tag = "Lemonade", request_body = InstallRequest)]
 pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallRequest>) -> Result<Response, ApiError> {
     let req = body.value;
     if req.backend.as_deref() == Some(backends::cloud::RECIPE) && req.recipe.is_none() {
@@ -62,14 +48,7 @@ pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallReq
 }
 
 /// Removes a managed backend, unloading the models that use it first.
-#[utoipa::path(post, path = "/api/v1/uninstall", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1. Idempotent, as in Lemonade: a backend that is not installed \
-        answers 200 with a `message` saying there was nothing to remove.",
-    request_body = InstallRequest,
-    responses(
-        (status = 200, description = "Uninstalled, or nothing to remove", body = InstallResponse),
-        (status = 400, description = "Missing or unknown recipe/backend, or the `system` backend", body = api_types::ErrorResponse),
-    ))]
+#[utoipa::path(post, path = "/api/v1/uninstall", tag = "Lemonade", request_body = InstallRequest)]
 pub async fn uninstall_route(State(rt): State<AppState>, body: JsonBody<InstallRequest>) -> Result<Response, ApiError> {
     if body.value.backend.as_deref() == Some(backends::cloud::RECIPE) && body.value.recipe.is_none() {
         return Ok(Json(engine::cloud::uninstall_v11(&rt.engine, &body.value)?).into_response());
@@ -85,17 +64,7 @@ pub async fn uninstall_route(State(rt): State<AppState>, body: JsonBody<InstallR
 }
 
 /// Sets a cloud provider's API key, held in memory only.
-#[utoipa::path(post, path = "/api/v1/cloud/auth", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1 (Lemonade v11). The key lives in this process only; the provider's \
-        models are discovered again. When `LEMONADE_<PROVIDER>_API_KEY` is set it wins: 409 `auth_conflict`, and the \
-        key given is not stored. Needs the admin key when one is set.",
-    request_body = CloudAuthRequest,
-    responses(
-        (status = 200, description = "Stored", body = CloudAuth),
-        (status = 400, description = "A missing or empty `provider` or `api_key`", body = ErrorResponse),
-        (status = 404, description = "No such provider (`not_found`)", body = ErrorResponse),
-        (status = 409, description = "The environment's key wins (`auth_conflict`, naming the variable)", body = Object),
-    ))]
+#[utoipa::path(post, path = "/api/v1/cloud/auth", tag = "Lemonade", request_body = CloudAuthRequest)]
 pub async fn cloud_auth(State(rt): State<AppState>, body: JsonBody<CloudAuthRequest>) -> Result<Response, ApiError> {
     let b = &body.value;
     if b.provider.is_empty() || b.api_key.is_empty() {
@@ -113,14 +82,12 @@ pub async fn cloud_auth(State(rt): State<AppState>, body: JsonBody<CloudAuthRequ
 }
 
 /// Drops a cloud provider's key held in memory.
-#[utoipa::path(delete, path = "/api/v1/cloud/auth/{provider}", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1 (Lemonade v11). The environment's key, if any, stays in effect; \
-        without one the provider's models are dropped until a key is given. Needs the admin key when one is set.",
-    params(("provider" = String, Path, description = "The provider")),
-    responses(
-        (status = 200, description = "Cleared", body = CloudAuth),
-        (status = 404, description = "No such provider (`not_found`)", body = ErrorResponse),
-    ))]
+#[utoipa::path(
+    delete,
+    path = "/api/v1/cloud/auth/{provider}",
+    tag = "Lemonade",
+    params(("provider" = String, Path, description = "The provider"))
+)]
 pub async fn cloud_auth_clear(
     State(rt): State<AppState>,
     Path(provider): Path<String>,
@@ -129,12 +96,7 @@ pub async fn cloud_auth_clear(
 }
 
 /// Remote providers (recipe `cloud`), their state and models.
-#[utoipa::path(get, path = "/api/v1/cloud", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1. Each provider registered with `install` (recipe `cloud`): its \
-        base URL, `up`/`down`/`unknown`, its last probe, where its key comes from (never the key) and its models. \
-        `refresh=true` probes every provider first (discovery also runs every `--remote-refresh` seconds).",
-    params(api_types::CloudQuery),
-    responses((status = 200, description = "Providers", body = api_types::UpstreamList)))]
+#[utoipa::path(get, path = "/api/v1/cloud", tag = "Lemonade", params(api_types::CloudQuery))]
 pub async fn cloud_list(
     State(rt): State<AppState>,
     axum::extract::Query(q): axum::extract::Query<api_types::CloudQuery>,

@@ -16,23 +16,14 @@ use crate::state::AppState;
 use host::logging::{filter_for, LogHub, LEVELS};
 
 /// The level the server logs at now.
-#[utoipa::path(get, path = "/api/v1/log-level", tag = "System",
-    description = "Also under /api/v0, /v0 and /v1. The level last set by `POST log-level` or `--log-level`.",
-    responses((status = 200, description = "The level in force", body = LogLevelResponse)))]
+#[utoipa::path(get, path = "/api/v1/log-level", tag = "System")]
 pub async fn get_level(State(rt): State<AppState>) -> Json<LogLevelResponse> {
     let level = rt.http.logs.as_ref().map_or_else(|| "info".to_string(), |h| h.level());
     Json(LogLevelResponse { status: "success".into(), level })
 }
 
 /// Changes what the server logs, at once.
-#[utoipa::path(post, path = "/api/v1/log-level", tag = "System",
-    description = "Also under /api/v0, /v0 and /v1. Unlike v9 (which only stores the value), the level takes effect \
-        at once, for stderr and `logs/stream`.",
-    request_body = LogLevelRequest,
-    responses(
-        (status = 200, description = "Level set", body = LogLevelResponse),
-        (status = 400, description = "Missing or unknown level", body = api_types::ErrorResponse),
-    ))]
+#[utoipa::path(post, path = "/api/v1/log-level", tag = "System", request_body = LogLevelRequest)]
 pub async fn set_level(
     State(rt): State<AppState>,
     body: JsonBody<LogLevelRequest>,
@@ -52,14 +43,7 @@ pub async fn set_level(
 }
 
 /// Server-Sent Events of the server log: the last lines kept, then each new line.
-#[utoipa::path(get, path = "/api/v1/logs/stream", tag = "System",
-    description = "Also under /api/v0, /v0 and /v1. Each log entry is one SSE event (`data: <line>`), first the last \
-        2,000 entries kept in memory, then new ones as they are logged. A `: heartbeat` comment is sent after 10 s \
-        without a line.",
-    responses(
-        (status = 200, description = "text/event-stream of log lines"),
-        (status = 400, description = "Log streaming is not enabled in this process (embedded use)", body = api_types::ErrorResponse),
-    ))]
+#[utoipa::path(get, path = "/api/v1/logs/stream", tag = "System")]
 pub async fn stream(State(rt): State<AppState>) -> Result<Response, ApiError> {
     let Some(h) = &rt.http.logs else {
         return Err(ApiError::bad_request("Log streaming is not enabled in this process", None));
@@ -71,15 +55,7 @@ pub async fn stream(State(rt): State<AppState>) -> Result<Response, ApiError> {
 /// messages: send `{"type": "logs.subscribe", "after_seq": N|null}`, get one `logs.snapshot`
 /// of the kept lines after N, then a `logs.entry` per new line (`error` answers a bad
 /// message). A plain GET gets the SSE stream of `/api/v1/logs/stream`.
-#[utoipa::path(get, path = "/logs/stream", tag = "System",
-    description = "Lemonade v11's WebSocket log stream (`logs.subscribe` → `logs.snapshot`, then `logs.entry` \
-        messages, each entry `{seq, timestamp, severity, tag, line}`); without an upgrade, the SSE stream. Needs the \
-        API key when one is set, and an allowed Origin, as every route.",
-    responses(
-        (status = 101, description = "WebSocket"),
-        (status = 200, description = "text/event-stream of log lines"),
-        (status = 400, description = "Log streaming is not enabled in this process", body = api_types::ErrorResponse),
-    ))]
+#[utoipa::path(get, path = "/logs/stream", tag = "System")]
 pub async fn ws_stream(State(rt): State<AppState>, req: axum::extract::Request) -> Result<Response, ApiError> {
     use axum::extract::{ws::WebSocketUpgrade, FromRequestParts};
     let Some(hub) = rt.http.logs.clone() else {

@@ -1,7 +1,6 @@
 //! llama-server's own routes (forwarded to the model's backend), the fallback for unknown
 //! paths, and the JSON 405.
 
-use api_types::*;
 use axum::extract::{RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use http::Method;
@@ -27,15 +26,12 @@ pub struct NativeRequest {
 
 /// llama-server's own POST endpoints (`/completion`, `/tokenize`, `/detokenize`,
 /// `/apply-template`, `/infill`), routed by the `model` field of the body.
-#[utoipa::path(post, path = "/tokenize", tag = "llama.cpp",
-    description = "The same for /completion, /detokenize, /apply-template and /infill (also under the four API prefixes): \
-                   the body is llama-server's, plus `model` naming the model. The answer is llama-server's.",
-    request_body(content = Object, description = "llama-server request with a `model` field"),
-    responses(
-        (status = 200, description = "llama-server's answer"),
-        (status = 400, description = "Invalid request (e.g. no `model`)", body = ErrorResponse),
-        (status = 404, description = "Unknown model", body = ErrorResponse),
-    ))]
+#[utoipa::path(
+    post,
+    path = "/tokenize",
+    tag = "llama.cpp",
+    request_body(content = Object, description = "llama-server request with a `model` field")
+)]
 pub async fn native_post(
     State(rt): State<AppState>,
     Extension(edge): Extension<Edge>,
@@ -53,15 +49,12 @@ pub async fn native_post(
 }
 
 /// llama-server's own GET endpoints (`/props`, `/slots`, `/metrics`), routed by `?model=`.
-#[utoipa::path(get, path = "/slots", tag = "llama.cpp",
-    description = "The same for /props and /metrics (also under the four API prefixes). Other query parameters are passed on. \
-                   Plain `/metrics` at the root, with no `model`, is lemonade's own Prometheus metrics (OpenMetrics text, not described here).",
-    params(("model" = String, Query, description = "Model whose backend answers")),
-    responses(
-        (status = 200, description = "llama-server's answer"),
-        (status = 400, description = "No `model` query parameter", body = ErrorResponse),
-        (status = 404, description = "Unknown model", body = ErrorResponse),
-    ))]
+#[utoipa::path(
+    get,
+    path = "/slots",
+    tag = "llama.cpp",
+    params(("model" = String, Query, description = "Model whose backend answers"))
+)]
 pub async fn native_get(
     State(rt): State<AppState>,
     Extension(edge): Extension<Edge>,

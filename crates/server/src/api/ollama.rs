@@ -145,19 +145,7 @@ fn ndjson_voice(model: &str, chat: bool) -> crate::waiting::Voice {
 }
 
 /// Chat (Ollama).
-#[utoipa::path(post, path = "/api/chat", tag = "Ollama",
-    description = "Streams NDJSON by default (one line per token, the last with `done: true`, counts and durations in \
-                   ns). `options` map to llama-server's sampling fields, `format` to structured output, `images` to \
-                   image parts, `think` to the template's thinking switch. `keep_alive`: 0 unloads the model after the \
-                   answer, a duration sets its idle timeout, a negative value keeps it loaded. Empty `messages` load \
-                   the model (or unload it with `keep_alive: 0`).",
-    request_body = OllamaChatRequest,
-    responses(
-        (status = 200, description = "The answer, or NDJSON lines", body = OllamaChatResponse),
-        (status = 400, description = "No model, a bad keep_alive, format or think", body = OllamaError),
-        (status = 404, description = "Unknown model", body = OllamaError),
-        (status = 502, description = "The backend failed", body = OllamaError),
-    ))]
+#[utoipa::path(post, path = "/api/chat", tag = "Ollama", request_body = OllamaChatRequest)]
 pub async fn chat(
     State(rt): State<AppState>,
     Extension(edge): Extension<Edge>,
@@ -175,15 +163,7 @@ pub async fn chat(
 }
 
 /// Generate (Ollama).
-#[utoipa::path(post, path = "/api/generate", tag = "Ollama",
-    description = "As /api/chat for one prompt: the model's chat template applies (with `system`) unless `raw` is \
-                   true. An empty prompt loads the model (or unloads it with `keep_alive: 0`).",
-    request_body = OllamaGenerateRequest,
-    responses(
-        (status = 200, description = "The answer, or NDJSON lines", body = OllamaGenerateResponse),
-        (status = 400, description = "No model, a bad keep_alive, format or think", body = OllamaError),
-        (status = 404, description = "Unknown model", body = OllamaError),
-    ))]
+#[utoipa::path(post, path = "/api/generate", tag = "Ollama", request_body = OllamaGenerateRequest)]
 pub async fn generate(
     State(rt): State<AppState>,
     Extension(edge): Extension<Edge>,
@@ -216,13 +196,7 @@ async fn embed_values(
 }
 
 /// Embeddings (Ollama).
-#[utoipa::path(post, path = "/api/embed", tag = "Ollama",
-    request_body = OllamaEmbedRequest,
-    responses(
-        (status = 200, description = "One vector per input", body = OllamaEmbedResponse),
-        (status = 400, description = "No model or input, or not an embedding model", body = OllamaError),
-        (status = 404, description = "Unknown model", body = OllamaError),
-    ))]
+#[utoipa::path(post, path = "/api/embed", tag = "Ollama", request_body = OllamaEmbedRequest)]
 pub async fn embed(
     State(rt): State<AppState>,
     Extension(edge): Extension<Edge>,
@@ -238,13 +212,7 @@ pub async fn embed(
 }
 
 /// Embedding of one prompt (Ollama's older route).
-#[utoipa::path(post, path = "/api/embeddings", tag = "Ollama",
-    request_body = OllamaEmbeddingsRequest,
-    responses(
-        (status = 200, description = "The vector", body = OllamaEmbeddingsResponse),
-        (status = 400, description = "No model or prompt", body = OllamaError),
-        (status = 404, description = "Unknown model", body = OllamaError),
-    ))]
+#[utoipa::path(post, path = "/api/embeddings", tag = "Ollama", request_body = OllamaEmbeddingsRequest)]
 pub async fn embeddings(
     State(rt): State<AppState>,
     Extension(edge): Extension<Edge>,
@@ -263,22 +231,19 @@ pub async fn embeddings(
 }
 
 /// The version lemonade answers as (Lemonade v9's).
-#[utoipa::path(get, path = "/api/version", tag = "Ollama",
-    responses((status = 200, description = "Version", body = OllamaVersion)))]
+#[utoipa::path(get, path = "/api/version", tag = "Ollama")]
 pub async fn version() -> Json<OllamaVersion> {
     Json(OllamaVersion { version: dialect::VERSION.into() })
 }
 
 /// The downloaded models.
-#[utoipa::path(get, path = "/api/tags", tag = "Ollama",
-    responses((status = 200, description = "Downloaded models, named with `:latest`", body = OllamaTags)))]
+#[utoipa::path(get, path = "/api/tags", tag = "Ollama")]
 pub async fn tags(State(rt): State<AppState>) -> Json<OllamaTags> {
     Json(OllamaTags { models: engine::ollama::tags(&rt.engine) })
 }
 
 /// The loaded models, with when each unloads.
-#[utoipa::path(get, path = "/api/ps", tag = "Ollama",
-    responses((status = 200, description = "Loaded models", body = OllamaPs)))]
+#[utoipa::path(get, path = "/api/ps", tag = "Ollama")]
 pub async fn ps(State(rt): State<AppState>) -> Json<OllamaPs> {
     Json(OllamaPs { models: engine::ollama::ps(&rt.engine) })
 }
@@ -288,13 +253,7 @@ fn named(req: &OllamaModelRequest) -> Result<String, OllamaApiError> {
 }
 
 /// A model's details.
-#[utoipa::path(post, path = "/api/show", tag = "Ollama",
-    request_body = OllamaModelRequest,
-    responses(
-        (status = 200, description = "The model", body = OllamaShow),
-        (status = 400, description = "No name", body = OllamaError),
-        (status = 404, description = "Unknown model", body = OllamaError),
-    ))]
+#[utoipa::path(post, path = "/api/show", tag = "Ollama", request_body = OllamaModelRequest)]
 pub async fn show(
     State(rt): State<AppState>,
     body: Body_<OllamaModelRequest>,
@@ -303,13 +262,7 @@ pub async fn show(
 }
 
 /// Removes a model's files (unloading it first).
-#[utoipa::path(delete, path = "/api/delete", tag = "Ollama",
-    request_body = OllamaModelRequest,
-    responses(
-        (status = 200, description = "Deleted (empty body)"),
-        (status = 400, description = "No name", body = OllamaError),
-        (status = 404, description = "Unknown model", body = OllamaError),
-    ))]
+#[utoipa::path(delete, path = "/api/delete", tag = "Ollama", request_body = OllamaModelRequest)]
 pub async fn delete(State(rt): State<AppState>, body: Body_<OllamaModelRequest>) -> Answer {
     let name = named(&body.value)?;
     let m = rt.engine.catalogue().get(&name)?;
@@ -332,15 +285,7 @@ fn pull_lines(rt: &AppState, mut rx: mpsc::Receiver<PullEvent>) -> Response {
 }
 
 /// Downloads a catalogue (or registered) model.
-#[utoipa::path(post, path = "/api/pull", tag = "Ollama",
-    description = "NDJSON progress by default (`stream: false`: one `{\"status\": \"success\"}` when done). Only models \
-                   lemonade knows can be pulled (register others with POST /api/v1/pull).",
-    request_body = OllamaModelRequest,
-    responses(
-        (status = 200, description = "Progress lines, or success", body = OllamaPullStatus),
-        (status = 400, description = "No name", body = OllamaError),
-        (status = 404, description = "Unknown model", body = OllamaError),
-    ))]
+#[utoipa::path(post, path = "/api/pull", tag = "Ollama", request_body = OllamaModelRequest)]
 pub async fn pull(State(rt): State<AppState>, body: Body_<OllamaModelRequest>) -> Answer {
     let name = named(&body.value)?;
     let m = rt.engine.catalogue().get(&name)?;
@@ -352,9 +297,7 @@ pub async fn pull(State(rt): State<AppState>, body: Body_<OllamaModelRequest>) -
 }
 
 /// Ollama routes lemonade does not serve.
-#[utoipa::path(post, path = "/api/create", tag = "Ollama",
-    description = "Also /api/copy, /api/push and /api/blobs/{digest}: lemonade has no Ollama blob store.",
-    responses((status = 501, description = "Not supported", body = OllamaError)))]
+#[utoipa::path(post, path = "/api/create", tag = "Ollama")]
 pub async fn not_supported() -> Response {
     let e = api_types::OllamaError {
         error: "not supported by lemonade: it serves GGUF models from the Hugging Face cache; \

@@ -98,20 +98,7 @@ async fn forward_to(
 }
 
 /// Chat completion (OpenAI). Streams SSE when `stream` is true.
-#[utoipa::path(post, path = "/api/v1/chat/completions", tag = "OpenAI",
-    description = "Also under /api/v0, /v0 and /v1. Loads the model on demand. Fields not listed in the schema \
-                   (top_k, min_p, tools, response_format, …) are passed to llama-server unchanged. With `stream: true` \
-                   the answer is `text/event-stream`, ending with `data: [DONE]`; a backend failure mid-stream becomes a \
-                   `data: {\"error\": …}` frame.",
-    request_body = ChatCompletionRequest,
-    responses(
-        (status = 200, description = "Completion (JSON), or SSE chunks when streaming", body = ChatCompletionResponse),
-        (status = 400, description = "Malformed body, missing or wrong-typed field, no model, or a model that is not an LLM", body = ErrorResponse),
-        (status = 404, description = "Unknown model (`model_not_found`) or not available on this system (`model_not_supported`)", body = ErrorResponse),
-        (status = 413, description = "Body larger than the limit", body = ErrorResponse),
-        (status = 500, description = "The model failed to load (`model_load_error`)", body = ErrorResponse),
-        (status = 502, description = "The backend died or could not be reached", body = ErrorResponse),
-    ))]
+#[utoipa::path(post, path = "/api/v1/chat/completions", tag = "OpenAI", request_body = ChatCompletionRequest)]
 pub async fn chat_completions(
     State(rt): State<AppState>,
     Extension(edge): Extension<Edge>,
@@ -126,16 +113,7 @@ pub async fn chat_completions(
 }
 
 /// Text completion (OpenAI legacy).
-#[utoipa::path(post, path = "/api/v1/completions", tag = "OpenAI",
-    description = "Also under /api/v0, /v0 and /v1. As chat/completions, for a raw prompt.",
-    request_body = CompletionRequest,
-    responses(
-        (status = 200, description = "Completion, or SSE chunks when streaming"),
-        (status = 400, description = "Invalid request or not an LLM", body = ErrorResponse),
-        (status = 404, description = "Unknown model", body = ErrorResponse),
-        (status = 500, description = "Model failed to load", body = ErrorResponse),
-        (status = 502, description = "Backend failure", body = ErrorResponse),
-    ))]
+#[utoipa::path(post, path = "/api/v1/completions", tag = "OpenAI", request_body = CompletionRequest)]
 pub async fn completions(
     State(rt): State<AppState>,
     Extension(edge): Extension<Edge>,
@@ -155,16 +133,7 @@ pub async fn completions(
 }
 
 /// Responses API (OpenAI), as llama-server implements it.
-#[utoipa::path(post, path = "/api/v1/responses", tag = "OpenAI",
-    description = "Also under /api/v0, /v0 and /v1.",
-    request_body = ResponsesRequest,
-    responses(
-        (status = 200, description = "Response object, or SSE events when streaming"),
-        (status = 400, description = "Invalid request or not an LLM", body = ErrorResponse),
-        (status = 404, description = "Unknown model", body = ErrorResponse),
-        (status = 500, description = "Model failed to load", body = ErrorResponse),
-        (status = 502, description = "Backend failure", body = ErrorResponse),
-    ))]
+#[utoipa::path(post, path = "/api/v1/responses", tag = "OpenAI", request_body = ResponsesRequest)]
 pub async fn responses(
     State(rt): State<AppState>,
     Extension(edge): Extension<Edge>,
@@ -176,16 +145,7 @@ pub async fn responses(
 }
 
 /// Embeddings (OpenAI). `encoding_format: "base64"` returns little-endian f32 in base64.
-#[utoipa::path(post, path = "/api/v1/embeddings", tag = "OpenAI",
-    description = "Also under /api/v0, /v0 and /v1. The model must be an embedding model.",
-    request_body = EmbeddingRequest,
-    responses(
-        (status = 200, description = "Embedding list", body = EmbeddingResponse),
-        (status = 400, description = "Invalid request or not an embedding model", body = ErrorResponse),
-        (status = 404, description = "Unknown model", body = ErrorResponse),
-        (status = 500, description = "Model failed to load", body = ErrorResponse),
-        (status = 502, description = "Backend failure", body = ErrorResponse),
-    ))]
+#[utoipa::path(post, path = "/api/v1/embeddings", tag = "OpenAI", request_body = EmbeddingRequest)]
 pub async fn embeddings(
     State(rt): State<AppState>,
     Extension(edge): Extension<Edge>,
@@ -196,16 +156,7 @@ pub async fn embeddings(
 }
 
 /// Reranking: scores `documents` against `query`.
-#[utoipa::path(post, path = "/api/v1/reranking", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1, and as /v1/rerank. The model must be a reranking model.",
-    request_body = RerankRequest,
-    responses(
-        (status = 200, description = "Scores per document", body = RerankResponse),
-        (status = 400, description = "Invalid request or not a reranking model", body = ErrorResponse),
-        (status = 404, description = "Unknown model", body = ErrorResponse),
-        (status = 500, description = "Model failed to load", body = ErrorResponse),
-        (status = 502, description = "Backend failure", body = ErrorResponse),
-    ))]
+#[utoipa::path(post, path = "/api/v1/reranking", tag = "Lemonade", request_body = RerankRequest)]
 pub async fn reranking(
     State(rt): State<AppState>,
     Extension(edge): Extension<Edge>,
@@ -216,23 +167,18 @@ pub async fn reranking(
 }
 
 /// Models available on this host; downloaded ones only unless `show_all=true`.
-#[utoipa::path(get, path = "/api/v1/models", tag = "OpenAI",
-    description = "Also under /api/v0, /v0 and /v1. Local models sorted by id, then each remote provider's models \
-                   (`<provider>.<id>`, recipe `cloud`, with `upstream`), kept while the provider is down.",
-    params(ModelsQuery),
-    responses((status = 200, description = "Model list", body = ModelList)))]
+#[utoipa::path(get, path = "/api/v1/models", tag = "OpenAI", params(ModelsQuery))]
 pub async fn list_models(State(rt): State<AppState>, Query(q): Query<ModelsQuery>) -> Json<ModelList> {
     Json(engine::models::list(&rt.engine, q.show_all.as_deref() == Some("true")))
 }
 
 /// One model by id (the id may contain `/` and `.`).
-#[utoipa::path(get, path = "/api/v1/models/{id}", tag = "OpenAI",
-    description = "Also under /api/v0, /v0 and /v1.",
-    params(("id" = String, Path, description = "Model id")),
-    responses(
-        (status = 200, description = "The model", body = Model),
-        (status = 404, description = "Unknown (`model_not_found`) or not available here (`model_not_supported`)", body = ErrorResponse),
-    ))]
+#[utoipa::path(
+    get,
+    path = "/api/v1/models/{id}",
+    tag = "OpenAI",
+    params(("id" = String, Path, description = "Model id"))
+)]
 pub async fn get_model(
     State(rt): State<AppState>,
     Path(id): Path<String>,

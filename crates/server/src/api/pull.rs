@@ -13,21 +13,7 @@ use crate::state::AppState;
 use engine::pulls;
 
 /// Downloads a model (registering a `user.*` model first when `checkpoint` and `recipe` are given).
-#[utoipa::path(post, path = "/api/v1/pull", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1. Files go to the Hugging Face cache in huggingface_hub's layout; a \
-                   partial download resumes. With `stream: true` the answer is SSE: `event: progress` (PullProgress), \
-                   one `event: complete`, or `event: error` with `{\"error\": message}`. A client that disconnects \
-                   cancels the download (the partial file stays for a later pull). With `stream: true` and \
-                   `subscribe: false` the download is a server-owned job (Lemonade v11): the answer is its snapshot \
-                   (DownloadJob) at once, and `GET /v1/downloads` follows it.",
-    request_body = PullRequest,
-    responses(
-        (status = 200, description = "Downloaded (or SSE events)", body = StatusResponse),
-        (status = 400, description = "Invalid name, checkpoint or variant", body = ErrorResponse),
-        (status = 404, description = "Not available on this system", body = ErrorResponse),
-        (status = 502, description = "The download failed", body = ErrorResponse),
-        (status = 507, description = "The disk is full (the partial download is kept)", body = ErrorResponse),
-    ))]
+#[utoipa::path(post, path = "/api/v1/pull", tag = "Lemonade", request_body = PullRequest)]
 pub async fn pull(State(rt): State<AppState>, body: JsonBody<PullRequest>) -> Result<Response, ApiError> {
     let req = body.value;
     if engine::router::is_collection_pull(&req) {
@@ -55,15 +41,7 @@ pub async fn pull(State(rt): State<AppState>, body: JsonBody<PullRequest>) -> Re
 }
 
 /// Removes a model's files (and a `user.*` registration), unloading it first.
-#[utoipa::path(post, path = "/api/v1/delete", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1. Removes the model's whole `models--org--repo` folder from the \
-                   Hugging Face cache (every variant of that repository), and a `user.*` model's registration.",
-    request_body = DeleteRequest,
-    responses(
-        (status = 200, description = "Deleted", body = StatusResponse),
-        (status = 400, description = "No name, or an extra.* model (files in the extra models dir are not deleted)", body = ErrorResponse),
-        (status = 422, description = "Unknown model", body = ErrorResponse),
-    ))]
+#[utoipa::path(post, path = "/api/v1/delete", tag = "Lemonade", request_body = DeleteRequest)]
 pub async fn delete(
     State(rt): State<AppState>,
     body: JsonBody<DeleteRequest>,
@@ -86,15 +64,7 @@ pub async fn delete(
 }
 
 /// Registers (or updates) a `user.*` model definition without downloading it.
-#[utoipa::path(post, path = "/api/v1/models/register", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1 (Lemonade v11). The definition is checked as a pull's registration \
-        is, saved in `user_models.json`, and the catalogue rescanned; nothing is downloaded (`POST /pull` does that). \
-        Needs the admin key when one is set.",
-    request_body = RegisterRequest,
-    responses(
-        (status = 200, description = "Registered", body = RegisterResponse),
-        (status = 400, description = "A missing or invalid field (`param` names it)", body = ErrorResponse),
-    ))]
+#[utoipa::path(post, path = "/api/v1/models/register", tag = "Lemonade", request_body = RegisterRequest)]
 pub async fn register(
     State(rt): State<AppState>,
     body: JsonBody<RegisterRequest>,
@@ -110,17 +80,7 @@ pub async fn register(
 }
 
 /// The GGUF variants of a Hugging Face repository, to choose what to pull.
-#[utoipa::path(get, path = "/api/v1/pull/variants", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1 (Lemonade v11). Reads the repository's file listing on the Hub \
-        (`HF_TOKEN` is sent when set): at most 5 variants, the most used quantizations first; each `name` after `:` \
-        in a checkpoint pulls exactly its `files`.",
-    params(VariantsQuery),
-    responses(
-        (status = 200, description = "The variants", body = PullVariants),
-        (status = 400, description = "A missing or malformed `checkpoint`", body = ErrorResponse),
-        (status = 404, description = "No such repository on the Hub (`not_found`)", body = ErrorResponse),
-        (status = 500, description = "The Hub could not be read", body = ErrorResponse),
-    ))]
+#[utoipa::path(get, path = "/api/v1/pull/variants", tag = "Lemonade", params(VariantsQuery))]
 pub async fn variants(
     State(rt): State<AppState>,
     Query(q): Query<VariantsQuery>,
@@ -129,53 +89,25 @@ pub async fn variants(
 }
 
 /// Searches Hugging Face for model repositories.
-#[utoipa::path(get, path = "/api/v1/registry/search", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1 (Lemonade v11). Candidate repositories from the Hub's metadata, most \
-        downloaded first; `/v1/pull/variants` checks a candidate's files.",
-    params(SearchQuery),
-    responses(
-        (status = 200, description = "The results", body = SearchResults),
-        (status = 400, description = "A query under 3 characters, or a bad `source`, `limit` or `format`", body = ErrorResponse),
-        (status = 429, description = "The Hub rate-limited the search (`rate_limited`)", body = ErrorResponse),
-        (status = 502, description = "The Hub failed (its status named)", body = ErrorResponse),
-    ))]
+#[utoipa::path(get, path = "/api/v1/registry/search", tag = "Lemonade", params(SearchQuery))]
 pub async fn search(State(rt): State<AppState>, Query(q): Query<SearchQuery>) -> Result<Json<SearchResults>, ApiError> {
     Ok(Json(engine::pulls::search(&rt.engine, &q).await?))
 }
 
 /// Checks downloaded models for newer upstream commits.
-#[utoipa::path(post, path = "/api/v1/models/check-updates", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1 (Lemonade v11). Asks the Hub, once per repository, whether `main` \
-        points past the commit each downloaded model was pulled at (recorded in the repository's \
-        `.lemonade_registry.json`, else the cache's `refs/main`); a repository that cannot be asked counts as \
-        updated. Downloads nothing.",
-    responses((status = 200, description = "The models with an update", body = CheckUpdates)))]
+#[utoipa::path(post, path = "/api/v1/models/check-updates", tag = "Lemonade")]
 pub async fn check_updates(State(rt): State<AppState>) -> Result<Json<CheckUpdates>, ApiError> {
     Ok(Json(engine::pulls::check_updates(&rt.engine).await?))
 }
 
 /// Server-owned download jobs.
-#[utoipa::path(get, path = "/api/v1/downloads", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1 (Lemonade v11). Jobs started by `POST /v1/pull` with `stream: true, \
-        subscribe: false`: running, paused, cancelled and failed ones until removed, completed ones for a minute. \
-        They survive a restart (an unfinished one is listed as paused).",
-    responses((status = 200, description = "The jobs", body = [DownloadJob])))]
+#[utoipa::path(get, path = "/api/v1/downloads", tag = "Lemonade")]
 pub async fn downloads(State(rt): State<AppState>) -> Json<Vec<DownloadJob>> {
     Json(rt.engine.downloads().list())
 }
 
 /// Pauses, resumes, cancels or removes a download job.
-#[utoipa::path(post, path = "/api/v1/downloads/control", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1 (Lemonade v11). `pause` and `cancel` stop the worker at once (its \
-        partial files stay, so `resume` continues with Range) and answer the job; `resume` starts it again; `remove` \
-        drops a stopped job (`{\"status\":\"ok\"}`, with `\"missing\": true` when there was none) and cancels a \
-        running one. Needs the admin key when one is set.",
-    request_body = DownloadControl,
-    responses(
-        (status = 200, description = "The job, or {\"status\":\"ok\"} for a removal", body = DownloadJob),
-        (status = 400, description = "A missing id or an unknown action", body = ErrorResponse),
-        (status = 404, description = "No such job (`not_found`)", body = ErrorResponse),
-    ))]
+#[utoipa::path(post, path = "/api/v1/downloads/control", tag = "Lemonade", request_body = DownloadControl)]
 pub async fn control(State(rt): State<AppState>, body: JsonBody<DownloadControl>) -> Result<Response, ApiError> {
     let c = &body.value;
     if c.id.is_empty() {

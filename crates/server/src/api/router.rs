@@ -54,17 +54,7 @@ pub async fn decorate(answer: Response, decision: &RouteDecision, trace: bool, s
 }
 
 /// Checks a routing policy and decides for a sample request.
-#[utoipa::path(post, path = "/api/v1/routing/validate", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1. Lemonade v11. Checks a `collection.router` definition without \
-        registering it (its components need not exist, but every model it names must be one of them) and returns the \
-        decision for the sample `prompt`, `has_images`, `has_tools` and `metadata`, with its trace. Model-backed \
-        conditions run on their models. `normalized_policy` writes a `routing.router` block out as its classifier and \
-        rules.",
-    request_body = RoutingValidateRequest,
-    responses(
-        (status = 200, description = "The decision", body = RoutingValidateResponse),
-        (status = 400, description = "A bad policy (`param` names the field), or a sample field of the wrong type", body = ErrorResponse),
-    ))]
+#[utoipa::path(post, path = "/api/v1/routing/validate", tag = "Lemonade", request_body = RoutingValidateRequest)]
 pub async fn validate(
     State(rt): State<AppState>,
     body: JsonBody<RoutingValidateRequest>,
@@ -73,18 +63,7 @@ pub async fn validate(
 }
 
 /// Label scores for a text from a chat model.
-#[utoipa::path(post, path = "/api/v1/classify", tag = "Lemonade",
-    description = "Also under /api/v0, /v0 and /v1. Lemonade v11 serves encoder classifiers (onnxruntime) here; lemonade \
-        has no such backend, so a chat model scores the request's `labels` (v11's LLM-as-classifier, the path a router's \
-        `classifier` condition takes): its reply is constrained to one number per label, each from 0 to 1. `input` (or \
-        `text`) and `labels` are required; `top_k` keeps the best k.",
-    request_body = ClassifyRequest,
-    responses(
-        (status = 200, description = "The scores", body = ClassifyResponse),
-        (status = 400, description = "A missing model, input or labels, or a bad top_k", body = ErrorResponse),
-        (status = 404, description = "Unknown model", body = ErrorResponse),
-        (status = 502, description = "The model answered no score for each label", body = ErrorResponse),
-    ))]
+#[utoipa::path(post, path = "/api/v1/classify", tag = "Lemonade", request_body = ClassifyRequest)]
 pub async fn classify(
     State(rt): State<AppState>,
     body: JsonBody<ClassifyRequest>,
