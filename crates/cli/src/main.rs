@@ -487,7 +487,7 @@ async fn serve(
         failures: if args.breaker_failures == 0 { u32::MAX } else { args.breaker_failures },
         open_ms: args.breaker_open_ms,
     };
-    let mut http = server::Http { logs: Some(logs), ..server::Http::default() };
+    let mut http = server::Http::default();
     http.access.api_key = api_key.filter(|k| !k.is_empty());
     let env = |k: &str| std::env::var(k).ok();
     http.access.admin_key = env("LEMONADE_ADMIN_API_KEY").filter(|k| !k.is_empty());
@@ -505,7 +505,7 @@ async fn serve(
             );
         }
     }
-    let engine = engine::Engine::start(cfg)?;
+    let engine = engine::Engine::start(cfg)?.with_logs(logs);
     engine::loads::preload(&engine);
     if args.check_updates {
         engine::pulls::check_updates_in_background(&engine);

@@ -16,8 +16,8 @@ use crate::config::settings::limits_by_type;
 use crate::lifecycle::Lifecycle;
 use crate::{Engine, EngineError, Result};
 
-/// The configuration in force, every key but `log_level` (the server's): read from where each
-/// value lives, so it is what lemonade does now, not what a file says.
+/// The configuration in force: read from where each value lives (the log level from the log
+/// hub), so it is what lemonade does now, not what a file says.
 pub fn snapshot(rt: &Engine) -> Map<String, Value> {
     let live = &rt.cfg.live;
     let mut m = Map::new();
@@ -53,7 +53,9 @@ pub fn snapshot(rt: &Engine) -> Map<String, Value> {
             m.insert(k.to_string(), v);
         }
     }
-    keys::with_sections(m)
+    let mut m = keys::with_sections(m);
+    m.insert("log_level".into(), crate::logs::level(rt).into());
+    m
 }
 
 /// `POST /internal/set`: every key checked before any applies (a 400 names the first bad
@@ -97,6 +99,9 @@ pub async fn set(rt: &Engine, update: &Map<String, Value>) -> Result<Map<String,
         rt.cfg.live.set_sandbox(mode);
     }
     rt.lifecycle.configure(sched).await;
+    if resolved.contains_key("log_level") {
+        crate::logs::set_level(rt, crate::config::file::log_level(&resolved))?;
+    }
     tracing::info!(keys = ?resolved.keys().collect::<Vec<_>>(), "configuration changed");
     Ok(resolved)
 }
@@ -104,7 +109,7 @@ pub async fn set(rt: &Engine, update: &Map<String, Value>) -> Result<Map<String,
 /// `systemctl reload` (SIGHUP): `config.json` read again, and each key whose value there differs
 /// from the one in force applied as `POST /internal/set` applies it (checked first: a bad
 /// file changes nothing). A key given by a flag at start takes the file's value. `log_level`
-/// is the server's to reload. Returns the keys applied.
+/// is not reloaded (`POST /log-level` or `/internal/set` change it). Returns the keys applied.
 pub async fn reload(rt: &Engine) -> Result<Map<String, Value>> {
     let file = host::files::load_config(&rt.cfg.cache_dir)?;
     let file = keys::flatten(&file, false).map_err(refused)?;

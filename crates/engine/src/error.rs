@@ -255,19 +255,13 @@ impl std::fmt::Display for HubFailure {
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 impl EngineError {
-    /// What a caller (a client, a tool, a classifier) is told: the backend's own message when
-    /// it answered an error (its status named when it sent none), else this error's.
+    /// What a caller composing model calls (a tool, a classifier) is told: the backend's own
+    /// message when it answered an error, else this error's.
     pub fn told(&self) -> String {
-        let EngineError::Backend { body, status, .. } = self else { return self.to_string() };
+        let EngineError::Backend { body, .. } = self else { return self.to_string() };
         let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
         let message = v["error"]["message"].as_str().or(v["error"].as_str()).map(str::to_string);
-        message.unwrap_or_else(|| match body.iter().all(u8::is_ascii_whitespace) {
-            true => {
-                let reason = reqwest::StatusCode::from_u16(*status).ok().and_then(|s| s.canonical_reason());
-                format!("The backend answered {status} {} with no details", reason.unwrap_or_default())
-            }
-            false => String::from_utf8_lossy(body).into_owned(),
-        })
+        message.unwrap_or_else(|| String::from_utf8_lossy(body).into_owned())
     }
 
     pub fn invalid(message: impl Into<String>, param: Option<&str>) -> EngineError {

@@ -35,6 +35,7 @@ pub mod lease;
 pub mod lifecycle;
 pub mod loads;
 pub mod locks;
+pub mod logs;
 pub mod mcp;
 pub mod metrics;
 pub mod models;
@@ -87,6 +88,8 @@ pub struct Engine {
     locks: Arc<locks::Locks>,
     /// `config.json`'s writer (`POST /internal/set`, `POST /params`).
     config: Arc<config::ConfigStore>,
+    /// The process's log, when the binary keeps one ([`logs`]).
+    logs: Option<Arc<host::logging::LogHub>>,
     /// Server-owned download jobs (`GET /downloads`).
     downloads: Arc<downloads::Downloads>,
     /// What the last update check found.
@@ -239,7 +242,19 @@ impl Engine {
             config: Default::default(),
             downloads,
             updates: Default::default(),
+            logs: None,
         }
+    }
+
+    /// This engine with the process's log hub (the level, `logs/stream`, telemetry).
+    pub fn with_logs(mut self, hub: Arc<host::logging::LogHub>) -> Engine {
+        self.logs = Some(hub);
+        self
+    }
+
+    /// The process's log hub, when the binary keeps one.
+    pub fn logs(&self) -> Option<&Arc<host::logging::LogHub>> {
+        self.logs.as_ref()
     }
 
     /// `text` without this machine's paths (see [`Config::redact`]).

@@ -229,6 +229,11 @@ impl ApiError {
     /// The message a client should read: a backend's own error message when it sent one.
     pub fn message(&self) -> String {
         match self {
+            ApiError::Engine(EngineError::Backend { body, status, .. }) if body.iter().all(u8::is_ascii_whitespace) => {
+                let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY);
+                let reason = status.canonical_reason().unwrap_or_default();
+                format!("The backend answered {} {reason} with no details", status.as_u16())
+            }
             ApiError::Engine(e @ EngineError::Backend { .. }) => e.told(),
             ApiError::Engine(e) => advice(e).unwrap_or_else(|| e.to_string()),
             e => e.to_string(),

@@ -3,7 +3,6 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
 
 use api_types::PullProgress;
 use axum::body::Body;
@@ -11,8 +10,9 @@ use axum::response::Response;
 use bytes::Bytes;
 use engine::lifecycle::Lifecycle;
 use engine::pulls::PullEvent;
+use futures_util::StreamExt;
 use http::{header, HeaderValue};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 
 /// One pull or install event as SSE's `(event, data)`: `progress` and `complete` carry a
 /// [`PullProgress`], `error` carries `{"error": message}`; a finished file has no event of its
@@ -45,7 +45,6 @@ pub fn frame(ev: &PullEvent) -> Option<(&'static str, String)> {
 /// shutdown, it ends with an `error` event saying so (what was downloaded is kept and resumed).
 /// Dropping the response (a client that leaves) drops `rx`, which cancels the download.
 pub fn events(rt: &Arc<Lifecycle>, mut rx: mpsc::Receiver<PullEvent>) -> Response {
-    use futures_util::StreamExt;
     let sse = |event: &str, data: &str| Ok::<_, Infallible>(Bytes::from(format!("event: {event}\ndata: {data}\n\n")));
     let body = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
         .filter_map(|ev| std::future::ready(frame(&ev)))
@@ -74,7 +73,6 @@ pub fn until_shutdown(
     rt: &Lifecycle,
     body: impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
 ) -> Body {
-    use futures_util::StreamExt;
     Body::from_stream(body.take_until(rt.closed()))
 }
 
@@ -87,56 +85,20 @@ fn headers(mut r: Response) -> Response {
     r
 }
 
-/// An SSE comment is sent after this long without a line, so idle streams stay open.
-const HEARTBEAT: Duration = Duration::from_secs(10);
-
-/// The log as SSE bytes: the kept lines, a few at a time, then each new line, with a
-/// heartbeat comment after [`HEARTBEAT`] without one.
+/// The log as SSE bytes ([`engine::logs::tail`]): an event per line, a `: heartbeat` comment
+/// after a quiet spell, a comment saying how many lines a slow reader skipped.
 pub fn log_lines(
     hub: &Arc<host::logging::LogHub>,
 ) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send + 'static {
-    let (mut next, end, mut rx) = hub.subscribe();
-    let (tx, body_rx) = tokio::sync::mpsc::channel::<Bytes>(16);
-    let hub = hub.clone();
-    tokio::spawn(async move {
-        // The kept lines, a few at a time: a slow reader holds a few lines, not a copy of the tail.
-        while next < end {
-            let (after, lines) = hub.past(next, end, 32);
-            if lines.is_empty() {
-                break;
-            }
-            next = after;
-            let mut chunk = Vec::new();
-            for l in &lines {
-                chunk.extend_from_slice(&event(l));
-            }
-            if tx.send(Bytes::from(chunk)).await.is_err() {
-                return;
-            }
-        }
-        loop {
-            let next = tokio::select! {
-                r = rx.recv() => r,
-                _ = tx.closed() => return,
-                _ = tokio::time::sleep(HEARTBEAT) => {
-                    if tx.send(Bytes::from_static(b": heartbeat\n\n")).await.is_err() { return; }
-                    continue;
-                }
-            };
-            let chunk = match next {
-                Ok(line) => event(&line),
-                Err(broadcast::error::RecvError::Lagged(n)) => {
-                    Bytes::from(format!(": {n} lines skipped (slow reader)\n\n"))
-                }
-                Err(broadcast::error::RecvError::Closed) => return,
-            };
-            if tx.send(chunk).await.is_err() {
-                return;
-            }
-        }
-    });
-    let mut body_rx = body_rx;
-    futures_util::stream::poll_fn(move |cx| body_rx.poll_recv(cx).map(|o| o.map(Ok::<_, Infallible>)))
+    use engine::logs::Tail;
+    let mut rx = engine::logs::tail(hub);
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)).map(|t| {
+        Ok(match t {
+            Tail::Line(line) => event(&line),
+            Tail::Skipped(n) => Bytes::from(format!(": {n} lines skipped (slow reader)\n\n")),
+            Tail::Quiet => Bytes::from_static(b": heartbeat\n\n"),
+        })
+    })
 }
 
 fn event(line: &str) -> Bytes {

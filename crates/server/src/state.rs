@@ -5,8 +5,6 @@ use std::sync::Arc;
 
 use engine::Engine;
 
-use host::logging::LogHub;
-
 /// The HTTP layer's own settings.
 #[derive(Clone)]
 pub struct Http {
@@ -14,9 +12,6 @@ pub struct Http {
     pub access: Access,
     /// Largest accepted request body.
     pub body_limit: usize,
-    /// The process's log (tail and live lines), when the binary set one up; `logs/stream`
-    /// and `log-level` use it.
-    pub logs: Option<Arc<LogHub>>,
     /// `POST /internal/shutdown` asks [`crate::serve`] to stop, as a signal does.
     pub shutdown: Arc<tokio::sync::Notify>,
 }
@@ -26,7 +21,6 @@ impl Default for Http {
         Http {
             access: Access { loopback_only: true, listen_host: "127.0.0.1".into(), ..Access::default() },
             body_limit: 64 << 20,
-            logs: None,
             shutdown: Arc::default(),
         }
     }

@@ -41,10 +41,7 @@ pub async fn delete_alias(
 /// The configuration in force.
 #[utoipa::path(get, path = "/internal/config", tag = "Lemonade")]
 pub async fn config(State(rt): State<AppState>) -> Json<serde_json::Map<String, serde_json::Value>> {
-    let mut m = engine::configure::snapshot(&rt.engine);
-    let level = rt.http.logs.as_ref().map_or_else(|| "info".to_string(), |h| h.level());
-    m.insert("log_level".into(), level.into());
-    Json(m)
+    Json(engine::configure::snapshot(&rt.engine))
 }
 
 /// The factory defaults.
@@ -65,9 +62,6 @@ pub async fn set(
     body: JsonBody<serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Json<ConfigSetResponse>, ApiError> {
     let updated = engine::configure::set(&rt.engine, &body.value).await?;
-    if let (Some(h), Some(_)) = (&rt.http.logs, updated.get("log_level")) {
-        h.set_level(engine::config::file::log_level(&updated)).map_err(|e| ApiError::Internal(e.to_string()))?;
-    }
     Ok(Json(ConfigSetResponse { status: "success".into(), updated }))
 }
 
@@ -118,13 +112,7 @@ pub async fn cleanup_cache(
 /// Exports every finished span now.
 #[utoipa::path(post, path = "/internal/telemetry/flush", tag = "Lemonade")]
 pub async fn telemetry_flush(State(rt): State<AppState>) -> Result<Json<StatusResponse>, ApiError> {
-    let Some(hub) = rt.http.logs.clone() else {
-        return Ok(Json(StatusResponse { status: "disabled".into(), model_name: None, message: None }));
-    };
-    let sent = tokio::task::spawn_blocking(move || hub.flush_telemetry())
-        .await
-        .map_err(|e| ApiError::Internal(format!("telemetry flush failed: {e}")))?
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let sent = engine::logs::flush_telemetry(&rt.engine).await? == Some(true);
     let status = if sent { "flushed" } else { "disabled" };
     Ok(Json(StatusResponse { status: status.into(), model_name: None, message: None }))
 }

@@ -12,7 +12,7 @@ use crate::state::AppState;
 /// Server status and loaded models.
 #[utoipa::path(get, path = "/api/v1/health", tag = "Lemonade")]
 pub async fn health(State(rt): State<AppState>, headers: http::HeaderMap) -> Json<Health> {
-    let logs = rt.http.logs.as_ref();
+    let logs = rt.engine.logs();
     Json(Health {
         log_streaming: LogStreaming { sse: logs.is_some(), websocket: logs.is_some() },
         websocket_port: logs.and_then(|_| host_port(&headers)),

@@ -13,13 +13,12 @@ use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::sse;
 use crate::state::AppState;
-use host::logging::{filter_for, LogHub, LEVELS};
+use host::logging::LogHub;
 
 /// The level the server logs at now.
 #[utoipa::path(get, path = "/api/v1/log-level", tag = "System")]
 pub async fn get_level(State(rt): State<AppState>) -> Json<LogLevelResponse> {
-    let level = rt.http.logs.as_ref().map_or_else(|| "info".to_string(), |h| h.level());
-    Json(LogLevelResponse { status: "success".into(), level })
+    Json(LogLevelResponse { status: "success".into(), level: engine::logs::level(&rt.engine) })
 }
 
 /// Changes what the server logs, at once.
@@ -28,27 +27,15 @@ pub async fn set_level(
     State(rt): State<AppState>,
     body: JsonBody<LogLevelRequest>,
 ) -> Result<Json<LogLevelResponse>, ApiError> {
-    let level = body.value.level.trim().to_ascii_lowercase();
-    if filter_for(&level).is_none() {
-        return Err(ApiError::bad_request(
-            format!("Unknown log level '{}'; use one of: {}", body.value.level, LEVELS.join(", ")),
-            Some("level"),
-        ));
-    }
-    if let Some(h) = &rt.http.logs {
-        h.set_level(&level).map_err(|e| ApiError::Internal(e.to_string()))?;
-    }
-    tracing::info!(level = %level, "log level changed");
+    let level = engine::logs::set_level(&rt.engine, &body.value.level)?;
     Ok(Json(LogLevelResponse { status: "success".into(), level }))
 }
 
 /// Server-Sent Events of the server log: the last lines kept, then each new line.
 #[utoipa::path(get, path = "/api/v1/logs/stream", tag = "System")]
 pub async fn stream(State(rt): State<AppState>) -> Result<Response, ApiError> {
-    let Some(h) = &rt.http.logs else {
-        return Err(ApiError::bad_request("Log streaming is not enabled in this process", None));
-    };
-    Ok(sse::response(rt.engine.lifecycle(), sse::log_lines(h)))
+    let hub = engine::logs::hub(&rt.engine)?;
+    Ok(sse::response(rt.engine.lifecycle(), sse::log_lines(&hub)))
 }
 
 /// Lemonade v11's log stream at the root of the port. A WebSocket upgrade gets v11's
@@ -58,26 +45,12 @@ pub async fn stream(State(rt): State<AppState>) -> Result<Response, ApiError> {
 #[utoipa::path(get, path = "/logs/stream", tag = "System")]
 pub async fn ws_stream(State(rt): State<AppState>, req: axum::extract::Request) -> Result<Response, ApiError> {
     use axum::extract::{ws::WebSocketUpgrade, FromRequestParts};
-    let Some(hub) = rt.http.logs.clone() else {
-        return Err(ApiError::bad_request("Log streaming is not enabled in this process", None));
-    };
+    let hub = engine::logs::hub(&rt.engine)?;
     let (mut parts, _) = req.into_parts();
     Ok(match WebSocketUpgrade::from_request_parts(&mut parts, &rt).await {
         Ok(ws) => ws.on_upgrade(move |socket| serve_ws(hub, socket)),
         Err(_) => sse::response(rt.engine.lifecycle(), sse::log_lines(&hub)),
     })
-}
-
-/// `after_seq` of a `logs.subscribe` message, or why the message is not one.
-fn subscribe_after(text: &str) -> Result<Option<u64>, &'static str> {
-    let v: serde_json::Value = serde_json::from_str(text).map_err(|_| "the message is not JSON")?;
-    if v["type"] != "logs.subscribe" {
-        return Err("send {\"type\": \"logs.subscribe\", \"after_seq\": null} first");
-    }
-    match &v["after_seq"] {
-        serde_json::Value::Null => Ok(None),
-        n => n.as_u64().map(Some).ok_or("after_seq must be a whole number or null"),
-    }
 }
 
 async fn send_json(socket: &mut WebSocket, v: serde_json::Value) -> bool {
@@ -89,7 +62,7 @@ async fn subscribed(socket: &mut WebSocket) -> Option<Option<u64>> {
     loop {
         let msg = tokio::time::timeout(std::time::Duration::from_secs(60), socket.recv()).await.ok()??.ok()?;
         match msg {
-            Message::Text(t) => match subscribe_after(&t) {
+            Message::Text(t) => match engine::logs::subscribe_after(&t) {
                 Ok(after) => return Some(after),
                 Err(why) => {
                     if !send_json(socket, serde_json::json!({"type": "error", "message": why})).await {
