@@ -451,6 +451,40 @@ pub const NATIVE_RANGES: &[(&str, i64, i64)] = &[
     ("n_cmpl", 1, 1 << 10),
 ];
 
+/// A chat request as llama-server reads it: `enable_thinking: false` puts `/no_think\n`
+/// before the last user message whose content is a string, and `max_completion_tokens`
+/// becomes `max_tokens` when that is absent. False: nothing changed (the client's bytes go on
+/// as they came).
+pub fn adapt_chat(req: &mut api_types::ChatCompletionRequest) -> bool {
+    let mut changed = false;
+    if req.enable_thinking == Some(false) {
+        let last_user = req
+            .messages
+            .iter_mut()
+            .rev()
+            .find(|m| m.role == "user" && m.content.as_ref().is_some_and(|c| c.is_string()));
+        if let Some(serde_json::Value::String(s)) = last_user.and_then(|m| m.content.as_mut()) {
+            s.insert_str(0, "/no_think\n");
+            changed = true;
+        }
+    }
+    if req.max_tokens.is_none() && req.max_completion_tokens.is_some() {
+        req.max_tokens = req.max_completion_tokens;
+        changed = true;
+    }
+    changed
+}
+
+/// A completion request as llama-server reads it: `max_completion_tokens` becomes
+/// `max_tokens` when that is absent. False: nothing changed.
+pub fn adapt_completion(req: &mut api_types::CompletionRequest) -> bool {
+    let adapt = req.max_tokens.is_none() && req.max_completion_tokens.is_some();
+    if adapt {
+        req.max_tokens = req.max_completion_tokens;
+    }
+    adapt
+}
+
 /// The first of `body`'s llama.cpp native fields that is not an integer in its range:
 /// (message, field). A null stands for the default.
 pub fn check_native(body: &serde_json::Map<String, serde_json::Value>) -> Result<(), (String, &'static str)> {
@@ -837,5 +871,36 @@ mod kv_usage_tests {
         assert_eq!(kv_usage(&json!([])), None);
         assert_eq!(kv_usage(&json!({"error": "slots disabled"})), None);
         assert_eq!(kv_usage(&json!([{"id": 0}])), None);
+    }
+}
+
+#[cfg(test)]
+mod adapt_tests {
+    use super::*;
+    use serde_json::Value;
+
+    #[test]
+    fn a_chat_request_is_adapted_for_llama_server() {
+        let raw = br#"{"model":"m","messages":[{"role":"user","content":"a"},{"role":"user","content":[{"type":"text","text":"b"}]}],"enable_thinking":false,"max_completion_tokens":5,"top_k":3}"#;
+        let mut req: api_types::ChatCompletionRequest = serde_json::from_slice(raw).unwrap();
+        assert!(adapt_chat(&mut req));
+        let v: Value = serde_json::to_value(&req).unwrap();
+        // The last user message with string content is the first one (the second is an array).
+        assert_eq!(v["messages"][0]["content"], "/no_think\na");
+        assert_eq!(v["messages"][1]["content"][0]["text"], "b");
+        assert_eq!((v["max_tokens"].as_u64(), v["max_completion_tokens"].as_u64()), (Some(5), Some(5)));
+        assert_eq!((v["top_k"].as_u64(), v["enable_thinking"].as_bool()), (Some(3), Some(false)));
+    }
+
+    #[test]
+    fn a_request_that_needs_nothing_is_left_as_it_came() {
+        let raw = br#"{"model":"m",  "messages":[{"role":"user","content":"a"}], "max_tokens": 3}"#;
+        let mut req: api_types::ChatCompletionRequest = serde_json::from_slice(raw).unwrap();
+        assert!(!adapt_chat(&mut req), "the client's bytes go on unchanged");
+        let mut c: api_types::CompletionRequest =
+            serde_json::from_slice(br#"{"model":"m","prompt":"p","max_completion_tokens":4}"#).unwrap();
+        assert!(adapt_completion(&mut c));
+        assert_eq!(c.max_tokens, Some(4));
+        assert!(!adapt_completion(&mut c), "max_tokens is there now");
     }
 }

@@ -10,6 +10,32 @@ use tokio::sync::{mpsc, watch};
 use crate::downloads::{apply, id_of, Job, Stop};
 use crate::{Engine, EngineError, Result};
 
+/// How a pull request is answered ([`pull`]).
+#[derive(Debug)]
+pub enum Pull {
+    /// The model is downloaded (or was, and `do_not_upgrade` asked for nothing more).
+    Done(String),
+    /// A server-owned job was started (`stream: true, subscribe: false`): its snapshot.
+    Job(DownloadJob),
+    /// The download runs; its events, for as long as the receiver is held (`stream: true`).
+    Events(mpsc::Receiver<crate::pulls::PullEvent>),
+}
+
+/// A pull as its request asks: the model resolved (a `user.*` one registered), then nothing
+/// more (`do_not_upgrade` and already downloaded), a job, a download awaited, or its events.
+pub async fn pull(rt: &Engine, req: &api_types::PullRequest) -> Result<Pull> {
+    let m = crate::pulls::resolve(rt, req).await?;
+    Ok(match (req.stream == Some(true), req.subscribe) {
+        _ if req.do_not_upgrade == Some(true) && m.downloaded => Pull::Done(m.name),
+        (true, Some(false)) => Pull::Job(start(rt, m)),
+        (true, _) => Pull::Events(crate::pulls::pull_in_background(rt, m)),
+        (false, _) => {
+            crate::pulls::pull_now(rt, &m).await?;
+            Pull::Done(m.name)
+        }
+    })
+}
+
 /// Starts (or resumes) `m`'s job; a running one is answered as it is. Returns the snapshot.
 pub fn start(rt: &Engine, m: ModelInfo) -> DownloadJob {
     let d = &rt.downloads;

@@ -15,6 +15,29 @@ pub use backends::options::PRIORITIES;
 
 pub use crate::lifecycle::Forwarded;
 
+/// A request's priority (an integer in [`PRIORITIES`], higher served first): its body's
+/// `priority`, else `header`'s (`X-Lemonade-Priority`), else 0. The body is parsed only when it
+/// names one; a bad value is refused, naming the field.
+pub fn priority(body: &[u8], header: Option<i32>) -> Result<i32> {
+    let from_header = header.unwrap_or(0);
+    if memchr::memmem::find(body, b"\"priority\"").is_none() {
+        return Ok(from_header);
+    }
+    #[derive(serde::Deserialize)]
+    struct P {
+        priority: Option<serde_json::Value>,
+    }
+    let p: P = serde_json::from_slice(body)
+        .map_err(|e| EngineError::invalid(format!("Invalid JSON in request body: {e}"), None))?;
+    match p.priority {
+        None | Some(serde_json::Value::Null) => Ok(from_header),
+        Some(v) => v.as_i64().and_then(|n| i32::try_from(n).ok()).filter(|n| PRIORITIES.contains(n)).ok_or_else(|| {
+            let msg = format!("'priority' must be a whole number from -10 to 10 (higher is served first), got {v}");
+            EngineError::invalid(msg, Some("priority"))
+        }),
+    }
+}
+
 /// What a request asks a model for: its path at the backend and the model types it serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -211,5 +234,22 @@ mod tests {
         assert_eq!(Endpoint::Native("/tokenize").accepts(), &ModelType::ALL);
         assert!(Endpoint::Embeddings.forwarded_to_remotes() && Endpoint::Native("/props").forwarded_to_remotes());
         assert!(!Endpoint::Speech.forwarded_to_remotes() && !Endpoint::ImageEdits.forwarded_to_remotes());
+    }
+
+    #[test]
+    fn a_body_priority_wins_over_the_header_and_a_bad_one_is_refused_naming_it() {
+        assert_eq!(priority(br#"{"model":"m"}"#, Some(3)).unwrap(), 3);
+        assert_eq!(priority(br#"{"model":"m"}"#, None).unwrap(), 0);
+        assert_eq!(priority(br#"{"priority": -2}"#, Some(3)).unwrap(), -2);
+        assert_eq!(priority(br#"{"priority": null}"#, Some(3)).unwrap(), 3);
+        for bad in [&br#"{"priority": 11}"#[..], br#"{"priority": "high"}"#, br#"{"priority": 1.5}"#] {
+            match priority(bad, None) {
+                Err(EngineError::Invalid { param, message, .. }) => {
+                    assert_eq!(param.as_deref(), Some("priority"));
+                    assert!(message.contains("from -10 to 10"), "{message}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
     }
 }

@@ -1,5 +1,6 @@
-//! What a download reports as it goes: typed [`PullEvent`]s (the server renders them as SSE
-//! or as Ollama's NDJSON), and the throttled progress callback that sends them.
+//! What a download reports as it goes: typed [`PullEvent`]s, Lemonade's event for each
+//! ([`PullEvent::lemonade`]; the server writes it as SSE, Ollama's NDJSON is
+//! `ollama::pull_status`), and the throttled progress callback that sends them.
 
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,36 @@ pub enum PullEvent {
     Complete { file: String, index: usize, total: usize, bytes: u64 },
     /// The download failed; what was downloaded is kept and the next pull resumes it.
     Error(String),
+}
+
+impl PullEvent {
+    /// This event as Lemonade's `(event, JSON data)`: `progress` and `complete` carry a
+    /// [`api_types::PullProgress`], `error` carries `{"error": message}`; a finished file has
+    /// no event of its own (its last `progress` says it).
+    pub fn lemonade(&self) -> Option<(&'static str, String)> {
+        let progress = |file: &str, index: usize, total: usize, done: u64, size: u64, percent: u64| {
+            let p = api_types::PullProgress {
+                file: file.to_string(),
+                file_index: index,
+                total_files: total,
+                bytes_downloaded: done,
+                bytes_total: size,
+                percent,
+            };
+            serde_json::to_string(&p).unwrap_or_default()
+        };
+        Some(match self {
+            PullEvent::Progress { file, index, total, done, size } => {
+                let size = size.unwrap_or(0);
+                ("progress", progress(file, *index, *total, *done, size, (done * 100).checked_div(size).unwrap_or(0)))
+            }
+            PullEvent::Complete { file, index, total, bytes } => {
+                ("complete", progress(file, *index, *total, *bytes, *bytes, 100))
+            }
+            PullEvent::Error(e) => ("error", serde_json::json!({"error": e}).to_string()),
+            PullEvent::FileDone { .. } => return None,
+        })
+    }
 }
 
 /// Progress of one file is reported at most this often (plus the first and the last).

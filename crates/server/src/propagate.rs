@@ -56,29 +56,9 @@ impl Edge {
         LeaseRequest::new(model, endpoint).forwarded(self.forwarded.clone())
     }
 
-    /// The request's `priority` (an integer in [`PRIORITIES`]): its body's, else its header's,
-    /// else 0. The body is read only when it names one.
+    /// The request's priority: its body's, else its header's, else 0 ([`engine::lease::priority`]).
     pub fn priority_of(&self, body: &[u8]) -> Result<i32, ApiError> {
-        let from_header = self.priority.unwrap_or(0);
-        if memchr::memmem::find(body, b"\"priority\"").is_none() {
-            return Ok(from_header);
-        }
-        #[derive(serde::Deserialize)]
-        struct P {
-            priority: Option<serde_json::Value>,
-        }
-        let p: P = serde_json::from_slice(body)?;
-        match p.priority {
-            None | Some(serde_json::Value::Null) => Ok(from_header),
-            Some(v) => {
-                v.as_i64().and_then(|n| i32::try_from(n).ok()).filter(|n| PRIORITIES.contains(n)).ok_or_else(|| {
-                    ApiError::bad_request(
-                        format!("'priority' must be a whole number from -10 to 10 (higher is served first), got {v}"),
-                        Some("priority"),
-                    )
-                })
-            }
-        }
+        Ok(engine::lease::priority(body, self.priority)?)
     }
 }
 

@@ -4,7 +4,6 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use api_types::PullProgress;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
@@ -14,40 +13,13 @@ use futures_util::StreamExt;
 use http::{header, HeaderValue};
 use tokio::sync::mpsc;
 
-/// One pull or install event as SSE's `(event, data)`: `progress` and `complete` carry a
-/// [`PullProgress`], `error` carries `{"error": message}`; a finished file has no event of its
-/// own (its last `progress` says it).
-pub fn frame(ev: &PullEvent) -> Option<(&'static str, String)> {
-    let progress = |file: &str, index: usize, total: usize, done: u64, size: u64, percent: u64| PullProgress {
-        file: file.to_string(),
-        file_index: index,
-        total_files: total,
-        bytes_downloaded: done,
-        bytes_total: size,
-        percent,
-    };
-    Some(match ev {
-        PullEvent::Progress { file, index, total, done, size } => {
-            let size = size.unwrap_or(0);
-            let p = progress(file, *index, *total, *done, size, (done * 100).checked_div(size).unwrap_or(0));
-            ("progress", serde_json::to_string(&p).unwrap_or_default())
-        }
-        PullEvent::Complete { file, index, total, bytes } => {
-            let p = progress(file, *index, *total, *bytes, *bytes, 100);
-            ("complete", serde_json::to_string(&p).unwrap_or_default())
-        }
-        PullEvent::Error(e) => ("error", serde_json::json!({"error": e}).to_string()),
-        PullEvent::FileDone { .. } => return None,
-    })
-}
-
 /// Pull or install events as an SSE response, ending when every sender is gone. Cut short by
 /// shutdown, it ends with an `error` event saying so (what was downloaded is kept and resumed).
 /// Dropping the response (a client that leaves) drops `rx`, which cancels the download.
 pub fn events(rt: &Arc<Lifecycle>, mut rx: mpsc::Receiver<PullEvent>) -> Response {
     let sse = |event: &str, data: &str| Ok::<_, Infallible>(Bytes::from(format!("event: {event}\ndata: {data}\n\n")));
     let body = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
-        .filter_map(|ev| std::future::ready(frame(&ev)))
+        .filter_map(|ev| std::future::ready(ev.lemonade()))
         .map(move |(e, d)| sse(e, &d));
     let rt2 = rt.clone();
     let last = futures_util::stream::once(async move {

@@ -7,7 +7,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
 use http::Method;
-use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::extract::JsonBody;
@@ -15,6 +14,7 @@ use crate::propagate::Edge;
 use crate::proxy;
 use crate::state::AppState;
 use axum::Extension;
+use backends::llamacpp;
 use engine::lease::Endpoint;
 use engine::router::Resolved;
 
@@ -32,31 +32,6 @@ fn require_model<'a>(rt: &AppState, model: Option<&'a str>) -> Result<&'a str, A
         }
         _ => Err(ApiError::bad_request("No model specified in request", Some("model"))),
     }
-}
-
-/// `enable_thinking: false` → `/no_think\n` before the last user message whose content is a
-/// string; `max_completion_tokens` → `max_tokens` when absent. Returns the original bytes
-/// when nothing changed.
-fn rewrite_chat(mut req: ChatCompletionRequest, raw: Bytes) -> Result<Bytes, ApiError> {
-    let mut changed = false;
-    if req.enable_thinking == Some(false) {
-        if let Some(msg) =
-            req.messages.iter_mut().rev().find(|m| m.role == "user" && matches!(m.content, Some(Value::String(_))))
-        {
-            if let Some(Value::String(s)) = &mut msg.content {
-                s.insert_str(0, "/no_think\n");
-                changed = true;
-            }
-        }
-    }
-    if req.max_tokens.is_none() && req.max_completion_tokens.is_some() {
-        req.max_tokens = req.max_completion_tokens;
-        changed = true;
-    }
-    if !changed {
-        return Ok(raw);
-    }
-    Ok(serde_json::to_vec(&req).map(Bytes::from)?)
 }
 
 /// Forwards to `model`, or, when it names a router collection, to the candidate its policy
@@ -104,11 +79,11 @@ pub async fn chat_completions(
     Extension(edge): Extension<Edge>,
     body: JsonBody<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let req = body.value;
+    let mut req = body.value;
     let model = require_model(&rt, req.model.as_deref())?.to_string();
     check_native(&req.extra)?;
     let stream = req.stream.unwrap_or(false);
-    let bytes = rewrite_chat(req, body.raw)?;
+    let bytes = if llamacpp::adapt_chat(&mut req) { Bytes::from(serde_json::to_vec(&req)?) } else { body.raw };
     dispatch(&rt, &edge, &model, Endpoint::ChatCompletions, bytes, stream).await
 }
 
@@ -123,12 +98,7 @@ pub async fn completions(
     let model = require_model(&rt, req.model.as_deref())?.to_string();
     check_native(&req.extra)?;
     let stream = req.stream.unwrap_or(false);
-    let bytes = if req.max_tokens.is_none() && req.max_completion_tokens.is_some() {
-        req.max_tokens = req.max_completion_tokens;
-        Bytes::from(serde_json::to_vec(&req)?)
-    } else {
-        body.raw
-    };
+    let bytes = if llamacpp::adapt_completion(&mut req) { Bytes::from(serde_json::to_vec(&req)?) } else { body.raw };
     dispatch(&rt, &edge, &model, Endpoint::Completions, bytes, stream).await
 }
 
@@ -191,31 +161,4 @@ pub async fn get_model(
         return Ok(crate::api::options::files(&rt, model, &q).await?.into_response());
     }
     Ok(Json(engine::models::get(&rt.engine, &id)?).into_response())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chat_rewrites() {
-        let raw = br#"{"model":"m","messages":[{"role":"user","content":"a"},{"role":"user","content":[{"type":"text","text":"b"}]}],"enable_thinking":false,"max_completion_tokens":5,"top_k":3}"#;
-        let req: ChatCompletionRequest = serde_json::from_slice(raw).unwrap();
-        let out = rewrite_chat(req, Bytes::from_static(raw)).unwrap();
-        let v: Value = serde_json::from_slice(&out).unwrap();
-        // The last user message with string content is the first one (the second is an array).
-        assert_eq!(v["messages"][0]["content"], "/no_think\na");
-        assert_eq!(v["messages"][1]["content"][0]["text"], "b");
-        assert_eq!(v["max_tokens"], 5);
-        assert_eq!(v["max_completion_tokens"], 5);
-        assert_eq!(v["top_k"], 3);
-        assert_eq!(v["enable_thinking"], false);
-    }
-
-    #[test]
-    fn unchanged_body_is_forwarded_byte_for_byte() {
-        let raw = br#"{"model":"m",  "messages":[{"role":"user","content":"a"}], "max_tokens": 3}"#;
-        let req: ChatCompletionRequest = serde_json::from_slice(raw).unwrap();
-        assert_eq!(&rewrite_chat(req, Bytes::from_static(raw)).unwrap()[..], &raw[..]);
-    }
 }

@@ -10,34 +10,22 @@ use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::sse;
 use crate::state::AppState;
+use engine::jobs::Pull;
 use engine::pulls;
 
 /// Downloads a model (registering a `user.*` model first when `checkpoint` and `recipe` are given).
 #[utoipa::path(post, path = "/api/v1/pull", tag = "Lemonade", request_body = PullRequest)]
 pub async fn pull(State(rt): State<AppState>, body: JsonBody<PullRequest>) -> Result<Response, ApiError> {
     let req = body.value;
+    let done = |name| Json(StatusResponse { status: "success".into(), model_name: Some(name), message: None });
     if engine::router::is_collection_pull(&req) {
-        let name = engine::router::register(&rt.engine, &req).await?;
-        return Ok(
-            Json(StatusResponse { status: "success".into(), model_name: Some(name), message: None }).into_response()
-        );
+        return Ok(done(engine::router::register(&rt.engine, &req).await?).into_response());
     }
-    let m = pulls::resolve(&rt.engine, &req).await?;
-    if req.do_not_upgrade == Some(true) && m.downloaded {
-        return Ok(
-            Json(StatusResponse { status: "success".into(), model_name: Some(m.name), message: None }).into_response()
-        );
-    }
-    if req.stream == Some(true) && req.subscribe == Some(false) {
-        return Ok(Json(engine::jobs::start(&rt.engine, m)).into_response());
-    }
-    if req.stream != Some(true) {
-        pulls::pull_now(&rt.engine, &m).await?;
-        return Ok(
-            Json(StatusResponse { status: "success".into(), model_name: Some(m.name), message: None }).into_response()
-        );
-    }
-    Ok(sse::events(rt.engine.lifecycle(), pulls::pull_in_background(&rt.engine, m)))
+    Ok(match engine::jobs::pull(&rt.engine, &req).await? {
+        Pull::Done(name) => done(name).into_response(),
+        Pull::Job(job) => Json(job).into_response(),
+        Pull::Events(events) => sse::events(rt.engine.lifecycle(), events),
+    })
 }
 
 /// Removes a model's files (and a `user.*` registration), unloading it first.
