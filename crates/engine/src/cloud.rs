@@ -1,7 +1,8 @@
 //! The cloud providers' API answers (Lemonade v11's `install`/`uninstall` with `backend:
 //! "cloud"`, `cloud/auth`, and lemonade's own `recipe: "cloud"` install): what each does to
 //! [`crate::remote::Remotes`] and what it answers. Checks of the request's fields are here too,
-//! each naming its field.
+//! each naming its field. An install request names either a provider or a backend's release:
+//! [`install_request`] and [`uninstall_request`] tell which and do it.
 
 use api_types::{AuthState, CloudAuth, CloudInstalled, CloudUninstalled, InstallRequest, InstallResponse};
 
@@ -24,6 +25,72 @@ fn required(value: Option<&str>, field: &str) -> Result<String> {
         .filter(|v| !v.is_empty())
         .map(str::to_string)
         .ok_or_else(|| EngineError::invalid(format!("Missing required field '{field}'"), Some(field)))
+}
+
+/// How an install request is answered.
+#[derive(Debug)]
+pub enum Installing {
+    /// Lemonade v11's cloud install.
+    Provider(CloudInstalled),
+    /// A provider registered with recipe `cloud`, or a backend installed.
+    Done(Box<InstallResponse>),
+    /// A backend's install, running: its events (`stream: true`).
+    Events(tokio::sync::mpsc::Receiver<crate::pulls::PullEvent>),
+}
+
+/// How an uninstall request is answered.
+#[derive(Debug)]
+pub enum Uninstalled {
+    Provider(CloudUninstalled),
+    Done(Box<InstallResponse>),
+}
+
+/// `recipe` and `backend`, both required outside v11's cloud shape.
+fn recipe_and_backend(req: &InstallRequest) -> Result<(String, String)> {
+    match (req.recipe.as_deref().filter(|s| !s.is_empty()), req.backend.as_deref().filter(|s| !s.is_empty())) {
+        (Some(r), Some(b)) => Ok((r.to_string(), b.to_string())),
+        _ => Err(EngineError::invalid("Both 'recipe' and 'backend' are required", Some("recipe"))),
+    }
+}
+
+fn v11(req: &InstallRequest) -> bool {
+    req.backend.as_deref() == Some(backends::cloud::RECIPE) && req.recipe.is_none()
+}
+
+/// An install request: a provider (v11's shape, or recipe `cloud`), else the pinned release
+/// of `recipe:backend`, awaited or (`stream: true`) running with its events.
+pub async fn install_request(rt: &Engine, req: &InstallRequest) -> Result<Installing> {
+    if v11(req) {
+        return Ok(Installing::Provider(install_v11(rt, req).await?));
+    }
+    let (recipe, backend) = recipe_and_backend(req)?;
+    if recipe == backends::cloud::RECIPE {
+        return Ok(Installing::Done(Box::new(install(rt, backend, req).await?)));
+    }
+    let p = crate::installs::plan_for(&rt.cfg, &recipe, &backend)?;
+    if req.stream == Some(true) {
+        return Ok(Installing::Events(crate::installs::install_in_background(&rt.cfg, &rt.locks, p)));
+    }
+    let version = Some(crate::installs::install_now(&rt.cfg, &rt.locks, &p).await?);
+    let status = "success".into();
+    Ok(Installing::Done(Box::new(InstallResponse { status, recipe, backend, version, message: None, upstream: None })))
+}
+
+/// An uninstall request: a provider (v11's shape, or recipe `cloud`), else a managed backend
+/// (after unloading the models on it). Idempotent: nothing to remove is a 200 with a message.
+pub async fn uninstall_request(rt: &Engine, req: &InstallRequest) -> Result<Uninstalled> {
+    if v11(req) {
+        return Ok(Uninstalled::Provider(uninstall_v11(rt, req)?));
+    }
+    let (recipe, backend) = recipe_and_backend(req)?;
+    let message = match recipe == backends::cloud::RECIPE {
+        true => {
+            (!rt.remotes.uninstall(&backend)?).then(|| format!("No remote provider '{backend}'; nothing to remove"))
+        }
+        false => rt.uninstall_backend(&recipe, &backend).await?,
+    };
+    let status = "success".into();
+    Ok(Uninstalled::Done(Box::new(InstallResponse { status, recipe, backend, version: None, message, upstream: None })))
 }
 
 /// Lemonade v11's cloud install: `{backend: "cloud", provider, base_url, api_key?,

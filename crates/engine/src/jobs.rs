@@ -16,7 +16,7 @@ pub enum Pull {
     /// The model is downloaded (or was, and `do_not_upgrade` asked for nothing more).
     Done(String),
     /// A server-owned job was started (`stream: true, subscribe: false`): its snapshot.
-    Job(DownloadJob),
+    Job(Box<DownloadJob>),
     /// The download runs; its events, for as long as the receiver is held (`stream: true`).
     Events(mpsc::Receiver<crate::pulls::PullEvent>),
 }
@@ -27,7 +27,7 @@ pub async fn pull(rt: &Engine, req: &api_types::PullRequest) -> Result<Pull> {
     let m = crate::pulls::resolve(rt, req).await?;
     Ok(match (req.stream == Some(true), req.subscribe) {
         _ if req.do_not_upgrade == Some(true) && m.downloaded => Pull::Done(m.name),
-        (true, Some(false)) => Pull::Job(start(rt, m)),
+        (true, Some(false)) => Pull::Job(Box::new(start(rt, m))),
         (true, _) => Pull::Events(crate::pulls::pull_in_background(rt, m)),
         (false, _) => {
             crate::pulls::pull_now(rt, &m).await?;

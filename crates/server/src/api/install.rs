@@ -11,56 +11,25 @@ use crate::error::ApiError;
 use crate::extract::JsonBody;
 use crate::sse;
 use crate::state::AppState;
-use engine::installs;
-
-fn required(req: &InstallRequest) -> Result<(String, String), ApiError> {
-    match (req.recipe.as_deref().filter(|s| !s.is_empty()), req.backend.as_deref().filter(|s| !s.is_empty())) {
-        (Some(r), Some(b)) => Ok((r.to_string(), b.to_string())),
-        _ => Err(ApiError::bad_request("Both 'recipe' and 'backend' are required", Some("recipe"))),
-    }
-}
+use engine::cloud::{Installing, Uninstalled};
 
 /// Downloads and installs a backend's pinned release.
 #[utoipa::path(post, path = "/api/v1/install", tag = "Lemonade", request_body = InstallRequest)]
 pub async fn install_route(State(rt): State<AppState>, body: JsonBody<InstallRequest>) -> Result<Response, ApiError> {
-    let req = body.value;
-    if req.backend.as_deref() == Some(backends::cloud::RECIPE) && req.recipe.is_none() {
-        return Ok(Json(engine::cloud::install_v11(&rt.engine, &req).await?).into_response());
-    }
-    let (recipe, backend) = required(&req)?;
-    if recipe == backends::cloud::RECIPE {
-        return Ok(Json(engine::cloud::install(&rt.engine, backend, &req).await?).into_response());
-    }
-    let p = installs::plan_for(rt.engine.cfg(), &recipe, &backend)?;
-    if req.stream != Some(true) {
-        let version = Some(installs::install_now(rt.engine.cfg(), rt.engine.locks(), &p).await?);
-        return Ok(Json(InstallResponse {
-            status: "success".into(),
-            recipe,
-            backend,
-            version,
-            message: None,
-            upstream: None,
-        })
-        .into_response());
-    }
-    Ok(sse::events(rt.engine.lifecycle(), installs::install_in_background(rt.engine.cfg(), rt.engine.locks(), p)))
+    Ok(match engine::cloud::install_request(&rt.engine, &body.value).await? {
+        Installing::Provider(p) => Json(p).into_response(),
+        Installing::Done(done) => Json(done).into_response(),
+        Installing::Events(events) => sse::events(rt.engine.lifecycle(), events),
+    })
 }
 
 /// Removes a managed backend, unloading the models that use it first.
 #[utoipa::path(post, path = "/api/v1/uninstall", tag = "Lemonade", request_body = InstallRequest)]
 pub async fn uninstall_route(State(rt): State<AppState>, body: JsonBody<InstallRequest>) -> Result<Response, ApiError> {
-    if body.value.backend.as_deref() == Some(backends::cloud::RECIPE) && body.value.recipe.is_none() {
-        return Ok(Json(engine::cloud::uninstall_v11(&rt.engine, &body.value)?).into_response());
-    }
-    let (recipe, backend) = required(&body.value)?;
-    let message = match recipe == backends::cloud::RECIPE {
-        true => (!rt.engine.remotes().uninstall(&backend)?)
-            .then(|| format!("No remote provider '{backend}'; nothing to remove")),
-        false => rt.engine.uninstall_backend(&recipe, &backend).await?,
-    };
-    Ok(Json(InstallResponse { status: "success".into(), recipe, backend, version: None, message, upstream: None })
-        .into_response())
+    Ok(match engine::cloud::uninstall_request(&rt.engine, &body.value).await? {
+        Uninstalled::Provider(p) => Json(p).into_response(),
+        Uninstalled::Done(done) => Json(done).into_response(),
+    })
 }
 
 /// Sets a cloud provider's API key, held in memory only.

@@ -20,7 +20,7 @@ use crate::propagate::Edge;
 use crate::state::AppState;
 use crate::{proxy, sse};
 use axum::Extension;
-use engine::lease::Endpoint;
+use engine::lease::{Endpoint, LeaseRequest};
 use engine::pulls::{self, PullEvent};
 use engine::Lease;
 
@@ -43,15 +43,9 @@ fn keep_alive(v: Option<&Value>) -> Result<Option<KeepAlive>, OllamaApiError> {
     Ok(Some(dialect::keep_alive(v).map_err(|e| ApiError::bad_request(e.0, Some("keep_alive")))?))
 }
 
-/// A lease on an LLM for `endpoint`, setting its idle timeout when `keep` is given.
-async fn lease(
-    rt: &AppState,
-    edge: &Edge,
-    model: &str,
-    endpoint: Endpoint,
-    keep: Option<KeepAlive>,
-) -> Result<Lease, OllamaApiError> {
-    Ok(rt.engine.lease(edge.request(model, endpoint).keep_alive(keep.map(KeepAlive::idle_timeout_ms))).await?)
+/// A lease request for `model` at `endpoint`, its idle timeout set when `keep` is given.
+fn request(edge: &Edge, model: &str, endpoint: Endpoint, keep: Option<KeepAlive>) -> LeaseRequest {
+    edge.request(model, endpoint).keep_alive(keep.map(KeepAlive::idle_timeout_ms))
 }
 
 fn bad(e: dialects::BadRequest) -> OllamaApiError {
@@ -64,7 +58,7 @@ async fn load_or_unload(rt: &AppState, edge: &Edge, model: &str, keep: Option<Ke
         let _ = rt.engine.lifecycle().unload(Some(model)).await;
         "unload"
     } else {
-        drop(lease(rt, edge, model, endpoint(chat), keep).await?);
+        drop(rt.engine.lease(request(edge, model, endpoint(chat), keep)).await?);
         "load"
     };
     Ok(Json(dialect::done_answer(model, &now(), chat, reason)).into_response())
@@ -103,7 +97,7 @@ async fn answer(rt: &AppState, edge: &Edge, t: Turn<'_>, path: &str, body: Value
         return Ok(streamed(rt, edge, t, path, body).await?);
     }
     let (model, chat) = (t.model, t.chat);
-    let lease = lease(rt, edge, model, endpoint(chat), t.keep).await?;
+    let lease = rt.engine.lease(request(edge, model, endpoint(chat), t.keep)).await?;
     let v = proxy::call_json(&lease, path, &body, true).await?;
     Ok(crate::propagate::spilled(
         lease.spilled.as_deref(),
@@ -122,8 +116,7 @@ async fn answer(rt: &AppState, edge: &Edge, t: Turn<'_>, path: &str, body: Value
 async fn streamed(rt: &AppState, edge: &Edge, t: Turn<'_>, path: &str, body: Value) -> Result<Response, ApiError> {
     let (model, keep, chat) = (t.model, t.keep, t.chat);
     let priority = edge.priority_of(b"")?;
-    let req = edge.request(model, endpoint(chat)).keep_alive(keep.map(KeepAlive::idle_timeout_ms));
-    let (rt1, req) = (rt.clone(), req.priority(priority));
+    let (rt1, req) = (rt.clone(), request(edge, model, endpoint(chat), keep).priority(priority));
     let lease = async move { rt1.engine.lease(req).await };
     let (m, path) = (model.to_string(), path.to_string());
     let answer = move |l: engine::Lease| async move {
@@ -189,8 +182,7 @@ async fn embed_values(
     input: Value,
     keep: Option<KeepAlive>,
 ) -> Result<(Value, Lease), OllamaApiError> {
-    let keep = keep.map(KeepAlive::idle_timeout_ms);
-    let lease = rt.engine.lease(edge.request(model, Endpoint::OllamaEmbed).keep_alive(keep)).await?;
+    let lease = rt.engine.lease(request(edge, model, Endpoint::OllamaEmbed, keep)).await?;
     let v = proxy::call_json(&lease, "/v1/embeddings", &json!({"model": model, "input": input}), true).await?;
     Ok((v, lease))
 }
