@@ -378,6 +378,8 @@ pub async fn search(rt: &Engine, q: &SearchQuery) -> Result<SearchResults> {
 /// the cache's `refs/main`). A repository that cannot be asked counts as updated, as v11
 /// assumes; every repository is asked once, one after another.
 pub async fn check_updates(rt: &Engine) -> Result<CheckUpdates> {
+    // At start (`--check-updates`) the first scan may still run: the check waits for it.
+    rt.catalogue.scanned().await;
     let reg = rt.catalogue.registry();
     let mut by_repo: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for m in reg.models().filter(|m| m.downloaded && m.source != registry::Source::ExtraModelsDir) {

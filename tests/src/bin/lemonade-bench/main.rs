@@ -167,6 +167,7 @@ async fn main() -> anyhow::Result<()> {
         Ok("twin") => return twin::twin(&bin).await.map(|_| ()),
         Ok("startup") => return startup::startup(&bin).await.map(|_| ()),
         Ok("routing") => return routing::routing(&bin).await.map(|_| ()),
+        Ok("omni") => return routing::omni(&bin).await.map(|_| ()),
         Ok("parallel") => return parallel::parallel(&bin).await.map(|_| ()),
         Ok("draft") => return parallel::draft(&bin).await.map(|_| ()),
         Ok("router") => return cluster::router(&bin).await.map(|_| ()),
@@ -271,6 +272,7 @@ async fn main() -> anyhow::Result<()> {
     out["twin"] = twin::twin(&bin).await?;
     out["startup"] = startup::startup(&bin).await?;
     out["routing"] = routing::routing(&bin).await?;
+    out["omni"] = routing::omni(&bin).await?;
     out["parallel"] = parallel::parallel(&bin).await?;
     out["draft"] = parallel::draft(&bin).await?;
     out["router"] = cluster::router(&bin).await?;

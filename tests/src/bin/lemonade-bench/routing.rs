@@ -77,3 +77,60 @@ pub async fn routing(bin: &std::path::Path) -> anyhow::Result<Value> {
         json!({"decision_us": decision_us, "ttft_direct_ms": d, "ttft_routed_ms": r, "added_ttft_ms": added, "ttft_ratio": ratio, "runs": RUNS}),
     )
 }
+
+/// `collection.omni`: what the tool loop adds to the one planner call an answer in text takes.
+/// The collection's only component is SmolLM2 (so no tool is offered and the planner answers
+/// in text); the same planner request the loop sends (built by `routing::omni::Loop`, the
+/// machine the engine drives) is also sent to SmolLM2 directly, and the two whole answers are
+/// timed in pairs: the difference is the loop, its parsing and the answer's shaping.
+pub async fn omni(bin: &std::path::Path) -> anyhow::Result<Value> {
+    const OMNI: &str = "user.Bench-Omni";
+    let l = Lemonade::start_in(bin, Sandbox::new(), &["--llamacpp-args", crate::LLAMA_ARGS], &[]).await;
+    let def = json!({"model": OMNI, "recipe": "collection.omni", "components": [SMOL], "tool_format": "json"});
+    let (s, v) = l.post("/api/v1/pull", &def).await;
+    anyhow::ensure!(s == 200, "registering the collection: {v}");
+    let (_, listed) = l.get(&format!("/api/v1/models/{OMNI}")).await;
+    anyhow::ensure!(listed["tools"].as_array().is_some_and(|t| t.is_empty()), "tools offered: {listed}");
+    let body = json!({"model": OMNI, "temperature": 0, "seed": 7, "max_tokens": 48, "messages": [
+        {"role": "user", "content": "Write a story about a lighthouse keeper."}]});
+    let format = routing::omni::Omni::parse(None, Some(&json!("json"))).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let routing::omni::Action::Ask(planner) = routing::omni::Loop::new(&format, SMOL, vec![], body.clone()).start()
+    else {
+        anyhow::bail!("the loop does not ask the planner first")
+    };
+    let http = reqwest::Client::builder().no_proxy().tcp_nodelay(true).build()?;
+    let url = l.url("/api/v1/chat/completions");
+    let timed = |b: Value| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let t = Instant::now();
+            let r = http.post(&url).json(&b).send().await?;
+            anyhow::ensure!(r.status() == 200, "{} for {b}", r.status());
+            let v: Value = r.json().await?;
+            anyhow::ensure!(v["choices"][0]["message"]["content"].is_string(), "no answer: {v}");
+            Ok::<_, anyhow::Error>(t.elapsed().as_secs_f64() * 1e3)
+        }
+    };
+    timed(planner.clone()).await?;
+    timed(body.clone()).await?;
+    let (mut direct, mut looped) = (Vec::new(), Vec::new());
+    for i in 0..RUNS {
+        if i % 2 == 0 {
+            direct.push(timed(planner.clone()).await?);
+            looped.push(timed(body.clone()).await?);
+        } else {
+            looped.push(timed(body.clone()).await?);
+            direct.push(timed(planner.clone()).await?);
+        }
+    }
+    let added = median(direct.iter().zip(&looped).map(|(d, o)| o - d).collect());
+    let ratio = median(direct.iter().zip(&looped).map(|(d, o)| o / d).collect());
+    let (d, o) = (median(direct), median(looped));
+    println!("\ncollection.omni, SmolLM2 planning alone (no tool offered), {RUNS} paired whole answers\n");
+    println!("| measure | value |");
+    println!("|---|---:|");
+    println!("| the planner's request, sent to SmolLM2 directly | {d:.2} ms |");
+    println!("| the same answer through the omni collection | {o:.2} ms |");
+    println!("| added (median of pairs) | {added:+.2} ms ({ratio:.3}×) |");
+    Ok(json!({"direct_ms": d, "omni_ms": o, "added_ms": added, "ratio": ratio, "runs": RUNS}))
+}
