@@ -33,6 +33,17 @@ impl BadField {
 }
 
 impl Form {
+    /// A form of `(name, file name, bytes)` fields, in order (no content types).
+    pub fn of(fields: &[(&str, Option<&str>, &[u8])]) -> Form {
+        let part = |(name, file_name, data): &(&str, Option<&str>, &[u8])| Part {
+            name: name.to_string(),
+            file_name: file_name.map(str::to_string),
+            content_type: None,
+            data: Bytes::copy_from_slice(data),
+        };
+        Form { parts: fields.iter().map(part).collect() }
+    }
+
     pub fn get(&self, name: &str) -> Option<&Part> {
         self.parts.iter().find(|p| p.name == name)
     }
@@ -69,22 +80,10 @@ impl Form {
 mod tests {
     use super::*;
 
-    fn form(fields: &[(&str, &[u8])]) -> Form {
-        let parts = fields
-            .iter()
-            .map(|(n, d)| Part {
-                name: n.to_string(),
-                file_name: None,
-                content_type: None,
-                data: Bytes::copy_from_slice(d),
-            })
-            .collect();
-        Form { parts }
-    }
-
     #[test]
     fn fields_are_read_as_text_or_numbers_and_refusals_name_the_field() {
-        let f = form(&[("model", b"m"), ("n", b" 3 "), ("bad", b"\xff"), ("x", b"three"), ("empty", b"")]);
+        let named = [("model", &b"m"[..]), ("n", b" 3 "), ("bad", b"\xff"), ("x", b"three"), ("empty", b"")];
+        let f = Form::of(&named.map(|(n, d)| (n, None, d)));
         assert_eq!(f.required("model"), Ok("m"));
         assert_eq!(f.number::<u32>("n"), Ok(Some(3)));
         assert_eq!(f.number::<u32>("absent"), Ok(None));

@@ -306,13 +306,7 @@ mod tests {
     }
 
     fn form(fields: &[(&str, &[u8])]) -> api_types::form::Form {
-        let part = |(n, d): &(&str, &[u8])| api_types::form::Part {
-            name: n.to_string(),
-            file_name: None,
-            content_type: None,
-            data: bytes::Bytes::copy_from_slice(d),
-        };
-        api_types::form::Form { parts: fields.iter().map(part).collect() }
+        api_types::form::Form::of(&fields.iter().map(|(n, d)| (*n, None, *d)).collect::<Vec<_>>())
     }
 
     #[test]

@@ -187,23 +187,13 @@ mod tests {
         assert_eq!(audio_format(b""), None);
     }
 
-    fn form(fields: &[(&str, Option<&str>, &[u8])]) -> api_types::form::Form {
-        let part = |(n, f, d): &(&str, Option<&str>, &[u8])| api_types::form::Part {
-            name: n.to_string(),
-            file_name: f.map(str::to_string),
-            content_type: None,
-            data: bytes::Bytes::copy_from_slice(d),
-        };
-        api_types::form::Form { parts: fields.iter().map(part).collect() }
-    }
-
     #[test]
     fn an_upload_is_checked_field_by_field_before_any_model_loads() {
         use api_types::TranscriptionFormat as F;
         let wav: &[u8] = b"RIFF\0\0\0\0WAVEfmt ";
-        let ok = form(&[("file", Some("a.wav"), wav), ("model", None, b"w"), ("response_format", None, b"srt")]);
+        let ok = api_types::form::Form::of(&[("file", Some("a.wav"), wav), ("model", None, b"w"), ("response_format", None, b"srt")]);
         assert_eq!(upload(&ok), Ok(Upload { model: "w", format: F::Srt }));
-        let refused = |f: &[(&str, Option<&str>, &[u8])]| upload(&form(f)).unwrap_err();
+        let refused = |f: &[(&str, Option<&str>, &[u8])]| upload(&api_types::form::Form::of(f)).unwrap_err();
         assert_eq!(refused(&[("model", None, b"w")]).field, "file");
         assert_eq!(refused(&[("file", Some("a.wav"), wav)]).field, "model");
         let e = refused(&[("file", Some("notes.txt"), b"hello"), ("model", None, b"w")]);

@@ -90,7 +90,7 @@ pub async fn omni(bin: &std::path::Path) -> anyhow::Result<Value> {
     let (s, v) = l.post("/api/v1/pull", &def).await;
     anyhow::ensure!(s == 200, "registering the collection: {v}");
     let (_, listed) = l.get(&format!("/api/v1/models/{OMNI}")).await;
-    anyhow::ensure!(listed["tools"].as_array().is_some_and(|t| t.is_empty()), "tools offered: {listed}");
+    anyhow::ensure!(listed["omni_tools"].as_array().is_some_and(|t| t.is_empty()), "tools offered: {listed}");
     let body = json!({"model": OMNI, "temperature": 0, "seed": 7, "max_tokens": 48, "messages": [
         {"role": "user", "content": "Write a story about a lighthouse keeper."}]});
     let format = routing::omni::Omni::parse(None, Some(&json!("json"))).map_err(|e| anyhow::anyhow!("{e:?}"))?;
