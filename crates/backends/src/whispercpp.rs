@@ -191,7 +191,11 @@ mod tests {
     fn an_upload_is_checked_field_by_field_before_any_model_loads() {
         use api_types::TranscriptionFormat as F;
         let wav: &[u8] = b"RIFF\0\0\0\0WAVEfmt ";
-        let ok = api_types::form::Form::of(&[("file", Some("a.wav"), wav), ("model", None, b"w"), ("response_format", None, b"srt")]);
+        let ok = api_types::form::Form::of(&[
+            ("file", Some("a.wav"), wav),
+            ("model", None, b"w"),
+            ("response_format", None, b"srt"),
+        ]);
         assert_eq!(upload(&ok), Ok(Upload { model: "w", format: F::Srt }));
         let refused = |f: &[(&str, Option<&str>, &[u8])]| upload(&api_types::form::Form::of(f)).unwrap_err();
         assert_eq!(refused(&[("model", None, b"w")]).field, "file");

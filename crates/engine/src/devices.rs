@@ -45,7 +45,7 @@ pub fn check(list: &[ComputeDevice], options: &LoadOptions) -> Result<()> {
         Some(id) => {
             let known: Vec<String> = list.iter().map(|d| d.id.clone()).collect();
             let why = scheduler::Rejection::UnknownDevice { device: id.clone(), known };
-            Err(EngineError::invalid_code(crate::error::rejection_message("", &why), "device", "unknown_device"))
+            Err(EngineError::Rejected { model: String::new(), why })
         }
     }
 }

@@ -284,11 +284,16 @@ impl EngineError {
     }
 }
 
-/// What a client reads for a rejection.
+/// What a refusal means, in words that name no route and no flag (the server's answers add
+/// what a client can do: `server::error::rejection_words`).
 pub fn rejection_message(model: &str, why: &Rejection) -> String {
     use scheduler::Rejection::*;
+    let pinned_part = |pinned: u64| match pinned {
+        0 => String::new(),
+        p => format!(", of which pinned models hold {}", bytes(p)),
+    };
     match why {
-        NotLoaded => format!("Model '{model}' is not loaded (auto-load is off): load it first with POST /api/v1/load"),
+        NotLoaded => format!("Model '{model}' is not loaded (auto-load is off)"),
         Loading => format!("Model '{model}' is loading; retry when it is loaded"),
         Unloading => format!("Model '{model}' is unloading"),
         Failed(e) => format!("Model '{model}' failed: {e}"),
@@ -298,8 +303,7 @@ pub fn rejection_message(model: &str, why: &Rejection) -> String {
             *retry_in_ms as f64 / 1000.0
         ),
         SlotsPinned(pinned) => format!(
-            "Cannot load model '{model}': every slot it could take is held by pinned models ({}). Unpin one \
-             (POST /api/v1/pin with \"pinned\": false, or `lemonade unpin`) or unload it first.",
+            "Cannot load model '{model}': every slot it could take is held by pinned models ({}).",
             pinned.join(", ")
         ),
         NoMemory { device: Some(d), needed, budget, pinned, .. } => format!(
@@ -308,29 +312,24 @@ pub fn rejection_message(model: &str, why: &Rejection) -> String {
              ctx_size, or use a smaller model.",
             bytes(*needed),
             bytes(*budget),
-            if *pinned > 0 { format!(", of which pinned models hold {}", bytes(*pinned)) } else { String::new() },
+            pinned_part(*pinned),
         ),
         UnknownDevice { device, known } => format!(
-            "Invalid value for 'device': there is no device '{device}' here; the devices are {} (see \
-             /api/v1/system-info's compute_devices), or 'auto'",
+            "Invalid value for 'device': there is no device '{device}' here; the devices are {}, or 'auto'",
             if known.is_empty() { "none".to_string() } else { known.join(", ") }
         ),
         NoMemory { pool, device: None, needed, budget, pinned } => format!(
-            "Cannot load model '{model}': it needs an estimated {} of {} but the {} budget is {}{}. Raise \
-             --{}-budget, lower ctx_size, or use a smaller model{}.",
+            "Cannot load model '{model}': it needs an estimated {} of {} but the {} budget is {}{}.",
             bytes(*needed),
             pool.as_str(),
             pool.as_str(),
             bytes(*budget),
-            if *pinned > 0 { format!(", of which pinned models hold {}", bytes(*pinned)) } else { String::new() },
-            pool.as_str().to_ascii_lowercase(),
-            if *pool == scheduler::Pool::Vram { " (or the cpu backend)" } else { "" }
+            pinned_part(*pinned),
         ),
         InUse(state) => format!("Model '{model}' is {}: unload it before loading with overrides", state.as_str()),
-        QueueFull { max_queue, retry_in_ms } => format!(
-            "Too many requests are waiting for models ({max_queue}, the --max-queue bound); retry in {} s",
-            retry_in_ms.div_ceil(1000)
-        ),
+        QueueFull { max_queue, retry_in_ms } => {
+            format!("Too many requests are waiting for models ({max_queue}); retry in {} s", retry_in_ms.div_ceil(1000))
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 use api_types::{
     LoadRequest, ModelType, SchedulerDevice, SchedulerModel, SchedulerPlan, SchedulerPool, SchedulerState,
 };
-use scheduler::{Pool, State};
+use scheduler::{Pool, Rejection, State};
 use serde_json::json;
 
 use crate::decisions::wire;
@@ -98,16 +98,14 @@ pub fn state(rt: &Engine) -> SchedulerState {
     }
 }
 
-/// `POST /scheduler/plan`: what `/load` with `req` would do now; nothing changes.
-pub async fn plan(rt: &Engine, req: &LoadRequest) -> Result<SchedulerPlan> {
+/// `POST /scheduler/plan`: what `/load` with `req` would do now; nothing changes. A refusal is
+/// worded by `words` (the caller's: the server adds what its clients can do).
+pub async fn plan(rt: &Engine, req: &LoadRequest, words: fn(&str, &Rejection) -> String) -> Result<SchedulerPlan> {
     let info = rt.catalogue.get(&req.model_name)?;
     let opts = crate::options::of_request(req)?;
     let effective = rt.lifecycle.effective_options(&info, &opts);
     let (p, model) = rt.lifecycle.plan(&info, &effective).await;
-    let refusal = p
-        .refusal
-        .as_ref()
-        .map(|r| json!({"code": r.code(), "message": crate::error::rejection_message(&info.name, r)}));
+    let refusal = p.refusal.as_ref().map(|r| json!({"code": r.code(), "message": words(&info.name, r)}));
     let on = match p.devices.keys().cloned().collect::<Vec<_>>().as_slice() {
         [] => String::new(),
         [one] => format!(" on {one}"),

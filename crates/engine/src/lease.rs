@@ -65,6 +65,15 @@ pub enum Endpoint {
 const LLM: &[ModelType] = &[ModelType::Llm];
 
 impl Endpoint {
+    /// Ollama's `/api/chat` (`chat`), else `/api/generate`.
+    pub fn ollama(chat: bool) -> Endpoint {
+        if chat {
+            Endpoint::OllamaChat
+        } else {
+            Endpoint::OllamaGenerate
+        }
+    }
+
     /// llama-server's own endpoint at `path`, when it is one lemonade forwards.
     pub fn native(path: &str) -> Option<Endpoint> {
         let all = backends::llamacpp::NATIVE_POST.into_iter().chain(backends::llamacpp::NATIVE_GET);

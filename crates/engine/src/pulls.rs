@@ -248,6 +248,17 @@ pub fn pull_in_background(rt: &Engine, m: ModelInfo) -> mpsc::Receiver<PullEvent
     rx
 }
 
+/// Deletes what `name` names: a collection's registration, or a model's files (and its
+/// registration) as [`delete`] does. Returns the name deleted.
+pub async fn delete_named(rt: &Engine, name: &str) -> Result<String> {
+    if let Some(c) = rt.catalogue.registry().collection(name).cloned() {
+        rt.catalogue.unregister(&c.name).await?;
+        return Ok(c.name);
+    }
+    delete(rt, &rt.catalogue.get(name)?).await?;
+    Ok(name.to_string())
+}
+
 /// Unloads `m`, removes its repository from the Hugging Face cache and a `user.*` model's
 /// registration. Models of the extra models dir are not deleted (400).
 pub async fn delete(rt: &Engine, m: &ModelInfo) -> Result<()> {

@@ -5,7 +5,6 @@
 use api_types::ErrorResponse;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-pub use engine::error::bytes;
 use engine::error::{HubFailure, UpstreamFailure};
 use engine::EngineError;
 use registry::LookupError;
@@ -221,8 +220,38 @@ fn advice(e: &EngineError) -> Option<String> {
                 backends::cloud::key_variable(provider)
             )
         }
+        E::Rejected { model, why } => rejection_words(model, why),
         _ => return None,
     })
+}
+
+/// A refusal as a client of this server reads it: what happened (the engine's words) and,
+/// where one helps, the route, command or flag that does something about it.
+pub fn rejection_words(model: &str, why: &Rejection) -> String {
+    let what = engine::error::rejection_message(model, why);
+    match why {
+        Rejection::NotLoaded => format!("{what}: load it first with POST /api/v1/load"),
+        Rejection::SlotsPinned(_) => {
+            format!(
+                "{what} Unpin one (POST /api/v1/pin with \"pinned\": false, or `lemonade unpin`) or unload it first."
+            )
+        }
+        Rejection::UnknownDevice { device, known } => format!(
+            "Invalid value for 'device': there is no device '{device}' here; the devices are {} (see \
+             /api/v1/system-info's compute_devices), or 'auto'",
+            if known.is_empty() { "none".to_string() } else { known.join(", ") }
+        ),
+        Rejection::NoMemory { pool, device: None, .. } => format!(
+            "{what} Raise --{}-budget, lower ctx_size, or use a smaller model{}.",
+            pool.as_str().to_ascii_lowercase(),
+            if *pool == scheduler::Pool::Vram { " (or the cpu backend)" } else { "" }
+        ),
+        Rejection::QueueFull { max_queue, retry_in_ms } => format!(
+            "Too many requests are waiting for models ({max_queue}, the --max-queue bound); retry in {} s",
+            retry_in_ms.div_ceil(1000)
+        ),
+        _ => what,
+    }
 }
 
 impl ApiError {
@@ -350,5 +379,72 @@ impl IntoResponse for ApiError {
         }
         let body = self.body();
         self.shaped(body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use scheduler::{Pool, State};
+
+    fn every_rejection() -> Vec<Rejection> {
+        vec![
+            Rejection::NotLoaded,
+            Rejection::Loading,
+            Rejection::Unloading,
+            Rejection::Failed("exit 1".into()),
+            Rejection::LoadFailed("exit 1".into()),
+            Rejection::Backoff { error: "exit 1".into(), retry_in_ms: 1500 },
+            Rejection::SlotsPinned(vec!["a".into(), "b".into()]),
+            Rejection::NoMemory { pool: Pool::Vram, device: None, needed: 3 << 30, budget: 1 << 30, pinned: 0 },
+            Rejection::NoMemory {
+                pool: Pool::Memory,
+                device: Some("gpu0".into()),
+                needed: 3 << 30,
+                budget: 1 << 30,
+                pinned: 1 << 20,
+            },
+            Rejection::InUse(State::Loaded),
+            Rejection::QueueFull { max_queue: 4, retry_in_ms: 1200 },
+            Rejection::UnknownDevice { device: "gpu9".into(), known: vec!["cpu".into(), "gpu0".into()] },
+        ]
+    }
+
+    /// The engine says what happened, with no route and no flag; the server's words add them,
+    /// and are the sentences clients have always read.
+    #[test]
+    fn a_refusal_is_the_engines_words_plus_what_a_client_can_do() {
+        for why in every_rejection() {
+            let what = engine::error::rejection_message("m", &why);
+            assert!(!what.contains("/api/") && !what.contains(" --") && !what.contains('`'), "{what}");
+        }
+        let said = |why: Rejection| rejection_words("m", &why);
+        assert_eq!(
+            said(Rejection::NotLoaded),
+            "Model 'm' is not loaded (auto-load is off): load it first with POST /api/v1/load"
+        );
+        assert_eq!(
+            said(Rejection::SlotsPinned(vec!["a".into(), "b".into()])),
+            "Cannot load model 'm': every slot it could take is held by pinned models (a, b). Unpin one (POST \
+             /api/v1/pin with \"pinned\": false, or `lemonade unpin`) or unload it first."
+        );
+        assert_eq!(
+            said(Rejection::NoMemory { pool: Pool::Vram, device: None, needed: 3 << 30, budget: 1 << 30, pinned: 0 }),
+            "Cannot load model 'm': it needs an estimated 3.00 GiB of VRAM but the VRAM budget is 1.00 GiB. Raise \
+             --vram-budget, lower ctx_size, or use a smaller model (or the cpu backend)."
+        );
+        assert_eq!(
+            said(Rejection::QueueFull { max_queue: 4, retry_in_ms: 1200 }),
+            "Too many requests are waiting for models (4, the --max-queue bound); retry in 2 s"
+        );
+        assert_eq!(
+            said(Rejection::UnknownDevice { device: "gpu9".into(), known: vec!["cpu".into(), "gpu0".into()] }),
+            "Invalid value for 'device': there is no device 'gpu9' here; the devices are cpu, gpu0 (see \
+             /api/v1/system-info's compute_devices), or 'auto'"
+        );
+        assert_eq!(said(Rejection::Unloading), "Model 'm' is unloading", "the rest are the engine's words");
+        // An error answer reads the same words.
+        let e = ApiError::from(EngineError::Rejected { model: "m".into(), why: Rejection::NotLoaded });
+        assert_eq!(e.message(), said(Rejection::NotLoaded));
     }
 }

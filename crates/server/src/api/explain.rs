@@ -24,7 +24,7 @@ pub async fn state(State(rt): State<AppState>) -> Json<SchedulerState> {
 /// A dry run of a load.
 #[utoipa::path(post, path = "/api/v1/scheduler/plan", tag = "Lemonade", request_body = LoadRequest)]
 pub async fn plan(State(rt): State<AppState>, body: JsonBody<LoadRequest>) -> Result<Json<SchedulerPlan>, ApiError> {
-    Ok(Json(engine::explain::plan(&rt.engine, &body.value).await?))
+    Ok(Json(engine::explain::plan(&rt.engine, &body.value, crate::error::rejection_words).await?))
 }
 
 /// The scheduler's decisions as they are taken.

@@ -59,18 +59,8 @@ pub async fn unload(State(rt): State<AppState>, body: Bytes) -> Result<Json<Unlo
         if body.iter().all(u8::is_ascii_whitespace) { UnloadRequest::default() } else { crate::extract::parse(&body)? };
     let name = req.model_name.or(req.model).filter(|n| !n.is_empty());
     rt.engine.lifecycle().unload(name.as_deref()).await?;
-    Ok(Json(match name {
-        Some(n) => UnloadResponse {
-            status: "success".into(),
-            message: "Model unloaded successfully".into(),
-            model_name: Some(n),
-        },
-        None => UnloadResponse {
-            status: "success".into(),
-            message: "All models unloaded successfully".into(),
-            model_name: None,
-        },
-    }))
+    let message = if name.is_some() { "Model unloaded successfully" } else { "All models unloaded successfully" };
+    Ok(Json(UnloadResponse { status: "success".into(), message: message.into(), model_name: name }))
 }
 
 /// Liveness probe; answers as long as the process serves HTTP.

@@ -58,18 +58,10 @@ async fn load_or_unload(rt: &AppState, edge: &Edge, model: &str, keep: Option<Ke
         let _ = rt.engine.lifecycle().unload(Some(model)).await;
         "unload"
     } else {
-        drop(rt.engine.lease(request(edge, model, endpoint(chat), keep)).await?);
+        drop(rt.engine.lease(request(edge, model, Endpoint::ollama(chat), keep)).await?);
         "load"
     };
     Ok(Json(dialect::done_answer(model, &now(), chat, reason)).into_response())
-}
-
-fn endpoint(chat: bool) -> Endpoint {
-    if chat {
-        Endpoint::OllamaChat
-    } else {
-        Endpoint::OllamaGenerate
-    }
 }
 
 /// An Ollama chat or generate request: its model, its `keep_alive`, which of the two it is,
@@ -85,7 +77,7 @@ struct Turn<'a> {
 /// Serves a translated chat or generate request: NDJSON as the backend streams, or one answer.
 async fn serve(rt: &AppState, edge: &Edge, t: Turn<'_>, path: &str, body: Value) -> Answer {
     // A router collection: the candidate its policy picks answers, as if asked directly.
-    let (model, body, routed) = engine::router::route_value(&rt.engine, t.model, endpoint(t.chat), body).await;
+    let (model, body, routed) = engine::router::route_value(&rt.engine, t.model, Endpoint::ollama(t.chat), body).await;
     let stream = body["stream"] == true;
     let a = answer(rt, edge, Turn { model: &model, ..t }, path, body).await?;
     let Some(d) = routed else { return Ok(a) };
@@ -97,7 +89,7 @@ async fn answer(rt: &AppState, edge: &Edge, t: Turn<'_>, path: &str, body: Value
         return Ok(streamed(rt, edge, t, path, body).await?);
     }
     let (model, chat) = (t.model, t.chat);
-    let lease = rt.engine.lease(request(edge, model, endpoint(chat), t.keep)).await?;
+    let lease = rt.engine.lease(request(edge, model, Endpoint::ollama(chat), t.keep)).await?;
     let v = proxy::call_json(&lease, path, &body, true).await?;
     Ok(crate::propagate::spilled(
         lease.spilled.as_deref(),
@@ -116,7 +108,7 @@ async fn answer(rt: &AppState, edge: &Edge, t: Turn<'_>, path: &str, body: Value
 async fn streamed(rt: &AppState, edge: &Edge, t: Turn<'_>, path: &str, body: Value) -> Result<Response, ApiError> {
     let (model, keep, chat) = (t.model, t.keep, t.chat);
     let priority = edge.priority_of(b"")?;
-    let (rt1, req) = (rt.clone(), request(edge, model, endpoint(chat), keep).priority(priority));
+    let (rt1, req) = (rt.clone(), request(edge, model, Endpoint::ollama(chat), keep).priority(priority));
     let lease = async move { rt1.engine.lease(req).await };
     let (m, path) = (model.to_string(), path.to_string());
     let answer = move |l: engine::Lease| async move {

@@ -36,19 +36,12 @@ pub async fn delete(
 ) -> Result<Json<StatusResponse>, ApiError> {
     let name = body.value.model.or(body.value.model_name).filter(|n| !n.is_empty());
     let name = name.ok_or_else(|| ApiError::bad_request("Missing required field 'model'", Some("model")))?;
-    if let Some(c) = rt.engine.catalogue().registry().collection(&name).cloned() {
-        rt.engine.catalogue().unregister(&c.name).await?;
-        let message = Some(format!("Deleted model: {}", c.name));
-        return Ok(Json(StatusResponse { status: "success".into(), model_name: None, message }));
-    }
-    let m =
-        rt.engine.catalogue().get(&name).map_err(|_| ApiError::Unprocessable(format!("Model not found: {name}")))?;
-    pulls::delete(&rt.engine, &m).await?;
-    Ok(Json(StatusResponse {
-        status: "success".into(),
-        model_name: None,
-        message: Some(format!("Deleted model: {name}")),
-    }))
+    let deleted = match pulls::delete_named(&rt.engine, &name).await {
+        Err(engine::EngineError::Lookup(_)) => return Err(ApiError::Unprocessable(format!("Model not found: {name}"))),
+        r => r?,
+    };
+    let message = Some(format!("Deleted model: {deleted}"));
+    Ok(Json(StatusResponse { status: "success".into(), model_name: None, message }))
 }
 
 /// Registers (or updates) a `user.*` model definition without downloading it.
