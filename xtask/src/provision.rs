@@ -874,6 +874,42 @@ pub fn schemathesis() -> Result<PathBuf> {
     Ok(st)
 }
 
+/// cargo-nextest, which runs the suite (`cargo xtask test`; its serial group and timeouts are
+/// .config/nextest.toml's, which `cargo test` would ignore), pinned: the one on PATH when it is
+/// this version, else installed into the dev cache (`cargo install --locked`, once).
+const CARGO_NEXTEST: &str = "0.9.143";
+
+pub fn cargo_nextest() -> Result<PathBuf> {
+    let is_pinned = |bin: &Path| {
+        Command::new(bin)
+            .arg("--version")
+            .output()
+            .map(|o| {
+                o.status.success() && String::from_utf8_lossy(&o.stdout).split_whitespace().any(|w| w == CARGO_NEXTEST)
+            })
+            .unwrap_or(false)
+    };
+    if is_pinned(Path::new("cargo-nextest")) {
+        return Ok(PathBuf::from("cargo-nextest"));
+    }
+    let root = dev_cache().join(format!("cargo-nextest/{CARGO_NEXTEST}"));
+    let bin = root.join("bin/cargo-nextest");
+    if is_pinned(&bin) {
+        return Ok(bin);
+    }
+    eprintln!("setup: installing cargo-nextest {CARGO_NEXTEST} (once; the suite runs under it)");
+    crate::run(
+        Command::new("cargo")
+            .args(["install", "--locked", "--version", CARGO_NEXTEST, "--root"])
+            .arg(&root)
+            .arg("cargo-nextest"),
+    )?;
+    if !is_pinned(&bin) {
+        bail!("{} does not run as cargo-nextest {CARGO_NEXTEST}", bin.display());
+    }
+    Ok(bin)
+}
+
 /// cargo-deb, which builds the .deb (`cargo xtask package`), pinned and installed into the
 /// dev cache (`cargo install --locked`, once).
 const CARGO_DEB: &str = "3.8.0";
