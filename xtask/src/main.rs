@@ -457,6 +457,55 @@ fn openapi() -> Result<()> {
     run(cargo().args(["test", "-p", "lemonade-server", "--test", "openapi"]).env("LEMONADE_UPDATE_OPENAPI", "1"))
 }
 
+/// Streams `body` to `url` (curl, SSE) and prints the answer's text as it comes, then the time
+/// to the first token and the decode rate (llama-server's own, from the last chunk's
+/// `timings`, else counted here).
+fn stream_chat(url: &str, body: &serde_json::Value) -> Result<()> {
+    use std::io::{BufRead, Write};
+    let t = std::time::Instant::now();
+    let mut curl = Command::new("curl")
+        .args(["-sN", "--fail-with-body", url, "-H", "Content-Type: application/json", "-d"])
+        .arg(body.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("cannot run curl")?;
+    let out = curl.stdout.take().context("curl's output")?;
+    let (mut first, mut chunks, mut rate, mut other) = (None, 0u32, None, String::new());
+    for line in std::io::BufReader::new(out).lines() {
+        let line = line?;
+        let Some(data) = line.strip_prefix("data: ") else {
+            // An SSE comment (`: queued 1` while the model loads) or an error body.
+            if !line.starts_with(':') {
+                other.push_str(&line);
+            }
+            continue;
+        };
+        if data == "[DONE]" {
+            break;
+        }
+        let v: serde_json::Value = serde_json::from_str(data).with_context(|| format!("not JSON: {data}"))?;
+        if let Some(e) = v.get("error") {
+            bail!("the stream failed: {e}");
+        }
+        if let Some(text) = v["choices"][0]["delta"]["content"].as_str().filter(|t| !t.is_empty()) {
+            first.get_or_insert_with(|| t.elapsed());
+            chunks += 1;
+            print!("{text}");
+            std::io::stdout().flush()?;
+        }
+        rate = v["timings"]["predicted_per_second"].as_f64().or(rate);
+    }
+    let status = curl.wait()?;
+    anyhow::ensure!(status.success(), "the streamed chat completion failed: {other}");
+    let ttft = first.context("the stream carried no text")?;
+    let rate = rate.unwrap_or_else(|| f64::from(chunks) / (t.elapsed() - ttft).as_secs_f64().max(1e-3));
+    println!(
+        "\n\n(first token {:.0} ms after the request, the model's load included; {rate:.1} tokens/s)",
+        ttft.as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
 fn demo(rest: &[String]) -> Result<()> {
     let p = provision::setup()?;
     provision::seed_demo_models(&p)?;
@@ -496,20 +545,9 @@ fn demo(rest: &[String]) -> Result<()> {
         "stream": true
     });
     eprintln!("\nStreaming a chat completion from {model}:\n");
-    let status = Command::new("curl")
-        .args([
-            "-sN",
-            "--fail-with-body",
-            &format!("{base}/api/v1/chat/completions"),
-            "-H",
-            "Content-Type: application/json",
-            "-d",
-        ])
-        .arg(body.to_string())
-        .status()?;
-    if !status.success() {
+    if let Err(e) = stream_chat(&format!("{base}/api/v1/chat/completions"), &body) {
         let _ = child.kill();
-        bail!("the streamed chat completion failed");
+        return Err(e);
     }
     let wav = root().join("target/demo-speech.wav");
     let whisper = provision::DEMO_WHISPER;
