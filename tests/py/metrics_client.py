@@ -56,7 +56,9 @@ prompt, generated = prompt + r.prompt_eval_count, generated + r.eval_count
 
 an = anthropic.Anthropic(base_url=base, api_key="x")
 m = an.messages.create(model=smol, max_tokens=8, messages=[{"role": "user", "content": "Hello"}])
-prompt, generated = prompt + m.usage.input_tokens, generated + m.usage.output_tokens
+# Anthropic's input_tokens leave out what was read from the cache: the whole prompt is both.
+whole = m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0)
+prompt, generated = prompt + whole, generated + m.usage.output_tokens
 
 e = oai.embeddings.create(model=minilm, input=["one", "two three"])
 embedded = e.usage.prompt_tokens

@@ -182,8 +182,13 @@ pub struct CountTokensResponse {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AnthropicUsage {
+    /// The prompt's tokens not read from the cache (Anthropic's meaning: the whole prompt is
+    /// `input_tokens + cache_read_input_tokens`).
     pub input_tokens: u64,
     pub output_tokens: u64,
+    /// The prompt's tokens read from the backend's prompt cache, when the backend says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read_input_tokens: Option<u64>,
 }
 
 /// The answer of `POST /v1/messages` (and the `message` of a stream's `message_start`).

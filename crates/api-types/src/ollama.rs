@@ -294,6 +294,10 @@ pub struct OllamaMetrics {
     pub load_duration: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_eval_count: Option<u64>,
+    /// The part of `prompt_eval_count` read from the prompt cache (Ollama's
+    /// `prompt_eval_cached_count`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_eval_cached_count: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_eval_duration: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -50,3 +50,62 @@ async fn real_llama_server_prometheus_metrics_count_the_traffic_of_three_clients
     let base = l.url("");
     py_checks("metrics_client.py", &[&base, SMOL, MINILM, "Qwen3-0.6B-GGUF", &size]).await;
 }
+
+/// A long prompt asked twice: the second answer says how much of it llama-server read from its
+/// prompt cache, in every dialect: OpenAI's `usage.prompt_tokens_details.cached_tokens`
+/// (llama-server's own), Anthropic's `usage.cache_read_input_tokens` (with `input_tokens` the
+/// rest of the prompt), Ollama's `prompt_eval_cached_count` (within `prompt_eval_count`), in
+/// whole answers and at the end of streams.
+#[tokio::test]
+async fn real_llama_server_a_repeated_long_prompt_reports_its_cached_tokens_in_every_dialect() {
+    use serde_json::{json, Value};
+    let l = Lemonade::start(bin(), &[]).await;
+    let long: String = (0..60).map(|i| format!("Fact {i}: lemons are yellow and sour. ")).collect();
+    let http = reqwest::Client::new();
+    let text = |path: &str, body: Value| {
+        let (http, url) = (http.clone(), l.url(path));
+        async move {
+            let r = http.post(url).json(&body).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.text().await.unwrap()
+        }
+    };
+    let messages = json!([{"role": "user", "content": long}]);
+
+    // OpenAI: llama-server's own count, passed through; the same prompt twice.
+    let body = json!({"model": SMOL, "messages": messages, "max_tokens": 4, "temperature": 0});
+    let (s, first) = l.post("/v1/chat/completions", &body).await;
+    assert_eq!(s, 200, "{first}");
+    let (_, again) = l.post("/v1/chat/completions", &body).await;
+    let prompt = again["usage"]["prompt_tokens"].as_u64().unwrap();
+    let cached = again["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(prompt > 400 && cached > prompt / 2 && cached < prompt, "{again}");
+
+    // Anthropic, whole: input_tokens is the part not read from the cache.
+    let body = json!({"model": SMOL, "max_tokens": 4, "messages": messages});
+    let (s, a) = l.post("/v1/messages", &body).await;
+    assert_eq!(s, 200, "{a}");
+    let u = &a["usage"];
+    let (input, read) = (u["input_tokens"].as_u64().unwrap(), u["cache_read_input_tokens"].as_u64().unwrap());
+    assert!(read > input && input + read > 400, "{a}");
+    // Streamed: the message_delta event carries the same usage.
+    let sse = text("/v1/messages", json!({"model": SMOL, "max_tokens": 4, "messages": messages, "stream": true})).await;
+    let delta = sse_data(&sse)
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find(|e| e["type"] == "message_delta")
+        .unwrap_or_else(|| panic!("no message_delta in {sse}"));
+    let read = delta["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+    assert!(read > delta["usage"]["input_tokens"].as_u64().unwrap(), "{delta}");
+
+    // Ollama, whole and streamed: prompt_eval_count is the whole prompt, the cached part within.
+    let body = json!({"model": SMOL, "messages": messages, "stream": false, "options": {"num_predict": 4}});
+    let (s, o) = l.post("/api/chat", &body).await;
+    assert_eq!(s, 200, "{o}");
+    let (count, cached) = (o["prompt_eval_count"].as_u64().unwrap(), o["prompt_eval_cached_count"].as_u64().unwrap());
+    assert!(count > 400 && cached > count / 2 && cached < count, "{o}");
+    let ndjson = text("/api/chat", json!({"model": SMOL, "messages": messages, "options": {"num_predict": 4}})).await;
+    let last: Value = serde_json::from_str(ndjson.lines().last().unwrap()).unwrap();
+    assert_eq!(last["done"], true, "{ndjson}");
+    assert!(last["prompt_eval_cached_count"].as_u64().unwrap() > count / 2, "{last}");
+}

@@ -218,8 +218,15 @@ fn stop_reason(finish: Option<&str>) -> String {
     .into()
 }
 
+/// Anthropic's usage: `input_tokens` are the prompt's tokens not read from the cache, which
+/// `cache_read_input_tokens` counts (together, the whole prompt).
 fn usage(c: &Counts) -> AnthropicUsage {
-    AnthropicUsage { input_tokens: c.prompt_tokens.unwrap_or(0), output_tokens: c.completion_tokens.unwrap_or(0) }
+    let cached = c.cached_tokens.map(|n| n.min(c.prompt_tokens.unwrap_or(0)));
+    AnthropicUsage {
+        input_tokens: c.prompt_tokens.unwrap_or(0) - cached.unwrap_or(0),
+        output_tokens: c.completion_tokens.unwrap_or(0),
+        cache_read_input_tokens: cached,
+    }
 }
 
 /// A non-streaming OpenAI chat answer as a Messages answer with id `id`.
@@ -397,7 +404,7 @@ impl StreamTranslator for EventStream {
             "message_delta",
             json!({"type": "message_delta",
                    "delta": {"stop_reason": stop_reason(self.finish.as_deref()), "stop_sequence": null},
-                   "usage": {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens}}),
+                   "usage": u}),
         );
         Self::event(&mut out, "message_stop", json!({"type": "message_stop"}));
         out
@@ -580,5 +587,20 @@ mod tests {
             names,
             ["message_start", "ping", "content_block_start", "content_block_stop", "message_delta", "message_stop"]
         );
+    }
+
+    #[test]
+    fn cached_prompt_tokens_are_cache_reads_and_input_tokens_the_rest() {
+        let v = json!({"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
+                       "usage": {"prompt_tokens": 500, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 480}}});
+        let r = response(&v, "m", "id");
+        assert_eq!((r.usage.input_tokens, r.usage.cache_read_input_tokens), (20, Some(480)));
+        // llama-server's timings say it too (a stream's last chunk), and a count past the
+        // prompt is capped by it.
+        let mut c = Counts::default();
+        c.take(&json!({"timings": {"prompt_n": 1, "cache_n": 499, "predicted_n": 2}}));
+        assert_eq!((usage(&c).input_tokens, usage(&c).cache_read_input_tokens), (1, Some(499)));
+        let none = response(&json!({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 1}}), "m", "id");
+        assert_eq!(serde_json::to_value(&none.usage).unwrap(), json!({"input_tokens": 9, "output_tokens": 1}));
     }
 }

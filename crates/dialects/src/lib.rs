@@ -42,6 +42,9 @@ impl std::fmt::Display for BadRequest {
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Counts {
     pub prompt_tokens: Option<u64>,
+    /// The part of the prompt read from the backend's cache (llama-server's `cache_n`, or
+    /// `usage.prompt_tokens_details.cached_tokens`).
+    pub cached_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
     pub prompt_ms: Option<f64>,
     pub predicted_ms: Option<f64>,
@@ -61,10 +64,13 @@ impl Counts {
         if let Some(usage) = v.get("usage").filter(|u| u.is_object()) {
             self.prompt_tokens = u(usage, "prompt_tokens").or(self.prompt_tokens);
             self.completion_tokens = u(usage, "completion_tokens").or(self.completion_tokens);
+            let details = usage.get("prompt_tokens_details").filter(|d| d.is_object());
+            self.cached_tokens = details.and_then(|d| u(d, "cached_tokens")).or(self.cached_tokens);
         }
         if let Some(t) = v.get("timings").filter(|t| t.is_object()) {
             // The whole prompt: the part processed now plus the part reused from the cache
             // (without `cache_n`, `usage` says it better than the processed part alone).
+            self.cached_tokens = u(t, "cache_n").or(self.cached_tokens);
             if let Some(n) = u(t, "prompt_n") {
                 self.prompt_tokens = match u(t, "cache_n") {
                     Some(cached) => Some(n + cached),

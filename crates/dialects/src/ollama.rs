@@ -319,6 +319,7 @@ fn metrics(c: &Counts) -> OllamaMetrics {
         total_duration: Some(p.unwrap_or(0) + e.unwrap_or(0)),
         load_duration: Some(0),
         prompt_eval_count: Some(c.prompt_tokens.unwrap_or(0)),
+        prompt_eval_cached_count: c.cached_tokens,
         prompt_eval_duration: Some(p.unwrap_or(0)),
         eval_count: Some(c.completion_tokens.unwrap_or(0)),
         eval_duration: Some(e.unwrap_or(0)),
@@ -731,5 +732,15 @@ mod tests {
             (Some("queued 2"), Some(""), Some(false))
         );
         assert_eq!(error_line("x"), b"{\"error\":\"x\"}\n");
+    }
+
+    #[test]
+    fn a_cached_prompt_is_counted_whole_with_its_cached_part_beside() {
+        let v = json!({"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
+                       "timings": {"prompt_n": 20, "cache_n": 480, "predicted_n": 3}});
+        let r = chat_response(&v, "m", "t");
+        assert_eq!((r.metrics.prompt_eval_count, r.metrics.prompt_eval_cached_count), (Some(500), Some(480)));
+        let plain = chat_response(&json!({"choices": [], "usage": {"prompt_tokens": 5}}), "m", "t");
+        assert!(serde_json::to_value(&plain).unwrap().get("prompt_eval_cached_count").is_none());
     }
 }

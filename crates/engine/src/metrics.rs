@@ -520,6 +520,7 @@ mod tests {
             completion_tokens: Some(12),
             prompt_ms: Some(20.0),
             predicted_ms: Some(150.0), // 80 tokens/s
+            ..Counts::default()
         };
         m.usage("a", &c, Some(Duration::from_millis(5)));
         m.usage("a", &Counts { predicted_ms: Some(0.0), ..c }, None);
