@@ -495,8 +495,8 @@ impl NdjsonStream {
         } else {
             (None, OllamaMetrics::default(), None)
         };
-        let mut bytes = if self.generate {
-            serde_json::to_vec(&OllamaGenerateResponse {
+        if self.generate {
+            line(OllamaGenerateResponse {
                 model: self.model.clone(),
                 created_at: self.created_at.clone(),
                 response: content.into(),
@@ -507,7 +507,7 @@ impl NdjsonStream {
                 metrics,
             })
         } else {
-            serde_json::to_vec(&OllamaChatResponse {
+            line(OllamaChatResponse {
                 model: self.model.clone(),
                 created_at: self.created_at.clone(),
                 message: OllamaMessage {
@@ -522,9 +522,6 @@ impl NdjsonStream {
                 metrics,
             })
         }
-        .unwrap_or_default();
-        bytes.push(b'\n');
-        bytes
     }
 }
 
@@ -566,9 +563,7 @@ impl StreamTranslator for NdjsonStream {
     }
 
     fn error(&mut self, message: &str) -> Vec<u8> {
-        let mut b = serde_json::to_vec(&json!({ "error": message })).unwrap_or_default();
-        b.push(b'\n');
-        b
+        error_line(message)
     }
 }
 

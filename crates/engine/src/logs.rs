@@ -55,7 +55,9 @@ pub async fn flush_telemetry(rt: &Engine) -> Result<Option<bool>> {
 /// What a log stream carries.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Tail {
-    /// A log line (kept or new).
+    /// Kept lines, a few at a time.
+    Past(Vec<Arc<str>>),
+    /// A new line.
     Line(Arc<str>),
     /// A slow reader missed this many lines.
     Skipped(u64),
@@ -68,7 +70,7 @@ pub enum Tail {
 /// receiver is dropped.
 pub fn tail(hub: &Arc<LogHub>) -> mpsc::Receiver<Tail> {
     let (mut next, end, mut rx) = hub.subscribe();
-    let (tx, out) = mpsc::channel::<Tail>(64);
+    let (tx, out) = mpsc::channel::<Tail>(16);
     let hub = hub.clone();
     tokio::spawn(async move {
         while next < end {
@@ -77,10 +79,8 @@ pub fn tail(hub: &Arc<LogHub>) -> mpsc::Receiver<Tail> {
                 break;
             }
             next = after;
-            for l in lines {
-                if tx.send(Tail::Line(l)).await.is_err() {
-                    return;
-                }
+            if tx.send(Tail::Past(lines)).await.is_err() {
+                return;
             }
         }
         loop {

@@ -38,13 +38,9 @@ pub struct Drawing<'a> {
 
 /// The PNGs (base64) `model` draws for `d`, checked as images/generations checks a request.
 pub async fn draw(rt: &Engine, model: &str, d: &Drawing<'_>, forwarded: &Forwarded) -> Result<Vec<String>, Failure> {
-    if let Some(n) = d.n.filter(|n| !(1..=10).contains(n)) {
-        return Err(Failure(format!("Invalid value for 'n': expected 1 to 10, got {n}")));
-    }
-    d.sd.validate().map_err(|(m, _)| Failure(m))?;
+    backends::sdcpp::checked(d.n, d.size, None, &d.sd).map_err(|e| Failure(e.message))?;
     let mut req = json!({"prompt": d.sd.prompt_with(d.prompt), "n": d.n.unwrap_or(1), "output_format": "png"});
     if let Some(size) = d.size {
-        backends::sdcpp::parse_size(size).map_err(|e| Failure(e.to_string()))?;
         req["size"] = size.into();
     }
     let answer = on(rt, model, Endpoint::ImageGenerations, forwarded, Payload::Json(req)).await?;

@@ -66,6 +66,7 @@ pub fn log_lines(
     let mut rx = engine::logs::tail(hub);
     futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)).map(|t| {
         Ok(match t {
+            Tail::Past(lines) => Bytes::from(lines.iter().flat_map(|l| event(l)).collect::<Vec<u8>>()),
             Tail::Line(line) => event(&line),
             Tail::Skipped(n) => Bytes::from(format!(": {n} lines skipped (slow reader)\n\n")),
             Tail::Quiet => Bytes::from_static(b": heartbeat\n\n"),

@@ -4,7 +4,6 @@
 //! content (a markdown image, an `<audio>` data URI), whole or streamed (each medium as a
 //! content delta the moment its tool finishes, then the text, then the finish with the trace).
 
-use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
@@ -31,7 +30,7 @@ pub async fn answer(
     }
     let events = engine::omni::stream(&rt.engine, c, o, body, forwarded);
     let events = futures_util::stream::unfold(events, |mut rx| async {
-        Some((Ok::<_, axum::Error>(Bytes::from(rx.recv().await?)), rx))
+        Some((Ok::<_, std::convert::Infallible>(Bytes::from(rx.recv().await?)), rx))
     });
-    Ok(([(http::header::CONTENT_TYPE, "text/event-stream")], Body::from_stream(events)).into_response())
+    Ok(crate::sse::response(rt.engine.lifecycle(), events))
 }

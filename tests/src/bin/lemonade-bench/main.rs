@@ -96,6 +96,13 @@ fn paired(base: &[Sample], with: &[Sample]) -> (f64, f64) {
     (added, ratio)
 }
 
+/// `with` against `base` (ms), run by run: the median added (ms) and the median ratio.
+pub(crate) fn paired_ms(base: &[f64], with: &[f64]) -> (f64, f64) {
+    let added = median(base.iter().zip(with).map(|(a, b)| b - a).collect());
+    let ratio = median(base.iter().zip(with).map(|(a, b)| b / a).collect());
+    (added, ratio)
+}
+
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
@@ -361,7 +368,7 @@ fn stop_by_hand(child: &mut std::process::Child) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn timed_post(l: &Lemonade, path: &str, body: Value) -> anyhow::Result<f64> {
+pub(crate) async fn timed_post(l: &Lemonade, path: &str, body: Value) -> anyhow::Result<f64> {
     let t = Instant::now();
     let (s, v) = l.post(path, &body).await;
     anyhow::ensure!(s == 200, "{path}: {s} {v}");

@@ -7,7 +7,7 @@ use std::time::Instant;
 use serde_json::{json, Value};
 use test_support::*;
 
-use crate::{median, stream_once, RUNS};
+use crate::{median, paired_ms, stream_once, timed_post, RUNS};
 
 /// Five deterministic rules; the lighthouse prompt of [`stream_once`] matches none, so each
 /// decision evaluates all of them and falls open to SmolLM2.
@@ -63,8 +63,7 @@ pub async fn routing(bin: &std::path::Path) -> anyhow::Result<Value> {
         direct.push(a.ttft_ms);
         routed.push(b.ttft_ms);
     }
-    let added = median(direct.iter().zip(&routed).map(|(d, r)| r - d).collect());
-    let ratio = median(direct.iter().zip(&routed).map(|(d, r)| r / d).collect());
+    let (added, ratio) = paired_ms(&direct, &routed);
     let (d, r) = (median(direct), median(routed));
     println!("\ncollection.router, 5 deterministic rules, none matching (every rule evaluated), {RUNS} paired streamed runs\n");
     println!("| measure | value |");
@@ -98,19 +97,7 @@ pub async fn omni(bin: &std::path::Path) -> anyhow::Result<Value> {
     else {
         anyhow::bail!("the loop does not ask the planner first")
     };
-    let http = reqwest::Client::builder().no_proxy().tcp_nodelay(true).build()?;
-    let url = l.url("/api/v1/chat/completions");
-    let timed = |b: Value| {
-        let (http, url) = (http.clone(), url.clone());
-        async move {
-            let t = Instant::now();
-            let r = http.post(&url).json(&b).send().await?;
-            anyhow::ensure!(r.status() == 200, "{} for {b}", r.status());
-            let v: Value = r.json().await?;
-            anyhow::ensure!(v["choices"][0]["message"]["content"].is_string(), "no answer: {v}");
-            Ok::<_, anyhow::Error>(t.elapsed().as_secs_f64() * 1e3)
-        }
-    };
+    let timed = |b: Value| timed_post(&l, "/api/v1/chat/completions", b);
     timed(planner.clone()).await?;
     timed(body.clone()).await?;
     let (mut direct, mut looped) = (Vec::new(), Vec::new());
@@ -123,8 +110,7 @@ pub async fn omni(bin: &std::path::Path) -> anyhow::Result<Value> {
             direct.push(timed(planner.clone()).await?);
         }
     }
-    let added = median(direct.iter().zip(&looped).map(|(d, o)| o - d).collect());
-    let ratio = median(direct.iter().zip(&looped).map(|(d, o)| o / d).collect());
+    let (added, ratio) = paired_ms(&direct, &looped);
     let (d, o) = (median(direct), median(looped));
     println!("\ncollection.omni, SmolLM2 planning alone (no tool offered), {RUNS} paired whole answers\n");
     println!("| measure | value |");
