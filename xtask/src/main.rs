@@ -11,6 +11,8 @@
 //! * `soak`: setup, then the reliability suite (release build): faults, load, bad input
 //!   (with schemathesis, installed into its own virtualenv).
 //! * `openapi`: rewrites docs/openapi.json from the code.
+//! * `sim`: the engine's deterministic simulation (crates/sim), release build with tokio's
+//!   randomness seeded: `--seeds N`, `--seed S [--trace]`, `--mutate NAME`, `--replays N`.
 
 mod provision;
 
@@ -30,6 +32,7 @@ fn main() -> Result<()> {
         "bench" => bench(rest),
         "soak" => soak(rest),
         "openapi" => openapi(),
+        "sim" => sim(rest),
         "package" => package(rest).map(|_| ()),
         "container" => container(rest),
         _ => {
@@ -44,7 +47,9 @@ fn main() -> Result<()> {
                  package  the .deb (cargo-deb); --debug packages the debug build, --check\n           \
                  installs it with dpkg, verifies its unit, runs it and removes it\n  \
                  container  the image (podman, deploy/Containerfile); --debug, --check: runs it\n  \
-                 openapi  regenerate docs/openapi.json"
+                 openapi  regenerate docs/openapi.json\n  \
+                 sim      the engine's deterministic simulation: --seeds N | --seed S [--trace] |\n           \
+                 --mutate NAME (a past bug put back: found within --seeds N?) | --replays N"
             );
             if task == "help" || task == "--help" {
                 Ok(())
@@ -94,6 +99,35 @@ fn test_env(cmd: &mut Command, p: &provision::Provisioned) {
         .env("LEMONADE_TEST_CHROMIUM", &p.chromium);
 }
 
+/// Builds the simulation (release, `--cfg tokio_unstable` so tokio's own randomness is the
+/// seed's, in its own target dir so the flag never touches the main build) and runs it.
+fn sim(args: &[String]) -> Result<()> {
+    let target = root().join("target/sim");
+    let mut build = cargo();
+    build.args(["build", "--release", "-q", "-p", "lemonade-sim"]).env("CARGO_TARGET_DIR", &target);
+    let flags = std::env::var("RUSTFLAGS").unwrap_or_default();
+    build.env("RUSTFLAGS", format!("{flags} --cfg tokio_unstable").trim());
+    run(&mut build)?;
+    run(Command::new(target.join("release/lemonade-sim")).args(args))
+}
+
+/// The simulation's slice of `cargo xtask test`: seeds with every invariant seen to judge,
+/// replays compared byte for byte, and each past bug put back and found.
+fn sim_slice() -> Result<()> {
+    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    sim(&args(&["--seeds", SIM_SLICE_SEEDS]))?;
+    sim(&args(&["--replays", "200"]))?;
+    for m in SIM_MUTATIONS {
+        sim(&args(&["--mutate", m, "--seeds", SIM_SLICE_SEEDS]))?;
+    }
+    Ok(())
+}
+
+/// Seeds in `cargo xtask test`'s slice of the simulation.
+const SIM_SLICE_SEEDS: &str = "3000";
+/// The past bugs the slice puts back, each of which it must find.
+const SIM_MUTATIONS: &[&str] = &["hung-up-wait-kept", "config-written-in-place", "start-after-shutdown"];
+
 fn test(rest: &[String]) -> Result<()> {
     disk_preflight()?;
     let p = provision::setup()?;
@@ -124,6 +158,9 @@ fn test(rest: &[String]) -> Result<()> {
     cmd.env("LEMONADE_KEY_SWEEP", &sweep);
     // No doc tests exist (nextest would not run them); keep it that way or add a step here.
     let tests = run(&mut cmd).and(key_sweep(&sweep, rest.is_empty()));
+    // The engine's simulation: a few thousand seeds, replays and the mutations (minutes).
+    let simulated = if rest.is_empty() { sim_slice() } else { Ok(()) };
+    let tests = tests.and(simulated);
     // Then the soak's bounded subset (a few minutes), on the debug build the tests used. With a
     // test filter (extra arguments) it is not run, and the run says so.
     let soak = if rest.is_empty() {

@@ -11,7 +11,8 @@
 //! whole answer read and its usage recorded. Everything that composes model calls (the omni
 //! loop, MCP tools, routing classifiers, `/classify`) uses it; nothing calls an HTTP handler.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use api_types::Stats;
 use backends::upstream::{retry_after, Done, Next, Outcome, Retry};
@@ -108,7 +109,21 @@ impl Lease {
         if let Some(b) = body {
             req = req.header(reqwest::header::CONTENT_TYPE, "application/json").body(b);
         }
-        match req.send().await {
+        self.exchange(req).await
+    }
+
+    /// Sends a built request to the lease's local backend: over HTTP, or in memory where the
+    /// process answers there ([`crate::launcher::Process::exchange`]).
+    async fn exchange(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response> {
+        let (client, req) = req.build_split();
+        let req = req.map_err(|e| EngineError::Internal(format!("cannot build the backend request: {e}")))?;
+        if let Some(answer) = self.local().and_then(|m| m.backend.exchange(&req)) {
+            return match answer.await {
+                Ok(r) => Ok(r),
+                Err(why) => Err(self.backend_lost(why.to_string()).await),
+            };
+        }
+        match client.execute(req).await {
             Ok(r) => Ok(r),
             Err(e) => Err(self.transport_failed(&e).await),
         }
@@ -118,10 +133,7 @@ impl Lease {
     pub async fn send_form(&self, path: &str, form: Form) -> Result<reqwest::Response> {
         // Only local backends get forms (no audio or image request is leased to a remote).
         let req = self.with_forwarded(self.http().post(self.url(path))).multipart(form);
-        match req.send().await {
-            Ok(r) => Ok(r),
-            Err(e) => Err(self.transport_failed(&e).await),
-        }
+        self.exchange(req).await
     }
 
     fn with_forwarded(&self, mut req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -203,9 +215,17 @@ impl Lease {
     /// A transport failure (before or during an answer), said as what happened: the backend
     /// exited, was killed as wedged, or failed; a remote provider failed.
     pub async fn transport_failed(&self, e: &reqwest::Error) -> EngineError {
-        let model = match &self.target {
-            Target::Local { model, .. } => model,
-            Target::Remote(route) => return remote_failed(route, e, self.remote_timeout()),
+        match &self.target {
+            Target::Local { .. } => self.backend_lost(e.to_string()).await,
+            Target::Remote(route) => remote_failed(route, e, self.remote_timeout()),
+        }
+    }
+
+    /// The local backend's connection failed (`why`): it exited, was killed as wedged, or
+    /// failed while running.
+    async fn backend_lost(&self, why: String) -> EngineError {
+        let Target::Local { model, .. } = &self.target else {
+            return EngineError::Internal(why);
         };
         let b = &model.backend;
         let exit = match b.exit_status() {
@@ -216,7 +236,7 @@ impl Lease {
         let model = model.info.name.clone();
         EngineError::BackendLost(match exit {
             Some(exit) => BackendLoss::Exited { model, exit: exit.to_string(), wedged, log_tail: b.log_tail() },
-            None => BackendLoss::Failed { model, error: e.to_string() },
+            None => BackendLoss::Failed { model, error: why },
         })
     }
 

@@ -44,6 +44,8 @@ struct Knobs {
     measured: HashMap<String, (Option<u64>, Option<u64>)>,
     /// Where the processes of these models answer HTTP (a test's server on loopback).
     served: HashMap<String, String>,
+    /// Processes answer requests in memory ([`crate::launcher::Process::exchange`]).
+    answerer: Option<Answerer>,
 }
 
 impl FakeLauncher {
@@ -76,6 +78,12 @@ impl FakeLauncher {
         self.state.lock().served.insert(model.to_string(), base_url.trim_end_matches('/').to_string());
     }
 
+    /// Processes spawned from now on answer in memory with `answerer`, no socket (the
+    /// simulation's backend, crates/sim).
+    pub fn in_memory(&self, answerer: Answerer) {
+        self.state.lock().answerer = Some(answerer);
+    }
+
     /// Lets held starts of `model` finish.
     pub fn release(&self, model: &str) {
         if let Some(g) = self.state.lock().held.remove(model) {
@@ -106,6 +114,11 @@ impl FakeLauncher {
     /// Every process spawned for `model`, oldest first.
     pub fn processes(&self, model: &str) -> Vec<Arc<FakeProcess>> {
         self.state.lock().spawned.iter().filter(|(m, _)| m == model).map(|(_, p)| p.clone()).collect()
+    }
+
+    /// Every process spawned, with its model, oldest first.
+    pub fn processes_all(&self) -> Vec<(String, Arc<FakeProcess>)> {
+        self.state.lock().spawned.clone()
     }
 
     /// The models of every process spawned, in order.
@@ -192,6 +205,9 @@ impl Launcher for FakeLauncher {
                 gate,
                 fail_ready: take_one(&mut s.fail_ready, name),
                 changed: self.changed.clone(),
+                answerer: s.answerer.clone(),
+                working: Default::default(),
+                ended_at: Default::default(),
             });
             s.spawned.push((name.to_string(), p.clone()));
             p
@@ -234,6 +250,43 @@ pub struct FakeProcess {
     gate: Option<watch::Receiver<bool>>,
     fail_ready: Option<String>,
     changed: Arc<watch::Sender<u64>>,
+    /// Answers requests in memory (the simulation's backend).
+    answerer: Option<Answerer>,
+    /// When it ended (the runtime's clock).
+    ended_at: Arc<Mutex<Option<tokio::time::Instant>>>,
+    /// Requests it is generating for now (in memory).
+    working: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// How a process answers in memory: given the process and the request, the answer.
+pub type Answerer = Arc<dyn Fn(&FakeProcess, &reqwest::Request) -> crate::launcher::Exchange + Send + Sync>;
+
+/// Crashes a fake process ([`FakeProcess::crasher`]).
+#[derive(Clone)]
+pub struct Crasher {
+    exit: watch::Sender<Option<ExitInfo>>,
+    ended_at: Arc<Mutex<Option<tokio::time::Instant>>>,
+    changed: Arc<watch::Sender<u64>>,
+}
+
+impl Crasher {
+    /// The process exits with code 1, unless it already ended.
+    pub fn crash(&self) {
+        if self.exit.borrow().is_none() {
+            *self.ended_at.lock() = Some(tokio::time::Instant::now());
+            self.exit.send_replace(Some(ExitInfo { code: Some(1), signal: None }));
+            bump(&self.changed);
+        }
+    }
+}
+
+/// One request being generated ([`FakeProcess::busy`]).
+pub struct Busy(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// One of the failures counted for `name`, if any are left.
@@ -259,6 +312,7 @@ impl FakeProcess {
 
     fn exit_with(&self, e: ExitInfo) {
         if self.exit.borrow().is_none() {
+            *self.ended_at.lock() = Some(tokio::time::Instant::now());
             self.exit.send_replace(Some(e));
             bump(&self.changed);
         }
@@ -271,6 +325,38 @@ impl FakeProcess {
 
     pub fn is_alive(&self) -> bool {
         self.exit.borrow().is_none()
+    }
+
+    /// When it ended, if it has.
+    pub fn ended_at(&self) -> Option<tokio::time::Instant> {
+        *self.ended_at.lock()
+    }
+
+    /// How many requests it is generating for now (in memory): a client that hung up is no
+    /// longer one of them.
+    pub fn working(&self) -> usize {
+        self.working.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Counts one request as being generated while the guard lives.
+    pub fn busy(&self) -> Busy {
+        self.working.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Busy(self.working.clone())
+    }
+
+    /// The model it runs.
+    pub fn model(&self) -> &str {
+        &self.name
+    }
+
+    /// Its exit, watched (None while it runs).
+    pub fn exits(&self) -> watch::Receiver<Option<ExitInfo>> {
+        self.exit.subscribe()
+    }
+
+    /// A handle that crashes it (exit code 1) from anywhere, as a backend dying mid-answer.
+    pub fn crasher(&self) -> Crasher {
+        Crasher { exit: self.exit.clone(), ended_at: self.ended_at.clone(), changed: self.changed.clone() }
     }
 }
 
@@ -323,6 +409,9 @@ impl Process for FakeProcess {
                 None => Ok(()),
             }
         })
+    }
+    fn exchange(&self, req: &reqwest::Request) -> Option<crate::launcher::Exchange> {
+        self.answerer.as_ref().map(|a| a(self, req))
     }
     fn stop(&self, _grace: Duration) -> BoxFuture<'_, ()> {
         self.exit_with(ExitInfo { code: None, signal: Some(15) });

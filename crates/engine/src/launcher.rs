@@ -83,6 +83,24 @@ pub trait Process: Send + Sync + 'static {
     fn sandbox(&self) -> Option<api_types::SandboxStatus> {
         None
     }
+    /// Answers `req` without a socket, when the process lives in memory (the simulation's
+    /// fake backends); None: it is sent over HTTP, as to every real process. An in-memory
+    /// failure before the answer is `Err` of the future, in words.
+    fn exchange(&self, _req: &reqwest::Request) -> Option<Exchange> {
+        None
+    }
+}
+
+/// An answer a process gives in memory ([`Process::exchange`]).
+pub type Exchange = BoxFuture<'static, Result<reqwest::Response, Unanswered>>;
+
+/// Why a process in memory gave no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Unanswered {
+    #[error("connection refused: the backend has exited")]
+    Exited,
+    #[error("the backend closed the connection before it answered")]
+    Closed,
 }
 
 /// What a start needs besides the model and its options: the devices the scheduler placed it

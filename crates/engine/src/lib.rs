@@ -39,6 +39,8 @@ pub mod logs;
 pub mod mcp;
 pub mod metrics;
 pub mod models;
+#[cfg(feature = "testing")]
+pub mod mutation;
 pub mod ollama;
 pub mod omni;
 pub mod options;

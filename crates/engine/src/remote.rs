@@ -9,7 +9,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use api_types::{Model, Probe, Upstream, UpstreamBreaker};
 use backends::cloud::{self, Discovered};

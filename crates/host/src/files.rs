@@ -15,6 +15,7 @@ static FILES: Mutex<()> = Mutex::new(());
 
 /// Writes `bytes` to `path` atomically (same-directory temp file, fsync, rename, fsync dir).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    #[cfg(not(feature = "faults"))]
     use std::io::Write;
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
@@ -23,6 +24,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = dir.join(format!(".{name}.{}.{seq}.tmp", std::process::id()));
     let mut f = std::fs::File::create(&tmp)?;
+    #[cfg(feature = "faults")]
+    faults::write(path, &mut f, bytes)?;
+    #[cfg(not(feature = "faults"))]
     f.write_all(bytes)?;
     f.sync_all()?;
     drop(f);
@@ -138,7 +142,107 @@ pub fn save_config(cache_dir: &Path, values: &serde_json::Map<String, serde_json
     let path = cache_dir.join(registry::config::CONFIG_FILE);
     let _one_writer = FILES.lock();
     let bytes = serde_json::to_vec_pretty(values).expect("a JSON map serializes");
+    #[cfg(feature = "faults")]
+    if faults::in_place(&path) {
+        let mut f = std::fs::File::create(&path).map_err(HostError::io(&path))?;
+        return faults::write(&path, &mut f, &bytes).map_err(HostError::io(&path));
+    }
     write_atomic(&path, &bytes).map_err(HostError::io(&path))
+}
+
+/// A simulated disk under chosen directories (the engine's simulation runs many lemonades at
+/// once, one per directory): a write killed after so many bytes (the process dies there: every
+/// later write under the directory fails until it is revived, as a restart), no space left, and
+/// `config.json` written in place (a past bug, put back on demand).
+#[cfg(feature = "faults")]
+pub mod faults {
+    use std::io::Write;
+    use std::path::{Path, PathBuf};
+
+    use parking_lot::Mutex;
+
+    /// What the next write under a directory meets.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Fault {
+        /// The process dies after this many bytes of the next write.
+        KillAfter(usize),
+        /// The next write finds no space (nothing written).
+        NoSpace,
+    }
+
+    #[derive(Default)]
+    struct Disk {
+        next: Option<Fault>,
+        dead: bool,
+        in_place: bool,
+    }
+
+    static DISKS: Mutex<Vec<(PathBuf, Disk)>> = Mutex::new(Vec::new());
+
+    fn with<T>(path: &Path, f: impl FnOnce(&mut Disk) -> T) -> Option<T> {
+        let mut disks = DISKS.lock();
+        disks.iter_mut().find(|(dir, _)| path.starts_with(dir)).map(|(_, d)| f(d))
+    }
+
+    fn entry<T>(dir: &Path, f: impl FnOnce(&mut Disk) -> T) -> T {
+        let mut disks = DISKS.lock();
+        if let Some((_, d)) = disks.iter_mut().find(|(d, _)| d == dir) {
+            return f(d);
+        }
+        disks.push((dir.to_path_buf(), Disk::default()));
+        f(&mut disks.last_mut().expect("just pushed").1)
+    }
+
+    /// The next write under `dir` meets `fault`.
+    pub fn arm(dir: &Path, fault: Fault) {
+        entry(dir, |d| d.next = Some(fault));
+    }
+
+    /// No fault is armed under `dir` (one armed and not met is dropped).
+    pub fn arm_none(dir: &Path) {
+        entry(dir, |d| d.next = None);
+    }
+
+    /// `config.json` under `dir` is written in place from now on (the mutation).
+    pub fn write_in_place(dir: &Path) {
+        entry(dir, |d| d.in_place = true);
+    }
+
+    /// Whether the last kill under `dir` happened (and nothing revived it since).
+    pub fn killed(dir: &Path) -> bool {
+        with(dir, |d| d.dead).unwrap_or(false)
+    }
+
+    /// lemonade started again over `dir`: writes work, no fault is armed.
+    pub fn revive(dir: &Path) {
+        entry(dir, |d| (d.dead, d.next) = (false, None));
+    }
+
+    /// `dir` is done with: its entry goes.
+    pub fn forget(dir: &Path) {
+        DISKS.lock().retain(|(d, _)| d != dir);
+    }
+
+    pub(super) fn in_place(path: &Path) -> bool {
+        with(path, |d| d.in_place).unwrap_or(false)
+    }
+
+    /// Writes `bytes` to `f` (the file at `path`) as the simulated disk lets it.
+    pub(super) fn write(path: &Path, f: &mut std::fs::File, bytes: &[u8]) -> std::io::Result<()> {
+        let killed = || std::io::Error::other("simulated kill: lemonade died during this write");
+        let fault = with(path, |d| if d.dead { Err(()) } else { Ok(d.next.take()) }).unwrap_or(Ok(None));
+        match fault {
+            Err(()) => Err(killed()),
+            Ok(None) => f.write_all(bytes),
+            Ok(Some(Fault::NoSpace)) => Err(std::io::Error::from_raw_os_error(28)),
+            Ok(Some(Fault::KillAfter(n))) => {
+                f.write_all(&bytes[..n.min(bytes.len())])?;
+                let _ = f.sync_all();
+                with(path, |d| d.dead = true);
+                Err(killed())
+            }
+        }
+    }
 }
 
 /// `settings.json` (before `config.json`) moved aside once its keys are in `config.json`.

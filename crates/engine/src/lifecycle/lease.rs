@@ -3,7 +3,8 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use backends::Recipe;
 use scheduler::{Event, ReqId};
@@ -173,6 +174,10 @@ impl Drop for WaitGuard<'_> {
     fn drop(&mut self) {
         if self.armed {
             self.rt.answers.lock().remove(&self.req);
+            #[cfg(feature = "testing")]
+            if crate::mutation::on(crate::mutation::Mutation::HungUpWaitKept) {
+                return;
+            }
             let _ = self.rt.tx.send(Event::Cancel { req: self.req }.into());
         }
     }

@@ -56,7 +56,8 @@ pub use views::{kv_usage, ModelView, Running, SchedulerView, PLACE_SLACK_MS};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use api_types::{LoadOptions, ModelType, OptionsPatch};
 use backends::Recipe;

@@ -3,7 +3,7 @@
 //! the spillover places a load gave it, and its admin load override. A record with nothing in
 //! it is dropped.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -39,7 +39,7 @@ impl Record {
 }
 
 #[derive(Default)]
-pub(super) struct Models(Mutex<HashMap<String, Record>>);
+pub(super) struct Models(Mutex<BTreeMap<String, Record>>);
 
 impl Models {
     /// Changes `name`'s record (made when it has none) as one step.

@@ -4,7 +4,8 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use api_types::Stats;
 use parking_lot::Mutex;
@@ -100,6 +101,11 @@ impl Lifecycle {
                 });
             }
             Effect::Grant { req, .. } => {
+                #[cfg(feature = "testing")]
+                if crate::mutation::on(crate::mutation::Mutation::HungUpWaitKept) {
+                    self.answer(req, Answer::Granted);
+                    return;
+                }
                 if !self.answer(req, Answer::Granted) {
                     // Nobody waits any more: give the model back.
                     let _ = self.tx.send(Event::Release { req }.into());
@@ -137,6 +143,10 @@ impl Lifecycle {
             crate::draft::check(&self.catalogue, &info, &options).map_err(|e| StartFailure::Fatal(e.to_string()))?;
         let with = crate::launcher::StartWith { devices, draft: draft.and_then(|d| d.main_path) };
         let cancelled = || StartFailure::NotReady("the load was cancelled by an unload".into());
+        let shutting_down = || StartFailure::NotReady("lemonade is shutting down".into());
+        if self.closing_for_starts() {
+            return Err(shutting_down());
+        }
         // Preparing may install the binary (minutes): an unload meanwhile cancels the load at
         // once, while the install itself runs on to the end.
         let launched_with = self.with_ctx_resolved(&info, &options);
@@ -170,8 +180,10 @@ impl Lifecycle {
         });
         // Registered unless a stop came first (it found no process): checked under the lock the
         // stop takes, so one of the two always sees the other.
+        // Nor after shutdown began: `shutdown` stops what is registered once `closing` is set,
+        // so a backend registered later would outlive it.
         let registered = self.models.change(name, |m| {
-            let go = !*cancel.borrow();
+            let go = !*cancel.borrow() && !self.closing_for_starts();
             if go {
                 m.running = Some(running.clone());
             }
@@ -180,7 +192,7 @@ impl Lifecycle {
         if !registered {
             tracing::info!(model = %name, "load cancelled while starting: stopping the new backend");
             backend.stop(self.cfg.stop_grace).await;
-            return Err(cancelled());
+            return Err(if self.is_closing() { shutting_down() } else { cancelled() });
         }
         if let Err(e) = backend.ready().await {
             self.unregister(name, &running);
@@ -190,6 +202,15 @@ impl Lifecycle {
         self.metrics.loaded(name, started.elapsed());
         self.watch(name.to_string(), running);
         Ok(())
+    }
+
+    /// Whether shutdown began, so a start must not leave a backend behind.
+    fn closing_for_starts(&self) -> bool {
+        #[cfg(feature = "testing")]
+        if crate::mutation::on(crate::mutation::Mutation::StartAfterShutdown) {
+            return false;
+        }
+        self.is_closing()
     }
 
     pub(super) fn unregister(&self, name: &str, r: &Arc<Running>) -> bool {
@@ -282,9 +303,7 @@ pub(super) async fn owner(
     loop {
         // The machine's next idle deadline is the only timer: a `Tick` when it is due (none for
         // a deadline beyond what the clock can hold).
-        let deadline = machine
-            .next_deadline()
-            .and_then(|ms| tokio::time::Instant::from_std(epoch).checked_add(Duration::from_millis(ms)));
+        let deadline = machine.next_deadline().and_then(|ms| epoch.checked_add(Duration::from_millis(ms)));
         let due = async {
             match deadline {
                 Some(at) => tokio::time::sleep_until(at).await,

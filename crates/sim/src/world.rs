@@ -1,0 +1,982 @@
+//! One seed's run: the engine, its fake backends, the simulated clients and the checks.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine::call::{Method, Payload};
+use engine::fake::{self, FakeLauncher, FakeProcess};
+use engine::launcher::Process;
+use engine::lease::{Endpoint, LeaseRequest};
+use engine::{Config, Engine, EngineError};
+use futures_util::StreamExt;
+use parking_lot::Mutex;
+use scheduler::State;
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+pub use engine::mutation::Mutation;
+
+use crate::backend::SimAsk;
+use crate::rng::Rng;
+use crate::{broken, Failure, Hits};
+
+/// The models of the catalogue (extra models, `extra.<file>`).
+const FILES: &[&str] = &["m0.gguf", "m1.gguf", "m2.gguf", "m3.gguf"];
+const ALIASES: &[&str] = &["fast", "best"];
+/// A model no catalogue has.
+const UNKNOWN: &str = "extra.nope.gguf";
+/// A request that has not ended this long after it was asked is a hang.
+const DEADLINE: Duration = Duration::from_secs(900);
+/// How long quiescence may take (simulated) before what is still running is a hang.
+const QUIESCE: Duration = Duration::from_secs(1800);
+
+fn model(file: &str) -> String {
+    format!("extra.{file}")
+}
+
+/// What one seed did and found.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub seed: u64,
+    /// Every action, outcome and scheduler decision, with its simulated time (ms).
+    pub trace: Vec<String>,
+    /// The first invariant broken, in words (None: every check held).
+    pub failure: Option<String>,
+    pub hits: Hits,
+    pub steps: u32,
+}
+
+/// The fault kinds and features one seed turns on (swarm testing).
+#[derive(Debug, Clone)]
+struct Swarm {
+    streams: bool,
+    crashes: bool,
+    hangs: bool,
+    slow_starts: bool,
+    failed_starts: bool,
+    hangups: bool,
+    pins: bool,
+    unloads: bool,
+    settings: bool,
+    aliases: bool,
+    restarts: bool,
+    priorities: bool,
+    /// Writes killed part way (lemonade dies there and starts again) or finding no space.
+    disk_faults: bool,
+    /// A memory budget (GiB) the models' measured sizes press against.
+    budget: Option<u64>,
+}
+
+impl Swarm {
+    fn draw(rng: &mut Rng) -> Swarm {
+        let on = |rng: &mut Rng| rng.chance(0.5);
+        Swarm {
+            streams: on(rng),
+            crashes: on(rng),
+            hangs: on(rng),
+            slow_starts: on(rng),
+            failed_starts: on(rng),
+            hangups: on(rng),
+            pins: on(rng),
+            unloads: on(rng),
+            settings: on(rng),
+            aliases: on(rng),
+            restarts: on(rng),
+            priorities: on(rng),
+            disk_faults: on(rng),
+            budget: rng.chance(0.5).then(|| rng.range(4, 16)),
+        }
+    }
+}
+
+/// How a client's request ended.
+#[derive(Debug, Clone)]
+enum Ended {
+    Answer { model: String, tokens: Vec<u32>, complete: bool },
+    Failed { kind: &'static str, text: String, tokens: Vec<u32> },
+    HungUp,
+}
+
+struct Client {
+    asked: String,
+    /// The models an answer may come from (an alias's targets while it was asked).
+    may_answer: BTreeSet<String>,
+    stream: bool,
+    ask: SimAsk,
+    started: Duration,
+    ended_at: Option<Duration>,
+    ends: u32,
+    outcome: Option<Ended>,
+    judged: bool,
+}
+
+/// What the driver knows, shared with the client tasks.
+#[derive(Default)]
+struct Book {
+    clients: Vec<Client>,
+    /// Models the driver pinned (and has not unpinned, unloaded or seen crash): when, and the
+    /// process that was running it then (the one a pin keeps).
+    pinned: BTreeMap<String, (Duration, String)>,
+    /// When each model's pin was last set or cleared by a pin or an unload (a load that asked
+    /// to pin before then and finished after does not pin it).
+    pin_changed: BTreeMap<String, Duration>,
+    /// When each model's backend was disrupted with cause: a crash, an unload (of it or of
+    /// all), a restart ("*" for every model).
+    disrupted: Vec<(Duration, String)>,
+    aliases: BTreeMap<String, String>,
+    /// The settings last saved with `/params` (max loaded, idle timeout s, swap hold ms).
+    params: Option<(i64, u64, u64)>,
+    trace: Vec<String>,
+}
+
+struct World {
+    rng: Rng,
+    swarm: Swarm,
+    epoch: Instant,
+    dir: tempfile::TempDir,
+    engine: Engine,
+    launcher: Arc<FakeLauncher>,
+    /// Every launcher of the run (one per start of lemonade), for the orphan checks.
+    launchers: Vec<Arc<FakeLauncher>>,
+    decisions: tokio::sync::broadcast::Receiver<api_types::SchedulerDecision>,
+    book: Arc<Mutex<Book>>,
+    hits: Hits,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Processes already seen ended, by address.
+    seen_exits: BTreeSet<String>,
+    held: BTreeSet<String>,
+    /// What each model's backend is measured to hold (bytes).
+    sizes: BTreeMap<String, u64>,
+}
+
+/// Whether runs replay exactly: tokio's own randomness seeded (built with `--cfg
+/// tokio_unstable`, as `cargo xtask sim` builds it).
+pub const REPLAYABLE: bool = cfg!(tokio_unstable);
+
+/// Runs seed `seed` with `mutation` put back (None: the code as it is).
+pub fn run(seed: u64, mutation: Option<Mutation>) -> Run {
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_time().start_paused(true);
+    // tokio draws at random where two wakers are equally ready (which `select!` branch, which
+    // of a watch channel's waiters first); seeded, that is the seed's too.
+    #[cfg(tokio_unstable)]
+    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()));
+    let rt = builder.build().expect("a current-thread runtime");
+    engine::mutation::set(mutation);
+    let out = rt.block_on(async move {
+        let mut w = World::new(seed).await;
+        let failure = w.drive().await.err().map(|f| f.to_string());
+        // What the scheduler decided up to the failure, for the trace.
+        while let Ok(d) = w.decisions.try_recv() {
+            w.note(format!("decision {}", serde_json::to_string(&d).unwrap_or_default()));
+        }
+        host::files::faults::forget(&w.dir.path().join("cache"));
+        let steps = w.book.lock().trace.len() as u32;
+        // The run's temp dir differs between runs: the trace names it `<dir>`.
+        let dir = w.dir.path().display().to_string();
+        let trace = std::mem::take(&mut w.book.lock().trace).into_iter().map(|l| l.replace(&dir, "<dir>")).collect();
+        let failure = failure.map(|f| f.replace(&dir, "<dir>"));
+        for t in &w.tasks {
+            t.abort();
+        }
+        Run { seed, trace, failure, hits: w.hits.clone(), steps }
+    });
+    engine::mutation::set(None);
+    out
+}
+
+fn config(dir: &std::path::Path, budget: Option<u64>) -> Config {
+    let mut cfg = Config::new(dir.join("cache"), dir.join("hub"));
+    cfg.scheduler.memory_budget = Some(budget.map(|g| g << 30));
+    cfg.remote_refresh = None;
+    cfg.watchdog_interval = None;
+    cfg.devices = Some(vec![]);
+    cfg.prompt_cache_size = 0;
+    cfg.crash_backoff = (Duration::from_millis(500), Duration::from_secs(30));
+    cfg
+}
+
+/// lemonade started over `dir`, its backends measured at `sizes` (bytes, by model).
+fn start_engine(
+    dir: &std::path::Path,
+    budget: Option<u64>,
+    sizes: &BTreeMap<String, u64>,
+) -> (Engine, Arc<FakeLauncher>) {
+    let cfg = config(dir, budget);
+    // The saved settings apply at start, as `serve` reads config.json.
+    let launcher = FakeLauncher::new();
+    launcher.in_memory(crate::backend::answerer());
+    for (m, bytes) in sizes {
+        launcher.measure(m, Some(*bytes), None);
+    }
+    let store = host::prompt_cache::Store::open(&cfg.cache_dir.join("prompt-cache"));
+    let catalogue = Arc::new(fake::catalogue_at(&cfg.cache_dir, FILES));
+    let engine = Engine::with_launcher(
+        Arc::new(cfg),
+        catalogue,
+        launcher.clone(),
+        Default::default(),
+        store,
+        engine::backend_client(),
+    );
+    (engine, launcher)
+}
+
+impl World {
+    async fn new(seed: u64) -> World {
+        let mut rng = Rng::new(seed);
+        let swarm = Swarm::draw(&mut rng);
+        let dir = tempfile::tempdir().expect("a temp dir");
+        std::fs::create_dir_all(dir.path().join("cache")).expect("the cache dir");
+        if engine::mutation::on(Mutation::ConfigWrittenInPlace) {
+            host::files::faults::write_in_place(&dir.path().join("cache"));
+        }
+        let sizes: BTreeMap<String, u64> = FILES.iter().map(|f| (model(f), rng.range(1, 9) << 29)).collect();
+        let (engine, launcher) = start_engine(dir.path(), swarm.budget, &sizes);
+        let decisions = engine.lifecycle().explain.subscribe();
+        let book = Arc::new(Mutex::new(Book::default()));
+        book.lock().trace.push(format!("seed {seed} swarm {swarm:?}"));
+        World {
+            rng,
+            swarm,
+            epoch: Instant::now(),
+            dir,
+            engine,
+            launchers: vec![launcher.clone()],
+            launcher,
+            decisions,
+            book,
+            hits: Hits::default(),
+            tasks: vec![],
+            seen_exits: BTreeSet::new(),
+            held: BTreeSet::new(),
+            sizes,
+        }
+    }
+
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    fn note(&self, text: String) {
+        let t = self.now().as_millis();
+        self.book.lock().trace.push(format!("{t:>9} {}", text.replace('\n', "\\n")));
+    }
+
+    async fn drive(&mut self) -> Result<(), Failure> {
+        let steps = self.rng.range(40, 120);
+        for _ in 0..steps {
+            self.act().await?;
+            let dt = self.rng.range(0, 400);
+            tokio::time::sleep(Duration::from_millis(dt)).await;
+            self.settle_and_check().await?;
+        }
+        self.quiesce().await
+    }
+
+    /// One random action.
+    async fn act(&mut self) -> Result<(), Failure> {
+        let s = self.swarm.clone();
+        let roll = self.rng.range(0, 105);
+        let file = *self.rng.pick(FILES);
+        let m = model(file);
+        match roll {
+            0..=51 => self.client(),
+            52..=54 => {
+                // A backend's memory grows or shrinks as it runs (its KV cache filling).
+                let bytes = self.rng.range(1, 9) << 29;
+                self.note(format!("{m} measured at {} MiB", bytes >> 20));
+                self.sizes.insert(m.clone(), bytes);
+                self.launcher.measure(&m, Some(bytes), None);
+            }
+            55..=61 if s.crashes => {
+                if let Some(p) = self.launcher.processes(&m).into_iter().find(|p| p.is_alive()) {
+                    self.note(format!("crash {m}"));
+                    self.book.lock().disrupted.push((self.now(), m.clone()));
+                    p.crash();
+                }
+            }
+            62..=66 if s.slow_starts && !self.held.contains(&m) => {
+                self.note(format!("hold starts of {m}"));
+                self.launcher.hold(&m);
+                self.held.insert(m);
+            }
+            67..=71 if !self.held.is_empty() => {
+                let m = self.held.iter().next().cloned().unwrap_or_default();
+                self.note(format!("release starts of {m}"));
+                self.launcher.release(&m);
+                self.held.remove(&m);
+            }
+            72..=74 if s.failed_starts => {
+                self.note(format!("fail the next start of {m}"));
+                self.launcher.fail_ready(&m, "sim: the backend exited while loading", 1);
+            }
+            75..=80 => {
+                let pin = s.pins && self.rng.chance(0.5);
+                self.load(m, pin)
+            }
+            81..=83 if s.pins => {
+                let pin = self.rng.chance(0.6);
+                let r = self.engine.lifecycle().pin(&m, pin).await;
+                self.note(format!("pin {m} {pin} -> {}", r.as_ref().map_or_else(|e| e.to_string(), |_| "ok".into())));
+                // A pin keeps the running process; one on a model being unloaded (accepted when
+                // a load is to follow) is for that next load, not for the process stopping.
+                let state = self.engine.lifecycle().view().get(&m).map(|v| v.state);
+                let running = self.launcher.processes(&m).into_iter().find(|p| p.is_alive()).map(|p| p.base_url());
+                let running = running.filter(|_| matches!(state, Some(State::Loaded | State::Loading)));
+                if r.is_ok() {
+                    let mut b = self.book.lock();
+                    b.pin_changed.insert(m.clone(), self.epoch.elapsed());
+                    b.pinned.remove(&m);
+                    if let (true, Some(p)) = (pin, running) {
+                        b.pinned.insert(m, (self.epoch.elapsed(), p));
+                    } else {
+                        b.pinned.remove(&m);
+                    }
+                }
+            }
+            84..=88 if s.unloads => {
+                let all = self.rng.chance(0.3);
+                let which = if all { None } else { Some(m.as_str()) };
+                {
+                    let mut b = self.book.lock();
+                    b.disrupted.push((self.epoch.elapsed(), which.unwrap_or("*").to_string()));
+                    let now = self.epoch.elapsed();
+                    for f in FILES {
+                        let each = model(f);
+                        if which.is_none_or(|m| m == each) {
+                            b.pinned.remove(&each);
+                            b.pin_changed.insert(each, now);
+                        }
+                    }
+                }
+                let r = self.engine.lifecycle().unload(which).await;
+                self.note(format!("unload {} -> {r:?}", which.unwrap_or("all")));
+            }
+            89..=92 if s.settings => self.settings().await,
+            93..=96 if s.aliases => self.alias(m).await,
+            97..=99 if s.restarts => self.restart().await?,
+            100..=104 if s.disk_faults => self.disk_fault(m).await?,
+            _ => self.client(),
+        }
+        Ok(())
+    }
+
+    /// A client asks for a chat completion, streamed or whole, and may hang up.
+    fn client(&mut self) {
+        let s = &self.swarm;
+        let roll = self.rng.range(0, 100);
+        let aliases = self.book.lock().aliases.clone();
+        let asked = if roll < 4 {
+            UNKNOWN.to_string()
+        } else if roll < 24 && !aliases.is_empty() {
+            let names: Vec<&String> = aliases.keys().collect();
+            (*self.rng.pick(&names)).clone()
+        } else {
+            model(self.rng.pick::<&str>(FILES))
+        };
+        let tokens = self.rng.range(1, 16) as u32;
+        let ask = SimAsk {
+            tokens,
+            prefill_ms: self.rng.range(0, 300),
+            token_ms: self.rng.range(0, 60),
+            crash_at: (s.crashes && self.rng.chance(0.05)).then(|| self.rng.range(0, tokens as u64) as u32),
+            hang_at: (s.hangs && self.rng.chance(0.05)).then(|| self.rng.range(0, tokens as u64) as u32),
+        };
+        let stream = s.streams && self.rng.chance(0.5);
+        let priority = if s.priorities { self.rng.range(0, 21) as i32 - 10 } else { 0 };
+        // A hung backend's client always gives up at last.
+        let hangup = (s.hangups && self.rng.chance(0.3)) || ask.hang_at.is_some();
+        let hangup_after = hangup.then(|| Duration::from_millis(self.rng.range(0, 20_000)));
+        let mut may_answer: BTreeSet<String> = aliases.get(&asked).cloned().into_iter().collect();
+        if asked.starts_with("extra.") {
+            may_answer.insert(asked.clone());
+        }
+        let id = {
+            let mut b = self.book.lock();
+            b.clients.push(Client {
+                asked: asked.clone(),
+                may_answer,
+                stream,
+                ask: ask.clone(),
+                started: self.epoch.elapsed(),
+                ended_at: None,
+                ends: 0,
+                outcome: None,
+                judged: false,
+            });
+            b.clients.len() - 1
+        };
+        self.note(format!(
+            "c{id} asks {asked} stream={stream} priority={priority} {ask:?} hangup={:?}",
+            hangup_after.map(|d| d.as_millis())
+        ));
+        let (engine, book, epoch) = (self.engine.clone(), self.book.clone(), self.epoch);
+        let body =
+            json!({"model": asked, "messages": [{"role": "user", "content": "hi"}], "stream": stream, "sim": ask});
+        let task = tokio::spawn(async move {
+            let req = LeaseRequest::new(asked, Endpoint::ChatCompletions).priority(priority);
+            let asking = ask_model(&engine, req, body, stream);
+            let ended = match hangup_after {
+                Some(after) => tokio::time::timeout(after, asking).await.unwrap_or(Ended::HungUp),
+                None => asking.await,
+            };
+            let at = epoch.elapsed();
+            let mut b = book.lock();
+            let line = format!("{:>9} c{id} ended {}", at.as_millis(), describe(&ended).replace('\n', "\\n"));
+            b.trace.push(line);
+            let c = &mut b.clients[id];
+            c.ends += 1;
+            c.ended_at = Some(at);
+            c.outcome = Some(ended);
+        });
+        self.tasks.push(task);
+    }
+
+    /// An admin load of `m`, pinned or not, in its own task (it waits for the start).
+    fn load(&mut self, m: String, pin: bool) {
+        self.note(format!("load {m} pin={pin}"));
+        let (engine, book, epoch) = (self.engine.clone(), self.book.clone(), self.epoch);
+        let asked = epoch.elapsed();
+        let launcher = self.launcher.clone();
+        let task = tokio::spawn(async move {
+            let info = match engine.catalogue().get(&m) {
+                Ok(i) => i,
+                Err(e) => return book.lock().trace.push(format!("load {m}: {e}")),
+            };
+            let options = engine.lifecycle().effective_options(&info, &Default::default());
+            let out = engine.lifecycle().load(&info, options, pin.then_some(true), Default::default()).await;
+            let mut b = book.lock();
+            let line = format!("{:>9} load {m} -> {out:?}", epoch.elapsed().as_millis());
+            b.trace.push(line);
+            let changed_since = b.pin_changed.get(&m).is_some_and(|t| *t >= asked);
+            let running = launcher.processes(&m).into_iter().find(|p| p.is_alive()).map(|p| p.base_url());
+            if let (true, scheduler::LoadOutcome::Loaded, false, Some(p)) = (pin, &out, changed_since, running) {
+                b.pinned.insert(m, (epoch.elapsed(), p));
+            }
+        });
+        self.tasks.push(task);
+    }
+
+    async fn settings(&mut self) {
+        let max = self.rng.range(1, 4) as i64;
+        let idle = *self.rng.pick(&[0u64, 5, 30]);
+        let hold = *self.rng.pick(&[0u64, 500, 5000]);
+        let update = api_types::ParamsUpdate {
+            max_loaded_models: Some(api_types::SlotLimits::One(max)),
+            idle_timeout: Some(idle),
+            swap_hold_ms: Some(hold),
+            ..Default::default()
+        };
+        let r = engine::configure::update_params(&self.engine, &update).await;
+        self.note(format!(
+            "params max={max} idle={idle}s hold={hold}ms -> {}",
+            r.as_ref().map_or_else(|e| e.to_string(), |_| "ok".into())
+        ));
+        if r.is_ok() {
+            self.book.lock().params = Some((max, idle, hold));
+        }
+    }
+
+    /// A settings change or an alias written to a disk that fails: no space (the change is
+    /// refused, nothing changes), or lemonade killed part way through the write (it starts
+    /// again over what the disk holds).
+    async fn disk_fault(&mut self, m: String) -> Result<(), Failure> {
+        use host::files::faults::{self, Fault};
+        let cache = self.dir.path().join("cache");
+        let kill = self.rng.chance(0.6);
+        let fault = if kill { Fault::KillAfter(self.rng.range(0, 160) as usize) } else { Fault::NoSpace };
+        self.note(format!("disk: the next write meets {fault:?}"));
+        faults::arm(&cache, fault);
+        if self.rng.chance(0.6) {
+            self.settings().await;
+        } else {
+            self.alias(m).await;
+        }
+        faults::arm_none(&cache);
+        if faults::killed(&cache) {
+            // What a kill leaves: the backends go with lemonade (their parent-death signal).
+            faults::revive(&cache);
+            return self.restart().await;
+        }
+        self.check_restart_keeps()
+    }
+
+    async fn alias(&mut self, m: String) {
+        let alias = *self.rng.pick(ALIASES);
+        let req =
+            api_types::AliasRequest { alias: Some(alias.to_string()), target: Some(m.clone()), ..Default::default() };
+        let r = engine::aliases::set(&self.engine, &req).await;
+        self.note(format!("alias {alias} -> {m}: {}", r.as_ref().map_or_else(|e| e.to_string(), |_| "ok".into())));
+        if r.is_ok() {
+            self.book.lock().aliases.insert(alias.to_string(), m);
+        }
+    }
+
+    /// lemonade stops (its backends with it) and starts again over the same files.
+    async fn restart(&mut self) -> Result<(), Failure> {
+        self.note("restart".into());
+        {
+            let mut b = self.book.lock();
+            let now = self.epoch.elapsed();
+            b.disrupted.push((now, "*".into()));
+            b.pinned.clear();
+            for f in FILES {
+                b.pin_changed.insert(model(f), now);
+            }
+        }
+        self.engine.shutdown().await;
+        self.check_all_stopped("after a restart's shutdown")?;
+        self.check_files()?;
+        let (engine, launcher) = start_engine(self.dir.path(), self.swarm.budget, &self.sizes);
+        // The saved settings are read back as `serve` reads them.
+        let file =
+            host::files::load_config(&self.dir.path().join("cache")).map_err(|e| broken!("files_parse", "{e}"))?;
+        if let Some(Value::Object(update)) = Some(file).filter(|f| !f.is_empty()).map(Value::Object) {
+            engine::configure::set(&engine, &update)
+                .await
+                .map_err(|e| broken!("restart_keeps", "config.json refused at start: {e}"))?;
+        }
+        self.engine = engine;
+        self.launcher = launcher.clone();
+        self.launchers.push(launcher);
+        self.decisions = self.engine.lifecycle().explain.subscribe();
+        self.held.clear();
+        self.check_restart_keeps()
+    }
+
+    /// Lets time pass for the owner to publish, then the checks of every step.
+    async fn settle_and_check(&mut self) -> Result<(), Failure> {
+        self.engine.lifecycle().settled().await;
+        while let Ok(d) = self.decisions.try_recv() {
+            let text = serde_json::to_string(&d).unwrap_or_default();
+            self.note(format!("decision {text}"));
+        }
+        self.check_exits()?;
+        self.check_pinned();
+        self.check_one_process()?;
+        self.check_ledger()?;
+        self.check_clients(false)
+    }
+
+    /// New process exits: a crash is a disruption with cause; lemonade stopping a pinned
+    /// model it was not told to unload breaks `pinned_kept`.
+    fn check_exits(&mut self) -> Result<(), Failure> {
+        for (m, p) in self.all_processes() {
+            let key = p.base_url();
+            let Some(ended) = p.ended_at() else { continue };
+            if !self.seen_exits.insert(key.clone()) {
+                continue;
+            }
+            let now = ended.duration_since(self.epoch);
+            let mut b = self.book.lock();
+            if !p.was_stopped() {
+                b.disrupted.push((now, m.clone()));
+                b.pinned.remove(&m);
+                b.pin_changed.insert(m.clone(), now);
+                continue;
+            }
+            if let Some((since, kept)) = b.pinned.get(&m).cloned() {
+                if kept != key {
+                    continue;
+                }
+                self.hits.hit("pinned_kept");
+                let excused = b.disrupted.iter().any(|(t, who)| *t >= since && (who == &m || who == "*"));
+                if !excused {
+                    let all: Vec<String> = self
+                        .all_processes()
+                        .iter()
+                        .filter(|(x, _)| *x == m)
+                        .map(|(_, p)| {
+                            format!(
+                                "alive={} ended={:?}",
+                                p.is_alive(),
+                                p.ended_at().map(|t| t.duration_since(self.epoch).as_millis())
+                            )
+                        })
+                        .collect();
+                    return Err(broken!(
+                        "pinned_kept",
+                        "lemonade stopped {m} at {} ms, pinned since {} ms, unasked; its processes: {all:?}",
+                        now.as_millis(),
+                        since.as_millis()
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Each pinned model's kept process still runs (judged every step).
+    fn check_pinned(&mut self) {
+        let kept: Vec<String> = self.book.lock().pinned.values().map(|(_, p)| p.clone()).collect();
+        for (_, p) in self.launcher.processes_all() {
+            if kept.contains(&p.base_url()) && p.is_alive() {
+                self.hits.hit("pinned_kept");
+            }
+        }
+    }
+
+    fn all_processes(&self) -> Vec<(String, Arc<FakeProcess>)> {
+        let mut all = vec![];
+        for l in &self.launchers {
+            for f in FILES {
+                let m = model(f);
+                all.extend(l.processes(&m).into_iter().map(|p| (m.clone(), p)));
+            }
+        }
+        all
+    }
+
+    fn check_one_process(&mut self) -> Result<(), Failure> {
+        let alive = self.launcher.alive();
+        let distinct: BTreeSet<&String> = alive.iter().collect();
+        if alive.len() > 1 {
+            self.hits.hit("one_process");
+        }
+        if distinct.len() != alive.len() {
+            return Err(broken!("one_process", "two processes of one model alive: {alive:?}"));
+        }
+        Ok(())
+    }
+
+    fn check_ledger(&mut self) -> Result<(), Failure> {
+        let lc = self.engine.lifecycle();
+        let sv = lc.scheduler_view();
+        let views = lc.view();
+        let held: u64 = views
+            .values()
+            .filter(|v| matches!(v.state, State::Loading | State::Loaded | State::Unloading))
+            .map(|v| v.memory)
+            .sum();
+        if views.values().any(|v| v.memory > 0) {
+            self.hits.hit("ledger");
+        }
+        if sv.memory_in_use != held {
+            return Err(broken!(
+                "ledger",
+                "{} bytes in use, the models hold {held}: {:?}",
+                sv.memory_in_use,
+                views.iter().map(|(m, v)| (m, v.state, v.memory)).collect::<Vec<_>>()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Judges each ended client once; at quiescence (`all`) every client must have ended.
+    fn check_clients(&mut self, all: bool) -> Result<(), Failure> {
+        let now = self.now();
+        let mut b = self.book.lock();
+        let disrupted = b.disrupted.clone();
+        for (id, c) in b.clients.iter_mut().enumerate() {
+            if c.ends > 1 {
+                return Err(broken!("ends_once", "c{id} ended {} times", c.ends));
+            }
+            let Some(outcome) = c.outcome.clone() else {
+                if all || now > c.started + DEADLINE {
+                    return Err(broken!("ends_once", "c{id} ({}) never ended", c.asked));
+                }
+                continue;
+            };
+            if c.judged {
+                continue;
+            }
+            c.judged = true;
+            self.hits.hit("ends_once");
+            judge(id, c, &outcome, &disrupted, &mut self.hits)?;
+        }
+        Ok(())
+    }
+
+    /// No new work; everything waited for; then the end-state checks, a shutdown and a start.
+    async fn quiesce(&mut self) -> Result<(), Failure> {
+        self.note("quiesce".into());
+        for m in std::mem::take(&mut self.held) {
+            self.launcher.release(&m);
+        }
+        let until = self.now() + QUIESCE;
+        while self.tasks.iter().any(|t| !t.is_finished()) {
+            if self.now() > until {
+                self.check_clients(true)?;
+                return Err(broken!("ends_once", "an admin load or a client was still running at quiescence"));
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            self.settle_and_check().await?;
+        }
+        self.settle_and_check().await?;
+        self.check_clients(true)?;
+        let views = self.engine.lifecycle().view();
+        for (m, v) in &views {
+            if v.in_flight != 0 || v.queue_depth != 0 {
+                return Err(broken!(
+                    "no_leak",
+                    "{m} has {} in flight, {} waiting, no client left",
+                    v.in_flight,
+                    v.queue_depth
+                ));
+            }
+        }
+        self.hits.hit("no_leak");
+        for (m, p) in self.launcher.processes_all() {
+            if p.working() != 0 {
+                return Err(broken!(
+                    "no_leak",
+                    "{m}'s backend still generates for {} requests nobody waits for",
+                    p.working()
+                ));
+            }
+        }
+        let alive = self.launcher.alive();
+        for m in &alive {
+            self.hits.hit("no_orphan");
+            if views.get(m).map(|v| v.state) != Some(State::Loaded) {
+                return Err(broken!(
+                    "no_orphan",
+                    "{m}'s process lives, its state is {:?}",
+                    views.get(m).map(|v| v.state)
+                ));
+            }
+        }
+        for (m, v) in &views {
+            if v.state == State::Loaded && !alive.contains(m) {
+                return Err(broken!("no_orphan", "{m} is shown loaded with no live process"));
+            }
+        }
+        self.engine.shutdown().await;
+        self.check_all_stopped("after shutdown")?;
+        self.check_files()?;
+        let (engine, launcher) = start_engine(self.dir.path(), self.swarm.budget, &self.sizes);
+        if let Ok(file) = host::files::load_config(&self.dir.path().join("cache")) {
+            if !file.is_empty() {
+                engine::configure::set(&engine, &file).await.map_err(|e| broken!("restart_keeps", "{e}"))?;
+            }
+        }
+        self.engine = engine;
+        self.launchers.push(launcher.clone());
+        self.launcher = launcher;
+        self.check_restart_keeps()?;
+        self.engine.shutdown().await;
+        Ok(())
+    }
+
+    fn check_all_stopped(&mut self, when: &str) -> Result<(), Failure> {
+        for (m, p) in self.all_processes() {
+            self.hits.hit("no_orphan");
+            if p.is_alive() {
+                return Err(broken!("no_orphan", "{m}'s process lives {when}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every JSON file lemonade keeps in its cache dir parses.
+    fn check_files(&mut self) -> Result<(), Failure> {
+        let cache = self.dir.path().join("cache");
+        let entries = std::fs::read_dir(&cache).map_err(|e| broken!("files_parse", "{e}"))?;
+        for e in entries.flatten() {
+            let path = e.path();
+            if path.extension().is_some_and(|x| x == "json") {
+                self.hits.hit("files_parse");
+                let text = std::fs::read(&path).map_err(|e| broken!("files_parse", "{}: {e}", path.display()))?;
+                serde_json::from_slice::<Value>(&text)
+                    .map_err(|e| broken!("files_parse", "{} does not parse: {e}", path.display()))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_restart_keeps(&mut self) -> Result<(), Failure> {
+        let (aliases, params) = {
+            let b = self.book.lock();
+            (b.aliases.clone(), b.params)
+        };
+        let listed = engine::aliases::list(&self.engine);
+        let listed = serde_json::to_value(&listed).unwrap_or_default();
+        for (alias, target) in &aliases {
+            self.hits.hit("restart_keeps");
+            let found = listed.to_string();
+            if !found.contains(&format!("\"{alias}\"")) || !found.contains(target) {
+                return Err(broken!(
+                    "restart_keeps",
+                    "alias {alias} -> {target} is not listed after a restart: {found}"
+                ));
+            }
+        }
+        if let Some((max, idle, hold)) = params {
+            self.hits.hit("restart_keeps");
+            let p = engine::configure::current(self.engine.lifecycle());
+            let ok =
+                p.max_loaded_models.values().all(|n| *n == max) && p.idle_timeout == idle && p.swap_hold_ms == hold;
+            if !ok {
+                return Err(broken!(
+                    "restart_keeps",
+                    "saved params max={max} idle={idle} hold={hold}, in force after a restart: {p:?}"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A request as a client makes it: the one request entry, then the stream read chunk by chunk,
+/// or the one in-process call for a whole answer.
+async fn ask_model(engine: &Engine, req: LeaseRequest, body: Value, stream: bool) -> Ended {
+    let failed = |e: EngineError, tokens: Vec<u32>| Ended::Failed { kind: kind(&e), text: e.to_string(), tokens };
+    if !stream {
+        return match engine::call::call(engine, req, Payload::Json(body)).await {
+            Ok(answer) => match answer.json() {
+                Ok(v) => {
+                    let model = v["model"].as_str().unwrap_or_default().to_string();
+                    let text = v["choices"][0]["message"]["content"].as_str().unwrap_or_default();
+                    let tokens: Vec<u32> =
+                        text.split_whitespace().filter_map(|t| t.strip_prefix('t')?.parse().ok()).collect();
+                    let complete = v["tokens"].as_u64() == Some(tokens.len() as u64);
+                    Ended::Answer { model, tokens, complete }
+                }
+                Err(e) => failed(e, vec![]),
+            },
+            Err(e) => failed(e, vec![]),
+        };
+    }
+    let mut lease = match engine.lease(req).await {
+        Ok(l) => l,
+        Err(e) => return failed(e, vec![]),
+    };
+    let bytes = bytes::Bytes::from(body.to_string());
+    let resp = match lease.send(Method::POST, Endpoint::ChatCompletions.path(), Some(bytes), true).await {
+        Ok(r) => r,
+        Err(e) => return failed(e, vec![]),
+    };
+    if !resp.status().is_success() {
+        return failed(lease.error_of(resp).await, vec![]);
+    }
+    lease.streaming();
+    let (mut tokens, mut model, mut buf, mut done) = (vec![], String::new(), String::new(), false);
+    let mut chunks = resp.bytes_stream();
+    while let Some(chunk) = chunks.next().await {
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => return failed(lease.transport_failed(&e).await, tokens),
+        };
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buf.find("\n\n") {
+            let event: String = buf.drain(..end + 2).collect();
+            let Some(data) = event.trim().strip_prefix("data: ") else { continue };
+            if data == "[DONE]" {
+                done = true;
+                continue;
+            }
+            let v: Value = serde_json::from_str(data).unwrap_or_default();
+            if let Some(n) = v["n"].as_u64() {
+                tokens.push(n as u32);
+            }
+            if let Some(m) = v["model"].as_str() {
+                model = m.to_string();
+            }
+        }
+    }
+    Ended::Answer { model, tokens, complete: done }
+}
+
+/// The error's kind: what the server's one table turns into a status.
+fn kind(e: &EngineError) -> &'static str {
+    match e {
+        EngineError::Lookup(_) => "lookup",
+        EngineError::Rejected { .. } => "rejected",
+        EngineError::LoadFailed { .. } => "load_failed",
+        EngineError::LoadCancelled { .. } => "load_cancelled",
+        EngineError::StillUnloading { .. } => "still_unloading",
+        EngineError::NotLoaded(_) => "not_loaded",
+        EngineError::BackendLost(_) => "backend_lost",
+        EngineError::Internal(_) => "internal",
+        EngineError::Backend { .. } => "backend_error_answer",
+        EngineError::BadAnswer { .. } => "bad_answer",
+        _ => "other",
+    }
+}
+
+fn describe(e: &Ended) -> String {
+    match e {
+        Ended::Answer { model, tokens, complete } => {
+            format!("answer {model} {} tokens complete={complete}", tokens.len())
+        }
+        Ended::Failed { kind, text, tokens } => format!("failed {kind} after {} tokens: {text}", tokens.len()),
+        Ended::HungUp => "hung up".into(),
+    }
+}
+
+/// The checks of one ended request.
+fn judge(
+    id: usize,
+    c: &Client,
+    outcome: &Ended,
+    disrupted: &[(Duration, String)],
+    hits: &mut Hits,
+) -> Result<(), Failure> {
+    let in_order = |tokens: &[u32]| tokens.iter().enumerate().all(|(i, n)| *n == i as u32);
+    let end = c.ended_at.unwrap_or_default();
+    let caused = |model: Option<&str>| {
+        c.ask.crash_at.is_some()
+            || c.ask.hang_at.is_some()
+            || disrupted.iter().any(|(t, who)| {
+                *t >= c.started
+                    && *t <= end
+                    && (who == "*" || model.is_none_or(|m| m == who) || c.may_answer.contains(who))
+            })
+    };
+    match outcome {
+        Ended::Answer { model, tokens, complete } => {
+            hits.hit("right_model");
+            if !c.may_answer.contains(model) {
+                return Err(broken!("right_model", "c{id} asked {} and was answered by {model:?}", c.asked));
+            }
+            hits.hit("stream_order");
+            if !in_order(tokens) {
+                return Err(broken!("stream_order", "c{id}'s tokens came as {tokens:?}"));
+            }
+            if !complete || tokens.len() != c.ask.tokens as usize {
+                // A stream that ended without `[DONE]` and no error is a lost tail.
+                if !caused(Some(model)) {
+                    return Err(broken!(
+                        "stream_order",
+                        "c{id} got {} of {} tokens and no error",
+                        tokens.len(),
+                        c.ask.tokens
+                    ));
+                }
+            }
+        }
+        Ended::Failed { kind, text, tokens } => {
+            if !tokens.is_empty() {
+                hits.hit("stream_order");
+                if !in_order(tokens) {
+                    return Err(broken!("stream_order", "c{id}'s tokens came as {tokens:?} before {text}"));
+                }
+            }
+            match *kind {
+                "lookup" => {
+                    hits.hit("right_model");
+                    if c.asked != UNKNOWN && !c.may_answer.is_empty() {
+                        return Err(broken!("right_model", "c{id} asked {} and was told: {text}", c.asked));
+                    }
+                }
+                "backend_lost" => {
+                    hits.hit("lost_has_cause");
+                    if !caused(None) {
+                        return Err(broken!(
+                            "lost_has_cause",
+                            "c{id} ({}) lost its backend with no crash, hang, unload or restart: {text}",
+                            c.asked
+                        ));
+                    }
+                }
+                "rejected" | "load_failed" | "load_cancelled" | "still_unloading" | "not_loaded" => {}
+                _ => return Err(broken!("ends_once", "c{id} ended with an undocumented error ({kind}): {text}")),
+            }
+        }
+        Ended::HungUp => {}
+    }
+    let _ = c.stream;
+    Ok(())
+}
