@@ -804,3 +804,43 @@ fn the_documented_layers_match_the_imports() {
         );
     }
 }
+
+/// docs/ARCHITECTURE.md's sim invariant: the simulation reads no real clock, sleeps for real
+/// nowhere, opens no socket and runs nothing off its thread (main.rs, which times the whole
+/// run, aside); and the engine's `testing` feature (the fake launcher, the mutations, the
+/// simulated disk) is turned on by no crate the release binary is built from.
+#[test]
+fn the_simulation_is_deterministic_by_construction() {
+    let mut bad = Vec::new();
+    for file in ["lib.rs", "world.rs", "backend.rs", "rng.rs"] {
+        let path = root().join("crates/sim/src").join(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (n, line) in code_lines(&text) {
+            for word in [
+                "std::time::Instant",
+                "SystemTime",
+                "thread::sleep",
+                "thread::spawn",
+                "spawn_blocking",
+                "TcpStream",
+                "TcpListener",
+                "UdpSocket",
+                "rand::",
+            ] {
+                if line.contains(word) {
+                    bad.push(format!("crates/sim/src/{file}:{n}: `{word}` in `{}`", line.trim()));
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "the simulation would not replay:\n{}", bad.join("\n"));
+    for krate in ["server", "cli"] {
+        let manifest = std::fs::read_to_string(root().join("crates").join(krate).join("Cargo.toml")).unwrap();
+        let deps = manifest.split("[dev-dependencies]").next().unwrap_or_default();
+        let engine_line = deps.lines().find(|l| l.trim_start().starts_with("engine")).unwrap_or_default();
+        assert!(
+            !engine_line.contains("testing"),
+            "crates/{krate} turns on the engine's testing feature in its dependencies: {engine_line}"
+        );
+    }
+}

@@ -466,7 +466,9 @@ pub struct Entry<O> {
     pub idle_timeout_ms: Option<u64>,
     /// Requests the running backend serves at once.
     pub max_concurrent: Option<u32>,
-    load_waiters: Vec<ReqId>,
+    /// Loads waiting for it, each with the options it asked for: a load answered when the model
+    /// is loaded with its options, or when a later load asked for others (the last one wins).
+    load_waiters: Vec<(ReqId, O)>,
     starting: bool,
     stopping: bool,
     /// A start succeeded while a stop was in flight. That stop may have looked for the process
@@ -1081,19 +1083,19 @@ impl<O: Clone + PartialEq> Machine<O> {
             }
             State::Loaded => {
                 // Reload in place: the same model gives up its slot and takes it back.
-                e.load_waiters.push(req);
+                e.load_waiters.push((req, options.clone()));
                 e.pending = Some(options);
                 self.note("unload", "reload", &name, "loaded again with other options".into());
                 self.begin_unload(&name);
             }
-            State::Loading if e.options.as_ref() == Some(&options) => e.load_waiters.push(req),
+            State::Loading if e.options.as_ref() == Some(&options) => e.load_waiters.push((req, options)),
             State::Loading | State::Unloading => {
                 // Load again with these options once the current transition ends.
-                e.load_waiters.push(req);
+                e.load_waiters.push((req, options.clone()));
                 e.pending = Some(options);
             }
             State::Unloaded | State::Failed => {
-                e.load_waiters.push(req);
+                e.load_waiters.push((req, options.clone()));
                 e.retry_after = 0;
                 if queued {
                     e.pending = Some(options);
@@ -1163,7 +1165,7 @@ impl<O: Clone + PartialEq> Machine<O> {
                 self.waiting.remove(&r);
                 self.reject(r, n, Rejection::Unloading);
             }
-            for r in load_waiters {
+            for (r, _) in load_waiters {
                 self.out.push(Effect::LoadDone { req: r, model: n.clone(), result: LoadOutcome::Cancelled });
             }
             if self.current.as_deref() != Some(n.as_str()) {
@@ -1242,20 +1244,23 @@ impl<O: Clone + PartialEq> Machine<O> {
                 e.loaded_at = self.now;
                 e.last_error = None;
                 e.attempt = 0;
-                let load_waiters = std::mem::take(&mut e.load_waiters);
+                // A reload with other options asked for while loading: the loads that asked for
+                // those options wait for it; every other load is answered now.
+                let reload = e.pending.clone().filter(|p| e.options.as_ref() != Some(p));
+                if reload.is_none() {
+                    e.pending = None;
+                }
+                let (answered, kept): (Vec<_>, Vec<_>) =
+                    std::mem::take(&mut e.load_waiters).into_iter().partition(|(_, o)| reload.as_ref() != Some(o));
+                e.load_waiters = kept;
                 self.done_loading(name);
                 // Granted in the same step as the load completes: no eviction in between.
                 self.grant_waiting(name);
-                for r in load_waiters {
+                for (r, _) in answered {
                     self.out.push(Effect::LoadDone { req: r, model: name.to_string(), result: LoadOutcome::Loaded });
                 }
-                // A reload with other options was asked for while loading.
-                if let Some(p) = self.get(name).pending.clone() {
-                    if self.get(name).options.as_ref() != Some(&p) {
-                        self.begin_unload(name);
-                    } else {
-                        self.get(name).pending = None;
-                    }
+                if reload.is_some() {
+                    self.begin_unload(name);
                 }
             }
             Err(err) if e.attempt == 0 && err.kind == Failure::NotReady => {
@@ -1305,7 +1310,7 @@ impl<O: Clone + PartialEq> Machine<O> {
             self.waiting.remove(&r);
             self.reject(r, name, why.clone());
         }
-        for r in load_waiters {
+        for (r, _) in load_waiters {
             self.out.push(Effect::LoadDone { req: r, model: name.to_string(), result: outcome.clone() });
         }
     }

@@ -1308,6 +1308,32 @@ fn load_with_same_options_is_a_noop_and_other_options_reload_in_place() {
     assert_eq!(fx.len(), 2, "both loads answered: {fx:?}");
 }
 
+/// A load asked with other options while the model loads is answered once the model runs with
+/// its options, not when the first load completes (then the client would be told "loaded"
+/// while the model still ran with the others, and see it reloaded under its next request).
+/// Found by the engine's simulation (crates/sim, seed 304).
+#[test]
+fn a_load_with_other_options_during_a_load_is_answered_after_its_reload() {
+    let mut d = Drive::new(1);
+    let (first, second) = (d.req(), d.req());
+    let fx = d.ev(Event::Load { req: first, model: llm("a"), options: 0, pin: None });
+    assert_eq!(fx, vec![Effect::Start { model: "a".into(), options: 0, devices: Shares::new() }]);
+    assert!(d.ev(Event::Load { req: second, model: llm("a"), options: 5, pin: Some(true) }).is_empty());
+    let fx = d.ev(Event::Started { model: "a".into(), result: Ok(()) });
+    assert_eq!(
+        fx,
+        vec![
+            Effect::LoadDone { req: first, model: "a".into(), result: LoadOutcome::Loaded },
+            Effect::Stop { model: "a".into() }
+        ],
+        "only the first load is answered; the reload begins"
+    );
+    let fx = d.ev(Event::Stopped { model: "a".into() });
+    assert_eq!(fx, vec![Effect::Start { model: "a".into(), options: 5, devices: Shares::new() }]);
+    let fx = d.ev(Event::Started { model: "a".into(), result: Ok(()) });
+    assert_eq!(fx, vec![Effect::LoadDone { req: second, model: "a".into(), result: LoadOutcome::Loaded }]);
+}
+
 /// The admin load's conditions are the machine's: decided on the state it holds, whatever a
 /// snapshot said when the request was sent.
 #[test]

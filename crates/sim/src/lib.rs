@@ -32,8 +32,10 @@ pub const INVARIANTS: &[(&str, &str)] = &[
 ];
 
 /// Seeds that found bugs in the code, kept: every `--seeds` run runs them first.
-pub const REGRESSIONS: &[(u64, &str)] =
-    &[(3, "a backend whose start finished after shutdown began outlived the shutdown (no_orphan)")];
+pub const REGRESSIONS: &[(u64, &str)] = &[
+    (3, "a backend whose start finished after shutdown began outlived the shutdown (no_orphan)"),
+    (304, "a load asked with other options during a load was answered before its reload (pinned_kept)"),
+];
 
 /// An invariant broken, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]

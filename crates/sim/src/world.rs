@@ -100,6 +100,8 @@ enum Ended {
 
 struct Client {
     asked: String,
+    /// An embedding asked of a chat model: it must be refused for the model's type.
+    embedding: bool,
     /// The models an answer may come from (an alias's targets while it was asked).
     may_answer: BTreeSet<String>,
     stream: bool,
@@ -125,6 +127,9 @@ struct Book {
     /// all), a restart ("*" for every model).
     disrupted: Vec<(Duration, String)>,
     aliases: BTreeMap<String, String>,
+    /// Loads asked, and when each was answered (a load with other options reloads a pinned
+    /// model in place, on purpose, once its other loads are answered).
+    loads_asked: Vec<(Duration, Option<Duration>, String)>,
     /// The settings last saved with `/params` (max loaded, idle timeout s, swap hold ms).
     params: Option<(i64, u64, u64)>,
     trace: Vec<String>,
@@ -386,11 +391,24 @@ impl World {
         };
         let stream = s.streams && self.rng.chance(0.5);
         let priority = if s.priorities { self.rng.range(0, 21) as i32 - 10 } else { 0 };
+        // Every text endpoint of every dialect reaches the model the same way; an embedding
+        // asked of a chat model is refused for its type.
+        let endpoint = *self.rng.pick(&[
+            Endpoint::ChatCompletions,
+            Endpoint::ChatCompletions,
+            Endpoint::Completions,
+            Endpoint::Responses,
+            Endpoint::Messages,
+            Endpoint::OllamaChat,
+            Endpoint::OllamaGenerate,
+            Endpoint::Embeddings,
+        ]);
+        let keep_alive = self.rng.chance(0.15).then(|| self.rng.range(0, 3) * 2000);
         // A hung backend's client always gives up at last.
         let hangup = (s.hangups && self.rng.chance(0.3)) || ask.hang_at.is_some();
         let hangup_after = hangup.then(|| Duration::from_millis(self.rng.range(0, 20_000)));
         let mut may_answer: BTreeSet<String> = aliases.get(&asked).cloned().into_iter().collect();
-        if asked.starts_with("extra.") {
+        if asked.starts_with("extra.") && asked != UNKNOWN {
             may_answer.insert(asked.clone());
         }
         let id = {
@@ -399,6 +417,7 @@ impl World {
                 asked: asked.clone(),
                 may_answer,
                 stream,
+                embedding: endpoint == Endpoint::Embeddings,
                 ask: ask.clone(),
                 started: self.epoch.elapsed(),
                 ended_at: None,
@@ -409,14 +428,15 @@ impl World {
             b.clients.len() - 1
         };
         self.note(format!(
-            "c{id} asks {asked} stream={stream} priority={priority} {ask:?} hangup={:?}",
+            "c{id} asks {asked} at {} stream={stream} priority={priority} keep_alive={keep_alive:?} {ask:?} hangup={:?}",
+            endpoint.name(),
             hangup_after.map(|d| d.as_millis())
         ));
         let (engine, book, epoch) = (self.engine.clone(), self.book.clone(), self.epoch);
         let body =
             json!({"model": asked, "messages": [{"role": "user", "content": "hi"}], "stream": stream, "sim": ask});
         let task = tokio::spawn(async move {
-            let req = LeaseRequest::new(asked, Endpoint::ChatCompletions).priority(priority);
+            let req = LeaseRequest::new(asked, endpoint).priority(priority).keep_alive(keep_alive);
             let asking = ask_model(&engine, req, body, stream);
             let ended = match hangup_after {
                 Some(after) => tokio::time::timeout(after, asking).await.unwrap_or(Ended::HungUp),
@@ -436,18 +456,34 @@ impl World {
 
     /// An admin load of `m`, pinned or not, in its own task (it waits for the start).
     fn load(&mut self, m: String, pin: bool) {
-        self.note(format!("load {m} pin={pin}"));
+        // Another context size reloads a loaded model in place.
+        let ctx = self.rng.chance(0.3).then(|| *self.rng.pick(&[2048u32, 4096]));
+        self.note(format!("load {m} pin={pin} ctx_size={ctx:?}"));
+        let load_id = {
+            let mut b = self.book.lock();
+            b.loads_asked.push((self.epoch.elapsed(), None, m.clone()));
+            b.loads_asked.len() - 1
+        };
         let (engine, book, epoch) = (self.engine.clone(), self.book.clone(), self.epoch);
         let asked = epoch.elapsed();
         let launcher = self.launcher.clone();
         let task = tokio::spawn(async move {
             let info = match engine.catalogue().get(&m) {
                 Ok(i) => i,
-                Err(e) => return book.lock().trace.push(format!("load {m}: {e}")),
+                Err(e) => {
+                    let mut b = book.lock();
+                    b.loads_asked[load_id].1 = Some(epoch.elapsed());
+                    return b.trace.push(format!("load {m}: {e}"));
+                }
             };
-            let options = engine.lifecycle().effective_options(&info, &Default::default());
+            let patch = ctx.map(|n| api_types::OptionsPatch {
+                set: api_types::LoadOptions { ctx_size: Some(api_types::CtxSize::Tokens(n)), ..Default::default() },
+                ..Default::default()
+            });
+            let options = engine.lifecycle().effective_options(&info, &patch.unwrap_or_default());
             let out = engine.lifecycle().load(&info, options, pin.then_some(true), Default::default()).await;
             let mut b = book.lock();
+            b.loads_asked[load_id].1 = Some(epoch.elapsed());
             let line = format!("{:>9} load {m} -> {out:?}", epoch.elapsed().as_millis());
             b.trace.push(line);
             let changed_since = b.pin_changed.get(&m).is_some_and(|t| *t >= asked);
@@ -582,27 +618,33 @@ impl World {
                     continue;
                 }
                 self.hits.hit("pinned_kept");
-                let excused = b.disrupted.iter().any(|(t, who)| *t >= since && (who == &m || who == "*"));
-                if !excused {
-                    let all: Vec<String> = self
-                        .all_processes()
-                        .iter()
-                        .filter(|(x, _)| *x == m)
-                        .map(|(_, p)| {
-                            format!(
-                                "alive={} ended={:?}",
-                                p.is_alive(),
-                                p.ended_at().map(|t| t.duration_since(self.epoch).as_millis())
-                            )
-                        })
-                        .collect();
-                    return Err(broken!(
-                        "pinned_kept",
-                        "lemonade stopped {m} at {} ms, pinned since {} ms, unasked; its processes: {all:?}",
-                        now.as_millis(),
-                        since.as_millis()
-                    ));
+                let excused = b.disrupted.iter().any(|(t, who)| *t >= since && (who == &m || who == "*"))
+                    || b.loads_asked.iter().any(|(asked, answered, who)| {
+                        who == &m && (*asked >= since || answered.is_none_or(|a| a >= now))
+                    });
+                if excused {
+                    // What the pin keeps now is the next process: the driver stops judging it.
+                    b.pinned.remove(&m);
+                    continue;
                 }
+                let all: Vec<String> = self
+                    .all_processes()
+                    .iter()
+                    .filter(|(x, _)| *x == m)
+                    .map(|(_, p)| {
+                        format!(
+                            "alive={} ended={:?}",
+                            p.is_alive(),
+                            p.ended_at().map(|t| t.duration_since(self.epoch).as_millis())
+                        )
+                    })
+                    .collect();
+                return Err(broken!(
+                    "pinned_kept",
+                    "lemonade stopped {m} at {} ms, pinned since {} ms, unasked; its processes: {all:?}",
+                    now.as_millis(),
+                    since.as_millis()
+                ));
             }
         }
         Ok(())
@@ -822,6 +864,7 @@ impl World {
 /// A request as a client makes it: the one request entry, then the stream read chunk by chunk,
 /// or the one in-process call for a whole answer.
 async fn ask_model(engine: &Engine, req: LeaseRequest, body: Value, stream: bool) -> Ended {
+    let path = req.endpoint.path();
     let failed = |e: EngineError, tokens: Vec<u32>| Ended::Failed { kind: kind(&e), text: e.to_string(), tokens };
     if !stream {
         return match engine::call::call(engine, req, Payload::Json(body)).await {
@@ -844,7 +887,7 @@ async fn ask_model(engine: &Engine, req: LeaseRequest, body: Value, stream: bool
         Err(e) => return failed(e, vec![]),
     };
     let bytes = bytes::Bytes::from(body.to_string());
-    let resp = match lease.send(Method::POST, Endpoint::ChatCompletions.path(), Some(bytes), true).await {
+    let resp = match lease.send(Method::POST, path, Some(bytes), true).await {
         Ok(r) => r,
         Err(e) => return failed(e, vec![]),
     };
@@ -883,6 +926,7 @@ async fn ask_model(engine: &Engine, req: LeaseRequest, body: Value, stream: bool
 fn kind(e: &EngineError) -> &'static str {
     match e {
         EngineError::Lookup(_) => "lookup",
+        EngineError::WrongModelType { .. } => "wrong_model_type",
         EngineError::Rejected { .. } => "rejected",
         EngineError::LoadFailed { .. } => "load_failed",
         EngineError::LoadCancelled { .. } => "load_cancelled",
@@ -925,6 +969,13 @@ fn judge(
                     && (who == "*" || model.is_none_or(|m| m == who) || c.may_answer.contains(who))
             })
     };
+    if c.embedding && !c.may_answer.is_empty() {
+        hits.hit("right_model");
+        return match outcome {
+            Ended::Failed { kind: "wrong_model_type", .. } | Ended::HungUp => Ok(()),
+            other => Err(broken!("right_model", "c{id} asked a chat model for embeddings and got {}", describe(other))),
+        };
+    }
     match outcome {
         Ended::Answer { model, tokens, complete } => {
             hits.hit("right_model");
