@@ -166,10 +166,12 @@ impl Lease {
             if let Some(b) = &body {
                 req = req.header(reqwest::header::CONTENT_TYPE, "application/json").body(b.clone());
             }
-            let (outcome, answer) = match tokio::time::timeout(retry.left(started.elapsed()), req.send()).await {
+            let sent = crate::remote::send(route.in_memory.as_ref(), req);
+            let timeout = self.remote_timeout();
+            let (outcome, answer) = match tokio::time::timeout(retry.left(started.elapsed()), sent).await {
                 Err(_) => return Err(self.remote_timed_out(route)),
-                Ok(Err(e)) if e.is_connect() => (Outcome::Refused, Err(e)),
-                Ok(Err(e)) => return Err(remote_failed(route, &e, self.remote_timeout())),
+                Ok(Err(e)) if e.refused() => (Outcome::Refused, Err(e.describe(timeout))),
+                Ok(Err(e)) => return Err(remote_failed(route, e.describe(timeout))),
                 Ok(Ok(r)) => {
                     let header = r.headers().get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok());
                     let now =
@@ -186,7 +188,7 @@ impl Lease {
                 }
                 Next::Done(done) => done,
             };
-            let r = answer.map_err(|e| remote_failed(route, &e, self.remote_timeout()))?;
+            let r = answer.map_err(|why| remote_failed(route, why))?;
             return match done {
                 Done::Relay => {
                     route.answered(started.elapsed());
@@ -217,7 +219,7 @@ impl Lease {
     pub async fn transport_failed(&self, e: &reqwest::Error) -> EngineError {
         match &self.target {
             Target::Local { .. } => self.backend_lost(e.to_string()).await,
-            Target::Remote(route) => remote_failed(route, e, self.remote_timeout()),
+            Target::Remote(route) => remote_failed(route, host::cloud::describe(e, self.remote_timeout())),
         }
     }
 
@@ -245,7 +247,7 @@ impl Lease {
         if let Target::Remote(route) = &self.target {
             return match tokio::time::timeout(self.remote_timeout(), resp.bytes()).await {
                 Ok(Ok(b)) => Ok(b),
-                Ok(Err(e)) => Err(remote_failed(route, &e, self.remote_timeout())),
+                Ok(Err(e)) => Err(remote_failed(route, host::cloud::describe(&e, self.remote_timeout()))),
                 Err(_) => Err(self.remote_timed_out(route)),
             };
         }
@@ -337,8 +339,8 @@ fn content_type(resp: &reqwest::Response) -> Option<String> {
     resp.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string)
 }
 
-fn remote_failed(route: &Route, e: &reqwest::Error, timeout: Duration) -> EngineError {
-    let e = route.provider.failure(UpstreamFailure::Failed { why: host::cloud::describe(e, timeout) });
+fn remote_failed(route: &Route, why: String) -> EngineError {
+    let e = route.provider.failure(UpstreamFailure::Failed { why });
     route.failed(Duration::ZERO, &e.to_string(), true);
     e
 }

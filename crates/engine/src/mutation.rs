@@ -15,8 +15,12 @@ pub enum Mutation {
     /// middle of the write leaves a torn file.
     ConfigWrittenInPlace,
     /// A start that finishes after shutdown began registers its backend, which then outlives
-    /// the shutdown (found by the simulation, seed 3, and fixed).
+    /// the shutdown (found by the simulation and fixed; a regression seed of crates/sim).
     StartAfterShutdown,
+    /// Spillover decides on the view as last published, without waiting for the owner to take
+    /// the releases sent before the request: a client's next request, sent as its answer
+    /// arrives, is spilled by the request that just ended (the race CI hit once in 20 runs).
+    SpillWithoutSettle,
 }
 
 thread_local! {

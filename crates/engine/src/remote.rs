@@ -108,6 +108,46 @@ pub struct Route {
     pub timeout: Duration,
     /// Its place among the provider's requests in flight, once admitted (see [`Provider::admit`]).
     pub admitted: Option<Admitted>,
+    /// Where requests are answered in memory (the simulation's upstreams; None: over HTTP).
+    pub in_memory: Option<InMemory>,
+}
+
+/// Answers requests to remote providers in memory, for the simulation (crates/sim): their
+/// discovery, their metrics and their requests. lemonade itself has none.
+pub type InMemory = Arc<dyn Fn(&reqwest::Request) -> crate::launcher::Exchange + Send + Sync>;
+
+/// Why a request to a provider got no answer.
+pub enum NotSent {
+    Http(reqwest::Error),
+    InMemory(crate::launcher::Unanswered),
+}
+
+impl NotSent {
+    /// The connection was refused (nothing listens): worth another attempt.
+    pub fn refused(&self) -> bool {
+        match self {
+            NotSent::Http(e) => e.is_connect(),
+            NotSent::InMemory(u) => *u == crate::launcher::Unanswered::Exited,
+        }
+    }
+
+    /// In words, its causes included.
+    pub fn describe(&self, timeout: Duration) -> String {
+        match self {
+            NotSent::Http(e) => host::cloud::describe(e, timeout),
+            NotSent::InMemory(u) => u.to_string(),
+        }
+    }
+}
+
+/// Sends `req` to a provider: over HTTP, or to `in_memory` where the simulation answers.
+pub async fn send(
+    in_memory: Option<&InMemory>,
+    req: reqwest::RequestBuilder,
+) -> std::result::Result<reqwest::Response, NotSent> {
+    let Some(answer) = in_memory else { return req.send().await.map_err(NotSent::Http) };
+    let req = req.build().map_err(NotSent::Http)?;
+    answer(&req).await.map_err(NotSent::InMemory)
 }
 
 impl Route {
@@ -333,6 +373,8 @@ pub struct Remotes {
     live: Arc<crate::config::Live>,
     /// Each provider's circuit breaker's settings.
     breaker: BreakerSettings,
+    /// Where providers answer in memory (the simulation; None: over HTTP).
+    in_memory: RwLock<Option<InMemory>>,
 }
 
 impl Remotes {
@@ -372,7 +414,7 @@ impl Remotes {
                 Some((name, Arc::new(p)))
             })
             .collect();
-        Remotes { providers: RwLock::new(providers), cache_dir, http, live, breaker }
+        Remotes { providers: RwLock::new(providers), cache_dir, http, live, breaker, in_memory: RwLock::new(None) }
     }
 
     /// How long a provider may take to start answering (`remote_timeout`, live).
@@ -382,6 +424,17 @@ impl Remotes {
 
     pub fn http(&self) -> &reqwest::Client {
         &self.http
+    }
+
+    /// Providers answer in memory from now on (the simulation's upstreams).
+    #[cfg(feature = "testing")]
+    pub fn answer_in_memory(&self, answer: InMemory) {
+        *self.in_memory.write() = Some(answer);
+    }
+
+    /// Where providers answer in memory, if they do.
+    pub fn in_memory(&self) -> Option<InMemory> {
+        self.in_memory.read().clone()
     }
 
     fn get(&self, name: &str) -> Option<Arc<Provider>> {
@@ -515,7 +568,17 @@ impl Remotes {
         };
         let auth = key.map(|k| p.auth_header(&k));
         let auth = auth.as_ref().map(|(n, v)| (n.as_str(), v.as_str()));
-        match host::cloud::discover(&self.http, &p.base, auth, self.timeout().min(Duration::from_secs(10))).await {
+        let within = self.timeout().min(Duration::from_secs(10));
+        let found = match self.in_memory() {
+            None => host::cloud::discover(&self.http, &p.base, auth, within).await,
+            Some(answer) => {
+                match send(Some(&answer), host::cloud::models_request(&self.http, &p.base, auth, within)).await {
+                    Ok(resp) => host::cloud::models_of(resp, &p.base, within).await,
+                    Err(e) => Err(e.describe(within)),
+                }
+            }
+        };
+        match found {
             Ok(models) => {
                 let changed = {
                     let mut seen = p.seen.write();
@@ -572,7 +635,8 @@ impl Remotes {
 
     fn route_to(&self, provider: Arc<Provider>, id: &str, name: &str) -> Route {
         let (http, timeout) = (self.http.clone(), self.timeout());
-        Route { provider, id: id.to_string(), name: name.to_string(), http, timeout, admitted: None }
+        let in_memory = self.in_memory();
+        Route { provider, id: id.to_string(), name: name.to_string(), http, timeout, admitted: None, in_memory }
     }
 
     pub fn views(&self) -> Vec<Upstream> {
@@ -625,7 +689,12 @@ pub struct Scrapes {
 }
 
 impl Scrapes {
-    pub async fn text(&self, http: &reqwest::Client, p: &Provider) -> Option<Arc<String>> {
+    pub async fn text(
+        &self,
+        http: &reqwest::Client,
+        in_memory: Option<&InMemory>,
+        p: &Provider,
+    ) -> Option<Arc<String>> {
         if let Some((at, text)) = self.last.lock().get(&p.name) {
             if at.elapsed() < SCRAPE_EVERY {
                 return text.clone();
@@ -633,7 +702,7 @@ impl Scrapes {
         }
         let url = backends::upstream::metrics_url(&p.base);
         let read = async {
-            let r = http.get(&url).timeout(SCRAPE_TIMEOUT).send().await.ok()?.error_for_status().ok()?;
+            let r = send(in_memory, http.get(&url).timeout(SCRAPE_TIMEOUT)).await.ok()?.error_for_status().ok()?;
             r.text().await.ok().map(Arc::new)
         };
         let text = read.await;

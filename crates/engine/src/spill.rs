@@ -25,7 +25,13 @@ pub async fn place(rt: &Engine, info: &ModelInfo) -> Result<(Option<Lease>, Opti
     if rt.lifecycle.saturated(&info.name).is_none() {
         return Ok((None, None));
     }
-    rt.lifecycle.settled().await;
+    #[cfg(feature = "testing")]
+    let settle = !crate::mutation::on(crate::mutation::Mutation::SpillWithoutSettle);
+    #[cfg(not(feature = "testing"))]
+    let settle = true;
+    if settle {
+        rt.lifecycle.settled().await;
+    }
     let Some(busy) = rt.lifecycle.saturated(&info.name) else { return Ok((None, None)) };
     let places = rt.lifecycle.spillover_of(info);
     if places.is_empty() {
@@ -37,7 +43,7 @@ pub async fn place(rt: &Engine, info: &ModelInfo) -> Result<(Option<Lease>, Opti
             seen.push(format!("{place}: not a remote model now"));
             continue;
         };
-        let text = rt.spill.text(rt.remotes.http(), &route.provider).await;
+        let text = rt.spill.text(rt.remotes.http(), route.in_memory.as_ref(), &route.provider).await;
         let signals = text.as_deref().and_then(|t| upstream::parse_signals(t, &route.id));
         if !upstream::has_capacity(signals.as_ref()) {
             seen.push(format!("{place}: {}", upstream::describe(signals.as_ref())));

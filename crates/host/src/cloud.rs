@@ -53,11 +53,26 @@ pub async fn discover(
     auth: Option<(&str, &str)>,
     timeout: Duration,
 ) -> Result<Vec<Discovered>, String> {
+    let resp = models_request(http, base, auth, timeout).send().await.map_err(|e| describe(&e, timeout))?;
+    models_of(resp, base, timeout).await
+}
+
+/// The request of [`discover`]: `GET {base}/models`, with the key's header.
+pub fn models_request(
+    http: &reqwest::Client,
+    base: &str,
+    auth: Option<(&str, &str)>,
+    timeout: Duration,
+) -> reqwest::RequestBuilder {
     let mut req = http.get(format!("{base}/models")).timeout(timeout);
     if let Some((name, value)) = auth {
         req = req.header(name, value);
     }
-    let resp = req.send().await.map_err(|e| describe(&e, timeout))?;
+    req
+}
+
+/// The models a provider's answer to [`models_request`] lists.
+pub async fn models_of(resp: reqwest::Response, base: &str, timeout: Duration) -> Result<Vec<Discovered>, String> {
     let status = resp.status();
     if !status.is_success() {
         return Err(format!("GET {base}/models answered {status}"));

@@ -1311,7 +1311,7 @@ fn load_with_same_options_is_a_noop_and_other_options_reload_in_place() {
 /// A load asked with other options while the model loads is answered once the model runs with
 /// its options, not when the first load completes (then the client would be told "loaded"
 /// while the model still ran with the others, and see it reloaded under its next request).
-/// Found by the engine's simulation (crates/sim, seed 304).
+/// Found by the engine's simulation (crates/sim: a regression seed there).
 #[test]
 fn a_load_with_other_options_during_a_load_is_answered_after_its_reload() {
     let mut d = Drive::new(1);

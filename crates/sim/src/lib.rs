@@ -11,6 +11,7 @@
 
 pub mod backend;
 pub mod rng;
+pub mod upstream;
 mod world;
 
 pub use world::{run, Mutation, Run, REPLAYABLE};
@@ -29,12 +30,17 @@ pub const INVARIANTS: &[(&str, &str)] = &[
     ("no_orphan", "at quiescence every live process is a loaded model's, one each; after shutdown none lives"),
     ("files_parse", "every file lemonade owns parses after any run and any kill point"),
     ("restart_keeps", "a restart keeps the settings and aliases that were saved"),
+    ("breaker_agrees", "an open breaker refuses only while its upstream was down within the open window"),
+    ("spill_needs_load", "a request spills over only while other requests for its model are outstanding"),
 ];
 
 /// Seeds that found bugs in the code, kept: every `--seeds` run runs them first.
+/// (The numbers are this simulation's: a seed draws other runs once the simulation draws more,
+/// so each is re-found with its bug put back when the simulation changes: seed 3, then 0, for
+/// the first; seed 304, then 412, for the second.)
 pub const REGRESSIONS: &[(u64, &str)] = &[
-    (3, "a backend whose start finished after shutdown began outlived the shutdown (no_orphan)"),
-    (304, "a load asked with other options during a load was answered before its reload (pinned_kept)"),
+    (0, "a backend whose start finished after shutdown began outlived the shutdown (no_orphan)"),
+    (412, "a load asked with other options during a load was answered before its reload (pinned_kept)"),
 ];
 
 /// An invariant broken, and how.

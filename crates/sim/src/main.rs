@@ -25,8 +25,9 @@ fn main() {
         "hung-up-wait-kept" => Mutation::HungUpWaitKept,
         "config-written-in-place" => Mutation::ConfigWrittenInPlace,
         "start-after-shutdown" => Mutation::StartAfterShutdown,
+        "spill-without-settle" => Mutation::SpillWithoutSettle,
         other => fail(&format!(
-            "--mutate: no mutation {other:?} (hung-up-wait-kept, config-written-in-place, start-after-shutdown)"
+            "--mutate: no mutation {other:?} (hung-up-wait-kept, config-written-in-place, start-after-shutdown, spill-without-settle)"
         )),
     });
     if !lemonade_sim::REPLAYABLE {

@@ -19,6 +19,7 @@ pub use engine::mutation::Mutation;
 
 use crate::backend::SimAsk;
 use crate::rng::Rng;
+use crate::upstream::{self, Upstream};
 use crate::{broken, Failure, Hits};
 
 /// The models of the catalogue (extra models, `extra.<file>`).
@@ -33,6 +34,11 @@ const QUIESCE: Duration = Duration::from_secs(1800);
 
 fn model(file: &str) -> String {
     format!("extra.{file}")
+}
+
+/// The remote model, as clients name it.
+fn remote_model() -> String {
+    format!("{}.{}", upstream::PROVIDER, upstream::MODEL)
 }
 
 /// What one seed did and found.
@@ -64,6 +70,11 @@ struct Swarm {
     priorities: bool,
     /// Writes killed part way (lemonade dies there and starts again) or finding no space.
     disk_faults: bool,
+    /// The remote provider `up` (its model `up.r1` asked for; it goes down and comes back).
+    remote: bool,
+    /// Local models spill over to `up.r1` when saturated (one request at a time each), and
+    /// clients send their next request the moment an answer arrives.
+    spill: bool,
     /// A memory budget (GiB) the models' measured sizes press against.
     budget: Option<u64>,
 }
@@ -85,6 +96,8 @@ impl Swarm {
             restarts: on(rng),
             priorities: on(rng),
             disk_faults: on(rng),
+            remote: on(rng),
+            spill: on(rng),
             budget: rng.chance(0.5).then(|| rng.range(4, 16)),
         }
     }
@@ -111,6 +124,8 @@ struct Client {
     ends: u32,
     outcome: Option<Ended>,
     judged: bool,
+    /// When spillover sent it to the remote place (streams, whose lease the client holds).
+    spilled_at: Option<Duration>,
 }
 
 /// What the driver knows, shared with the client tasks.
@@ -130,6 +145,8 @@ struct Book {
     /// Loads asked, and when each was answered (a load with other options reloads a pinned
     /// model in place, on purpose, once its other loads are answered).
     loads_asked: Vec<(Duration, Option<Duration>, String)>,
+    /// When the upstream went down (true) or came back (false).
+    up_changes: Vec<(Duration, bool)>,
     /// The settings last saved with `/params` (max loaded, idle timeout s, swap hold ms).
     params: Option<(i64, u64, u64)>,
     trace: Vec<String>,
@@ -153,6 +170,8 @@ struct World {
     held: BTreeSet<String>,
     /// What each model's backend is measured to hold (bytes).
     sizes: BTreeMap<String, u64>,
+    /// The remote provider.
+    up: Arc<Upstream>,
 }
 
 /// Whether runs replay exactly: tokio's own randomness seeded (built with `--cfg
@@ -191,8 +210,19 @@ pub fn run(seed: u64, mutation: Option<Mutation>) -> Run {
     out
 }
 
-fn config(dir: &std::path::Path, budget: Option<u64>) -> Config {
+/// The breaker of the remote provider: failures in a row that open it, and for how long.
+const BREAKER: backends::upstream::BreakerSettings = backends::upstream::BreakerSettings { failures: 3, open_ms: 5000 };
+/// How long a remote provider may take (the retries' waits included).
+const REMOTE_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn config(dir: &std::path::Path, swarm: &Swarm) -> Config {
+    let budget = swarm.budget;
     let mut cfg = Config::new(dir.join("cache"), dir.join("hub"));
+    cfg.breaker = BREAKER;
+    cfg.live.set_remote_timeout(REMOTE_TIMEOUT);
+    if swarm.spill && swarm.remote {
+        cfg.max_concurrent = Some(1);
+    }
     cfg.scheduler.memory_budget = Some(budget.map(|g| g << 30));
     cfg.remote_refresh = None;
     cfg.watchdog_interval = None;
@@ -202,13 +232,15 @@ fn config(dir: &std::path::Path, budget: Option<u64>) -> Config {
     cfg
 }
 
-/// lemonade started over `dir`, its backends measured at `sizes` (bytes, by model).
+/// lemonade started over `dir`, its backends measured at `sizes` (bytes, by model), its remote
+/// provider answered by `up`, and each local model spilling over to it (when the swarm says).
 fn start_engine(
     dir: &std::path::Path,
-    budget: Option<u64>,
+    swarm: &Swarm,
     sizes: &BTreeMap<String, u64>,
+    up: &Arc<Upstream>,
 ) -> (Engine, Arc<FakeLauncher>) {
-    let cfg = config(dir, budget);
+    let cfg = config(dir, swarm);
     // The saved settings apply at start, as `serve` reads config.json.
     let launcher = FakeLauncher::new();
     launcher.in_memory(crate::backend::answerer());
@@ -225,6 +257,12 @@ fn start_engine(
         store,
         engine::backend_client(),
     );
+    engine.remotes().answer_in_memory(up.answerer());
+    if swarm.spill && swarm.remote {
+        for f in FILES {
+            engine.lifecycle().set_spillover(&model(f), Some(vec![remote_model()]));
+        }
+    }
     (engine, launcher)
 }
 
@@ -238,7 +276,15 @@ impl World {
             host::files::faults::write_in_place(&dir.path().join("cache"));
         }
         let sizes: BTreeMap<String, u64> = FILES.iter().map(|f| (model(f), rng.range(1, 9) << 29)).collect();
-        let (engine, launcher) = start_engine(dir.path(), swarm.budget, &sizes);
+        let up = Upstream::new(seed);
+        let (engine, launcher) = start_engine(dir.path(), &swarm, &sizes, &up);
+        if swarm.remote {
+            engine
+                .remotes()
+                .install(upstream::PROVIDER, Some(upstream::BASE), None)
+                .await
+                .expect("the upstream installs");
+        }
         let decisions = engine.lifecycle().explain.subscribe();
         let book = Arc::new(Mutex::new(Book::default()));
         book.lock().trace.push(format!("seed {seed} swarm {swarm:?}"));
@@ -257,6 +303,7 @@ impl World {
             seen_exits: BTreeSet::new(),
             held: BTreeSet::new(),
             sizes,
+            up,
         }
     }
 
@@ -283,7 +330,7 @@ impl World {
     /// One random action.
     async fn act(&mut self) -> Result<(), Failure> {
         let s = self.swarm.clone();
-        let roll = self.rng.range(0, 105);
+        let roll = self.rng.range(0, 110);
         let file = *self.rng.pick(FILES);
         let m = model(file);
         match roll {
@@ -363,6 +410,12 @@ impl World {
             93..=96 if s.aliases => self.alias(m).await,
             97..=99 if s.restarts => self.restart().await?,
             100..=104 if s.disk_faults => self.disk_fault(m).await?,
+            105..=109 if s.remote => {
+                let down = self.book.lock().up_changes.last().is_none_or(|(_, d)| !d);
+                self.note(format!("upstream {}", if down { "goes down" } else { "comes back" }));
+                self.up.set_down(down);
+                self.book.lock().up_changes.push((self.epoch.elapsed(), down));
+            }
             _ => self.client(),
         }
         Ok(())
@@ -375,6 +428,8 @@ impl World {
         let aliases = self.book.lock().aliases.clone();
         let asked = if roll < 4 {
             UNKNOWN.to_string()
+        } else if roll < 16 && s.remote {
+            remote_model()
         } else if roll < 24 && !aliases.is_empty() {
             let names: Vec<&String> = aliases.keys().collect();
             (*self.rng.pick(&names)).clone()
@@ -407,49 +462,27 @@ impl World {
         // A hung backend's client always gives up at last.
         let hangup = (s.hangups && self.rng.chance(0.3)) || ask.hang_at.is_some();
         let hangup_after = hangup.then(|| Duration::from_millis(self.rng.range(0, 20_000)));
-        let mut may_answer: BTreeSet<String> = aliases.get(&asked).cloned().into_iter().collect();
-        if asked.starts_with("extra.") && asked != UNKNOWN {
-            may_answer.insert(asked.clone());
-        }
-        let id = {
-            let mut b = self.book.lock();
-            b.clients.push(Client {
-                asked: asked.clone(),
-                may_answer,
-                stream,
-                embedding: endpoint == Endpoint::Embeddings,
-                ask: ask.clone(),
-                started: self.epoch.elapsed(),
-                ended_at: None,
-                ends: 0,
-                outcome: None,
-                judged: false,
-            });
-            b.clients.len() - 1
-        };
-        self.note(format!(
-            "c{id} asks {asked} at {} stream={stream} priority={priority} keep_alive={keep_alive:?} {ask:?} hangup={:?}",
-            endpoint.name(),
-            hangup_after.map(|d| d.as_millis())
-        ));
+        // A client that sends its next request the moment its answer arrives.
+        let rounds = if s.spill && self.rng.chance(0.3) { 2 } else { 1 };
+        let spills = s.spill && s.remote;
+        let ask = Asking { asked, spills, stream, endpoint, ask, priority, keep_alive, hangup_after };
         let (engine, book, epoch) = (self.engine.clone(), self.book.clone(), self.epoch);
-        let body =
-            json!({"model": asked, "messages": [{"role": "user", "content": "hi"}], "stream": stream, "sim": ask});
+        let first = ask.register(&book, epoch);
         let task = tokio::spawn(async move {
-            let req = LeaseRequest::new(asked, endpoint).priority(priority).keep_alive(keep_alive);
-            let asking = ask_model(&engine, req, body, stream);
-            let ended = match hangup_after {
-                Some(after) => tokio::time::timeout(after, asking).await.unwrap_or(Ended::HungUp),
-                None => asking.await,
-            };
-            let at = epoch.elapsed();
-            let mut b = book.lock();
-            let line = format!("{:>9} c{id} ended {}", at.as_millis(), describe(&ended).replace('\n', "\\n"));
-            b.trace.push(line);
-            let c = &mut b.clients[id];
-            c.ends += 1;
-            c.ended_at = Some(at);
-            c.outcome = Some(ended);
+            let mut id = first;
+            for round in 0..rounds {
+                if round > 0 {
+                    // The server that answered is gone after a restart: no next request reaches it.
+                    if engine.lifecycle().is_closing() {
+                        break;
+                    }
+                    id = ask.register(&book, epoch);
+                }
+                let ended = ask.run(&engine, &book, epoch, id).await;
+                if !matches!(ended, Ended::Answer { .. }) {
+                    break;
+                }
+            }
         });
         self.tasks.push(task);
     }
@@ -565,7 +598,7 @@ impl World {
         self.engine.shutdown().await;
         self.check_all_stopped("after a restart's shutdown")?;
         self.check_files()?;
-        let (engine, launcher) = start_engine(self.dir.path(), self.swarm.budget, &self.sizes);
+        let (engine, launcher) = start_engine(self.dir.path(), &self.swarm, &self.sizes, &self.up);
         // The saved settings are read back as `serve` reads them.
         let file =
             host::files::load_config(&self.dir.path().join("cache")).map_err(|e| broken!("files_parse", "{e}"))?;
@@ -711,7 +744,30 @@ impl World {
         let now = self.now();
         let mut b = self.book.lock();
         let disrupted = b.disrupted.clone();
+        let up_changes = b.up_changes.clone();
+        // What each request was outstanding for: its local model, from when to when.
+        let spans: Vec<(Option<String>, Duration, Option<Duration>)> =
+            b.clients.iter().map(|c| (local_target(c), c.started, c.ended_at)).collect();
         for (id, c) in b.clients.iter_mut().enumerate() {
+            if let (Some(at), false) = (c.spilled_at, c.judged) {
+                // Spillover decides on the settled state: some other request for the model must
+                // have been outstanding (one at a time each, so one saturates it).
+                self.hits.hit("spill_needs_load");
+                let mine = local_target(c);
+                let others = spans
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, (m, from, to))| *i != id && *m == mine && *from <= at && to.is_none_or(|t| t > at))
+                    .count();
+                if others == 0 {
+                    return Err(broken!(
+                        "spill_needs_load",
+                        "c{id} ({}) was spilled at {} ms with no other request for its model outstanding",
+                        c.asked,
+                        at.as_millis()
+                    ));
+                }
+            }
             if c.ends > 1 {
                 return Err(broken!("ends_once", "c{id} ended {} times", c.ends));
             }
@@ -727,6 +783,19 @@ impl World {
             c.judged = true;
             self.hits.hit("ends_once");
             judge(id, c, &outcome, &disrupted, &mut self.hits)?;
+            if let Ended::Failed { kind: "breaker_open", text, .. } = &outcome {
+                self.hits.hit("breaker_agrees");
+                let end = c.ended_at.unwrap_or_default();
+                let window = Duration::from_millis(BREAKER.open_ms) + REMOTE_TIMEOUT + Duration::from_secs(1);
+                if !down_within(&up_changes, end.saturating_sub(window), end) {
+                    return Err(broken!(
+                        "breaker_agrees",
+                        "c{id} was refused by an open breaker at {} ms, the upstream up since before {} ms: {text}",
+                        end.as_millis(),
+                        end.saturating_sub(window).as_millis()
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -788,7 +857,7 @@ impl World {
         self.engine.shutdown().await;
         self.check_all_stopped("after shutdown")?;
         self.check_files()?;
-        let (engine, launcher) = start_engine(self.dir.path(), self.swarm.budget, &self.sizes);
+        let (engine, launcher) = start_engine(self.dir.path(), &self.swarm, &self.sizes, &self.up);
         if let Ok(file) = host::files::load_config(&self.dir.path().join("cache")) {
             if !file.is_empty() {
                 engine::configure::set(&engine, &file).await.map_err(|e| broken!("restart_keeps", "{e}"))?;
@@ -861,9 +930,96 @@ impl World {
     }
 }
 
+/// One client's request, as drawn.
+struct Asking {
+    asked: String,
+    /// Local models spill over to the remote one.
+    spills: bool,
+    stream: bool,
+    endpoint: Endpoint,
+    ask: SimAsk,
+    priority: i32,
+    keep_alive: Option<u64>,
+    hangup_after: Option<Duration>,
+}
+
+impl Asking {
+    /// The request's record in the book, and its trace line: its id.
+    fn register(&self, book: &Mutex<Book>, epoch: Instant) -> usize {
+        let mut b = book.lock();
+        let now = epoch.elapsed();
+        // Who may answer: the model named, or its alias's target as the aliases are now.
+        let asked = &self.asked;
+        let mut may_answer: BTreeSet<String> = b.aliases.get(asked).cloned().into_iter().collect();
+        if asked.starts_with("extra.") && asked != UNKNOWN || *asked == remote_model() {
+            may_answer.insert(asked.clone());
+        }
+        if self.spills && may_answer.iter().any(|m| m.starts_with("extra.")) {
+            // A local model may be answered by its spillover place.
+            may_answer.insert(remote_model());
+        }
+        b.clients.push(Client {
+            asked: self.asked.clone(),
+            may_answer,
+            stream: self.stream,
+            embedding: self.endpoint == Endpoint::Embeddings,
+            ask: self.ask.clone(),
+            started: now,
+            ended_at: None,
+            ends: 0,
+            outcome: None,
+            judged: false,
+            spilled_at: None,
+        });
+        let id = b.clients.len() - 1;
+        let line = format!(
+            "{:>9} c{id} asks {} at {} stream={} priority={} keep_alive={:?} {:?} hangup={:?}",
+            now.as_millis(),
+            self.asked,
+            self.endpoint.name(),
+            self.stream,
+            self.priority,
+            self.keep_alive,
+            self.ask,
+            self.hangup_after.map(|d| d.as_millis())
+        );
+        b.trace.push(line);
+        id
+    }
+
+    /// Asks, hangs up when the client does, and records how it ended.
+    async fn run(&self, engine: &Engine, book: &Arc<Mutex<Book>>, epoch: Instant, id: usize) -> Ended {
+        let body = json!({"model": self.asked, "messages": [{"role": "user", "content": "hi"}], "stream": self.stream, "sim": self.ask});
+        let req =
+            LeaseRequest::new(self.asked.clone(), self.endpoint).priority(self.priority).keep_alive(self.keep_alive);
+        let asking = ask_model(engine, req, body, self.stream, book, epoch, id);
+        let ended = match self.hangup_after {
+            Some(after) => tokio::time::timeout(after, asking).await.unwrap_or(Ended::HungUp),
+            None => asking.await,
+        };
+        let at = epoch.elapsed();
+        let mut b = book.lock();
+        let line = format!("{:>9} c{id} ended {}", at.as_millis(), describe(&ended).replace('\n', "\\n"));
+        b.trace.push(line);
+        let c = &mut b.clients[id];
+        c.ends += 1;
+        c.ended_at = Some(at);
+        c.outcome = Some(ended.clone());
+        ended
+    }
+}
+
 /// A request as a client makes it: the one request entry, then the stream read chunk by chunk,
 /// or the one in-process call for a whole answer.
-async fn ask_model(engine: &Engine, req: LeaseRequest, body: Value, stream: bool) -> Ended {
+async fn ask_model(
+    engine: &Engine,
+    req: LeaseRequest,
+    body: Value,
+    stream: bool,
+    book: &Mutex<Book>,
+    epoch: Instant,
+    id: usize,
+) -> Ended {
     let path = req.endpoint.path();
     let failed = |e: EngineError, tokens: Vec<u32>| Ended::Failed { kind: kind(&e), text: e.to_string(), tokens };
     if !stream {
@@ -886,6 +1042,10 @@ async fn ask_model(engine: &Engine, req: LeaseRequest, body: Value, stream: bool
         Ok(l) => l,
         Err(e) => return failed(e, vec![]),
     };
+    // (A local lease carries the decision's words too, when spillover was considered.)
+    if lease.spilled.is_some() && lease.local().is_none() {
+        book.lock().clients[id].spilled_at = Some(epoch.elapsed());
+    }
     let bytes = bytes::Bytes::from(body.to_string());
     let resp = match lease.send(Method::POST, path, Some(bytes), true).await {
         Ok(r) => r,
@@ -919,6 +1079,10 @@ async fn ask_model(engine: &Engine, req: LeaseRequest, body: Value, stream: bool
             }
         }
     }
+    // A remote upstream names its own id; the client asked for `<provider>.<id>`.
+    if lease.local().is_none() && model == upstream::MODEL {
+        model = lease.name().to_string();
+    }
     Ended::Answer { model, tokens, complete: done }
 }
 
@@ -936,6 +1100,8 @@ fn kind(e: &EngineError) -> &'static str {
         EngineError::Internal(_) => "internal",
         EngineError::Backend { .. } => "backend_error_answer",
         EngineError::BadAnswer { .. } => "bad_answer",
+        EngineError::Upstream { failure: engine::error::UpstreamFailure::BreakerOpen { .. }, .. } => "breaker_open",
+        EngineError::Upstream { .. } => "upstream",
         _ => "other",
     }
 }
@@ -951,6 +1117,17 @@ fn describe(e: &Ended) -> String {
 }
 
 /// The checks of one ended request.
+/// The local model a request was for (its alias's target when it named one).
+fn local_target(c: &Client) -> Option<String> {
+    c.may_answer.iter().find(|m| m.starts_with("extra.")).cloned()
+}
+
+/// Whether the upstream was down at some moment of `from..=to`.
+fn down_within(changes: &[(Duration, bool)], from: Duration, to: Duration) -> bool {
+    let at_start = changes.iter().rev().find(|(t, _)| *t <= from).is_some_and(|(_, down)| *down);
+    at_start || changes.iter().any(|(t, down)| *down && *t >= from && *t <= to)
+}
+
 fn judge(
     id: usize,
     c: &Client,
@@ -969,7 +1146,8 @@ fn judge(
                     && (who == "*" || model.is_none_or(|m| m == who) || c.may_answer.contains(who))
             })
     };
-    if c.embedding && !c.may_answer.is_empty() {
+    // (A remote model's types are its upstream's to know: lemonade forwards it embeddings.)
+    if c.embedding && !c.may_answer.is_empty() && c.asked != remote_model() {
         hits.hit("right_model");
         return match outcome {
             Ended::Failed { kind: "wrong_model_type", .. } | Ended::HungUp => Ok(()),
@@ -1022,7 +1200,8 @@ fn judge(
                         ));
                     }
                 }
-                "rejected" | "load_failed" | "load_cancelled" | "still_unloading" | "not_loaded" => {}
+                "rejected" | "load_failed" | "load_cancelled" | "still_unloading" | "not_loaded" | "upstream" => {}
+                "breaker_open" => {}
                 _ => return Err(broken!("ends_once", "c{id} ended with an undocumented error ({kind}): {text}")),
             }
         }
