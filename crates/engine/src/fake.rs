@@ -419,6 +419,20 @@ impl Process for FakeProcess {
     }
 }
 
+/// The engine over `catalogue` with `launcher`'s backends, as in-process tests and the
+/// simulation make it: its prompt cache under `cfg`'s cache dir, a fresh connection pool.
+pub fn engine(cfg: crate::Config, catalogue: Catalogue, launcher: Arc<dyn crate::Launcher>) -> crate::Engine {
+    let store = host::prompt_cache::Store::open(&cfg.cache_dir.join("prompt-cache"));
+    crate::Engine::with_launcher(
+        Arc::new(cfg),
+        Arc::new(catalogue),
+        launcher,
+        Default::default(),
+        store,
+        crate::backend_client(),
+    )
+}
+
 /// A catalogue of downloaded extra models, `extra.<name>` for each of `names` (no file
 /// behind them: the fake launcher needs none); its own files (saved options, user models,
 /// aliases) are read from and written to `cache_dir`.

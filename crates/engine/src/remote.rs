@@ -569,16 +569,9 @@ impl Remotes {
         let auth = key.map(|k| p.auth_header(&k));
         let auth = auth.as_ref().map(|(n, v)| (n.as_str(), v.as_str()));
         let within = self.timeout().min(Duration::from_secs(10));
-        let found = match self.in_memory() {
-            None => host::cloud::discover(&self.http, &p.base, auth, within).await,
-            Some(answer) => {
-                match send(Some(&answer), host::cloud::models_request(&self.http, &p.base, auth, within)).await {
-                    Ok(resp) => host::cloud::models_of(resp, &p.base, within).await,
-                    Err(e) => Err(e.describe(within)),
-                }
-            }
-        };
-        match found {
+        let in_memory = self.in_memory();
+        let sent = |req| async move { send(in_memory.as_ref(), req).await.map_err(|e| e.describe(within)) };
+        match host::cloud::discover(&self.http, &p.base, auth, within, sent).await {
             Ok(models) => {
                 let changed = {
                     let mut seen = p.seen.write();

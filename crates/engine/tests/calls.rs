@@ -103,21 +103,13 @@ async fn setup(replies: Vec<Value>) -> Setup {
     launcher.serve(PLANNER, &planner_url);
     launcher.serve(SD, &sd_url);
     launcher.serve(KOKORO, &kokoro_url);
-    let store = host::prompt_cache::Store::open(&tmp.path().join("cache/prompt-cache"));
     let repos: &[(&str, &[&str])] =
         &[("stabilityai/sd-turbo", &["sd_turbo.safetensors"]), ("mikkoph/kokoro-onnx", &["index.json"])];
-    let catalogue = Arc::new(fake::catalogue_with(&cfg.cache_dir, &["planner.gguf"], repos));
+    let catalogue = fake::catalogue_with(&cfg.cache_dir, &["planner.gguf"], repos);
     for m in [SD, KOKORO] {
         assert!(catalogue.get(m).unwrap().downloaded, "{m} is downloaded: no test may pull");
     }
-    let engine = Engine::with_launcher(
-        Arc::new(cfg),
-        catalogue,
-        launcher.clone(),
-        Default::default(),
-        store,
-        engine::backend_client(),
-    );
+    let engine = fake::engine(cfg, catalogue, launcher.clone());
     let def = json!({"model": "user.Omni", "recipe": "collection.omni", "components": [PLANNER, SD, KOKORO]});
     let name = engine::router::register(&engine, &serde_json::from_value(def).unwrap()).await.unwrap();
     assert_eq!(name, "user.Omni");
@@ -265,16 +257,8 @@ async fn remote_engine(url: &str, failures: u32) -> (Engine, tempfile::TempDir) 
     cfg.remote_refresh = None;
     cfg.watchdog_interval = None;
     cfg.breaker = backends::upstream::BreakerSettings { failures, open_ms: 60_000 };
-    let store = host::prompt_cache::Store::open(&tmp.path().join("cache/prompt-cache"));
-    let catalogue = Arc::new(fake::catalogue_at(&cfg.cache_dir, &[]));
-    let e = Engine::with_launcher(
-        Arc::new(cfg),
-        catalogue,
-        FakeLauncher::new(),
-        Default::default(),
-        store,
-        engine::backend_client(),
-    );
+    let catalogue = fake::catalogue_at(&cfg.cache_dir, &[]);
+    let e = fake::engine(cfg, catalogue, FakeLauncher::new());
     e.remotes().install("up", Some(url), None).await.expect("the provider installs");
     (e, tmp)
 }

@@ -39,10 +39,8 @@ fn setup_with(adjust: impl FnOnce(&mut Config), catalogue: impl FnOnce(&Config) 
     cfg.watchdog_interval = None;
     adjust(&mut cfg);
     let launcher = FakeLauncher::new();
-    let store = host::prompt_cache::Store::open(&tmp.path().join("cache/prompt-cache"));
-    let catalogue = Arc::new(catalogue(&cfg));
-    let http = engine::backend_client();
-    let engine = Engine::with_launcher(Arc::new(cfg), catalogue, launcher.clone(), Default::default(), store, http);
+    let catalogue = catalogue(&cfg);
+    let engine = fake::engine(cfg, catalogue, launcher.clone());
     Setup { engine, launcher, _tmp: tmp }
 }
 

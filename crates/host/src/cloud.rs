@@ -45,34 +45,23 @@ pub fn save(cache_dir: &Path, name: &str, saved: Option<&Saved>) -> Result<(), H
     crate::files::update_json_map(&cache_dir.join(PROVIDERS_FILE), name, saved.cloned())
 }
 
-/// Reads `<base>/models` with the key as a bearer token; an error says what failed (never the
-/// key).
-pub async fn discover(
+/// Reads `<base>/models` with the key as a bearer token, the request sent by `send` (over
+/// HTTP, or in memory in the simulation); an error says what failed (never the key).
+pub async fn discover<Sent>(
     http: &reqwest::Client,
     base: &str,
     auth: Option<(&str, &str)>,
     timeout: Duration,
-) -> Result<Vec<Discovered>, String> {
-    let resp = models_request(http, base, auth, timeout).send().await.map_err(|e| describe(&e, timeout))?;
-    models_of(resp, base, timeout).await
-}
-
-/// The request of [`discover`]: `GET {base}/models`, with the key's header.
-pub fn models_request(
-    http: &reqwest::Client,
-    base: &str,
-    auth: Option<(&str, &str)>,
-    timeout: Duration,
-) -> reqwest::RequestBuilder {
+    send: impl FnOnce(reqwest::RequestBuilder) -> Sent,
+) -> Result<Vec<Discovered>, String>
+where
+    Sent: std::future::Future<Output = Result<reqwest::Response, String>>,
+{
     let mut req = http.get(format!("{base}/models")).timeout(timeout);
     if let Some((name, value)) = auth {
         req = req.header(name, value);
     }
-    req
-}
-
-/// The models a provider's answer to [`models_request`] lists.
-pub async fn models_of(resp: reqwest::Response, base: &str, timeout: Duration) -> Result<Vec<Discovered>, String> {
+    let resp = send(req).await?;
     let status = resp.status();
     if !status.is_success() {
         return Err(format!("GET {base}/models answered {status}"));

@@ -142,6 +142,8 @@ struct Book {
     /// all), a restart ("*" for every model).
     disrupted: Vec<(Duration, String)>,
     aliases: BTreeMap<String, String>,
+    /// `user.*` registrations made (name → checkpoint); a name unregistered maps to None.
+    registered: BTreeMap<String, Option<String>>,
     /// Loads asked, and when each was answered (a load with other options reloads a pinned
     /// model in place, on purpose, once its other loads are answered).
     loads_asked: Vec<(Duration, Option<Duration>, String)>,
@@ -247,16 +249,8 @@ fn start_engine(
     for (m, bytes) in sizes {
         launcher.measure(m, Some(*bytes), None);
     }
-    let store = host::prompt_cache::Store::open(&cfg.cache_dir.join("prompt-cache"));
-    let catalogue = Arc::new(fake::catalogue_at(&cfg.cache_dir, FILES));
-    let engine = Engine::with_launcher(
-        Arc::new(cfg),
-        catalogue,
-        launcher.clone(),
-        Default::default(),
-        store,
-        engine::backend_client(),
-    );
+    let catalogue = fake::catalogue_at(&cfg.cache_dir, FILES);
+    let engine = fake::engine(cfg, catalogue, launcher.clone());
     engine.remotes().answer_in_memory(up.answerer());
     if swarm.spill && swarm.remote {
         for f in FILES {
@@ -407,7 +401,8 @@ impl World {
                 self.note(format!("unload {} -> {r:?}", which.unwrap_or("all")));
             }
             89..=92 if s.settings => self.settings().await,
-            93..=96 if s.aliases => self.alias(m).await,
+            93..=94 if s.aliases => self.alias(m).await,
+            95..=96 if s.aliases => self.register().await,
             97..=99 if s.restarts => self.restart().await?,
             100..=104 if s.disk_faults => self.disk_fault(m).await?,
             105..=109 if s.remote => {
@@ -558,10 +553,10 @@ impl World {
         let fault = if kill { Fault::KillAfter(self.rng.range(0, 160) as usize) } else { Fault::NoSpace };
         self.note(format!("disk: the next write meets {fault:?}"));
         faults::arm(&cache, fault);
-        if self.rng.chance(0.6) {
-            self.settings().await;
-        } else {
-            self.alias(m).await;
+        match self.rng.range(0, 10) {
+            0..=4 => self.settings().await,
+            5..=7 => self.alias(m).await,
+            _ => self.register().await,
         }
         faults::arm_none(&cache);
         if faults::killed(&cache) {
@@ -570,6 +565,28 @@ impl World {
             return self.restart().await;
         }
         self.check_restart_keeps()
+    }
+
+    /// A `user.*` model registered (or re-registered with another checkpoint), or forgotten.
+    async fn register(&mut self) {
+        let name = format!("user.Sim-{}", self.rng.range(0, 3));
+        let forget = self.rng.chance(0.3);
+        let checkpoint = format!("sim/repo-{}:Q4_K_M", self.rng.range(0, 100));
+        let r = if forget {
+            self.engine.catalogue().unregister(&name).await.map(|_| None)
+        } else {
+            let entry = registry::CatalogueEntry {
+                checkpoint: checkpoint.clone(),
+                recipe: "llamacpp".into(),
+                ..Default::default()
+            };
+            self.engine.catalogue().register(&name, &entry).await.map(|_| Some(checkpoint))
+        };
+        let said = r.as_ref().map_or_else(|e| e.to_string(), |c| format!("{c:?}"));
+        self.note(format!("register {name} forget={forget} -> {said}"));
+        if let Ok(kept) = r {
+            self.book.lock().registered.insert(name, kept);
+        }
     }
 
     async fn alias(&mut self, m: String) {
@@ -748,6 +765,18 @@ impl World {
         // What each request was outstanding for: its local model, from when to when.
         let spans: Vec<(Option<String>, Duration, Option<Duration>)> =
             b.clients.iter().map(|c| (local_target(c), c.started, c.ended_at)).collect();
+        // Requests that may reach the remote provider (named, or spilling to it): when, from when to when.
+        let spans_remote: Vec<(Duration, Option<Duration>)> =
+            b.clients
+                .iter()
+                .map(|c| {
+                    if c.may_answer.contains(&remote_model()) {
+                        (c.started, c.ended_at)
+                    } else {
+                        (Duration::MAX, None)
+                    }
+                })
+                .collect();
         for (id, c) in b.clients.iter_mut().enumerate() {
             if let (Some(at), false) = (c.spilled_at, c.judged) {
                 // Spillover decides on the settled state: some other request for the model must
@@ -786,6 +815,23 @@ impl World {
             if let Ended::Failed { kind: "breaker_open", text, .. } = &outcome {
                 self.hits.hit("breaker_agrees");
                 let end = c.ended_at.unwrap_or_default();
+                if text.contains("probe") {
+                    // Half-open: one request probes the upstream, the others are refused
+                    // meanwhile. The probe must be a request outstanding then.
+                    let probes = spans_remote
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, (from, to))| *i != id && *from <= end && to.is_none_or(|t| t >= end))
+                        .count();
+                    if probes == 0 {
+                        return Err(broken!(
+                            "breaker_agrees",
+                            "c{id} was refused at {} ms for a probe in flight, and no other request could be it: {text}",
+                            end.as_millis()
+                        ));
+                    }
+                    continue;
+                }
                 let window = Duration::from_millis(BREAKER.open_ms) + REMOTE_TIMEOUT + Duration::from_secs(1);
                 if !down_within(&up_changes, end.saturating_sub(window), end) {
                     return Err(broken!(
@@ -911,6 +957,17 @@ impl World {
                 return Err(broken!(
                     "restart_keeps",
                     "alias {alias} -> {target} is not listed after a restart: {found}"
+                ));
+            }
+        }
+        let registered = self.book.lock().registered.clone();
+        for (name, checkpoint) in &registered {
+            self.hits.hit("restart_keeps");
+            let found = self.engine.catalogue().get(name).ok().map(|m| m.checkpoint);
+            if found != *checkpoint {
+                return Err(broken!(
+                    "restart_keeps",
+                    "{name} was registered as {checkpoint:?}; the catalogue now says {found:?}"
                 ));
             }
         }
