@@ -126,6 +126,11 @@ struct Client {
     judged: bool,
     /// When spillover sent it to the remote place (streams, whose lease the client holds).
     spilled_at: Option<Duration>,
+    /// The order of its start, its spill and its end among all such events (several happen in
+    /// one simulated millisecond: a client's next request starts as its answer ends).
+    start_seq: u64,
+    spill_seq: Option<u64>,
+    end_seq: Option<u64>,
 }
 
 /// What the driver knows, shared with the client tasks.
@@ -147,6 +152,8 @@ struct Book {
     /// Loads asked, and when each was answered (a load with other options reloads a pinned
     /// model in place, on purpose, once its other loads are answered).
     loads_asked: Vec<(Duration, Option<Duration>, String)>,
+    /// Counts the clients' starts, spills and ends, in the order they happen.
+    seq: u64,
     /// When the upstream went down (true) or came back (false).
     up_changes: Vec<(Duration, bool)>,
     /// The settings last saved with `/params` (max loaded, idle timeout s, swap hold ms).
@@ -763,8 +770,8 @@ impl World {
         let disrupted = b.disrupted.clone();
         let up_changes = b.up_changes.clone();
         // What each request was outstanding for: its local model, from when to when.
-        let spans: Vec<(Option<String>, Duration, Option<Duration>)> =
-            b.clients.iter().map(|c| (local_target(c), c.started, c.ended_at)).collect();
+        let spans: Vec<(Option<String>, u64, Option<u64>)> =
+            b.clients.iter().map(|c| (local_target(c), c.start_seq, c.end_seq)).collect();
         // Requests that may reach the remote provider (named, or spilling to it): when, from when to when.
         let spans_remote: Vec<(Duration, Option<Duration>)> =
             b.clients
@@ -782,11 +789,14 @@ impl World {
                 // Spillover decides on the settled state: some other request for the model must
                 // have been outstanding (one at a time each, so one saturates it).
                 self.hits.hit("spill_needs_load");
-                let mine = local_target(c);
+                // Outstanding: started before the decision, not ended before this one started.
+                let (mine, started, decided) = (local_target(c), c.start_seq, c.spill_seq.unwrap_or(u64::MAX));
                 let others = spans
                     .iter()
                     .enumerate()
-                    .filter(|(i, (m, from, to))| *i != id && *m == mine && *from <= at && to.is_none_or(|t| t > at))
+                    .filter(|(i, (m, from, to))| {
+                        *i != id && *m == mine && *from < decided && to.is_none_or(|t| t > started)
+                    })
                     .count();
                 if others == 0 {
                     return Err(broken!(
@@ -1015,6 +1025,8 @@ impl Asking {
             // A local model may be answered by its spillover place.
             may_answer.insert(remote_model());
         }
+        b.seq += 1;
+        let start_seq = b.seq;
         b.clients.push(Client {
             asked: self.asked.clone(),
             may_answer,
@@ -1022,6 +1034,9 @@ impl Asking {
             embedding: self.endpoint == Endpoint::Embeddings,
             ask: self.ask.clone(),
             started: now,
+            start_seq,
+            spill_seq: None,
+            end_seq: None,
             ended_at: None,
             ends: 0,
             outcome: None,
@@ -1061,6 +1076,10 @@ impl Asking {
         let c = &mut b.clients[id];
         c.ends += 1;
         c.ended_at = Some(at);
+        b.seq += 1;
+        let seq = b.seq;
+        let c = &mut b.clients[id];
+        c.end_seq = Some(seq);
         c.outcome = Some(ended.clone());
         ended
     }
@@ -1101,7 +1120,11 @@ async fn ask_model(
     };
     // (A local lease carries the decision's words too, when spillover was considered.)
     if lease.spilled.is_some() && lease.local().is_none() {
-        book.lock().clients[id].spilled_at = Some(epoch.elapsed());
+        let mut b = book.lock();
+        b.seq += 1;
+        let seq = b.seq;
+        let c = &mut b.clients[id];
+        (c.spilled_at, c.spill_seq) = (Some(epoch.elapsed()), Some(seq));
     }
     let bytes = bytes::Bytes::from(body.to_string());
     let resp = match lease.send(Method::POST, path, Some(bytes), true).await {
