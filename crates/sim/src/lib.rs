@@ -30,7 +30,10 @@ pub const INVARIANTS: &[(&str, &str)] = &[
     ("no_orphan", "at quiescence every live process is a loaded model's, one each; after shutdown none lives"),
     ("files_parse", "every file lemonade owns parses after any run and any kill point"),
     ("restart_keeps", "a restart keeps the settings, aliases and registrations that were saved"),
-    ("breaker_agrees", "an open breaker refuses only while its upstream was down within the open window"),
+    (
+        "breaker_agrees",
+        "an open breaker refuses only while its upstream was down within the open window, or while its probe is out",
+    ),
     ("spill_needs_load", "a request spills over only while other requests for its model are outstanding"),
 ];
 
