@@ -1245,8 +1245,9 @@ fn judge(
                 return Err(broken!("stream_order", "c{id}'s tokens came as {tokens:?}"));
             }
             if !complete || tokens.len() != c.ask.tokens as usize {
-                // A stream that ended without `[DONE]` and no error is a lost tail.
-                if !caused(Some(model)) {
+                // A whole answer is all of it or an error; a stream that ended without `[DONE]`
+                // and no error is a lost tail, unless its backend went away.
+                if !c.stream || !caused(Some(model)) {
                     return Err(broken!(
                         "stream_order",
                         "c{id} got {} of {} tokens and no error",
@@ -1287,6 +1288,5 @@ fn judge(
         }
         Ended::HungUp => {}
     }
-    let _ = c.stream;
     Ok(())
 }
