@@ -40,6 +40,8 @@ fn answer(process: &FakeProcess, req: &reqwest::Request) -> Exchange {
         req.body().and_then(|b| b.as_bytes()).and_then(|b| serde_json::from_slice(b).ok()).unwrap_or_default();
     let ask: SimAsk = body.get("sim").and_then(|s| serde_json::from_value(s.clone()).ok()).unwrap_or_default();
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    // The field a parameter variant forces, echoed so the checks see it arrived.
+    let variant = body.get("sim_variant").cloned().unwrap_or(Value::Null);
     let (name, crasher, busy) = (process.model().to_string(), process.crasher(), process.busy());
     let mut gone = process.exits();
     Box::pin(async move {
@@ -49,6 +51,7 @@ fn answer(process: &FakeProcess, req: &reqwest::Request) -> Exchange {
         let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(1);
         let n = ask.tokens;
         let model = name.clone();
+        let variant_whole = variant.clone();
         // The generation: it stops when the client is gone (its connection closed) or the process.
         let produce = async move {
             let _busy = busy;
@@ -69,8 +72,8 @@ fn answer(process: &FakeProcess, req: &reqwest::Request) -> Exchange {
                     }
                     return;
                 }
-                let delta =
-                    json!({"model": model, "n": i, "choices": [{"index": 0, "delta": {"content": format!("t{i} ")}}]});
+                let delta = json!({"model": model, "n": i, "variant": variant,
+                    "choices": [{"index": 0, "delta": {"content": format!("t{i} ")}}]});
                 tokio::select! {
                     biased;
                     _ = tx.closed() => return,
@@ -96,7 +99,7 @@ fn answer(process: &FakeProcess, req: &reqwest::Request) -> Exchange {
                 return Err(Unanswered::Closed);
             }
             let tokens: Vec<String> = (0..n).map(|i| format!("t{i}")).collect();
-            let whole = json!({"model": name, "tokens": n,
+            let whole = json!({"model": name, "tokens": n, "variant": variant_whole,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": tokens.join(" ")}, "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}});
             ("application/json", reqwest::Body::from(whole.to_string()))

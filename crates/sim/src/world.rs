@@ -106,8 +106,18 @@ impl Swarm {
 /// How a client's request ended.
 #[derive(Debug, Clone)]
 enum Ended {
-    Answer { model: String, tokens: Vec<u32>, complete: bool },
-    Failed { kind: &'static str, text: String, tokens: Vec<u32> },
+    /// `variant`: the field a parameter variant forced, as the backend saw it.
+    Answer {
+        model: String,
+        tokens: Vec<u32>,
+        complete: bool,
+        variant: Option<String>,
+    },
+    Failed {
+        kind: &'static str,
+        text: String,
+        tokens: Vec<u32>,
+    },
     HungUp,
 }
 
@@ -115,6 +125,8 @@ struct Client {
     asked: String,
     /// An embedding asked of a chat model: it must be refused for the model's type.
     embedding: bool,
+    /// The field its alias forced when it named a parameter variant.
+    variant: Option<String>,
     /// The models an answer may come from (an alias's targets while it was asked).
     may_answer: BTreeSet<String>,
     stream: bool,
@@ -147,6 +159,8 @@ struct Book {
     /// all), a restart ("*" for every model).
     disrupted: Vec<(Duration, String)>,
     aliases: BTreeMap<String, String>,
+    /// The aliases that are parameter variants: the `sim_variant` value each forces.
+    variants: BTreeMap<String, String>,
     /// `user.*` registrations made (name → checkpoint); a name unregistered maps to None.
     registered: BTreeMap<String, Option<String>>,
     /// Loads asked, and when each was answered (a load with other options reloads a pinned
@@ -596,14 +610,32 @@ impl World {
         }
     }
 
+    /// An alias pointed at `m`; some are parameter variants, forcing a field on every request
+    /// through them.
     async fn alias(&mut self, m: String) {
         let alias = *self.rng.pick(ALIASES);
-        let req =
-            api_types::AliasRequest { alias: Some(alias.to_string()), target: Some(m.clone()), ..Default::default() };
+        let forced = self.rng.chance(0.4).then(|| format!("{alias}-{}", self.rng.range(0, 100)));
+        let params = forced.as_ref().map(|v| {
+            let mut p = serde_json::Map::new();
+            p.insert("sim_variant".into(), v.clone().into());
+            p
+        });
+        let req = api_types::AliasRequest {
+            alias: Some(alias.to_string()),
+            target: Some(m.clone()),
+            params,
+            ..Default::default()
+        };
         let r = engine::aliases::set(&self.engine, &req).await;
-        self.note(format!("alias {alias} -> {m}: {}", r.as_ref().map_or_else(|e| e.to_string(), |_| "ok".into())));
+        let said = r.as_ref().map_or_else(|e| e.to_string(), |_| "ok".into());
+        self.note(format!("alias {alias} -> {m} forcing {forced:?}: {said}"));
         if r.is_ok() {
-            self.book.lock().aliases.insert(alias.to_string(), m);
+            let mut b = self.book.lock();
+            b.aliases.insert(alias.to_string(), m);
+            match forced {
+                Some(v) => b.variants.insert(alias.to_string(), v),
+                None => b.variants.remove(alias),
+            };
         }
     }
 
@@ -1027,8 +1059,10 @@ impl Asking {
         }
         b.seq += 1;
         let start_seq = b.seq;
+        let variant = b.variants.get(asked).cloned();
         b.clients.push(Client {
             asked: self.asked.clone(),
+            variant,
             may_answer,
             stream: self.stream,
             embedding: self.endpoint == Endpoint::Embeddings,
@@ -1089,7 +1123,7 @@ impl Asking {
 /// or the one in-process call for a whole answer.
 async fn ask_model(
     engine: &Engine,
-    req: LeaseRequest,
+    mut req: LeaseRequest,
     body: Value,
     stream: bool,
     book: &Mutex<Book>,
@@ -1097,6 +1131,14 @@ async fn ask_model(
     id: usize,
 ) -> Ended {
     let path = req.endpoint.path();
+    // What the server does first: a variant's fields forced (a collection would be routed).
+    let body = match engine::router::resolve_value(engine, &req.model, req.endpoint, body).await {
+        engine::router::Resolved::Model { model, body, .. } => {
+            req.model = model;
+            body
+        }
+        engine::router::Resolved::Omni { body, .. } => body,
+    };
     let failed = |e: EngineError, tokens: Vec<u32>| Ended::Failed { kind: kind(&e), text: e.to_string(), tokens };
     if !stream {
         return match engine::call::call(engine, req, Payload::Json(body)).await {
@@ -1107,7 +1149,8 @@ async fn ask_model(
                     let tokens: Vec<u32> =
                         text.split_whitespace().filter_map(|t| t.strip_prefix('t')?.parse().ok()).collect();
                     let complete = v["tokens"].as_u64() == Some(tokens.len() as u64);
-                    Ended::Answer { model, tokens, complete }
+                    let variant = v["variant"].as_str().map(str::to_string);
+                    Ended::Answer { model, tokens, complete, variant }
                 }
                 Err(e) => failed(e, vec![]),
             },
@@ -1136,6 +1179,7 @@ async fn ask_model(
     }
     lease.streaming();
     let (mut tokens, mut model, mut buf, mut done) = (vec![], String::new(), String::new(), false);
+    let mut variant = None;
     let mut chunks = resp.bytes_stream();
     while let Some(chunk) = chunks.next().await {
         let chunk = match chunk {
@@ -1157,13 +1201,16 @@ async fn ask_model(
             if let Some(m) = v["model"].as_str() {
                 model = m.to_string();
             }
+            if let Some(f) = v["variant"].as_str() {
+                variant = Some(f.to_string());
+            }
         }
     }
     // A remote upstream names its own id; the client asked for `<provider>.<id>`.
     if lease.local().is_none() && model == upstream::MODEL {
         model = lease.name().to_string();
     }
-    Ended::Answer { model, tokens, complete: done }
+    Ended::Answer { model, tokens, complete: done, variant }
 }
 
 /// The error's kind: what the server's one table turns into a status.
@@ -1188,8 +1235,8 @@ fn kind(e: &EngineError) -> &'static str {
 
 fn describe(e: &Ended) -> String {
     match e {
-        Ended::Answer { model, tokens, complete } => {
-            format!("answer {model} {} tokens complete={complete}", tokens.len())
+        Ended::Answer { model, tokens, complete, variant } => {
+            format!("answer {model} {} tokens complete={complete} variant={variant:?}", tokens.len())
         }
         Ended::Failed { kind, text, tokens } => format!("failed {kind} after {} tokens: {text}", tokens.len()),
         Ended::HungUp => "hung up".into(),
@@ -1235,10 +1282,20 @@ fn judge(
         };
     }
     match outcome {
-        Ended::Answer { model, tokens, complete } => {
+        Ended::Answer { model, tokens, complete, variant } => {
             hits.hit("right_model");
             if !c.may_answer.contains(model) {
                 return Err(broken!("right_model", "c{id} asked {} and was answered by {model:?}", c.asked));
+            }
+            // A parameter variant's forced field reaches the local backend; no other request
+            // carries it. (The remote upstream does not echo it.)
+            if model.starts_with("extra.") && *variant != c.variant {
+                return Err(broken!(
+                    "right_model",
+                    "c{id} asked {}, forcing {:?}; its backend saw {variant:?}",
+                    c.asked,
+                    c.variant
+                ));
             }
             hits.hit("stream_order");
             if !in_order(tokens) {
