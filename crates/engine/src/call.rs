@@ -117,11 +117,13 @@ impl Lease {
     async fn exchange(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response> {
         let (client, req) = req.build_split();
         let req = req.map_err(|e| EngineError::Internal(format!("cannot build the backend request: {e}")))?;
-        if let Some(answer) = self.local().and_then(|m| m.backend.exchange(&req)) {
-            return match answer.await {
-                Ok(r) => Ok(r),
-                Err(why) => Err(self.backend_lost(why.to_string()).await),
-            };
+        if let Some(model) = self.local() {
+            if let Some(answer) = model.backend.exchange(&req) {
+                return match answer.await {
+                    Ok(r) => Ok(r),
+                    Err(why) => Err(backend_lost(model, why.to_string()).await),
+                };
+            }
         }
         match client.execute(req).await {
             Ok(r) => Ok(r),
@@ -218,28 +220,9 @@ impl Lease {
     /// exited, was killed as wedged, or failed; a remote provider failed.
     pub async fn transport_failed(&self, e: &reqwest::Error) -> EngineError {
         match &self.target {
-            Target::Local { .. } => self.backend_lost(e.to_string()).await,
+            Target::Local { model, .. } => backend_lost(model, e.to_string()).await,
             Target::Remote(route) => remote_failed(route, host::cloud::describe(e, self.remote_timeout())),
         }
-    }
-
-    /// The local backend's connection failed (`why`): it exited, was killed as wedged, or
-    /// failed while running.
-    async fn backend_lost(&self, why: String) -> EngineError {
-        let Target::Local { model, .. } = &self.target else {
-            return EngineError::Internal(why);
-        };
-        let b = &model.backend;
-        let exit = match b.exit_status() {
-            Some(x) => Some(x),
-            None => tokio::time::timeout(EXIT_GRACE, b.wait_exit()).await.ok(),
-        };
-        let wedged = model.wedged.load(std::sync::atomic::Ordering::SeqCst);
-        let model = model.info.name.clone();
-        EngineError::BackendLost(match exit {
-            Some(exit) => BackendLoss::Exited { model, exit: exit.to_string(), wedged, log_tail: b.log_tail() },
-            None => BackendLoss::Failed { model, error: why },
-        })
     }
 
     /// An answer's body (a remote one within `--remote-timeout`).
@@ -337,6 +320,22 @@ impl Lease {
 
 fn content_type(resp: &reqwest::Response) -> Option<String> {
     resp.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string)
+}
+
+/// `model`'s backend connection failed (`why`): it exited, was killed as wedged, or failed
+/// while running.
+async fn backend_lost(model: &crate::lifecycle::Running, why: String) -> EngineError {
+    let b = &model.backend;
+    let exit = match b.exit_status() {
+        Some(x) => Some(x),
+        None => tokio::time::timeout(EXIT_GRACE, b.wait_exit()).await.ok(),
+    };
+    let wedged = model.wedged.load(std::sync::atomic::Ordering::SeqCst);
+    let model = model.info.name.clone();
+    EngineError::BackendLost(match exit {
+        Some(exit) => BackendLoss::Exited { model, exit: exit.to_string(), wedged, log_tail: b.log_tail() },
+        None => BackendLoss::Failed { model, error: why },
+    })
 }
 
 fn remote_failed(route: &Route, why: String) -> EngineError {

@@ -272,9 +272,15 @@ pub struct Crasher {
 impl Crasher {
     /// The process exits with code 1, unless it already ended.
     pub fn crash(&self) {
+        self.end(ExitInfo { code: Some(1), signal: None });
+    }
+
+    /// The process ends with `e` (when it ended, and the launcher's watchers told), unless it
+    /// already ended.
+    fn end(&self, e: ExitInfo) {
         if self.exit.borrow().is_none() {
             *self.ended_at.lock() = Some(tokio::time::Instant::now());
-            self.exit.send_replace(Some(ExitInfo { code: Some(1), signal: None }));
+            self.exit.send_replace(Some(e));
             bump(&self.changed);
         }
     }
@@ -311,11 +317,7 @@ impl FakeProcess {
     }
 
     fn exit_with(&self, e: ExitInfo) {
-        if self.exit.borrow().is_none() {
-            *self.ended_at.lock() = Some(tokio::time::Instant::now());
-            self.exit.send_replace(Some(e));
-            bump(&self.changed);
-        }
+        self.crasher().end(e);
     }
 
     /// Whether it was stopped by lemonade (SIGTERM) rather than crashing.

@@ -658,8 +658,8 @@ impl World {
         // The saved settings are read back as `serve` reads them.
         let file =
             host::files::load_config(&self.dir.path().join("cache")).map_err(|e| broken!("files_parse", "{e}"))?;
-        if let Some(Value::Object(update)) = Some(file).filter(|f| !f.is_empty()).map(Value::Object) {
-            engine::configure::set(&engine, &update)
+        if !file.is_empty() {
+            engine::configure::set(&engine, &file)
                 .await
                 .map_err(|e| broken!("restart_keeps", "config.json refused at start: {e}"))?;
         }
@@ -942,19 +942,8 @@ impl World {
                 return Err(broken!("no_orphan", "{m} is shown loaded with no live process"));
             }
         }
-        self.engine.shutdown().await;
-        self.check_all_stopped("after shutdown")?;
-        self.check_files()?;
-        let (engine, launcher) = start_engine(self.dir.path(), &self.swarm, &self.sizes, &self.up);
-        if let Ok(file) = host::files::load_config(&self.dir.path().join("cache")) {
-            if !file.is_empty() {
-                engine::configure::set(&engine, &file).await.map_err(|e| broken!("restart_keeps", "{e}"))?;
-            }
-        }
-        self.engine = engine;
-        self.launchers.push(launcher.clone());
-        self.launcher = launcher;
-        self.check_restart_keeps()?;
+        // A last restart over what the run left (its checks), then lemonade stops.
+        self.restart().await?;
         self.engine.shutdown().await;
         Ok(())
     }
@@ -1107,14 +1096,11 @@ impl Asking {
         let mut b = book.lock();
         let line = format!("{:>9} c{id} ended {}", at.as_millis(), describe(&ended).replace('\n', "\\n"));
         b.trace.push(line);
-        let c = &mut b.clients[id];
-        c.ends += 1;
-        c.ended_at = Some(at);
         b.seq += 1;
         let seq = b.seq;
         let c = &mut b.clients[id];
-        c.end_seq = Some(seq);
-        c.outcome = Some(ended.clone());
+        c.ends += 1;
+        (c.ended_at, c.end_seq, c.outcome) = (Some(at), Some(seq), Some(ended.clone()));
         ended
     }
 }
@@ -1243,7 +1229,6 @@ fn describe(e: &Ended) -> String {
     }
 }
 
-/// The checks of one ended request.
 /// The local model a request was for (its alias's target when it named one).
 fn local_target(c: &Client) -> Option<String> {
     c.may_answer.iter().find(|m| m.starts_with("extra.")).cloned()
@@ -1255,6 +1240,7 @@ fn down_within(changes: &[(Duration, bool)], from: Duration, to: Duration) -> bo
     at_start || changes.iter().any(|(t, down)| *down && *t >= from && *t <= to)
 }
 
+/// The checks of one ended request.
 fn judge(
     id: usize,
     c: &Client,
