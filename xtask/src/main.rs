@@ -126,8 +126,14 @@ fn sim_slice() -> Result<()> {
 /// Seeds in `cargo xtask test`'s slice of the simulation.
 const SIM_SLICE_SEEDS: &str = "3000";
 /// The past bugs the slice puts back, each of which it must find.
-const SIM_MUTATIONS: &[&str] =
-    &["hung-up-wait-kept", "config-written-in-place", "start-after-shutdown", "spill-without-settle"];
+const SIM_MUTATIONS: &[&str] = &[
+    "hung-up-wait-kept",
+    "config-written-in-place",
+    "start-after-shutdown",
+    "spill-without-settle",
+    "reload-published-unlocked",
+    "cache-key-without-options",
+];
 
 fn test(rest: &[String]) -> Result<()> {
     disk_preflight()?;

@@ -649,8 +649,14 @@ fn async_fn_bodies(code: &str) -> Vec<(usize, usize)> {
 }
 
 /// Whether the `std::fs` call at `at` in `body` runs off the async threads: inside a closure
-/// given to `spawn_blocking`, directly or by the name it was bound to.
+/// given to `spawn_blocking` (the server's) or `offload` (the engine's and host's), directly or
+/// by the name it was bound to.
 fn off_the_async_threads(body: &str, at: usize) -> bool {
+    // A closure without braces, given on the call's own line: `offload(move || std::fs::…)`.
+    let line = &body[body[..at].rfind('\n').map_or(0, |n| n + 1)..at];
+    if line.contains("spawn_blocking(") || line.contains("offload(") {
+        return true;
+    }
     // The opening lines of the blocks around `at`, innermost last.
     let mut open: Vec<usize> = Vec::new();
     for (i, c) in body[..at].char_indices() {
@@ -665,19 +671,22 @@ fn off_the_async_threads(body: &str, at: usize) -> bool {
     open.iter().any(|&o| {
         let line_start = body[..o].rfind('\n').map_or(0, |n| n + 1);
         let line = &body[line_start..o];
-        if line.contains("spawn_blocking(") {
+        if line.contains("spawn_blocking(") || line.contains("offload(") {
             return true;
         }
         let bound = line
             .trim_start()
             .strip_prefix("let ")
             .map(|r| r.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>());
-        bound.is_some_and(|name| line.contains('|') && body.contains(&format!("spawn_blocking({name})")))
+        bound.is_some_and(|name| {
+            line.contains('|')
+                && (body.contains(&format!("spawn_blocking({name})")) || body.contains(&format!("offload({name})")))
+        })
     })
 }
 
 /// No `std::fs` call on the async threads of the engine and the server: file work in an
-/// `async fn` goes through `spawn_blocking` (or `tokio::fs`).
+/// `async fn` goes through `host::offload` (the engine) or `spawn_blocking` (the server).
 #[test]
 fn no_std_fs_in_async_fns() {
     let mut bad = Vec::new();
@@ -706,7 +715,7 @@ fn no_std_fs_in_async_fns() {
             }
         }
     }
-    assert!(bad.is_empty(), "std::fs on an async thread (use spawn_blocking or tokio::fs):\n{}", bad.join("\n"));
+    assert!(bad.is_empty(), "std::fs on an async thread (use host::offload):\n{}", bad.join("\n"));
     // The check can fail, and sees through a named closure handed to spawn_blocking.
     let code = "async fn f() {\n    let w = move || {\n        std::fs::read(\"a\")\n    };\n    spawn_blocking(w).await;\n    std::fs::read(\"b\");\n}";
     let (s, e) = async_fn_bodies(code)[0];
@@ -805,6 +814,34 @@ fn the_documented_layers_match_the_imports() {
     }
 }
 
+/// docs/ARCHITECTURE.md's offload invariant: the engine and host run blocking work through
+/// `host::offload` (which the simulation runs on its one thread), never `spawn_blocking` or
+/// `tokio::fs` themselves; the downloader's writer thread, which the simulation replaces with
+/// writes in place, is the one exception.
+#[test]
+fn blocking_work_goes_through_offload() {
+    let mut bad = Vec::new();
+    for krate in ["engine", "host"] {
+        let mut files = Vec::new();
+        rust_files(&root().join("crates").join(krate).join("src"), &mut files);
+        for f in files {
+            let rel = f.strip_prefix(root()).unwrap().display().to_string();
+            if rel.ends_with("tests.rs") || rel.ends_with("host/src/offload.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&f).unwrap();
+            for (n, line) in code_lines(&without_tests(&text)) {
+                let writer = rel.ends_with("host/src/download.rs")
+                    && line.contains("spawn_blocking(move || -> std::io::Result<String>");
+                if (line.contains("spawn_blocking(") || line.contains("tokio::fs::")) && !writer {
+                    bad.push(format!("{rel}:{n}: {}", line.trim()));
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "blocking work not through host::offload:\n{}", bad.join("\n"));
+}
+
 /// docs/ARCHITECTURE.md's sim invariant: the simulation reads no real clock, sleeps for real
 /// nowhere, opens no socket and runs nothing off its thread (main.rs, which times the whole
 /// run, aside); and the engine's `testing` feature (the fake launcher, the mutations, the
@@ -812,7 +849,7 @@ fn the_documented_layers_match_the_imports() {
 #[test]
 fn the_simulation_is_deterministic_by_construction() {
     let mut bad = Vec::new();
-    for file in ["lib.rs", "world.rs", "backend.rs", "rng.rs"] {
+    for file in ["lib.rs", "world.rs", "backend.rs", "rng.rs", "upstream.rs", "hub.rs"] {
         let path = root().join("crates/sim/src").join(file);
         let text = std::fs::read_to_string(&path).unwrap();
         for (n, line) in code_lines(&text) {

@@ -145,7 +145,7 @@ impl Catalogue {
         f: impl FnOnce(&Catalogue) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         let me = self.clone();
-        tokio::task::spawn_blocking(move || f(&me))
+        host::offload::offload(move || f(&me))
             .await
             .map_err(|e| EngineError::Internal(format!("a catalogue change did not run: {e}")))?
     }
@@ -180,7 +180,22 @@ impl Catalogue {
 
     /// Reads the disk again (after files changed) and publishes what it found.
     pub async fn reload(self: &Arc<Self>) -> Result<()> {
+        #[cfg(feature = "testing")]
+        if crate::mutation::on(crate::mutation::Mutation::ReloadPublishedUnlocked) {
+            return self.reload_unlocked().await;
+        }
         self.off_thread(|c| c.reload_now()).await
+    }
+
+    /// The past bug: a scan outside the writer lock, published when it finished (a slow disk:
+    /// 50 ms), over whatever was published meanwhile.
+    #[cfg(feature = "testing")]
+    async fn reload_unlocked(self: &Arc<Self>) -> Result<()> {
+        let reg = self.off_thread(|c| (c.scan)(&c.config()).map_err(EngineError::from)).await?;
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        *self.current.write() = Arc::new(reg);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     }
 
     fn reload_now(&self) -> Result<()> {

@@ -88,7 +88,7 @@ pub async fn set(rt: &Engine, update: &Map<String, Value>) -> Result<Map<String,
     }
     let (dir, changes) = (rt.cfg.cache_dir.clone(), update.clone());
     let save = move || host::files::save_config(&dir, &keys::updated_file(&host::files::load_config(&dir)?, &changes));
-    tokio::task::spawn_blocking(save)
+    host::offload::offload(save)
         .await
         .map_err(|e| EngineError::Internal(format!("the configuration was not saved: {e}")))??;
     if let Some(dir) = apply_server(&rt.cfg, &resolved) {

@@ -7,7 +7,9 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use api_types::DownloadJob;
 use parking_lot::Mutex;
@@ -34,6 +36,8 @@ pub(crate) struct Job {
     pub(crate) snap: DownloadJob,
     /// Set while its worker runs.
     pub(crate) stop: Option<watch::Sender<Stop>>,
+    /// Its worker, while it runs (a shutdown waits for it to save the job paused).
+    pub(crate) task: Option<tokio::task::JoinHandle<()>>,
     pub(crate) completed_at: Option<Instant>,
 }
 
@@ -70,7 +74,7 @@ impl Downloads {
                 if snap.status == "downloading" {
                     snap.status = "paused".into();
                 }
-                (id, Job { snap, stop: None, completed_at: None })
+                (id, Job { snap, stop: None, task: None, completed_at: None })
             })
             .collect();
         Downloads { path, jobs: Mutex::new(jobs), saved: Mutex::new(None) }
@@ -100,6 +104,15 @@ impl Downloads {
         let bytes = serde_json::to_vec_pretty(&all).expect("jobs serialize");
         if let Err(e) = host::files::write_atomic(&self.path, &bytes) {
             tracing::warn!(path = %self.path.display(), error = %e, "download jobs not saved");
+        }
+    }
+
+    /// Resolves once every job's worker has ended (at shutdown each pauses itself and is
+    /// saved so: `crate::jobs`).
+    pub async fn stopped(&self) {
+        let tasks: Vec<_> = self.jobs.lock().values_mut().filter_map(|j| j.task.take()).collect();
+        for t in tasks {
+            let _ = t.await;
         }
     }
 

@@ -46,6 +46,8 @@ struct Knobs {
     served: HashMap<String, String>,
     /// Processes answer requests in memory ([`crate::launcher::Process::exchange`]).
     answerer: Option<Answerer>,
+    /// LLM loads keep a prompt cache here, up to this many bytes.
+    prompt_cache: Option<(host::prompt_cache::Store, u64)>,
 }
 
 impl FakeLauncher {
@@ -82,6 +84,13 @@ impl FakeLauncher {
     /// simulation's backend, crates/sim).
     pub fn in_memory(&self, answerer: Answerer) {
         self.state.lock().answerer = Some(answerer);
+    }
+
+    /// LLM loads from now on keep a prompt cache in `store` (up to `limit` bytes), as the real
+    /// launcher's: keyed by the model's file (as the catalogue names it) and the load's
+    /// command line (here its context size), the save directory in the process's arguments.
+    pub fn prompt_cache(&self, store: host::prompt_cache::Store, limit: u64) {
+        self.state.lock().prompt_cache = Some((store, limit));
     }
 
     /// Lets held starts of `model` finish.
@@ -180,21 +189,31 @@ impl Launcher for FakeLauncher {
             if let Some(m) = failed {
                 return Err(StartFailure::Fatal(m));
             }
+            let model = info.main_path.as_ref().map_or_else(|| info.name.clone(), |p| p.display().to_string());
+            let mut args = vec!["-m".to_string(), model.clone()];
+            if let Some(c) = &options.ctx_size {
+                args.extend(["--ctx-size".to_string(), format!("{c:?}")]);
+            }
+            let cache = self.state.lock().prompt_cache.clone().and_then(|(store, limit)| {
+                let key = crate::prompt_cache::FileKey { path: model, len: 1 << 20, mtime_ns: 0 };
+                let mmproj = info.mmproj_path.is_some();
+                crate::prompt_cache::attach(&store, limit, &info.name, info.model_type, mmproj, &key, &mut args)
+            });
             let spec = SpawnSpec {
                 label: info.name.clone(),
                 program: "fake-backend".into(),
-                args: vec![],
+                args,
                 env: vec![],
                 health_path: "/health".into(),
                 ready_timeout: Duration::from_secs(60),
                 port: None,
                 sandbox: None,
             };
-            Ok(Prepared { spec, cache: None })
+            Ok(Prepared { spec, cache })
         })
     }
 
-    fn spawn(&self, name: &str, _spec: SpawnSpec) -> Result<Arc<dyn Process>, StartFailure> {
+    fn spawn(&self, name: &str, spec: SpawnSpec) -> Result<Arc<dyn Process>, StartFailure> {
         let p = {
             let mut s = self.state.lock();
             let gate = s.held.get(name).map(|g| g.subscribe());
@@ -206,6 +225,7 @@ impl Launcher for FakeLauncher {
                 fail_ready: take_one(&mut s.fail_ready, name),
                 changed: self.changed.clone(),
                 answerer: s.answerer.clone(),
+                args: spec.args,
                 working: Default::default(),
                 ended_at: Default::default(),
             });
@@ -256,6 +276,8 @@ pub struct FakeProcess {
     ended_at: Arc<Mutex<Option<tokio::time::Instant>>>,
     /// Requests it is generating for now (in memory).
     working: Arc<std::sync::atomic::AtomicUsize>,
+    /// Its command line's arguments.
+    args: Vec<String>,
 }
 
 /// How a process answers in memory: given the process and the request, the answer.
@@ -318,6 +340,11 @@ impl FakeProcess {
 
     fn exit_with(&self, e: ExitInfo) {
         self.crasher().end(e);
+    }
+
+    /// Its command line's arguments (a prompt cache's `--slot-save-path` among them).
+    pub fn args(&self) -> &[String] {
+        &self.args
     }
 
     /// Whether it was stopped by lemonade (SIGTERM) rather than crashing.
@@ -445,14 +472,30 @@ pub fn catalogue_at(cache_dir: &std::path::Path, names: &[&str]) -> Catalogue {
 /// [`catalogue_at`] with the Hugging Face repositories `repos` downloaded too (each with the
 /// files named), so the built-in models of those repositories count as downloaded.
 pub fn catalogue_with(cache_dir: &std::path::Path, names: &[&str], repos: &[(&str, &[&str])]) -> Catalogue {
-    let dir = std::path::PathBuf::from("/fake-models");
+    let repos: HashMap<String, Vec<String>> =
+        repos.iter().map(|(r, f)| (r.to_string(), f.iter().map(|f| f.to_string()).collect())).collect();
+    scanned(cache_dir, "/nonexistent/hub".as_ref(), names, Arc::new(AllThere(repos)))
+}
+
+/// [`catalogue_at`] over a real Hugging Face cache at `hf_cache` (the simulation's pulls
+/// write it): a model of the Hub counts as downloaded when its files are there and complete.
+pub fn catalogue_over_hub(cache_dir: &std::path::Path, hf_cache: &std::path::Path, names: &[&str]) -> Catalogue {
+    scanned(cache_dir, hf_cache, names, Arc::new(HubCache(hf_cache.to_path_buf())))
+}
+
+/// The fake extra models of `names` (always there) beside the Hub's models as `files` sees them.
+fn scanned(
+    cache_dir: &std::path::Path,
+    hf_cache: &std::path::Path,
+    names: &[&str],
+    files: Arc<dyn registry::ModelFiles + Send + Sync>,
+) -> Catalogue {
+    let dir = std::path::PathBuf::from(FAKE_MODELS);
     let found: Vec<registry::ExtraFile> =
         names.iter().map(|n| registry::ExtraFile { path: dir.join(n), bytes: 1 << 20 }).collect();
-    let repos: Arc<HashMap<String, Vec<String>>> =
-        Arc::new(repos.iter().map(|(r, f)| (r.to_string(), f.iter().map(|f| f.to_string()).collect())).collect());
     let cfg = host::catalogue::CatalogueConfig {
         cache_dir: cache_dir.to_path_buf(),
-        hf_cache: "/nonexistent/hub".into(),
+        hf_cache: hf_cache.to_path_buf(),
         extra_models_dir: Some(dir.clone()),
         physical_memory_gb: None,
         disable_filtering: true,
@@ -464,14 +507,32 @@ pub fn catalogue_with(cache_dir: &std::path::Path, names: &[&str], repos: &[(&st
             disable_filtering: true,
             ..Default::default()
         };
-        Ok(registry::Registry::build(&rc, user, &AllThere(repos.clone()))?)
+        Ok(registry::Registry::build(&rc, user, files.as_ref())?)
     };
     Catalogue::with_scanner(cfg, Box::new(scan)).expect("the fake catalogue builds")
 }
 
+/// Where the fake extra models are (no file is behind them).
+const FAKE_MODELS: &str = "/fake-models";
+
+/// A real Hugging Face cache (its files' GGUF headers not read); the fake extra models complete.
+struct HubCache(std::path::PathBuf);
+
+impl registry::ModelFiles for HubCache {
+    fn snapshots(&self, repo: &str) -> Vec<registry::Snapshot> {
+        host::hf_cache::snapshots(&self.0, repo)
+    }
+    fn is_complete(&self, file: &std::path::Path) -> bool {
+        file.starts_with(FAKE_MODELS) || host::hf_cache::is_complete(file)
+    }
+    fn gguf_meta(&self, _file: &std::path::Path) -> Option<registry::gguf::GgufMeta> {
+        None
+    }
+}
+
 /// A cache in which every file is complete (and has no GGUF header to read).
 /// The repositories named are downloaded with their files.
-struct AllThere(Arc<HashMap<String, Vec<String>>>);
+struct AllThere(HashMap<String, Vec<String>>);
 
 impl registry::ModelFiles for AllThere {
     fn snapshots(&self, repo: &str) -> Vec<registry::Snapshot> {

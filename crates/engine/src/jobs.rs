@@ -1,7 +1,7 @@
 //! Running server-owned download jobs (`crate::downloads` keeps their state): start or resume
 //! one, its worker, and the controls.
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use api_types::DownloadJob;
 use registry::ModelInfo;
@@ -51,12 +51,13 @@ pub fn start(rt: &Engine, m: ModelInfo) -> DownloadJob {
         (snap.id, snap.kind, snap.model_name) = (id.clone(), "model".into(), m.name.clone());
         (snap.status, snap.running, snap.complete, snap.error) = ("downloading".into(), true, false, None);
         (snap.completed_files_bytes, snap.rate_bytes_per_s) = (0, 0);
-        jobs.insert(id.clone(), Job { snap: snap.clone(), stop: Some(tx), completed_at: None });
+        jobs.insert(id.clone(), Job { snap: snap.clone(), stop: Some(tx), task: None, completed_at: None });
         snap
     };
     d.save(true);
-    let rt = rt.clone();
-    tokio::spawn(async move { run(rt, m, id, rx).await });
+    let (me, job) = (rt.clone(), id.clone());
+    let task = tokio::spawn(async move { run(me, m, job, rx).await });
+    d.update(&id, |j| j.task = Some(task));
     snap
 }
 
@@ -66,6 +67,8 @@ async fn run(rt: Engine, m: ModelInfo, id: String, mut stop: watch::Receiver<Sto
     let run_start = rt.downloads.get(&id).map_or(0, |s| s.cumulative_bytes_downloaded);
     // Boxed, so that dropping it below ends the download (and frees the repository's lock).
     let mut work = Box::pin(crate::pulls::download(&rt, &m, Some(&tx)));
+    // A shutdown pauses the job (saved so, for the next start to list and resume).
+    let mut closed = Box::pin(rt.lifecycle.closed());
     let outcome = loop {
         tokio::select! {
             r = &mut work => break Ok(r),
@@ -74,6 +77,7 @@ async fn run(rt: Engine, m: ModelInfo, id: String, mut stop: watch::Receiver<Sto
                 rt.downloads.save(false);
             }
             _ = stop.changed() => break Err(*stop.borrow()),
+            () = &mut closed => break Err(Stop::Pause),
         }
     };
     // Dropping the download stops it at once; its partial file stays for a resume.
@@ -81,13 +85,12 @@ async fn run(rt: Engine, m: ModelInfo, id: String, mut stop: watch::Receiver<Sto
     while let Ok(ev) = events.try_recv() {
         rt.downloads.update(&id, |j| apply(&mut j.snap, &ev, started, run_start));
     }
-    // The failure, if the download (or the rescan after it) failed.
-    let failed: Option<String> = match outcome {
-        Ok(Ok(_)) => rt.catalogue.reload().await.err().map(|e| e.to_string()),
-        Ok(Err(e)) => Some(e.to_string()),
-        Err(_) => None,
+    // The failure, if the download (or the rescan after it) failed; else what stopped it.
+    let (failed, stopped): (Option<String>, Stop) = match outcome {
+        Ok(Ok(_)) => (rt.catalogue.reload().await.err().map(|e| e.to_string()), Stop::Run),
+        Ok(Err(e)) => (Some(e.to_string()), Stop::Run),
+        Err(s) => (None, s),
     };
-    let stopped = *stop.borrow();
     rt.downloads.update(&id, |j| {
         let s = &mut j.snap;
         (s.running, s.rate_bytes_per_s, j.stop) = (false, 0, None);

@@ -91,17 +91,21 @@ pub trait Process: Send + Sync + 'static {
     }
 }
 
+/// Every process's slot API: at its address, or in memory where it answers there.
+impl crate::prompt_cache::SlotApi for dyn Process {
+    fn base_url(&self) -> String {
+        Process::base_url(self)
+    }
+    fn answer(&self, req: &reqwest::Request) -> Option<Exchange> {
+        self.exchange(req)
+    }
+}
+
 /// An answer a process gives in memory ([`Process::exchange`]).
 pub type Exchange = BoxFuture<'static, Result<reqwest::Response, Unanswered>>;
 
 /// Why a process in memory gave no answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Unanswered {
-    #[error("connection refused: the backend has exited")]
-    Exited,
-    #[error("the backend closed the connection before it answered")]
-    Closed,
-}
+pub use host::net::Unanswered;
 
 /// What a start needs besides the model and its options: the devices the scheduler placed it
 /// on, and its draft model's file.
@@ -269,7 +273,8 @@ impl RealLauncher {
             .then(|| {
                 let (store, limit) = (&self.prompt_cache, self.cfg.prompt_cache_size);
                 let mmproj = info.mmproj_path.is_some();
-                crate::prompt_cache::attach(store, limit, name, info.model_type, mmproj, &main, &mut launch.args)
+                let key = crate::prompt_cache::FileKey::of(&main)?;
+                crate::prompt_cache::attach(store, limit, name, info.model_type, mmproj, &key, &mut launch.args)
             })
             .flatten();
         if flm {
@@ -283,7 +288,7 @@ impl RealLauncher {
             let _ = std::fs::remove_dir_all(&made);
             std::fs::create_dir_all(&made)
         };
-        let made = tokio::task::spawn_blocking(fresh).await.unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        let made = host::offload::offload(fresh).await.unwrap_or_else(|e| Err(std::io::Error::other(e)));
         made.map_err(|e| fatal(format!("cannot make {}: {e}", scratch.display())))?;
         // Each model file where the command line names it and where its links lead (a Hub
         // cache's snapshot links into the repository's blobs; a file may link elsewhere).

@@ -281,7 +281,7 @@ impl Engine {
     /// Empties the prompt cache: (files, bytes) removed.
     pub async fn clear_prompt_cache(&self) -> (u64, u64) {
         let store = self.prompt_cache.clone();
-        let (files, bytes) = tokio::task::spawn_blocking(move || store.clear()).await.unwrap_or_default();
+        let (files, bytes) = host::offload::offload(move || store.clear()).await.unwrap_or_default();
         tracing::info!(files, bytes, "prompt cache emptied");
         (files, bytes)
     }
@@ -314,8 +314,10 @@ impl Engine {
         }
     }
 
-    /// Stops every backend at once (server shutdown); see [`Lifecycle::shutdown`].
+    /// Stops every backend at once (server shutdown; see [`Lifecycle::shutdown`]), and every
+    /// download: a running download job is saved paused, its partial files kept for a resume.
     pub async fn shutdown(&self) {
-        self.lifecycle.shutdown().await
+        self.lifecycle.shutdown().await;
+        self.downloads.stopped().await;
     }
 }

@@ -45,7 +45,7 @@ pub fn hub(rt: &Engine) -> Result<Arc<LogHub>> {
 /// when this process keeps no log hub.
 pub async fn flush_telemetry(rt: &Engine) -> Result<Option<bool>> {
     let Some(hub) = rt.logs().cloned() else { return Ok(None) };
-    let sent = tokio::task::spawn_blocking(move || hub.flush_telemetry())
+    let sent = host::offload::offload(move || hub.flush_telemetry())
         .await
         .map_err(|e| EngineError::Internal(format!("telemetry flush failed: {e}")))?
         .map_err(|e| EngineError::Internal(e.to_string()))?;

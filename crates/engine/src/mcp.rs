@@ -96,11 +96,18 @@ async fn transcribe(rt: &Engine, args: &Map<String, Value>, body_limit: u64) -> 
 /// base64 bytes.
 async fn audio(args: &Map<String, Value>, body_limit: u64) -> Result<(String, Vec<u8>), ToolError> {
     if let Some(p) = mcp::string_arg(args, "audio_path", false)? {
-        let len = tokio::fs::metadata(p).await.map_err(|e| format!("audio_path '{p}': {e}"))?.len();
-        if len > body_limit {
-            return Err(format!("audio_path '{p}' is larger than the {body_limit} byte limit").into());
-        }
-        let data = tokio::fs::read(p).await.map_err(|e| format!("audio_path '{p}': {e}"))?;
+        let path = PathBuf::from(p);
+        let read = move || -> std::io::Result<Option<Vec<u8>>> {
+            if std::fs::metadata(&path)?.len() > body_limit {
+                return Ok(None);
+            }
+            std::fs::read(&path).map(Some)
+        };
+        let data = host::offload::offload(read)
+            .await
+            .map_err(|e| ToolError(e.to_string()))?
+            .map_err(|e| format!("audio_path '{p}': {e}"))?
+            .ok_or_else(|| format!("audio_path '{p}' is larger than the {body_limit} byte limit"))?;
         let name = Path::new(p).file_name().map_or("audio".into(), |n| n.to_string_lossy().into_owned());
         return Ok((name, data));
     }
@@ -176,7 +183,7 @@ async fn checked(root: PathBuf, paths: Vec<PathBuf>) -> Result<Vec<PathBuf>, Too
         }
         Ok(paths)
     };
-    tokio::task::spawn_blocking(work).await.map_err(|e| ToolError(e.to_string()))?
+    host::offload::offload(work).await.map_err(|e| ToolError(e.to_string()))?
 }
 
 /// `media` written to `paths`: a text block per file with its path, then the `paths` as JSON.
@@ -184,7 +191,11 @@ async fn written(media: &[Medium], paths: Vec<PathBuf>) -> Result<Vec<Value>, To
     let mut blocks = Vec::new();
     for (m, p) in media.iter().zip(&paths) {
         let data = B64.decode(&m.base64).map_err(|e| e.to_string())?;
-        tokio::fs::write(p, data).await.map_err(|e| format!("{}: {e}", p.display()))?;
+        let to = p.clone();
+        host::offload::offload(move || std::fs::write(to, data))
+            .await
+            .map_err(|e| ToolError(e.to_string()))?
+            .map_err(|e| format!("{}: {e}", p.display()))?;
         blocks.push(mcp::text(p.display().to_string()));
     }
     blocks.push(mcp::text(json!({"paths": paths}).to_string()));

@@ -21,6 +21,13 @@ pub enum Mutation {
     /// the releases sent before the request: a client's next request, sent as its answer
     /// arrives, is spilled by the request that just ended (the race CI hit once in 20 runs).
     SpillWithoutSettle,
+    /// A catalogue reload scans outside the writer lock and publishes its scan when it ends:
+    /// two overlapping changes publish the older picture of the disk last (a registration
+    /// that returned is gone from the registry until the next rescan).
+    ReloadPublishedUnlocked,
+    /// The prompt cache's key leaves out the load's options: a model loaded with another
+    /// context size is given the state its other load saved.
+    CacheKeyWithoutOptions,
 }
 
 thread_local! {

@@ -2,7 +2,9 @@
 //! ([`PullEvent::lemonade`]; the server writes it as SSE, Ollama's NDJSON is
 //! `ollama::pull_status`), and the throttled progress callback that sends them.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio::sync::mpsc;
 
@@ -55,7 +57,7 @@ impl PullEvent {
 pub const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
 /// A progress callback for file `index` of `total` that sends [`PullEvent::Progress`] to `tx`
-/// at most every [`PROGRESS_EVERY`] (plus the last); it returns false, cancelling the
+/// at most every [`PROGRESS_EVERY`] (plus the last, and a count that went back); it returns false, cancelling the
 /// download, once the receiver is gone.
 pub fn progress_reporter(
     tx: mpsc::Sender<PullEvent>,
@@ -63,17 +65,46 @@ pub fn progress_reporter(
     index: usize,
     total: usize,
 ) -> impl FnMut(u64, Option<u64>) -> bool + Send {
-    let mut last = None::<Instant>;
+    let mut last = None::<(Instant, u64)>;
     move |done, size| {
         if tx.is_closed() {
             return false;
         }
+        // The last count, a count that went back (the file started over) and each one after
+        // [`PROGRESS_EVERY`] are sent.
         let finished = size.is_some_and(|s| done >= s);
-        if last.is_some_and(|t| t.elapsed() < PROGRESS_EVERY) && !finished {
+        if last.is_some_and(|(t, before)| t.elapsed() < PROGRESS_EVERY && done >= before) && !finished {
             return true;
         }
-        last = Some(Instant::now());
+        last = Some((Instant::now(), done));
         let ev = PullEvent::Progress { file: file.clone(), index, total, done, size };
         tx.try_send(ev).is_ok() || !tx.is_closed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counts within [`PROGRESS_EVERY`] of the last one sent are held back, unless the file
+    /// started over (a server ignored the range): a count that went back is sent at once, so
+    /// a job stopped then counts no byte the restart truncated.
+    #[tokio::test(start_paused = true)]
+    async fn a_count_that_went_back_is_sent_at_once() {
+        let (tx, mut rx) = mpsc::channel(16);
+        let mut report = progress_reporter(tx, "m.gguf".into(), 1, 1);
+        let mut sent = |done| {
+            assert!(report(done, Some(100)));
+            match rx.try_recv() {
+                Ok(PullEvent::Progress { done, .. }) => Some(done),
+                _ => None,
+            }
+        };
+        assert_eq!(sent(40), Some(40));
+        assert_eq!(sent(60), None, "held back: within PROGRESS_EVERY");
+        assert_eq!(sent(0), Some(0), "the file started over");
+        tokio::time::advance(PROGRESS_EVERY).await;
+        assert_eq!(sent(10), Some(10));
+        assert_eq!(sent(100), Some(100), "the last count");
     }
 }

@@ -19,6 +19,7 @@ use host::prompt_cache::{now_ms, SlotFileError, Store, PART};
 use serde_json::{json, Value};
 
 use crate::metrics::Metrics;
+use futures_util::future::BoxFuture;
 
 /// Saved prompts a load looks at for restores (the most recently used).
 const PENDING: usize = 8;
@@ -50,7 +51,7 @@ pub fn attach(
     model: &str,
     model_type: api_types::ModelType,
     has_mmproj: bool,
-    main_path: &Path,
+    main: &FileKey,
     args: &mut Vec<String>,
 ) -> Option<Attached> {
     if limit == 0 {
@@ -60,9 +61,12 @@ pub fn attach(
         tracing::debug!(model, why, "no prompt cache for this load");
         return None;
     }
-    let meta = std::fs::metadata(main_path).ok()?;
-    let mtime = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos();
-    let material = rules::key_material(&main_path.display().to_string(), meta.len(), mtime, args);
+    #[cfg(feature = "testing")]
+    let args_in_key: &[String] =
+        if crate::mutation::on(crate::mutation::Mutation::CacheKeyWithoutOptions) { &[] } else { args };
+    #[cfg(not(feature = "testing"))]
+    let args_in_key: &[String] = args;
+    let material = rules::key_material(&main.path, main.len, main.mtime_ns, args_in_key);
     let dir =
         store.dir(&rules::key_dir(&material)).map_err(|e| tracing::warn!(error = %e, "no prompt cache dir")).ok()?;
     let pending: Vec<Entry> =
@@ -79,19 +83,82 @@ pub fn attach(
     })
 }
 
+/// What identifies a model file in the cache's key: its path, length and modification time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileKey {
+    pub path: String,
+    pub len: u64,
+    pub mtime_ns: u128,
+}
+
+impl FileKey {
+    /// `path`'s, from its metadata (None when it cannot be read).
+    pub fn of(path: &Path) -> Option<FileKey> {
+        let meta = std::fs::metadata(path).ok()?;
+        let mtime_ns = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos();
+        Some(FileKey { path: path.display().to_string(), len: meta.len(), mtime_ns })
+    }
+}
+
 /// Why a call to llama-server's slot API failed (logged: the cache never fails a request).
 #[derive(Debug, thiserror::Error)]
 enum SlotCallError {
     #[error(transparent)]
     Transport(#[from] reqwest::Error),
+    #[error(transparent)]
+    InMemory(#[from] host::net::Unanswered),
     #[error("it answered {status}: {excerpt}")]
     Answered { status: u16, excerpt: String },
     #[error(transparent)]
     Json(#[from] serde_json::Error),
 }
 
-async fn post(http: &reqwest::Client, url: &str, body: &Value, timeout: Duration) -> Result<Value, SlotCallError> {
-    let r = http.post(url).json(body).timeout(timeout).send().await?;
+/// Where a backend's slot API answers: its address, and, for a process that lives in memory
+/// (the simulation's), its answers there (the launcher implements it for every process).
+pub trait SlotApi: Sync {
+    fn base_url(&self) -> String;
+    /// The answer in memory; None: the request goes over HTTP.
+    fn answer(
+        &self,
+        req: &reqwest::Request,
+    ) -> Option<BoxFuture<'static, Result<reqwest::Response, host::net::Unanswered>>>;
+}
+
+/// A backend's slot API, and the client that reaches it over HTTP.
+pub struct Backend<'a, P: SlotApi + ?Sized> {
+    pub http: &'a reqwest::Client,
+    pub process: &'a P,
+}
+
+impl<P: SlotApi + ?Sized> Clone for Backend<'_, P> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<P: SlotApi + ?Sized> Copy for Backend<'_, P> {}
+
+impl<P: SlotApi + ?Sized> Backend<'_, P> {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.process.base_url())
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, SlotCallError> {
+        let req = req.build()?;
+        if let Some(answer) = self.process.answer(&req) {
+            return Ok(answer.await?);
+        }
+        Ok(self.http.execute(req).await?)
+    }
+}
+
+async fn post(
+    b: Backend<'_, impl SlotApi + ?Sized>,
+    path: &str,
+    body: &Value,
+    timeout: Duration,
+) -> Result<Value, SlotCallError> {
+    let r = b.send(b.http.post(b.url(path)).json(body).timeout(timeout)).await?;
     let status = r.status();
     let text = r.text().await?;
     if !status.is_success() {
@@ -100,20 +167,20 @@ async fn post(http: &reqwest::Client, url: &str, body: &Value, timeout: Duration
     Ok(serde_json::from_str(&text)?)
 }
 
-async fn slots(http: &reqwest::Client, base: &str) -> Result<Vec<Value>, SlotCallError> {
-    let r = http.get(format!("{base}/slots")).timeout(SLOTS_TIMEOUT).send().await?;
+async fn slots(b: Backend<'_, impl SlotApi + ?Sized>) -> Result<Vec<Value>, SlotCallError> {
+    let r = b.send(b.http.get(b.url("/slots")).timeout(SLOTS_TIMEOUT)).await?;
     if !r.status().is_success() {
         return Err(SlotCallError::Answered { status: r.status().as_u16(), excerpt: String::new() });
     }
     Ok(r.json::<Vec<Value>>().await?)
 }
 
-/// Saves every slot of the backend at `base` that holds a prompt, then keeps the whole cache
+/// Saves every slot of backend `b` that holds a prompt, then keeps the whole cache
 /// under `limit` bytes. Called before a stop that is not a crash; failures are logged and
 /// never keep the backend from stopping.
-pub async fn save(http: &reqwest::Client, base: &str, att: &Attached, limit: u64, metrics: &Metrics) {
+pub async fn save(b: Backend<'_, impl SlotApi + ?Sized>, att: &Attached, limit: u64, metrics: &Metrics) {
     let t = Instant::now();
-    let all = match slots(http, base).await {
+    let all = match slots(b).await {
         Ok(s) => s,
         Err(e) => return tracing::debug!(model = %att.model, error = %e, "prompt cache: no slots to save"),
     };
@@ -124,15 +191,16 @@ pub async fn save(http: &reqwest::Client, base: &str, att: &Attached, limit: u64
             continue;
         }
         let file = format!("{}-{id}.bin", now_ms());
-        let url = format!("{base}/slots/{id}?action=save");
-        if let Err(e) = post(http, &url, &json!({"filename": format!("{file}{PART}")}), SAVE_TIMEOUT).await {
-            let _ = tokio::fs::remove_file(att.dir.join(format!("{file}{PART}"))).await;
+        let path = format!("/slots/{id}?action=save");
+        if let Err(e) = post(b, &path, &json!({"filename": format!("{file}{PART}")}), SAVE_TIMEOUT).await {
+            let part = att.dir.join(format!("{file}{PART}"));
+            let _ = host::offload::offload(move || std::fs::remove_file(part)).await;
             tracing::warn!(model = %att.model, slot = id, error = %e, "prompt cache: the backend did not save its slot");
             continue;
         }
         let (store, dir, model, material) =
             (att.store.clone(), att.dir.clone(), att.model.clone(), att.material.clone());
-        let committed = tokio::task::spawn_blocking(move || store.commit(&dir, &file, &model, &material)).await;
+        let committed = host::offload::offload(move || store.commit(&dir, &file, &model, &material)).await;
         match committed.unwrap_or_else(|e| Err(SlotFileError::Task(e.to_string()))) {
             Ok(e) => {
                 saved += 1;
@@ -143,7 +211,7 @@ pub async fn save(http: &reqwest::Client, base: &str, att: &Attached, limit: u64
         }
     }
     let store = att.store.clone();
-    let evicted = tokio::task::spawn_blocking(move || store.enforce(limit)).await.unwrap_or_default();
+    let evicted = host::offload::offload(move || store.enforce(limit)).await.unwrap_or_default();
     if saved > 0 || evicted > 0 {
         tracing::info!(model = %att.model, saved, evicted, ms = t.elapsed().as_millis() as u64,
             "prompt cache: slots saved before the backend stops");
@@ -152,12 +220,12 @@ pub async fn save(http: &reqwest::Client, base: &str, att: &Attached, limit: u64
 
 /// The tokens a request to `path` with `body` makes, as the backend renders and tokenizes
 /// its prompt for the completion; None for requests that are not completions.
-async fn request_tokens(http: &reqwest::Client, base: &str, path: &str, body: &[u8]) -> Option<Vec<i32>> {
+async fn request_tokens(b: Backend<'_, impl SlotApi + ?Sized>, path: &str, body: &[u8]) -> Option<Vec<i32>> {
     let v: Value = serde_json::from_slice(body).ok()?;
     let prompt = if path.ends_with("/chat/completions") {
         let mut t = v;
         t.as_object_mut()?.remove("stream");
-        let answer = post(http, &format!("{base}/apply-template"), &t, SLOTS_TIMEOUT).await.ok()?;
+        let answer = post(b, "/apply-template", &t, SLOTS_TIMEOUT).await.ok()?;
         answer["prompt"].as_str()?.to_string()
     } else if path.ends_with("/completions") || path.ends_with("/completion") {
         v["prompt"].as_str()?.to_string()
@@ -165,16 +233,15 @@ async fn request_tokens(http: &reqwest::Client, base: &str, path: &str, body: &[
         return None;
     };
     let body = json!({"content": prompt, "add_special": true, "parse_special": true});
-    let answer = post(http, &format!("{base}/tokenize"), &body, SLOTS_TIMEOUT).await.ok()?;
+    let answer = post(b, "/tokenize", &body, SLOTS_TIMEOUT).await.ok()?;
     answer["tokens"].as_array()?.iter().map(|t| t.as_i64().and_then(|t| i32::try_from(t).ok())).collect()
 }
 
 /// Before a request is forwarded: if it continues a saved prompt, check that prompt's file
-/// and restore it into a free slot of the backend at `base`. Never fails the request: a
-/// file that does not check out, or that the backend refuses, is discarded with a log line.
+/// and restore it into a free slot of backend `b`. Never fails the request: a file that does
+/// not check out, or that the backend refuses, is discarded with a log line.
 pub async fn before_request(
-    http: &reqwest::Client,
-    base: &str,
+    b: Backend<'_, impl SlotApi + ?Sized>,
     att: &Attached,
     path: &str,
     body: &[u8],
@@ -187,13 +254,13 @@ pub async fn before_request(
     if pending.is_empty() {
         return;
     }
-    let Some(tokens) = request_tokens(http, base, path, body).await else { return };
+    let Some(tokens) = request_tokens(b, path, body).await else { return };
     let Some(entry) = rules::continued(&pending, &tokens, MIN_TOKENS).cloned() else { return };
     pending.retain(|e| e.file != entry.file);
     att.any_pending.store(!pending.is_empty(), Ordering::Release);
     let t = Instant::now();
     let (store, dir, e) = (att.store.clone(), att.dir.clone(), entry.clone());
-    let checked = tokio::task::spawn_blocking(move || store.verify(&dir, &e))
+    let checked = host::offload::offload(move || store.verify(&dir, &e))
         .await
         .unwrap_or_else(|e| Err(SlotFileError::Task(e.to_string())));
     if let Err(why) = checked {
@@ -201,7 +268,7 @@ pub async fn before_request(
     }
     // A slot that holds nothing, else one that is not busy, else the first (the backend
     // waits until it is free).
-    let all = slots(http, base).await.unwrap_or_default();
+    let all = slots(b).await.unwrap_or_default();
     let free = |s: &&Value| s["is_processing"].as_bool() != Some(true);
     let id = all
         .iter()
@@ -210,13 +277,13 @@ pub async fn before_request(
         .or_else(|| all.iter().find(free))
         .and_then(|s| s["id"].as_u64())
         .unwrap_or(0);
-    let url = format!("{base}/slots/{id}?action=restore");
-    match post(http, &url, &json!({"filename": entry.file}), SAVE_TIMEOUT).await {
+    let url = format!("/slots/{id}?action=restore");
+    match post(b, &url, &json!({"filename": entry.file}), SAVE_TIMEOUT).await {
         Ok(v) => {
             let tokens = v["n_restored"].as_u64().unwrap_or(entry.token_ids.len() as u64);
             metrics.cache_restored(&att.model, tokens);
             let (store, dir) = (att.store.clone(), att.dir.clone());
-            let _ = tokio::task::spawn_blocking(move || store.touch(&dir, &entry)).await;
+            let _ = host::offload::offload(move || store.touch(&dir, &entry)).await;
             tracing::info!(model = %att.model, slot = id, tokens, ms = t.elapsed().as_millis() as u64,
                 "prompt cache: restored a saved prompt this request continues");
         }

@@ -17,10 +17,11 @@ use crate::Engine;
 pub use crate::progress::{progress_reporter, PullEvent, PROGRESS_EVERY};
 
 fn hub(rt: &Engine) -> Hub {
-    match &rt.cfg.hub_endpoint {
+    let hub = match &rt.cfg.hub_endpoint {
         Some(e) => Hub::new(e, std::env::var("HF_TOKEN").ok()),
         None => Hub::from_env(),
-    }
+    };
+    hub.in_memory(rt.cfg.hub_in_memory.clone())
 }
 
 /// Validates the request and registers a new `user.*` model; returns the model to download.
@@ -172,9 +173,16 @@ pub async fn ensure_downloaded(rt: &Engine, m: &ModelInfo) -> Result<ModelInfo> 
 /// `events` (None: no progress). A closed channel cancels the download. One download per repository at a time:
 /// a concurrent pull of the same model waits, then finds the verified files and fetches none.
 /// Returns how many files the model has.
+/// A shutdown stops it (its partial files stay, for the next start to resume).
 pub async fn download(rt: &Engine, m: &ModelInfo, events: Option<&mpsc::Sender<PullEvent>>) -> Result<usize> {
     let span = tracing::debug_span!(target: "lemonade::spans", "pull", model = %m.name, checkpoint = %m.checkpoint);
-    tracing::Instrument::instrument(download_files(rt, m, events), span).await
+    let work = tracing::Instrument::instrument(download_files(rt, m, events), span);
+    tokio::select! {
+        r = work => r,
+        () = rt.lifecycle.closed() => Err(EngineError::Hub(HubFailure::Download {
+            error: format!("lemonade is shutting down; {}'s partial download is kept and resumes at the next pull", m.name),
+        })),
+    }
 }
 
 async fn download_files(rt: &Engine, m: &ModelInfo, events: Option<&mpsc::Sender<PullEvent>>) -> Result<usize> {

@@ -6,10 +6,15 @@
 //! partial file; other 4xx fail at once (a 404 or 401 will not fix itself). The Hugging Face
 //! client ([`crate::hub`]) and backend installs ([`crate::install`]) both download through it.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock, Weak};
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use futures_util::StreamExt;
+
+use crate::net::Unanswered;
 use sha2::{Digest, Sha256};
 
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +76,50 @@ pub struct Downloader {
     pub policy: RetryPolicy,
     /// Told the length of every chunk received (a received-bytes counter).
     pub on_received: OnReceived,
+    /// Where requests are answered in memory (the simulation's Hub; None: over HTTP).
+    pub in_memory: Option<InMemory>,
+}
+
+/// Answers a downloader's requests in memory, for the engine's simulation (crates/sim): the
+/// Hub's listings and its files, with their faults. lemonade itself has none. An `Err` is a
+/// connection that gave no answer.
+#[derive(Clone)]
+#[allow(clippy::type_complexity)]
+pub struct InMemory(
+    pub Arc<dyn Fn(reqwest::Request) -> BoxFuture<'static, Result<reqwest::Response, Unanswered>> + Send + Sync>,
+);
+
+/// Why a request got no answer: over HTTP, or in memory.
+#[derive(Debug, thiserror::Error)]
+pub enum Unsent {
+    #[error(transparent)]
+    Http(#[from] reqwest::Error),
+    #[error(transparent)]
+    InMemory(#[from] Unanswered),
+}
+
+impl std::fmt::Debug for InMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InMemory")
+    }
+}
+
+/// Per partial file, the writer that appends to it. A fetch waits for the last writer of its
+/// file to finish before it reads where to resume from: a download that was stopped (its
+/// future dropped by a pause or a cancel) leaves its writer draining what it had received, and
+/// a resume at once must neither start short of those bytes nor append beside them.
+static WRITERS: LazyLock<parking_lot::Mutex<HashMap<PathBuf, Weak<tokio::sync::Mutex<()>>>>> =
+    LazyLock::new(Default::default);
+
+fn writer_slot(partial: &Path) -> Arc<tokio::sync::Mutex<()>> {
+    let mut all = WRITERS.lock();
+    if let Some(slot) = all.get(partial).and_then(Weak::upgrade) {
+        return slot;
+    }
+    all.retain(|_, w| w.strong_count() > 0);
+    let slot = Arc::new(tokio::sync::Mutex::new(()));
+    all.insert(partial.to_path_buf(), Arc::downgrade(&slot));
+    slot
 }
 
 /// A hook called with the length of every chunk a download receives.
@@ -107,6 +156,15 @@ impl Downloader {
             token: token.filter(|t| !t.is_empty()),
             policy: RetryPolicy::default(),
             on_received: OnReceived::default(),
+            in_memory: None,
+        }
+    }
+
+    /// Sends `req`: over HTTP, or to the in-memory answerer where the simulation answers.
+    pub(crate) async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, Unsent> {
+        match &self.in_memory {
+            None => Ok(req.send().await?),
+            Some(answer) => Ok((answer.0)(req.build()?).await?),
         }
     }
 
@@ -140,7 +198,11 @@ impl Downloader {
             match self.fetch_once(url, &partial, file, progress).await {
                 Ok(digest) => {
                     verify(&partial, file, digest).await?;
-                    tokio::fs::rename(&partial, blob).await.map_err(io(blob))?;
+                    let (from, to) = (partial.clone(), blob.to_path_buf());
+                    crate::offload::offload(move || std::fs::rename(from, to))
+                        .await
+                        .map_err(|e| DownloadError::Protocol { url: url.into(), message: e.to_string() })?
+                        .map_err(io(blob))?;
                     return Ok(());
                 }
                 Err(Attempt::Retry(e)) => last_error = e,
@@ -159,7 +221,9 @@ impl Downloader {
         file: &Target,
         progress: &mut (dyn FnMut(u64, Option<u64>) -> bool + Send),
     ) -> Result<Option<String>, Attempt> {
-        let have = tokio::fs::metadata(partial).await.map(|m| m.len()).unwrap_or(0);
+        // Held by this attempt's writer until its last byte is synced.
+        let writing = writer_slot(partial).lock_owned().await;
+        let have = file_len(partial).await;
         if file.size.is_some_and(|s| have >= s) {
             return Ok(None); // complete (verification decides whether it is right)
         }
@@ -167,46 +231,35 @@ impl Downloader {
         if have > 0 {
             req = req.header(reqwest::header::RANGE, format!("bytes={have}-"));
         }
-        let resp = req.send().await.map_err(|e| Attempt::Retry(e.to_string()))?;
+        let resp = self.send(req).await.map_err(|e| Attempt::Retry(e.to_string()))?;
         let status = resp.status().as_u16();
-        let append = match status {
-            206 => true,
-            200 => false, // the server ignored the range: start over
+        // A server that ignores the range sends the whole file again: its first `have` bytes are
+        // skipped, not written again, so the partial file never shrinks (whoever counted its
+        // bytes counted bytes that stay). The final sha256 checks them; a file without one is
+        // small (a git file) and its partial bytes are compared as they come instead.
+        let mut skip = match status {
+            206 => 0,
+            200 => have,
             416 => return Ok(None),
             429 | 500..=599 => return Err(Attempt::Retry(format!("HTTP {status}"))),
             _ => return Err(Attempt::Fatal(DownloadError::Status { url: url.into(), status })),
         };
-        let mut done = if append { have } else { 0 };
+        let mut done = have;
         // Progress is reported against the listing's size, else the length the server sends
         // (plus what a resume already has), so a release archive with no listing shows progress.
-        let total = file.size.or_else(|| resp.content_length().map(|n| n + done));
-        // Disk writes and hashing run on a writer thread fed through a bounded channel, so they
-        // overlap with the network reads (tokio::fs would make a blocking round trip per chunk).
+        let total = file.size.or_else(|| resp.content_length().map(|n| n + have - skip));
         let hashing = file.sha256.is_some();
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(16);
-        let path = partial.to_path_buf();
-        let writer = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
-            use std::io::Write;
-            let mut hasher = Sha256::new();
-            if append && hashing {
-                // A resume: the hash covers the bytes already on disk first.
-                std::io::copy(&mut std::fs::File::open(&path)?, &mut hasher)?;
-            }
-            // Unbuffered: each chunk reaches the kernel at once, so a killed process leaves
-            // every received byte in the partial file for the next attempt.
-            let mut w =
-                std::fs::OpenOptions::new().create(true).write(true).append(append).truncate(!append).open(&path)?;
-            let mut writeback = Writeback::new(&w)?;
-            while let Some(chunk) = rx.blocking_recv() {
-                w.write_all(&chunk)?;
-                writeback.wrote(&w, chunk.len() as u64);
-                if hashing {
-                    hasher.update(&chunk);
-                }
-            }
-            w.sync_all()?;
-            Ok(format!("{:x}", hasher.finalize()))
-        });
+        let mut compare = match (skip, hashing) {
+            (0, _) | (_, true) => None,
+            (n, false) if n > COMPARED_MAX => return start_over(partial, "its partial file is too long to compare"),
+            _ => Some(read_partial(partial).await.map_err(|e| Attempt::Fatal(io(partial)(e)))?),
+        };
+        let mut sink = Sink::open(partial, have > 0, hashing, writing).map_err(|e| Attempt::Fatal(io(partial)(e)))?;
+        // Where this attempt starts.
+        if !progress(done, total) {
+            let _ = sink.finish().await;
+            return Err(Attempt::Fatal(DownloadError::Cancelled(file.name.clone())));
+        }
         let mut body = resp.bytes_stream();
         let mut failure = None;
         loop {
@@ -222,9 +275,22 @@ impl Downloader {
                 }
                 Ok(Some(Ok(c))) => c,
             };
-            done += chunk.len() as u64;
             self.on_received.received(chunk.len() as u64);
-            if tx.send(chunk).await.is_err() {
+            let skipped = skip.min(chunk.len() as u64);
+            if let Some(before) = compare.as_mut() {
+                let at = (have - skip) as usize;
+                if before.get(at..at + skipped as usize) != Some(&chunk[..skipped as usize]) {
+                    let _ = sink.finish().await;
+                    return start_over(partial, "the server's file differs from the partial one");
+                }
+                if skip == skipped {
+                    compare = None;
+                }
+            }
+            skip -= skipped;
+            let chunk = chunk.slice(skipped as usize..);
+            done += chunk.len() as u64;
+            if !chunk.is_empty() && !sink.write(chunk).await {
                 break; // the writer failed; its error is reported below
             }
             if !progress(done, total) {
@@ -233,9 +299,10 @@ impl Downloader {
             }
         }
         // Whatever happened, what arrived is flushed and synced, so a later attempt resumes.
-        drop(tx);
-        let digest =
-            writer.await.map_err(|e| Attempt::Retry(e.to_string()))?.map_err(|e| Attempt::Fatal(io(partial)(e)))?;
+        let digest = sink.finish().await.map_err(|e| match e {
+            Finished::NotDone(e) => Attempt::Retry(e.to_string()),
+            Finished::Io(e) => Attempt::Fatal(io(partial)(e)),
+        })?;
         if let Some(f) = failure {
             return Err(f);
         }
@@ -243,6 +310,133 @@ impl Downloader {
             return Err(Attempt::Retry(format!("connection closed after {done} bytes")));
         }
         Ok(hashing.then_some(digest))
+    }
+}
+
+/// The longest partial file without a sha256 compared byte for byte when a server ignores a
+/// range (a git file of the Hub is at most 10 MB).
+const COMPARED_MAX: u64 = 16 << 20;
+
+/// A partial file's bytes.
+async fn read_partial(path: &Path) -> std::io::Result<Vec<u8>> {
+    let p = path.to_path_buf();
+    crate::offload::offload(move || std::fs::read(p)).await.unwrap_or_else(|e| Err(std::io::Error::other(e)))
+}
+
+/// The partial file removed, so the next attempt fetches the whole file.
+fn start_over(partial: &Path, why: &str) -> Result<Option<String>, Attempt> {
+    let _ = std::fs::remove_file(partial);
+    Err(Attempt::Retry(format!("the download starts over: {why}")))
+}
+
+/// The length of `path` (0 when it does not exist).
+async fn file_len(path: &Path) -> u64 {
+    let p = path.to_path_buf();
+    crate::offload::offload(move || std::fs::metadata(p).map_or(0, |m| m.len())).await.unwrap_or(0)
+}
+
+/// Appends a download's bytes to its partial file, hashing them.
+struct PartialWriter {
+    file: std::fs::File,
+    hasher: Option<Sha256>,
+    writeback: Writeback,
+}
+
+impl PartialWriter {
+    fn open(path: &Path, append: bool, hashing: bool) -> std::io::Result<PartialWriter> {
+        let mut hasher = hashing.then(Sha256::new);
+        if let (true, Some(h)) = (append, hasher.as_mut()) {
+            // A resume: the hash covers the bytes already on disk first.
+            std::io::copy(&mut std::fs::File::open(path)?, h)?;
+        }
+        // Unbuffered: each chunk reaches the kernel at once, so a killed process leaves
+        // every received byte in the partial file for the next attempt.
+        let file = std::fs::OpenOptions::new().create(true).write(true).append(append).truncate(!append).open(path)?;
+        let writeback = Writeback::new(&file)?;
+        Ok(PartialWriter { file, hasher, writeback })
+    }
+
+    fn write(&mut self, chunk: &[u8]) -> std::io::Result<()> {
+        use std::io::Write;
+        self.file.write_all(chunk)?;
+        self.writeback.wrote(&self.file, chunk.len() as u64);
+        if let Some(h) = self.hasher.as_mut() {
+            h.update(chunk);
+        }
+        Ok(())
+    }
+
+    /// Synced; the hash of the whole file (empty when not hashing).
+    fn finish(self) -> std::io::Result<String> {
+        self.file.sync_all()?;
+        Ok(self.hasher.map(|h| format!("{:x}", h.finalize())).unwrap_or_default())
+    }
+}
+
+/// Where a download's chunks go: a writer thread fed through a bounded channel, so disk writes
+/// and hashing overlap with the network reads (tokio::fs would make a blocking round trip per
+/// chunk); or, in the simulation ([`crate::offload::inline`]), the partial file at once.
+enum Sink {
+    Thread { tx: tokio::sync::mpsc::Sender<bytes::Bytes>, writer: tokio::task::JoinHandle<std::io::Result<String>> },
+    Here { writer: PartialWriter, failed: Option<std::io::Error>, _writing: tokio::sync::OwnedMutexGuard<()> },
+}
+
+enum Finished {
+    NotDone(String),
+    Io(std::io::Error),
+}
+
+impl Sink {
+    /// `writing`: the partial file's writer slot, held until the last byte is synced.
+    fn open(
+        path: &Path,
+        append: bool,
+        hashing: bool,
+        writing: tokio::sync::OwnedMutexGuard<()>,
+    ) -> std::io::Result<Sink> {
+        if crate::offload::inline() {
+            let writer = PartialWriter::open(path, append, hashing)?;
+            return Ok(Sink::Here { writer, failed: None, _writing: writing });
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(16);
+        let path = path.to_path_buf();
+        let writer = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
+            let _writing = writing;
+            let mut w = PartialWriter::open(&path, append, hashing)?;
+            while let Some(chunk) = rx.blocking_recv() {
+                w.write(&chunk)?;
+            }
+            w.finish()
+        });
+        Ok(Sink::Thread { tx, writer })
+    }
+
+    /// False once the writer failed.
+    async fn write(&mut self, chunk: bytes::Bytes) -> bool {
+        match self {
+            Sink::Thread { tx, .. } => tx.send(chunk).await.is_ok(),
+            Sink::Here { writer, failed, .. } => match writer.write(&chunk) {
+                Ok(()) => true,
+                Err(e) => {
+                    *failed = Some(e);
+                    false
+                }
+            },
+        }
+    }
+
+    async fn finish(self) -> Result<String, Finished> {
+        match self {
+            Sink::Thread { tx, writer } => {
+                drop(tx);
+                writer.await.map_err(|e| Finished::NotDone(e.to_string()))?.map_err(Finished::Io)
+            }
+            Sink::Here { writer, failed: Some(e), .. } => {
+                drop(writer);
+                Err(Finished::Io(e))
+            }
+            Sink::Here { writer, failed: None, .. } => writer.finish().map_err(Finished::Io),
+        }
     }
 }
 
@@ -254,10 +448,18 @@ enum Attempt {
 /// Size, then sha256 for LFS files (computed while streaming when `digest` is given, else by
 /// reading the file); a corrupt partial file is removed.
 async fn verify(partial: &Path, file: &Target, digest: Option<String>) -> Result<(), DownloadError> {
-    let len = tokio::fs::metadata(partial).await.map_err(io(partial))?.len();
+    let p = partial.to_path_buf();
+    let len = crate::offload::offload(move || std::fs::metadata(p).map(|m| m.len()))
+        .await
+        .map_err(|e| DownloadError::Protocol { url: file.name.clone(), message: e.to_string() })?
+        .map_err(io(partial))?;
+    let remove = |p: &Path| {
+        let p = p.to_path_buf();
+        crate::offload::offload(move || std::fs::remove_file(p))
+    };
     if let Some(expected) = file.size {
         if len != expected {
-            let _ = tokio::fs::remove_file(partial).await;
+            let _ = remove(partial).await;
             return Err(DownloadError::Size { path: file.name.clone(), got: len, expected });
         }
     }
@@ -265,13 +467,13 @@ async fn verify(partial: &Path, file: &Target, digest: Option<String>) -> Result
         let p = partial.to_path_buf();
         let got = match digest {
             Some(d) => d,
-            None => tokio::task::spawn_blocking(move || sha256_file(&p))
+            None => crate::offload::offload(move || sha256_file(&p))
                 .await
                 .map_err(|e| DownloadError::Protocol { url: file.name.clone(), message: e.to_string() })?
                 .map_err(io(partial))?,
         };
         if &got != expected {
-            let _ = tokio::fs::remove_file(partial).await;
+            let _ = remove(partial).await;
             return Err(DownloadError::Sha256 { path: file.name.clone(), got, expected: expected.clone() });
         }
     }
@@ -337,6 +539,92 @@ impl Writeback {
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A download stopped while its writer still drains (its future dropped by a pause) and
+    /// resumed at once: the resume waits for that writer, then asks from what it left on disk.
+    #[tokio::test]
+    async fn a_resume_waits_for_the_last_writer_of_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let blob = dir.path().join("blob");
+        let partial = dir.path().join("blob.incomplete");
+        let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://127.0.0.1:{}/f", server.local_addr().unwrap().port());
+        let asked = tokio::spawn(async move {
+            let (mut s, _) = server.accept().await.unwrap();
+            let mut buf = vec![0u8; 8192];
+            let n = s.read(&mut buf).await.unwrap_or(0);
+            let _ =
+                s.write_all(b"HTTP/1.1 206 Partial Content\r\ncontent-length: 3\r\nconnection: close\r\n\r\ndef").await;
+            String::from_utf8_lossy(&buf[..n]).to_lowercase()
+        });
+        // The last writer holds the file's slot; the resume starts meanwhile.
+        let last_writer = writer_slot(&partial).lock_owned().await;
+        let d = Downloader::new(None);
+        let target = Target { name: "f".into(), size: Some(6), sha256: None };
+        let (b, t) = (blob.clone(), target.clone());
+        let resume = tokio::spawn(async move { d.fetch(&url, &b, &t, &mut |_, _| true).await });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        // It drains its last bytes, and ends.
+        std::fs::write(&partial, b"abc").unwrap();
+        drop(last_writer);
+        resume.await.unwrap().unwrap();
+        assert!(asked.await.unwrap().contains("range: bytes=3-"), "the resume asked from the bytes on disk");
+        assert_eq!(std::fs::read(&blob).unwrap(), b"abcdef");
+    }
+
+    /// A server answers a resume with the whole file (200, no range): the partial file keeps
+    /// its bytes (compared, as this file has no sha256), the rest is appended, and no count
+    /// goes back; a server whose file changed under the partial one makes the download start
+    /// over.
+    #[tokio::test]
+    async fn a_server_that_ignores_the_range_neither_shrinks_the_partial_file_nor_corrupts_it() {
+        let serve = |body: &'static [u8], times: usize| async move {
+            let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!("http://127.0.0.1:{}/f", server.local_addr().unwrap().port());
+            let task = tokio::spawn(async move {
+                let mut ranges = vec![];
+                for _ in 0..times {
+                    let (mut s, _) = server.accept().await.unwrap();
+                    let mut buf = vec![0u8; 8192];
+                    let n = s.read(&mut buf).await.unwrap_or(0);
+                    let head = String::from_utf8_lossy(&buf[..n]).to_lowercase();
+                    ranges.push(head.lines().find(|l| l.starts_with("range:")).map(str::to_string));
+                    let reply =
+                        format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
+                    let _ = s.write_all(&[reply.as_bytes(), body].concat()).await;
+                }
+                ranges
+            });
+            (url, task)
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let (blob, partial) = (dir.path().join("blob"), dir.path().join("blob.incomplete"));
+        let target = Target { name: "f".into(), size: Some(6), sha256: None };
+        let mut d = Downloader::new(None);
+        d.policy.first_backoff = Duration::from_millis(1);
+
+        std::fs::write(&partial, b"abc").unwrap();
+        let (url, asked) = serve(b"abcdef", 1).await;
+        let mut counts = vec![];
+        d.fetch(&url, &blob, &target, &mut |done, _| {
+            counts.push(done);
+            true
+        })
+        .await
+        .unwrap();
+        assert_eq!(asked.await.unwrap(), vec![Some("range: bytes=3-".to_string())]);
+        assert_eq!(std::fs::read(&blob).unwrap(), b"abcdef");
+        assert!(counts.iter().all(|&n| n >= 3) && counts.last() == Some(&6), "{counts:?}");
+
+        std::fs::remove_file(&blob).unwrap();
+        std::fs::write(&partial, b"xyz").unwrap();
+        let (url, asked) = serve(b"abcdef", 2).await;
+        d.fetch(&url, &blob, &target, &mut |_, _| true).await.unwrap();
+        assert_eq!(asked.await.unwrap(), vec![Some("range: bytes=3-".to_string()), None], "started over");
+        assert_eq!(std::fs::read(&blob).unwrap(), b"abcdef");
+    }
 
     /// The Hub answers a file with a redirect to its CDN on another host: the download follows
     /// it without the Hub token (`Authorization` is dropped on a redirect to another origin).

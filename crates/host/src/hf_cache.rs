@@ -100,7 +100,11 @@ pub fn is_complete(file: &Path) -> bool {
 /// Removes `repo`'s whole folder from the cache (every variant); a missing folder is fine.
 pub async fn remove_repo(root: &Path, repo: &str) -> Result<(), crate::HostError> {
     let dir = root.join(repo_folder_name(repo));
-    match tokio::fs::remove_dir_all(&dir).await {
+    let gone = dir.clone();
+    let removed = crate::offload::offload(move || std::fs::remove_dir_all(gone))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    match removed {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(crate::HostError::io(&dir)(e)),
         _ => Ok(()),
     }

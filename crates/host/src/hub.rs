@@ -38,6 +38,12 @@ impl Hub {
         self
     }
 
+    /// Its requests answered by `answer`, in memory (the simulation's Hub).
+    pub fn in_memory(mut self, answer: Option<crate::download::InMemory>) -> Hub {
+        self.downloader.in_memory = answer;
+        self
+    }
+
     /// From `HF_ENDPOINT` and `HF_TOKEN`.
     pub fn from_env() -> Hub {
         let endpoint = std::env::var("HF_ENDPOINT").unwrap_or_else(|_| "https://huggingface.co".into());
@@ -49,11 +55,11 @@ impl Hub {
     }
 
     async fn json(&self, url: &str) -> Result<serde_json::Value, HubError> {
-        let resp = self.get(url).timeout(Duration::from_secs(60)).send().await.map_err(|e| HubError::GaveUp {
-            url: url.into(),
-            message: e.to_string(),
-            attempts: 1,
-        })?;
+        let resp = self
+            .downloader
+            .send(self.get(url).timeout(Duration::from_secs(60)))
+            .await
+            .map_err(|e| HubError::GaveUp { url: url.into(), message: e.to_string(), attempts: 1 })?;
         if !resp.status().is_success() {
             return Err(HubError::Status { url: url.into(), status: resp.status().as_u16() });
         }
@@ -114,11 +120,11 @@ impl Hub {
             url.query_pairs_mut().append_pair("filter", "gguf");
         }
         let url = url.to_string();
-        let resp = self.get(&url).timeout(Duration::from_secs(30)).send().await.map_err(|e| HubError::GaveUp {
-            url: url.clone(),
-            message: e.to_string(),
-            attempts: 1,
-        })?;
+        let resp = self
+            .downloader
+            .send(self.get(&url).timeout(Duration::from_secs(30)))
+            .await
+            .map_err(|e| HubError::GaveUp { url: url.clone(), message: e.to_string(), attempts: 1 })?;
         if !resp.status().is_success() {
             return Err(HubError::Status { url, status: resp.status().as_u16() });
         }
@@ -145,9 +151,16 @@ impl Hub {
         let repo_dir = hf_cache.join(repo_folder_name(dest_repo));
         let blob_name = file.blob.clone().unwrap_or_else(|| format!("{commit}-{}", dest.replace('/', "--")));
         let blobs = repo_dir.join("blobs");
-        tokio::fs::create_dir_all(&blobs).await.map_err(io(&blobs))?;
         let blob = blobs.join(&blob_name);
-        let done = tokio::fs::metadata(&blob).await.is_ok_and(|m| file.size.is_none_or(|s| m.len() == s));
+        let (dir, at, size) = (blobs.clone(), blob.clone(), file.size);
+        let there = move || -> std::io::Result<bool> {
+            std::fs::create_dir_all(&dir)?;
+            Ok(std::fs::metadata(&at).is_ok_and(|m| size.is_none_or(|s| m.len() == s)))
+        };
+        let done = crate::offload::offload(there)
+            .await
+            .map_err(|e| HubError::Protocol { url: blobs.display().to_string(), message: e.to_string() })?
+            .map_err(io(&blobs))?;
         if !done {
             let url = self.resolve_url(repo, commit, &file.path);
             let target = Target { name: file.path.clone(), size: file.size, sha256: file.sha256.clone() };

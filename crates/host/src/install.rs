@@ -114,7 +114,7 @@ pub async fn install(cache_dir: &Path, p: &InstallPlan, progress: Progress<'_>) 
     } else if let Some(expected) = &p.sha256 {
         // Downloaded by an earlier attempt that did not finish installing: check it again.
         let a = archive.clone();
-        let got = tokio::task::spawn_blocking(move || sha256_file(&a))
+        let got = crate::offload::offload(move || sha256_file(&a))
             .await
             .map_err(|e| InstallError::Task(e.to_string()))?
             .map_err(|e| io_error(&archive, e))?;
@@ -126,7 +126,7 @@ pub async fn install(cache_dir: &Path, p: &InstallPlan, progress: Progress<'_>) 
     let bytes = std::fs::metadata(&archive).map(|m| m.len()).unwrap_or(0);
     progress(bytes, Some(bytes));
     let (archive2, staging2, plan_exe, version) = (archive.clone(), staging.clone(), p.exe, p.version.clone());
-    let tree = tokio::task::spawn_blocking(move || unpack(&archive2, &staging2, plan_exe, &version))
+    let tree = crate::offload::offload(move || unpack(&archive2, &staging2, plan_exe, &version))
         .await
         .map_err(|e| InstallError::Task(e.to_string()))??;
     check_runs(&tree, p.exe).await?;
@@ -322,7 +322,7 @@ pub async fn uninstall(cache_dir: &Path, recipe: backends::Recipe, backend: &str
     let gone = staging.join(format!("uninstall-{recipe}-{backend}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&gone);
     std::fs::rename(&final_dir, &gone).map_err(|e| io_error(&final_dir, e))?;
-    let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(gone)).await;
+    let _ = crate::offload::offload(move || std::fs::remove_dir_all(gone)).await;
     tracing::info!(recipe = %recipe, backend, "backend uninstalled");
     Ok(())
 }

@@ -22,6 +22,7 @@ pub mod hub;
 pub mod install;
 pub mod logging;
 pub mod net;
+pub mod offload;
 pub mod prompt_cache;
 pub mod sandbox;
 pub mod service;

@@ -3,6 +3,16 @@
 
 use std::time::Duration;
 
+/// Why a request answered in memory got no answer: the simulation's backends, upstreams and
+/// Hub answer there (the engine's `Process::exchange`, its remotes', host's downloader's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Unanswered {
+    #[error("connection refused: nothing answers there (its process has exited)")]
+    Exited,
+    #[error("the connection closed before an answer came")]
+    Closed,
+}
+
 /// Resolves provider host names, keeping no address that [`backends::cloud::forbidden_address`]
 /// refuses: the check and the connection use the same resolution, so a name that answers a
 /// metadata address on its second lookup is never reached.

@@ -61,7 +61,7 @@ pub struct Store {
 
 /// Milliseconds since the epoch (the LRU clock, and the saved files' names).
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    crate::offload::unix_ms()
 }
 
 impl Store {

@@ -10,6 +10,7 @@
 //! failed starts, hang-ups, pins, unloads, settings changes, aliases, restarts, priorities.
 
 pub mod backend;
+pub mod hub;
 pub mod rng;
 pub mod upstream;
 mod world;
@@ -35,15 +36,26 @@ pub const INVARIANTS: &[(&str, &str)] = &[
         "an open breaker refuses only while its upstream was down within the open window, or while its probe is out",
     ),
     ("spill_needs_load", "a request spills over only while other requests for its model are outstanding"),
+    ("registry_current", "the published registry holds every registration and alias whose change returned, none older"),
+    (
+        "job_on_disk",
+        "the Hub's files on disk are its bytes (a partial one a prefix); a stopped job counts no byte not on disk",
+    ),
+    ("resume_exact", "a download resumes from exactly what its partial file holds"),
+    ("cache_own_state", "a prompt-cache restore gives a backend only the state its own model file and options saved"),
 ];
 
 /// Seeds that found bugs in the code, kept: every `--seeds` run runs them first.
 /// (The numbers are this simulation's: a seed draws other runs once the simulation draws more,
-/// so each is re-found with its bug put back when the simulation changes: seeds 3, 0, then 3
-/// again for the first; seeds 304, 412, then 966 for the second.)
+/// so each is re-found with its bug put back when the simulation changes: seeds 3, 0, 3, then
+/// 2 for the first; 304, 412, 966, then 92 for the second.)
 pub const REGRESSIONS: &[(u64, &str)] = &[
-    (3, "a backend whose start finished after shutdown began outlived the shutdown (no_orphan)"),
-    (966, "a load asked with other options during a load was answered before its reload (pinned_kept)"),
+    (2, "a backend whose start finished after shutdown began outlived the shutdown (no_orphan)"),
+    (92, "a load asked with other options during a load was answered before its reload (pinned_kept)"),
+    (
+        786,
+        "a paused download job counted bytes that a later download, answered without its range, truncated (job_on_disk)",
+    ),
 ];
 
 /// An invariant broken, and how.

@@ -26,8 +26,10 @@ fn main() {
         "config-written-in-place" => Mutation::ConfigWrittenInPlace,
         "start-after-shutdown" => Mutation::StartAfterShutdown,
         "spill-without-settle" => Mutation::SpillWithoutSettle,
+        "reload-published-unlocked" => Mutation::ReloadPublishedUnlocked,
+        "cache-key-without-options" => Mutation::CacheKeyWithoutOptions,
         other => fail(&format!(
-            "--mutate: no mutation {other:?} (hung-up-wait-kept, config-written-in-place, start-after-shutdown, spill-without-settle)"
+            "--mutate: no mutation {other:?} (hung-up-wait-kept, config-written-in-place, start-after-shutdown, spill-without-settle, reload-published-unlocked, cache-key-without-options)"
         )),
     });
     if !lemonade_sim::REPLAYABLE {

@@ -17,7 +17,8 @@ use tokio::time::Instant;
 
 pub use engine::mutation::Mutation;
 
-use crate::backend::SimAsk;
+use crate::backend::{SimAsk, Slots};
+use crate::hub::{self, SimHub};
 use crate::rng::Rng;
 use crate::upstream::{self, Upstream};
 use crate::{broken, Failure, Hits};
@@ -27,6 +28,8 @@ const FILES: &[&str] = &["m0.gguf", "m1.gguf", "m2.gguf", "m3.gguf"];
 const ALIASES: &[&str] = &["fast", "best"];
 /// A model no catalogue has.
 const UNKNOWN: &str = "extra.nope.gguf";
+/// The `user.*` models registrations name (each a repository of the simulated Hub).
+const USERS: u64 = 3;
 /// A request that has not ended this long after it was asked is a hang.
 const DEADLINE: Duration = Duration::from_secs(900);
 /// How long quiescence may take (simulated) before what is still running is a hang.
@@ -34,6 +37,31 @@ const QUIESCE: Duration = Duration::from_secs(1800);
 
 fn model(file: &str) -> String {
     format!("extra.{file}")
+}
+
+/// The run's folder: in memory where the machine has a tmpfs (the simulated disk's kills are
+/// the simulation's own, so a real disk's syncs would only cost time: 2.7 times the run's).
+fn scratch() -> tempfile::TempDir {
+    let shm = std::path::Path::new("/dev/shm");
+    match shm.is_dir().then(|| tempfile::tempdir_in(shm)) {
+        Some(Ok(d)) => d,
+        _ => tempfile::tempdir().expect("a temp dir"),
+    }
+}
+
+/// Conversations clients have where the prompt cache is on.
+const CONVERSATIONS: u64 = 3;
+
+/// Conversation `c` so far: its first 40 words and `more` (each conversation's words are the
+/// same in every request, so a later one continues an earlier one's prompt).
+fn conversation(c: u64, more: u64) -> String {
+    let mut words = Rng::new(0x636f_6e76 + c);
+    (0..40 + more).map(|_| format!("w{}", words.range(0, 400))).collect::<Vec<_>>().join(" ")
+}
+
+/// The `user.*` model `i`.
+fn user_model(i: u64) -> String {
+    format!("user.Sim-{i}")
 }
 
 /// The remote model, as clients name it.
@@ -77,6 +105,15 @@ struct Swarm {
     spill: bool,
     /// A memory budget (GiB) the models' measured sizes press against.
     budget: Option<u64>,
+    /// Pulls from the simulated Hub: download jobs started, paused, resumed, cancelled and
+    /// removed, streamed pulls abandoned, requests for `user.*` models that pull before they
+    /// load.
+    hub: bool,
+    /// The Hub is slow, answers 503, drops connections mid-file, ignores `Range`, goes down.
+    hub_faults: bool,
+    /// A prompt cache: backends save their slot when stopped, and a request that continues a
+    /// saved prompt gets it restored; clients ask with a few long conversations.
+    prompt_cache: bool,
 }
 
 impl Swarm {
@@ -99,6 +136,9 @@ impl Swarm {
             remote: on(rng),
             spill: on(rng),
             budget: rng.chance(0.5).then(|| rng.range(4, 16)),
+            hub: on(rng),
+            hub_faults: on(rng),
+            prompt_cache: on(rng),
         }
     }
 }
@@ -127,6 +167,9 @@ struct Client {
     embedding: bool,
     /// The field its alias forced when it named a parameter variant.
     variant: Option<String>,
+    /// A pull before its load may fail: the Hub has faults, or the model's registration names
+    /// a repository the Hub does not have.
+    pull_may_fail: bool,
     /// The models an answer may come from (an alias's targets while it was asked).
     may_answer: BTreeSet<String>,
     stream: bool,
@@ -172,6 +215,10 @@ struct Book {
     up_changes: Vec<(Duration, bool)>,
     /// The settings last saved with `/params` (max loaded, idle timeout s, swap hold ms).
     params: Option<(i64, u64, u64)>,
+    /// When each `user.*` name was registered, re-registered or forgotten.
+    registration_changes: Vec<(Duration, String)>,
+    /// Each download job's repositories, each it was started or resumed for (by job id).
+    job_repos: BTreeMap<String, BTreeSet<String>>,
     trace: Vec<String>,
 }
 
@@ -195,6 +242,14 @@ struct World {
     sizes: BTreeMap<String, u64>,
     /// The remote provider.
     up: Arc<Upstream>,
+    /// The Hugging Face Hub.
+    hub: Arc<SimHub>,
+    /// The Hub's resumes already counted as judged.
+    resumes_seen: u64,
+    /// The backends' slots (the prompt cache's saves and restores).
+    slots: Arc<Slots>,
+    /// Restores already counted as judged.
+    restores_seen: u64,
 }
 
 /// Whether runs replay exactly: tokio's own randomness seeded (built with `--cfg
@@ -211,7 +266,12 @@ pub fn run(seed: u64, mutation: Option<Mutation>) -> Run {
     builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()));
     let rt = builder.build().expect("a current-thread runtime");
     engine::mutation::set(mutation);
+    // File writes, rescans and downloads' writers run on this thread: a run must not depend on
+    // how fast another thread ran.
+    host::offload::run_inline(true);
     let out = rt.block_on(async move {
+        // The wall clock is the simulated one, from a fixed day.
+        host::offload::simulate_clock(Some(1_767_225_600_000));
         let mut w = World::new(seed).await;
         let failure = w.drive().await.err().map(|f| f.to_string());
         // What the scheduler decided up to the failure, for the trace.
@@ -230,17 +290,24 @@ pub fn run(seed: u64, mutation: Option<Mutation>) -> Run {
         Run { seed, trace, failure, hits: w.hits.clone(), steps }
     });
     engine::mutation::set(None);
+    host::offload::run_inline(false);
+    host::offload::simulate_clock(None);
     out
 }
+
+/// The prompt cache's bound, when the swarm keeps one (bytes).
+const PROMPT_CACHE: u64 = 1 << 30;
 
 /// The breaker of the remote provider: failures in a row that open it, and for how long.
 const BREAKER: backends::upstream::BreakerSettings = backends::upstream::BreakerSettings { failures: 3, open_ms: 5000 };
 /// How long a remote provider may take (the retries' waits included).
 const REMOTE_TIMEOUT: Duration = Duration::from_secs(10);
 
-fn config(dir: &std::path::Path, swarm: &Swarm) -> Config {
+fn config(dir: &std::path::Path, swarm: &Swarm, hub: &Arc<SimHub>) -> Config {
     let budget = swarm.budget;
     let mut cfg = Config::new(dir.join("cache"), dir.join("hub"));
+    cfg.hub_endpoint = Some(hub::ENDPOINT.into());
+    cfg.hub_in_memory = Some(hub.answerer());
     cfg.breaker = BREAKER;
     cfg.live.set_remote_timeout(REMOTE_TIMEOUT);
     if swarm.spill && swarm.remote {
@@ -250,29 +317,35 @@ fn config(dir: &std::path::Path, swarm: &Swarm) -> Config {
     cfg.remote_refresh = None;
     cfg.watchdog_interval = None;
     cfg.devices = Some(vec![]);
-    cfg.prompt_cache_size = 0;
+    cfg.prompt_cache_size = if swarm.prompt_cache { PROMPT_CACHE } else { 0 };
     cfg.crash_backoff = (Duration::from_millis(500), Duration::from_secs(30));
     cfg
 }
 
 /// lemonade started over `dir`, its backends measured at `sizes` (bytes, by model), its remote
-/// provider answered by `up`, and each local model spilling over to it (when the swarm says).
+/// provider answered by `up`, each local model spilling over to it (when the swarm says), and
+/// its pulls answered by `hub`.
 fn start_engine(
     dir: &std::path::Path,
     swarm: &Swarm,
     sizes: &BTreeMap<String, u64>,
     up: &Arc<Upstream>,
+    hub: &Arc<SimHub>,
+    slots: &Arc<Slots>,
 ) -> (Engine, Arc<FakeLauncher>) {
-    let cfg = config(dir, swarm);
+    let cfg = config(dir, swarm, hub);
     // The saved settings apply at start, as `serve` reads config.json.
     let launcher = FakeLauncher::new();
-    launcher.in_memory(crate::backend::answerer());
+    launcher.in_memory(crate::backend::answerer(slots.clone()));
     for (m, bytes) in sizes {
         launcher.measure(m, Some(*bytes), None);
     }
-    let catalogue = fake::catalogue_at(&cfg.cache_dir, FILES);
+    let catalogue = fake::catalogue_over_hub(&cfg.cache_dir, &cfg.hf_cache, FILES);
     let engine = fake::engine(cfg, catalogue, launcher.clone());
     engine.remotes().answer_in_memory(up.answerer());
+    if swarm.prompt_cache {
+        launcher.prompt_cache(engine.prompt_cache().clone(), PROMPT_CACHE);
+    }
     if swarm.spill && swarm.remote {
         for f in FILES {
             engine.lifecycle().set_spillover(&model(f), Some(vec![remote_model()]));
@@ -285,14 +358,16 @@ impl World {
     async fn new(seed: u64) -> World {
         let mut rng = Rng::new(seed);
         let swarm = Swarm::draw(&mut rng);
-        let dir = tempfile::tempdir().expect("a temp dir");
+        let dir = scratch();
         std::fs::create_dir_all(dir.path().join("cache")).expect("the cache dir");
         if engine::mutation::on(Mutation::ConfigWrittenInPlace) {
             host::files::faults::write_in_place(&dir.path().join("cache"));
         }
         let sizes: BTreeMap<String, u64> = FILES.iter().map(|f| (model(f), rng.range(1, 9) << 29)).collect();
         let up = Upstream::new(seed);
-        let (engine, launcher) = start_engine(dir.path(), &swarm, &sizes, &up);
+        let hub = SimHub::new(seed, &dir.path().join("hub"), swarm.hub_faults);
+        let slots = Arc::new(Slots::default());
+        let (engine, launcher) = start_engine(dir.path(), &swarm, &sizes, &up, &hub, &slots);
         if swarm.remote {
             engine
                 .remotes()
@@ -319,6 +394,10 @@ impl World {
             held: BTreeSet::new(),
             sizes,
             up,
+            hub,
+            resumes_seen: 0,
+            slots,
+            restores_seen: 0,
         }
     }
 
@@ -332,6 +411,11 @@ impl World {
     }
 
     async fn drive(&mut self) -> Result<(), Failure> {
+        if self.swarm.hub {
+            for _ in 0..USERS {
+                self.register().await;
+            }
+        }
         let steps = self.rng.range(40, 120);
         for _ in 0..steps {
             self.act().await?;
@@ -345,7 +429,7 @@ impl World {
     /// One random action.
     async fn act(&mut self) -> Result<(), Failure> {
         let s = self.swarm.clone();
-        let roll = self.rng.range(0, 110);
+        let roll = self.rng.range(0, 120);
         let file = *self.rng.pick(FILES);
         let m = model(file);
         match roll {
@@ -423,9 +507,16 @@ impl World {
             }
             89..=92 if s.settings => self.settings().await,
             93..=94 if s.aliases => self.alias(m).await,
-            95..=96 if s.aliases => self.register().await,
+            95..=96 if s.aliases || s.hub => self.register().await,
             97..=99 if s.restarts => self.restart().await?,
             100..=104 if s.disk_faults => self.disk_fault(m).await?,
+            110..=113 if s.hub => self.pull(),
+            114..=117 if s.hub => self.control_job(),
+            118..=119 if s.hub && s.hub_faults => {
+                let down = self.rng.chance(0.4);
+                self.note(format!("the Hub {}", if down { "goes down" } else { "is up" }));
+                self.hub.set_down(down);
+            }
             105..=109 if s.remote => {
                 let down = self.book.lock().up_changes.last().is_none_or(|(_, d)| !d);
                 self.note(format!("upstream {}", if down { "goes down" } else { "comes back" }));
@@ -449,6 +540,8 @@ impl World {
         } else if roll < 24 && !aliases.is_empty() {
             let names: Vec<&String> = aliases.keys().collect();
             (*self.rng.pick(&names)).clone()
+        } else if roll < 34 && s.hub {
+            user_model(self.rng.range(0, USERS))
         } else {
             model(self.rng.pick::<&str>(FILES))
         };
@@ -481,7 +574,14 @@ impl World {
         // A client that sends its next request the moment its answer arrives.
         let rounds = if s.spill && self.rng.chance(0.3) { 2 } else { 1 };
         let spills = s.spill && s.remote;
-        let ask = Asking { asked, spills, stream, endpoint, ask, priority, keep_alive, hangup_after };
+        let hub_faults = s.hub_faults;
+        let prompt = if s.prompt_cache {
+            conversation(self.rng.range(0, CONVERSATIONS), self.rng.range(0, 24))
+        } else {
+            "hi".to_string()
+        };
+        let ask =
+            Asking { asked, prompt, hub_faults, spills, stream, endpoint, ask, priority, keep_alive, hangup_after };
         let (engine, book, epoch) = (self.engine.clone(), self.book.clone(), self.epoch);
         let first = ask.register(&book, epoch);
         let task = tokio::spawn(async move {
@@ -588,11 +688,15 @@ impl World {
         self.check_restart_keeps()
     }
 
-    /// A `user.*` model registered (or re-registered with another checkpoint), or forgotten.
+    /// A `user.*` model registered (or re-registered with another checkpoint: a repository of
+    /// the Hub, now and then one it does not have), or forgotten.
     async fn register(&mut self) {
-        let name = format!("user.Sim-{}", self.rng.range(0, 3));
-        let forget = self.rng.chance(0.3);
-        let checkpoint = format!("sim/repo-{}:Q4_K_M", self.rng.range(0, 100));
+        let name = user_model(self.rng.range(0, USERS));
+        let forget = self.rng.chance(0.15);
+        let repo =
+            if self.rng.chance(0.1) { hub::MISSING.to_string() } else { hub::repo(self.rng.range(0, hub::REPOS)) };
+        let checkpoint = format!("{repo}:Q4_K_M");
+        self.book.lock().registration_changes.push((self.now(), name.clone()));
         let r = if forget {
             self.engine.catalogue().unregister(&name).await.map(|_| None)
         } else {
@@ -605,9 +709,84 @@ impl World {
         };
         let said = r.as_ref().map_or_else(|e| e.to_string(), |c| format!("{c:?}"));
         self.note(format!("register {name} forget={forget} -> {said}"));
+        let mut b = self.book.lock();
         if let Ok(kept) = r {
-            self.book.lock().registered.insert(name, kept);
+            b.registered.insert(name.clone(), kept);
         }
+        b.registration_changes.push((self.epoch.elapsed(), name));
+    }
+
+    /// A pull of a `user.*` model: a server-owned download job, a streamed pull whose client
+    /// reads a few events and goes, or a pull awaited whole.
+    fn pull(&mut self) {
+        let name = user_model(self.rng.range(0, USERS));
+        let how = self.rng.range(0, 10);
+        let read = self.rng.range(0, 6) as usize;
+        let req = api_types::PullRequest {
+            model: Some(name.clone()),
+            stream: Some(how < 8),
+            subscribe: (how < 5).then_some(false),
+            ..Default::default()
+        };
+        let repo = self.registered_repo(&name);
+        let (engine, book, epoch) = (self.engine.clone(), self.book.clone(), self.epoch);
+        let task = tokio::spawn(async move {
+            let said = match engine::jobs::pull(&engine, &req).await {
+                Ok(engine::jobs::Pull::Job(j)) => {
+                    if let Some(repo) = repo {
+                        book.lock().job_repos.entry(j.id.clone()).or_default().insert(repo);
+                    }
+                    format!("job {} {}", j.id, j.status)
+                }
+                Ok(engine::jobs::Pull::Events(mut rx)) => {
+                    let mut last = String::from("no event");
+                    for _ in 0..read {
+                        match rx.recv().await {
+                            Some(ev) => last = format!("{ev:?}"),
+                            None => break,
+                        }
+                    }
+                    format!("streamed, went after {read} events (last {last})")
+                }
+                Ok(engine::jobs::Pull::Done(m)) => format!("done {m}"),
+                Err(e) => format!("error: {e}"),
+            };
+            let line = format!("{:>9} pull {name} ({how}) -> {said}", epoch.elapsed().as_millis());
+            book.lock().trace.push(line);
+        });
+        self.tasks.push(task);
+    }
+
+    /// A download job paused, resumed, cancelled or removed.
+    fn control_job(&mut self) {
+        let jobs = self.engine.downloads().list();
+        if jobs.is_empty() {
+            return;
+        }
+        let job = self.rng.pick(&jobs).clone();
+        let action = *self.rng.pick(&["pause", "pause", "resume", "resume", "cancel", "remove"]);
+        if action == "resume" {
+            if let Some(repo) = self.registered_repo(&job.model_name) {
+                self.book.lock().job_repos.entry(job.id.clone()).or_default().insert(repo);
+            }
+        }
+        let r = engine::jobs::control(&self.engine, &job.id, action);
+        let said = match &r {
+            Ok(Some(j)) => format!("{} running={}", j.status, j.running),
+            Ok(None) => "removed".into(),
+            Err(e) => e.to_string(),
+        };
+        self.note(format!(
+            "{action} {} ({} at {} bytes) -> {said}",
+            job.id, job.status, job.cumulative_bytes_downloaded
+        ));
+    }
+
+    /// The Hub repository `name` is registered with now.
+    fn registered_repo(&self, name: &str) -> Option<String> {
+        let b = self.book.lock();
+        let checkpoint = b.registered.get(name)?.as_ref()?;
+        Some(checkpoint.split(':').next().unwrap_or(checkpoint).to_string())
     }
 
     /// An alias pointed at `m`; some are parameter variants, forcing a field on every request
@@ -652,9 +831,13 @@ impl World {
             }
         }
         self.engine.shutdown().await;
+        // The jobs as the shutdown left them (each paused, and saved so).
+        let jobs: Vec<api_types::DownloadJob> =
+            self.engine.downloads().list().into_iter().filter(|j| j.status != "completed").collect();
         self.check_all_stopped("after a restart's shutdown")?;
         self.check_files()?;
-        let (engine, launcher) = start_engine(self.dir.path(), &self.swarm, &self.sizes, &self.up);
+        let (engine, launcher) =
+            start_engine(self.dir.path(), &self.swarm, &self.sizes, &self.up, &self.hub, &self.slots);
         // The saved settings are read back as `serve` reads them.
         let file =
             host::files::load_config(&self.dir.path().join("cache")).map_err(|e| broken!("files_parse", "{e}"))?;
@@ -668,6 +851,26 @@ impl World {
         self.launchers.push(launcher);
         self.decisions = self.engine.lifecycle().explain.subscribe();
         self.held.clear();
+        for before in jobs {
+            self.hits.hit("restart_keeps");
+            let after = self.engine.downloads().get(&before.id);
+            let kept = after.as_ref().is_some_and(|a| {
+                !a.running
+                    && a.model_name == before.model_name
+                    && a.status == before.status
+                    && a.cumulative_bytes_downloaded == before.cumulative_bytes_downloaded
+            });
+            if !kept {
+                return Err(broken!(
+                    "restart_keeps",
+                    "job {} was {} at {} bytes at shutdown; after the restart: {:?}",
+                    before.id,
+                    before.status,
+                    before.cumulative_bytes_downloaded,
+                    after.map(|a| (a.status, a.running, a.cumulative_bytes_downloaded))
+                ));
+            }
+        }
         self.check_restart_keeps()
     }
 
@@ -682,7 +885,109 @@ impl World {
         self.check_pinned();
         self.check_one_process()?;
         self.check_ledger()?;
+        self.check_registry_current()?;
+        self.check_downloads().await?;
+        self.check_restores()?;
         self.check_clients(false)
+    }
+
+    /// Every prompt-cache restore gave a backend its own state.
+    fn check_restores(&mut self) -> Result<(), Failure> {
+        if let Some(w) = self.slots.take_wrong().into_iter().next() {
+            return Err(broken!("cache_own_state", "{w}"));
+        }
+        let restores = self.slots.restores.load(std::sync::atomic::Ordering::Relaxed);
+        for _ in self.restores_seen..restores {
+            self.hits.hit("cache_own_state");
+        }
+        self.restores_seen = restores;
+        Ok(())
+    }
+
+    /// Every registration and alias whose change returned is in the registry as published.
+    fn check_registry_current(&mut self) -> Result<(), Failure> {
+        let (registered, aliases) = {
+            let b = self.book.lock();
+            (b.registered.clone(), b.aliases.clone())
+        };
+        let reg = self.engine.catalogue().registry();
+        for (name, checkpoint) in &registered {
+            self.hits.hit("registry_current");
+            let found = reg.get(name).ok().map(|m| m.checkpoint.clone());
+            if found != *checkpoint {
+                return Err(broken!(
+                    "registry_current",
+                    "{name} was registered as {checkpoint:?}; the registry says {found:?}"
+                ));
+            }
+        }
+        for (alias, target) in &aliases {
+            self.hits.hit("registry_current");
+            let found = reg.aliases().find(|(a, _)| a == alias).map(|(_, t)| t.to_string());
+            if found.as_ref() != Some(target) {
+                return Err(broken!(
+                    "registry_current",
+                    "alias {alias} was set to {target}; the registry says {found:?}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The Hub's files on disk (each a prefix of the Hub's bytes, the complete ones whole), every
+    /// resume the Hub was asked for, and each stopped job's count against the disk.
+    async fn check_downloads(&mut self) -> Result<(), Failure> {
+        if let Some(w) = self.hub.take_wrong_resumes().into_iter().next() {
+            return Err(broken!("resume_exact", "{w}"));
+        }
+        let (_, resumes) = self.hub.asked();
+        for _ in self.resumes_seen..resumes {
+            self.hits.hit("resume_exact");
+        }
+        self.resumes_seen = resumes;
+        // What each repository has on disk, in bytes, its files checked.
+        let mut held: BTreeMap<String, u64> = BTreeMap::new();
+        for i in 0..hub::REPOS {
+            let repo = hub::repo(i);
+            let mut bytes = 0;
+            for f in self.hub.files(&repo).unwrap_or_default() {
+                let blob = self.hub.blob_path(&repo, &f);
+                let partial = std::path::PathBuf::from(format!("{}.incomplete", blob.display()));
+                let (path, whole) = if blob.exists() { (blob, true) } else { (partial, false) };
+                let Ok(on_disk) = std::fs::read(&path) else { continue };
+                self.hits.hit("job_on_disk");
+                let right = if whole { on_disk == f.bytes } else { f.bytes.starts_with(&on_disk) };
+                if !right {
+                    return Err(broken!(
+                        "job_on_disk",
+                        "{} ({} bytes, {}) is not the Hub's {repo}/{} ({} bytes)",
+                        path.display(),
+                        on_disk.len(),
+                        if whole { "complete" } else { "partial" },
+                        f.path,
+                        f.bytes.len()
+                    ));
+                }
+                bytes += on_disk.len() as u64;
+            }
+            held.insert(repo, bytes);
+        }
+        let job_repos = self.book.lock().job_repos.clone();
+        for job in self.engine.downloads().list() {
+            let Some(repos) = job_repos.get(&job.id).filter(|_| !job.running) else { continue };
+            self.hits.hit("job_on_disk");
+            let on_disk: u64 = repos.iter().filter_map(|r| held.get(r)).sum();
+            if job.cumulative_bytes_downloaded > on_disk {
+                return Err(broken!(
+                    "job_on_disk",
+                    "job {} ({}) counts {} bytes; its repositories {repos:?} hold {on_disk}",
+                    job.id,
+                    job.status,
+                    job.cumulative_bytes_downloaded
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// New process exits: a crash is a disruption with cause; lemonade stopping a pinned
@@ -750,14 +1055,7 @@ impl World {
     }
 
     fn all_processes(&self) -> Vec<(String, Arc<FakeProcess>)> {
-        let mut all = vec![];
-        for l in &self.launchers {
-            for f in FILES {
-                let m = model(f);
-                all.extend(l.processes(&m).into_iter().map(|p| (m.clone(), p)));
-            }
-        }
-        all
+        self.launchers.iter().flat_map(|l| l.processes_all()).collect()
     }
 
     fn check_one_process(&mut self) -> Result<(), Failure> {
@@ -800,6 +1098,7 @@ impl World {
         let now = self.now();
         let mut b = self.book.lock();
         let disrupted = b.disrupted.clone();
+        let registrations = b.registration_changes.clone();
         let up_changes = b.up_changes.clone();
         // What each request was outstanding for: its local model, from when to when.
         let spans: Vec<(Option<String>, u64, Option<u64>)> =
@@ -853,7 +1152,7 @@ impl World {
             }
             c.judged = true;
             self.hits.hit("ends_once");
-            judge(id, c, &outcome, &disrupted, &mut self.hits)?;
+            judge(id, c, &outcome, &disrupted, &registrations, &mut self.hits)?;
             if let Ended::Failed { kind: "breaker_open", text, .. } = &outcome {
                 self.hits.hit("breaker_agrees");
                 let end = c.ended_at.unwrap_or_default();
@@ -895,7 +1194,7 @@ impl World {
             self.launcher.release(&m);
         }
         let until = self.now() + QUIESCE;
-        while self.tasks.iter().any(|t| !t.is_finished()) {
+        while self.tasks.iter().any(|t| !t.is_finished()) || self.engine.downloads().list().iter().any(|j| j.running) {
             if self.now() > until {
                 self.check_clients(true)?;
                 return Err(broken!("ends_once", "an admin load or a client was still running at quiescence"));
@@ -941,6 +1240,11 @@ impl World {
             if v.state == State::Loaded && !alive.contains(m) {
                 return Err(broken!("no_orphan", "{m} is shown loaded with no live process"));
             }
+        }
+        if self.swarm.prompt_cache {
+            let u = self.engine.prompt_cache_usage();
+            let restored = self.slots.restores.load(std::sync::atomic::Ordering::Relaxed);
+            self.note(format!("prompt cache: {} files, {} bytes; {restored} restores", u.files, u.bytes));
         }
         // A last restart over what the run left (its checks), then lemonade stops.
         self.restart().await?;
@@ -1021,6 +1325,10 @@ impl World {
 /// One client's request, as drawn.
 struct Asking {
     asked: String,
+    /// What the user says (a long conversation where the prompt cache is on).
+    prompt: String,
+    /// The Hub has faults (a pull may fail).
+    hub_faults: bool,
     /// Local models spill over to the remote one.
     spills: bool,
     stream: bool,
@@ -1039,7 +1347,8 @@ impl Asking {
         // Who may answer: the model named, or its alias's target as the aliases are now.
         let asked = &self.asked;
         let mut may_answer: BTreeSet<String> = b.aliases.get(asked).cloned().into_iter().collect();
-        if asked.starts_with("extra.") && asked != UNKNOWN || *asked == remote_model() {
+        let registered = b.registered.get(asked).is_some_and(|c| c.is_some());
+        if asked.starts_with("extra.") && asked != UNKNOWN || *asked == remote_model() || registered {
             may_answer.insert(asked.clone());
         }
         if self.spills && may_answer.iter().any(|m| m.starts_with("extra.")) {
@@ -1049,9 +1358,12 @@ impl Asking {
         b.seq += 1;
         let start_seq = b.seq;
         let variant = b.variants.get(asked).cloned();
+        let missing =
+            b.registered.get(asked).is_some_and(|c| c.as_deref().is_some_and(|c| c.starts_with(hub::MISSING)));
         b.clients.push(Client {
             asked: self.asked.clone(),
             variant,
+            pull_may_fail: self.hub_faults || missing,
             may_answer,
             stream: self.stream,
             embedding: self.endpoint == Endpoint::Embeddings,
@@ -1084,7 +1396,7 @@ impl Asking {
 
     /// Asks, hangs up when the client does, and records how it ended.
     async fn run(&self, engine: &Engine, book: &Arc<Mutex<Book>>, epoch: Instant, id: usize) -> Ended {
-        let body = json!({"model": self.asked, "messages": [{"role": "user", "content": "hi"}], "stream": self.stream, "sim": self.ask});
+        let body = json!({"model": self.asked, "messages": [{"role": "user", "content": self.prompt}], "stream": self.stream, "sim": self.ask});
         let req =
             LeaseRequest::new(self.asked.clone(), self.endpoint).priority(self.priority).keep_alive(self.keep_alive);
         let asking = ask_model(engine, req, body, self.stream, book, epoch, id);
@@ -1215,6 +1527,9 @@ fn kind(e: &EngineError) -> &'static str {
         EngineError::BadAnswer { .. } => "bad_answer",
         EngineError::Upstream { failure: engine::error::UpstreamFailure::BreakerOpen { .. }, .. } => "breaker_open",
         EngineError::Upstream { .. } => "upstream",
+        EngineError::Hub(_) => "hub",
+        EngineError::NotDownloaded { .. } => "not_downloaded",
+        EngineError::Invalid { code: Some("checkpoint_not_found"), .. } => "checkpoint_not_found",
         _ => "other",
     }
 }
@@ -1246,6 +1561,7 @@ fn judge(
     c: &Client,
     outcome: &Ended,
     disrupted: &[(Duration, String)],
+    registrations: &[(Duration, String)],
     hits: &mut Hits,
 ) -> Result<(), Failure> {
     let in_order = |tokens: &[u32]| tokens.iter().enumerate().all(|(i, n)| *n == i as u32);
@@ -1259,6 +1575,8 @@ fn judge(
                     && (who == "*" || model.is_none_or(|m| m == who) || c.may_answer.contains(who))
             })
     };
+    // Its `user.*` model registered anew, or forgotten, while it was asked.
+    let reregistered = registrations.iter().any(|(t, name)| *name == c.asked && *t >= c.started && *t <= end);
     // (A remote model's types are its upstream's to know: lemonade forwards it embeddings.)
     if c.embedding && !c.may_answer.is_empty() && c.asked != remote_model() {
         hits.hit("right_model");
@@ -1310,7 +1628,7 @@ fn judge(
             match *kind {
                 "lookup" => {
                     hits.hit("right_model");
-                    if c.asked != UNKNOWN && !c.may_answer.is_empty() {
+                    if c.asked != UNKNOWN && !c.may_answer.is_empty() && !reregistered {
                         return Err(broken!("right_model", "c{id} asked {} and was told: {text}", c.asked));
                     }
                 }
@@ -1326,6 +1644,17 @@ fn judge(
                 }
                 "rejected" | "load_failed" | "load_cancelled" | "still_unloading" | "not_loaded" | "upstream" => {}
                 "breaker_open" => {}
+                // A pull before the load: it fails only for a cause.
+                "hub" | "checkpoint_not_found" | "not_downloaded" if c.asked.starts_with("user.") => {
+                    hits.hit("right_model");
+                    if !(c.pull_may_fail || reregistered || caused(None)) {
+                        return Err(broken!(
+                            "right_model",
+                            "c{id} asked {}, whose pull failed with no Hub fault, restart or registration change: {text}",
+                            c.asked
+                        ));
+                    }
+                }
                 _ => return Err(broken!("ends_once", "c{id} ended with an undocumented error ({kind}): {text}")),
             }
         }

@@ -52,6 +52,8 @@ pub struct Config {
     pub remote_refresh: Option<Duration>,
     /// The Hugging Face endpoint to pull from (None: `HF_ENDPOINT`, else huggingface.co).
     pub hub_endpoint: Option<String>,
+    /// Where the Hub's requests are answered in memory (the simulation's Hub; None: over HTTP).
+    pub hub_in_memory: Option<host::download::InMemory>,
     /// The names the per-model serving gauges are exported under besides lemonade's.
     pub metrics_names: crate::metrics::MetricsNames,
     /// The request header that names a conversation (`--session-header`), forwarded with
@@ -203,6 +205,7 @@ impl Config {
             devices: None,
             remote_refresh: Some(Duration::from_secs(60)),
             hub_endpoint: None,
+            hub_in_memory: None,
             metrics_names: Default::default(),
             session_header: "x-session-id".into(),
             breaker: Default::default(),

@@ -145,8 +145,8 @@ impl Lease {
     pub async fn before_forward(&self, path: &str, body: &[u8]) {
         if let Target::Local { model, .. } = &self.target {
             if let Some(cache) = &model.cache {
-                let base = model.backend.base_url();
-                crate::prompt_cache::before_request(&self.rt.http, &base, cache, path, body, &self.rt.metrics).await;
+                let b = crate::prompt_cache::Backend { http: &self.rt.http, process: model.backend.as_ref() };
+                crate::prompt_cache::before_request(b, cache, path, body, &self.rt.metrics).await;
             }
         }
     }

@@ -399,8 +399,8 @@ impl Lifecycle {
     /// prompt cache.
     async fn save_and_stop(&self, r: &Running) {
         if let Some(c) = r.cache.as_ref().filter(|_| r.backend.exit_status().is_none()) {
-            crate::prompt_cache::save(&self.http, &r.backend.base_url(), c, self.cfg.prompt_cache_size, &self.metrics)
-                .await;
+            let b = crate::prompt_cache::Backend { http: &self.http, process: r.backend.as_ref() };
+            crate::prompt_cache::save(b, c, self.cfg.prompt_cache_size, &self.metrics).await;
         }
         r.backend.stop(self.cfg.stop_grace).await;
     }
