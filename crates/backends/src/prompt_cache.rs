@@ -95,6 +95,16 @@ const SEQ_MAGIC: u32 = 0x6767_7371;
 const SEQ_VERSION: u32 = 4;
 const SEQ_VERSIONS: [u32; 2] = [2, SEQ_VERSION];
 
+/// The header llama-server writes at the start of a slot file that holds `tokens` (magic,
+/// version, count, then `[-1, 1, n, tokens…, 0]`), which [`saved_tokens`] reads back; the
+/// state follows it. For tests and the simulation's backend, which write slot files as
+/// llama-server does.
+pub fn slot_header(tokens: &[i32]) -> Vec<u8> {
+    let packed: Vec<i32> = [-1, 1, tokens.len() as i32].iter().chain(tokens).chain(&[0]).copied().collect();
+    let words = [SEQ_MAGIC, SEQ_VERSION, packed.len() as u32];
+    words.iter().map(|w| w.to_le_bytes()).chain(packed.iter().map(|t| t.to_le_bytes())).flatten().collect()
+}
+
 /// How many bytes of a slot file hold its token list, from its first 12 bytes (magic,
 /// version, count); None when it is not a slot file this reader knows.
 pub fn header_len(first: &[u8]) -> Option<usize> {
@@ -228,6 +238,13 @@ mod tests {
         assert!(continued(&e, &[5, 6, 7], 2).is_none());
         assert!(continued(&e, &[0, 1, 2, 50], 3).is_none(), "3 of 10 or 16 tokens is not worth a restore");
         assert!(continued(&e, &first, 11).is_none(), "shorter than the minimum");
+    }
+
+    #[test]
+    fn a_slot_header_reads_back_as_its_tokens() {
+        let head = slot_header(&[5, 6, 7]);
+        assert_eq!(header_len(&head), Some(head.len()));
+        assert_eq!(saved_tokens(&head), Some(vec![5, 6, 7]));
     }
 
     fn slot_file(packed: &[i32]) -> Vec<u8> {

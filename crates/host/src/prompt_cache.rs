@@ -255,14 +255,7 @@ mod tests {
 
     /// A slot file as llama-server writes it: header, packed tokens, then `fill` state bytes.
     fn slot_file(tokens: &[i32], fill: u8, n: usize) -> Vec<u8> {
-        let packed: Vec<i32> = [-1, 1, tokens.len() as i32].iter().chain(tokens).chain(&[0]).copied().collect();
-        let mut v = Vec::new();
-        for w in [0x6767_7371u32, 4, packed.len() as u32] {
-            v.extend(w.to_le_bytes());
-        }
-        for t in packed {
-            v.extend(t.to_le_bytes());
-        }
+        let mut v = backends::prompt_cache::slot_header(tokens);
         v.extend(std::iter::repeat_n(fill, n));
         v
     }

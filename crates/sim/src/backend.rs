@@ -101,14 +101,7 @@ fn save_dir(process: &FakeProcess) -> Option<std::path::PathBuf> {
 
 /// A slot file as llama-server writes it: its header, the tokens packed, then the state.
 fn slot_file(tokens: &[i32], state: &[u8]) -> Vec<u8> {
-    let packed: Vec<i32> = [-1, 1, tokens.len() as i32].iter().chain(tokens).chain(&[0]).copied().collect();
-    let mut v = Vec::new();
-    for w in [0x6767_7371u32, 4, packed.len() as u32] {
-        v.extend(w.to_le_bytes());
-    }
-    for t in packed {
-        v.extend(t.to_le_bytes());
-    }
+    let mut v = backends::prompt_cache::slot_header(tokens);
     v.extend(state);
     v
 }
