@@ -66,7 +66,10 @@ export function pull(body) {
   pulls.set(id, { percent: 0, file_index: 0, total_files: 0, bytes_downloaded: 0, bytes_total: 0 });
   changed(id);
   api("/api/v1/pull", { ...body, stream: true, subscribe: false }).then((job) => {
-    pulls.set(id, progress(job));
+    // A poll may have seen the job end (and removed it) before this answer came: the snapshot
+    // it answers with is older than that.
+    const now = pulls.get(id);
+    if (now && !now.done) pulls.set(id, progress(job));
     changed(id);
     follow();
   }).catch((e) => {

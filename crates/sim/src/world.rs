@@ -30,6 +30,10 @@ const ALIASES: &[&str] = &["fast", "best"];
 const UNKNOWN: &str = "extra.nope.gguf";
 /// The `user.*` models registrations name (each a repository of the simulated Hub).
 const USERS: u64 = 3;
+/// The router collection clients may name: it routes a prompt of at least [`ROUTE_LONG`]
+/// characters to its second component, any other to its first.
+const ROUTER: &str = "user.Sim-Router";
+const ROUTE_LONG: usize = 30;
 /// A request that has not ended this long after it was asked is a hang.
 const DEADLINE: Duration = Duration::from_secs(900);
 /// How long quiescence may take (simulated) before what is still running is a hang.
@@ -114,6 +118,8 @@ struct Swarm {
     /// A prompt cache: backends save their slot when stopped, and a request that continues a
     /// saved prompt gets it restored; clients ask with a few long conversations.
     prompt_cache: bool,
+    /// A router collection over two of the models, registered, changed and deleted.
+    collections: bool,
 }
 
 impl Swarm {
@@ -139,6 +145,7 @@ impl Swarm {
             hub: on(rng),
             hub_faults: on(rng),
             prompt_cache: on(rng),
+            collections: on(rng),
         }
     }
 }
@@ -217,6 +224,8 @@ struct Book {
     params: Option<(i64, u64, u64)>,
     /// When each `user.*` name was registered, re-registered or forgotten.
     registration_changes: Vec<(Duration, String)>,
+    /// The router collection's components (short prompts, long ones), while it is registered.
+    router: Option<(String, String)>,
     /// Each download job's repositories, each it was started or resumed for (by job id).
     job_repos: BTreeMap<String, BTreeSet<String>>,
     trace: Vec<String>,
@@ -429,7 +438,7 @@ impl World {
     /// One random action.
     async fn act(&mut self) -> Result<(), Failure> {
         let s = self.swarm.clone();
-        let roll = self.rng.range(0, 120);
+        let roll = self.rng.range(0, 124);
         let file = *self.rng.pick(FILES);
         let m = model(file);
         match roll {
@@ -512,6 +521,7 @@ impl World {
             100..=104 if s.disk_faults => self.disk_fault(m).await?,
             110..=113 if s.hub => self.pull(),
             114..=117 if s.hub => self.control_job(),
+            120..=123 if s.collections => self.collection().await,
             118..=119 if s.hub && s.hub_faults => {
                 let down = self.rng.chance(0.4);
                 self.note(format!("the Hub {}", if down { "goes down" } else { "is up" }));
@@ -542,6 +552,8 @@ impl World {
             (*self.rng.pick(&names)).clone()
         } else if roll < 34 && s.hub {
             user_model(self.rng.range(0, USERS))
+        } else if roll < 44 && s.collections {
+            ROUTER.to_string()
         } else {
             model(self.rng.pick::<&str>(FILES))
         };
@@ -782,6 +794,40 @@ impl World {
         ));
     }
 
+    /// The router collection registered over two models (or re-registered over others), or
+    /// deleted.
+    async fn collection(&mut self) {
+        let forget = self.rng.chance(0.15);
+        let short = model(self.rng.pick::<&str>(FILES));
+        let long = model(self.rng.pick::<&str>(FILES));
+        self.book.lock().registration_changes.push((self.now(), ROUTER.to_string()));
+        let r = if forget {
+            engine::pulls::delete_named(&self.engine, ROUTER).await.map(|_| None)
+        } else {
+            let mut components = vec![short.clone()];
+            if long != short {
+                components.push(long.clone());
+            }
+            let rules = json!([{"id": "long", "match": {"min_chars": ROUTE_LONG}, "route_to": long}]);
+            let req = api_types::PullRequest {
+                model: Some(ROUTER.into()),
+                recipe: Some("collection.router".into()),
+                version: Some(json!("1")),
+                components: Some(json!(components)),
+                routing: Some(json!({"candidates": components, "default_model": short, "rules": rules})),
+                ..Default::default()
+            };
+            engine::router::register(&self.engine, &req).await.map(|_| Some((short, long)))
+        };
+        let said = r.as_ref().map_or_else(|e| e.to_string(), |c| format!("{c:?}"));
+        self.note(format!("collection {ROUTER} forget={forget} -> {said}"));
+        let mut b = self.book.lock();
+        if let Ok(now) = r {
+            b.router = now;
+        }
+        b.registration_changes.push((self.epoch.elapsed(), ROUTER.to_string()));
+    }
+
     /// The Hub repository `name` is registered with now.
     fn registered_repo(&self, name: &str) -> Option<String> {
         let b = self.book.lock();
@@ -920,6 +966,16 @@ impl World {
                     "{name} was registered as {checkpoint:?}; the registry says {found:?}"
                 ));
             }
+        }
+        let router = self.book.lock().router.clone();
+        self.hits.hit("registry_current");
+        let found = reg.collection(ROUTER).map(|c| c.components.clone());
+        let expected = router.map(|(short, long)| if short == long { vec![short] } else { vec![short, long] });
+        if found != expected {
+            return Err(broken!(
+                "registry_current",
+                "{ROUTER} was registered over {expected:?}; the registry says {found:?}"
+            ));
         }
         for (alias, target) in &aliases {
             self.hits.hit("registry_current");
@@ -1263,10 +1319,14 @@ impl World {
     }
 
     /// Every JSON file lemonade keeps in its cache dir parses.
+    /// (`config.json`, `user_models.json`, `aliases.json`, `downloads.json`, …, and the prompt
+    /// cache's entries, one folder down.)
     fn check_files(&mut self) -> Result<(), Failure> {
         let cache = self.dir.path().join("cache");
         let entries = std::fs::read_dir(&cache).map_err(|e| broken!("files_parse", "{e}"))?;
-        for e in entries.flatten() {
+        let keys = std::fs::read_dir(cache.join("prompt-cache")).into_iter().flatten().flatten();
+        let index = keys.flat_map(|k| std::fs::read_dir(k.path()).into_iter().flatten().flatten());
+        for e in entries.flatten().chain(index) {
             let path = e.path();
             if path.extension().is_some_and(|x| x == "json") {
                 self.hits.hit("files_parse");
@@ -1350,6 +1410,13 @@ impl Asking {
         let registered = b.registered.get(asked).is_some_and(|c| c.is_some());
         if asked.starts_with("extra.") && asked != UNKNOWN || *asked == remote_model() || registered {
             may_answer.insert(asked.clone());
+        }
+        // The router collection answers with the component its rule picks for this prompt
+        // (an embedding is not routed: it is refused for the collection's type).
+        if let (true, Some((short, long))) = (asked == ROUTER, &b.router) {
+            let embedding = self.endpoint == Endpoint::Embeddings;
+            let routed = if self.prompt.chars().count() >= ROUTE_LONG { long } else { short };
+            may_answer.insert(if embedding { asked.clone() } else { routed.clone() });
         }
         if self.spills && may_answer.iter().any(|m| m.starts_with("extra.")) {
             // A local model may be answered by its spillover place.
