@@ -654,7 +654,7 @@ fn async_fn_bodies(code: &str) -> Vec<(usize, usize)> {
 fn off_the_async_threads(body: &str, at: usize) -> bool {
     // A closure without braces, given on the call's own line: `offload(move || std::fs::…)`.
     let line = &body[body[..at].rfind('\n').map_or(0, |n| n + 1)..at];
-    if line.contains("spawn_blocking(") || line.contains("offload(") {
+    if ["spawn_blocking(", "offload(", "offload_io("].iter().any(|f| line.contains(f)) {
         return true;
     }
     // The opening lines of the blocks around `at`, innermost last.
@@ -671,7 +671,7 @@ fn off_the_async_threads(body: &str, at: usize) -> bool {
     open.iter().any(|&o| {
         let line_start = body[..o].rfind('\n').map_or(0, |n| n + 1);
         let line = &body[line_start..o];
-        if line.contains("spawn_blocking(") || line.contains("offload(") {
+        if ["spawn_blocking(", "offload(", "offload_io("].iter().any(|f| line.contains(f)) {
             return true;
         }
         let bound = line
@@ -680,7 +680,7 @@ fn off_the_async_threads(body: &str, at: usize) -> bool {
             .map(|r| r.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>());
         bound.is_some_and(|name| {
             line.contains('|')
-                && (body.contains(&format!("spawn_blocking({name})")) || body.contains(&format!("offload({name})")))
+                && ["spawn_blocking", "offload", "offload_io"].iter().any(|f| body.contains(&format!("{f}({name})")))
         })
     })
 }

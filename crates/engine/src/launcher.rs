@@ -288,7 +288,7 @@ impl RealLauncher {
             let _ = std::fs::remove_dir_all(&made);
             std::fs::create_dir_all(&made)
         };
-        let made = host::offload::offload(fresh).await.unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        let made = host::offload::offload_io(fresh).await;
         made.map_err(|e| fatal(format!("cannot make {}: {e}", scratch.display())))?;
         // Each model file where the command line names it and where its links lead (a Hub
         // cache's snapshot links into the repository's blobs; a file may link elsewhere).

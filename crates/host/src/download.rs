@@ -199,10 +199,7 @@ impl Downloader {
                 Ok(digest) => {
                     verify(&partial, file, digest).await?;
                     let (from, to) = (partial.clone(), blob.to_path_buf());
-                    crate::offload::offload(move || std::fs::rename(from, to))
-                        .await
-                        .map_err(|e| DownloadError::Protocol { url: url.into(), message: e.to_string() })?
-                        .map_err(io(blob))?;
+                    crate::offload::offload_io(move || std::fs::rename(from, to)).await.map_err(io(blob))?;
                     return Ok(());
                 }
                 Err(Attempt::Retry(e)) => last_error = e,
@@ -320,7 +317,7 @@ const COMPARED_MAX: u64 = 16 << 20;
 /// A partial file's bytes.
 async fn read_partial(path: &Path) -> std::io::Result<Vec<u8>> {
     let p = path.to_path_buf();
-    crate::offload::offload(move || std::fs::read(p)).await.unwrap_or_else(|e| Err(std::io::Error::other(e)))
+    crate::offload::offload_io(move || std::fs::read(p)).await
 }
 
 /// The partial file removed, so the next attempt fetches the whole file.
@@ -382,7 +379,7 @@ enum Sink {
 }
 
 enum Finished {
-    NotDone(String),
+    NotDone(tokio::task::JoinError),
     Io(std::io::Error),
 }
 
@@ -429,7 +426,7 @@ impl Sink {
         match self {
             Sink::Thread { tx, writer } => {
                 drop(tx);
-                writer.await.map_err(|e| Finished::NotDone(e.to_string()))?.map_err(Finished::Io)
+                writer.await.map_err(Finished::NotDone)?.map_err(Finished::Io)
             }
             Sink::Here { writer, failed: Some(e), .. } => {
                 drop(writer);
@@ -449,13 +446,10 @@ enum Attempt {
 /// reading the file); a corrupt partial file is removed.
 async fn verify(partial: &Path, file: &Target, digest: Option<String>) -> Result<(), DownloadError> {
     let p = partial.to_path_buf();
-    let len = crate::offload::offload(move || std::fs::metadata(p).map(|m| m.len()))
-        .await
-        .map_err(|e| DownloadError::Protocol { url: file.name.clone(), message: e.to_string() })?
-        .map_err(io(partial))?;
+    let len = crate::offload::offload_io(move || std::fs::metadata(p).map(|m| m.len())).await.map_err(io(partial))?;
     let remove = |p: &Path| {
         let p = p.to_path_buf();
-        crate::offload::offload(move || std::fs::remove_file(p))
+        crate::offload::offload_io(move || std::fs::remove_file(p))
     };
     if let Some(expected) = file.size {
         if len != expected {
@@ -467,10 +461,7 @@ async fn verify(partial: &Path, file: &Target, digest: Option<String>) -> Result
         let p = partial.to_path_buf();
         let got = match digest {
             Some(d) => d,
-            None => crate::offload::offload(move || sha256_file(&p))
-                .await
-                .map_err(|e| DownloadError::Protocol { url: file.name.clone(), message: e.to_string() })?
-                .map_err(io(partial))?,
+            None => crate::offload::offload_io(move || sha256_file(&p)).await.map_err(io(partial))?,
         };
         if &got != expected {
             let _ = remove(partial).await;

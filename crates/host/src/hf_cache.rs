@@ -101,10 +101,7 @@ pub fn is_complete(file: &Path) -> bool {
 pub async fn remove_repo(root: &Path, repo: &str) -> Result<(), crate::HostError> {
     let dir = root.join(repo_folder_name(repo));
     let gone = dir.clone();
-    let removed = crate::offload::offload(move || std::fs::remove_dir_all(gone))
-        .await
-        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-    match removed {
+    match crate::offload::offload_io(move || std::fs::remove_dir_all(gone)).await {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(crate::HostError::io(&dir)(e)),
         _ => Ok(()),
     }

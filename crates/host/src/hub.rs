@@ -157,10 +157,7 @@ impl Hub {
             std::fs::create_dir_all(&dir)?;
             Ok(std::fs::metadata(&at).is_ok_and(|m| size.is_none_or(|s| m.len() == s)))
         };
-        let done = crate::offload::offload(there)
-            .await
-            .map_err(|e| HubError::Protocol { url: blobs.display().to_string(), message: e.to_string() })?
-            .map_err(io(&blobs))?;
+        let done = crate::offload::offload_io(there).await.map_err(io(&blobs))?;
         if !done {
             let url = self.resolve_url(repo, commit, &file.path);
             let target = Target { name: file.path.clone(), size: file.size, sha256: file.sha256.clone() };

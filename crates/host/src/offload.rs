@@ -17,6 +17,13 @@ pub async fn offload<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) 
     Ok(tokio::task::spawn_blocking(f).await?)
 }
 
+/// [`offload`] for file work: its failure and the work's not finishing are one `io::Error`.
+pub async fn offload_io<T: Send + 'static>(
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    offload(f).await.unwrap_or_else(|e| Err(std::io::Error::other(e)))
+}
+
 /// Whether blocking work runs on the calling thread (the simulation's runtime thread).
 pub fn inline() -> bool {
     #[cfg(feature = "faults")]
