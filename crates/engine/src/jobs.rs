@@ -70,14 +70,18 @@ async fn run(rt: Engine, m: ModelInfo, id: String, mut stop: watch::Receiver<Sto
     // A shutdown pauses the job (saved so, for the next start to list and resume).
     let mut closed = Box::pin(rt.lifecycle.closed());
     let outcome = loop {
+        // A shutdown or a control first: the download itself also ends at shutdown (with an
+        // error), and the job must be saved paused, not failed. Events left when it ends are
+        // taken below.
         tokio::select! {
+            biased;
+            () = &mut closed => break Err(Stop::Pause),
+            _ = stop.changed() => break Err(*stop.borrow()),
             r = &mut work => break Ok(r),
             Some(ev) = events.recv() => {
                 rt.downloads.update(&id, |j| apply(&mut j.snap, &ev, started, run_start));
                 rt.downloads.save(false);
             }
-            _ = stop.changed() => break Err(*stop.borrow()),
-            () = &mut closed => break Err(Stop::Pause),
         }
     };
     // Dropping the download stops it at once; its partial file stays for a resume.

@@ -57,6 +57,7 @@ pub const REGRESSIONS: &[(u64, &str)] = &[
         205,
         "a stopped download job counted bytes that a later download, answered without its range, truncated (job_on_disk)",
     ),
+    (24, "a download job running at shutdown could be saved failed instead of paused (restart_keeps)"),
 ];
 
 /// An invariant broken, and how.

@@ -876,10 +876,19 @@ impl World {
                 b.pin_changed.insert(model(f), now);
             }
         }
+        let running: Vec<String> =
+            self.engine.downloads().list().into_iter().filter(|j| j.running).map(|j| j.id).collect();
         self.engine.shutdown().await;
-        // The jobs as the shutdown left them (each paused, and saved so).
+        // The jobs as the shutdown left them: each that ran is paused, and saved so.
         let jobs: Vec<api_types::DownloadJob> =
             self.engine.downloads().list().into_iter().filter(|j| j.status != "completed").collect();
+        for id in running {
+            self.hits.hit("restart_keeps");
+            let status = jobs.iter().find(|j| j.id == id).map(|j| j.status.clone());
+            if status.as_deref() != Some("paused") {
+                return Err(broken!("restart_keeps", "job {id} ran at shutdown and was left {status:?}, not paused"));
+            }
+        }
         self.check_all_stopped("after a restart's shutdown")?;
         self.check_files()?;
         let (engine, launcher) =
