@@ -15,6 +15,7 @@
 //!   randomness seeded: `--seeds N`, `--seed S [--trace]`, `--mutate NAME`, `--replays N`.
 
 mod provision;
+mod v11;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -35,6 +36,7 @@ fn main() -> Result<()> {
         "sim" => sim(rest),
         "package" => package(rest).map(|_| ()),
         "container" => container(rest),
+        "v11" => v11::v11(rest),
         _ => {
             eprintln!(
                 "usage: cargo xtask <task>\n\n\
@@ -48,6 +50,7 @@ fn main() -> Result<()> {
                  installs it with dpkg, verifies its unit, runs it and removes it\n  \
                  container  the image (podman, deploy/Containerfile); --debug, --check: runs it\n  \
                  openapi  regenerate docs/openapi.json\n  \
+                 v11      Lemonade v11.7.0's own server tests (a local clone: --repo) against lemonade\n  \
                  sim      the engine's deterministic simulation: --seeds N | --seed S [--trace] |\n           \
                  --mutate NAME (a past bug put back: found within --seeds N?) | --replays N"
             );

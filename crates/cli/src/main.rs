@@ -326,6 +326,25 @@ struct ServeArgs {
     /// stream) before the request fails with 504 naming it.
     #[arg(long, env = "LEMONADE_REMOTE_TIMEOUT", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     remote_timeout: u64,
+    /// The low-transfer timeout: seconds a streamed answer's backend may send nothing (no
+    /// token; a long prefill is kept alive with SSE comments meanwhile) before the stream is
+    /// cut with an error event. v11's `global_timeout` sets it too.
+    #[arg(long, env = "LEMONADE_STREAM_TIMEOUT", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    stream_timeout: u64,
+    /// No network call at all: no update check, no Hugging Face (a pull is a 409 naming the
+    /// setting), no backend release download. Local models and installed backends serve as
+    /// usual.
+    #[arg(long, env = "LEMONADE_OFFLINE")]
+    offline: bool,
+    /// Bytes per second that downloads (models, backend releases) share: a number or a size
+    /// such as 50M or 800K; 0 is unlimited (the default).
+    #[arg(long, env = "LEMONADE_DOWNLOAD_RATE_LIMIT")]
+    download_rate_limit: Option<String>,
+    /// How listings name models: `v11` (current Lemonade, the default: a registered model by
+    /// its bare name, a shadowed built-in as `builtin.X`) or `v9` (`user.X`, for clients
+    /// pinned to Lemonade v9). Every name form is accepted in requests either way.
+    #[arg(long, env = "LEMONADE_MODEL_NAMES", value_parser = ["v11", "v9"])]
+    model_names: Option<String>,
     /// Export OpenTelemetry spans (each request, load and pull) over OTLP/HTTP to this endpoint,
     /// e.g. http://127.0.0.1:4318 (its /v1/traces). Off by default.
     #[arg(long, env = "LEMONADE_OTLP_ENDPOINT")]
@@ -413,13 +432,17 @@ fn config_flags(a: &ServeArgs, m: Option<&clap::ArgMatches>) -> serde_json::Map<
     };
     let limits =
         a.max_loaded_models.as_ref().map(|v| if v.len() == 1 { Value::from(v[0]) } else { Value::from(v.clone()) });
-    let all: [(&str, &str, Value); 15] = [
+    let all: [(&str, &str, Value); 19] = [
         ("sandbox", "sandbox", a.sandbox.clone().into()),
         ("log_level", "log_level", a.log_level.name().into()),
         ("extra_models_dir", "extra_models_dir", a.extra_models_dir.as_ref().map(|d| d.display().to_string()).into()),
         ("load_timeout", "load_timeout", a.load_timeout.into()),
         ("pull_timeout", "pull_timeout", a.pull_timeout.into()),
         ("remote_timeout", "remote_timeout", a.remote_timeout.into()),
+        ("stream_timeout", "stream_timeout", a.stream_timeout.into()),
+        ("offline", "offline", a.offline.into()),
+        ("download_rate_limit", "download_rate_limit", download_rate(a.download_rate_limit.as_deref())),
+        ("model_names", "model_names", a.model_names.clone().into()),
         ("max_loaded_models", "max_loaded_models", limits.unwrap_or(Value::Null)),
         ("idle_timeout", "idle_timeout", a.idle_timeout.into()),
         ("max_queue", "max_queue", a.max_queue.into()),
@@ -431,6 +454,14 @@ fn config_flags(a: &ServeArgs, m: Option<&clap::ArgMatches>) -> serde_json::Map<
         ("llamacpp_args", "llamacpp_args", a.llamacpp_args.clone().into()),
     ];
     all.into_iter().filter(|(_, id, v)| given(id) && !v.is_null()).map(|(k, _, v)| (k.to_string(), v)).collect()
+}
+
+/// `--download-rate-limit` as the config key takes it: a number, or the size string as given.
+fn download_rate(v: Option<&str>) -> serde_json::Value {
+    match v {
+        None => serde_json::Value::Null,
+        Some(s) => s.trim().parse::<u64>().map(serde_json::Value::from).unwrap_or_else(|_| s.into()),
+    }
 }
 
 fn cache_dir() -> PathBuf {

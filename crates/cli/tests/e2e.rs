@@ -539,3 +539,111 @@ async fn llama_cpp_native_fields_outside_their_range_are_refused_before_reaching
         .await;
     assert_eq!(s, 200, "in range, they pass");
 }
+
+/// A client that hangs up on a non-streamed request frees llama-server's slot: the request
+/// asks for 3,000 tokens (EOS ignored), the client leaves once the slot generates, and a second
+/// later the child's `/slots` says the slot is idle. lemonade drops its request to
+/// llama-server (and the lease) as the client goes; llama-server looks at its client's
+/// connection when its result queue has been quiet for a second, so the slot is free a second
+/// or a token later. The check is one look 1.5 s after the hang-up: polling `/slots` meanwhile
+/// would keep that queue busy (each `/slots` is a task whose result wakes it) and put off the
+/// very check it measures.
+#[tokio::test]
+async fn real_llama_server_a_client_leaving_a_non_streamed_request_frees_the_slot() {
+    let l = Lemonade::start(bin(), &[]).await;
+    let (s, warm) = l
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": SMOL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(s, 200, "{warm}");
+    let busy = |slots: &Value| slots.as_array().is_some_and(|a| a.iter().any(|s| s["is_processing"] == true));
+    let body = json!({"model": SMOL, "messages": [{"role": "user", "content": "Count to ten thousand."}],
+        "max_tokens": 3000, "ignore_eos": true, "stream": false});
+    let leaving = reqwest::Client::new().post(l.url("/v1/chat/completions")).json(&body).send();
+    // The client leaves once the slot is generating (bounded: at most 30 s).
+    let watch = async {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let (_, slots) = l.get(&format!("/slots?model={SMOL}")).await;
+            if busy(&slots) || tokio::time::Instant::now() > deadline {
+                return slots;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let slots = tokio::select! {
+        r = leaving => panic!("the 3,000-token answer came before the client left: {:?}", r.map(|r| r.status())),
+        s = watch => s,
+    };
+    assert!(busy(&slots), "the slot never started: {slots}");
+    // The measured bound itself (see above), not a wait for something to happen.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (_, idle) = l.get(&format!("/slots?model={SMOL}")).await;
+    assert!(!busy(&idle), "still generating 1.5 s after the client left: {idle}");
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(h["all_models_loaded"][0]["in_flight"], 0, "the request still holds its lease: {h}");
+}
+
+/// A streamed request whose prompt takes seconds to prefill starts its answer at once and
+/// keeps the connection alive until the first token: SSE comments (`: prefill 2 s`) in
+/// OpenAI's stream, empty chunks with `lemonade_status` in Ollama's NDJSON. With
+/// `--stream-timeout 1`, the same prefill is cut after a second with the dialect's error,
+/// naming the setting.
+#[tokio::test]
+async fn real_llama_server_a_long_prefill_keeps_the_stream_alive_and_a_stalled_one_is_cut() {
+    let l = Lemonade::start(bin(), &[]).await;
+    let long = |topic: &str| -> String {
+        (0..160).map(|i| format!("{topic} fact {i}: lemons are yellow and sour. ")).collect()
+    };
+    let raw = |l: &Lemonade, path: &str, body: Value| {
+        let (http, url) = (l.http.clone(), l.url(path));
+        async move {
+            let r = http.post(url).json(&body).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.text().await.unwrap()
+        }
+    };
+    let sse = raw(
+        &l,
+        "/v1/chat/completions",
+        json!({"model": SMOL, "stream": true, "max_tokens": 4,
+        "messages": [{"role": "user", "content": long("Apple")}]}),
+    )
+    .await;
+    let first_data = sse.find("data: {").unwrap_or_else(|| panic!("no data in {sse}"));
+    assert!(sse[..first_data].contains(": prefill "), "no keep-alive before the first token: {sse}");
+    assert!(sse.trim_end().ends_with("data: [DONE]"), "{sse}");
+
+    let nd = raw(
+        &l,
+        "/api/chat",
+        json!({"model": SMOL, "options": {"num_predict": 4},
+        "messages": [{"role": "user", "content": long("Banana")}]}),
+    )
+    .await;
+    let lines: Vec<Value> = nd.lines().map(|x| serde_json::from_str(x).unwrap()).collect();
+    assert!(lines[0]["lemonade_status"].as_str().is_some_and(|s| s.starts_with("prefill")), "{nd}");
+    assert_eq!(lines[0]["message"]["content"], "", "{nd}");
+    assert_eq!(lines.last().unwrap()["done"], true, "{nd}");
+    drop(l);
+
+    let l = Lemonade::start(bin(), &["--stream-timeout", "1"]).await;
+    let (s, _) = l
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": SMOL, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let cut = raw(
+        &l,
+        "/v1/chat/completions",
+        json!({"model": SMOL, "stream": true, "max_tokens": 4,
+        "messages": [{"role": "user", "content": long("Cherry")}]}),
+    )
+    .await;
+    assert!(cut.contains("\"error\"") && cut.contains("stream_timeout"), "{cut}");
+    assert!(!cut.contains("\"choices\""), "the cut stream carried a token: {cut}");
+}

@@ -822,3 +822,34 @@ async fn ctrl_c_in_lemonade_pull_cancels_the_servers_download() {
     assert_eq!(l.get("/v1/downloads").await.1, json!([]), "a foreground pull leaves no job");
     assert_eq!(l.get("/api/v1/models/user.Big").await.1["downloaded"], false);
 }
+
+/// `offline`: no network call at all. A pull, a Hub search, a variants listing and an update
+/// check are each a 409 naming the setting, and the Hub double sees no request; turned off
+/// with `POST /internal/set`, the pull goes through. `download_rate_limit` then paces
+/// downloads: 3 MiB at 1 MiB/s take at least two seconds (a bound only a broken limit breaks).
+#[tokio::test]
+async fn offline_makes_no_network_call_and_a_rate_limit_paces_downloads() {
+    let (_tmp, double, l) = setup_with(Knobs::default(), &["--offline"], &[]).await;
+    let (_, c) = l.get("/internal/config").await;
+    assert_eq!(c["offline"], true, "{c}");
+    let body = json!({"model": "user.Big", "checkpoint": "org/big-GGUF:Q4_0", "recipe": "llamacpp"});
+    let (s, e) = l.post("/api/v1/pull", &body).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (409, Some("offline")), "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("offline"), "{e}");
+    for path in ["/api/v1/registry/search?q=smol", "/api/v1/pull/variants?checkpoint=org/big-GGUF"] {
+        let (s, e) = l.get(path).await;
+        assert_eq!((s, e["error"]["param"].as_str()), (409, Some("offline")), "{path}: {e}");
+    }
+    let (s, e) = l.post("/api/v1/models/check-updates", &json!({})).await;
+    assert_eq!(s, 409, "{e}");
+    assert!(double.log().is_empty(), "offline, yet the Hub was asked: {:?}", double.log());
+
+    let (s, v) = l.post("/internal/set", &json!({"offline": false, "download_rate_limit": "1M"})).await;
+    assert_eq!(s, 200, "{v}");
+    let t = std::time::Instant::now();
+    let (s, v) = l.post("/api/v1/pull", &body).await;
+    assert_eq!(s, 200, "{v}");
+    assert!(t.elapsed() >= std::time::Duration::from_secs(2), "3 MiB at 1 MiB/s in {:?}", t.elapsed());
+    let (_, c) = l.get("/internal/config").await;
+    assert_eq!((c["offline"].clone(), c["download_rate_limit"].clone()), (json!(false), json!(1 << 20)), "{c}");
+}

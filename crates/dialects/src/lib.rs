@@ -26,6 +26,11 @@ pub trait StreamTranslator: Send {
     fn end(&mut self) -> Vec<u8>;
     /// Bytes to send when it failed part way: the dialect's error, in-stream.
     fn error(&mut self, message: &str) -> Vec<u8>;
+    /// Bytes that keep the connection alive while the backend has sent nothing yet (a long
+    /// prefill), saying `words`: an SSE comment, which every SSE client ignores.
+    fn keepalive(&mut self, words: &str) -> Vec<u8> {
+        format!(": {words}\n\n").into_bytes()
+    }
 }
 
 /// A request a dialect cannot translate: the message names the field.

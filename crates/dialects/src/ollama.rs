@@ -526,6 +526,10 @@ impl NdjsonStream {
 }
 
 impl StreamTranslator for NdjsonStream {
+    fn keepalive(&mut self, words: &str) -> Vec<u8> {
+        waiting_line(&self.model, &self.created_at, !self.generate, words)
+    }
+
     fn content_type(&self) -> &'static str {
         "application/x-ndjson"
     }

@@ -53,6 +53,15 @@ impl Relay {
         (!out.is_empty()).then(|| Bytes::from(out))
     }
 
+    /// What keeps the connection alive while the backend has sent nothing yet, saying `words`
+    /// (`prefill 3 s`): an SSE comment, or the translation's own (Ollama's empty chunk).
+    pub fn keepalive(&mut self, words: &str) -> Bytes {
+        match &mut self.translate {
+            Some((t, _)) => Bytes::from(t.keepalive(words)),
+            None => Bytes::from(format!(": {words}\n\n")),
+        }
+    }
+
     /// The frame that ends a stream the backend broke off.
     pub fn failed(&mut self, msg: &str) -> Bytes {
         match &mut self.translate {

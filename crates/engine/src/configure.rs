@@ -26,6 +26,10 @@ pub fn snapshot(rt: &Engine) -> Map<String, Value> {
     m.insert("load_timeout".into(), live.load_timeout().as_secs().into());
     m.insert("pull_timeout".into(), live.pull_timeout().as_secs().into());
     m.insert("remote_timeout".into(), live.remote_timeout().as_secs().into());
+    m.insert("stream_timeout".into(), live.stream_timeout().as_secs().into());
+    m.insert("offline".into(), live.offline().into());
+    m.insert("download_rate_limit".into(), live.download_rate().into());
+    m.insert("model_names".into(), if live.v9_names() { "v9" } else { "v11" }.into());
     m.insert("sandbox".into(), live.sandbox().as_str().into());
     // The scheduler's keys are `/params`' fields, but for the slot limits (one number when every
     // type has the same) and the budgets (`none` rather than null).

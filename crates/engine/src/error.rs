@@ -61,6 +61,9 @@ pub enum EngineError {
     /// The Hugging Face Hub failed a download or a search.
     #[error("{0}")]
     Hub(HubFailure),
+    /// `offline` is set and `action` needs the network.
+    #[error("lemonade is offline (the `offline` setting is true): {action} needs the network. Set offline to false (`lemonade config set offline=false` or POST /internal/set) to allow it")]
+    Offline { action: &'static str },
     #[error(transparent)]
     Registry(#[from] registry::RegistryError),
     #[error(transparent)]
@@ -140,6 +143,8 @@ pub enum BackendLoss {
     Exited { model: String, exit: String, wedged: bool, log_tail: String },
     /// The connection to it failed while it kept running.
     Failed { model: String, error: String },
+    /// It sent nothing of a streamed answer for `secs` (the low-transfer timeout).
+    Stalled { model: String, secs: u64 },
 }
 
 impl std::fmt::Display for BackendLoss {
@@ -156,6 +161,10 @@ impl std::fmt::Display for BackendLoss {
                 "The backend of model '{model}' exited ({exit}) during the request. Last log lines:\n{log_tail}"
             ),
             BackendLoss::Failed { model, error } => write!(f, "Backend of model '{model}' failed: {error}"),
+            BackendLoss::Stalled { model, secs } => write!(
+                f,
+                "The backend of model '{model}' sent nothing for {secs} s (the stream_timeout setting); the stream was cut"
+            ),
         }
     }
 }

@@ -38,6 +38,11 @@ pub async fn install(
     p: &InstallPlan,
     progress: Progress<'_>,
 ) -> Result<(u64, String), InstallError> {
+    // Offline, only an install that downloads nothing (the pinned version is there) goes on.
+    let pinned_there = matches!(installed(cfg, p.recipe, &p.backend), Installed::Managed(Some(v)) if v == p.version);
+    if cfg.live.offline() && !pinned_there {
+        return Err(InstallError::Offline(format!("{}:{}", p.recipe.as_str(), p.backend)));
+    }
     let lock = backend_lock(locks, p.recipe.as_str(), &p.backend);
     let _guard = lock.lock().await;
     host::install::install(&cfg.cache_dir, p, progress).await

@@ -16,12 +16,17 @@ use crate::Engine;
 
 pub use crate::progress::{progress_reporter, PullEvent, PROGRESS_EVERY};
 
-fn hub(rt: &Engine) -> Hub {
+/// The Hub client; with `offline` set, an error naming the setting and `action` (nothing
+/// here reaches the network then).
+fn hub(rt: &Engine, action: &'static str) -> Result<Hub> {
+    if rt.cfg.live.offline() {
+        return Err(EngineError::Offline { action });
+    }
     let hub = match &rt.cfg.hub_endpoint {
         Some(e) => Hub::new(e, std::env::var("HF_TOKEN").ok()),
         None => Hub::from_env(),
     };
-    hub.in_memory(rt.cfg.hub_in_memory.clone())
+    Ok(hub.in_memory(rt.cfg.hub_in_memory.clone()))
 }
 
 /// Validates the request and registers a new `user.*` model; returns the model to download.
@@ -187,7 +192,7 @@ pub async fn download(rt: &Engine, m: &ModelInfo, events: Option<&mpsc::Sender<P
 
 async fn download_files(rt: &Engine, m: &ModelInfo, events: Option<&mpsc::Sender<PullEvent>>) -> Result<usize> {
     let received = rt.metrics.pull_counter(&m.name);
-    let hub = hub(rt).on_received(move |n| {
+    let hub = hub(rt, "downloading a model from Hugging Face")?.on_received(move |n| {
         received.inc_by(n);
     });
     let main = Checkpoint::parse(&m.checkpoint);
@@ -336,7 +341,7 @@ pub async fn variants(rt: &Engine, checkpoint: Option<&str>) -> Result<PullVaria
             Some("checkpoint"),
         )
     })?;
-    match hub(rt).list(repo, "main").await {
+    match hub(rt, "listing a Hugging Face repository's variants")?.list(repo, "main").await {
         Ok((_, files)) => Ok(registry::variants::of(repo, &files)),
         Err(HubError::Status { status: 404, .. }) => {
             Err(EngineError::Missing { what: crate::error::Thing::HubRepository, name: repo.to_string() })
@@ -377,7 +382,7 @@ pub async fn search(rt: &Engine, q: &SearchQuery) -> Result<SearchResults> {
             return Err(EngineError::invalid(format!("Unknown format '{f}': the only format is gguf"), Some("format")))
         }
     };
-    let (total, found) = hub(rt).search(query, limit, gguf).await.map_err(|e| match e {
+    let (total, found) = hub(rt, "searching Hugging Face")?.search(query, limit, gguf).await.map_err(|e| match e {
         HubError::Status { status: 429, .. } => EngineError::Hub(HubFailure::SearchRateLimited),
         HubError::Status { status, .. } => EngineError::Hub(HubFailure::SearchAnswered { status }),
         e => EngineError::Hub(HubFailure::Search { error: e.to_string() }),
@@ -404,7 +409,7 @@ pub async fn check_updates(rt: &Engine) -> Result<CheckUpdates> {
     for m in reg.models().filter(|m| m.downloaded && m.source != registry::Source::ExtraModelsDir) {
         by_repo.entry(Checkpoint::parse(&m.checkpoint).repo.to_string()).or_default().push(m.name.clone());
     }
-    let hub = hub(rt);
+    let hub = hub(rt, "checking Hugging Face for model updates")?;
     let mut models = Vec::new();
     for (repo, names) in by_repo {
         let local = host::hf_cache::local_commit(&rt.cfg.hf_cache, &repo);

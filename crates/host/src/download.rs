@@ -122,6 +122,35 @@ fn writer_slot(partial: &Path) -> Arc<tokio::sync::Mutex<()>> {
     slot
 }
 
+/// `download_rate_limit`: the bytes per second every download of this process shares (0:
+/// unlimited). Process-wide, as the link it protects is.
+static RATE_LIMIT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// When the bytes received so far, at the limit, would have finished arriving.
+static PACED_UNTIL: parking_lot::Mutex<Option<tokio::time::Instant>> = parking_lot::Mutex::new(None);
+
+/// Sets the bytes per second all downloads share (0: unlimited); takes effect at the next chunk.
+pub fn set_rate_limit(bytes_per_s: u64) {
+    RATE_LIMIT.store(bytes_per_s, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Waits as long as `n` more bytes take at the rate limit, after the bytes every download
+/// received before them: chunks take turns on one clock, so downloads together keep to it.
+async fn pace(n: u64) {
+    let rate = RATE_LIMIT.load(std::sync::atomic::Ordering::Relaxed);
+    if rate == 0 {
+        return;
+    }
+    let until = {
+        let mut at = PACED_UNTIL.lock();
+        let now = tokio::time::Instant::now();
+        let start = at.filter(|t| *t > now).unwrap_or(now);
+        let until = start + Duration::from_secs_f64(n as f64 / rate as f64);
+        *at = Some(until);
+        until
+    };
+    tokio::time::sleep_until(until).await;
+}
+
 /// A hook called with the length of every chunk a download receives.
 #[derive(Clone, Default)]
 pub struct OnReceived(Option<std::sync::Arc<dyn Fn(u64) + Send + Sync>>);
@@ -273,6 +302,7 @@ impl Downloader {
                 Ok(Some(Ok(c))) => c,
             };
             self.on_received.received(chunk.len() as u64);
+            pace(chunk.len() as u64).await;
             let skipped = skip.min(chunk.len() as u64);
             if let Some(before) = compare.as_mut() {
                 let at = (have - skip) as usize;

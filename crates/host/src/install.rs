@@ -37,6 +37,9 @@ pub enum InstallError {
     Io { path: String, source: std::io::Error },
     #[error("{0}")]
     Task(String),
+    /// `offline` is set: no release is downloaded.
+    #[error("lemonade is offline (the `offline` setting is true): installing {0} needs the network. Set offline to false (`lemonade config set offline=false` or POST /internal/set) to allow it")]
+    Offline(String),
 }
 
 fn io_error(path: &Path, source: std::io::Error) -> InstallError {

@@ -53,6 +53,10 @@ pub const KEYS: &[Key] = &[
     key("load_timeout", Group::Server, Effect::Now),
     key("pull_timeout", Group::Server, Effect::Now),
     key("remote_timeout", Group::Server, Effect::Now),
+    key("stream_timeout", Group::Server, Effect::Now),
+    key("offline", Group::Server, Effect::Now),
+    key("download_rate_limit", Group::Server, Effect::Now),
+    key("model_names", Group::Server, Effect::Now),
     key("sandbox", Group::Server, Effect::NextLoad),
     key("max_loaded_models", Group::Scheduler, Effect::Now),
     key("idle_timeout", Group::Scheduler, Effect::Now),
@@ -91,6 +95,17 @@ pub fn defaults() -> Map<String, Value> {
         "load_timeout": 600,
         "pull_timeout": 3600,
         "remote_timeout": 300,
+        // A streamed answer whose backend sends nothing for this long is cut (the
+        // low-transfer timeout); `global_timeout` sets it too.
+        "stream_timeout": 300,
+        // No network call at all: no update check, no Hub, no release download.
+        "offline": false,
+        // Downloads' bytes per second, all of them together (0: unlimited); "50M" and
+        // "800K" are accepted too.
+        "download_rate_limit": 0,
+        // How listings name models: "v11" (current Lemonade: a registered model by its bare
+        // name) or "v9" (`user.X`, for clients pinned to v9).
+        "model_names": "v11",
         // How backends are confined: `auto` is the strongest the kernel holds.
         "sandbox": "auto",
         "max_loaded_models": 1,
@@ -209,7 +224,25 @@ pub fn check_server(values: &Map<String, Value>) -> Result<(), ConfigError> {
             }
         }
     }
-    for k in ["load_timeout", "pull_timeout", "remote_timeout"] {
+    if let Some(v) = values.get("offline") {
+        if !v.is_boolean() {
+            return Err(refuse("offline", format!("offline must be true or false, got {v}")));
+        }
+    }
+    if let Some(v) = values.get("download_rate_limit") {
+        if rate_limit(v).is_none() {
+            return Err(refuse(
+                "download_rate_limit",
+                format!("download_rate_limit must be bytes per second (0: unlimited), a number or a size such as \"50M\", got {v}"),
+            ));
+        }
+    }
+    if let Some(v) = values.get("model_names") {
+        if v.as_str().is_none_or(|s| s != "v11" && s != "v9") {
+            return Err(refuse("model_names", format!("model_names must be \"v11\" or \"v9\", got {v}")));
+        }
+    }
+    for k in ["load_timeout", "pull_timeout", "remote_timeout", "stream_timeout"] {
         if let Some(v) = values.get(k) {
             if v.as_u64().is_none_or(|s| s == 0) {
                 return Err(refuse(k, format!("{k} must be a positive number of seconds, got {v}")));
@@ -217,6 +250,24 @@ pub fn check_server(values: &Map<String, Value>) -> Result<(), ConfigError> {
         }
     }
     Ok(())
+}
+
+/// `download_rate_limit`'s bytes per second (0: unlimited): a whole number, or a string of
+/// one with a `K`, `M` or `G` suffix (powers of 1024; a trailing `B` or `/s` is allowed).
+pub fn rate_limit(v: &Value) -> Option<u64> {
+    if let Some(n) = v.as_u64() {
+        return Some(n);
+    }
+    let s = v.as_str()?.trim();
+    let s = s.strip_suffix("/s").unwrap_or(s);
+    let s = s.strip_suffix(['B', 'b']).unwrap_or(s);
+    let (digits, scale) = match s.char_indices().last()? {
+        (i, 'K' | 'k') => (&s[..i], 1u64 << 10),
+        (i, 'M' | 'm') => (&s[..i], 1 << 20),
+        (i, 'G' | 'g') => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    digits.trim().parse::<u64>().ok()?.checked_mul(scale)
 }
 
 /// Checks an update: every key known, every value of its kind (`null` resets a key to its
@@ -249,7 +300,7 @@ pub const SECTIONS: &[(&str, &str, &str)] = &[
 ];
 
 /// v11.7's `global_timeout` (HTTP, inference and readiness) sets these.
-pub const GLOBAL_TIMEOUT_KEYS: &[&str] = &["load_timeout", "remote_timeout"];
+pub const GLOBAL_TIMEOUT_KEYS: &[&str] = &["load_timeout", "remote_timeout", "stream_timeout"];
 
 /// `update` in lemonade's flat keys: v11.7's nested sections (`{"llamacpp": {"backend": …}}`)
 /// and dotted keys (`"llamacpp.backend"`, as `lemonade config set` takes them) become the flat
@@ -379,6 +430,23 @@ mod tests {
     }
 
     #[test]
+    fn a_download_rate_limit_reads_as_bytes_per_second() {
+        for (v, want) in [
+            (json!(0), Some(0)),
+            (json!(1500), Some(1500)),
+            (json!("800K"), Some(800 << 10)),
+            (json!("50M"), Some(50 << 20)),
+            (json!("2 MB/s"), Some(2 << 20)),
+            (json!("1G"), Some(1 << 30)),
+            (json!("fast"), None),
+            (json!(1.5), None),
+            (json!("M"), None),
+        ] {
+            assert_eq!(rate_limit(&v), want, "{v}");
+        }
+    }
+
+    #[test]
     fn a_bad_key_or_value_is_named() {
         for (update, key) in [
             (json!({"nope": 1}), "nope"),
@@ -390,6 +458,11 @@ mod tests {
             (json!({"llamacpp_args": "--port 1"}), "llamacpp_args"),
             (json!({"max_queue": "many"}), "max_queue"),
             (json!({"steps": 0}), "steps"),
+            (json!({"offline": "yes"}), "offline"),
+            (json!({"download_rate_limit": "fast"}), "download_rate_limit"),
+            (json!({"download_rate_limit": -1}), "download_rate_limit"),
+            (json!({"model_names": "v10"}), "model_names"),
+            (json!({"stream_timeout": 0}), "stream_timeout"),
         ] {
             assert_eq!(check(&map(update.clone())).unwrap_err().key, key, "{update}");
         }
@@ -409,7 +482,7 @@ mod tests {
         assert_eq!(
             Value::Object(flat.clone()),
             json!({"llamacpp_backend": null, "llamacpp_args": "--no-mmap", "steps": 4, "whispercpp_backend": null, "whispercpp_args": null,
-                   "load_timeout": 900, "remote_timeout": 900, "ctx_size": 2048})
+                   "load_timeout": 900, "remote_timeout": 900, "stream_timeout": 900, "ctx_size": 2048})
         );
         check(&flat).unwrap();
         for (bad, key) in [

@@ -131,6 +131,7 @@ fn table(e: &ApiError) -> Row {
             f if f.retry_after().is_some() => row(S::SERVICE_UNAVAILABLE, "upstream_busy", "upstream_busy"),
             _ => row(S::BAD_GATEWAY, "upstream_error", "upstream_error"),
         },
+        E::Offline { .. } => row(S::CONFLICT, "offline", "offline").param("offline"),
         E::Hub(h) => match h {
             HubFailure::Download { .. } | HubFailure::PullTimedOut { .. } => backend(),
             HubFailure::DiskFull { .. } => row(S::INSUFFICIENT_STORAGE, "insufficient_storage", "insufficient_storage"),
@@ -148,6 +149,7 @@ fn table(e: &ApiError) -> Row {
         E::Install(host::install::InstallError::NotInstalled(..)) => {
             invalid(&Some("backend".into()), &Some("backend_not_installed"))
         }
+        E::Install(host::install::InstallError::Offline(_)) => row(S::CONFLICT, "offline", "offline").param("offline"),
         E::Install(host::install::InstallError::Io { .. } | host::install::InstallError::Task(_)) => internal(),
         E::Install(_) => backend(),
         E::InstallPlan(p) => {

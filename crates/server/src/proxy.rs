@@ -161,16 +161,29 @@ pub async fn forward_translated(
     stream_with(lease, path, Bytes::from(serde_json::to_vec(body)?), Some(translate)).await
 }
 
+/// The backend's answer to a streamed request, once it comes, with the lease that sent it.
+type Sent = std::pin::Pin<Box<dyn std::future::Future<Output = (Lease, engine::Result<reqwest::Response>)> + Send>>;
+
+/// Where a streamed answer is: waiting for the backend's first byte (llama-server answers a
+/// stream once the prompt is prefilled), or relaying its bytes.
+enum Phase {
+    Prefill { sent: Sent, relay: Relay, since: tokio::time::Instant, tick: tokio::time::Interval, stall: Stall },
+    Piping(StreamState),
+}
+
+/// How long a prefill may go without a byte, and what its cut says (a remote provider's
+/// request keeps its own `--remote-timeout`).
+struct Stall {
+    after: Option<std::time::Duration>,
+    message: String,
+}
+
 async fn stream_with(
     lease: Lease,
     path: &str,
     body: Bytes,
     translate: Option<Box<dyn StreamTranslator>>,
 ) -> Result<Response, ApiError> {
-    let resp = lease.send(http::Method::POST, path, Some(body), true).await?;
-    if !resp.status().is_success() {
-        return Err(lease.error_of(resp).await.into());
-    }
     let echo = match &lease.target {
         Target::Remote(r) => Some(EchoLines::new(&r.id, &r.name)),
         Target::Local { .. } => None,
@@ -178,38 +191,99 @@ async fn stream_with(
     let relay = Relay::new(translate, echo);
     let content_type = relay.content_type();
     let spill = lease.spilled.clone();
-    let state = StreamState { upstream: Box::pin(resp.bytes_stream()), lease, relay, started: false };
-    let stream = futures_util::stream::unfold(Some(state), |state| async move {
-        let mut st = state?;
+    let stall = Stall {
+        after: lease.local().map(|_| lease.quiet_timeout()),
+        message: ApiError::from(lease.stalled()).message(),
+    };
+    let path = path.to_string();
+    let mut sent: Sent = Box::pin(async move {
+        let resp = lease.send(http::Method::POST, &path, Some(body), true).await;
+        (lease, resp)
+    });
+    // Answered within PATIENCE, the answer keeps the backend's status (an error included);
+    // after that it starts at once, kept alive until the backend's first byte.
+    let phase = match tokio::time::timeout(crate::waiting::PATIENCE, &mut sent).await {
+        Ok((lease, resp)) => {
+            let resp = resp?;
+            if !resp.status().is_success() {
+                return Err(lease.error_of(resp).await.into());
+            }
+            Phase::Piping(StreamState::new(lease, resp, relay))
+        }
+        Err(_) => Phase::Prefill {
+            sent,
+            relay,
+            since: tokio::time::Instant::now(),
+            tick: tokio::time::interval(crate::waiting::EVERY),
+            stall,
+        },
+    };
+    let stream = futures_util::stream::unfold(Some(phase), |phase| async move {
+        let mut phase = phase?;
         loop {
-            // A remote provider that goes quiet mid-stream for `--remote-timeout` ends it.
-            let next = match st.lease.local() {
-                Some(_) => st.upstream.next().await,
-                None => match tokio::time::timeout(st.lease.remote_timeout(), st.upstream.next()).await {
-                    Ok(next) => next,
-                    Err(_) => {
-                        let Target::Remote(route) = &st.lease.target else { return None };
-                        let msg = st.lease.remote_timed_out(route).to_string();
-                        tracing::warn!(model = %st.lease.name(), error = %msg, "stream from upstream stalled");
-                        return Some((Ok(st.relay.failed(&msg)), None));
+            phase = match phase {
+                Phase::Prefill { mut sent, mut relay, since, mut tick, stall } => tokio::select! {
+                    (lease, resp) = &mut sent => match resp {
+                        Ok(r) if r.status().is_success() => Phase::Piping(StreamState::new(lease, r, relay)),
+                        Ok(r) => {
+                            let e = ApiError::from(lease.error_of(r).await);
+                            return Some((Ok(relay.failed(&e.message())), None));
+                        }
+                        Err(e) => return Some((Ok(relay.failed(&ApiError::from(e).message())), None)),
+                    },
+                    _ = tick.tick() => {
+                        let waited = since.elapsed();
+                        if stall.after.is_some_and(|t| waited >= t) {
+                            tracing::warn!(error = %stall.message, "prefill stalled");
+                            return Some((Ok(relay.failed(&stall.message)), None));
+                        }
+                        let words = format!("prefill {} s", waited.as_secs());
+                        let keepalive = relay.keepalive(&words);
+                        return Some((Ok(keepalive), Some(Phase::Prefill { sent, relay, since, tick, stall })));
                     }
                 },
-            };
-            match next {
-                Some(Ok(chunk)) => {
-                    st.first_byte();
-                    if let Some(out) = st.relay.chunk(chunk) {
-                        return Some((Ok::<Bytes, Infallible>(out), Some(st)));
+                Phase::Piping(mut st) => {
+                    // Quiet for a while (a long prefill after llama-server's first, empty chunk,
+                    // or a slow token), the connection is kept alive; quiet for the backend's
+                    // quiet timeout (a remote provider's `--remote-timeout`, a local one's
+                    // `stream_timeout`), the stream is cut.
+                    let quiet = st.quiet_since.elapsed();
+                    let limit = st.lease.quiet_timeout();
+                    let wait = crate::waiting::EVERY.min(limit.saturating_sub(quiet));
+                    let next = match tokio::time::timeout(wait, st.upstream.next()).await {
+                        Ok(next) => next,
+                        Err(_) if st.quiet_since.elapsed() >= limit => {
+                            let msg = ApiError::from(st.lease.went_quiet()).message();
+                            tracing::warn!(model = %st.lease.name(), error = %msg, "stream from backend stalled");
+                            return Some((Ok(st.relay.failed(&msg)), None));
+                        }
+                        Err(_) => {
+                            let doing = if st.chunks <= 1 { "prefill" } else { "generating" };
+                            let words = format!("{doing} {} s", st.quiet_since.elapsed().as_secs());
+                            let keepalive = st.relay.keepalive(&words);
+                            return Some((Ok(keepalive), Some(Phase::Piping(st))));
+                        }
+                    };
+                    match next {
+                        Some(Ok(chunk)) => {
+                            st.first_byte();
+                            st.chunks += 1;
+                            st.quiet_since = tokio::time::Instant::now();
+                            if let Some(out) = st.relay.chunk(chunk) {
+                                return Some((Ok::<Bytes, Infallible>(out), Some(Phase::Piping(st))));
+                            }
+                            Phase::Piping(st)
+                        }
+                        Some(Err(e)) => {
+                            let msg = st.lease.transport_failed(&e).await.to_string();
+                            tracing::warn!(model = %st.lease.name(), error = %msg, "stream from backend failed");
+                            return Some((Ok(st.relay.failed(&msg)), None));
+                        }
+                        // `st` is dropped here, which records the stats (see `Drop`).
+                        None => return st.relay.ended().map(|out| (Ok(out), None)),
                     }
                 }
-                Some(Err(e)) => {
-                    let msg = st.lease.transport_failed(&e).await.to_string();
-                    tracing::warn!(model = %st.lease.name(), error = %msg, "stream from backend failed");
-                    return Some((Ok(st.relay.failed(&msg)), None));
-                }
-                // `st` is dropped here, which records the stats (see `Drop`).
-                None => return st.relay.ended().map(|out| (Ok(out), None)),
-            }
+            };
         }
     });
     let mut r = Response::new(Body::from_stream(stream));
@@ -228,9 +302,17 @@ struct StreamState {
     relay: Relay,
     /// Whether the first byte has come (for the time to first token).
     started: bool,
+    /// Chunks received, and when the last came (the stream's start before the first).
+    chunks: u32,
+    quiet_since: tokio::time::Instant,
 }
 
 impl StreamState {
+    fn new(lease: Lease, resp: reqwest::Response, relay: Relay) -> StreamState {
+        let quiet_since = tokio::time::Instant::now();
+        StreamState { upstream: Box::pin(resp.bytes_stream()), lease, relay, started: false, chunks: 0, quiet_since }
+    }
+
     fn first_byte(&mut self) {
         if !self.started {
             self.started = true;

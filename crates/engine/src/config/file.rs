@@ -86,7 +86,7 @@ pub(crate) fn sandbox_mode(values: &Map<String, Value>) -> Result<Option<backend
     Ok(Some(mode))
 }
 
-/// The timeouts and the extra models dir of `values` (the keys it has) into `cfg`'s live part.
+/// The timeouts, `offline`, `download_rate_limit`, `model_names` and the extra models dir of `values` (the keys it has) into `cfg`'s live part.
 pub(crate) fn apply_server(cfg: &Config, values: &Map<String, Value>) -> Option<Option<PathBuf>> {
     let secs = |k: &str| values.get(k).and_then(Value::as_u64).map(Duration::from_secs);
     if let Some(d) = secs("load_timeout") {
@@ -97,6 +97,19 @@ pub(crate) fn apply_server(cfg: &Config, values: &Map<String, Value>) -> Option<
     }
     if let Some(d) = secs("remote_timeout") {
         cfg.live.set_remote_timeout(d);
+    }
+    if let Some(d) = secs("stream_timeout") {
+        cfg.live.set_stream_timeout(d);
+    }
+    if let Some(on) = values.get("offline").and_then(Value::as_bool) {
+        cfg.live.set_offline(on);
+    }
+    if let Some(rate) = values.get("download_rate_limit").and_then(keys::rate_limit) {
+        cfg.live.set_download_rate(rate);
+        host::download::set_rate_limit(rate);
+    }
+    if let Some(names) = values.get("model_names").and_then(Value::as_str) {
+        cfg.live.set_v9_names(names == "v9");
     }
     let dir = values.get("extra_models_dir").and_then(Value::as_str)?;
     let dir = (!dir.is_empty()).then(|| PathBuf::from(dir));

@@ -5,7 +5,7 @@ pub mod file;
 pub mod settings;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -76,6 +76,10 @@ pub struct Live {
     load_timeout_ms: AtomicU64,
     pull_timeout_ms: AtomicU64,
     remote_timeout_ms: AtomicU64,
+    stream_timeout_ms: AtomicU64,
+    offline: AtomicBool,
+    download_rate: AtomicU64,
+    v9_names: AtomicBool,
     extra_models_dir: RwLock<Option<PathBuf>>,
     /// The server-wide layer of the load options (`--ctx-size`, `--llamacpp`,
     /// `--llamacpp-args`, `config.json`'s option keys).
@@ -92,6 +96,10 @@ impl Live {
             load_timeout_ms: AtomicU64::new(600_000),
             pull_timeout_ms: AtomicU64::new(3_600_000),
             remote_timeout_ms: AtomicU64::new(300_000),
+            stream_timeout_ms: AtomicU64::new(300_000),
+            offline: AtomicBool::new(false),
+            download_rate: AtomicU64::new(0),
+            v9_names: AtomicBool::new(false),
             extra_models_dir: RwLock::new(None),
             options: RwLock::new(LoadOptions { llamacpp_backend: Some("cpu".into()), ..LoadOptions::default() }),
             sandbox: RwLock::new(host::sandbox::default_mode()),
@@ -117,6 +125,36 @@ impl Live {
     /// How long a remote provider may take to start answering (headers, then between chunks).
     pub fn remote_timeout(&self) -> Duration {
         Duration::from_millis(self.remote_timeout_ms.load(Ordering::Relaxed))
+    }
+    /// How long a streamed answer's backend may send nothing before the stream is cut (the
+    /// low-transfer timeout, `stream_timeout`; `global_timeout` sets it).
+    pub fn stream_timeout(&self) -> Duration {
+        Duration::from_millis(self.stream_timeout_ms.load(Ordering::Relaxed))
+    }
+    pub fn set_stream_timeout(&self, d: Duration) {
+        self.stream_timeout_ms.store(d.as_millis() as u64, Ordering::Relaxed);
+    }
+    /// `offline`: no network call at all (no update check, no Hub, no release download).
+    pub fn offline(&self) -> bool {
+        self.offline.load(Ordering::Relaxed)
+    }
+    pub fn set_offline(&self, on: bool) {
+        self.offline.store(on, Ordering::Relaxed);
+    }
+    /// `download_rate_limit`: the bytes per second all downloads share (0: unlimited).
+    pub fn download_rate(&self) -> u64 {
+        self.download_rate.load(Ordering::Relaxed)
+    }
+    pub fn set_download_rate(&self, bytes_per_s: u64) {
+        self.download_rate.store(bytes_per_s, Ordering::Relaxed);
+    }
+    /// `model_names: "v9"`: listings name a registered model `user.X`, as Lemonade v9 did
+    /// (current Lemonade lists the bare `X`).
+    pub fn v9_names(&self) -> bool {
+        self.v9_names.load(Ordering::Relaxed)
+    }
+    pub fn set_v9_names(&self, on: bool) {
+        self.v9_names.store(on, Ordering::Relaxed);
     }
     pub fn set_load_timeout(&self, d: Duration) {
         self.load_timeout_ms.store(d.as_millis() as u64, Ordering::Relaxed);

@@ -132,6 +132,32 @@ impl Lease {
     }
 
     /// How long a remote provider may take to answer.
+    /// How long a streamed answer may be silent before it is cut: a remote provider's timeout,
+    /// or `stream_timeout` (the low-transfer timeout) for a local backend.
+    pub fn quiet_timeout(&self) -> Duration {
+        match &self.target {
+            Target::Remote(r) => r.timeout,
+            Target::Local { .. } => self.rt.cfg.live.stream_timeout(),
+        }
+    }
+
+    /// The failure of a streamed answer silent for [`Lease::quiet_timeout`]: a remote
+    /// provider's timeout (its breaker told), or the local backend's stall.
+    pub fn went_quiet(&self) -> crate::EngineError {
+        match &self.target {
+            Target::Remote(route) => self.remote_timed_out(route),
+            Target::Local { .. } => self.stalled(),
+        }
+    }
+
+    /// A local backend's streamed answer that sent nothing for [`Lease::quiet_timeout`].
+    pub fn stalled(&self) -> crate::EngineError {
+        crate::EngineError::BackendLost(crate::error::BackendLoss::Stalled {
+            model: self.name().to_string(),
+            secs: self.quiet_timeout().as_secs(),
+        })
+    }
+
     pub fn remote_timeout(&self) -> Duration {
         match &self.target {
             Target::Remote(r) => r.timeout,
