@@ -7,12 +7,21 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as text_families
 
 
+# What Prometheus sends: OpenMetrics first, the classic text format as a fallback.
+ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+
+
 def scrape(base, fail):
-    r = httpx.get(f"{base}/metrics", timeout=10)
+    r = httpx.get(f"{base}/metrics", headers={"accept": ACCEPT}, timeout=10)
     if r.status_code != 200:
         fail(r.text)
     if not r.headers["content-type"].startswith("application/openmetrics-text"):
         fail(r.headers)
+    # A client that asks for nothing in particular (curl, Lemonade v11's tests) gets the
+    # classic format's content type.
+    plain = httpx.get(f"{base}/metrics", timeout=10)
+    if not plain.headers["content-type"].startswith("text/plain; version=0.0.4"):
+        fail(plain.headers)
     samples = {}
     for fam in openmetrics_families(r.text):
         for s in fam.samples:

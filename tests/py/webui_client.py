@@ -277,6 +277,8 @@ def chat(b, model):
 
 
 def pull(b, model, checkpoint, cancelled, cancelled_checkpoint, missing, broken, broken_checkpoint):
+    # Listed (and shown on the page) by their bare names, as current Lemonade lists them.
+    model, cancelled, missing, broken = (n.removeprefix("user.") for n in (model, cancelled, missing, broken))
     page = b.page()
     page.goto(base + "/models")
     page.wait_for_selector("tbody[data-ready]")
@@ -315,7 +317,7 @@ def pull(b, model, checkpoint, cancelled, cancelled_checkpoint, missing, broken,
     expect(page.locator("#load-saved")).to_contain_text("ctx_size 2048")
     opts = http("GET", f"/api/v1/models/{model}/options")
     check(opts["saved"].get("ctx_size") == 2048 and opts["effective"]["ctx_size"] == 2048, f"saved from the dialog: {opts}")
-    check(not any(m["model_name"] == model for m in http("GET", "/api/v1/health")["all_models_loaded"]), "saving loaded it")
+    check(not any(m.get("id") == model for m in http("GET", "/api/v1/health")["all_models_loaded"]), "saving loaded it")
     page.click("#load-reset")
     expect(page.locator("#load-saved")).to_contain_text("Nothing saved")
     check(http("GET", f"/api/v1/models/{model}/options")["saved"] == {}, "reset from the dialog")
@@ -323,7 +325,7 @@ def pull(b, model, checkpoint, cancelled, cancelled_checkpoint, missing, broken,
     page.fill("#load-ctx", "1024")
     page.click("#load-ok")
     expect(state(page, model)).to_have_attribute("data-state", "loaded")
-    loaded = [m for m in http("GET", "/api/v1/health")["all_models_loaded"] if m["model_name"] == model]
+    loaded = [m for m in http("GET", "/api/v1/health")["all_models_loaded"] if m.get("id") == model]
     check(loaded and loaded[0]["recipe_options"].get("ctx_size") == 1024, f"the load dialog's ctx size: {loaded}")
     page.click(f'tr[data-model="{model}"] button:text-is("Pin")')
     expect(state(page, model)).to_have_attribute("data-state", "pinned")
@@ -353,7 +355,7 @@ def pull(b, model, checkpoint, cancelled, cancelled_checkpoint, missing, broken,
     other.close()
     page.click(f'tr[data-model="{cancelled}"] button:text-is("Pause")')
     expect(state(page, cancelled)).to_have_attribute("data-state", "paused")
-    job = [j for j in http("GET", "/api/v1/downloads") if j["model_name"] == cancelled]
+    job = [j for j in http("GET", "/api/v1/downloads") if j["model_name"].removeprefix("user.") == cancelled]
     check(job and job[0]["status"] == "paused" and not job[0]["running"], f"the job after Pause: {job}")
     page.click(f'tr[data-model="{cancelled}"] button:text-is("Resume")')
     expect(state(page, cancelled)).to_have_attribute("data-state", "downloading")

@@ -143,6 +143,12 @@ pub const MINILM_FILE: &str = "serve/all-MiniLM-L6-v2-F32.gguf";
 pub const RERANK_FILE: &str = "plumbing/minilm-random-rerank-F32.gguf";
 
 /// Names under which the sandbox serves the models.
+/// The id listings show for a model named `name` that no other model shares a bare name with
+/// (current Lemonade's naming): the name without its `user.` or `extra.` prefix.
+pub fn shown(name: &str) -> &str {
+    name.strip_prefix("user.").or_else(|| name.strip_prefix("extra.")).unwrap_or(name)
+}
+
 pub const SMOL: &str = "user.SmolLM2-135M-Instruct-GGUF";
 pub const SMOL_COPY: &str = "user.SmolLM2-Copy-GGUF";
 pub const GEMMA: &str = "extra.gemma-3-270m-Q4_K_M.gguf";

@@ -144,6 +144,10 @@ pub struct ModelsQuery {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LoadedModel {
     pub model_name: String,
+    /// The id `GET /models` lists the model under (current Lemonade's naming: a registered
+    /// model by its bare name), to match a loaded model with its listing.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub id: String,
     pub checkpoint: String,
     #[serde(rename = "type")]
     pub model_type: ModelType,
@@ -686,6 +690,13 @@ pub struct PullRequest {
     /// `{main, mmproj?, …}`; `main` is required when present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoints: Option<BTreeMap<String, String>>,
+    /// The registry the checkpoint is in (Lemonade v11): `huggingface` (`hf`), the one lemonade
+    /// pulls from. A checkpoint URL (`https://huggingface.co/org/repo`) names its own, which
+    /// this must agree with. `registry_source` is the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_source: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recipe: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -910,8 +921,10 @@ pub struct PullVariants {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::IntoParams))]
 pub struct VariantsQuery {
-    /// A Hugging Face repository id, `org/repo`.
+    /// A Hugging Face repository id, `org/repo`, or its URL (`https://huggingface.co/org/repo`).
     pub checkpoint: Option<String>,
+    /// The registry (`huggingface`, `hf`); a checkpoint URL's must agree.
+    pub source: Option<String>,
 }
 
 /// The query of `GET /v1/registry/search` (Lemonade v11).
@@ -1058,6 +1071,9 @@ pub struct DownloadJob {
     #[serde(rename = "type")]
     pub kind: String,
     pub model_name: String,
+    /// The id `GET /models` lists the model under (a registered model by its bare name).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub model_id: String,
     /// `downloading`, `paused`, `cancelled`, `completed` or `error`.
     pub status: String,
     /// Whether its worker is still active.

@@ -45,6 +45,20 @@ pub type Extra = Map<String, Value>;
 // Errors
 // ---------------------------------------------------------------------------------------------
 
+/// Lemonade v11's management routes' error body: `{"error": "…"}` (v11's clients read the
+/// message as a string), with the OpenAI error's `type`, `code` and `param` beside it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LemonadeError {
+    pub error: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub param: Option<String>,
+}
+
 /// OpenAI-style error body: `{"error": {"message", "type", "code", "param"}}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

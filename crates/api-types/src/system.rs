@@ -63,6 +63,9 @@ pub struct Devices {
     pub cpu: CpuDevice,
     pub amd_igpu: GpuDevice,
     pub amd_dgpu: Vec<GpuDevice>,
+    /// Every AMD GPU, integrated (when there is one) then discrete: Lemonade v11's list.
+    #[serde(default)]
+    pub amd_gpu: Vec<GpuDevice>,
     pub nvidia_dgpu: Vec<GpuDevice>,
     /// Why NVIDIA GPUs could not be listed (no driver), when they could not.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -785,8 +785,11 @@ fn upstreams_table(ups: &[api_types::Upstream]) -> String {
 }
 
 /// A model's importable definition: what `POST /pull` registers it from.
-fn definition(m: &api_types::Model) -> Value {
-    let mut d = json!({"model_name": m.id, "recipe": m.recipe, "checkpoint": m.checkpoint, "labels": m.labels});
+/// `m`'s definition as an import registers it: under `user.<name>` (the listings show a
+/// registered model by its bare name).
+fn definition(m: &api_types::Model, name: &str) -> Value {
+    let bare = name.strip_prefix("user.").unwrap_or(name);
+    let mut d = json!({"model_name": format!("user.{bare}"), "recipe": m.recipe, "checkpoint": m.checkpoint, "labels": m.labels});
     if !m.checkpoints.is_empty() {
         d["checkpoints"] = json!(m.checkpoints);
     }
@@ -798,9 +801,10 @@ fn definition(m: &api_types::Model) -> Value {
 pub async fn export(t: &Target, model: &str, output: Option<&std::path::Path>) -> Result<()> {
     let c = t.client(None);
     let m: api_types::Model = c.get(&format!("/models/{model}")).await.context("Error exporting the model")?;
-    let mut file = definition(&m);
+    let mut file = definition(&m, if model.starts_with("user.") { model } else { &m.id });
     if let Some(components) = &m.components {
-        file = json!({"model_name": m.id, "recipe": m.recipe, "version": "1", "components": components});
+        let name = if model.starts_with("user.") { model.to_string() } else { format!("user.{}", m.id) };
+        file = json!({"model_name": name, "recipe": m.recipe, "version": "1", "components": components});
         for (k, v) in [
             ("routing", json!(m.routing)),
             ("system_prompt", json!(m.system_prompt)),
@@ -814,7 +818,7 @@ pub async fn export(t: &Target, model: &str, output: Option<&std::path::Path>) -
         for name in components.iter().filter(|n| n.starts_with("user.")) {
             let cm: api_types::Model =
                 c.get(&format!("/models/{name}")).await.with_context(|| format!("Error reading {name}"))?;
-            models.push(definition(&cm));
+            models.push(definition(&cm, name));
         }
         file["models"] = Value::Array(models);
     }

@@ -331,7 +331,7 @@ struct ServeArgs {
     /// cut with an error event. v11's `global_timeout` sets it too.
     #[arg(long, env = "LEMONADE_STREAM_TIMEOUT", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     stream_timeout: u64,
-    /// No network call at all: no update check, no Hugging Face (a pull is a 409 naming the
+    /// No network call at all: no update check, no Hugging Face (a pull is a 400 naming the
     /// setting), no backend release download. Local models and installed backends serve as
     /// usual.
     #[arg(long, env = "LEMONADE_OFFLINE")]

@@ -177,7 +177,7 @@ async fn real_whisper_server_cli_pulls_lists_and_deletes_whisper_models() {
     let (code, out, _) = l.cli(&["list", "--json"]).await;
     assert_eq!(code, 0, "{out}");
     let list: Value = serde_json::from_str(&out).unwrap();
-    for name in ["Whisper-Tiny", "user.Tiny-En"] {
+    for name in ["Whisper-Tiny", "Tiny-En"] {
         let m = list["data"].as_array().unwrap().iter().find(|m| m["id"] == name);
         let m = m.unwrap_or_else(|| panic!("{name}: {out}"));
         assert_eq!(m["downloaded"], true, "{m}");
@@ -191,7 +191,7 @@ async fn real_whisper_server_cli_pulls_lists_and_deletes_whisper_models() {
     assert_eq!(s, 200, "{b}");
     assert!(b.to_lowercase().contains("models"), "{b}");
 
-    for name in ["Whisper-Tiny", "user.Tiny-En"] {
+    for name in ["Whisper-Tiny", "Tiny-En"] {
         let (code, out, err) = l.cli(&["delete", name]).await;
         assert_eq!(code, 0, "{name}: {out}{err}");
     }

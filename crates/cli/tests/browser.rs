@@ -158,6 +158,7 @@ async fn a_page_on_another_origin_can_read_nothing_and_change_nothing() {
     assert!(lines[1].starts_with("read 200"), "{}", lines[1]);
     let (_, h) = l.get("/api/v1/health").await;
     assert_eq!(h["all_models_loaded"][0]["model_name"], "extra.m.gguf");
+    assert_eq!(h["all_models_loaded"][0]["id"], "m.gguf", "the id the listings show");
 
     // lemonade's own pages: Swagger UI loads the API document from its own origin and renders
     // every operation; the web UI renders its chat view with the model list from the API.
@@ -165,7 +166,7 @@ async fn a_page_on_another_origin_can_read_nothing_and_change_nothing() {
     assert!(dom.contains("opblock") && dom.contains("/api/v1/chat/completions"), "Swagger UI did not render: {err}");
     let (dom, err) = chromium_dom(&format!("{api}/")).await;
     assert!(
-        dom.contains(r#"data-ready="true""#) && dom.contains("extra.m.gguf"),
+        dom.contains(r#"data-ready="true""#) && dom.contains(">m.gguf<"),
         "the web UI did not render: {dom}\n{err}"
     );
 

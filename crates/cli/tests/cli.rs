@@ -66,7 +66,7 @@ async fn load_status_unload_list_and_system_info() {
     assert_eq!(code, 0);
     let ids: Vec<String> =
         parse(&out)["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().into()).collect();
-    assert!(ids.contains(&SMOL.to_string()) && ids.contains(&GEMMA.to_string()), "{ids:?}");
+    assert!(ids.contains(&shown(SMOL).to_string()) && ids.contains(&shown(GEMMA).to_string()), "{ids:?}");
 
     let (code, out, _) = l.cli(&["system-info", "--json"]).await;
     assert_eq!(code, 0);

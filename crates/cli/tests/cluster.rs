@@ -494,7 +494,7 @@ async fn real_llama_server_a_saturated_model_spills_to_a_second_lemonade() {
     let body = json!({"recipe": "cloud", "backend": "peer", "base_url": peer.url("/api/v1")});
     let (s, v) = l.post("/api/v1/install", &body).await;
     assert_eq!(s, 200, "{v}");
-    let place = format!("peer.{SMOL}");
+    let place = format!("peer.{}", shown(SMOL));
     let load = json!({"model_name": SMOL, "max_concurrent": 1, "spillover": [place]});
     let (s, v) = l.post("/api/v1/load", &load).await;
     assert_eq!(s, 200, "{v}");
@@ -551,7 +551,7 @@ async fn real_llama_server_a_peer_lemonades_full_queue_is_waited_out_then_passed
     assert!(full.is_some(), "the peer's second stream did not wait");
     // Through lemonade: the peer's 503 with Retry-After 1 is waited out on each attempt, then
     // passed on as 503 with the peer's Retry-After, never 502.
-    let place = format!("peer.{SMOL}");
+    let place = format!("peer.{}", shown(SMOL));
     let (s, retry, v) = traced_chat(&l, &place).await;
     assert_eq!((s, retry.as_deref(), v["error"]["code"].as_str()), (503, Some("1"), Some("upstream_busy")), "{v}");
     assert!(v["error"]["message"].as_str().unwrap().contains("asking to retry after 1 s"), "{v}");

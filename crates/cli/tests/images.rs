@@ -139,7 +139,7 @@ async fn real_sd_server_cli_pulls_lists_and_deletes_image_models() {
     assert_eq!(code, 0, "{out}{err}");
     let (_, out, _) = l.cli(&["list", "--json"]).await;
     let list: Value = serde_json::from_str(&out).unwrap();
-    for name in ["SD-Turbo", "user.Noise"] {
+    for name in ["SD-Turbo", "Noise"] {
         let m = list["data"].as_array().unwrap().iter().find(|m| m["id"] == name);
         let m = m.unwrap_or_else(|| panic!("{name}: {out}"));
         assert_eq!((m["downloaded"].as_bool(), m["recipe"].as_str()), (Some(true), Some("sd-cpp")), "{m}");
@@ -149,7 +149,7 @@ async fn real_sd_server_cli_pulls_lists_and_deletes_image_models() {
     let (s, v) = l.post("/api/v1/images/generations", &json!({"model": "SD-Turbo", "prompt": "x", "steps": 1})).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(png_size(&first_png(&v)), (512, 512));
-    for name in ["SD-Turbo", "user.Noise"] {
+    for name in ["SD-Turbo", "Noise"] {
         let (code, out, err) = l.cli(&["delete", name]).await;
         assert_eq!(code, 0, "{name}: {out}{err}");
     }

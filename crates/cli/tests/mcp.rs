@@ -23,7 +23,7 @@ async fn real_backends_the_mcp_client_lists_tools_chats_and_transcribes() {
     let wav = l.sandbox.dir.path().join("s.wav");
     let out = Command::new("espeak-ng").args(["-s", "140", "-w"]).arg(&wav).arg(SENTENCE).output().unwrap();
     assert!(out.status.success(), "espeak-ng: {}", String::from_utf8_lossy(&out.stderr));
-    py_checks("mcp_client.py", &[&l.url(""), SMOL, WHISPER, wav.to_str().unwrap(), SENTENCE]).await;
+    py_checks("mcp_client.py", &[&l.url(""), shown(SMOL), shown(WHISPER), wav.to_str().unwrap(), SENTENCE]).await;
     let mut loaded = loaded_names(&l.get("/api/v1/health").await.1);
     loaded.sort();
     assert_eq!(loaded, [SMOL, WHISPER], "the tools loaded the models on demand");

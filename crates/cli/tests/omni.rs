@@ -221,8 +221,8 @@ async fn omni_definitions_are_checked_field_by_field() {
     ];
     for (body, param, words) in cases {
         let (s, v) = l.post("/api/v1/pull", &body).await;
-        assert_eq!((s, v["error"]["param"].clone()), (400, json!(param)), "{body}: {v}");
-        assert!(v["error"]["message"].as_str().unwrap().contains(words), "{body}: {v}");
+        assert_eq!((s, v["param"].clone()), (400, json!(param)), "{body}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(words), "{body}: {v}");
     }
     let (s, _) = l.get("/api/v1/models/user.O").await;
     assert_eq!(s, 404);

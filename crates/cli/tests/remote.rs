@@ -267,10 +267,10 @@ async fn real_llama_server_a_second_lemonade_is_a_provider_and_the_openai_sdk_us
     let install = json!({"recipe": "cloud", "backend": "peer", "base_url": peer.url("/api/v1"), "api_key": KEY});
     let (s, v) = l.post("/api/v1/install", &install).await;
     assert_eq!(s, 200, "{v}");
-    let (remote_chat, remote_embed) = (format!("peer.{SMOL}"), format!("peer.{MINILM}"));
+    let (remote_chat, remote_embed) = (format!("peer.{}", shown(SMOL)), format!("peer.{}", shown(MINILM)));
     assert!(v["upstream"]["models"].as_array().unwrap().contains(&json!(remote_chat)), "{v}");
     let base = l.url("");
-    py_checks("remote_client.py", &[&base, SMOL, &remote_chat, &remote_embed]).await;
+    py_checks("remote_client.py", &[&base, shown(SMOL), &remote_chat, &remote_embed]).await;
     // The remote models ran on the peer; only the local one holds a slot here.
     assert_eq!(loaded_names(&l.get("/api/v1/health").await.1), [SMOL]);
     let mut on_peer = loaded_names(&peer.get("/api/v1/health").await.1);
@@ -480,7 +480,7 @@ async fn real_llama_server_a_router_collection_sends_heavy_requests_to_a_remote_
     l.secret(KEY);
     let install = json!({"recipe": "cloud", "backend": "peer", "base_url": peer.url("/api/v1"), "api_key": KEY});
     assert_eq!(l.post("/api/v1/install", &install).await.0, 200);
-    let remote = format!("peer.{SMOL}");
+    let remote = format!("peer.{}", shown(SMOL));
     let policy = json!({"model": "user.Split", "recipe": "collection.router", "version": "1", "components": [SMOL, remote],
         "routing": {"candidates": [SMOL, remote], "default_model": SMOL, "rules": [
             {"id": "private", "match": {"metadata": {"key": "consent", "equals": "denied"}}, "route_to": SMOL},

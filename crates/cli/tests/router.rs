@@ -306,7 +306,7 @@ async fn bad_collections_are_refused_naming_the_field() {
     ];
     for (body, param) in cases {
         let (s, e) = l.post("/api/v1/pull", &body).await;
-        assert_eq!((s, e["error"]["param"].as_str()), (400, Some(param)), "{body}: {e}");
+        assert_eq!((s, e["param"].as_str()), (400, Some(param)), "{body}: {e}");
     }
     assert!(
         !l.sandbox.cache().join("user_models.json").exists()
@@ -319,8 +319,8 @@ async fn bad_collections_are_refused_naming_the_field() {
     nested["model"] = json!("user.Outer");
     nested["components"].as_array_mut().unwrap().push(json!("user.Route"));
     let (s, e) = l.post("/api/v1/pull", &nested).await;
-    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("components[3]")), "{e}");
-    assert!(e["error"]["message"].as_str().unwrap().contains("cannot be nested"), "{e}");
+    assert_eq!((s, e["param"].as_str()), (400, Some("components[3]")), "{e}");
+    assert!(e["error"].as_str().unwrap().contains("cannot be nested"), "{e}");
 }
 
 /// Rules over request features decide exactly; the model-backed conditions (an `llm` label, a
@@ -353,7 +353,7 @@ async fn real_llama_server_routing_validate_and_the_llm_as_router() {
         ),
     ] {
         let (s, e) = l.post("/api/v1/routing/validate", &bad).await;
-        assert_eq!((s, e["error"]["param"].as_str()), (400, Some(param)), "{bad}: {e}");
+        assert_eq!((s, e["param"].as_str()), (400, Some(param)), "{bad}: {e}");
     }
 
     // An `llm` classifier (a label chosen by SmolLM2) after a has_images rule, run for real: the

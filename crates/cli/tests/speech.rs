@@ -111,7 +111,7 @@ async fn real_kokoro_cli_pulls_lists_and_deletes_speech_models() {
     assert_eq!(code, 0, "{out}{err}");
     let (_, out, _) = l.cli(&["list", "--json"]).await;
     let list: Value = serde_json::from_str(&out).unwrap();
-    for name in ["kokoro-v1", "user.Voice"] {
+    for name in ["kokoro-v1", "Voice"] {
         let m = list["data"].as_array().unwrap().iter().find(|m| m["id"] == name);
         let m = m.unwrap_or_else(|| panic!("{name}: {out}"));
         assert_eq!((m["downloaded"].as_bool(), m["recipe"].as_str()), (Some(true), Some("kokoro")), "{m}");
@@ -120,7 +120,7 @@ async fn real_kokoro_cli_pulls_lists_and_deletes_speech_models() {
     let r = speak(&l, json!({"model": "user.Voice", "input": SENTENCE, "voice": VOICE})).await;
     assert_eq!(r.status(), 200);
     assert_eq!(&r.bytes().await.unwrap()[..4], b"RIFF");
-    for name in ["kokoro-v1", "user.Voice"] {
+    for name in ["kokoro-v1", "Voice"] {
         let (code, out, err) = l.cli(&["delete", name]).await;
         assert_eq!(code, 0, "{name}: {out}{err}");
     }

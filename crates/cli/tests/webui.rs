@@ -37,7 +37,7 @@ async fn browse(l: &Lemonade, scenario: &str, args: &[&str]) {
 #[tokio::test]
 async fn real_llama_server_chat_streams_into_the_page_keeps_conversations_and_stops() {
     let l = Lemonade::start(bin(), &[]).await;
-    browse(&l, "chat", &[SMOL]).await;
+    browse(&l, "chat", &[shown(SMOL)]).await;
 }
 
 /// A router collection (v11's `collection.router`) in the chat view: the page asks for the

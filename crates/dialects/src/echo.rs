@@ -6,9 +6,11 @@
 /// `"model": "<upstream>"` naming `requested` instead, so a client reads back the id it asked
 /// for (`<provider>.<id>`), as local models answer with theirs. The bytes are edited where that
 /// exact key and value stand, nothing else changes (a JSON string cannot hold the pattern
-/// unescaped, so text inside a message is never touched). None: nothing names `upstream`.
+/// unescaped, so text inside a message is never touched). `user.<upstream>` counts as the
+/// upstream's id too: a lemonade upstream lists a registered model by its bare name and its
+/// answers name it `user.X`. None: nothing names `upstream`.
 pub fn echo_model(json: &[u8], upstream: &str, requested: &str) -> Option<Vec<u8>> {
-    let want = serde_json::to_string(upstream).ok()?;
+    let wants = [serde_json::to_string(upstream).ok()?, serde_json::to_string(&format!("user.{upstream}")).ok()?];
     let with = serde_json::to_string(requested).ok()?;
     const KEY: &[u8] = b"\"model\"";
     let skip_ws = |mut j: usize| {
@@ -25,7 +27,7 @@ pub fn echo_model(json: &[u8], upstream: &str, requested: &str) -> Option<Vec<u8
             continue;
         }
         let value = skip_ws(colon + 1);
-        if json[value..].starts_with(want.as_bytes()) {
+        if let Some(want) = wants.iter().find(|w| json[value..].starts_with(w.as_bytes())) {
             out.extend_from_slice(&json[copied..value]);
             out.extend_from_slice(with.as_bytes());
             copied = value + want.len();
@@ -94,6 +96,8 @@ mod tests {
             "a longer id is another id"
         );
         assert_eq!(echo_model(b"data: [DONE]", "up-model", "up.up-model"), None);
+        // A lemonade upstream's own name for a model it lists bare.
+        assert_eq!(echo_model(br#"{"model":"user.Smol"}"#, "Smol", "peer.Smol").unwrap(), br#"{"model":"peer.Smol"}"#);
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub fn snapshot(rt: &Engine) -> Map<String, Value> {
     m.insert("stream_timeout".into(), live.stream_timeout().as_secs().into());
     m.insert("offline".into(), live.offline().into());
     m.insert("download_rate_limit".into(), live.download_rate().into());
+    m.insert("trust_incoming_trace_context".into(), live.trust_trace_context().into());
     m.insert("model_names".into(), if live.v9_names() { "v9" } else { "v11" }.into());
     m.insert("sandbox".into(), live.sandbox().as_str().into());
     // The scheduler's keys are `/params`' fields, but for the slot limits (one number when every

@@ -118,6 +118,12 @@ async fn run(rt: Engine, m: ModelInfo, id: String, mut stop: watch::Receiver<Sto
 /// already gone, with `remove`).
 pub fn control(rt: &Engine, id: &str, action: &str) -> Result<Option<DownloadJob>> {
     let d = &rt.downloads;
+    // `model:<name>` in any form the model is named by (its listed id, `user.X`).
+    let canonical = match id.strip_prefix("model:").map(|n| rt.catalogue.registry().get(n).map(|m| m.name.clone())) {
+        Some(Ok(name)) if d.get(id).is_none() => format!("model:{name}"),
+        _ => id.to_string(),
+    };
+    let id = canonical.as_str();
     let known = d.get(id);
     let stop = |s: Stop| {
         if let Some(tx) = d.jobs.lock().get(id).and_then(|j| j.stop.clone()) {

@@ -39,8 +39,9 @@ fn failed(f: routing::omni::Failure) -> ToolError {
 fn list_models(rt: &Engine, args: &Map<String, Value>) -> Value {
     let flag = |k: &str| args.get(k).and_then(Value::as_bool).unwrap_or(true);
     let reg = rt.catalogue.registry();
-    let loaded: Vec<String> = rt.lifecycle.loaded().iter().map(|(r, _)| r.info.name.clone()).collect();
-    let listed = reg.listed(false);
+    let loaded: Vec<String> =
+        rt.lifecycle.loaded().iter().map(|(r, _)| crate::models::listed_name(rt, &r.info.name)).collect();
+    let listed = reg.listed(false, rt.cfg.live.v9_names());
     let chat = listed.iter().find(|(_, m)| m.model_type == ModelType::Llm).map(|(id, _)| id.clone());
     let available: Vec<String> = listed.into_iter().map(|(id, _)| id).collect();
     let suggested: Vec<String> =

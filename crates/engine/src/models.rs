@@ -12,7 +12,7 @@ use crate::Engine;
 pub fn list(rt: &Engine, show_all: bool) -> ModelList {
     let reg = rt.catalogue.registry();
     let mut data: Vec<Model> = reg
-        .listed(show_all)
+        .listed(show_all, rt.cfg.live.v9_names())
         .into_iter()
         .map(|(id, m)| {
             let (parallel, slot_ctx_size) = rt.lifecycle.slots(&m.name).unzip();
@@ -25,6 +25,13 @@ pub fn list(rt: &Engine, show_all: bool) -> ModelList {
     ModelList { object: "list".into(), data }
 }
 
+/// The id the listings show for the model `name` means (a pull's answer names it so), else
+/// `name` as given (a collection, a model no longer there).
+pub fn listed_name(rt: &Engine, name: &str) -> String {
+    let reg = rt.catalogue.registry();
+    reg.get(name).map(|m| reg.listed_id(m, rt.cfg.live.v9_names())).unwrap_or_else(|_| name.to_string())
+}
+
 /// One model by id: a collection, a catalogue model (a registered model, listed or not), or a
 /// remote provider's model when no local model has the id.
 pub fn get(rt: &Engine, id: &str) -> Result<Model> {
@@ -35,7 +42,7 @@ pub fn get(rt: &Engine, id: &str) -> Result<Model> {
     match (reg.get(id), rt.remotes.model(id)) {
         (Err(_), Some(remote)) => Ok(remote),
         (Ok(m), _) => {
-            let entry = reg.entry(id).map_err(EngineError::from)?;
+            let entry = reg.entry(id, rt.cfg.live.v9_names()).map_err(EngineError::from)?;
             let (parallel, slot_ctx_size) = rt.lifecycle.slots(&m.name).unzip();
             Ok(Model { update_available: rt.updates.available(&m.name), parallel, slot_ctx_size, ..entry })
         }
@@ -48,11 +55,16 @@ pub fn get(rt: &Engine, id: &str) -> Result<Model> {
 /// server's to fill in.
 pub fn health(rt: &Engine) -> Health {
     let loaded = rt.lifecycle.loaded();
+    // Each loaded model with the id the listings show, so a client matches them up.
+    let shown = |mut e: api_types::LoadedModel| {
+        e.id = listed_name(rt, &e.model_name);
+        e
+    };
     Health {
         status: "ok".into(),
         version: crate::VERSION.into(),
         model_loaded: rt.lifecycle.most_recent().map(|m| m.info.name.clone()),
-        all_models_loaded: loaded.iter().map(|(r, v)| rt.lifecycle.health_entry(r, v)).collect(),
+        all_models_loaded: loaded.iter().map(|(r, v)| shown(rt.lifecycle.health_entry(r, v))).collect(),
         models_loading: rt.lifecycle.loading(),
         max_models: crate::config::settings::limits_by_type(
             &rt.lifecycle.scheduler_view().settings.limits.unwrap_or_default(),

@@ -35,7 +35,7 @@ pub fn tags(rt: &Engine) -> Vec<OllamaModel> {
         digest: dialect::DIGEST.into(),
         details,
     };
-    reg.listed(false)
+    reg.listed(false, rt.cfg.live.v9_names())
         .into_iter()
         .map(|(id, m)| model(&id, size(m), details(m)))
         .chain(
@@ -59,8 +59,8 @@ pub fn ps(rt: &Engine) -> Vec<OllamaRunning> {
                 .unload_at
                 .and_then(|at| SystemTime::now().checked_add(Duration::from_millis(at.saturating_sub(now_ms))));
             OllamaRunning {
-                name: dialect::tagged(&r.info.name),
-                model: dialect::tagged(&r.info.name),
+                name: dialect::tagged(&crate::models::listed_name(rt, &r.info.name)),
+                model: dialect::tagged(&crate::models::listed_name(rt, &r.info.name)),
                 size: v.memory + v.vram,
                 digest: dialect::DIGEST.into(),
                 details: details(&r.info),

@@ -29,6 +29,15 @@ fn hub(rt: &Engine, action: &'static str) -> Result<Hub> {
     Ok(hub.in_memory(rt.cfg.hub_in_memory.clone()))
 }
 
+/// A refused `source` or checkpoint URL, naming the field at fault.
+fn source_refused(e: registry::source::SourceError) -> EngineError {
+    let param = match e {
+        registry::source::SourceError::Conflict { .. } => "checkpoint",
+        _ => "source",
+    };
+    EngineError::invalid(e.to_string(), Some(param))
+}
+
 /// Validates the request and registers a new `user.*` model; returns the model to download.
 pub async fn resolve(rt: &Engine, req: &PullRequest) -> Result<ModelInfo> {
     let name = req.model.clone().or_else(|| req.model_name.clone()).filter(|n| !n.is_empty());
@@ -39,6 +48,16 @@ pub async fn resolve(rt: &Engine, req: &PullRequest) -> Result<ModelInfo> {
         .and_then(|c| c.get("main").cloned())
         .or_else(|| req.checkpoint.clone())
         .filter(|c| !c.is_empty());
+    // A checkpoint URL names its registry; `source` must agree (refused before anything else).
+    let source = req.source.as_deref().or(req.registry_source.as_deref());
+    let checkpoint = match checkpoint {
+        Some(c) => Some(registry::source::resolve(&c, source).map_err(source_refused)?.0),
+        None if source.is_some() => {
+            registry::source::resolve("", source).map_err(source_refused)?;
+            None
+        }
+        None => None,
+    };
     let recipe = req.recipe.clone().filter(|r| !r.is_empty());
     if req.checkpoints.as_ref().is_some_and(|c| !c.contains_key("main")) {
         return Err(EngineError::invalid(
@@ -47,12 +66,14 @@ pub async fn resolve(rt: &Engine, req: &PullRequest) -> Result<ModelInfo> {
         ));
     }
     let is_user = name.starts_with(USER_PREFIX);
-    let reserved = [registry::EXTRA_PREFIX, registry::BUILTIN_PREFIX].into_iter().find(|p| name.starts_with(p));
+    // `user.builtin.X` would take the reserved name too (as v11 refuses it).
+    let bare = name.strip_prefix(USER_PREFIX).unwrap_or(&name);
+    let reserved = [registry::EXTRA_PREFIX, registry::BUILTIN_PREFIX].into_iter().find(|p| bare.starts_with(p));
     if let (Some(p), true) = (reserved, checkpoint.is_some() || recipe.is_some()) {
         return Err(EngineError::invalid(
             format!(
                 "The prefix '{p}' is reserved (it names models lemonade finds itself); register the model as `user.{}`",
-                &name[p.len()..]
+                &bare[p.len()..]
             ),
             Some("model"),
         ));
@@ -318,26 +339,19 @@ pub async fn register(rt: &Engine, req: &RegisterRequest) -> Result<ModelInfo> {
     resolve(rt, &pull).await
 }
 
-/// The id the listings show for `m`: its bare name when that name means `m`, else its own.
-pub fn public_id(rt: &Engine, m: &ModelInfo) -> String {
-    let bare = m.name.strip_prefix(USER_PREFIX).unwrap_or(&m.name);
-    match rt.catalogue.registry().get(bare) {
-        Ok(w) if w.name == m.name => bare.to_string(),
-        _ => m.name.clone(),
-    }
-}
-
 /// `GET /pull/variants` (Lemonade v11): the GGUF variants of the Hugging Face repository
 /// `checkpoint` (`org/repo`), from its file listing. 400 for a missing or malformed
 /// checkpoint, 404 when the Hub has no such repository.
-pub async fn variants(rt: &Engine, checkpoint: Option<&str>) -> Result<PullVariants> {
-    let repo = checkpoint.map(str::trim).filter(|c| !c.is_empty());
+pub async fn variants(rt: &Engine, q: &VariantsQuery) -> Result<PullVariants> {
+    let repo = q.checkpoint.as_deref().map(str::trim).filter(|c| !c.is_empty());
     let repo =
         repo.ok_or_else(|| EngineError::invalid("Missing required query parameter 'checkpoint'", Some("checkpoint")))?;
-    let repo = repo.split(':').next().unwrap_or(repo);
+    let (repo, _) = registry::source::resolve(repo, q.source.as_deref()).map_err(source_refused)?;
+    let repo = repo.split(':').next().unwrap_or(&repo).to_string();
+    let repo = repo.as_str();
     registry::checkpoint::validate(repo).ok().filter(|_| repo.contains('/')).ok_or_else(|| {
         EngineError::invalid(
-            format!("Invalid checkpoint '{repo}': expected a Hugging Face repository id, org/repo"),
+            format!("Malformed 'checkpoint' '{repo}': expected a repository id of the form 'owner/name'"),
             Some("checkpoint"),
         )
     })?;
@@ -358,17 +372,10 @@ pub async fn search(rt: &Engine, q: &SearchQuery) -> Result<SearchResults> {
     if query.chars().count() < 3 {
         return Err(EngineError::invalid("query must be at least 3 characters", Some("query")));
     }
-    let source = match q.source.as_deref().map(str::to_ascii_lowercase).as_deref() {
-        None | Some("huggingface" | "hf") => "huggingface",
-        Some("modelscope" | "ms") => {
-            return Err(EngineError::invalid(
-                "source 'modelscope' is not searched by lemonade (it pulls from Hugging Face)",
-                Some("source"),
-            ))
-        }
-        Some(other) => {
-            return Err(EngineError::invalid(format!("Unknown source '{other}': use huggingface"), Some("source")))
-        }
+    let source = match q.source.as_deref().map(|s| (registry::source::Registry::parse(s), s)) {
+        None | Some((Some(registry::source::Registry::HuggingFace), _)) => "huggingface",
+        Some((Some(other), _)) => return Err(source_refused(registry::source::SourceError::NotPulled(other))),
+        Some((None, s)) => return Err(source_refused(registry::source::SourceError::Unsupported(s.to_string()))),
     };
     let limit = match q.limit.as_deref().map(str::parse::<u32>) {
         None => 12,

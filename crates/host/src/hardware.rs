@@ -70,7 +70,8 @@ fn detect() -> Detected {
     );
     let total = sys.as_ref().map(|s| s.total_memory()).unwrap_or_default();
     let memory = format!("{:.2} GB", total as f64 / (1u64 << 30) as f64);
-    let devices = Devices { cpu, amd_igpu, amd_dgpu, nvidia_dgpu, nvidia_dgpu_error, amd_npu };
+    let amd_gpu = std::iter::once(&amd_igpu).filter(|g| g.available).chain(&amd_dgpu).cloned().collect();
+    let devices = Devices { cpu, amd_igpu, amd_dgpu, amd_gpu, nvidia_dgpu, nvidia_dgpu_error, amd_npu };
     Detected { hw, devices, os_version, processor, memory }
 }
 

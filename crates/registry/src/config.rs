@@ -57,6 +57,7 @@ pub const KEYS: &[Key] = &[
     key("offline", Group::Server, Effect::Now),
     key("download_rate_limit", Group::Server, Effect::Now),
     key("model_names", Group::Server, Effect::Now),
+    key("trust_incoming_trace_context", Group::Server, Effect::Now),
     key("sandbox", Group::Server, Effect::NextLoad),
     key("max_loaded_models", Group::Scheduler, Effect::Now),
     key("idle_timeout", Group::Scheduler, Effect::Now),
@@ -106,6 +107,9 @@ pub fn defaults() -> Map<String, Value> {
         // How listings name models: "v11" (current Lemonade: a registered model by its bare
         // name) or "v9" (`user.X`, for clients pinned to v9).
         "model_names": "v11",
+        // A request's W3C trace context is continued to its backend (v11's
+        // `telemetry.trust_incoming_trace_context`; lemonade's default is to continue it).
+        "trust_incoming_trace_context": true,
         // How backends are confined: `auto` is the strongest the kernel holds.
         "sandbox": "auto",
         "max_loaded_models": 1,
@@ -224,9 +228,9 @@ pub fn check_server(values: &Map<String, Value>) -> Result<(), ConfigError> {
             }
         }
     }
-    if let Some(v) = values.get("offline") {
-        if !v.is_boolean() {
-            return Err(refuse("offline", format!("offline must be true or false, got {v}")));
+    for k in ["offline", "trust_incoming_trace_context"] {
+        if let Some(v) = values.get(k).filter(|v| !v.is_boolean()) {
+            return Err(refuse(k, format!("{k} must be true or false, got {v}")));
         }
     }
     if let Some(v) = values.get("download_rate_limit") {
@@ -297,6 +301,7 @@ pub const SECTIONS: &[(&str, &str, &str)] = &[
     ("sdcpp", "height", "height"),
     ("whispercpp", "backend", "whispercpp_backend"),
     ("whispercpp", "args", "whispercpp_args"),
+    ("telemetry", "trust_incoming_trace_context", "trust_incoming_trace_context"),
 ];
 
 /// v11.7's `global_timeout` (HTTP, inference and readiness) sets these.

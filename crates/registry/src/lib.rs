@@ -13,6 +13,7 @@ pub mod memory;
 pub mod options;
 pub mod plan;
 pub mod search;
+pub mod source;
 pub mod variants;
 
 pub use error::{LookupError, RegistryError};
@@ -390,14 +391,23 @@ impl Registry {
     /// The model `name` means (Lemonade v11's naming): `user.X` and `extra.X` exactly, `builtin.X`
     /// the built-in `X`, a bare name the first of `user.X`, `extra.X` and built-in `X` (a
     /// registered model shadows a built-in of the same name), else an alias's target (named
-    /// in any of those forms; an alias never names another alias).
+    /// in any of those forms, or another alias's name, followed up to 8 hops).
     pub fn get(&self, name: &str) -> Result<&ModelInfo, LookupError> {
         match self.primary(name) {
             Some(Ok(m)) => return Ok(m),
             Some(Err(reason)) => return Err(LookupError::NotSupported { name: name.into(), reason: reason.clone() }),
             None => {}
         }
-        if let Some(target) = self.aliases.get(name) {
+        if let Some(first) = self.aliases.get(name) {
+            // An alias may name another alias (as v11 allows); the chain is followed a few
+            // hops, never round a loop.
+            let mut target = first;
+            for _ in 0..8 {
+                match self.aliases.get(target) {
+                    Some(next) if self.primary(target).is_none() && next != name => target = next,
+                    _ => break,
+                }
+            }
             return match self.primary(target) {
                 Some(Ok(m)) => Ok(m),
                 Some(Err(reason)) => Err(LookupError::NotSupported { name: name.into(), reason: reason.clone() }),
@@ -444,23 +454,48 @@ impl Registry {
         self.primary(name).is_some() || self.collections.contains_key(name)
     }
 
-    /// What the listings show, by id: every model (downloaded ones unless `show_all`), then
-    /// every alias whose target is shown, under the alias's own id.
-    pub fn listed(&self, show_all: bool) -> Vec<(String, &ModelInfo)> {
+    /// The id current Lemonade (v11) lists `m` under: its bare name when the bare name means
+    /// it (a registered model shadows an extra one of the same name, and both a built-in),
+    /// else its prefixed name (`extra.X`, `builtin.X`).
+    pub fn v11_id(&self, m: &ModelInfo) -> String {
+        let bare = m.name.strip_prefix(USER_PREFIX).or_else(|| m.name.strip_prefix(EXTRA_PREFIX)).unwrap_or(&m.name);
+        match self.primary(bare) {
+            Some(Ok(winner)) if winner.name == m.name => bare.to_string(),
+            _ if m.source == Source::BuiltIn => format!("{BUILTIN_PREFIX}{bare}"),
+            _ => m.name.clone(),
+        }
+    }
+
+    /// The id the listings show for `m`: v11's ([`Registry::v11_id`]), or with `v9` names its
+    /// own (`user.X`, `extra.X`, built-in `X`), as Lemonade v9 listed it.
+    pub fn listed_id(&self, m: &ModelInfo, v9: bool) -> String {
+        if v9 {
+            m.name.clone()
+        } else {
+            self.v11_id(m)
+        }
+    }
+
+    /// What the listings show, by id ([`Registry::listed_id`]): every model (downloaded ones
+    /// unless `show_all`), then every alias whose target is shown, under the alias's own id.
+    pub fn listed(&self, show_all: bool, v9: bool) -> Vec<(String, &ModelInfo)> {
         let shown = |m: &ModelInfo| show_all || m.downloaded;
-        let models = self.models().filter(|m| shown(m)).map(|m| (m.name.clone(), m));
+        let mut models: Vec<(String, &ModelInfo)> =
+            self.models().filter(|m| shown(m)).map(|m| (self.listed_id(m, v9), m)).collect();
+        models.sort_by(|a, b| a.0.cmp(&b.0));
         let aliases = self
             .aliases
             .keys()
             .filter(|a| !self.is_model_name(a))
             .filter_map(|a| self.get(a).ok().filter(|m| shown(m)).map(|m| (a.clone(), m)));
-        models.chain(aliases).collect()
+        models.into_iter().chain(aliases).collect()
     }
 
-    /// The API view of the model `name` means, under the id asked for when that is an alias.
-    pub fn entry(&self, name: &str) -> Result<Model, LookupError> {
+    /// The API view of the model `name` means: under its listed id ([`Registry::listed_id`]),
+    /// or the id asked for when that is an alias.
+    pub fn entry(&self, name: &str, v9: bool) -> Result<Model, LookupError> {
         let m = self.get(name)?;
-        let id = if self.is_model_name(name) { m.name.clone() } else { name.to_string() };
+        let id = if self.is_model_name(name) { self.listed_id(m, v9) } else { name.to_string() };
         Ok(Model { id, ..self.to_api(m) })
     }
 

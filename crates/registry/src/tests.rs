@@ -218,6 +218,9 @@ fn names_resolve_as_v11_and_aliases_name_their_target() {
             ("fast".to_string(), "MyModel".to_string()),
             ("old".to_string(), "builtin.Qwen3-0.6B-GGUF".to_string()),
             ("gone".to_string(), "user.Nope".to_string()),
+            ("hop".to_string(), "fast".to_string()),
+            ("loop-a".to_string(), "loop-b".to_string()),
+            ("loop-b".to_string(), "loop-a".to_string()),
         ]),
         ..Default::default()
     };
@@ -245,7 +248,22 @@ fn names_resolve_as_v11_and_aliases_name_their_target() {
     let e = name("gone").unwrap_err();
     assert!(e.contains("alias of 'user.Nope'"), "{e}");
     assert!(reg.is_model_name("MyModel") && !reg.is_model_name("fast"));
-    assert_eq!(reg.aliases().count(), 3);
+    // An alias of an alias is followed (v11); a loop ends, naming where it stopped.
+    assert_eq!(name("hop").unwrap(), "user.MyModel");
+    assert!(name("loop-a").is_err());
+    assert_eq!(reg.aliases().count(), 6);
+    // Listed ids (v11's): a registered model by its bare name, a shadowed built-in as
+    // `builtin.X`, an imported model shadowed by a registered one as `extra.X`; v9's are the
+    // names themselves.
+    let id = |n: &str, v9: bool| reg.listed_id(reg.get(n).unwrap(), v9);
+    assert_eq!(id("user.Qwen3-0.6B-GGUF", false), "Qwen3-0.6B-GGUF");
+    assert_eq!(id("builtin.Qwen3-0.6B-GGUF", false), "builtin.Qwen3-0.6B-GGUF");
+    assert_eq!(id("extra.Qwen3-0.6B-GGUF", false), "extra.Qwen3-0.6B-GGUF");
+    assert_eq!(id("extra.SD-Turbo", false), "SD-Turbo");
+    assert_eq!(id("builtin.SD-Turbo", false), "builtin.SD-Turbo");
+    assert_eq!(id("SmolLM3-3B-GGUF", false), "SmolLM3-3B-GGUF");
+    assert_eq!(id("user.Qwen3-0.6B-GGUF", true), "user.Qwen3-0.6B-GGUF");
+    assert_eq!(id("extra.SD-Turbo", true), "extra.SD-Turbo");
     // Alias names.
     assert!(validate_alias("default-llm").is_ok());
     for bad in ["", " x", "user.x", "extra.x", "builtin.x", "a/b", "a\\b", "..", "x\u{7}"] {

@@ -131,7 +131,7 @@ fn table(e: &ApiError) -> Row {
             f if f.retry_after().is_some() => row(S::SERVICE_UNAVAILABLE, "upstream_busy", "upstream_busy"),
             _ => row(S::BAD_GATEWAY, "upstream_error", "upstream_error"),
         },
-        E::Offline { .. } => row(S::CONFLICT, "offline", "offline").param("offline"),
+        E::Offline { .. } => row(S::BAD_REQUEST, "offline", "offline").param("offline"),
         E::Hub(h) => match h {
             HubFailure::Download { .. } | HubFailure::PullTimedOut { .. } => backend(),
             HubFailure::DiskFull { .. } => row(S::INSUFFICIENT_STORAGE, "insufficient_storage", "insufficient_storage"),
@@ -149,7 +149,9 @@ fn table(e: &ApiError) -> Row {
         E::Install(host::install::InstallError::NotInstalled(..)) => {
             invalid(&Some("backend".into()), &Some("backend_not_installed"))
         }
-        E::Install(host::install::InstallError::Offline(_)) => row(S::CONFLICT, "offline", "offline").param("offline"),
+        E::Install(host::install::InstallError::Offline(_)) => {
+            row(S::BAD_REQUEST, "offline", "offline").param("offline")
+        }
         E::Install(host::install::InstallError::Io { .. } | host::install::InstallError::Task(_)) => internal(),
         E::Install(_) => backend(),
         E::InstallPlan(p) => {
@@ -360,7 +362,22 @@ impl ErrorShape for Anthropic {
     }
 }
 
+/// Lemonade v11's management routes' error body (`/pull`'s registrations, `/pull/variants`,
+/// `/registry/search`, `/routing/validate`): `{"error": "…"}`, which v11's own clients read
+/// as a string, with lemonade's `type`, `code` and `param` beside it for machines.
+#[derive(Debug)]
+pub struct Lemonade11;
+
+impl ErrorShape for Lemonade11 {
+    fn body(e: &ApiError) -> serde_json::Value {
+        let o = e.body().error;
+        serde_json::json!(api_types::LemonadeError { error: o.message, kind: o.kind, code: o.code, param: o.param })
+    }
+}
+
 pub type OllamaApiError = Shaped<Ollama>;
+/// An error of a v11 management route ([`Lemonade11`]).
+pub type V11ApiError = Shaped<Lemonade11>;
 pub type AnthropicApiError = Shaped<Anthropic>;
 
 impl IntoResponse for ApiError {

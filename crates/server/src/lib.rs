@@ -42,10 +42,7 @@ fn app_with(state: AppState, access: access::Access) -> Router {
     routes::router()
         .merge(SwaggerUi::new("/docs").url("/api/v1/openapi.json", openapi::document()))
         .layer(DefaultBodyLimit::max(state.http.body_limit))
-        .layer(axum::middleware::from_fn_with_state(
-            propagate::Names::new(&state.engine.cfg().session_header),
-            propagate::layer,
-        ))
+        .layer(axum::middleware::from_fn_with_state(propagate::Names::new(state.engine.cfg()), propagate::layer))
         .layer(axum::middleware::from_fn_with_state(state.engine.catalogue().clone(), scanned))
         .layer(axum::middleware::from_fn_with_state(Arc::new(access), access::layer))
         // Outermost, so refusals by access control are counted too.

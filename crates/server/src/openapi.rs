@@ -33,7 +33,7 @@ use crate::routes::RoutePaths;
     components(
         schemas(AdminModel, AdminModels, AliasList, AliasResponse, AnthropicError, ChatCompletionResponse,
             CheckUpdates, ClassifyResponse, CleanupCacheResponse, CloudAuth, ConfigSetResponse, CountTokensResponse,
-            DownloadJob, EmbeddingResponse, ErrorResponse, GpuMemory, Health, ImagesResponse, InstallResponse, Live,
+            DownloadJob, EmbeddingResponse, ErrorResponse, LemonadeError, GpuMemory, Health, ImagesResponse, InstallResponse, Live,
             LoadResponse, LogLevelResponse, MessagesResponse, Model, ModelFiles, ModelList, ModelOptions, NodeLoad,
             OllamaChatResponse, OllamaEmbedResponse, OllamaEmbeddingsResponse, OllamaError, OllamaGenerateResponse,
             OllamaPs, OllamaPullStatus, OllamaShow, OllamaTags, OllamaVersion, Params, PinResponse,

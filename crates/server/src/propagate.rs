@@ -28,17 +28,21 @@ pub const UPSTREAM_HEADER: &str = "x-lemonade-upstream";
 /// The header that gives a request's priority when its body gives none.
 pub const PRIORITY_HEADER: &str = "x-lemonade-priority";
 
-/// Which headers are forwarded: the trace context and `session` (lowercase).
+/// Which headers are forwarded: the trace context (while `trust_incoming_trace_context` holds,
+/// read at each request) and `session` (lowercase).
 #[derive(Clone)]
-pub struct Names(pub Arc<[HeaderName]>);
+pub struct Names(pub Arc<[HeaderName]>, Arc<engine::config::Config>);
+
+/// The W3C trace context's headers.
+const TRACE: [&str; 2] = ["traceparent", "tracestate"];
 
 impl Names {
-    pub fn new(session: &str) -> Names {
-        let mut names = vec![HeaderName::from_static("traceparent"), HeaderName::from_static("tracestate")];
-        if let Ok(h) = HeaderName::from_bytes(session.as_bytes()) {
+    pub fn new(cfg: &Arc<engine::config::Config>) -> Names {
+        let mut names = TRACE.map(HeaderName::from_static).to_vec();
+        if let Ok(h) = HeaderName::from_bytes(cfg.session_header.as_bytes()) {
             names.push(h);
         }
-        Names(names.into())
+        Names(names.into(), cfg.clone())
     }
 }
 
@@ -77,9 +81,11 @@ pub fn spilled(decision: Option<&str>, mut response: Response) -> Response {
 /// Reads a request's [`Edge`] into its extensions, and writes its response's [`Spilled`] as
 /// the `x-lemonade-upstream` header.
 pub async fn layer(State(names): State<Names>, mut req: Request, next: Next) -> Result<Response, ApiError> {
+    let trust = names.1.live.trust_trace_context();
     let found: Vec<(String, String)> = names
         .0
         .iter()
+        .filter(|n| trust || !TRACE.contains(&n.as_str()))
         .filter_map(|n| {
             let v = req.headers().get(n).filter(|v| v.len() <= MAX_LEN)?.to_str().ok()?;
             Some((n.as_str().to_string(), v.to_string()))

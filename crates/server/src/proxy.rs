@@ -201,8 +201,10 @@ async fn stream_with(
         (lease, resp)
     });
     // Answered within PATIENCE, the answer keeps the backend's status (an error included);
-    // after that it starts at once, kept alive until the backend's first byte.
-    let phase = match tokio::time::timeout(crate::waiting::PATIENCE, &mut sent).await {
+    // after that a local backend's answer starts at once, kept alive until its first byte. A
+    // remote provider's keeps its status: its headers are awaited (within `--remote-timeout`).
+    let patience = if stall.after.is_some() { crate::waiting::PATIENCE } else { std::time::Duration::MAX };
+    let phase = match tokio::time::timeout(patience, &mut sent).await {
         Ok((lease, resp)) => {
             let resp = resp?;
             if !resp.status().is_success() {

@@ -134,6 +134,7 @@ route_table! {
     }
     aliases {
         post_only "/rerank" => openai::reranking;
+        post_only "/reranker" => openai::reranking;
     }
     root {
         get_only "/api/version" => ollama::version;
@@ -238,7 +239,7 @@ mod tests {
         for (helper, path) in API_ROUTES {
             let method = http(helper);
             let want = doc_path(&path.replace("{*id}", "{id}"));
-            let aliased = *path == "/rerank"; // documented as /reranking
+            let aliased = *path == "/rerank" || *path == "/reranker"; // documented as /reranking
             assert!(
                 aliased || documented.iter().any(|(m, p)| *m == method && *p == want),
                 "{method} {path} is routed but not documented as {want}"

@@ -11,13 +11,26 @@ import { h, fill, field, toast, bytes, confirmed, table, row } from "./dom.js";
 /** model id → the progress of its server-owned download job ({percent, file_index, total_files,
  * bytes_downloaded, bytes_total, paused?}) or {failed}. */
 const pulls = new Map();
+
+// Rows are the listed ids: a registered `user.X` is listed as `X`, and so is an imported
+// `extra.X` that no registered model shadows. The admin view and `models_loading` use the
+// models' own names; these map them onto rows (a registered model wins the bare id).
+const bare = (n) => n.replace(/^(user|extra)\./, "");
+function byListedId(items, nameOf) {
+  const out = new Map();
+  for (const prefix of ["extra.", "user."]) {
+    for (const x of items) if (nameOf(x).startsWith(prefix)) out.set(bare(nameOf(x)), x);
+  }
+  for (const x of items) out.set(nameOf(x), x);
+  return out;
+}
 const listeners = new Set();
 const changed = (id) => listeners.forEach((f) => f(id));
 let polling = null;
 
 const progress = (j) => ({ percent: j.percent, file_index: j.file_index, total_files: j.total_files,
   bytes_downloaded: j.bytes_downloaded, bytes_total: j.bytes_total, paused: j.status === "paused" });
-const control = (id, action) => api("/api/v1/downloads/control", { id: `model:${id}`, action });
+const control = (name, action) => api("/api/v1/downloads/control", { id: `model:${name}`, action });
 
 /** Follows the server's download jobs (GET /api/v1/downloads) while any runs. */
 async function poll() {
@@ -25,7 +38,8 @@ async function poll() {
   try { jobs = await api("/api/v1/downloads"); } catch { return; }
   let running = false;
   for (const j of jobs) {
-    const id = j.model_name;
+    // Rows are the listed ids; a job is named by the model's own name.
+    const id = j.model_id || j.model_name;
     const had = pulls.get(id);
     if (j.running || j.status === "downloading") {
       running = true;
@@ -37,16 +51,16 @@ async function poll() {
       // Shown at 100 % for a moment, then the row shows the model downloaded.
       pulls.set(id, { ...progress(j), percent: 100, done: true });
       setTimeout(() => { pulls.delete(id); changed(id); }, 400);
-      control(id, "remove").catch(() => {});
+      control(j.model_name, "remove").catch(() => {});
       toast(`${id} downloaded`);
     } else if (j.status === "error") {
       if (had && had.failed) continue;
       pulls.set(id, { failed: j.error || "The download failed" });
-      control(id, "remove").catch(() => {});
+      control(j.model_name, "remove").catch(() => {});
       toast(`${id}: ${j.error}`, "bad");
     } else if (j.status === "cancelled") {
       pulls.delete(id);
-      control(id, "remove").catch(() => {});
+      control(j.model_name, "remove").catch(() => {});
       toast(`Stopped downloading ${id}; what was downloaded is kept`);
     }
     changed(id);
@@ -66,11 +80,19 @@ export function pull(body) {
   pulls.set(id, { percent: 0, file_index: 0, total_files: 0, bytes_downloaded: 0, bytes_total: 0 });
   changed(id);
   api("/api/v1/pull", { ...body, stream: true, subscribe: false }).then((job) => {
+    // The row is the model's listed id (`X` for a registered `user.X`).
+    const key = job.model_id || id;
+    if (key !== id) {
+      const was = pulls.get(id);
+      pulls.delete(id);
+      changed(id);
+      if (was && !pulls.has(key)) pulls.set(key, was);
+    }
     // A poll may have seen the job end (and removed it) before this answer came: the snapshot
     // it answers with is older than that.
-    const now = pulls.get(id);
-    if (now && !now.done) pulls.set(id, progress(job));
-    changed(id);
+    const now = pulls.get(key);
+    if (now && !now.done) pulls.set(key, progress(job));
+    changed(key);
     follow();
   }).catch((e) => {
     pulls.set(id, { failed: e.message });
@@ -123,9 +145,9 @@ export function mount(main) {
     if (p && p.failed) return { key: "failed", text: "failed", why: p.failed };
     if (p && p.paused) return { key: "paused", text: "paused" };
     if (p) return { key: "downloading", text: "downloading" };
-    const loaded = health.all_models_loaded.find((x) => x.model_name === m.id);
+    const loaded = health.all_models_loaded.find((x) => (x.id || x.model_name) === m.id);
     if (loaded) return { key: loaded.pinned ? "pinned" : "loaded", text: loaded.pinned ? "loaded · pinned" : "loaded", loaded };
-    if (loading.has(m.id) || (health.models_loading || []).includes(m.id)) return { key: "loading", text: "loading" };
+    if (loading.has(m.id) || (health.models_loading || []).some((n) => n === m.id || bare(n) === m.id)) return { key: "loading", text: "loading" };
     const a = admin.get(m.id);
     if (a && a.runtime_state === "failed") return { key: "failed", text: "failed", why: a.last_error || "The last load failed" };
     return m.downloaded ? { key: "downloaded", text: "downloaded" } : { key: "absent", text: "not downloaded" };
@@ -226,7 +248,7 @@ export function mount(main) {
       && (!labelSel.value || (m.labels || []).includes(labelSel.value))
       && (!recipeSel.value || m.recipe === recipeSel.value));
     // Loaded models first, then downloaded ones, then the rest by name.
-    const rank = (m) => (health.all_models_loaded.some((x) => x.model_name === m.id) ? 0 : m.downloaded ? 1 : 2);
+    const rank = (m) => (health.all_models_loaded.some((x) => (x.id || x.model_name) === m.id) ? 0 : m.downloaded ? 1 : 2);
     shown.sort((a, b) => rank(a) - rank(b) || a.id.localeCompare(b.id));
     fill(tbody, shown.map(paint));
     count.textContent = `${shown.length} of ${catalogue.length} models`;
@@ -252,7 +274,7 @@ export function mount(main) {
         options(recipeSel, new Set(catalogue.map((m) => m.recipe)));
       }
       health = hl;
-      if (ad) admin = new Map(ad.models.map((m) => [m.name, m]));
+      if (ad) admin = byListedId(ad.models, (m) => m.name);
       filter();
       tbody.dataset.ready = "true";
     } catch (e) {

@@ -108,6 +108,9 @@ pub(crate) fn apply_server(cfg: &Config, values: &Map<String, Value>) -> Option<
         cfg.live.set_download_rate(rate);
         host::download::set_rate_limit(rate);
     }
+    if let Some(on) = values.get("trust_incoming_trace_context").and_then(Value::as_bool) {
+        cfg.live.set_trust_trace_context(on);
+    }
     if let Some(names) = values.get("model_names").and_then(Value::as_str) {
         cfg.live.set_v9_names(names == "v9");
     }

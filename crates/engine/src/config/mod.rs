@@ -80,6 +80,7 @@ pub struct Live {
     offline: AtomicBool,
     download_rate: AtomicU64,
     v9_names: AtomicBool,
+    trust_trace_context: AtomicBool,
     extra_models_dir: RwLock<Option<PathBuf>>,
     /// The server-wide layer of the load options (`--ctx-size`, `--llamacpp`,
     /// `--llamacpp-args`, `config.json`'s option keys).
@@ -100,6 +101,7 @@ impl Live {
             offline: AtomicBool::new(false),
             download_rate: AtomicU64::new(0),
             v9_names: AtomicBool::new(false),
+            trust_trace_context: AtomicBool::new(true),
             extra_models_dir: RwLock::new(None),
             options: RwLock::new(LoadOptions { llamacpp_backend: Some("cpu".into()), ..LoadOptions::default() }),
             sandbox: RwLock::new(host::sandbox::default_mode()),
@@ -155,6 +157,14 @@ impl Live {
     }
     pub fn set_v9_names(&self, on: bool) {
         self.v9_names.store(on, Ordering::Relaxed);
+    }
+    /// `telemetry.trust_incoming_trace_context`: a request's W3C trace context (`traceparent`,
+    /// `tracestate`) is continued (forwarded to its backend); off, it is dropped at the door.
+    pub fn trust_trace_context(&self) -> bool {
+        self.trust_trace_context.load(Ordering::Relaxed)
+    }
+    pub fn set_trust_trace_context(&self, on: bool) {
+        self.trust_trace_context.store(on, Ordering::Relaxed);
     }
     pub fn set_load_timeout(&self, d: Duration) {
         self.load_timeout_ms.store(d.as_millis() as u64, Ordering::Relaxed);

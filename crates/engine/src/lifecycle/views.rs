@@ -268,6 +268,7 @@ impl Lifecycle {
             .then(|| backends::llamacpp::cache_settings(&r.options, r.info.model_type));
         LoadedModel {
             model_name: r.info.name.clone(),
+            id: String::new(),
             checkpoint: r.info.checkpoint.clone(),
             model_type: r.info.model_type,
             device: r.info.device().to_string(),

@@ -6,8 +6,8 @@ use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use crate::error::ApiError;
-use crate::extract::JsonBody;
+use crate::error::{ApiError, V11ApiError};
+use crate::extract::{DialectJson, JsonBody};
 use crate::sse;
 use crate::state::AppState;
 use engine::jobs::Pull;
@@ -15,15 +15,24 @@ use engine::pulls;
 
 /// Downloads a model (registering a `user.*` model first when `checkpoint` and `recipe` are given).
 #[utoipa::path(post, path = "/api/v1/pull", tag = "Lemonade", request_body = PullRequest)]
-pub async fn pull(State(rt): State<AppState>, body: JsonBody<PullRequest>) -> Result<Response, ApiError> {
+pub async fn pull(
+    State(rt): State<AppState>,
+    body: DialectJson<PullRequest, V11ApiError>,
+) -> Result<Response, V11ApiError> {
     let req = body.value;
-    let done = |name| Json(StatusResponse { status: "success".into(), model_name: Some(name), message: None });
+    let done = |name: String| {
+        let model_name = Some(engine::models::listed_name(&rt.engine, &name));
+        Json(StatusResponse { status: "success".into(), model_name, message: None })
+    };
     if engine::router::is_collection_pull(&req) {
         return Ok(done(engine::router::register(&rt.engine, &req).await?).into_response());
     }
     Ok(match engine::jobs::pull(&rt.engine, &req).await? {
         Pull::Done(name) => done(name).into_response(),
-        Pull::Job(job) => Json(job).into_response(),
+        Pull::Job(mut job) => {
+            job.model_id = engine::models::listed_name(&rt.engine, &job.model_name);
+            Json(job).into_response()
+        }
         Pull::Events(events) => sse::events(rt.engine.lifecycle(), events),
     })
 }
@@ -51,7 +60,7 @@ pub async fn register(
     body: JsonBody<RegisterRequest>,
 ) -> Result<Json<RegisterResponse>, ApiError> {
     let m = engine::pulls::register(&rt.engine, &body.value).await?;
-    let id = engine::pulls::public_id(&rt.engine, &m);
+    let id = engine::models::listed_name(&rt.engine, &m.name);
     Ok(Json(RegisterResponse {
         status: "success".into(),
         model_name: id.clone(),
@@ -65,13 +74,16 @@ pub async fn register(
 pub async fn variants(
     State(rt): State<AppState>,
     Query(q): Query<VariantsQuery>,
-) -> Result<Json<PullVariants>, ApiError> {
-    Ok(Json(engine::pulls::variants(&rt.engine, q.checkpoint.as_deref()).await?))
+) -> Result<Json<PullVariants>, V11ApiError> {
+    Ok(Json(engine::pulls::variants(&rt.engine, &q).await?))
 }
 
 /// Searches Hugging Face for model repositories.
 #[utoipa::path(get, path = "/api/v1/registry/search", tag = "Lemonade", params(SearchQuery))]
-pub async fn search(State(rt): State<AppState>, Query(q): Query<SearchQuery>) -> Result<Json<SearchResults>, ApiError> {
+pub async fn search(
+    State(rt): State<AppState>,
+    Query(q): Query<SearchQuery>,
+) -> Result<Json<SearchResults>, V11ApiError> {
     Ok(Json(engine::pulls::search(&rt.engine, &q).await?))
 }
 
@@ -84,7 +96,11 @@ pub async fn check_updates(State(rt): State<AppState>) -> Result<Json<CheckUpdat
 /// Server-owned download jobs.
 #[utoipa::path(get, path = "/api/v1/downloads", tag = "Lemonade")]
 pub async fn downloads(State(rt): State<AppState>) -> Json<Vec<DownloadJob>> {
-    Json(rt.engine.downloads().list())
+    let mut jobs = rt.engine.downloads().list();
+    for j in &mut jobs {
+        j.model_id = engine::models::listed_name(&rt.engine, &j.model_name);
+    }
+    Json(jobs)
 }
 
 /// Pauses, resumes, cancels or removes a download job.

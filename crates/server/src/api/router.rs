@@ -16,8 +16,8 @@ use parking_lot::Mutex;
 use serde_json::Value;
 use std::sync::Arc;
 
-use crate::error::ApiError;
-use crate::extract::JsonBody;
+use crate::error::{ApiError, V11ApiError};
+use crate::extract::{DialectJson, JsonBody};
 use crate::state::AppState;
 
 /// The body field the decision goes in.
@@ -57,8 +57,8 @@ pub async fn decorate(answer: Response, decision: &RouteDecision, trace: bool, s
 #[utoipa::path(post, path = "/api/v1/routing/validate", tag = "Lemonade", request_body = RoutingValidateRequest)]
 pub async fn validate(
     State(rt): State<AppState>,
-    body: JsonBody<RoutingValidateRequest>,
-) -> Result<Json<RoutingValidateResponse>, ApiError> {
+    body: DialectJson<RoutingValidateRequest, V11ApiError>,
+) -> Result<Json<RoutingValidateResponse>, V11ApiError> {
     Ok(Json(engine::router::validate(&rt.engine, &body.value).await?))
 }
 
