@@ -112,6 +112,10 @@ pub struct Model {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<Object>>))]
     pub omni_tools: Option<Vec<Value>>,
+    /// The registry its files come from (Lemonade v11): `huggingface` for a model pulled from
+    /// the Hub; absent for an imported file, a remote provider's model or a collection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_source: Option<String>,
 }
 
 /// Lemonade v11's `telemetry` object in health.

@@ -647,3 +647,38 @@ async fn real_llama_server_a_long_prefill_keeps_the_stream_alive_and_a_stalled_o
     assert!(cut.contains("\"error\"") && cut.contains("stream_timeout"), "{cut}");
     assert!(!cut.contains("\"choices\""), "the cut stream carried a token: {cut}");
 }
+
+/// A request that loads its model passes its `ctx_size` (Ollama: `options.num_ctx`) to the
+/// load, and nothing else of its body (Lemonade v11's allowlist); a request to a loaded model
+/// does not reload it.
+#[tokio::test]
+async fn real_llama_server_an_auto_load_takes_the_requests_context_size_only() {
+    let l = Lemonade::start(bin(), &[]).await;
+    let ctx = |h: &Value| h["all_models_loaded"][0]["recipe_options"]["ctx_size"].clone();
+    let chat = json!({"model": SMOL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+        "ctx_size": 2048, "temperature": 0.5, "llamacpp_args": "--foo"});
+    let (s, v) = l.post("/v1/chat/completions", &chat).await;
+    assert_eq!(s, 200, "{v}");
+    let (_, h) = l.get("/api/v1/health").await;
+    assert_eq!(ctx(&h), 2048, "{h}");
+    let opts = &h["all_models_loaded"][0]["recipe_options"];
+    assert!(opts.get("temperature").is_none() && opts["llamacpp_args"] != "--foo", "{h}");
+    let (s, _) = l
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": SMOL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "ctx_size": 1024}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(ctx(&l.get("/api/v1/health").await.1), 2048, "a loaded model is not reloaded for it");
+    assert_eq!(l.post("/api/v1/unload", &json!({"model_name": SMOL})).await.0, 200);
+    let (s, v) = l
+        .post(
+            "/api/chat",
+            &json!({"model": SMOL, "stream": false, "options": {"num_ctx": 1536, "num_predict": 2},
+        "messages": [{"role": "user", "content": "Hi"}]}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(ctx(&l.get("/api/v1/health").await.1), 1536);
+}

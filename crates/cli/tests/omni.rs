@@ -212,7 +212,7 @@ async fn omni_definitions_are_checked_field_by_field() {
     let l = Lemonade::start_in(bin(), Sandbox::new().with_sd().with_kokoro(), &[], &[]).await;
     let cases = [
         (omni("user.O", &[SD, KOKORO], json!({})), "components", "needs a chat model"),
-        (omni("user.O", &[SMOL, "user.Nope"], json!({})), "components[1]", "not a registered model"),
+        (omni("user.O", &[SMOL, "user.Nope"], json!({})), "components[1]", "is not registered"),
         (omni("user.O", &[SMOL], json!({"system_prompt": "no placeholders"})), "system_prompt", "{tool_list}"),
         (omni("user.O", &[SMOL], json!({"tool_format": "xml"})), "tool_format", "\"native\" or \"json\""),
         (omni("user.O", &[SMOL], json!({"routing": {}})), "routing", "Only a collection.router"),

@@ -152,12 +152,23 @@ pub struct LeaseRequest {
     pub priority: i32,
     /// The model's idle timeout (ms; 0 = never), set when given (Ollama's `keep_alive`).
     pub keep_alive: Option<u64>,
+    /// The context size the request asks for (`ctx_size`, Ollama's `num_ctx`): used when this
+    /// request loads the model, never otherwise (Lemonade v11's one load field an inference
+    /// request forwards).
+    pub ctx_size: Option<api_types::CtxSize>,
     pub forwarded: Forwarded,
 }
 
 impl LeaseRequest {
     pub fn new(model: impl Into<String>, endpoint: Endpoint) -> LeaseRequest {
-        LeaseRequest { model: model.into(), endpoint, priority: 0, keep_alive: None, forwarded: Forwarded::default() }
+        LeaseRequest {
+            model: model.into(),
+            endpoint,
+            priority: 0,
+            keep_alive: None,
+            ctx_size: None,
+            forwarded: Forwarded::default(),
+        }
     }
 
     pub fn priority(mut self, priority: i32) -> LeaseRequest {
@@ -167,6 +178,11 @@ impl LeaseRequest {
 
     pub fn keep_alive(mut self, ms: Option<u64>) -> LeaseRequest {
         self.keep_alive = ms;
+        self
+    }
+
+    pub fn ctx_size(mut self, ctx: Option<api_types::CtxSize>) -> LeaseRequest {
+        self.ctx_size = ctx;
         self
     }
 
@@ -218,15 +234,19 @@ impl Engine {
             (false, true) => crate::pulls::ensure_downloaded(self, &info).await?,
             (false, false) => return Err(EngineError::NotDownloaded { model: name.to_string() }),
         };
+        let load = api_types::OptionsPatch {
+            set: api_types::LoadOptions { ctx_size: req.ctx_size, ..Default::default() },
+            ..Default::default()
+        };
         if self.cfg.auto_load && self.lifecycle.state_of(&info.name) != Some(scheduler::State::Loaded) {
-            let options = self.lifecycle.effective_options(&info, &Default::default());
+            let options = self.lifecycle.effective_options(&info, &load);
             self.lifecycle.check_args(&info, &options).await?;
         }
         let (elsewhere, stayed) = crate::spill::place(self, &info).await?;
         if let Some(lease) = elsewhere {
             return Ok(lease);
         }
-        let mut lease = self.lifecycle.acquire(&info, req.keep_alive, req.priority).await?;
+        let mut lease = self.lifecycle.acquire(&info, req.keep_alive, req.priority, &load).await?;
         lease.spilled = stayed;
         Ok(lease)
     }

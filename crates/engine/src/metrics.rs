@@ -134,6 +134,8 @@ pub struct Snapshot {
     pub budgets: [Option<u64>; 2],
     /// Bytes the prompt cache holds.
     pub prompt_cache_bytes: u64,
+    /// The loaded-LLM limit (-1: none).
+    pub max_loaded: i64,
 }
 
 pub struct Metrics {
@@ -166,6 +168,12 @@ pub struct Metrics {
     cache_restored_tokens: Family<ModelLabel, Counter>,
     cache_discarded: Family<ModelLabel, Counter>,
     cache_bytes: Gauge,
+    /// Lemonade v11's: 1 while serving, the loaded models and their limit, and one series per
+    /// loaded model (`model_info{model_name}`).
+    server_up: Gauge,
+    loaded_models: Gauge,
+    max_loaded_models: Gauge,
+    model_info: Family<ModelNameLabel, Gauge>,
     /// Models whose backend died and has not started again yet.
     crashed: Mutex<HashSet<String>>,
     /// One scrape at a time sets the gauges and encodes.
@@ -251,6 +259,10 @@ impl Metrics {
             cache_restored_tokens: Family::default(),
             cache_discarded: Family::default(),
             cache_bytes: Gauge::default(),
+            server_up: Gauge::default(),
+            loaded_models: Gauge::default(),
+            max_loaded_models: Gauge::default(),
+            model_info: Family::default(),
             crashed: Mutex::new(HashSet::new()),
             scrape: Mutex::new(()),
         };
@@ -289,6 +301,10 @@ impl Metrics {
         r.register("decode_rate_tokens_per_second", "Decode rate the backend reports", m.decode_rate.clone());
         r.register_with_unit("model_load", "Backend start until it answers health", Unit::Seconds, m.load_time.clone());
         r.register("models_loaded", "Loaded models by type", m.loaded.clone());
+        r.register("server_up", "1 while lemonade serves (Lemonade v11's)", m.server_up.clone());
+        r.register("loaded_models", "Loaded models, every type (Lemonade v11's)", m.loaded_models.clone());
+        r.register("max_loaded_models", "The loaded-LLM limit (-1: none; Lemonade v11's)", m.max_loaded_models.clone());
+        r.register("model_info", "1 for each loaded model (Lemonade v11's)", m.model_info.clone());
         r.register("queue_depth", "Requests waiting for a model", m.queue_depth.clone());
         r.register("requests_in_flight", "Requests a model is serving", m.in_flight.clone());
         r.register("model_ready", "1 while a model is loaded and serving, else 0", m.ready.clone());
@@ -446,6 +462,13 @@ impl Metrics {
     /// The exposition, with the gauges set from `s`.
     pub fn encode(&self, s: &Snapshot) -> String {
         let _one = self.scrape.lock();
+        self.server_up.set(1);
+        self.loaded_models.set(s.loaded.len() as i64);
+        self.max_loaded_models.set(s.max_loaded);
+        self.model_info.clear();
+        for m in s.models.iter().filter(|m| m.ready) {
+            self.model_info.get_or_create(&ModelNameLabel { model_name: m.name.clone() }).set(1);
+        }
         // Every type, so one with no loaded model shows 0 rather than nothing.
         for t in ModelType::ALL {
             let n = s.loaded.iter().filter(|l| **l == t).count();
@@ -542,6 +565,7 @@ mod tests {
             in_use: [1 << 30, 0],
             budgets: [Some(2 << 30), None],
             prompt_cache_bytes: 5000,
+            max_loaded: 2,
         };
         m.cache_saved("a");
         m.cache_restored("a", 700);
@@ -573,6 +597,10 @@ mod tests {
             r#"lemonade_kv_cache_usage_ratio{model="a"} 0.25"#,
             r#"lemonade_memory_in_use_bytes{pool="memory"} 1073741824"#,
             r#"lemonade_memory_budget_bytes{pool="memory"} 2147483648"#,
+            r#"lemonade_server_up 1"#,
+            r#"lemonade_loaded_models 3"#,
+            r#"lemonade_max_loaded_models 2"#,
+            r#"lemonade_model_info{model_name="a"} 1"#,
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing from:\n{text}");
         }

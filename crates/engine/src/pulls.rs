@@ -372,15 +372,16 @@ pub async fn search(rt: &Engine, q: &SearchQuery) -> Result<SearchResults> {
     if query.chars().count() < 3 {
         return Err(EngineError::invalid("query must be at least 3 characters", Some("query")));
     }
-    let source = match q.source.as_deref().map(|s| (registry::source::Registry::parse(s), s)) {
-        None | Some((Some(registry::source::Registry::HuggingFace), _)) => "huggingface",
-        Some((Some(other), _)) => return Err(source_refused(registry::source::SourceError::NotPulled(other))),
-        Some((None, s)) => return Err(source_refused(registry::source::SourceError::Unsupported(s.to_string()))),
-    };
     let limit = match q.limit.as_deref().map(str::parse::<u32>) {
         None => 12,
         Some(Ok(n)) if (1..=50).contains(&n) => n,
         _ => return Err(EngineError::invalid("limit must be a whole number from 1 to 50", Some("limit"))),
+    };
+    // An unknown source is refused before the Hub is asked; a bad limit before that (v11's order).
+    let source = match q.source.as_deref().map(|s| (registry::source::Registry::parse(s), s)) {
+        None | Some((Some(registry::source::Registry::HuggingFace), _)) => "huggingface",
+        Some((Some(other), _)) => return Err(source_refused(registry::source::SourceError::NotPulled(other))),
+        Some((None, s)) => return Err(source_refused(registry::source::SourceError::Unsupported(s.to_string()))),
     };
     let gguf = match q.format.as_deref() {
         None => false,

@@ -359,6 +359,7 @@ impl Provider {
                 system_prompt: None,
                 tool_format: None,
                 omni_tools: None,
+                registry_source: None,
             })
             .collect()
     }

@@ -107,17 +107,17 @@ fn check_components(rt: &Engine, name: &str, components: &[String]) -> Result<()
     for (i, c) in components.iter().enumerate() {
         let param = format!("components[{i}]");
         if c == name || c == bare {
-            return Err(EngineError::invalid(format!("A collection cannot contain itself ('{c}')"), Some(&param)));
+            return Err(EngineError::invalid(format!("Collection cannot reference itself: '{c}'"), Some(&param)));
         }
         if reg.collection(c).is_some() {
             return Err(EngineError::invalid(
-                format!("'{c}' is a collection; collections cannot be nested"),
+                format!("Collection components must be regular models, not collections: '{c}' is a collection (collections cannot be nested)"),
                 Some(&param),
             ));
         }
         if reg.get(c).is_err() && rt.remotes.model(c).is_none() {
             return Err(EngineError::invalid_code(
-                format!("Component '{c}' is not a registered model: pull or register it first"),
+                format!("Component '{c}' is not registered: pull or register it first"),
                 &param,
                 "model_not_found",
             ));
@@ -196,6 +196,7 @@ fn view(rt: &Engine, c: &Collection, downloaded: bool) -> Model {
         system_prompt: omni.and_then(|o| o.system_prompt.clone()),
         tool_format: omni.map(|o| o.tool_format.name().into()),
         omni_tools: omni.map(|_| crate::omni::listed_tools(rt, &c.components)),
+        registry_source: None,
     }
 }
 

@@ -561,6 +561,8 @@ impl Registry {
             system_prompt: None,
             tool_format: None,
             omni_tools: None,
+            registry_source: (m.source != Source::ExtraModelsDir && m.recipe != Recipe::Flm)
+                .then(|| source::Registry::HuggingFace.as_str().to_string()),
         }
     }
 }

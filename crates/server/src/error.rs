@@ -123,7 +123,8 @@ fn table(e: &ApiError) -> Row {
             row(S::CONFLICT, "invalid_request_error", "conflict")
         }
         E::NotLoaded(_) => row(S::NOT_FOUND, "model_not_loaded", "model_not_loaded"),
-        E::Missing { .. } => row(S::NOT_FOUND, "not_found", "not_found"),
+        // OpenAI's type for a missing resource (as v11 answers an unknown provider).
+        E::Missing { .. } => row(S::NOT_FOUND, "invalid_request_error", "not_found"),
         E::BackendLost(_) | E::BadAnswer { .. } => backend(),
         E::Backend { status, .. } => Row { status: S::from_u16(*status).unwrap_or(S::BAD_GATEWAY), ..backend() },
         E::Upstream { failure, .. } => match failure {

@@ -52,12 +52,22 @@ pub struct Edge {
     pub forwarded: Forwarded,
     /// `X-Lemonade-Priority`, when given.
     pub priority: Option<i32>,
+    /// The context size the body asks for (`ctx_size`, Ollama's `num_ctx`), for a load this
+    /// request causes.
+    pub ctx_size: Option<api_types::CtxSize>,
 }
 
 impl Edge {
     /// A lease request for `model` at `endpoint`, with this request's forwarded headers.
     pub fn request(&self, model: &str, endpoint: Endpoint) -> LeaseRequest {
-        LeaseRequest::new(model, endpoint).forwarded(self.forwarded.clone())
+        LeaseRequest::new(model, endpoint).forwarded(self.forwarded.clone()).ctx_size(self.ctx_size)
+    }
+
+    /// This edge with the context size `v` asks for (a JSON number, or -1 for automatic;
+    /// anything else is ignored, as a sampling field the backend reads would be).
+    pub fn with_ctx_size(&self, v: Option<&serde_json::Value>) -> Edge {
+        let ctx_size = v.and_then(|v| serde_json::from_value(v.clone()).ok());
+        Edge { ctx_size, ..self.clone() }
     }
 
     /// The request's priority: its body's, else its header's, else 0 ([`engine::lease::priority`]).
@@ -92,7 +102,7 @@ pub async fn layer(State(names): State<Names>, mut req: Request, next: Next) -> 
         })
         .collect();
     let priority = header_priority(&req)?;
-    req.extensions_mut().insert(Edge { forwarded: Arc::new(found), priority });
+    req.extensions_mut().insert(Edge { forwarded: Arc::new(found), priority, ctx_size: None });
     let mut resp = next.run(req).await;
     if let Some(Spilled(d)) = resp.extensions_mut().remove::<Spilled>() {
         let shown: String = d.chars().map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' }).collect();

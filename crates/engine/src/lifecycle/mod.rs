@@ -242,10 +242,16 @@ impl Lifecycle {
         Ok(info)
     }
 
-    /// A lease on a downloaded model, loading it first when auto-load is on. `keep_alive`
-    /// (ms; 0 = never) sets the model's idle timeout, running or not.
-    pub async fn acquire(self: &Arc<Self>, info: &ModelInfo, keep_alive: Option<u64>, priority: i32) -> Result<Lease> {
-        match self.acquire_once(info, keep_alive, priority).await {
+    /// A lease on a downloaded model, loading it first when auto-load is on (with `load` over
+    /// its options). `keep_alive` (ms; 0 = never) sets the model's idle timeout, running or not.
+    pub async fn acquire(
+        self: &Arc<Self>,
+        info: &ModelInfo,
+        keep_alive: Option<u64>,
+        priority: i32,
+        load: &OptionsPatch,
+    ) -> Result<Lease> {
+        match self.acquire_once(info, keep_alive, priority, load).await {
             // The backend died just before this grant, before the owner heard of it. Once it has
             // (the exit is reported before `reported` is set, and events are handled in order),
             // asking again loads the model anew, as the next request would.
@@ -254,7 +260,7 @@ impl Lifecycle {
                     let mut reported = r.reported.subscribe();
                     let _ = tokio::time::timeout(Duration::from_secs(2), reported.wait_for(|done| *done)).await;
                 }
-                match self.acquire_once(info, keep_alive, priority).await {
+                match self.acquire_once(info, keep_alive, priority, load).await {
                     Err(Died(_)) => {
                         Err(EngineError::BackendLost(BackendLoss::ExitedJustNow { model: Some(info.name.clone()) }))
                     }
@@ -270,9 +276,10 @@ impl Lifecycle {
         info: &ModelInfo,
         keep_alive: Option<u64>,
         priority: i32,
+        load: &OptionsPatch,
     ) -> std::result::Result<Lease, Acquired> {
         let name = info.name.as_str();
-        let options = self.effective_options(info, &OptionsPatch::default());
+        let options = self.effective_options(info, load);
         let mut model = self.model_ref(info, &options, Scheduling::default());
         model.priority = priority;
         if let Some(ms) = keep_alive {

@@ -253,6 +253,7 @@ impl Lifecycle {
             in_use: [sched.memory_in_use, sched.vram_in_use],
             budgets: [sched.settings.memory_budget.flatten(), sched.settings.vram_budget.flatten()],
             prompt_cache_bytes: self.prompt_cache.total().1,
+            max_loaded: sched.settings.limits.unwrap_or_default().get(api_types::ModelType::Llm),
         }
     }
 
