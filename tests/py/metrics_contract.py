@@ -47,6 +47,8 @@ def wait_for(what, cond):
     sys.exit(f"FAIL: {what} within {DEADLINE} s; last {lem} {vllm}")
 
 
+# Labelled as the classic text format for a client that asks for nothing in particular.
+prom.check_plain(base, lambda what: check(False, what))
 # Never asked for yet: no series for it (a model appears once a request or a load names it).
 lem, vllm = gauges(scrape())
 check(lem == dict(waiting=None, running=None, kv=None, ready=None), f"before loading: {lem}")

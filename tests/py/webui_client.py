@@ -448,7 +448,8 @@ def system(b, model, other):
     expect(page.locator("#sys-facts")).to_contain_text("gpu1NVIDIA RTX A2000 (nvidia, 4.3 GB, 4.3 GB free)")
     expect(page.locator("#sys-ledgers")).to_contain_text("gpu2 (Radeon RX 7800 XT)")
     expect(page.locator(f'#sys-timeline li[data-decision="load"][data-model="{model}"]')).to_have_count(1)
-    page.select_option("#sys-plan-model", other)
+    # The picker lists models by their listed ids (bare); the plan names them by their own.
+    page.select_option("#sys-plan-model", other.removeprefix("extra.").removeprefix("user."))
     page.click("#sys-plan")
     expect(page.locator("#sys-plan-out")).to_have_text(f"{other} would load after evicting {model}")
     body = json.dumps({"model": other, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()

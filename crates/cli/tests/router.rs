@@ -79,7 +79,9 @@ async fn real_llama_server_router_collection_routes_each_request_and_says_why() 
     // Deterministic rules: the chosen model answers, the header names the rule.
     let (s, h, v) = routed(&l, "/api/v1/chat/completions", ask("Write a function that adds two numbers")).await;
     assert_eq!((s, h.as_str(), v["model"].as_str()), (200, "code", Some(GEMMA)), "{v}");
-    assert!(v.get("x_lemonade_route").is_none(), "no trace unless asked");
+    // The decision is always in the answer (as v11.7), its trace only when asked for.
+    assert_eq!(v["x_lemonade_route"]["matched_rule"], "code", "{v}");
+    assert!(v["x_lemonade_route"].get("trace").is_none(), "no trace unless asked: {v}");
     let mut private = ask("Write a function, please");
     private["metadata"] = json!({"consent": "denied"});
     private["route_trace"] = json!(true);
@@ -201,7 +203,7 @@ async fn real_llama_server_router_collection_routes_each_request_and_says_why() 
     let anthropic = json!({"model": "user.Route", "max_tokens": 2, "messages": [{"role": "user", "content": "Status of TICKET-9"}]});
     let (s, h, v) = routed(&l, "/v1/messages", anthropic.clone()).await;
     assert_eq!((s, h.as_str(), v["model"].as_str()), (200, "ticket", Some(GEMMA)), "{v}");
-    assert!(v.get("x_lemonade_route").is_none(), "only when asked: {v}");
+    assert!(v["x_lemonade_route"].get("trace").is_none(), "the trace only when asked: {v}");
     let mut streamed = anthropic;
     streamed["stream"] = json!(true);
     streamed["route_trace"] = json!(true);

@@ -63,9 +63,15 @@ impl Edge {
         LeaseRequest::new(model, endpoint).forwarded(self.forwarded.clone()).ctx_size(self.ctx_size)
     }
 
-    /// This edge with the context size `v` asks for (a JSON number, or -1 for automatic;
-    /// anything else is ignored, as a sampling field the backend reads would be).
-    pub fn with_ctx_size(&self, v: Option<&serde_json::Value>) -> Edge {
+    /// This edge with the context size a request body's fields ask for (`ctx_size`: a number,
+    /// or -1 for automatic; a bad value is ignored, as a sampling field the backend reads would
+    /// be), for a load the request causes.
+    pub fn with_load_fields(&self, fields: &api_types::Extra) -> Edge {
+        Edge { ctx_size: api_types::LoadOptions::from_map_lossy(fields).0.ctx_size, ..self.clone() }
+    }
+
+    /// This edge with the context size Ollama's `num_ctx` (`v`) asks for.
+    pub fn with_num_ctx(&self, v: Option<&serde_json::Value>) -> Edge {
         let ctx_size = v.and_then(|v| serde_json::from_value(v.clone()).ok());
         Edge { ctx_size, ..self.clone() }
     }

@@ -18,6 +18,12 @@ use crate::error::ApiError;
 use crate::propagate::spilled;
 use engine::{Lease, Target};
 
+/// How long a streamed request waits quietly (for its model, or for its backend's first
+/// byte) before its answer starts with keep-alive lines.
+pub const PATIENCE: std::time::Duration = std::time::Duration::from_millis(250);
+/// How often a waiting or quiet stream says where it is.
+pub const EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Forwards a request whose answer is a byte stream other than SSE (speech audio): the
 /// backend's content type and bytes, relayed as they come, the lease held until the end. A
 /// failure mid-stream aborts the response, so the client sees a cut stream rather than audio
@@ -203,7 +209,7 @@ async fn stream_with(
     // Answered within PATIENCE, the answer keeps the backend's status (an error included);
     // after that a local backend's answer starts at once, kept alive until its first byte. A
     // remote provider's keeps its status: its headers are awaited (within `--remote-timeout`).
-    let patience = if stall.after.is_some() { crate::waiting::PATIENCE } else { std::time::Duration::MAX };
+    let patience = if stall.after.is_some() { PATIENCE } else { std::time::Duration::MAX };
     let phase = match tokio::time::timeout(patience, &mut sent).await {
         Ok((lease, resp)) => {
             let resp = resp?;
@@ -216,7 +222,7 @@ async fn stream_with(
             sent,
             relay,
             since: tokio::time::Instant::now(),
-            tick: tokio::time::interval(crate::waiting::EVERY),
+            tick: tokio::time::interval(EVERY),
             stall,
         },
     };
@@ -251,7 +257,7 @@ async fn stream_with(
                     // `stream_timeout`), the stream is cut.
                     let quiet = st.quiet_since.elapsed();
                     let limit = st.lease.quiet_timeout();
-                    let wait = crate::waiting::EVERY.min(limit.saturating_sub(quiet));
+                    let wait = EVERY.min(limit.saturating_sub(quiet));
                     let next = match tokio::time::timeout(wait, st.upstream.next()).await {
                         Ok(next) => next,
                         Err(_) if st.quiet_since.elapsed() >= limit => {

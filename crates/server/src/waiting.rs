@@ -7,7 +7,6 @@
 //! it, the backend refused the request) is a `data: {"error": …}` event and `data: [DONE]`.
 
 use std::convert::Infallible;
-use std::time::Duration;
 
 use axum::response::Response;
 use bytes::Bytes;
@@ -21,10 +20,7 @@ use crate::propagate::Edge;
 use crate::proxy;
 use crate::state::AppState;
 
-/// How long a streamed request waits quietly before its answer starts with comments.
-pub const PATIENCE: Duration = Duration::from_millis(250);
-/// How often a waiting stream says where it is.
-pub const EVERY: Duration = Duration::from_secs(1);
+pub use crate::proxy::{EVERY, PATIENCE};
 
 /// How a waiting stream speaks its dialect: its content type, the line that says where the
 /// request is (given the words: `queued 2`, `loading 3 s`), and the end it gets on a failure.

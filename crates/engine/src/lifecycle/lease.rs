@@ -143,7 +143,7 @@ impl Lease {
 
     /// The failure of a streamed answer silent for [`Lease::quiet_timeout`]: a remote
     /// provider's timeout (its breaker told), or the local backend's stall.
-    pub fn went_quiet(&self) -> crate::EngineError {
+    pub fn went_quiet(&self) -> crate::error::EngineError {
         match &self.target {
             Target::Remote(route) => self.remote_timed_out(route),
             Target::Local { .. } => self.stalled(),
@@ -151,8 +151,8 @@ impl Lease {
     }
 
     /// A local backend's streamed answer that sent nothing for [`Lease::quiet_timeout`].
-    pub fn stalled(&self) -> crate::EngineError {
-        crate::EngineError::BackendLost(crate::error::BackendLoss::Stalled {
+    pub fn stalled(&self) -> crate::error::EngineError {
+        crate::error::EngineError::BackendLost(crate::error::BackendLoss::Stalled {
             model: self.name().to_string(),
             secs: self.quiet_timeout().as_secs(),
         })

@@ -145,7 +145,7 @@ pub async fn chat(
     let openai = dialect::chat_request(&req, &model).map_err(bad)?;
     let turn = Turn { model: &model, keep, chat: true, trace: req.route_trace == Some(true) };
     // `num_ctx` sizes the context of a load this request causes.
-    let edge = edge.with_ctx_size(req.options.as_ref().and_then(|o| o.get("num_ctx")));
+    let edge = edge.with_num_ctx(req.options.as_ref().and_then(|o| o.get("num_ctx")));
     serve(&rt, &edge, turn, "/v1/chat/completions", openai).await
 }
 
@@ -164,7 +164,7 @@ pub async fn generate(
     }
     let (path, openai) = dialect::generate_request(&req, &model).map_err(bad)?;
     let turn = Turn { model: &model, keep, chat: false, trace: req.route_trace == Some(true) };
-    let edge = edge.with_ctx_size(req.options.as_ref().and_then(|o| o.get("num_ctx")));
+    let edge = edge.with_num_ctx(req.options.as_ref().and_then(|o| o.get("num_ctx")));
     serve(&rt, &edge, turn, path, openai).await
 }
 

@@ -83,7 +83,7 @@ pub async fn chat_completions(
     let model = require_model(&rt, req.model.as_deref())?.to_string();
     check_native(&req.extra)?;
     let stream = req.stream.unwrap_or(false);
-    let edge = edge.with_ctx_size(req.extra.get("ctx_size"));
+    let edge = edge.with_load_fields(&req.extra);
     let bytes = if llamacpp::adapt_chat(&mut req) { Bytes::from(serde_json::to_vec(&req)?) } else { body.raw };
     dispatch(&rt, &edge, &model, Endpoint::ChatCompletions, bytes, stream).await
 }
@@ -99,7 +99,7 @@ pub async fn completions(
     let model = require_model(&rt, req.model.as_deref())?.to_string();
     check_native(&req.extra)?;
     let stream = req.stream.unwrap_or(false);
-    let edge = edge.with_ctx_size(req.extra.get("ctx_size"));
+    let edge = edge.with_load_fields(&req.extra);
     let bytes = if llamacpp::adapt_completion(&mut req) { Bytes::from(serde_json::to_vec(&req)?) } else { body.raw };
     dispatch(&rt, &edge, &model, Endpoint::Completions, bytes, stream).await
 }

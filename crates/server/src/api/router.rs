@@ -26,17 +26,19 @@ const FIELD: &str = "x_lemonade_route";
 /// The header naming the rule that routed a request.
 pub const ROUTE_HEADER: &str = "x-lemonade-route";
 
-/// `answer` with the route header, and the decision in its body when asked for.
+/// `answer` with the route header, and the decision in its body (`x_lemonade_route`, as
+/// Lemonade v11.7 answers: always, its `trace` only when asked for with `route_trace`).
 pub async fn decorate(answer: Response, decision: &RouteDecision, trace: bool, stream: bool) -> Response {
     let (mut parts, body) = answer.into_parts();
     let rule = if decision.matched_rule.is_empty() { "default" } else { decision.matched_rule.as_str() };
     if let Ok(h) = http::HeaderValue::from_str(rule) {
         parts.headers.insert(ROUTE_HEADER, h);
     }
-    if !trace || !parts.status.is_success() {
+    if !parts.status.is_success() {
         return Response::from_parts(parts, body);
     }
-    let value = serde_json::to_value(decision).unwrap_or(Value::Null);
+    let shown = RouteDecision { trace: if trace { decision.trace.clone() } else { Vec::new() }, ..decision.clone() };
+    let value = serde_json::to_value(&shown).unwrap_or(Value::Null);
     parts.headers.remove(http::header::CONTENT_LENGTH);
     if stream {
         let ct = parts.headers.get(http::header::CONTENT_TYPE);

@@ -377,7 +377,8 @@ async fn disk_full(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
             .await;
     let body = json!({"model": "user.Smol", "checkpoint": "org/smol-GGUF:Q4_1", "recipe": "llamacpp"});
     let (s, v) = l.post("/api/v1/pull", &body).await;
-    let full = s == 507 && v["error"]["message"].as_str().is_some_and(|m| m.contains("No space left"));
+    // `/pull` answers v11's `{"error": "…"}`.
+    let full = s == 507 && v["error"].as_str().is_some_and(|m| m.contains("No space left"));
     let (_, m) = l.get("/api/v1/models/user.Smol").await;
     let not_counted = m["downloaded"] == false && tree_has_no_counted_partial(&hf);
     let partial_kept = walk(&hf).iter().any(|p| p.to_string_lossy().ends_with(".incomplete"));
@@ -447,7 +448,8 @@ async fn kill_lemonade_mid_pull(bin: &Path, report: &mut Report) -> anyhow::Resu
         double.set_knobs(Knobs::default());
         let l = Lemonade::start_in(bin, sandbox, &[], &[("HF_ENDPOINT", &double.url)]).await;
         let (_, m) = l.get("/api/v1/models/user.Smol").await;
-        let registered = m["id"] == "user.Smol";
+        // Listed by its bare name (current Lemonade's naming).
+        let registered = m["id"] == "Smol";
         let not_counted = m["downloaded"] == false;
         let (s, _) = l.post("/api/v1/pull", &json!({"model": "user.Smol"})).await;
         let resumed = double.log().last().and_then(|r| r.range.clone()).is_some();
@@ -526,10 +528,8 @@ async fn kill_lemonade_mid_registration(bin: &Path, report: &mut Report) -> anyh
     // The last state must load: the server starts and lists every registration the file holds.
     let l = Lemonade::start_in(bin, sandbox, &[], &[("HF_ENDPOINT", &double.url)]).await;
     let (s, v) = l.get("/api/v1/models?show_all=true").await;
-    let listed = v["data"]
-        .as_array()
-        .map(|a| a.iter().filter(|m| m["id"].as_str().is_some_and(|i| i.starts_with("user.T"))).count())
-        .unwrap_or(0);
+    let listed =
+        v["data"].as_array().map(|a| a.iter().filter(|m| m["checkpoint"] == "org/tiny-GGUF:Q4_0").count()).unwrap_or(0);
     // A kill mid-write may leave a temp file; the restart removes it.
     let cleaned = leftovers(&l.sandbox);
     let starts = s == 200 && listed == *seen.last().unwrap_or(&0) && cleaned == 0;
