@@ -377,18 +377,18 @@ pub async fn search(rt: &Engine, q: &SearchQuery) -> Result<SearchResults> {
         Some(Ok(n)) if (1..=50).contains(&n) => n,
         _ => return Err(EngineError::invalid("limit must be a whole number from 1 to 50", Some("limit"))),
     };
-    // An unknown source is refused before the Hub is asked; a bad limit before that (v11's order).
-    let source = match q.source.as_deref().map(|s| (registry::source::Registry::parse(s), s)) {
-        None | Some((Some(registry::source::Registry::HuggingFace), _)) => "huggingface",
-        Some((Some(other), _)) => return Err(source_refused(registry::source::SourceError::NotPulled(other))),
-        Some((None, s)) => return Err(source_refused(registry::source::SourceError::Unsupported(s.to_string()))),
-    };
     let gguf = match q.format.as_deref() {
         None => false,
         Some("gguf") => true,
         Some(f) => {
             return Err(EngineError::invalid(format!("Unknown format '{f}': the only format is gguf"), Some("format")))
         }
+    };
+    // The source last, before the Hub is asked (v11's order: query, limit, format, source).
+    let source = match q.source.as_deref().map(|s| (registry::source::Registry::parse(s), s)) {
+        None | Some((Some(registry::source::Registry::HuggingFace), _)) => "huggingface",
+        Some((Some(other), _)) => return Err(source_refused(registry::source::SourceError::NotPulled(other))),
+        Some((None, s)) => return Err(source_refused(registry::source::SourceError::Unsupported(s.to_string()))),
     };
     let (total, found) = hub(rt, "searching Hugging Face")?.search(query, limit, gguf).await.map_err(|e| match e {
         HubError::Status { status: 429, .. } => EngineError::Hub(HubFailure::SearchRateLimited),
