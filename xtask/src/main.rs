@@ -554,8 +554,9 @@ fn stream_chat(url: &str, body: &serde_json::Value) -> Result<()> {
 }
 
 fn demo(rest: &[String]) -> Result<()> {
-    let p = provision::setup()?;
-    provision::seed_demo_models(&p)?;
+    // Only what the demo serves: the tests' own parts are `cargo xtask test`'s to provision.
+    let p = provision::setup_demo()?;
+    provision::seed_demo_models(&p.models_dir)?;
     run(cargo().args(["build", "--release", "-p", "lemonade-cli"]))?;
     let bin = root().join("target/release/lemonade");
     let port = std::env::var("LEMONADE_PORT").unwrap_or_else(|_| "8000".into());

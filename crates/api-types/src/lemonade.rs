@@ -112,6 +112,9 @@ pub struct Model {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<Object>>))]
     pub omni_tools: Option<Vec<Value>>,
+    /// A collection's schema version (`"1"`), as its file and v11's `/models/{id}` give it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
     /// The registry its files come from (Lemonade v11): `huggingface` for a model pulled from
     /// the Hub; absent for an imported file, a remote provider's model or a collection.
     #[serde(default, skip_serializing_if = "Option::is_none")]

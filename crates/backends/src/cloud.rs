@@ -14,7 +14,7 @@ const RESERVED: &[&str] = &["user", "extra"];
 /// Why a provider's name or URL is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CloudError {
-    #[error("Provider name '{0}' is invalid: use 1 to 32 letters, digits, '_' or '-' (no '.'), not 'user' or 'extra'")]
+    #[error("Provider name '{0}' is invalid: use 1 to 32 lowercase letters, digits, '_' or '-' ([a-z0-9_-]+, no '.'), not 'user' or 'extra'")]
     BadName(String),
     #[error("Base URL '{0}' is invalid: give http:// or https:// with a host, e.g. http://10.0.0.5:8000/v1")]
     BadUrl(String),
@@ -77,11 +77,12 @@ pub fn check_auth_header(name: Option<&str>, prefix: Option<&str>) -> Result<(),
     Ok(())
 }
 
-/// A provider's name: 1–32 of `[A-Za-z0-9_-]`, not a local prefix. Its models are
-/// `<name>.<id>`, so the name holds no '.'.
+/// A provider's name: 1–32 of `[a-z0-9_-]`, not a local prefix (as v11: `Fireworks` and
+/// `fireworks` would name one key variable but two providers). Its models are `<name>.<id>`,
+/// so the name holds no '.'.
 pub fn check_name(name: &str) -> Result<(), CloudError> {
     let ok = (1..=32).contains(&name.len())
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
         && !RESERVED.iter().any(|r| r.eq_ignore_ascii_case(name));
     if ok {
         Ok(())
@@ -261,10 +262,10 @@ mod tests {
 
     #[test]
     fn names() {
-        for ok in ["vllm", "node-2", "A_b9"] {
+        for ok in ["vllm", "node-2", "a_b9"] {
             assert_eq!(check_name(ok), Ok(()), "{ok}");
         }
-        for bad in ["", "a.b", "user", "Extra", "x y", "é", &"n".repeat(33), "../x"] {
+        for bad in ["", "a.b", "user", "Extra", "Fireworks", "x y", "é", &"n".repeat(33), "../x"] {
             assert!(check_name(bad).is_err(), "{bad}");
         }
         assert_eq!(key_variable("node-2"), "LEMONADE_NODE_2_API_KEY");

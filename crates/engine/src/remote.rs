@@ -360,6 +360,7 @@ impl Provider {
                 tool_format: None,
                 omni_tools: None,
                 registry_source: None,
+                version: None,
             })
             .collect()
     }

@@ -197,6 +197,7 @@ fn view(rt: &Engine, c: &Collection, downloaded: bool) -> Model {
         tool_format: omni.map(|o| o.tool_format.name().into()),
         omni_tools: omni.map(|_| crate::omni::listed_tools(rt, &c.components)),
         registry_source: None,
+        version: Some("1".into()),
     }
 }
 

@@ -563,6 +563,7 @@ impl Registry {
             omni_tools: None,
             registry_source: (m.source != Source::ExtraModelsDir && m.recipe != Recipe::Flm)
                 .then(|| source::Registry::HuggingFace.as_str().to_string()),
+            version: None,
         }
     }
 }
