@@ -8,6 +8,7 @@ use registry::ModelInfo;
 use tokio::sync::{mpsc, watch};
 
 use crate::downloads::{apply, id_of, Job, Stop};
+use crate::models::listed_name;
 use crate::{Engine, EngineError, Result};
 
 /// How a pull request is answered ([`pull`]).
@@ -23,17 +24,28 @@ pub enum Pull {
 
 /// A pull as its request asks: the model resolved (a `user.*` one registered), then nothing
 /// more (`do_not_upgrade` and already downloaded), a job, a download awaited, or its events.
+/// A done pull and a job name the model by its listed id, as the listings do.
 pub async fn pull(rt: &Engine, req: &api_types::PullRequest) -> Result<Pull> {
     let m = crate::pulls::resolve(rt, req).await?;
     Ok(match (req.stream == Some(true), req.subscribe) {
-        _ if req.do_not_upgrade == Some(true) && m.downloaded => Pull::Done(m.name),
-        (true, Some(false)) => Pull::Job(Box::new(start(rt, m))),
+        _ if req.do_not_upgrade == Some(true) && m.downloaded => Pull::Done(listed_name(rt, &m.name)),
+        (true, Some(false)) => Pull::Job(Box::new(with_model_id(rt, start(rt, m)))),
         (true, _) => Pull::Events(crate::pulls::pull_in_background(rt, m)),
         (false, _) => {
             crate::pulls::pull_now(rt, &m).await?;
-            Pull::Done(m.name)
+            Pull::Done(listed_name(rt, &m.name))
         }
     })
+}
+
+/// Every download job, each with its model's listed id (`model_id`).
+pub fn list(rt: &Engine) -> Vec<DownloadJob> {
+    rt.downloads.list().into_iter().map(|j| with_model_id(rt, j)).collect()
+}
+
+fn with_model_id(rt: &Engine, mut j: DownloadJob) -> DownloadJob {
+    j.model_id = listed_name(rt, &j.model_name);
+    j
 }
 
 /// Starts (or resumes) `m`'s job; a running one is answered as it is. Returns the snapshot.

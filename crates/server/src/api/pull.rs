@@ -20,19 +20,13 @@ pub async fn pull(
     body: DialectJson<PullRequest, V11ApiError>,
 ) -> Result<Response, V11ApiError> {
     let req = body.value;
-    let done = |name: String| {
-        let model_name = Some(engine::models::listed_name(&rt.engine, &name));
-        Json(StatusResponse { status: "success".into(), model_name, message: None })
-    };
+    let done = |name| Json(StatusResponse { status: "success".into(), model_name: Some(name), message: None });
     if engine::router::is_collection_pull(&req) {
         return Ok(done(engine::router::register(&rt.engine, &req).await?).into_response());
     }
     Ok(match engine::jobs::pull(&rt.engine, &req).await? {
         Pull::Done(name) => done(name).into_response(),
-        Pull::Job(mut job) => {
-            job.model_id = engine::models::listed_name(&rt.engine, &job.model_name);
-            Json(job).into_response()
-        }
+        Pull::Job(job) => Json(job).into_response(),
         Pull::Events(events) => sse::events(rt.engine.lifecycle(), events),
     })
 }
@@ -96,11 +90,7 @@ pub async fn check_updates(State(rt): State<AppState>) -> Result<Json<CheckUpdat
 /// Server-owned download jobs.
 #[utoipa::path(get, path = "/api/v1/downloads", tag = "Lemonade")]
 pub async fn downloads(State(rt): State<AppState>) -> Json<Vec<DownloadJob>> {
-    let mut jobs = rt.engine.downloads().list();
-    for j in &mut jobs {
-        j.model_id = engine::models::listed_name(&rt.engine, &j.model_name);
-    }
-    Json(jobs)
+    Json(engine::jobs::list(&rt.engine))
 }
 
 /// Pauses, resumes, cancels or removes a download job.
