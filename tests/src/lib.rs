@@ -151,10 +151,10 @@ pub fn shown(name: &str) -> &str {
 
 pub const SMOL: &str = "user.SmolLM2-135M-Instruct-GGUF";
 pub const SMOL_COPY: &str = "user.SmolLM2-Copy-GGUF";
-pub const GEMMA: &str = "extra.gemma-3-270m-Q4_K_M.gguf";
-pub const MINILM: &str = "extra.all-MiniLM-L6-v2-F32.gguf";
+pub const GEMMA: &str = "extra.gemma-3-270m-Q4_K_M";
+pub const MINILM: &str = "extra.all-MiniLM-L6-v2-F32";
 /// Random-weight reranking head: plumbing only, its scores mean nothing.
-pub const RERANKER: &str = "extra.minilm-random-rerank-F32.gguf";
+pub const RERANKER: &str = "extra.minilm-random-rerank-F32";
 
 /// A sandbox: lemonade cache, HF cache holding SmolLM2 in huggingface_hub's layout (blob +
 /// snapshot symlink + refs/main) registered as two `user.*` models, and an extra models dir

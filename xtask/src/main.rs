@@ -348,7 +348,7 @@ fn check_container(models: &Path) -> Result<()> {
         let uid = podman().args(["exec", &name, "id", "-u"]).output()?;
         anyhow::ensure!(String::from_utf8_lossy(&uid.stdout).trim() == "10001", "the container runs as uid {:?}", uid);
         run(podman().args(["healthcheck", "run", &name]))?;
-        let body = r#"{"model": "extra.SmolLM2-135M-Instruct.Q4_1.gguf", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}"#;
+        let body = r#"{"model": "extra.SmolLM2-135M-Instruct.Q4_1", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}"#;
         let chat = curl(&[
             "-H",
             "content-type: application/json",

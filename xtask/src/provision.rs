@@ -202,7 +202,7 @@ const PY_PACKAGES: &[&str] = &[
 ];
 
 /// The chat model of the demo (served from the extra models dir).
-pub const DEMO_MODEL: &str = "extra.SmolLM2-135M-Instruct.Q4_1.gguf";
+pub const DEMO_MODEL: &str = "extra.SmolLM2-135M-Instruct.Q4_1";
 
 /// A model file and where it comes from.
 struct ModelSpec {

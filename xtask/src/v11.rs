@@ -106,6 +106,8 @@ pub fn v11(rest: &[String]) -> Result<()> {
         fs::create_dir_all(dest.parent().context("a stand-in's folder")?)?;
         std::os::unix::fs::symlink(p.models_dir.join(model), &dest)?;
     }
+    let cache = work.join("lemonade-cache");
+    release_stand_in(&hub_root, &cache, &p.llama_server)?;
     let mut hub = Command::new(root().join("target/release/hub-double"))
         .arg(&hub_root)
         .stdout(Stdio::piped())
@@ -117,7 +119,6 @@ pub fn v11(rest: &[String]) -> Result<()> {
     anyhow::ensure!(url.starts_with("http://127.0.0.1:"), "the Hub double said {url:?}");
 
     let hf_cache = work.join("hf-cache");
-    let cache = work.join("lemonade-cache");
     let log = fs::File::create(work.join("server.log"))?;
     let mut server = Command::new(root().join("target/release/lemonade"))
         .args(["serve", "--port", PORT])
@@ -125,6 +126,7 @@ pub fn v11(rest: &[String]) -> Result<()> {
         .env("HF_HUB_CACHE", &hf_cache)
         .env("LEMONADE_CACHE_DIR", &cache)
         .env("LEMONADE_LLAMACPP_CPU_BIN", &p.llama_server)
+        .env("LEMONADE_RELEASES_URL", &url)
         .env("LEMONADE_CHECK_UPDATES", "false")
         .env_remove("LEMONADE_API_KEY")
         .stdout(log.try_clone()?)
@@ -170,6 +172,33 @@ pub fn v11(rest: &[String]) -> Result<()> {
     let _ = hub.kill();
     let _ = hub.wait();
     result
+}
+
+/// The llama.cpp release the install tests download, as a stand-in: the provisioned
+/// llama-server packed as llama.cpp's release packs it, under the pinned version's asset name
+/// in the Hub double's release layout, and the pins (the built-in file) with its sha256 in
+/// lemonade's cache, so the archive is checked as a real one is.
+fn release_stand_in(hub_root: &std::path::Path, cache: &std::path::Path, llama_server: &std::path::Path) -> Result<()> {
+    let pins_text = fs::read_to_string(root().join("crates/registry/data/backend_versions.json"))?;
+    let mut pins: serde_json::Value = serde_json::from_str(&pins_text)?;
+    let version = pins["llamacpp"]["cpu"].as_str().context("no llamacpp cpu pin")?.to_string();
+    let asset = format!("llama-{version}-bin-ubuntu-x64.tar.gz");
+    let top = format!("llama-{version}");
+    let stage = hub_root.parent().context("the Hub's parent")?.join("release");
+    let _ = fs::remove_dir_all(&stage);
+    fs::create_dir_all(stage.join(&top))?;
+    fs::copy(llama_server, stage.join(&top).join("llama-server"))?;
+    let dir = hub_root.join("ggml-org/llama.cpp/releases/download").join(&version);
+    fs::create_dir_all(&dir)?;
+    let archive = dir.join(&asset);
+    run(Command::new("tar").arg("-czf").arg(&archive).arg("-C").arg(&stage).arg(&top))?;
+    let out = Command::new("sha256sum").arg(&archive).output()?;
+    anyhow::ensure!(out.status.success(), "sha256sum failed");
+    let sha = String::from_utf8(out.stdout)?.split_whitespace().next().context("sha256sum said nothing")?.to_string();
+    pins["sha256"] = serde_json::json!({ asset: sha });
+    fs::create_dir_all(cache)?;
+    fs::write(cache.join("backend_versions.json"), serde_json::to_vec_pretty(&pins)?)?;
+    Ok(())
 }
 
 fn wait_live() -> Result<()> {

@@ -171,6 +171,11 @@ pub struct LoadedModel {
     /// Never evicted nor unloaded for idleness (`POST /api/v1/pin`, or `load` with `pinned`).
     #[serde(default)]
     pub pinned: bool,
+    /// The slot pool it holds a place in, as v11 names it: `standard/<type>`, the slots
+    /// `max_loaded_models` bounds (lemonade has no separate routing-helper pool: a router's
+    /// helper model takes a standard slot).
+    #[serde(default)]
+    pub slot_pool: String,
     /// The idle timeout that applies to it, in seconds; absent: it never times out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout: Option<u64>,
@@ -335,6 +340,19 @@ pub struct Stats {
     /// Always empty (as Lemonade v9).
     pub decode_token_times: Vec<f64>,
     pub prompt_tokens: u64,
+    /// Prompt tokens of that request read from the backend's prefix cache (Lemonade v11);
+    /// null when the backend did not say.
+    #[serde(default)]
+    pub cache_tokens: Option<u64>,
+    /// The model's prompt tokens read from its prefix cache since it was loaded.
+    #[serde(default)]
+    pub cache_tokens_total: u64,
+    /// `collection.router` decisions since start, and those that changed a conversation's
+    /// candidate (Lemonade v11).
+    #[serde(default)]
+    pub routing_decisions_total: u64,
+    #[serde(default)]
+    pub routing_switches_total: u64,
 }
 
 /// `GET /live`.
@@ -1046,7 +1064,7 @@ pub struct ModelFile {
     /// The absolute path; only with `?include_paths=true`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
-    /// `main` (every shard of it) or `mmproj`.
+    /// `main` (the first shard of a sharded model), `shard` (the others) or `mmproj`.
     pub role: String,
     pub size_bytes: u64,
     pub exists: bool,

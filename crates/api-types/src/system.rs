@@ -23,6 +23,9 @@ pub struct SystemInfo {
     /// With `?verbose=true`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub details: Option<SystemDetails>,
+    /// The remote providers (Lemonade v11's `cloud.providers`).
+    #[serde(default)]
+    pub cloud: CloudInfo,
 }
 
 /// A device the scheduler places models on: a GPU (its memory is a ledger of its own) or an
@@ -222,8 +225,16 @@ pub struct CloudInstalled {
     pub base_url: String,
     pub models_discovered: usize,
     pub auth_state: AuthState,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The first of `warnings`, or null (v11 answers both).
+    #[serde(default)]
     pub warning: Option<String>,
+    /// What to know about how the provider is reached: plain `http://`, a key sent over it, a
+    /// key in the environment that wins over the one given.
+    #[serde(default)]
+    pub warnings: Vec<String>,
+    /// A key may go to it over plain `http://` (the opt-in v11 asks for).
+    #[serde(default)]
+    pub allow_insecure_http: bool,
 }
 
 /// The answer of Lemonade v11's cloud `POST /v1/uninstall`.
@@ -260,6 +271,34 @@ pub struct CloudAuth {
     /// After `DELETE`: whether a key held in memory was dropped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cleared_runtime_key: Option<bool>,
+    /// After `POST`: the opt-in in force, and what to know about how it is reached (as
+    /// [`CloudInstalled`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_insecure_http: Option<bool>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// Lemonade v11's `cloud` block of `system-info`: every provider, its auth state and what it
+/// offers (never a key).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CloudInfo {
+    pub providers: Vec<CloudProviderInfo>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CloudProviderInfo {
+    pub name: String,
+    pub base_url: String,
+    /// The environment variable that can hold its key.
+    pub env_var: String,
+    pub env_var_set: bool,
+    pub runtime_key_set: bool,
+    pub models_discovered: usize,
+    pub allow_insecure_http: bool,
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -28,25 +28,25 @@ async fn keyed() -> Lemonade {
 
 /// (method, path, body) for every route family; each under every API prefix.
 fn routes() -> Vec<(&'static str, String, Option<Value>)> {
-    let chat = json!({"model": "extra.m.gguf", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let chat = json!({"model": "extra.m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
     let mut v = Vec::new();
     for prefix in ["/api/v0", "/api/v1", "/v0", "/v1"] {
         let p = |s: &str| format!("{prefix}{s}");
         v.extend([
             ("POST", p("/chat/completions"), Some(chat.clone())),
-            ("POST", p("/completions"), Some(json!({"model": "extra.m.gguf", "prompt": "hi", "max_tokens": 2}))),
-            ("POST", p("/responses"), Some(json!({"model": "extra.m.gguf", "input": "hi"}))),
-            ("POST", p("/embeddings"), Some(json!({"model": "extra.m.gguf", "input": "hi"}))),
-            ("POST", p("/reranking"), Some(json!({"model": "extra.m.gguf", "query": "q", "documents": ["a"]}))),
+            ("POST", p("/completions"), Some(json!({"model": "extra.m", "prompt": "hi", "max_tokens": 2}))),
+            ("POST", p("/responses"), Some(json!({"model": "extra.m", "input": "hi"}))),
+            ("POST", p("/embeddings"), Some(json!({"model": "extra.m", "input": "hi"}))),
+            ("POST", p("/reranking"), Some(json!({"model": "extra.m", "query": "q", "documents": ["a"]}))),
             ("GET", p("/models"), None),
-            ("GET", p("/models/extra.m.gguf"), None),
-            ("GET", p("/models/extra.m.gguf/options"), None),
-            ("POST", p("/models/extra.m.gguf/options"), Some(json!({"ctx_size": 2048, "dry_run": true}))),
-            ("DELETE", p("/models/extra.m.gguf/options"), None),
+            ("GET", p("/models/extra.m"), None),
+            ("GET", p("/models/extra.m/options"), None),
+            ("POST", p("/models/extra.m/options"), Some(json!({"ctx_size": 2048, "dry_run": true}))),
+            ("DELETE", p("/models/extra.m/options"), None),
             ("POST", p("/models/register"), Some(json!({"model_name": "user.R"}))),
             ("GET", p("/pull/variants"), None),
             ("GET", p("/registry/search?query=ab"), None),
-            ("GET", p("/models/extra.m.gguf/files"), None),
+            ("GET", p("/models/extra.m/files"), None),
             ("POST", p("/models/check-updates"), Some(json!({}))),
             ("GET", p("/downloads"), None),
             ("POST", p("/cloud/auth"), Some(json!({"provider": "nope", "api_key": "x"}))),
@@ -55,7 +55,7 @@ fn routes() -> Vec<(&'static str, String, Option<Value>)> {
             ("GET", p("/stats"), None),
             ("GET", p("/system-info"), None),
             ("GET", p("/system-stats"), None),
-            ("POST", p("/load"), Some(json!({"model_name": "extra.m.gguf"}))),
+            ("POST", p("/load"), Some(json!({"model_name": "extra.m"}))),
             ("POST", p("/unload"), Some(json!({}))),
             ("POST", p("/pull"), Some(json!({"model": "nope"}))),
             ("POST", p("/delete"), Some(json!({"model": "nope"}))),
@@ -66,58 +66,56 @@ fn routes() -> Vec<(&'static str, String, Option<Value>)> {
             ("POST", p("/routing/validate"), Some(json!({"policy": {}}))),
             ("POST", p("/classify"), Some(json!({}))),
             ("GET", p("/scheduler"), None),
-            ("POST", p("/scheduler/plan"), Some(json!({"model_name": "extra.m.gguf"}))),
+            ("POST", p("/scheduler/plan"), Some(json!({"model_name": "extra.m"}))),
             ("GET", p("/admin/gpu-memory"), None),
-            ("POST", p("/admin/models/extra.m.gguf/unload"), Some(json!({}))),
-            ("GET", p("/props?model=extra.m.gguf"), None),
-            ("POST", p("/tokenize"), Some(json!({"model": "extra.m.gguf", "content": "hi"}))),
-            ("POST", p("/audio/speech"), Some(json!({"model": "extra.m.gguf", "input": "hi"}))),
-            ("POST", p("/images/generations"), Some(json!({"model": "extra.m.gguf", "prompt": "a lemon"}))),
+            ("POST", p("/admin/models/extra.m/unload"), Some(json!({}))),
+            ("GET", p("/props?model=extra.m"), None),
+            ("POST", p("/tokenize"), Some(json!({"model": "extra.m", "content": "hi"}))),
+            ("POST", p("/audio/speech"), Some(json!({"model": "extra.m", "input": "hi"}))),
+            ("POST", p("/images/generations"), Some(json!({"model": "extra.m", "prompt": "a lemon"}))),
             ("GET", p("/cloud"), None),
             ("GET", p("/log-level"), None),
             (
                 "POST",
                 p("/messages"),
-                Some(
-                    json!({"model": "extra.m.gguf", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}),
-                ),
+                Some(json!({"model": "extra.m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})),
             ),
-            ("POST", p("/messages/count_tokens"), Some(json!({"model": "extra.m.gguf", "messages": "not a list"}))),
+            ("POST", p("/messages/count_tokens"), Some(json!({"model": "extra.m", "messages": "not a list"}))),
             ("GET", p("/params"), None),
             ("POST", p("/params"), Some(json!({"swap_hold_ms": 2000}))),
-            ("POST", p("/pin"), Some(json!({"model": "extra.m.gguf", "pinned": false}))),
+            ("POST", p("/pin"), Some(json!({"model": "extra.m", "pinned": false}))),
             ("DELETE", p("/prompt-cache"), None),
-            ("POST", p("/admin/models/extra.m.gguf/load"), Some(json!({}))),
+            ("POST", p("/admin/models/extra.m/load"), Some(json!({}))),
             ("GET", p("/no-such-endpoint"), None),
         ]);
     }
     v.extend([
-        ("POST", "/completion".to_string(), Some(json!({"model": "extra.m.gguf", "prompt": "hi"}))),
-        ("GET", "/props?model=extra.m.gguf".to_string(), None),
-        ("GET", "/metrics?model=extra.m.gguf".to_string(), None),
+        ("POST", "/completion".to_string(), Some(json!({"model": "extra.m", "prompt": "hi"}))),
+        ("GET", "/props?model=extra.m".to_string(), None),
+        ("GET", "/metrics?model=extra.m".to_string(), None),
         ("GET", "/api/tags".to_string(), None),
         ("GET", "/api/ps".to_string(), None),
         ("GET", "/api/version".to_string(), None),
         (
             "POST",
             "/api/chat".to_string(),
-            Some(json!({"model": "extra.m.gguf", "stream": false, "messages": [{"role": "user", "content": "hi"}]})),
+            Some(json!({"model": "extra.m", "stream": false, "messages": [{"role": "user", "content": "hi"}]})),
         ),
-        ("POST", "/api/generate".to_string(), Some(json!({"model": "extra.m.gguf", "stream": false, "prompt": "hi"}))),
-        ("POST", "/api/embed".to_string(), Some(json!({"model": "extra.m.gguf", "input": "hi"}))),
-        ("POST", "/api/embeddings".to_string(), Some(json!({"model": "extra.m.gguf", "prompt": "hi"}))),
-        ("POST", "/api/show".to_string(), Some(json!({"model": "extra.m.gguf"}))),
+        ("POST", "/api/generate".to_string(), Some(json!({"model": "extra.m", "stream": false, "prompt": "hi"}))),
+        ("POST", "/api/embed".to_string(), Some(json!({"model": "extra.m", "input": "hi"}))),
+        ("POST", "/api/embeddings".to_string(), Some(json!({"model": "extra.m", "prompt": "hi"}))),
+        ("POST", "/api/show".to_string(), Some(json!({"model": "extra.m"}))),
         ("POST", "/api/pull".to_string(), Some(json!({"model": "nobody/nope:Q4_0", "stream": false}))),
         ("DELETE", "/api/delete".to_string(), None),
-        ("GET", "/slots?model=extra.m.gguf".to_string(), None),
-        ("POST", "/tokenize".to_string(), Some(json!({"model": "extra.m.gguf", "content": "hi"}))),
+        ("GET", "/slots?model=extra.m".to_string(), None),
+        ("POST", "/tokenize".to_string(), Some(json!({"model": "extra.m", "content": "hi"}))),
         ("GET", "/internal/aliases".to_string(), None),
-        ("POST", "/internal/aliases".to_string(), Some(json!({"alias": "a1", "target": "extra.m.gguf"}))),
+        ("POST", "/internal/aliases".to_string(), Some(json!({"alias": "a1", "target": "extra.m"}))),
         ("DELETE", "/internal/aliases/nope".to_string(), None),
         ("GET", "/internal/config".to_string(), None),
         ("GET", "/internal/config/defaults".to_string(), None),
         ("POST", "/internal/set".to_string(), Some(json!({"swap_hold_ms": 2000}))),
-        ("POST", "/internal/pin".to_string(), Some(json!({"model": "extra.m.gguf", "pinned": false}))),
+        ("POST", "/internal/pin".to_string(), Some(json!({"model": "extra.m", "pinned": false}))),
         ("POST", "/internal/cleanup-cache".to_string(), Some(json!({"dry_run": true}))),
         ("POST", "/mcp".to_string(), Some(json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}))),
     ]);
@@ -144,7 +142,7 @@ const WITH_THE_KEY: &[(&str, &str, u16)] = &[
     ("DELETE", "/api/delete", 400),
     ("DELETE", "/cloud/auth/nope", 404),
     ("DELETE", "/internal/aliases/nope", 404),
-    ("DELETE", "/models/extra.m.gguf/options", 200),
+    ("DELETE", "/models/extra.m/options", 200),
     ("DELETE", "/prompt-cache", 200),
     ("GET", "/admin/gpu-memory", 200),
     ("GET", "/admin/models", 200),
@@ -157,23 +155,23 @@ const WITH_THE_KEY: &[(&str, &str, u16)] = &[
     ("GET", "/internal/config", 200),
     ("GET", "/internal/config/defaults", 200),
     ("GET", "/log-level", 200),
-    ("GET", "/metrics?model=extra.m.gguf", 404),
+    ("GET", "/metrics?model=extra.m", 404),
     ("GET", "/models", 200),
-    ("GET", "/models/extra.m.gguf", 200),
-    ("GET", "/models/extra.m.gguf/files", 200),
-    ("GET", "/models/extra.m.gguf/options", 200),
+    ("GET", "/models/extra.m", 200),
+    ("GET", "/models/extra.m/files", 200),
+    ("GET", "/models/extra.m/options", 200),
     ("GET", "/no-such-endpoint", 404),
     ("GET", "/params", 200),
-    ("GET", "/props?model=extra.m.gguf", 404),
+    ("GET", "/props?model=extra.m", 404),
     ("GET", "/pull/variants", 400),
     ("GET", "/registry/search?query=ab", 400),
     ("GET", "/scheduler", 200),
-    ("GET", "/slots?model=extra.m.gguf", 200),
+    ("GET", "/slots?model=extra.m", 200),
     ("GET", "/stats", 200),
     ("GET", "/system-info", 200),
     ("GET", "/system-stats", 200),
-    ("POST", "/admin/models/extra.m.gguf/load", 200),
-    ("POST", "/admin/models/extra.m.gguf/unload", 200),
+    ("POST", "/admin/models/extra.m/load", 200),
+    ("POST", "/admin/models/extra.m/unload", 200),
     ("POST", "/api/chat", 200),
     ("POST", "/api/embed", 400),
     ("POST", "/api/embeddings", 400),
@@ -201,7 +199,7 @@ const WITH_THE_KEY: &[(&str, &str, u16)] = &[
     ("POST", "/messages", 200),
     ("POST", "/messages/count_tokens", 400),
     ("POST", "/models/check-updates", 200),
-    ("POST", "/models/extra.m.gguf/options", 200),
+    ("POST", "/models/extra.m/options", 200),
     ("POST", "/models/register", 400),
     ("POST", "/params", 200),
     ("POST", "/pin", 400),
@@ -278,7 +276,7 @@ async fn every_route_family_needs_the_key() {
     assert!(err.contains("Invalid or missing API key"), "{err}");
     let (code, out, _) = l.cli(&["list", "--api-key", KEY, "--json"]).await;
     assert_eq!(code, 0);
-    assert!(out.contains("\"m.gguf\""), "listed by its bare name: {out}");
+    assert!(out.contains("\"id\": \"m\"") || out.contains("\"id\":\"m\""), "listed by its bare name: {out}");
     let (code, _, _) = l.cli_env(&["status"], &[("LEMONADE_API_KEY", KEY)]).await;
     assert_eq!(code, 0);
     // Shutting the server down needs the key too (and with it, it goes).
@@ -523,8 +521,8 @@ async fn route_table(l: &Lemonade) -> Vec<(String, String)> {
 /// `/api/v0`, `/v0` and `/v1`).
 fn concrete(path: &str) -> Vec<String> {
     let p = path
-        .replace("{id}", "extra.m.gguf")
-        .replace("{model_name}", "extra.m.gguf")
+        .replace("{id}", "extra.m")
+        .replace("{model_name}", "extra.m")
         .replace("{provider}", "nope")
         .replace("{alias}", "nope");
     match p.strip_prefix("/api/v1") {
@@ -540,10 +538,10 @@ fn documented(path: &str) -> String {
         .iter()
         .find_map(|pre| path.strip_prefix(pre).filter(|r| !r.starts_with("/admin")).map(|r| format!("/api/v1{r}")))
         .unwrap_or_else(|| path.to_string());
-    let path = path.replace("/models/extra.m.gguf/", "/models/{id}/");
-    let path = if path.ends_with("/models/extra.m.gguf") { path.replace("extra.m.gguf", "{id}") } else { path };
+    let path = path.replace("/models/extra.m/", "/models/{id}/");
+    let path = if path.ends_with("/models/extra.m") { path.replace("extra.m", "{id}") } else { path };
     path.replace("/admin/models/{id}/", "/admin/models/{model_name}/")
-        .replace("/api/v1/admin/models/extra.m.gguf/", "/v1/admin/models/{model_name}/")
+        .replace("/api/v1/admin/models/extra.m/", "/v1/admin/models/{model_name}/")
         .replace("/cloud/auth/nope", "/cloud/auth/{provider}")
         .replace("/internal/aliases/nope", "/internal/aliases/{alias}")
 }

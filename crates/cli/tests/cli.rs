@@ -264,7 +264,7 @@ async fn stop_kills_what_ignores_sigterm() {
         &[("LEMONADE_LLAMACPP_CPU_BIN", fake.to_str().unwrap())],
     )
     .await;
-    let (st, v) = l.post("/api/v1/load", &json!({"model_name": "extra.slow-stop.gguf"})).await;
+    let (st, v) = l.post("/api/v1/load", &json!({"model_name": "extra.slow-stop"})).await;
     assert_eq!(st, 200, "{v}");
     let backends = child_pids(l.pid());
     assert_eq!(backends.len(), 1);

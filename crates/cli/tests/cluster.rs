@@ -219,7 +219,7 @@ async fn trace_and_session_headers_reach_a_local_backend_and_the_session_header_
         .header("traceparent", TRACEPARENT)
         .header("x-conversation", "c-9")
         .header("x-session-id", "not-forwarded")
-        .json(&chat("extra.m.gguf"))
+        .json(&chat("extra.m"))
         .send()
         .await
         .unwrap();
@@ -267,11 +267,11 @@ async fn a_saturated_model_spills_to_the_first_place_with_capacity_and_the_heade
             .await;
     install(&l, "busy", &busy, json!({})).await;
     install(&l, "free", &free, json!({})).await;
-    let load = json!({"model_name": "extra.m.gguf", "max_concurrent": 1, "spillover": ["busy.m", "free.m"]});
+    let load = json!({"model_name": "extra.m", "max_concurrent": 1, "spillover": ["busy.m", "free.m"]});
     let (s, v) = l.post("/api/v1/load", &load).await;
     assert_eq!(s, 200, "{v}");
     let ask = |stream: bool| {
-        let mut body = chat("extra.m.gguf");
+        let mut body = chat("extra.m");
         body["stream"] = json!(stream);
         l.http.post(l.url("/api/v1/chat/completions")).json(&body).send()
     };
@@ -300,7 +300,7 @@ async fn a_saturated_model_spills_to_the_first_place_with_capacity_and_the_heade
     assert_eq!(v["choices"][0]["message"]["content"], "tok0 tok1 tok2 tok3 ", "{v}");
     assert_eq!((busy.requests().len(), free.requests().len()), (0, 1), "only free.m was asked");
     let metrics = l.http.get(l.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    let line = r#"lemonade_spillover_decisions_total{model="extra.m.gguf",place="free.m",reason="saturated"} 1"#;
+    let line = r#"lemonade_spillover_decisions_total{model="extra.m",place="free.m",reason="saturated"} 1"#;
     assert!(metrics.lines().any(|l| l == line), "{line} missing:\n{metrics}");
     while first.chunk().await.unwrap().is_some() {}
 }

@@ -63,7 +63,7 @@ async fn real_llama_server_config_json_flags_and_internal_set() {
     assert_eq!((f["ctx_size"].clone(), f["future_key"].clone()), (json!(3072), json!({"kept": true})), "{f}");
     assert_eq!(l.get("/api/v1/params").await.1["max_loaded_models"]["llm"], 4, "the scheduler at once");
     assert_eq!(l.get("/api/v1/log-level").await.1["level"], "info", "the log level at once");
-    let (s, m) = l.get("/api/v1/models/extra.tiny.gguf").await;
+    let (s, m) = l.get("/api/v1/models/extra.tiny").await;
     assert_eq!((s, m["downloaded"].clone()), (200, json!(true)), "the new extra models dir is scanned: {m}");
     assert_eq!(l.get("/internal/config").await.1["load_timeout"], 120);
     assert_eq!(l.post("/api/v1/load", &json!({"model_name": SMOL})).await.0, 200);
@@ -98,6 +98,10 @@ async fn real_llama_server_config_json_flags_and_internal_set() {
         (json!("--no-mmap"), json!("--no-mmap"), json!(4)),
         "{c}"
     );
+    // An empty string clears the server-wide arguments (v11's clients restore "" so).
+    assert_eq!(l.post("/internal/set", &json!({"llamacpp_args": ""})).await.0, 200);
+    assert_eq!(l.get("/internal/config").await.1["llamacpp"]["args"], "", "cleared");
+    assert_eq!(l.post("/internal/set", &v11).await.0, 200);
     assert_eq!(
         (c["load_timeout"].clone(), c["remote_timeout"].clone(), c["global_timeout"].clone()),
         (json!(900), json!(900), json!(900))

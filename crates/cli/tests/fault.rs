@@ -29,7 +29,7 @@ async fn start(models: &[(&str, Option<u32>, Value)], args: &[&str]) -> Lemonade
 }
 
 fn x(name: &str) -> String {
-    format!("extra.{name}.gguf")
+    format!("extra.{name}")
 }
 
 async fn state(l: &Lemonade, model: &str) -> Value {

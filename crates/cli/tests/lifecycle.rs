@@ -489,9 +489,9 @@ async fn real_llama_server_per_type_limits_3_2_1_are_enforced() {
         std::os::unix::fs::symlink(model(file), s.extra().join(name)).unwrap();
     }
     let l = Lemonade::start_in(bin(), s, &["--max-loaded-models", "3", "2", "1"], &[]).await;
-    let llms = [SMOL, SMOL_COPY, GEMMA, "extra.gemma-b.gguf"];
-    let embs = [MINILM, "extra.minilm-b.gguf", "extra.minilm-c.gguf"];
-    let reranks = [RERANKER, "extra.rerank-b.gguf"];
+    let llms = [SMOL, SMOL_COPY, GEMMA, "extra.gemma-b"];
+    let embs = [MINILM, "extra.minilm-b", "extra.minilm-c"];
+    let reranks = [RERANKER, "extra.rerank-b"];
     for m in llms {
         assert_eq!(l.chat(m).await.0, 200, "{m}");
     }
@@ -505,14 +505,7 @@ async fn real_llama_server_per_type_limits_3_2_1_are_enforced() {
     let (_, h) = l.get("/api/v1/health").await;
     let mut loaded = loaded_names(&h);
     loaded.sort();
-    let mut expected = vec![
-        SMOL_COPY,
-        GEMMA,
-        "extra.gemma-b.gguf",
-        "extra.minilm-b.gguf",
-        "extra.minilm-c.gguf",
-        "extra.rerank-b.gguf",
-    ];
+    let mut expected = vec![SMOL_COPY, GEMMA, "extra.gemma-b", "extra.minilm-b", "extra.minilm-c", "extra.rerank-b"];
     expected.sort();
     assert_eq!(loaded, expected, "the least recently used of each type gave way: 3 LLMs, 2 embedding, 1 reranking");
     assert_eq!(backends(&l).len(), 6, "one llama-server per loaded model, no more");

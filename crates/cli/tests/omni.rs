@@ -92,8 +92,8 @@ async fn scripted_planner_omni_loop_survives_failing_tools_repeats_and_client_to
         ("LEMONADE_MCP_IMAGE_DIR", images.path().to_str().unwrap()),
     ];
     let l = Lemonade::start_in(bin(), sandbox, &["--max-loaded-models", "4"], &env).await;
-    let (planner, weather) = ("extra.planner.gguf", "extra.weather.gguf");
-    for (name, p) in [("user.Lemon", planner), ("user.Weather", weather), ("user.Hello", "extra.hello.gguf")] {
+    let (planner, weather) = ("extra.planner", "extra.weather");
+    for (name, p) in [("user.Lemon", planner), ("user.Weather", weather), ("user.Hello", "extra.hello")] {
         let (s, v) = l.post("/api/v1/pull", &omni(name, &[p, SD, KOKORO], json!({}))).await;
         assert_eq!(s, 200, "{v}");
     }
@@ -275,7 +275,7 @@ async fn scripted_planner_omni_transcribes_the_audio_the_user_sent_on_real_whisp
     let fake = fake_llama_server();
     let sandbox = fake_sandbox(&[("ears", None, ears)]).with_whisper();
     let l = Lemonade::start_in(bin(), sandbox, &[], &[("LEMONADE_LLAMACPP_CPU_BIN", fake.to_str().unwrap())]).await;
-    let (s, v) = l.post("/api/v1/pull", &omni("user.Ears", &["extra.ears.gguf", WHISPER], json!({}))).await;
+    let (s, v) = l.post("/api/v1/pull", &omni("user.Ears", &["extra.ears", WHISPER], json!({}))).await;
     assert_eq!(s, 200, "{v}");
     let (_, m) = l.get("/api/v1/models/user.Ears").await;
     assert_eq!(m["omni_tools"][0]["name"], "transcribe_audio", "{m}");

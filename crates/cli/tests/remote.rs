@@ -392,15 +392,31 @@ async fn real_llama_server_v11_cloud_install_auth_clear_uninstall_and_the_http_k
         "no key yet: {v}"
     );
     assert_eq!(v["auth_state"], json!({"env_var_set": false, "runtime_key_set": false}));
-    let (s, v) = l.post("/v1/cloud/auth", &json!({"provider": "up", "api_key": KEY})).await;
+    // No key, no call (v11): the provider offers nothing, and a request to it says why.
+    let (s, e) = l.post("/api/v1/chat/completions", &chat_body("up.smol-chat", false)).await;
+    let msg = e["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!(s, 404, "{e}");
+    assert!(msg.contains("No API key for cloud provider 'up'") && msg.contains("LEMONADE_UP_API_KEY"), "{e}");
+    // A key over plain http:// (loopback too) needs the opt-in, as v11 asks.
+    let (s, e) = l.post("/v1/cloud/auth", &json!({"provider": "up", "api_key": KEY})).await;
+    assert_eq!((s, e["error"]["code"].as_str()), (400, Some("insecure_http_requires_opt_in")), "{e}");
+    let auth = json!({"provider": "up", "api_key": KEY, "allow_insecure_http": true});
+    let (s, v) = l.post("/v1/cloud/auth", &auth).await;
     assert_eq!(
-        (s, v.clone()),
-        (
-            200,
-            json!({"provider": "up", "auth_state": {"env_var_set": false, "runtime_key_set": true}, "models_discovered": 1})
-        )
+        (s, v["auth_state"].clone(), v["models_discovered"].clone(), v["allow_insecure_http"].clone()),
+        (200, json!({"env_var_set": false, "runtime_key_set": true}), json!(1), json!(true)),
+        "{v}"
+    );
+    assert!(v["warnings"].to_string().contains("Bearer token"), "{v}");
+    let (_, info) = l.get("/api/v1/system-info").await;
+    let entry = info["cloud"]["providers"].as_array().unwrap().iter().find(|p| p["name"] == "up").cloned();
+    assert_eq!(
+        entry.map(|p| (p["runtime_key_set"].clone(), p["models_discovered"].clone(), p["allow_insecure_http"].clone())),
+        Some((json!(true), json!(1), json!(true))),
+        "{info}"
     );
     assert_eq!(l.post("/api/v1/chat/completions", &chat_body("up.smol-chat", false)).await.0, 200);
+    assert_eq!(l.post("/api/v1/load", &json!({"model_name": "up.smol-chat"})).await.0, 200);
     let (s, e) = l.post("/v1/cloud/auth", &json!({"provider": "nope", "api_key": "x"})).await;
     assert_eq!((s, e["error"]["code"].as_str()), (404, Some("not_found")), "{e}");
     let (s, e) = l.post("/v1/cloud/auth", &json!({"provider": "up"})).await;
@@ -432,6 +448,10 @@ async fn real_llama_server_v11_cloud_install_auth_clear_uninstall_and_the_http_k
     );
     let listed = l.get("/api/v1/models").await.1;
     assert!(!listed["data"].as_array().unwrap().iter().any(|m| m["id"] == "up.smol-chat"), "{listed}");
+    // A model a client had loaded answers the missing-key error (v11), naming the provider.
+    let (s, e) = l.post("/api/v1/chat/completions", &chat_body("up.smol-chat", false)).await;
+    assert_eq!((s, e["error"]["code"].as_str()), (503, Some("missing_credentials")), "{e}");
+    assert!(e["error"]["message"].as_str().unwrap_or_default().contains("'up'"), "{e}");
     assert_eq!(l.delete("/v1/cloud/auth/nope").await.0, 404);
     let (s, v) = l.post("/v1/uninstall", &json!({"backend": "cloud", "provider": "envp"})).await;
     assert_eq!(
@@ -440,14 +460,21 @@ async fn real_llama_server_v11_cloud_install_auth_clear_uninstall_and_the_http_k
     );
     assert_eq!(l.post("/v1/uninstall", &json!({"backend": "cloud", "provider": "envp"})).await.0, 404);
 
-    // A key for a plain-http provider on another machine needs the opt-in; nothing is sent.
+    // A key for a plain-http provider needs the opt-in: refused before anything is registered
+    // or sent. Without a key, the install is taken, with v11's warning.
     let far = json!({"backend": "cloud", "provider": "far", "base_url": "http://10.255.255.1:9/v1", "api_key": "k"});
-    let (s, v) = l.post("/v1/install", &far).await;
-    assert_eq!((s, v["models_discovered"].clone()), (200, json!(0)), "{v}");
+    let (s, e) = l.post("/v1/install", &far).await;
+    assert_eq!((s, e["error"]["code"].as_str()), (400, Some("insecure_http_requires_opt_in")), "{e}");
     let (_, c) = l.get("/api/v1/cloud").await;
-    let probe = c["upstreams"].as_array().unwrap().iter().find(|u| u["name"] == "far").unwrap()["last_probe"].clone();
-    assert!(probe["error"].as_str().is_some_and(|e| e.contains("allow_insecure_http=true")), "{probe}");
-    assert!(probe["ms"].as_u64().is_some_and(|ms| ms < 100), "refused before any connection: {probe}");
+    assert!(!c.to_string().contains("\"far\""), "nothing registered: {c}");
+    let keyless = json!({"backend": "cloud", "provider": "far", "base_url": "http://10.255.255.1:9/v1"});
+    let (s, v) = l.post("/v1/install", &keyless).await;
+    assert_eq!(
+        (s, v["models_discovered"].clone(), v["allow_insecure_http"].clone()),
+        (200, json!(0), json!(false)),
+        "{v}"
+    );
+    assert!(v["warning"].as_str().is_some_and(|w| w.contains("http://")), "{v}");
 
     // SSRF: a cloud metadata address or an unspecified one, in any spelling, is never a
     // provider (a 400 naming base_url; nothing registered). Loopback stays the user's choice.

@@ -231,7 +231,7 @@ async fn real_llama_server_router_collection_routes_each_request_and_says_why() 
     assert_eq!(child_pids(l.pid()), pids, "no backend was restarted");
     let metrics = l.http.get(l.url("/metrics")).send().await.unwrap().text().await.unwrap();
     assert!(
-        metrics.contains("routing_decisions_total{route_to=\"extra.gemma-3-270m-Q4_K_M.gguf\",rule=\"code\"}"),
+        metrics.contains("routing_decisions_by_route_total{route_to=\"extra.gemma-3-270m-Q4_K_M\",rule=\"code\"}"),
         "{metrics}"
     );
 

@@ -16,7 +16,7 @@ fn bin() -> &'static Path {
 
 const EVIL: &str = "http://evil.example";
 const DEV: &str = "http://localhost:5173";
-const M: &str = "extra.m.gguf";
+const M: &str = "extra.m";
 
 async fn server(env: &[(&str, &str)]) -> Lemonade {
     let s = fake_sandbox(&[("m", None, json!({}))]);
@@ -218,9 +218,9 @@ fn admin_answers() -> Vec<(&'static str, Value, u16)> {
         ("/api/v0/install", json!({}), 400),
         ("/api/v0/uninstall", json!({}), 400),
         ("/v0/log-level", json!({"level": "info"}), 200),
-        ("/v1/admin/models/extra.m.gguf/load", json!({}), 200),
-        ("/v1/admin/models/extra.m.gguf/unload", json!({}), 200),
-        ("/v1/models/extra.m.gguf/options", json!({"ctx_size": 2048, "dry_run": true}), 200),
+        ("/v1/admin/models/extra.m/load", json!({}), 200),
+        ("/v1/admin/models/extra.m/unload", json!({}), 200),
+        ("/v1/models/extra.m/options", json!({"ctx_size": 2048, "dry_run": true}), 200),
         ("/internal/aliases", json!({"alias": "a1", "target": M}), 200),
         ("/internal/set", json!({"swap_hold_ms": 2000}), 200),
         ("/api/v0/models/register", json!({"model_name": "user.R"}), 400),

@@ -68,9 +68,9 @@ async fn real_backends_the_chat_view_shows_an_omni_models_image_and_audio() {
     let sandbox = fake_sandbox(&[("planner", None, script)]).with_sd().with_kokoro();
     let env = [("LEMONADE_LLAMACPP_CPU_BIN", fake.to_str().unwrap())];
     let l = Lemonade::start_in(bin(), sandbox, &["--max-loaded-models", "4"], &env).await;
-    let def = serde_json::json!({"model": "user.Lemon", "recipe": "collection.omni", "components": ["extra.planner.gguf", SD, KOKORO]});
+    let def = serde_json::json!({"model": "user.Lemon", "recipe": "collection.omni", "components": ["extra.planner", SD, KOKORO]});
     assert_eq!(l.post("/api/v1/pull", &def).await.0, 200);
-    browse(&l, "omni", &["user.Lemon", "extra.planner.gguf", SD, KOKORO]).await;
+    browse(&l, "omni", &["user.Lemon", "extra.planner", SD, KOKORO]).await;
 }
 
 #[tokio::test]

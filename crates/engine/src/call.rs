@@ -361,6 +361,11 @@ pub fn apply_usage(s: &mut Stats, v: &Value, non_streaming: bool) {
             s.output_tokens = o;
         }
     }
+    let cached = Counts::of(v).cached_tokens;
+    if let Some(n) = cached {
+        s.cache_tokens = Some(n);
+        s.cache_tokens_total += n;
+    }
     if let Some(t) = v.get("timings") {
         if let Some(n) = u64_at(t, "prompt_n") {
             s.input_tokens = n;

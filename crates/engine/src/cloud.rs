@@ -17,7 +17,7 @@ pub fn auth_state(p: &Provider) -> AuthState {
 }
 
 fn options(req: &InstallRequest) -> InstallOptions {
-    InstallOptions { allow_insecure_http: req.allow_insecure_http, reach: req.reach.clone() }
+    InstallOptions { allow_insecure_http: req.allow_insecure_http, reach: req.reach.clone(), keyed: false }
 }
 
 fn required(value: Option<&str>, field: &str) -> Result<String> {
@@ -98,14 +98,20 @@ pub async fn uninstall_request(rt: &Engine, req: &InstallRequest) -> Result<Unin
 pub async fn install_v11(rt: &Engine, req: &InstallRequest) -> Result<CloudInstalled> {
     let name = required(req.provider.as_deref(), "provider")?;
     let url = required(req.base_url.as_deref(), "base_url")?;
-    let up = rt.remotes.install_with(&name, Some(&url), req.api_key.clone(), options(req)).await?;
-    let state = auth_state(&*rt.remotes.provider(&name)?);
-    let warning = (req.api_key.is_some() && state.env_var_set).then(|| {
-        format!(
-            "{} is set in the lemonade process; it takes precedence over the api_key given",
-            backends::cloud::key_variable(&name)
-        )
-    });
+    let o = InstallOptions { keyed: true, ..options(req) };
+    let up = rt.remotes.install_with(&name, Some(&url), req.api_key.clone(), o).await?;
+    let p = rt.remotes.provider(&name)?;
+    let state = auth_state(&p);
+    let mut warnings = p.warnings();
+    if req.api_key.is_some() && state.env_var_set {
+        warnings.insert(
+            0,
+            format!(
+                "{} is set in the lemonade process; it takes precedence over the api_key given",
+                backends::cloud::key_variable(&name)
+            ),
+        );
+    }
     Ok(CloudInstalled {
         status: "success".into(),
         backend: backends::cloud::RECIPE.to_string(),
@@ -113,7 +119,9 @@ pub async fn install_v11(rt: &Engine, req: &InstallRequest) -> Result<CloudInsta
         base_url: up.base_url,
         models_discovered: up.models.len(),
         auth_state: state,
-        warning,
+        warning: warnings.first().cloned(),
+        warnings,
+        allow_insecure_http: p.insecure_ok(),
     })
 }
 
@@ -157,6 +165,8 @@ pub async fn auth(rt: &Engine, provider: &str, key: &str, allow_insecure_http: O
         auth_state: auth_state(&p),
         models_discovered: Some(Remotes::model_count(&p)),
         cleared_runtime_key: None,
+        allow_insecure_http: Some(p.insecure_ok()),
+        warnings: p.warnings(),
     })
 }
 
@@ -168,5 +178,30 @@ pub fn clear_auth(rt: &Engine, provider: &str) -> Result<CloudAuth> {
         auth_state: auth_state(&p),
         models_discovered: None,
         cleared_runtime_key: Some(cleared),
+        allow_insecure_http: None,
+        warnings: Vec::new(),
     })
+}
+
+/// Lemonade v11's `cloud.providers` of `system-info`.
+pub fn info(rt: &Engine) -> api_types::CloudInfo {
+    let providers = rt
+        .remotes
+        .providers()
+        .iter()
+        .map(|p| {
+            let state = auth_state(p);
+            api_types::CloudProviderInfo {
+                name: p.name.clone(),
+                base_url: p.view().base_url,
+                env_var: backends::cloud::key_variable(&p.name),
+                env_var_set: state.env_var_set,
+                runtime_key_set: state.runtime_key_set,
+                models_discovered: Remotes::model_count(p),
+                allow_insecure_http: p.insecure_ok(),
+                warnings: p.warnings(),
+            }
+        })
+        .collect();
+    api_types::CloudInfo { providers }
 }

@@ -81,10 +81,11 @@ pub async fn set(rt: &Engine, update: &Map<String, Value>) -> Result<Map<String,
         update.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
     let mut options = rt.cfg.live.options();
     options.overlay(&keys::options(&set).map_err(refused)?);
-    // A reset option leaves the layer (its default applies where it is read).
+    // A reset option leaves the layer (its default applies where it is read); so does an
+    // empty string (`llamacpp_args: ""`, as v11's clients restore "no arguments").
     let reset: Vec<api_types::OptionKey> = api_types::OptionKey::ALL
         .iter()
-        .filter(|k| update.get(keys::config_key(k.as_str())).is_some_and(Value::is_null))
+        .filter(|k| update.get(keys::config_key(k.as_str())).is_some_and(|v| v.is_null() || v.as_str() == Some("")))
         .copied()
         .collect();
     let mut options = options.clear(&reset);

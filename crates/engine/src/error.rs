@@ -43,6 +43,12 @@ pub enum EngineError {
         "{variable} is set in the lemonade process; the env var takes precedence and the supplied API key was not stored."
     )]
     KeyFromEnvironment { variable: String },
+    /// A request to a v11 cloud provider that has no key (neither given nor in the
+    /// environment).
+    #[error(
+        "No API key for cloud provider '{provider}'. Set the {variable} env var or POST /api/v1/cloud/auth with {{\"provider\": \"{provider}\", \"api_key\": \"...\"}}."
+    )]
+    NoKey { provider: String, variable: String },
     /// A thing other than a model that does not exist.
     #[error("{}", missing(what, name))]
     Missing { what: Thing, name: String },

@@ -96,6 +96,8 @@ pub struct Engine {
     downloads: Arc<downloads::Downloads>,
     /// What the last update check found.
     updates: Arc<updates::Updates>,
+    /// The candidate each conversation a router collection saw was last routed to.
+    conversations: Arc<parking_lot::Mutex<routing::conversations::Conversations>>,
 }
 
 /// The engine's parts, for the layers above (the server, the CLI's `serve`, tests); inside the
@@ -244,6 +246,7 @@ impl Engine {
             config: Default::default(),
             downloads,
             updates: Default::default(),
+            conversations: Default::default(),
             logs: None,
         }
     }
@@ -262,6 +265,21 @@ impl Engine {
     /// `text` without this machine's paths (see [`Config::redact`]).
     pub fn redact(&self, text: &str) -> String {
         self.cfg.redact_here(text)
+    }
+
+    /// `GET /stats`: the last completed request of the most recently used model, with the
+    /// routing totals (Lemonade v11).
+    pub fn stats(&self) -> api_types::Stats {
+        let mut s = self.lifecycle.most_recent().map(|m| m.stats()).unwrap_or_default();
+        let (_, decisions, switches) = self.metrics.totals();
+        s.routing_decisions_total = decisions;
+        s.routing_switches_total = switches;
+        s
+    }
+
+    /// The conversations a router collection routed, for its switch count.
+    pub fn conversations(&self) -> &Arc<parking_lot::Mutex<routing::conversations::Conversations>> {
+        &self.conversations
     }
 
     /// lemonade's Prometheus exposition, its gauges from the state as last published and the

@@ -14,6 +14,15 @@ use crate::Engine;
 pub async fn load_named(rt: &Engine, req: &LoadRequest) -> Result<LoadResponse> {
     let collection = rt.catalogue.registry().collection(&req.model_name).cloned();
     let Some(c) = collection else {
+        // A remote provider's model takes no slot: loading it is checking it can be reached
+        // (a v11 cloud provider without a key answers its missing-key error).
+        if rt.catalogue.get(&req.model_name).is_err() {
+            if let Some(route) = rt.remotes.route(&req.model_name).await? {
+                rt.remotes.mark_loaded(&route.name);
+                let (model_name, checkpoint) = (route.name.clone(), route.id.clone());
+                return Ok(LoadResponse { status: "success".into(), model_name, checkpoint, recipe: "cloud".into() });
+            }
+        }
         let info = load(rt, req).await?;
         let (model_name, checkpoint, recipe) = (info.name.clone(), info.checkpoint.clone(), info.recipe.to_string());
         return Ok(LoadResponse { status: "success".into(), model_name, checkpoint, recipe });
@@ -57,6 +66,19 @@ pub async fn load(rt: &Engine, req: &LoadRequest) -> Result<ModelInfo> {
     };
     EngineError::from_load(&info.name, rt.lifecycle.load(&info, effective, req.pinned, over).await)?;
     Ok(info)
+}
+
+/// `POST /unload`: one model (a remote one a client loaded only forgets its load), or every
+/// model.
+pub async fn unload(rt: &Engine, name: Option<&str>) -> Result<Vec<String>> {
+    match name {
+        Some(n) if rt.remotes.unload(n) => Ok(vec![n.to_string()]),
+        Some(n) => rt.lifecycle.unload(Some(n)).await,
+        None => {
+            rt.remotes.unload_all();
+            rt.lifecycle.unload(None).await
+        }
+    }
 }
 
 /// `--preload`: loads each model in the background, pulling it first when needed, one after

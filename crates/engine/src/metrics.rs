@@ -10,6 +10,7 @@
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Duration;
 
 use api_types::ModelType;
@@ -161,6 +162,15 @@ pub struct Metrics {
     restarts: Family<ModelLabel, Counter>,
     pull_bytes: Family<ModelLabel, Counter>,
     routing_decisions: Family<RouteLabels, Counter>,
+    /// Lemonade v11's totals: every routing decision, and those that changed a conversation's
+    /// candidate.
+    routing_total: Counter,
+    routing_switches: Counter,
+    /// Prompt tokens the backends read from their prefix cache: the last request's per model,
+    /// per model in all, and in all (Lemonade v11's series).
+    model_cache_tokens: Family<ModelLabel, Gauge>,
+    model_cache_tokens_total: Family<ModelLabel, Tally>,
+    cache_tokens: Counter,
     spillover: Family<SpillLabels, Counter>,
     scheduler_decisions: Family<DecisionLabels, Counter>,
     cache_saves: Family<ModelLabel, Counter>,
@@ -252,6 +262,11 @@ impl Metrics {
             restarts: Family::default(),
             pull_bytes: Family::default(),
             routing_decisions: Family::default(),
+            routing_total: Counter::default(),
+            routing_switches: Counter::default(),
+            model_cache_tokens: Family::default(),
+            model_cache_tokens_total: Family::default(),
+            cache_tokens: Counter::default(),
             spillover: Family::default(),
             scheduler_decisions: Family::default(),
             cache_saves: Family::default(),
@@ -274,9 +289,32 @@ impl Metrics {
         );
         r.register("model_requests", "Requests granted a model (served or streaming)", m.model_requests.clone());
         r.register(
-            "routing_decisions",
+            "routing_decisions_by_route",
             "Decisions of collection.router models: the candidate and the rule (\"default\" when none matched)",
             m.routing_decisions.clone(),
+        );
+        r.register("routing_decisions", "Cumulative collection.router routing decisions", m.routing_total.clone());
+        r.register(
+            "routing_switches",
+            "Cumulative routing decisions that changed a conversation's routed model",
+            m.routing_switches.clone(),
+        );
+        r.register(
+            "model_cache_tokens",
+            "Latest prompt tokens served from the backend prefix cache for a model",
+            m.model_cache_tokens.clone(),
+        );
+        // v11's name for a per-model running total; typed unknown, the one type whose samples
+        // may carry a name ending in _total beside the gauge above in OpenMetrics.
+        r.register(
+            "model_cache_tokens_total",
+            "Cumulative prompt tokens served from the backend prefix cache for a model",
+            m.model_cache_tokens_total.clone(),
+        );
+        r.register(
+            "cache_tokens",
+            "Cumulative prompt tokens served from backend prefix caches",
+            m.cache_tokens.clone(),
         );
         r.register(
             "spillover_decisions",
@@ -414,6 +452,11 @@ impl Metrics {
         if let Some(n) = c.completion_tokens {
             self.generated_tokens.get_or_create(&l).inc_by(n);
         }
+        if let Some(n) = c.cached_tokens {
+            self.model_cache_tokens.get_or_create(&l).set(gauge(n));
+            self.model_cache_tokens_total.get_or_create(&l).add(n);
+            self.cache_tokens.inc_by(n);
+        }
         if let (Some(w), Some(ms)) = (waited, c.prompt_ms) {
             self.ttft.get_or_create(&l).observe(w.as_secs_f64() + ms / 1000.0);
         }
@@ -447,6 +490,18 @@ impl Metrics {
     pub fn routing_decision(&self, route_to: &str, rule: &str) {
         let rule = if rule.is_empty() { "default" } else { rule };
         self.routing_decisions.get_or_create(&RouteLabels { route_to: route_to.into(), rule: rule.into() }).inc();
+        self.routing_total.inc();
+    }
+
+    /// A routing decision changed the candidate of the conversation it continues.
+    pub fn routing_switch(&self) {
+        self.routing_switches.inc();
+    }
+
+    /// Lemonade v11's totals for `/stats`: prompt tokens read from prefix caches, routing
+    /// decisions, and switches among them.
+    pub fn totals(&self) -> (u64, u64, u64) {
+        (self.cache_tokens.get(), self.routing_total.get(), self.routing_switches.get())
     }
 
     /// Spillover sent a request for `model` to `place` (`local`: it stayed) for `reason`.
@@ -543,7 +598,7 @@ mod tests {
             completion_tokens: Some(12),
             prompt_ms: Some(20.0),
             predicted_ms: Some(150.0), // 80 tokens/s
-            ..Counts::default()
+            cached_tokens: Some(8),
         };
         m.usage("a", &c, Some(Duration::from_millis(5)));
         m.usage("a", &Counts { predicted_ms: Some(0.0), ..c }, None);
@@ -569,8 +624,19 @@ mod tests {
         };
         m.cache_saved("a");
         m.cache_restored("a", 700);
+        m.routing_decision("a", "");
+        m.routing_switch();
         let text = m.encode(&s);
+        assert_eq!(m.totals(), (16, 1, 1));
         for line in [
+            // Lemonade v11's series, under its names.
+            r#"lemonade_model_cache_tokens{model="a"} 8"#,
+            "# TYPE lemonade_model_cache_tokens_total unknown",
+            r#"lemonade_model_cache_tokens_total{model="a"} 16"#,
+            "lemonade_cache_tokens_total 16",
+            "lemonade_routing_decisions_total 1",
+            "lemonade_routing_switches_total 1",
+            r#"lemonade_routing_decisions_by_route_total{route_to="a",rule="default"} 1"#,
             r#"lemonade_http_requests_total{endpoint="/v1/chat/completions",method="POST",status="200"} 2"#,
             r#"lemonade_http_requests_total{endpoint="unmatched",method="other",status="404"} 1"#,
             r#"lemonade_prompt_tokens_total{model="a"} 60"#,
@@ -643,3 +709,25 @@ mod tests {
         assert!(text.ends_with("# EOF\n"));
     }
 }
+
+/// A running total shown as Lemonade v11 names it (`…_total` with no suffix added): typed
+/// `unknown` in the exposition, so the OpenMetrics and the classic parsers read it alike.
+#[derive(Debug, Default, Clone)]
+pub struct Tally(Arc<AtomicU64>);
+
+impl Tally {
+    fn add(&self, n: u64) {
+        self.0.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl prometheus_client::encoding::EncodeMetric for Tally {
+    fn encode(&self, mut encoder: prometheus_client::encoding::MetricEncoder) -> std::fmt::Result {
+        encoder.encode_gauge(&self.0.load(std::sync::atomic::Ordering::Relaxed))
+    }
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        prometheus_client::metrics::MetricType::Unknown
+    }
+}
+
+impl prometheus_client::metrics::TypedMetric for Tally {}

@@ -448,15 +448,15 @@ pub fn check_updates_in_background(rt: &Engine) {
     });
 }
 
-/// `GET /models/{id}/files` (Lemonade v11): the model's resolved files (every shard of the
-/// main file, the projector), their sizes and whether each exists; absolute paths only when
-/// asked for.
+/// `GET /models/{id}/files` (Lemonade v11): the model's resolved files (the main file, the
+/// projector, and beyond v11 the main file's other shards as `shard`), each file's own size
+/// and whether it exists; absolute paths only when asked for.
 pub fn files(rt: &Engine, name: &str, include_paths: bool) -> Result<ModelFiles> {
     let m = rt.catalogue.get(name)?;
     let mut found: Vec<(&str, std::path::PathBuf)> = Vec::new();
     if let Some(main) = &m.main_path {
         found.push(("main", main.clone()));
-        found.extend(registry::memory::other_shards(main).into_iter().map(|p| ("main", p)));
+        found.extend(registry::memory::other_shards(main).into_iter().map(|p| ("shard", p)));
     }
     if let Some(mm) = &m.mmproj_path {
         found.push(("mmproj", mm.clone()));

@@ -31,6 +31,9 @@ pub struct Provider {
     seen: RwLock<Seen>,
     /// Lemonade v11's `allow_insecure_http`: a key may go over plain `http://` to another host.
     insecure_ok: std::sync::atomic::AtomicBool,
+    /// A Lemonade v11 cloud provider (`backend: "cloud"`): no key, no call (its models are not
+    /// listed, a request answers the missing-key error).
+    keyed: std::sync::atomic::AtomicBool,
     /// The header its key goes in and the prefix (None: `Authorization`, `Bearer `), and its
     /// in-flight bound, as saved.
     reach: RwLock<Reach>,
@@ -48,6 +51,8 @@ pub use api_types::Reach;
 #[derive(Debug, Clone, Default)]
 pub struct InstallOptions {
     pub allow_insecure_http: Option<bool>,
+    /// Registered as a v11 cloud provider (see `Provider::keyed`).
+    pub keyed: bool,
     pub reach: Reach,
 }
 
@@ -178,6 +183,7 @@ impl Provider {
             key: RwLock::default(),
             seen: RwLock::default(),
             insecure_ok: insecure.into(),
+            keyed: false.into(),
             reach: RwLock::new(reach),
             in_flight: Default::default(),
             breaker: Mutex::new(Breaker::new(breaker)),
@@ -196,8 +202,41 @@ impl Provider {
             base_url: self.url.clone(),
             models,
             allow_insecure_http: self.insecure_ok.load(std::sync::atomic::Ordering::Relaxed),
+            keyed: self.is_keyed(),
             reach,
         }
+    }
+
+    /// A v11 cloud provider: no key, no call.
+    pub fn is_keyed(&self) -> bool {
+        self.keyed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether a key may go to it over plain `http://` (v11's opt-in).
+    pub fn insecure_ok(&self) -> bool {
+        self.insecure_ok.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// What to know about how it is reached (v11's words): plain `http://`, and a key sent
+    /// over it.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        if self.url.starts_with("http://") {
+            w.push("Base URL uses http://; traffic to this provider is not encrypted.".to_string());
+            if self.key().is_some() {
+                w.push(
+                    "An API key is configured for this http:// provider; lemonade will send it as a Bearer token over plaintext HTTP."
+                        .to_string(),
+                );
+            }
+        }
+        w
+    }
+
+    /// The error a request to a keyed provider without a key answers (v11's missing
+    /// credentials), naming the provider and how to give it a key.
+    pub fn no_key(&self) -> EngineError {
+        EngineError::NoKey { provider: self.name.clone(), variable: cloud::key_variable(&self.name) }
     }
 
     /// This provider's `failure`, as an error naming it.
@@ -377,6 +416,9 @@ pub struct Remotes {
     breaker: BreakerSettings,
     /// Where providers answer in memory (the simulation; None: over HTTP).
     in_memory: RwLock<Option<InMemory>>,
+    /// Remote models a client loaded (`POST /load`, as v11 loads a cloud model): one whose
+    /// provider loses its key answers the missing-key error, not a 404.
+    loaded: RwLock<std::collections::BTreeSet<String>>,
 }
 
 impl Remotes {
@@ -412,11 +454,20 @@ impl Remotes {
                     max_in_flight: r.max_in_flight.filter(|n| *n > 0),
                 };
                 let p = Provider::new(&name, base, s.base_url, s.allow_insecure_http, reach, breaker);
+                p.keyed.store(s.keyed, std::sync::atomic::Ordering::Relaxed);
                 p.seen.write().models = s.models;
                 Some((name, Arc::new(p)))
             })
             .collect();
-        Remotes { providers: RwLock::new(providers), cache_dir, http, live, breaker, in_memory: RwLock::new(None) }
+        Remotes {
+            providers: RwLock::new(providers),
+            cache_dir,
+            http,
+            live,
+            breaker,
+            in_memory: RwLock::new(None),
+            loaded: RwLock::default(),
+        }
     }
 
     /// How long a provider may take to start answering (`remote_timeout`, live).
@@ -441,6 +492,11 @@ impl Remotes {
 
     fn get(&self, name: &str) -> Option<Arc<Provider>> {
         self.providers.read().get(name).cloned()
+    }
+
+    /// Every registered provider, by name.
+    pub fn providers(&self) -> Vec<Arc<Provider>> {
+        self.all()
     }
 
     fn all(&self) -> Vec<Arc<Provider>> {
@@ -484,8 +540,13 @@ impl Remotes {
                     max_in_flight: o.reach.max_in_flight.map_or(was.max_in_flight, |n| (n > 0).then_some(n)),
                 };
                 let old_key = old.and_then(|p| p.key.read().clone());
+                let key = key.or(old_key);
+                if o.keyed && key.is_some() && url.starts_with("http://") && !insecure {
+                    return Err(insecure_http(name));
+                }
                 let p = Provider::new(name, base, url.to_string(), insecure, reach, self.breaker);
-                *p.key.write() = key.or(old_key);
+                p.keyed.store(o.keyed, std::sync::atomic::Ordering::Relaxed);
+                *p.key.write() = key;
                 host::cloud::save(&self.cache_dir, name, Some(&p.saved(vec![])))?;
                 let p = Arc::new(p);
                 self.providers.write().insert(name.to_string(), p.clone());
@@ -509,6 +570,21 @@ impl Remotes {
         Ok(provider.view())
     }
 
+    /// Notes that a client loaded the remote model `name` (v11's cloud load).
+    pub fn mark_loaded(&self, name: &str) {
+        self.loaded.write().insert(name.to_string());
+    }
+
+    /// Forgets a remote model's load; whether it was loaded.
+    pub fn unload(&self, name: &str) -> bool {
+        self.loaded.write().remove(name)
+    }
+
+    /// Forgets every remote model's load.
+    pub fn unload_all(&self) {
+        self.loaded.write().clear();
+    }
+
     /// A registered provider.
     pub fn provider(&self, name: &str) -> Result<Arc<Provider>> {
         self.get(name)
@@ -522,6 +598,9 @@ impl Remotes {
         let p = self.provider(name)?;
         if p.env_key().is_some() {
             return Err(EngineError::KeyFromEnvironment { variable: cloud::key_variable(name) });
+        }
+        if p.is_keyed() && p.url.starts_with("http://") && !allow_insecure_http.unwrap_or_else(|| p.insecure_ok()) {
+            return Err(insecure_http(name));
         }
         if let Some(ok) = allow_insecure_http {
             p.insecure_ok.store(ok, std::sync::atomic::Ordering::Relaxed);
@@ -565,6 +644,11 @@ impl Remotes {
     async fn discover(&self, p: &Provider) {
         let t = Instant::now();
         let key = match p.sendable_key() {
+            Ok(None) if p.is_keyed() => {
+                // v11: no key, no call; nothing is offered until one is given.
+                p.seen.write().models.clear();
+                return p.record(false, t.elapsed(), Some(p.no_key().to_string()));
+            }
             Ok(k) => k,
             Err(e) => return p.record(false, t.elapsed(), Some(e.to_string())),
         };
@@ -608,6 +692,17 @@ impl Remotes {
     pub async fn route(&self, name: &str) -> Result<Option<Route>> {
         let Some((p, id)) = cloud::split(name) else { return Ok(None) };
         let Some(provider) = self.get(p) else { return Ok(None) };
+        if provider.is_keyed() && provider.key().is_none() {
+            // v11: a model loaded before the key went answers why it cannot run; any other
+            // is not offered any more.
+            if self.loaded.read().contains(name) {
+                return Err(provider.no_key());
+            }
+            return Err(EngineError::Lookup(registry::LookupError::NotFound {
+                name: name.to_string(),
+                hint: provider.no_key().to_string(),
+            }));
+        }
         if provider.has(id) {
             return Ok(Some(self.route_to(provider, id, name)));
         }
@@ -646,6 +741,17 @@ impl Remotes {
     /// One remote model by its name, for `/api/v1/models/{id}`.
     pub fn model(&self, name: &str) -> Option<Model> {
         self.models().into_iter().find(|m| m.id == name)
+    }
+}
+
+/// v11's refusal of a key for a plain `http://` provider without the opt-in.
+fn insecure_http(name: &str) -> EngineError {
+    EngineError::Invalid {
+        message: format!(
+            "Cloud provider '{name}' uses http://; sending an API key over plaintext HTTP needs allow_insecure_http=true"
+        ),
+        param: Some("allow_insecure_http".into()),
+        code: Some("insecure_http_requires_opt_in"),
     }
 }
 

@@ -6,7 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use api_types::{Model, ModelType, PullRequest, RouteDecision, RoutingValidateRequest, RoutingValidateResponse};
+use api_types::{
+    Model, ModelType, PullRequest, RegisterRequest, RouteDecision, RoutingValidateRequest, RoutingValidateResponse,
+};
 use registry::{CatalogueEntry, Collection, USER_PREFIX};
 use routing::{classifiers, Classifier, ClassifierKind, Features, Outcome, Policy, Score};
 use serde_json::{Map, Value};
@@ -64,10 +66,13 @@ pub async fn register(rt: &Engine, req: &PullRequest) -> Result<String> {
             ))
         }
     };
-    if let Some(models) = &req.models {
-        embedded(rt, models, &components).await?;
-    }
-    check_components(rt, &name, &components)?;
+    not_itself(&name, &components)?;
+    let defs = match &req.models {
+        Some(models) => embedded(models, &components)?,
+        None => Vec::new(),
+    };
+    check_components(rt, &components, &defs)?;
+    register_embedded(rt, defs).await?;
     if omni.is_some() && crate::omni::planner(rt, &components).is_none() {
         return Err(EngineError::invalid(
             "An omni collection needs a chat model among its components (the planner that calls the tools)",
@@ -99,25 +104,19 @@ fn definition(req: &PullRequest, recipe: &str) -> Value {
     Value::Object(def)
 }
 
-/// Each component a registered model or a remote provider's, none of them a collection or the
-/// collection `name` itself.
-fn check_components(rt: &Engine, name: &str, components: &[String]) -> Result<()> {
+/// Each component a registered model, a remote provider's or defined in `defs`, and none of
+/// them a collection. Checked before anything is saved.
+fn check_components(rt: &Engine, components: &[String], defs: &[(usize, RegisterRequest)]) -> Result<()> {
     let reg = rt.catalogue.registry();
-    let bare = name.strip_prefix(USER_PREFIX).unwrap_or(name);
+    let defined = |c: &str| defs.iter().any(|(_, d)| d.model_name == c);
     for (i, c) in components.iter().enumerate() {
         let param = format!("components[{i}]");
-        if c == name || c == bare {
-            return Err(EngineError::invalid(format!("Collection cannot reference itself: '{c}'"), Some(&param)));
-        }
         if reg.collection(c).is_some() {
-            return Err(EngineError::invalid(
-                format!("Collection components must be regular models, not collections: '{c}' is a collection (collections cannot be nested)"),
-                Some(&param),
-            ));
+            return Err(nested(c, &param));
         }
-        if reg.get(c).is_err() && rt.remotes.model(c).is_none() {
+        if reg.get(c).is_err() && rt.remotes.model(c).is_none() && !defined(c) {
             return Err(EngineError::invalid_code(
-                format!("Component '{c}' is not registered: pull or register it first"),
+                format!("Component '{c}' is not registered and has no matching definition in 'models': pull or register it first, or define it there"),
                 &param,
                 "model_not_found",
             ));
@@ -126,26 +125,72 @@ fn check_components(rt: &Engine, name: &str, components: &[String]) -> Result<()
     Ok(())
 }
 
+/// No component is the collection `name` itself, by any spelling of its name.
+fn not_itself(name: &str, components: &[String]) -> Result<()> {
+    let bare = name.strip_prefix(USER_PREFIX).unwrap_or(name);
+    match components.iter().position(|c| c == name || c == bare) {
+        Some(i) => Err(EngineError::invalid(
+            format!("Collection cannot reference itself: '{}'", components[i]),
+            Some(&format!("components[{i}]")),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn nested(c: &str, param: &str) -> EngineError {
+    EngineError::invalid(
+        format!("Collection components must be regular models, not collections: '{c}' is a collection (collections cannot be nested)"),
+        Some(param),
+    )
+}
+
 /// A collection file's embedded component definitions (`models`, as `lemonade export` writes
-/// them): a component already registered here keeps its own definition; another is registered
-/// (downloading nothing) from its entry. Each must name one of `components`.
-async fn embedded(rt: &Engine, models: &Value, components: &[String]) -> Result<()> {
+/// them), checked before anything is saved: each names one of `components` (bare or `user.`),
+/// has a recipe and a checkpoint, and is no collection. Returned with their index in `models`.
+fn embedded(models: &Value, components: &[String]) -> Result<Vec<(usize, RegisterRequest)>> {
     let Some(items) = models.as_array() else {
         return Err(EngineError::invalid("'models' must be an array of model definitions", Some("models")));
     };
+    let mut defs = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let param = format!("models[{i}]");
-        let def: api_types::RegisterRequest = serde_json::from_value(item.clone())
+        let def: RegisterRequest = serde_json::from_value(item.clone())
             .map_err(|e| EngineError::invalid(format!("Invalid model definition: {e}"), Some(&param)))?;
         if !components.contains(&def.model_name) {
             return Err(EngineError::invalid(format!("'{}' is not one of components", def.model_name), Some(&param)));
         }
+        if def.recipe.starts_with("collection.") {
+            return Err(nested(&def.model_name, &param));
+        }
+        let checkpoint = !def.checkpoint.as_deref().unwrap_or_default().is_empty()
+            || def.checkpoints.as_ref().and_then(|c| c.get("main")).is_some_and(|m| !m.is_empty());
+        if def.recipe.is_empty() || !checkpoint {
+            return Err(EngineError::invalid(
+                format!(
+                    "Incomplete definition for component '{}' in 'models': it needs a recipe and a checkpoint",
+                    def.model_name
+                ),
+                Some(&param),
+            ));
+        }
+        defs.push((i, def));
+    }
+    Ok(defs)
+}
+
+/// Registers (downloading nothing) each embedded definition not registered here yet, a bare
+/// name as `user.<name>`; a component already registered keeps its own definition.
+async fn register_embedded(rt: &Engine, defs: Vec<(usize, RegisterRequest)>) -> Result<()> {
+    for (i, mut def) in defs {
         if rt.catalogue.registry().get(&def.model_name).is_ok() {
             tracing::debug!(model = %def.model_name, "collection import: the component is registered; its own definition is kept");
             continue;
         }
+        if !def.model_name.starts_with(USER_PREFIX) {
+            def.model_name = format!("{USER_PREFIX}{}", def.model_name);
+        }
         crate::pulls::register(rt, &def).await.map_err(|e| match e {
-            EngineError::Invalid { message, .. } => EngineError::invalid(message, Some(&param)),
+            EngineError::Invalid { message, .. } => EngineError::invalid(message, Some(&format!("models[{i}]"))),
             e => e,
         })?;
     }
@@ -191,7 +236,7 @@ fn view(rt: &Engine, c: &Collection, downloaded: bool) -> Model {
         update_available: None,
         parallel: None,
         slot_ctx_size: None,
-        components: Some(c.components.clone()),
+        components: Some(c.components.iter().map(|m| crate::models::listed_name(rt, m)).collect()),
         routing: Some(c.routing.clone()).filter(|_| omni.is_none()),
         system_prompt: omni.and_then(|o| o.system_prompt.clone()),
         tool_format: omni.map(|o| o.tool_format.name().into()),
@@ -280,6 +325,11 @@ pub async fn resolve_value(rt: &Engine, model: &str, endpoint: Endpoint, mut bod
         o.remove("route_trace");
     }
     let decision = decide_request(rt, policy, &body, want_trace).await;
+    if let Some(k) = routing::conversations::fingerprint(&c.name, &body) {
+        if rt.conversations.lock().observe(k, &decision.route_to) {
+            rt.metrics.routing_switch();
+        }
+    }
     body["model"] = Value::from(decision.route_to.clone());
     tracing::debug!(collection = %c.name, route_to = %decision.route_to, rule = %decision.matched_rule, "routed");
     Resolved::Model { model: decision.route_to.clone(), body, routed: Some((decision, want_trace)) }

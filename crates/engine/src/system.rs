@@ -24,6 +24,7 @@ pub fn info(rt: &Engine, verbose: bool) -> SystemInfo {
         compute_devices: rt.lifecycle.devices().to_vec(),
         recipes: crate::installs::recipes(&rt.cfg),
         details: verbose.then(|| details(rt)),
+        cloud: crate::cloud::info(rt),
     }
 }
 

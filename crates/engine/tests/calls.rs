@@ -16,7 +16,7 @@ use engine::fake::{self, FakeLauncher};
 use engine::{Config, Engine};
 use routing::omni::End;
 
-const PLANNER: &str = "extra.planner.gguf";
+const PLANNER: &str = "extra.planner";
 const SD: &str = "SD-Turbo";
 const KOKORO: &str = "kokoro-v1";
 /// A 1×1 PNG, base64.

@@ -17,8 +17,8 @@ use engine::{Config, Engine, EngineError};
 use scheduler::{LoadOutcome, Rejection, State};
 use serde_json::{json, Value};
 
-const A: &str = "extra.a.gguf";
-const B: &str = "extra.b.gguf";
+const A: &str = "extra.a";
+const B: &str = "extra.b";
 const WITHIN: Duration = Duration::from_secs(10);
 
 struct Setup {
@@ -27,7 +27,7 @@ struct Setup {
     _tmp: tempfile::TempDir,
 }
 
-/// An engine over the fake catalogue (`extra.a.gguf`, `extra.b.gguf`) and the fake launcher.
+/// An engine over the fake catalogue (`extra.a`, `extra.b`) and the fake launcher.
 fn setup(adjust: impl FnOnce(&mut Config)) -> Setup {
     setup_with(adjust, |cfg| fake::catalogue_at(&cfg.cache_dir, &["a.gguf", "b.gguf"]))
 }
@@ -105,7 +105,7 @@ async fn a_crashed_backend_is_reported_and_the_next_request_starts_a_new_one() {
     s.wait_state(A, State::Failed).await;
     let error = s.engine.lifecycle().view()[A].last_error.clone().unwrap();
     assert!(error.contains("exited unexpectedly (exit code 1)"), "{error}");
-    assert!(error.contains("fake backend extra.a.gguf log"), "the log tail is in the error: {error}");
+    assert!(error.contains("fake backend extra.a log"), "the log tail is in the error: {error}");
     let lease = s.engine.lease(LeaseRequest::new(A, Endpoint::ChatCompletions)).await.unwrap();
     let procs = s.launcher.processes(A);
     assert_eq!(procs.len(), 2, "a new process");

@@ -154,7 +154,26 @@ pub fn load_with(cfg: &CatalogueConfig, headers: Option<&HeaderCache>) -> Result
         disable_filtering: cfg.disable_filtering,
         xdna2_npu: crate::hardware::detected().hw.xdna2_npu,
     };
-    Ok(Registry::build(&rcfg, user, &CacheFiles { hf_cache: &cfg.hf_cache, headers })?)
+    let reg = Registry::build(&rcfg, user, &CacheFiles { hf_cache: &cfg.hf_cache, headers })?;
+    write_migrated(cfg, &reg)?;
+    Ok(reg)
+}
+
+/// Writes what [`Registry::build`] moved from an extra model's v9 name to its name now: the
+/// saved options under the new key (the old one removed), aliases pointing at the new name.
+/// Once written, a later scan finds nothing to move.
+fn write_migrated(cfg: &CatalogueConfig, reg: &Registry) -> Result<(), HostError> {
+    for (old, new) in reg.migrated() {
+        let entry = reg.saved_entry(new);
+        if !entry.is_empty() {
+            crate::files::save_recipe_options(&cfg.cache_dir, new, Some(&entry))?;
+            crate::files::save_recipe_options(&cfg.cache_dir, old, None)?;
+        }
+        for (alias, target) in reg.aliases().filter(|(_, t)| t == new) {
+            crate::files::save_alias(&cfg.cache_dir, alias, Some(target))?;
+        }
+    }
+    Ok(())
 }
 
 /// Every `*.gguf` (any case) under `dir`, recursively, with its size.

@@ -24,6 +24,10 @@ pub struct Saved {
     /// Lemonade v11's opt-in to send a key over plain `http://` beyond this machine.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_insecure_http: bool,
+    /// A Lemonade v11 cloud provider: its models are listed, and requests sent, only with a
+    /// key (lemonade's own remote engines, a local vLLM, need none).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keyed: bool,
     /// How it is reached besides its URL and key.
     #[serde(flatten)]
     pub reach: Reach,

@@ -8,6 +8,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod extra;
 pub mod gguf;
 pub mod memory;
 pub mod options;
@@ -217,6 +218,12 @@ pub struct Registry {
     collections: BTreeMap<String, Collection>,
     /// Parameter variants, by alias.
     alias_params: BTreeMap<String, api_types::AliasParams>,
+    /// An extra model's v9 name (`extra.<file>.gguf`, a split folder's `extra.<folder>`) →
+    /// its name now: still meant in a request, never listed.
+    extra_names: BTreeMap<String, String>,
+    /// Extra models renamed from v9's names whose saved options or aliases moved with them
+    /// here (v9's name, the name now); the caller writes the files so.
+    migrated: Vec<(String, String)>,
 }
 
 /// A collection (Lemonade v11's `collection.router` and `collection.omni`): a name that means
@@ -285,15 +292,44 @@ impl Registry {
             reg.add(format!("{USER_PREFIX}{key}"), e, Source::User, cfg, files);
         }
         if let Some(dir) = &cfg.extra_models_dir {
-            for (name, info) in extra_models(dir, user.extra_files, files) {
-                if reg.models.contains_key(&name) || reg.filtered.contains_key(&name) {
-                    tracing::warn!(model = %name, "extra model skipped: the name is already registered");
-                    continue;
-                }
-                reg.models.insert(name, info);
+            let scan = extra::scan(dir, user.extra_files, files);
+            reg.models.extend(scan.models);
+            for (old, new) in scan.renamed {
+                reg.extra_names.insert(old.clone(), new.clone());
+                reg.migrate(old, new);
             }
         }
         Ok(reg)
+    }
+
+    /// Moves what is saved under an extra model's v9 name (its options, aliases naming it) to
+    /// its name now; options already saved under the new name win.
+    fn migrate(&mut self, old: String, new: String) {
+        let mut moved = false;
+        if !self.saved_entries.contains_key(&new) {
+            if let Some(e) = self.saved_entries.remove(&old) {
+                self.saved_entries.insert(new.clone(), e);
+                if let Some(o) = self.recipe_options.remove(&old) {
+                    self.recipe_options.insert(new.clone(), o);
+                }
+                moved = true;
+            }
+        }
+        for target in self.aliases.values_mut().filter(|t| **t == old) {
+            *target = new.clone();
+            moved = true;
+        }
+        if moved {
+            tracing::info!(from = %old, to = %new, "an extra model's saved options and aliases follow its new name");
+            self.migrated.push((old, new));
+        }
+    }
+
+    /// The extra models whose saved options or aliases [`Registry::build`] moved from a v9
+    /// name to the name now: (old, new), for the caller to write to `recipe_options.json` and
+    /// `aliases.json`.
+    pub fn migrated(&self) -> &[(String, String)] {
+        &self.migrated
     }
 
     fn add(&mut self, name: String, e: CatalogueEntry, source: Source, cfg: &RegistryConfig, files: &dyn ModelFiles) {
@@ -431,21 +467,28 @@ impl Registry {
         Err(LookupError::NotFound { name: name.into(), hint })
     }
 
-    /// The model (or the reason it is hidden) a concrete name means, aliases aside.
+    /// The model (or the reason it is hidden) a concrete name means, aliases aside. An extra
+    /// model's v9 name means it (a split folder's name, bare too, its first quantization, ahead
+    /// of a built-in).
     fn primary(&self, name: &str) -> Option<Result<&ModelInfo, &String>> {
         let exact = |n: &str| self.models.get(n).map(Ok).or_else(|| self.filtered.get(n).map(Err));
         let builtin = |n: &str| match exact(n) {
             Some(Ok(m)) if m.source != Source::BuiltIn => None,
             other => other,
         };
-        if name.starts_with(USER_PREFIX) || name.starts_with(EXTRA_PREFIX) {
+        let v9_extra = |n: &str| self.extra_names.get(n).and_then(|m| exact(m));
+        if name.starts_with(USER_PREFIX) {
             return exact(name);
+        }
+        if name.starts_with(EXTRA_PREFIX) {
+            return exact(name).or_else(|| v9_extra(name));
         }
         if let Some(bare) = name.strip_prefix(BUILTIN_PREFIX) {
             return builtin(bare);
         }
         exact(&format!("{USER_PREFIX}{name}"))
             .or_else(|| exact(&format!("{EXTRA_PREFIX}{name}")))
+            .or_else(|| v9_extra(&format!("{EXTRA_PREFIX}{name}")))
             .or_else(|| builtin(name))
     }
 
@@ -688,81 +731,6 @@ fn apply_gguf(m: &mut ModelInfo, files: &dyn ModelFiles) {
             m.labels.push(label.into());
         }
     }
-}
-
-/// The extra models dir's GGUFs as models, as Lemonade v9 names them: files directly in `dir`
-/// become `extra.<file name>`; files in a subfolder are grouped by their immediate parent folder
-/// into `extra.<folder>` (main file: the smallest non-mmproj path, i.e. the first shard; an
-/// mmproj file adds `checkpoints.mmproj` and the `vision` label). `found` is every `*.gguf`
-/// under `dir` (any case), recursively.
-pub fn extra_models(dir: &Path, mut found: Vec<ExtraFile>, files: &dyn ModelFiles) -> Vec<(String, ModelInfo)> {
-    found.sort();
-    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    let mut groups: BTreeMap<PathBuf, Vec<ExtraFile>> = BTreeMap::new();
-    let mut out = Vec::new();
-    for f in found {
-        let parent = f.path.parent().map(Path::to_path_buf).unwrap_or_default();
-        if parent == dir {
-            let name = f.path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
-            if name.contains("mmproj") {
-                continue;
-            }
-            let info = extra_info(dir, &name, f.path.clone(), None, gib(f.bytes), files);
-            out.push((format!("{EXTRA_PREFIX}{name}"), info));
-        } else {
-            groups.entry(parent).or_default().push(f);
-        }
-    }
-    for (folder, group) in groups {
-        let is_mmproj =
-            |f: &&ExtraFile| f.path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.contains("mmproj"));
-        let mmproj = group.iter().find(is_mmproj);
-        let Some(main_file) = group.iter().find(|f| !is_mmproj(f)) else {
-            continue;
-        };
-        let name = folder.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
-        let size = group.iter().map(|f| gib(f.bytes)).sum();
-        let mut info = extra_info(dir, &name, main_file.path.clone(), mmproj.map(|p| p.path.clone()), size, files);
-        if let Some(mm) = mmproj {
-            let mm_name = mm.path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-            info.checkpoints.insert("mmproj".into(), mm_name.into());
-            info.labels.push("vision".into());
-        }
-        out.push((format!("{EXTRA_PREFIX}{name}"), info));
-    }
-    out
-}
-
-fn extra_info(
-    dir: &Path,
-    name: &str,
-    main: PathBuf,
-    mmproj: Option<PathBuf>,
-    size_gib: f64,
-    files: &dyn ModelFiles,
-) -> ModelInfo {
-    // The file relative to the extra models dir: API answers never carry a local path.
-    let checkpoint = main.strip_prefix(dir).unwrap_or(&main).display().to_string();
-    let mut info = ModelInfo {
-        name: format!("{EXTRA_PREFIX}{name}"),
-        checkpoints: BTreeMap::from([("main".to_string(), checkpoint.clone())]),
-        checkpoint,
-        recipe: Recipe::LlamaCpp,
-        suggested: true,
-        labels: vec!["custom".into()],
-        size: Some((size_gib * 100.0).round() / 100.0),
-        image_defaults: None,
-        model_type: ModelType::Llm,
-        source: Source::ExtraModelsDir,
-        downloaded: files.is_complete(&main),
-        main_path: Some(main),
-        mmproj_path: mmproj,
-        shape: None,
-    };
-    if info.downloaded {
-        apply_gguf(&mut info, files);
-    }
-    info
 }
 
 #[cfg(test)]

@@ -110,11 +110,11 @@ fn extra_models_are_grouped_from_a_listing() {
     .unwrap();
     let big = reg.get("extra.Big").unwrap();
     assert_eq!(big.main_path.as_deref(), Some(dir.join("Big/b-00001-of-00002.gguf").as_path()));
-    assert_eq!(big.checkpoint, "Big/b-00001-of-00002.gguf", "relative to the dir: answers carry no local path");
-    assert_eq!(reg.to_api(big).checkpoint, "Big/b-00001-of-00002.gguf");
+    assert_eq!(big.checkpoint, "/models/Big", "one sharded model: the folder (as v11 shows it)");
     assert_eq!(big.size, Some(1.0));
     assert_eq!(big.shape.map(|s| s.weight_bytes), Some(1 << 30), "the weights of both shards");
-    assert!(reg.get("extra.a.gguf").unwrap().downloaded);
+    assert!(reg.get("extra.a").unwrap().downloaded, "a root file is named by its stem");
+    assert_eq!(reg.get("extra.a").unwrap().checkpoint, "/models/a.gguf");
     // A projector is part of a model, never a model of its own.
     let e = reg.get("extra.mmproj-x.gguf").unwrap_err().to_string();
     assert!(e.starts_with("Model 'extra.mmproj-x.gguf' was not found."), "{e}");
@@ -269,4 +269,91 @@ fn names_resolve_as_v11_and_aliases_name_their_target() {
     for bad in ["", " x", "user.x", "extra.x", "builtin.x", "a/b", "a\\b", "..", "x\u{7}"] {
         assert!(validate_alias(bad).is_err(), "{bad:?}");
     }
+}
+
+/// Lemonade v11's rules for a folder of quantizations: one model per quantization (shards of
+/// one together), named by the first file's stem; the folder's name means the first one and
+/// beats a built-in; identical names in two folders stay two models; v9's names of saved
+/// options and aliases follow the model.
+#[test]
+fn extra_folders_split_by_quantization_and_saved_names_follow() {
+    let dir = PathBuf::from("/x");
+    let mut files = Mem::default();
+    let found: Vec<ExtraFile> = [
+        "Qwen-GGUF/Qwen-Q8_0.gguf",
+        "Qwen-GGUF/Qwen-Q4_K_M.gguf",
+        "Qwen-GGUF/mmproj-z.gguf",
+        "Qwen-GGUF/mmproj-a.gguf",
+        "Mix-GGUF/Mix-Q4_K_M-00001-of-00002.gguf",
+        "Mix-GGUF/Mix-Q4_K_M-00002-of-00002.gguf",
+        "Mix-GGUF/Mix-Q8_0-00001-of-00002.gguf",
+        "Mix-GGUF/Mix-Q8_0-00002-of-00002.gguf",
+        "Imat/M-Q4_K_M.gguf",
+        "Imat/M-Q4_K_M-imatrix.gguf",
+        "Other/M-Q4_K_M.gguf",
+        "Other/M-Q8_0.gguf",
+        "Qwen3-0.6B-GGUF/L-Q4_K_M.gguf",
+        "Qwen3-0.6B-GGUF/L-Q8_0.gguf",
+        "Root-UD-Q4_K_XL.gguf",
+    ]
+    .iter()
+    .map(|p| ExtraFile { path: dir.join(p), bytes: 1 << 20 })
+    .collect();
+    for f in &found {
+        files.complete.insert(f.path.clone());
+    }
+    let opts = |ctx: u64| serde_json::Map::from_iter([("ctx_size".to_string(), serde_json::json!(ctx))]);
+    let user = UserFiles {
+        extra_files: found,
+        recipe_options: BTreeMap::from([
+            ("extra.Root-UD-Q4_K_XL.gguf".to_string(), opts(1024)),
+            ("extra.Qwen-GGUF".to_string(), opts(2048)),
+        ]),
+        aliases: BTreeMap::from([("r".to_string(), "extra.Root-UD-Q4_K_XL.gguf".to_string())]),
+        ..Default::default()
+    };
+    let reg = Registry::build(&RegistryConfig { extra_models_dir: Some(dir), ..cfg() }, user, &files).unwrap();
+    let extra: Vec<&str> =
+        reg.models().filter(|m| m.source == Source::ExtraModelsDir).map(|m| m.name.as_str()).collect();
+    assert_eq!(
+        extra,
+        [
+            "extra.L-Q4_K_M",
+            "extra.L-Q8_0",
+            "extra.M-Q4_K_M",
+            "extra.M-Q4_K_M-imatrix",
+            "extra.M-Q8_0",
+            "extra.Mix-Q4_K_M",
+            "extra.Mix-Q8_0",
+            "extra.Other-M-Q4_K_M",
+            "extra.Qwen-Q4_K_M",
+            "extra.Qwen-Q8_0",
+            "extra.Root-UD-Q4_K_XL",
+        ]
+    );
+    let name = |n: &str| reg.get(n).map(|m| m.name.clone()).unwrap();
+    assert_eq!(name("Qwen-GGUF"), "extra.Qwen-Q4_K_M");
+    assert_eq!(name("extra.Qwen-GGUF"), "extra.Qwen-Q4_K_M");
+    assert_eq!(name("Mix-GGUF"), "extra.Mix-Q4_K_M");
+    assert_eq!(reg.get("Mix-Q8_0").unwrap().checkpoint, "/x/Mix-GGUF/Mix-Q8_0-00001-of-00002.gguf");
+    assert_eq!(reg.get("Qwen-Q8_0").unwrap().checkpoints["mmproj"], "mmproj-a.gguf", "the first projector");
+    // A folder named as a built-in means its first quantization; the built-in is `builtin.X`.
+    assert_eq!(name("Qwen3-0.6B-GGUF"), "extra.L-Q4_K_M");
+    let ids: Vec<String> = reg.listed(true, false).into_iter().map(|(id, _)| id).collect();
+    assert!(ids.contains(&"builtin.Qwen3-0.6B-GGUF".to_string()) && !ids.contains(&"Qwen3-0.6B-GGUF".to_string()));
+    assert!(!ids.contains(&"Qwen-GGUF".to_string()), "a folder's name is no listed model");
+    // v9's names: the options and the alias moved.
+    assert_eq!(reg.saved_entry("extra.Root-UD-Q4_K_XL"), opts(1024));
+    assert_eq!(reg.saved_entry("extra.Qwen-Q4_K_M"), opts(2048));
+    assert!(reg.saved_entry("extra.Root-UD-Q4_K_XL.gguf").is_empty());
+    assert_eq!(name("r"), "extra.Root-UD-Q4_K_XL");
+    assert_eq!(name("extra.Root-UD-Q4_K_XL.gguf"), "extra.Root-UD-Q4_K_XL", "v9's name still means it");
+    assert!(!ids.iter().any(|i| i.ends_with(".gguf")), "and is not listed");
+    assert_eq!(
+        reg.migrated(),
+        [
+            ("extra.Root-UD-Q4_K_XL.gguf".to_string(), "extra.Root-UD-Q4_K_XL".to_string()),
+            ("extra.Qwen-GGUF".to_string(), "extra.Qwen-Q4_K_M".to_string()),
+        ]
+    );
 }

@@ -26,7 +26,9 @@ pub fn llm_system_prompt(c: &Classifier) -> String {
     )
 }
 
-/// The chat request an `llm` classifier sends its model: deterministic, a JSON reply, bounded.
+/// The chat request an `llm` classifier sends its model: deterministic, a JSON reply, bounded,
+/// thinking off (the template's switch, and v11's `/no_think` line before the user message for
+/// models that read the soft switch).
 pub fn llm_request(c: &Classifier, f: &Features) -> Value {
     let user = json!({"text": f.input, "has_tools": f.has_tools, "has_images": f.has_images,
                       "chars": f.input.len(), "metadata": f.metadata});
@@ -34,7 +36,7 @@ pub fn llm_request(c: &Classifier, f: &Features) -> Value {
         "model": c.model, "stream": false, "temperature": 0.0, "max_tokens": LLM_MAX_TOKENS,
         "response_format": {"type": "json_object"},
         "chat_template_kwargs": {"enable_thinking": false},
-        "messages": [{"role": "system", "content": llm_system_prompt(c)}, {"role": "user", "content": user.to_string()}],
+        "messages": [{"role": "system", "content": llm_system_prompt(c)}, {"role": "user", "content": format!("/no_think\n{user}")}],
     })
 }
 

@@ -17,7 +17,7 @@ pub struct Features {
 
 /// The text parts of a message `content` (a string, or typed parts `text` / `input_text`),
 /// joined by newlines.
-fn text_of(content: &Value) -> String {
+pub(crate) fn text_of(content: &Value) -> String {
     match content {
         Value::String(s) => s.clone(),
         Value::Array(parts) => parts

@@ -12,6 +12,7 @@
 //! back-references, are refused when the policy is parsed).
 
 pub mod classifiers;
+pub mod conversations;
 mod decide;
 mod features;
 pub mod omni;

@@ -123,6 +123,8 @@ fn table(e: &ApiError) -> Row {
             row(S::CONFLICT, "invalid_request_error", "conflict")
         }
         E::NotLoaded(_) => row(S::NOT_FOUND, "model_not_loaded", "model_not_loaded"),
+        // The server lacks what the provider needs; a client (or an operator) gives it a key.
+        E::NoKey { .. } => row(S::SERVICE_UNAVAILABLE, "authentication_error", "missing_credentials"),
         // OpenAI's type for a missing resource (as v11 answers an unknown provider).
         E::Missing { .. } => row(S::NOT_FOUND, "invalid_request_error", "not_found"),
         E::BackendLost(_) | E::BadAnswer { .. } => backend(),

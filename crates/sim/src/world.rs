@@ -27,7 +27,7 @@ use crate::{broken, Failure, Hits};
 const FILES: &[&str] = &["m0.gguf", "m1.gguf", "m2.gguf", "m3.gguf"];
 const ALIASES: &[&str] = &["fast", "best"];
 /// A model no catalogue has.
-const UNKNOWN: &str = "extra.nope.gguf";
+const UNKNOWN: &str = "extra.nope";
 /// The `user.*` models registrations name (each a repository of the simulated Hub).
 const USERS: u64 = 3;
 /// The router collection clients may name: it routes a prompt of at least [`ROUTE_LONG`]

@@ -278,6 +278,7 @@ impl Lifecycle {
             recipe_options: r.options.clone(),
             last_use: v.last_use,
             pinned: v.pinned,
+            slot_pool: format!("standard/{}", r.info.model_type.as_str()),
             idle_timeout: v.idle_timeout.map(|ms| ms / 1000),
             unloads_in_ms: v.unload_at.map(|at| at.saturating_sub(now)),
             memory_estimate: v.memory,

@@ -179,7 +179,7 @@ fn extra_models_dir_naming_grouping_and_gguf_types() {
     let reg = load(&e.cfg).unwrap();
     let names: Vec<&str> =
         reg.models().filter(|m| m.source == Source::ExtraModelsDir).map(|m| m.name.as_str()).collect();
-    assert_eq!(names, ["extra.Big", "extra.Vis", "extra.foo-Q4_K_M.gguf", "extra.minilm.gguf", "extra.reranker.gguf"]);
+    assert_eq!(names, ["extra.Big", "extra.Vis", "extra.foo-Q4_K_M", "extra.minilm", "extra.reranker"]);
     let big = reg.get("extra.Big").unwrap();
     assert_eq!(big.main_path.as_deref(), Some(dir.join("Big/Big-00001-of-00002.GGUF").as_path()));
     assert!(big.downloaded);
@@ -187,11 +187,34 @@ fn extra_models_dir_naming_grouping_and_gguf_types() {
     assert!(vis.labels.contains(&"vision".to_string()));
     assert_eq!(vis.checkpoints.get("mmproj").map(String::as_str), Some("mmproj-f16.gguf"));
     assert_eq!(vis.mmproj_path.as_deref(), Some(dir.join("Vis/mmproj-f16.gguf").as_path()));
-    assert_eq!(reg.get("extra.foo-Q4_K_M.gguf").unwrap().model_type, ModelType::Llm);
-    let m = reg.get("extra.minilm.gguf").unwrap();
+    assert_eq!(reg.get("extra.foo-Q4_K_M").unwrap().model_type, ModelType::Llm);
+    let m = reg.get("extra.minilm").unwrap();
     assert_eq!(m.model_type, ModelType::Embedding);
     assert!(m.labels.contains(&"embeddings".to_string()));
-    assert_eq!(reg.get("extra.reranker.gguf").unwrap().model_type, ModelType::Reranking);
+    assert_eq!(reg.get("extra.reranker").unwrap().model_type, ModelType::Reranking);
+}
+
+/// An extra model's options and aliases saved under its v9 name (`extra.<file>.gguf`) are
+/// written under its name now by the first scan, and stay so.
+#[test]
+fn an_extra_models_saved_options_and_aliases_follow_its_v11_name_on_disk() {
+    let mut e = env();
+    let dir = e.cfg.cache_dir.join("extra");
+    put(&dir.join("foo-Q4_K_M.gguf"), &llm_gguf());
+    e.cfg.extra_models_dir = Some(dir);
+    let o = LoadOptions { ctx_size: Some(api_types::CtxSize::Tokens(2048)), ..LoadOptions::default() };
+    save_recipe_options(&e.cfg.cache_dir, "extra.foo-Q4_K_M.gguf", Some(&o.to_map())).unwrap();
+    crate::files::save_alias(&e.cfg.cache_dir, "f", Some("extra.foo-Q4_K_M.gguf")).unwrap();
+    for _ in 0..2 {
+        let reg = load(&e.cfg).unwrap();
+        let m = reg.get("f").unwrap();
+        assert_eq!(m.name, "extra.foo-Q4_K_M");
+        assert_eq!(reg.saved_options(m).ctx_size, o.ctx_size);
+        let options = std::fs::read_to_string(e.cfg.cache_dir.join(RECIPE_OPTIONS_FILE)).unwrap();
+        assert!(options.contains("\"extra.foo-Q4_K_M\"") && !options.contains(".gguf"), "{options}");
+        let aliases = std::fs::read_to_string(e.cfg.cache_dir.join(registry::ALIASES_FILE)).unwrap();
+        assert!(aliases.contains("\"extra.foo-Q4_K_M\"") && !aliases.contains(".gguf"), "{aliases}");
+    }
 }
 
 #[test]
@@ -283,7 +306,7 @@ fn a_rescan_reads_only_the_headers_of_files_that_changed() {
     let again = load_with(&e.cfg, Some(&headers)).unwrap();
     assert_eq!(headers.reads(), 5, "an unchanged file's header is not read again");
     let shape = |r: &Registry, n: &str| r.get(n).unwrap().shape;
-    assert_eq!(shape(&again, "extra.m3.gguf"), shape(&first, "extra.m3.gguf"));
+    assert_eq!(shape(&again, "extra.m3"), shape(&first, "extra.m3"));
     // One file rewritten (another size): only its header is read again, and its new facts used.
     let moe = build(&[("general.architecture", MetaValue::Str("qwen3moe".into())), ("x", MetaValue::Int(1))]);
     put(&dir.join("m3.gguf"), &moe);

@@ -37,8 +37,7 @@ pub async fn clear_prompt_cache(State(rt): State<AppState>) -> Json<PromptCacheC
 /// Telemetry of the last request of the most recently used model.
 #[utoipa::path(get, path = "/api/v1/stats", tag = "Lemonade")]
 pub async fn stats(State(rt): State<AppState>) -> Json<Stats> {
-    let last = rt.engine.lifecycle().most_recent().map(|m| m.stats());
-    Json(last.unwrap_or_default())
+    Json(rt.engine.stats())
 }
 
 /// Loads a model (or reloads it with other options; the same options are a no-op).
@@ -58,7 +57,7 @@ pub async fn unload(State(rt): State<AppState>, body: Bytes) -> Result<Json<Unlo
     let req: UnloadRequest =
         if body.iter().all(u8::is_ascii_whitespace) { UnloadRequest::default() } else { crate::extract::parse(&body)? };
     let name = req.model_name.or(req.model).filter(|n| !n.is_empty());
-    rt.engine.lifecycle().unload(name.as_deref()).await?;
+    engine::loads::unload(&rt.engine, name.as_deref()).await?;
     let message = if name.is_some() { "Model unloaded successfully" } else { "All models unloaded successfully" };
     Ok(Json(UnloadResponse { status: "success".into(), message: message.into(), model_name: name }))
 }

@@ -26,9 +26,9 @@ const POSTS: &[&str] = &[
     "/uninstall",
     "/log-level",
     "/tokenize",
-    "/admin/models/extra.m.gguf/load",
-    "/admin/models/extra.m.gguf/unload",
-    "/models/extra.m.gguf/options",
+    "/admin/models/extra.m/load",
+    "/admin/models/extra.m/unload",
+    "/models/extra.m/options",
     "/models/register",
     "/routing/validate",
     "/classify",
@@ -84,7 +84,7 @@ fn forms(names: &[String]) -> Vec<(String, String, Vec<u8>)> {
             "odd numbers".into(),
             ct.clone(),
             [
-                part("model", None, b"extra.m.gguf"),
+                part("model", None, b"extra.m"),
                 part("temperature", None, b"1e400"),
                 part("n", None, b"-1"),
                 part("steps", None, b"99999999999"),
@@ -130,8 +130,8 @@ const ROOT_POSTS: &[&str] = &[
 /// rules, wrong types. A 400 or a decision, in bounded time.
 fn hostile_policies() -> Vec<(String, Value)> {
     let with = |rules: Value, prompt: String| {
-        json!({"policy": {"model": "user.Hostile", "version": "1", "recipe": "collection.router", "components": ["extra.m.gguf", "B"],
-                          "routing": {"candidates": ["extra.m.gguf", "B"], "default_model": "extra.m.gguf", "rules": rules}},
+        json!({"policy": {"model": "user.Hostile", "version": "1", "recipe": "collection.router", "components": ["extra.m", "B"],
+                          "routing": {"candidates": ["extra.m", "B"], "default_model": "extra.m", "rules": rules}},
                "prompt": prompt})
     };
     let rule = |m: Value| json!([{"id": "r", "match": m, "route_to": "B"}]);
@@ -162,7 +162,7 @@ fn hostile_policies() -> Vec<(String, Value)> {
 /// (`user.Soak-Omni`, planned by the fake backend): a 400, or an answer in bounded time.
 fn hostile_omni() -> Vec<(String, &'static str, Value)> {
     let def = |extra: Value| {
-        let mut d = json!({"model": "user.Hostile-Omni", "recipe": "collection.omni", "components": ["extra.m.gguf"]});
+        let mut d = json!({"model": "user.Hostile-Omni", "recipe": "collection.omni", "components": ["extra.m"]});
         d.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         d
     };
@@ -183,7 +183,7 @@ fn hostile_omni() -> Vec<(String, &'static str, Value)> {
         ("omni prompt not a string".into(), "/api/v1/pull", def(json!({"system_prompt": {"a": 1}}))),
         ("omni tool_format a number".into(), "/api/v1/pull", def(json!({"tool_format": 7}))),
         ("omni 5000 components".into(), "/api/v1/pull", def(json!({"components": many}))),
-        ("omni nested components".into(), "/api/v1/pull", def(json!({"components": [["extra.m.gguf"]]}))),
+        ("omni nested components".into(), "/api/v1/pull", def(json!({"components": [["extra.m"]]}))),
         ("omni with a policy".into(), "/api/v1/pull", def(json!({"routing": {"rules": []}}))),
         ("omni messages not an array".into(), "/api/v1/chat/completions", ask(json!("hi"), json!({}))),
         (
@@ -258,16 +258,16 @@ fn bodies(names: &[String]) -> Vec<(String, Vec<u8>)> {
         ),
         (
             "negative and huge numbers",
-            json!({"model": "extra.m.gguf", "model_name": "extra.m.gguf", "max_tokens": -1, "ctx_size": -5, "n": 1e308, "gguf_n_ctx": 0}),
+            json!({"model": "extra.m", "model_name": "extra.m", "max_tokens": -1, "ctx_size": -5, "n": 1e308, "gguf_n_ctx": 0}),
         ),
         (
             "unknown fields",
-            json!({"model": "extra.m.gguf", "model_name": "extra.m.gguf", "messages": [{"role": "user", "content": "hi"}], "zzz": {"deep": [1, 2]}, "__proto__": 1}),
+            json!({"model": "extra.m", "model_name": "extra.m", "messages": [{"role": "user", "content": "hi"}], "zzz": {"deep": [1, 2]}, "__proto__": 1}),
         ),
-        ("messages of the wrong shape", json!({"model": "extra.m.gguf", "messages": [{"role": 1}, "x", null]})),
+        ("messages of the wrong shape", json!({"model": "extra.m", "messages": [{"role": 1}, "x", null]})),
         (
             "dialect fields of the wrong kind",
-            json!({"model": "extra.m.gguf", "messages": [{"role": "system", "content": [{"type": "tool_use"}]}],
+            json!({"model": "extra.m", "messages": [{"role": "system", "content": [{"type": "tool_use"}]}],
                    "keep_alive": "soon", "format": 3, "think": "very", "max_tokens": 0, "tool_choice": {"type": "x"},
                    "thinking": {"type": "sometimes"}, "options": {"num_predict": "many"}, "images": [1]}),
         ),
@@ -310,7 +310,7 @@ fn bodies(names: &[String]) -> Vec<(String, Vec<u8>)> {
         "--embedding",
         "-np 100000 --ctx-size 1",
     ] {
-        let v = json!({"model_name": "extra.m.gguf", "llamacpp_args": args});
+        let v = json!({"model_name": "extra.m", "llamacpp_args": args});
         out.push((format!("llamacpp_args {args:?}"), v.to_string().into_bytes()));
     }
     // Device placement: unknown, malformed, repeated, huge, wrong types.
@@ -327,7 +327,7 @@ fn bodies(names: &[String]) -> Vec<(String, Vec<u8>)> {
         json!(["gpu0"]),
         json!({"id": "gpu0"}),
     ] {
-        let v = json!({"model_name": "extra.m.gguf", "device": device});
+        let v = json!({"model_name": "extra.m", "device": device});
         let label: String = device.to_string().chars().take(40).collect();
         out.push((format!("device {label}"), v.to_string().into_bytes()));
     }
@@ -342,7 +342,7 @@ fn bodies(names: &[String]) -> Vec<(String, Vec<u8>)> {
         json!([format!("p.{}", "m".repeat(100_000))]),
     ] {
         let label: String = places.to_string().chars().take(40).collect();
-        let v = json!({"model_name": "extra.m.gguf", "spillover": places});
+        let v = json!({"model_name": "extra.m", "spillover": places});
         out.push((format!("spillover {label}"), v.to_string().into_bytes()));
     }
     // A remote provider's auth header and in-flight bound: header injection, bad names, wrong types.
@@ -424,7 +424,7 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
             check(format!("POST {path} {label}"), status, &text, &mut bad);
         }
     }
-    let omni = json!({"model": "user.Soak-Omni", "recipe": "collection.omni", "components": ["extra.m.gguf"]});
+    let omni = json!({"model": "user.Soak-Omni", "recipe": "collection.omni", "components": ["extra.m"]});
     let (status, text) = send(l.http.post(l.url("/api/v1/pull")).json(&omni)).await;
     if status != 200 {
         bad.push(format!("registering user.Soak-Omni: {status} {text}"));
@@ -527,7 +527,7 @@ pub async fn run(bin: &Path, report: &mut Report) -> anyhow::Result<()> {
 async fn forged_origins_and_hosts(l: &Lemonade, report: &mut Report) {
     let port = l.base.rsplit(':').next().unwrap_or_default().to_string();
     let body = json!({
-        "model": "extra.m.gguf", "model_name": "extra.m.gguf", "messages": [{"role": "user", "content": "hi"}],
+        "model": "extra.m", "model_name": "extra.m", "messages": [{"role": "user", "content": "hi"}],
         "prompt": "hi", "input": "hi", "query": "q", "documents": ["a"], "content": "hi",
         "checkpoint": "org/forged-GGUF:Q4_0", "recipe": "llamacpp", "backend": "cpu", "level": "trace"
     });

@@ -146,7 +146,7 @@ async fn kill_at_load_and_idle(bin: &Path, report: &mut Report) -> anyhow::Resul
         let url = l.url("/api/v1/load");
         let http = l.http.clone();
         let load = tokio::spawn(async move {
-            http.post(url).json(&json!({"model_name": "extra.slow.gguf"})).timeout(Duration::from_secs(30)).send().await
+            http.post(url).json(&json!({"model_name": "extra.slow"})).timeout(Duration::from_secs(30)).send().await
         });
         let Some(pid) = backend_of(&l).await else { continue };
         kill(pid, libc::SIGKILL);
@@ -163,19 +163,19 @@ async fn kill_at_load_and_idle(bin: &Path, report: &mut Report) -> anyhow::Resul
             }
             _ => false,
         };
-        if answered && chat_ok(&l, "extra.slow.gguf").await {
+        if answered && chat_ok(&l, "extra.slow").await {
             at_load += 1;
         }
 
-        let (s, _) = l.post("/api/v1/load", &json!({"model_name": "extra.quick.gguf"})).await;
+        let (s, _) = l.post("/api/v1/load", &json!({"model_name": "extra.quick"})).await;
         let Some(pid) = (s == 200).then(|| child_pids(l.pid()).first().copied()).flatten() else { continue };
         kill(pid, libc::SIGKILL);
         let gone = wait_for(Duration::from_secs(10), || async {
-            (!loaded_names(&l.get("/api/v1/health").await.1).contains(&"extra.quick.gguf".to_string())).then_some(())
+            (!loaded_names(&l.get("/api/v1/health").await.1).contains(&"extra.quick".to_string())).then_some(())
         })
         .await
         .is_some();
-        if gone && chat_ok(&l, "extra.quick.gguf").await {
+        if gone && chat_ok(&l, "extra.quick").await {
             idle += 1;
         }
     }
@@ -215,13 +215,13 @@ async fn wedged_and_never_ready(bin: &Path, report: &mut Report) -> anyhow::Resu
     let (mut wedged, mut never) = (0, 0);
     let mut notes = Vec::new();
     for _ in 0..TRIALS {
-        if !chat_ok(&l, "extra.m.gguf").await {
+        if !chat_ok(&l, "extra.m").await {
             continue;
         }
         let Some(pid) = child_pids(l.pid()).first().copied() else { continue };
         kill(pid, libc::SIGSTOP);
         let t = Instant::now();
-        let body = json!({"model": "extra.m.gguf", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+        let body = json!({"model": "extra.m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
         let r =
             l.http.post(l.url("/api/v1/chat/completions")).json(&body).timeout(Duration::from_secs(20)).send().await;
         // The request in flight on the stopped backend fails once the watchdog kills it: a 502
@@ -232,13 +232,13 @@ async fn wedged_and_never_ready(bin: &Path, report: &mut Report) -> anyhow::Resu
         };
         let answered = status == 502 && body["error"]["message"].as_str().is_some_and(|m| !m.is_empty());
         let killed = wait_for(Duration::from_secs(10), || async move { (!alive(pid)).then_some(()) }).await.is_some();
-        if answered && killed && chat_ok(&l, "extra.m.gguf").await {
+        if answered && killed && chat_ok(&l, "extra.m").await {
             wedged += 1;
         }
         notes.push(format!("answered {status} in {:.1} s", t.elapsed().as_secs_f64()));
 
         let t = Instant::now();
-        let (s, v) = l.post("/api/v1/load", &json!({"model_name": "extra.never.gguf"})).await;
+        let (s, v) = l.post("/api/v1/load", &json!({"model_name": "extra.never"})).await;
         let quick = t.elapsed() < Duration::from_secs(10);
         let no_child = wait_for(Duration::from_secs(10), || async { child_pids(l.pid()).is_empty().then_some(()) })
             .await
@@ -572,7 +572,7 @@ async fn kill_lemonade_mid_config_sets(bin: &Path, report: &mut Report) -> anyho
         let b = client(|i| json!({"max_queue": 100 + i, "idle_timeout": i}));
         let load = {
             let (url, http) = (l.url("/api/v1/load"), l.http.clone());
-            tokio::spawn(async move { http.post(url).json(&json!({"model_name": "extra.m.gguf"})).send().await })
+            tokio::spawn(async move { http.post(url).json(&json!({"model_name": "extra.m"})).send().await })
         };
         tokio::time::sleep(Duration::from_millis((trial as u64 * 7919) % 23)).await;
         sandbox = l.kill_keeping_sandbox();

@@ -13,7 +13,7 @@ use test_support::*;
 use crate::{orphans_after, our_processes, Report};
 
 const REQUESTS: usize = 500;
-const MODELS: [&str; 3] = ["extra.a.gguf", "extra.b.gguf", "extra.c.gguf"];
+const MODELS: [&str; 3] = ["extra.a", "extra.b", "extra.c"];
 
 /// A small deterministic generator (xorshift), so a run can be repeated exactly.
 struct Rng(u64);
