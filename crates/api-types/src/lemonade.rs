@@ -171,9 +171,9 @@ pub struct LoadedModel {
     /// Never evicted nor unloaded for idleness (`POST /api/v1/pin`, or `load` with `pinned`).
     #[serde(default)]
     pub pinned: bool,
-    /// The slot pool it holds a place in, as v11 names it: `standard/<type>`, the slots
-    /// `max_loaded_models` bounds (lemonade has no separate routing-helper pool: a router's
-    /// helper model takes a standard slot).
+    /// The pool it holds a place in, as v11 names them: `standard/<type>`, the slots
+    /// `max_loaded_models` bounds, or `routing_helper/<type>`: a model a router collection's
+    /// classifier uses, which takes no slot (asked for directly, it moves back).
     #[serde(default)]
     pub slot_pool: String,
     /// The idle timeout that applies to it, in seconds; absent: it never times out.
@@ -278,9 +278,12 @@ pub struct Health {
     /// Remote providers (recipe `cloud`): their models take no local slot.
     #[serde(default)]
     pub upstreams: Vec<crate::Upstream>,
-    /// Pinned models loaded now, per model type (Lemonade v11).
+    /// Pinned models loaded now, per model type, in the standard slots and in the
+    /// routing-helper pool (Lemonade v11).
     #[serde(default)]
     pub pinned_models: BTreeMap<String, i64>,
+    #[serde(default)]
+    pub pinned_helper_models: BTreeMap<String, i64>,
     /// Where v11's WebSocket log stream (`/logs/stream`) answers: this server's own port, as
     /// the request reached it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

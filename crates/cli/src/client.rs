@@ -814,12 +814,21 @@ pub async fn export(t: &Target, model: &str, output: Option<&std::path::Path>) -
                 file[k] = v;
             }
         }
-        let mut models = Vec::new();
-        for name in components.iter().filter(|n| n.starts_with("user.")) {
-            let cm: api_types::Model =
-                c.get(&format!("/models/{name}")).await.with_context(|| format!("Error reading {name}"))?;
-            models.push(definition(&cm, name));
+        // A registered component (listed by its bare name) is written `user.X` with its
+        // definition; built-in and extra ones by name.
+        let (mut models, mut names) = (Vec::new(), Vec::new());
+        for name in components {
+            let user = if name.starts_with("user.") { name.clone() } else { format!("user.{name}") };
+            match c.get::<api_types::Model>(&format!("/models/{user}")).await {
+                Ok(cm) => {
+                    models.push(definition(&cm, &user));
+                    names.push(user);
+                }
+                Err(_) if !name.starts_with("user.") => names.push(name.clone()),
+                Err(e) => return Err(e).with_context(|| format!("Error reading {name}")),
+            }
         }
+        file["components"] = json!(names);
         file["models"] = Value::Array(models);
     }
     let text = serde_json::to_string_pretty(&file)? + "\n";

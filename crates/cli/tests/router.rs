@@ -63,6 +63,7 @@ async fn real_llama_server_router_collection_routes_each_request_and_says_why() 
     let (_, m) = l.get("/api/v1/models/user.Route").await;
     assert_eq!(
         (m["recipe"].clone(), m["downloaded"].clone(), m["components"].clone()),
+        // A router's components as its policy names them (its candidates are matched by name).
         (json!("collection.router"), json!(true), json!([SMOL, GEMMA, MINILM])),
         "{m}"
     );
@@ -509,4 +510,41 @@ async fn real_llama_server_parameter_variants_force_fields_without_a_reload() {
         json!({"smol:hot": {"params": {"temperature": 1.5}, "strip": ["top_p"]}}),
         "removed with its alias"
     );
+}
+
+/// Lemonade v11's routing-helper pool, through `lemonade serve` and real llama-servers at one
+/// LLM slot: a router's `llm` model serves its classifier in the helper pool, so it and the
+/// candidate stay loaded side by side (no swap per request, the same processes); asked for
+/// directly it takes the standard slot back, and the idle candidate gives way.
+#[tokio::test]
+async fn real_llama_server_a_routing_helper_takes_no_slot_and_a_direct_request_takes_it_back() {
+    let l = Lemonade::start(bin(), &["--max-loaded-models", "1"]).await;
+    let router = json!({
+        "model": "user.Helped", "recipe": "collection.router", "version": "1", "components": [SMOL, GEMMA],
+        "routing": {"candidates": [GEMMA], "default_model": GEMMA,
+                    "router": {"type": "llm", "model": SMOL, "prompt": format!("Always choose {GEMMA}.")}}
+    });
+    assert_eq!(l.post("/api/v1/pull", &router).await.0, 200);
+    let ask = |m: &str| json!({"model": m, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2});
+    let pools = |h: &Value| -> Vec<(String, String, u64)> {
+        let mut v: Vec<(String, String, u64)> = (h["all_models_loaded"].as_array().unwrap().iter())
+            .map(|m| {
+                let name = m["model_name"].as_str().unwrap().to_string();
+                (name, m["slot_pool"].as_str().unwrap().to_string(), m["pid"].as_u64().unwrap())
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(l.post("/api/v1/chat/completions", &ask("user.Helped")).await.0, 200);
+    let first = pools(&l.get("/api/v1/health").await.1);
+    let names: Vec<(&str, &str)> = first.iter().map(|(n, p, _)| (n.as_str(), p.as_str())).collect();
+    assert_eq!(names, [(GEMMA, "standard/llm"), (SMOL, "routing_helper/llm")], "side by side at one slot");
+    assert_eq!(l.post("/api/v1/chat/completions", &ask("user.Helped")).await.0, 200);
+    assert_eq!(pools(&l.get("/api/v1/health").await.1), first, "the same processes: no swap");
+    // Asked for directly, the router's model takes the standard slot; the idle candidate goes.
+    assert_eq!(l.post("/api/v1/chat/completions", &ask(SMOL)).await.0, 200);
+    let after = pools(&l.get("/api/v1/health").await.1);
+    let smol_pid = first.iter().find(|(n, ..)| n == SMOL).unwrap().2;
+    assert_eq!(after, [(SMOL.to_string(), "standard/llm".to_string(), smol_pid)], "the same process, standard");
 }

@@ -141,13 +141,16 @@ pub async fn update_params(rt: &Engine, update: &api_types::ParamsUpdate) -> Res
 }
 
 /// Pinned models among `loaded`, per model type (every type listed, 0 when none).
+/// Pinned models by type, in the standard pool (`helpers` false) or the routing-helper pool.
 pub fn pinned_by_type(
     loaded: &[(std::sync::Arc<crate::lifecycle::Running>, crate::lifecycle::ModelView)],
+    helpers: bool,
 ) -> std::collections::BTreeMap<String, i64> {
     ModelType::ALL
         .iter()
         .map(|t| {
-            (t.as_str().to_string(), loaded.iter().filter(|(r, v)| v.pinned && r.info.model_type == *t).count() as i64)
+            let n = loaded.iter().filter(|(r, v)| v.pinned && v.helper == helpers && r.info.model_type == *t).count();
+            (t.as_str().to_string(), n as i64)
         })
         .collect()
 }

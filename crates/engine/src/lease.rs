@@ -156,6 +156,8 @@ pub struct LeaseRequest {
     /// request loads the model, never otherwise (Lemonade v11's one load field an inference
     /// request forwards).
     pub ctx_size: Option<api_types::CtxSize>,
+    /// A router collection's classifier asks: the model serves in the routing-helper pool.
+    pub helper: bool,
     pub forwarded: Forwarded,
 }
 
@@ -167,6 +169,7 @@ impl LeaseRequest {
             priority: 0,
             keep_alive: None,
             ctx_size: None,
+            helper: false,
             forwarded: Forwarded::default(),
         }
     }
@@ -246,7 +249,7 @@ impl Engine {
         if let Some(lease) = elsewhere {
             return Ok(lease);
         }
-        let mut lease = self.lifecycle.acquire(&info, req.keep_alive, req.priority, &load).await?;
+        let mut lease = self.lifecycle.acquire(&info, req.keep_alive, (req.priority, req.helper), &load).await?;
         lease.spilled = stayed;
         Ok(lease)
     }

@@ -236,7 +236,12 @@ fn view(rt: &Engine, c: &Collection, downloaded: bool) -> Model {
         update_available: None,
         parallel: None,
         slot_ctx_size: None,
-        components: Some(c.components.iter().map(|m| crate::models::listed_name(rt, m)).collect()),
+        // An omni collection's components as the listings show them (v11); a router's as its
+        // policy names them, since its candidates are matched by name.
+        components: Some(match omni {
+            Some(_) => c.components.iter().map(|m| crate::models::listed_name(rt, m)).collect(),
+            None => c.components.clone(),
+        }),
         routing: Some(c.routing.clone()).filter(|_| omni.is_none()),
         system_prompt: omni.and_then(|o| o.system_prompt.clone()),
         tool_format: omni.map(|o| o.tool_format.name().into()),
@@ -383,8 +388,9 @@ async fn score(rt: &Engine, c: &Classifier, f: &Features) -> Score {
 
 /// A JSON request to `model` (loaded as for any request), its JSON answer.
 /// A classifier's request to its model, as any in-process model call ([`crate::call`]).
+/// A classifier's request to its model, as a routing helper (it takes no slot of its type).
 async fn call(rt: &Engine, model: &str, endpoint: Endpoint, body: &Value) -> Result<Value> {
-    let req = crate::lease::LeaseRequest::new(model, endpoint);
+    let req = crate::lease::LeaseRequest { helper: true, ..crate::lease::LeaseRequest::new(model, endpoint) };
     crate::call::call(rt, req, crate::call::Payload::Json(body.clone())).await?.json()
 }
 

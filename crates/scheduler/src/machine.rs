@@ -63,6 +63,10 @@ pub struct ModelRef {
     /// The model's own priority (its saved `priority`): among the models waiting to load, a
     /// higher one loads first (equal ones in the order asked). 0 by default.
     pub model_priority: i32,
+    /// An `Acquire` by a router collection's classifier (Lemonade v11's routing helper): the
+    /// model serves in the helper pool, which takes no slot of its type, so a router and its
+    /// candidate stay loaded side by side under `max_loaded_models`.
+    pub helper: bool,
 }
 
 impl ModelRef {
@@ -79,6 +83,7 @@ impl ModelRef {
             priority: 0,
             placement: Placement::Auto,
             model_priority: 0,
+            helper: false,
         }
     }
 
@@ -483,6 +488,10 @@ pub struct Entry<O> {
     loaded_at: u64,
     /// The queued load found a victim serving: it holds the swap (anti-thrash).
     holding: bool,
+    /// The running (or starting) backend is in the routing-helper pool: it holds no slot of
+    /// its type. A request that is not a helper's moves it to the standard pool (when a slot
+    /// is free, or an idle model's can be taken), a helper's back.
+    pub helper: bool,
 }
 
 impl<O> Entry<O> {
@@ -796,6 +805,7 @@ impl<O: Clone + PartialEq> Machine<O> {
             loaded_at: 0,
             retry_after: 0,
             holding: false,
+            helper: false,
         })
     }
 
@@ -977,6 +987,11 @@ impl<O: Clone + PartialEq> Machine<O> {
             }
         }
         let state = e.state;
+        let (helper, was_helper) = (model.helper, e.helper);
+        if state == State::Loaded && helper != was_helper {
+            self.change_pool(&name, helper);
+        }
+        let e = self.get(&name);
         if state == State::Loaded && e.waiting.is_empty() && e.has_room() {
             return self.grant(req, &name);
         }
@@ -1020,6 +1035,43 @@ impl<O: Clone + PartialEq> Machine<O> {
                 self.reject(req, &name, Rejection::Failed(err))
             }
         }
+    }
+
+    /// Moves the loaded `name` into the helper pool (always possible: it frees a slot), or out
+    /// of it into its type's standard slots: at once when one is free, else by evicting idle
+    /// unpinned standard models of its type, least recently used first; when they are busy it
+    /// stays a helper for now.
+    fn change_pool(&mut self, name: &str, helper: bool) {
+        if helper {
+            self.get(name).helper = true;
+            self.note("pool", "routing_helper", name, "serves a router's classifier".into());
+            return;
+        }
+        let t = self.models[name].model.model_type;
+        let limit = self.limits.get(t);
+        let standard = |e: &Entry<O>| e.model.model_type == t && !e.helper;
+        // The load under way has its slot already (its victims are stopping for it).
+        let starting = |n: &str| self.current.as_deref() == Some(n);
+        let occupied = (self.models.iter())
+            .filter(|(n, e)| n.as_str() != name && e.model.model_type == t)
+            .filter(|(n, e)| (e.occupies() && !e.helper) || (starting(n) && !e.occupies() && !e.model.helper))
+            .count() as i64;
+        let mut victims = Vec::new();
+        if limit >= 0 && occupied >= limit {
+            let idle: Vec<String> =
+                (self.lru(name, &standard, &BTreeSet::new()).into_iter()).filter(|n| !self.models[n].busy()).collect();
+            let need = (occupied - limit + 1) as usize;
+            if idle.len() < need {
+                return;
+            }
+            victims = idle.into_iter().take(need).collect();
+        }
+        for v in &victims {
+            self.note("evict", "make_room", v, format!("{name} leaves the routing-helper pool"));
+            self.begin_unload(v);
+        }
+        self.get(name).helper = false;
+        self.note("pool", "standard", name, "asked for directly".into());
     }
 
     fn release(&mut self, req: ReqId) {
@@ -1070,7 +1122,12 @@ impl<O: Clone + PartialEq> Machine<O> {
         if let Some(p) = pin {
             e.pinned = p;
         }
-        e.model = model;
+        // A backend running (or coming or going) stays in its pool, a reload in place too; a
+        // direct request moves a helper back (`change_pool`).
+        // A queued load keeps the pool its victims were (or will be) chosen for.
+        let helper = (matches!(e.state, State::Loaded | State::Loading | State::Unloading) && e.helper)
+            || (queued && e.model.helper);
+        e.model = ModelRef { helper, ..model };
         match e.state {
             State::Loaded if e.options.as_ref() == Some(&options) && e.pending.is_none() => {
                 // Same backend: only its own settings change.
@@ -1498,9 +1555,10 @@ impl<O: Clone + PartialEq> Machine<O> {
             self.exclude(others().filter(|(_, e)| e.model.npu), &mut v)?;
         }
         let limit = self.limits.get(m.model_type);
-        if limit >= 0 {
-            let same: Vec<(&String, &Entry<O>)> =
-                others().filter(|(_, e)| e.model.model_type == m.model_type).collect();
+        // A routing helper takes no slot; a standard load counts the standard ones only.
+        let standard = |e: &Entry<O>| e.model.model_type == m.model_type && !e.helper;
+        if limit >= 0 && !m.helper {
+            let same: Vec<(&String, &Entry<O>)> = others().filter(|(_, e)| standard(e)).collect();
             // Models already unloading free their slots by themselves; the start waits for them.
             for (n, e) in &same {
                 if e.state == State::Unloading {
@@ -1508,7 +1566,7 @@ impl<O: Clone + PartialEq> Machine<O> {
                 }
             }
             let mut occupied = same.iter().filter(|(n, _)| !v.contains(*n)).count() as i64;
-            let mut it = self.lru(name, &|e| e.model.model_type == m.model_type, &v).into_iter();
+            let mut it = self.lru(name, &standard, &v).into_iter();
             while occupied >= limit {
                 let Some(n) = it.next() else {
                     let pinned = same.iter().filter(|(n, e)| e.pinned && !v.contains(*n)).map(|(n, _)| (*n).clone());
@@ -1710,6 +1768,7 @@ impl<O: Clone + PartialEq> Machine<O> {
         let devices = e.shares.clone();
         e.idle_timeout_ms = e.model.idle_timeout_ms;
         e.max_concurrent = e.model.max_concurrent;
+        e.helper = e.model.helper;
         let reason = if !e.waiting.is_empty() {
             "request"
         } else if e.load_waiters.is_empty() {

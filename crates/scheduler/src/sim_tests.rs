@@ -105,6 +105,8 @@ struct Seen {
     pending: Option<u32>,
     busy: bool,
     last_use: u64,
+    /// In the routing-helper pool.
+    helper: bool,
 }
 
 /// The crash-count reset window the simulation runs the machine with (short, so that random
@@ -143,6 +145,10 @@ struct Sim {
     now: u64,
     next_req: ReqId,
     procs: BTreeMap<String, Proc>,
+    /// Models stopping because a routing helper took a standard slot back: its process was
+    /// already running, so until they stop they and it overlap (the one excess the slot
+    /// count allows).
+    demotion_victims: BTreeSet<String>,
     /// Effects the executor has not completed yet.
     starts: Vec<String>,
     /// Stops in flight, and whether each missed its process: a stop issued while the backend
@@ -256,6 +262,7 @@ impl Sim {
             now: 1,
             next_req: 1,
             procs: BTreeMap::new(),
+            demotion_victims: BTreeSet::new(),
             starts: Vec::new(),
             stops: Vec::new(),
             stops_issued: 0,
@@ -304,6 +311,7 @@ impl Sim {
                     pending: e.pending,
                     busy: !e.in_flight.is_empty() || !e.waiting.is_empty(),
                     last_use: e.last_use,
+                    helper: e.helper,
                 };
                 (e.model.name.clone(), seen)
             })
@@ -568,9 +576,13 @@ impl Sim {
             }
         }
         let alive = |pred: &dyn Fn(&ModelRef) -> bool| self.procs.keys().filter(|n| pred(self.model(n))).count() as i64;
+        // Routing helpers hold no slot of their type.
+        let helper = |n: &String| self.m.entry(n).is_some_and(|e| e.helper);
         for t in ModelType::ALL {
             let limit = self.limits.get(t);
-            let n = alive(&|m| m.model_type == t);
+            let n = (self.procs.keys())
+                .filter(|n| self.model(n).model_type == t && !helper(n) && !self.demotion_victims.contains(*n))
+                .count() as i64;
             if limit >= 0 && n == limit {
                 self.hit(1);
             }
@@ -752,10 +764,40 @@ impl Sim {
             Event::Load { model, .. } if !same_options => Some(model.name.as_str()),
             _ => None,
         };
+        // A routing helper asked for directly takes a standard slot back from idle models.
+        let demoted = match ev {
+            Event::Acquire { model, .. } => {
+                let was = |s: &BTreeMap<String, Seen>| s.get(&model.name).is_some_and(|s| s.helper);
+                (was(before) && !was(after)).then_some(model)
+            }
+            _ => None,
+        };
+        if let Some(m) = demoted {
+            // Its victims (an idle one whose timeout ran out in the same step included) stop
+            // while it runs on.
+            for (n, a) in after {
+                let b = before.get(n);
+                let same = self.model(n).model_type == m.model_type && !a.helper && *n != m.name;
+                if same && a.state == State::Unloading && b.is_some_and(|b| b.state == State::Loaded) {
+                    self.demotion_victims.insert(n.clone());
+                }
+            }
+        }
         for v in gave_way.iter().filter(|v| Some(v.as_str()) != target) {
             // Invariant 14.
             if self.pinned.contains(v) {
                 self.fail(&format!("pinned {v} gave way after {ev:?}"));
+            }
+            let same_type = |m: &ModelRef| self.model(v).model_type == m.model_type;
+            if let Some(m) = demoted.filter(|m| m.name != *v && same_type(m) && before.get(v).is_some_and(|b| !b.busy))
+            {
+                let b = &before[v];
+                if b.helper || self.pinned.contains(v) {
+                    self.fail(&format!("{v} gave way to {} leaving the helper pool: {b:?}", m.name));
+                }
+                self.demotion_victims.insert(v.clone());
+                self.hit(7);
+                continue;
             }
             if self.pinned.iter().any(|p| self.procs.contains_key(p)) {
                 self.hit(14);
@@ -790,9 +832,12 @@ impl Sim {
             self.hit(7);
             let key = |s: &Seen| (s.busy, s.last_use);
             let vk = key(&after[v]);
+            let helper = |n: &str| self.m.entry(n).is_some_and(|e| e.helper);
             let kept = after.iter().find(|(n, s)| {
                 s.state == State::Loaded
                     && self.model(n).model_type == vm.model_type
+                    // A routing helper and a standard model hold different places.
+                    && helper(n) == helper(v)
                     && key(s) < vk
                     && !self.pinned.contains(*n)
                     // A victim that gave way for VRAM passes over models that take none.
@@ -821,7 +866,9 @@ impl Sim {
             let dev = self.draw.devices.iter().find(|x| &x.id == d).expect("a drawn device");
             self.on(v, d) && (dev.npu || dev.budget.is_some())
         });
-        let why = (vm.model_type == cm.model_type && self.limits.get(vm.model_type) >= 0)
+        let helper = |n: &str| self.m.entry(n).is_some_and(|e| e.helper);
+        let slot = !helper(v) && !self.model(c).helper;
+        let why = (slot && vm.model_type == cm.model_type && self.limits.get(vm.model_type) >= 0)
             || (vm.npu && cm.npu && !npus)
             || (self.draw.budget.is_some() && vm.memory > 0 && cm.memory > 0)
             || (self.draw.vram_budget.is_some() && vm.vram > 0 && cm.vram > 0)
@@ -898,6 +945,8 @@ impl Sim {
                 let auto = rng.chance(85).then(|| (rng.below(2)) as u32);
                 let mut model = model;
                 model.priority = rng.below(3) as i32 - 1;
+                // Some requests are a router's classifier's (the routing-helper pool).
+                model.helper = rng.chance(20);
                 self.priorities.insert(req, (model.name.clone(), model.priority));
                 self.send(Event::Acquire { req, model, auto_load: auto });
             }
@@ -989,6 +1038,7 @@ impl Sim {
                         self.procs.iter().filter(|(_, p)| **p == Proc::Running).map(|(n, _)| n.clone()).collect();
                     if let Some(n) = running.get(rng.below(running.len().max(1))).cloned() {
                         self.procs.remove(&n);
+                        self.demotion_victims.remove(&n);
                         self.send(Event::Exited { model: n, error: "killed by signal 9".into() });
                     }
                 }
@@ -1011,6 +1061,7 @@ impl Sim {
             }
         } else {
             self.procs.remove(&model);
+            self.demotion_victims.remove(&model);
             Err(LoadError {
                 message: "llama-server exited (exit code 1)".into(),
                 kind: if rng.chance(20) { Failure::Fatal } else { Failure::NotReady },
@@ -1026,6 +1077,7 @@ impl Sim {
         let (model, missed) = self.stops.remove(rng.below(self.stops.len()));
         if !missed {
             self.procs.remove(&model);
+            self.demotion_victims.remove(&model);
         }
         self.send(Event::Stopped { model });
     }
@@ -2174,4 +2226,38 @@ fn a_split_model_measured_past_its_vram_estimate_grows_each_share_in_proportion(
     d.ev(Event::MeasuredVram { model: "big".into(), vram: 1_301 });
     assert_eq!(placed(&d, "big"), [("gpu0".into(), 650), ("gpu1".into(), 651)]);
     assert_eq!(d.m.in_use(Pool::Vram), 1_301);
+}
+
+/// Lemonade v11's routing-helper pool: a model a router's classifier uses holds no slot of its
+/// type, so at one LLM slot the router and its candidate stay loaded side by side; asked for
+/// directly it takes a standard slot back, evicting the idle standard model; a third model then
+/// evicts it as any standard model.
+#[test]
+fn a_routing_helper_takes_no_slot_and_a_direct_request_moves_it_back() {
+    let mut d = Drive::new(1);
+    let router = llm("router");
+    let helper = ModelRef { helper: true, ..router.clone() };
+    let r = d.use_model(&router);
+    d.ev(Event::Release { req: r });
+    assert!(!d.m.entry("router").unwrap().helper, "a direct request: standard");
+    let r = d.use_model(&helper);
+    d.ev(Event::Release { req: r });
+    assert!(d.m.entry("router").unwrap().helper, "promoted in place");
+    let c = d.use_model(&llm("cand"));
+    d.ev(Event::Release { req: c });
+    assert_eq!((d.state("router"), d.state("cand")), (State::Loaded, State::Loaded), "side by side at one slot");
+    // Asked for directly: the idle candidate gives its slot.
+    let r = d.use_model(&router);
+    assert_eq!((d.state("router"), d.state("cand")), (State::Loaded, State::Unloaded));
+    assert!(!d.m.entry("router").unwrap().helper);
+    d.ev(Event::Release { req: r });
+    let t = d.use_model(&llm("third"));
+    d.ev(Event::Release { req: t });
+    assert_eq!((d.state("router"), d.state("third")), (State::Unloaded, State::Loaded));
+    // Two helpers and a candidate at one slot: all three stay.
+    for m in ["h1", "h2"] {
+        let r = d.use_model(&ModelRef { helper: true, ..llm(m) });
+        d.ev(Event::Release { req: r });
+    }
+    assert_eq!((d.state("h1"), d.state("h2"), d.state("third")), (State::Loaded, State::Loaded, State::Loaded));
 }

@@ -243,15 +243,16 @@ impl Lifecycle {
     }
 
     /// A lease on a downloaded model, loading it first when auto-load is on (with `load` over
-    /// its options). `keep_alive` (ms; 0 = never) sets the model's idle timeout, running or not.
+    /// its options). `keep_alive` (ms; 0 = never) sets the model's idle timeout, running or not;
+    /// `helper`: a router's classifier asks (the routing-helper pool, no slot of its type).
     pub async fn acquire(
         self: &Arc<Self>,
         info: &ModelInfo,
         keep_alive: Option<u64>,
-        priority: i32,
+        (priority, helper): (i32, bool),
         load: &OptionsPatch,
     ) -> Result<Lease> {
-        match self.acquire_once(info, keep_alive, priority, load).await {
+        match self.acquire_once(info, keep_alive, (priority, helper), load).await {
             // The backend died just before this grant, before the owner heard of it. Once it has
             // (the exit is reported before `reported` is set, and events are handled in order),
             // asking again loads the model anew, as the next request would.
@@ -260,7 +261,7 @@ impl Lifecycle {
                     let mut reported = r.reported.subscribe();
                     let _ = tokio::time::timeout(Duration::from_secs(2), reported.wait_for(|done| *done)).await;
                 }
-                match self.acquire_once(info, keep_alive, priority, load).await {
+                match self.acquire_once(info, keep_alive, (priority, helper), load).await {
                     Err(Died(_)) => {
                         Err(EngineError::BackendLost(BackendLoss::ExitedJustNow { model: Some(info.name.clone()) }))
                     }
@@ -275,13 +276,14 @@ impl Lifecycle {
         self: &Arc<Self>,
         info: &ModelInfo,
         keep_alive: Option<u64>,
-        priority: i32,
+        (priority, helper): (i32, bool),
         load: &OptionsPatch,
     ) -> std::result::Result<Lease, Acquired> {
         let name = info.name.as_str();
         let options = self.effective_options(info, load);
         let mut model = self.model_ref(info, &options, Scheduling::default());
         model.priority = priority;
+        model.helper = helper;
         if let Some(ms) = keep_alive {
             (model.idle_timeout_ms, model.sets_idle_timeout) = (Some(ms), true);
         }

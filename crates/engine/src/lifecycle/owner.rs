@@ -34,6 +34,7 @@ impl Lifecycle {
             .map(|e| {
                 let v = ModelView {
                     state: e.state,
+                    helper: e.helper,
                     in_flight: e.in_flight.len(),
                     queue_depth: e.queue_depth(),
                     waiting_since: m.waiting_since(&e.model.name),

@@ -57,6 +57,8 @@ impl Running {
 #[derive(Debug, Clone)]
 pub struct ModelView {
     pub state: State,
+    /// In the routing-helper pool (a router's classifier uses it; it takes no slot).
+    pub helper: bool,
     pub in_flight: usize,
     pub queue_depth: usize,
     pub last_use: u64,
@@ -278,7 +280,11 @@ impl Lifecycle {
             recipe_options: r.options.clone(),
             last_use: v.last_use,
             pinned: v.pinned,
-            slot_pool: format!("standard/{}", r.info.model_type.as_str()),
+            slot_pool: format!(
+                "{}/{}",
+                if v.helper { "routing_helper" } else { "standard" },
+                r.info.model_type.as_str()
+            ),
             idle_timeout: v.idle_timeout.map(|ms| ms / 1000),
             unloads_in_ms: v.unload_at.map(|at| at.saturating_sub(now)),
             memory_estimate: v.memory,
