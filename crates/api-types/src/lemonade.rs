@@ -740,6 +740,12 @@ pub struct PullRequest {
     /// Legacy mmproj file name in the main repo.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mmproj: Option<String>,
+    /// An sd.cpp model's image defaults (`steps`, `cfg_scale`, `width`, `height`,
+    /// `sampling_method`, `flow_shift`): kept with the registration and, as Lemonade v11 does,
+    /// saved as its options under the request's `recipe_options`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub image_defaults: Option<Value>,
     /// Answer with SSE `progress` / `complete` / `error` events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,

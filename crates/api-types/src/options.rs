@@ -143,6 +143,13 @@ load_options! {
     width: u32 = Width "width",
     /// Image defaults: height in pixels.
     height: u32 = Height "height",
+    /// Image defaults: sd-server's sampler (`euler`, `euler_a`, `dpm++2m`, …).
+    sampling_method: String = SamplingMethod "sampling_method",
+    /// Image defaults: the flow shift of flow models (SD3.x, FLUX, Wan); unset: sd.cpp's own.
+    flow_shift: f64 = FlowShift "flow_shift",
+    /// Extra sd-server arguments (`-m`, `--model`, `--listen-ip`, `--listen-port` and the ones
+    /// lemonade sets from the options above are refused).
+    sdcpp_args: String = SdcppArgs "sdcpp_args",
     /// Seconds without a request before the model is unloaded (0 = never). Saved beside the
     /// recipe's options but no recipe's own: it never restarts a backend.
     idle_timeout: u64 = IdleTimeout "idle_timeout",

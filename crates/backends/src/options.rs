@@ -41,6 +41,9 @@ pub fn defaults(recipe: Recipe) -> LoadOptions {
         cfg_scale: Some(sdcpp::DEFAULT_CFG_SCALE),
         width: Some(sdcpp::DEFAULT_SIZE),
         height: Some(sdcpp::DEFAULT_SIZE),
+        sampling_method: None,
+        flow_shift: None,
+        sdcpp_args: Some(String::new()),
         idle_timeout: None,
         max_concurrent: None,
         priority: None,
@@ -90,6 +93,25 @@ pub fn check(o: &LoadOptions) -> Result<(), Invalid> {
             key: OptionKey::WhispercppArgs,
             code: Some("invalid_whispercpp_args"),
         })?;
+    }
+    if let Some(a) = &o.sdcpp_args {
+        sdcpp::user_args(a).map_err(|message| Invalid {
+            message: message.to_string(),
+            key: OptionKey::SdcppArgs,
+            code: Some("invalid_sdcpp_args"),
+        })?;
+    }
+    if let Some(m) = o.sampling_method.as_deref().filter(|m| !sdcpp::SAMPLERS.contains(m)) {
+        return Err(invalid(
+            OptionKey::SamplingMethod,
+            format!("Invalid value for 'sampling_method': expected one of {}, got '{m}'", sdcpp::SAMPLERS.join(", ")),
+        ));
+    }
+    if let Some(f) = o.flow_shift.filter(|f| !f.is_finite() || !(0.0..=100.0).contains(f)) {
+        return Err(invalid(
+            OptionKey::FlowShift,
+            format!("Invalid value for 'flow_shift': expected 0 to 100, got {f}"),
+        ));
     }
     if let Some(n) = o.parallel.filter(|n| *n > MAX_PARALLEL) {
         return Err(invalid(
@@ -227,8 +249,16 @@ mod tests {
     fn every_recipe_option_has_a_default_and_no_other() {
         for r in Recipe::ALL {
             // `parallel` has none: unset is llama-server's own slots, sharing one context; nor
-            // `draft_model`: unset is no draft; nor `cache_ram`: unset is sized from the model.
-            let none = [OptionKey::Parallel, OptionKey::DraftModel, OptionKey::CacheRam];
+            // `draft_model`: unset is no draft; nor `cache_ram`: unset is sized from the model;
+            // nor sd.cpp's `sampling_method` and `flow_shift`: unset is sd-server's own choice
+            // for the model.
+            let none = [
+                OptionKey::Parallel,
+                OptionKey::DraftModel,
+                OptionKey::CacheRam,
+                OptionKey::SamplingMethod,
+                OptionKey::FlowShift,
+            ];
             let keys: Vec<OptionKey> = r.option_keys().iter().copied().filter(|k| !none.contains(k)).collect();
             assert_eq!(defaults(r).keys(), keys, "{r}");
             assert!(check(&defaults(r)).is_ok(), "{r}: the defaults pass the check");

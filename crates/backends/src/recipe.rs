@@ -147,7 +147,9 @@ impl Recipe {
             Recipe::Flm => &[CtxSize, Device, FlmArgs],
             Recipe::RyzenAiLlm => &[CtxSize],
             Recipe::WhisperCpp => &[Device, WhispercppBackend, WhispercppArgs, MergeArgs],
-            Recipe::SdCpp => &[Device, SdcppBackend, Steps, CfgScale, Width, Height],
+            Recipe::SdCpp => {
+                &[Device, SdcppBackend, Steps, CfgScale, Width, Height, SamplingMethod, FlowShift, SdcppArgs]
+            }
             Recipe::Kokoro => &[],
         }
     }

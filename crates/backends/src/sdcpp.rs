@@ -35,10 +35,62 @@ impl crate::Adapter for SdCpp {
     }
 }
 
+/// The flags lemonade gives sd-server itself (from the model and its options).
+pub const RESERVED_FLAGS: &[&str] = &[
+    "-m",
+    "--model",
+    "-l",
+    "--listen-ip",
+    "--listen-port",
+    "--steps",
+    "--cfg-scale",
+    "-W",
+    "--width",
+    "-H",
+    "--height",
+    "--sampling-method",
+    "--flow-shift",
+];
+
+/// A refused `sdcpp_args`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SdArgsError {
+    #[error(
+        "Invalid custom sd-server arguments: argument '{0}' is managed by lemonade and cannot be overridden. \
+         Reserved arguments: -m, --model, -l, --listen-ip, --listen-port, --steps, --cfg-scale, -W, --width, -H, \
+         --height, --sampling-method, --flow-shift"
+    )]
+    Reserved(String),
+    #[error("Invalid custom sd-server arguments: unterminated quote in: {0}")]
+    UnterminatedQuote(String),
+}
+
+/// `sdcpp_args` split into arguments (quotes group words), none of them a flag lemonade sets.
+pub fn user_args(args: &str) -> Result<Vec<String>, SdArgsError> {
+    let tokens = crate::llamacpp::tokenize(args).map_err(|_| SdArgsError::UnterminatedQuote(args.into()))?;
+    match crate::llamacpp::first_reserved(&tokens, RESERVED_FLAGS) {
+        Some(f) => Err(SdArgsError::Reserved(f.to_string())),
+        None => Ok(tokens),
+    }
+}
+
 /// `sd-server -m <model> --listen-ip 127.0.0.1 --listen-port <P> --steps N --cfg-scale X -W w
-/// -H h`: the model's options (its `image_defaults` under the saved ones) become the server's
-/// defaults, which each request may override.
+/// -H h [--sampling-method S] [--flow-shift F] [sdcpp_args…]`: the model's options (its
+/// `image_defaults` under the saved ones) become the server's defaults, which each request may
+/// override.
 pub fn command_line(model: &Path, port: u16, options: &LoadOptions) -> Vec<String> {
+    let mut args = base_command(model, port, options);
+    if let Some(m) = &options.sampling_method {
+        args.extend(["--sampling-method".to_string(), m.clone()]);
+    }
+    if let Some(f) = options.flow_shift {
+        args.extend(["--flow-shift".to_string(), f.to_string()]);
+    }
+    args.extend(options.sdcpp_args.as_deref().and_then(|a| user_args(a).ok()).unwrap_or_default());
+    args
+}
+
+fn base_command(model: &Path, port: u16, options: &LoadOptions) -> Vec<String> {
     let cfg = options.cfg_scale.unwrap_or(DEFAULT_CFG_SCALE);
     vec![
         "-m".into(),
@@ -266,6 +318,20 @@ mod tests {
         o = LoadOptions { steps: Some(4), cfg_scale: Some(1.5), width: Some(256), height: Some(320), ..o };
         let args = command_line(Path::new("/m"), 1, &o).join(" ");
         assert!(args.ends_with("--steps 4 --cfg-scale 1.5 -W 256 -H 320"), "{args}");
+        // Lemonade v11's sampler, flow shift and extra arguments.
+        o = LoadOptions {
+            sampling_method: Some("euler".into()),
+            flow_shift: Some(1.25),
+            sdcpp_args: Some("--diffusion-fa --threads 2".into()),
+            ..o
+        };
+        let args = command_line(Path::new("/m"), 1, &o).join(" ");
+        assert!(
+            args.ends_with("-H 320 --sampling-method euler --flow-shift 1.25 --diffusion-fa --threads 2"),
+            "{args}"
+        );
+        let e = user_args("--steps 9").unwrap_err().to_string();
+        assert!(e.contains("'--steps' is managed by lemonade"), "{e}");
     }
 
     #[test]

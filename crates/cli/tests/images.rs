@@ -149,6 +149,37 @@ async fn real_sd_server_cli_pulls_lists_and_deletes_image_models() {
     let (s, v) = l.post("/api/v1/images/generations", &json!({"model": "SD-Turbo", "prompt": "x", "steps": 1})).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(png_size(&first_png(&v)), (512, 512));
+    // Lemonade v11's import: the image defaults are saved as the model's options, the
+    // request's options over them, and sd-server starts with them.
+    let pull = json!({"model_name": "user.Merged", "checkpoint": ckpt, "recipe": "sd-cpp", "stream": false,
+        "image_defaults": {"steps": 1, "cfg_scale": 1.5, "width": 256, "height": 320, "sampling_method": "euler", "flow_shift": 1.25},
+        "recipe_options": {"sd-cpp_backend": "cpu", "sdcpp_args": "--threads 2", "height": 256}});
+    let (s, v) = l.post("/api/v1/pull", &pull).await;
+    assert_eq!(s, 200, "{v}");
+    let (_, m) = l.get("/api/v1/models/user.Merged").await;
+    assert_eq!(
+        m["recipe_options"],
+        json!({"steps": 1, "cfg_scale": 1.5, "width": 256, "height": 256, "sampling_method": "euler",
+               "flow_shift": 1.25, "sd-cpp_backend": "cpu", "sdcpp_args": "--threads 2"}),
+        "{m}"
+    );
+    let (s, v) = l.post("/api/v1/images/generations", &json!({"model": "user.Merged", "prompt": "x"})).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(png_size(&first_png(&v)), (256, 256), "the saved defaults size the image");
+    let (_, h) = l.get("/api/v1/health").await;
+    let entry = h["all_models_loaded"].as_array().unwrap().iter().find(|m| m["model_name"] == "user.Merged").cloned();
+    let command = entry.map(|e| {
+        e["command"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect::<Vec<_>>().join(" ")
+    });
+    assert!(
+        command.as_deref().is_some_and(|c| c.ends_with("--sampling-method euler --flow-shift 1.25 --threads 2")),
+        "{command:?}"
+    );
+    let (s, e) = l.post("/api/v1/models/user.Merged/options", &json!({"sdcpp_args": "--listen-port 1"})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("sdcpp_args")), "{e}");
+    let (s, e) = l.post("/api/v1/models/user.Merged/options", &json!({"sampling_method": "nope"})).await;
+    assert_eq!((s, e["error"]["param"].as_str()), (400, Some("sampling_method")), "{e}");
+    assert_eq!(l.cli(&["delete", "user.Merged"]).await.0, 0);
     for name in ["SD-Turbo", "Noise"] {
         let (code, out, err) = l.cli(&["delete", name]).await;
         assert_eq!(code, 0, "{name}: {out}{err}");

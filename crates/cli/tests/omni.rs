@@ -306,3 +306,59 @@ async fn scripted_planner_omni_transcribes_the_audio_the_user_sent_on_real_whisp
     assert_eq!(s, 200, "{v}");
     assert!(v["x_lemonade_omni"]["tool_calls"][0]["error"].as_str().unwrap().contains("no audio"), "{v}");
 }
+
+/// Lemonade v11's registry-backed collection: a pull that points at a repository (no
+/// components) fetches its manifest from the Hub (a double on 127.0.0.1) into the Hugging Face
+/// cache, registers the definitions it carries and saves only the pointer; a pull by name alone
+/// refreshes it from the repository, and with the Hub out of reach (offline) the cached copy
+/// is used. A built-in collection (v11's LMX-Omni-5.5B-Lite) is never a component.
+#[tokio::test]
+async fn a_registry_backed_collection_is_a_pointer_to_a_manifest_fetched_refreshed_and_cached() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("org/Kit");
+    std::fs::create_dir_all(&repo).unwrap();
+    let def = |name: &str| json!({"model_name": name, "recipe": "llamacpp", "checkpoint": "org/none:Q4_0"});
+    let manifest = |components: &[&str]| {
+        json!({"model_name": "Kit", "recipe": "collection.omni", "checkpoints": {"main": ""},
+               "components": components, "models": components.iter().map(|c| def(c)).collect::<Vec<_>>()})
+    };
+    std::fs::write(repo.join("Kit.json"), manifest(&[SMOL]).to_string()).unwrap();
+    let double = test_support::hub::HubDouble::start(tmp.path(), test_support::hub::Knobs::default()).await;
+    let l = Lemonade::start_in(bin(), Sandbox::new().with_kokoro(), &[], &[("HF_ENDPOINT", &double.url)]).await;
+    let pull = json!({"model_name": "user.Kit", "recipe": "collection.omni", "checkpoints": {"main": "org/Kit"}, "stream": false});
+    let (s, v) = l.post("/api/v1/pull", &pull).await;
+    assert_eq!(s, 200, "{v}");
+    let components = |m: &Value| m["components"].clone();
+    assert_eq!(components(&l.get("/api/v1/models/user.Kit").await.1), json!([shown(SMOL)]));
+    let saved: Value =
+        serde_json::from_slice(&std::fs::read(l.sandbox.cache().join("user_models.json")).unwrap()).unwrap();
+    assert_eq!(
+        saved["Kit"],
+        json!({"checkpoint": "org/Kit", "recipe": "collection.omni", "labels": ["collection"]}),
+        "only the pointer is saved"
+    );
+    // The repository changes (a new commit); a pull by name alone follows it.
+    std::fs::remove_file(repo.join("Kit.json")).unwrap();
+    std::fs::write(repo.join("Kit-2.json"), manifest(&[SMOL, KOKORO]).to_string()).unwrap();
+    let commit = Some("c0ffee0000000000000000000000000000000002".to_string());
+    double.set_knobs(test_support::hub::Knobs { commit, ..Default::default() });
+    assert_eq!(l.post("/api/v1/pull", &json!({"model_name": "user.Kit", "stream": false})).await.0, 200);
+    assert_eq!(components(&l.get("/api/v1/models/user.Kit").await.1), json!([shown(SMOL), shown(KOKORO)]));
+    // Offline: no Hub call; the cached manifest still defines it.
+    let asked = double.log().len();
+    assert_eq!(l.post("/internal/set", &json!({"offline": true})).await.0, 200);
+    assert_eq!(l.post("/api/v1/pull", &json!({"model_name": "user.Kit", "stream": false})).await.0, 200);
+    assert_eq!(double.log().len(), asked, "offline: nothing asked of the Hub");
+    assert_eq!(components(&l.get("/api/v1/models/user.Kit").await.1), json!([shown(SMOL), shown(KOKORO)]));
+    // A repository that is not there and not cached: the Hub's answer, nothing saved.
+    assert_eq!(l.post("/internal/set", &json!({"offline": false})).await.0, 200);
+    let gone =
+        json!({"model_name": "user.Gone", "recipe": "collection.omni", "checkpoint": "org/Gone", "stream": false});
+    let (s, e) = l.post("/api/v1/pull", &gone).await;
+    assert!(s >= 400, "{e}");
+    assert_eq!(l.get("/api/v1/models/user.Gone").await.0, 404);
+    // A built-in collection is a collection: never a component.
+    let (s, e) = l.post("/api/v1/pull", &omni("user.Nest", &[SMOL, "LMX-Omni-5.5B-Lite"], json!({}))).await;
+    assert_eq!(s, 400, "{e}");
+    assert!(e["error"].as_str().unwrap().contains("not collections"), "{e}");
+}

@@ -125,19 +125,35 @@ pub async fn resolve(rt: &Engine, req: &PullRequest) -> Result<ModelInfo> {
             Some("checkpoint"),
         ));
     }
-    let options = match &req.recipe_options {
-        Some(m) => {
-            let o = LoadOptions::from_map(m).map_err(|e| invalid(e.to_string(), e.key))?;
+    // v11: an image model's defaults are saved as its options, the request's options over them.
+    let defaults = match req.image_defaults.as_ref().filter(|_| recipe == "sd-cpp") {
+        Some(serde_json::Value::Object(d)) => {
+            use OptionKey::*;
+            let keys = [Steps, CfgScale, Width, Height, SamplingMethod, FlowShift].map(|k| k.as_str());
+            let known: serde_json::Map<String, serde_json::Value> =
+                d.iter().filter(|(k, _)| keys.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
+            Some(LoadOptions::from_map(&known).map_err(|e| invalid(e.to_string(), "image_defaults"))?)
+        }
+        Some(_) => return Err(invalid("'image_defaults' must be an object".into(), "image_defaults")),
+        None => None,
+    };
+    let options = match (&req.recipe_options, defaults) {
+        (None, None) => None,
+        (given, defaults) => {
+            let mut o = defaults.unwrap_or_default();
+            if let Some(m) = given {
+                o.overlay(&LoadOptions::from_map(m).map_err(|e| invalid(e.to_string(), e.key))?);
+            }
             backends::options::check(&o).map_err(crate::options::refused)?;
             backends::Recipe::parse(&recipe).map(|r| registry::recipe_options(r, o))
         }
-        None => None,
     };
     let flag = |f: Option<bool>| f.unwrap_or(false);
     let entry = CatalogueEntry {
         checkpoint: checkpoint.clone(),
         checkpoints: req.checkpoints.clone().unwrap_or_default(),
         mmproj: req.mmproj.clone(),
+        image_defaults: req.image_defaults.clone().filter(|_| recipe == "sd-cpp"),
         recipe: recipe.clone(),
         suggested: Some(true),
         labels: registry::registration_labels(
@@ -256,6 +272,46 @@ async fn download_files(rt: &Engine, m: &ModelInfo, events: Option<&mpsc::Sender
         }
     }
     Ok(total)
+}
+
+/// The definition of Lemonade v11's registry-backed collection `repo`: its repository's
+/// `*.json` files downloaded into the Hugging Face cache (when that fails, or offline, the
+/// copy cached before), and the manifest read from there. It must name components and carry
+/// their definitions (`models`).
+pub async fn collection_manifest(rt: &Engine, repo: &str) -> Result<serde_json::Value> {
+    let fetched = async {
+        let hub = hub(rt, "downloading a collection from Hugging Face")?;
+        let lock = rt.locks.get(&format!("repo:{repo}"));
+        let _guard = lock.lock().await;
+        let (commit, files) = hub.list(repo, "main").await.map_err(hub_error)?;
+        let small = |f: &&registry::plan::RepoFile| f.size.is_none_or(|s| s <= host::catalogue::MAX_MANIFEST);
+        for f in files.iter().filter(|f| f.path.ends_with(".json") && !f.path.contains('/')).filter(small) {
+            let job = Download { repo, commit: &commit, file: f, dest_repo: repo, dest: &f.path };
+            hub.download(&rt.cfg.hf_cache, &job, &mut |_, _| true).await.map_err(hub_error)?;
+        }
+        Ok::<_, EngineError>(())
+    }
+    .await;
+    let (cache, r) = (rt.cfg.hf_cache.clone(), repo.to_string());
+    let cached = host::offload::offload(move || host::catalogue::collection_manifest(&cache, &r))
+        .await
+        .map_err(|e| EngineError::Internal(e.to_string()))?;
+    let complete =
+        |m: &serde_json::Value| m["components"].as_array().is_some_and(|c| !c.is_empty()) && m["models"].is_array();
+    match (fetched, cached) {
+        (Err(e), Some(m)) if complete(&m) => {
+            tracing::warn!(repo, error = %e, "collection manifest not refreshed; the cached copy is used");
+            Ok(m)
+        }
+        (Err(e), _) => Err(e),
+        (Ok(()), Some(m)) if complete(&m) => Ok(m),
+        (Ok(()), _) => Err(EngineError::invalid(
+            format!(
+                "Collection manifest for '{repo}' must contain a non-empty 'components' array and a 'models' array"
+            ),
+            Some("checkpoint"),
+        )),
+    }
 }
 
 /// [`download`] then the registry reloaded, so the model counts as downloaded.

@@ -17,9 +17,28 @@ use crate::error::{EngineError, Result};
 use crate::lease::Endpoint;
 use crate::Engine;
 
-/// Whether a pull body defines a collection (`recipe: "collection.*"`).
-pub fn is_collection_pull(req: &PullRequest) -> bool {
-    req.recipe.as_deref().is_some_and(|r| r.starts_with("collection."))
+/// Whether a pull body defines a collection (`recipe: "collection.*"`), or names a
+/// registry-backed one to refresh.
+pub fn is_collection_pull(rt: &Engine, req: &PullRequest) -> bool {
+    req.recipe.as_deref().is_some_and(|r| r.starts_with("collection.")) || refreshed(rt, req).is_some()
+}
+
+/// The registry-backed collection a bare pull (`{"model_name": X}`) names: (recipe, repository).
+fn refreshed(rt: &Engine, req: &PullRequest) -> Option<(String, String)> {
+    if req.recipe.is_some() || req.components.is_some() {
+        return None;
+    }
+    let name = req.model.as_deref().or(req.model_name.as_deref())?;
+    let reg = rt.catalogue.registry();
+    let c = reg.collection(name)?;
+    Some((c.recipe.clone(), c.pointer.clone()?))
+}
+
+/// The repository a collection pull points at (`checkpoints.main` or `checkpoint`), when it
+/// names no components (v11's registry-backed collection).
+fn pointer(req: &PullRequest) -> Option<String> {
+    let main = req.checkpoints.as_ref().and_then(|c| c.get("main")).or(req.checkpoint.as_ref());
+    main.filter(|p| !p.is_empty() && req.components.is_none()).cloned()
 }
 
 fn policy_error(e: routing::PolicyError) -> EngineError {
@@ -41,6 +60,29 @@ pub async fn register(rt: &Engine, req: &PullRequest) -> Result<String> {
         ));
     }
     registry::validate_user_name(&name).map_err(|e| EngineError::invalid(e.to_string(), Some("model")))?;
+    let repo = refreshed(rt, req).map(|(_, repo)| repo).or_else(|| pointer(req));
+    if let Some(repo) = repo {
+        // The manifest is the definition; only the pointer is saved.
+        let m = crate::pulls::collection_manifest(rt, &repo).await?;
+        let mut def: PullRequest = serde_json::from_value(m).map_err(|e| {
+            EngineError::invalid(format!("Invalid collection manifest for '{repo}': {e}"), Some("checkpoint"))
+        })?;
+        if let Some(r) = req.recipe.as_ref().filter(|r| def.recipe.as_ref() != Some(*r)) {
+            return Err(EngineError::invalid(
+                format!("'{repo}' defines a {}, not a {r}", def.recipe.unwrap_or_default()),
+                Some("recipe"),
+            ));
+        }
+        (def.model, def.model_name, def.checkpoint, def.checkpoints) = (None, Some(name.clone()), None, None);
+        return define(rt, &name, &def, Some(&repo)).await;
+    }
+    define(rt, &name, req, None).await
+}
+
+/// Checks and saves the collection `name` that `req` defines; with `pointer`, only it is saved
+/// (the manifest of that repository stays the definition).
+async fn define(rt: &Engine, name: &str, req: &PullRequest, pointer: Option<&str>) -> Result<String> {
+    let name = name.to_string();
     let recipe = req.recipe.clone().unwrap_or_default();
     let (components, omni) = match recipe.as_str() {
         routing::ROUTER_RECIPE => (Policy::parse(&definition(req, &recipe)).map_err(policy_error)?.components, None),
@@ -79,14 +121,22 @@ pub async fn register(rt: &Engine, req: &PullRequest) -> Result<String> {
             Some("components"),
         ));
     }
-    let entry = CatalogueEntry {
-        recipe,
-        components,
-        routing: req.routing.clone().filter(|_| omni.is_none()),
-        system_prompt: omni.as_ref().and_then(|o| o.system_prompt.clone()),
-        tool_format: omni.map(|o| o.tool_format.name().into()),
-        labels: vec!["collection".into()],
-        ..Default::default()
+    let entry = match pointer {
+        Some(repo) => CatalogueEntry {
+            recipe,
+            checkpoint: repo.to_string(),
+            labels: vec!["collection".into()],
+            ..Default::default()
+        },
+        None => CatalogueEntry {
+            recipe,
+            components,
+            routing: req.routing.clone().filter(|_| omni.is_none()),
+            system_prompt: omni.as_ref().and_then(|o| o.system_prompt.clone()),
+            tool_format: omni.map(|o| o.tool_format.name().into()),
+            labels: vec!["collection".into()],
+            ..Default::default()
+        },
     };
     rt.catalogue.register_collection(&name, &entry).await?;
     Ok(name)
@@ -199,7 +249,9 @@ async fn register_embedded(rt: &Engine, defs: Vec<(usize, RegisterRequest)>) -> 
 
 /// Whether every component of `c` can answer here: a downloaded local model or a remote one.
 fn ready(rt: &Engine, reg: &registry::Registry, c: &Collection) -> bool {
-    c.components.iter().all(|m| reg.get(m).map_or_else(|_| rt.remotes.model(m).is_some(), |i| i.downloaded))
+    // A registry-backed collection not pulled yet has no components: not ready.
+    !c.components.is_empty()
+        && c.components.iter().all(|m| reg.get(m).map_or_else(|_| rt.remotes.model(m).is_some(), |i| i.downloaded))
 }
 
 /// The collections as `/models` lists them: those whose components are all here (every one
@@ -239,7 +291,11 @@ fn view(rt: &Engine, c: &Collection, downloaded: bool) -> Model {
         // An omni collection's components as the listings show them (v11); a router's as its
         // policy names them, since its candidates are matched by name.
         components: Some(match omni {
-            Some(_) => c.components.iter().map(|m| crate::models::listed_name(rt, m)).collect(),
+            Some(_) => {
+                let (reg, v9) = (rt.catalogue.registry(), rt.cfg.live.v9_names());
+                let listed = |m: &String| reg.get(m).map_or_else(|_| m.clone(), |i| reg.listed_id(i, v9));
+                c.components.iter().map(listed).collect()
+            }
             None => c.components.clone(),
         }),
         routing: Some(c.routing.clone()).filter(|_| omni.is_none()),

@@ -78,6 +78,12 @@ impl ModelFiles for CacheFiles<'_> {
     fn size(&self, file: &Path) -> Option<u64> {
         std::fs::metadata(file).ok().map(|m| m.len())
     }
+    fn read(&self, file: &Path) -> Option<Vec<u8>> {
+        let f = std::fs::File::open(file).ok()?;
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_MANIFEST + 1), &mut bytes).ok()?;
+        (bytes.len() as u64 <= MAX_MANIFEST).then_some(bytes)
+    }
     fn gguf_meta(&self, file: &Path) -> Option<GgufMeta> {
         match self.headers {
             Some(h) => h.meta(file),
@@ -109,6 +115,14 @@ fn json_file<T: serde::de::DeserializeOwned + Default>(path: &Path) -> Result<T,
         }),
         None => Ok(T::default()),
     }
+}
+
+/// The largest collection manifest read (bytes).
+pub const MAX_MANIFEST: u64 = 1 << 20;
+
+/// The collection manifest cached for `repo` in the Hugging Face cache, if any (blocking).
+pub fn collection_manifest(hf_cache: &Path, repo: &str) -> Option<serde_json::Value> {
+    registry::collection_manifest(&CacheFiles { hf_cache, headers: None }, repo)
 }
 
 /// Reads the catalogue, the user's files, the extra models dir and the HF cache.

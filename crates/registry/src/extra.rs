@@ -19,19 +19,41 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::{apply_gguf, ExtraFile, ModelFiles, ModelInfo, ModelType, Recipe, Source, EXTRA_PREFIX};
+/// The prefix of an extra model's name.
+pub const EXTRA_PREFIX: &str = "extra.";
+
+/// A `*.gguf` file found under the extra models dir, with its size in bytes.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ExtraFile {
+    pub path: PathBuf,
+    pub bytes: u64,
+}
+
+/// One model of the extra models dir.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Found {
+    /// Its full name (`extra.X`).
+    pub id: String,
+    /// What the API shows as its checkpoint: the file, or the folder of a one-model folder.
+    pub checkpoint: PathBuf,
+    /// The file llama-server loads (the first shard).
+    pub main: PathBuf,
+    /// Its projector.
+    pub mmproj: Option<PathBuf>,
+    /// Its files' bytes (every shard; a one-model folder's every file).
+    pub bytes: u64,
+}
 
 /// What the extra models dir holds, as models.
 #[derive(Debug, Default)]
 pub struct ExtraScan {
-    /// Every model, by full name (`extra.X`).
-    pub models: Vec<(String, ModelInfo)>,
+    pub models: Vec<Found>,
     /// Lemonade v9's name of a model → its name now, where they differ.
     pub renamed: Vec<(String, String)>,
 }
 
 /// Scans `found` (every `*.gguf` under `dir`, any case, recursively) into models.
-pub fn scan(dir: &Path, mut found: Vec<ExtraFile>, files: &dyn ModelFiles) -> ExtraScan {
+pub fn scan(dir: &Path, mut found: Vec<ExtraFile>) -> ExtraScan {
     found.sort();
     let mut out = ExtraScan::default();
     let mut groups: BTreeMap<PathBuf, Vec<ExtraFile>> = BTreeMap::new();
@@ -45,12 +67,13 @@ pub fn scan(dir: &Path, mut found: Vec<ExtraFile>, files: &dyn ModelFiles) -> Ex
         if is_mmproj(&name) {
             continue;
         }
-        let info = extra_info(f.path.clone(), f.path.clone(), None, f.bytes, files);
-        let id = out.add(stem(&name), dir, info);
+        let m =
+            Found { id: String::new(), checkpoint: f.path.clone(), main: f.path.clone(), mmproj: None, bytes: f.bytes };
+        let id = out.add(stem(&name), dir, m);
         out.rename(format!("{EXTRA_PREFIX}{name}"), id);
     }
     for (folder, group) in groups {
-        out.folder(&folder, &group, files);
+        out.folder(&folder, &group);
     }
     out
 }
@@ -58,8 +81,8 @@ pub fn scan(dir: &Path, mut found: Vec<ExtraFile>, files: &dyn ModelFiles) -> Ex
 impl ExtraScan {
     /// Adds `info` as `extra.<base>`, or qualified by `folder` when that name is taken; returns
     /// the full name given.
-    fn add(&mut self, base: &str, folder: &Path, mut info: ModelInfo) -> String {
-        let taken = |id: &str| self.models.iter().any(|(n, _)| n == id);
+    fn add(&mut self, base: &str, folder: &Path, mut m: Found) -> String {
+        let taken = |id: &str| self.models.iter().any(|f| f.id == id);
         let mut id = format!("{EXTRA_PREFIX}{base}");
         if taken(&id) {
             let qualified = format!("{EXTRA_PREFIX}{}-{base}", file_name(folder));
@@ -70,8 +93,8 @@ impl ExtraScan {
                 n += 1;
             }
         }
-        info.name = id.clone();
-        self.models.push((id.clone(), info));
+        m.id = id.clone();
+        self.models.push(m);
         id
     }
 
@@ -82,7 +105,7 @@ impl ExtraScan {
     }
 
     /// One subfolder's files: one model per quantization when it holds several, else one.
-    fn folder(&mut self, folder: &Path, group: &[ExtraFile], files: &dyn ModelFiles) {
+    fn folder(&mut self, folder: &Path, group: &[ExtraFile]) {
         let folder_name = file_name(folder);
         let mmproj = group.iter().find(|f| is_mmproj(&file_name(&f.path)));
         let models: Vec<&ExtraFile> = group.iter().filter(|f| !is_mmproj(&file_name(&f.path))).collect();
@@ -92,8 +115,10 @@ impl ExtraScan {
             Some(variants) => {
                 for v in variants {
                     let bytes = v.iter().map(|f| f.bytes).sum();
-                    let info = extra_info(v[0].path.clone(), v[0].path.clone(), mmproj, bytes, files);
-                    let id = self.add(&visible_name(&file_name(&v[0].path), v.len() > 1), folder, info);
+                    let (checkpoint, main) = (v[0].path.clone(), v[0].path.clone());
+                    let m =
+                        Found { id: String::new(), checkpoint, main, mmproj: mmproj.map(|m| m.path.clone()), bytes };
+                    let id = self.add(&visible_name(&file_name(&v[0].path), v.len() > 1), folder, m);
                     if v[0].path == first.path {
                         self.rename(old.clone(), id);
                     }
@@ -101,8 +126,9 @@ impl ExtraScan {
             }
             None => {
                 let bytes = group.iter().map(|f| f.bytes).sum();
-                let info = extra_info(folder.to_path_buf(), first.path.clone(), mmproj, bytes, files);
-                let id = self.add(&folder_name, folder, info);
+                let (checkpoint, main) = (folder.to_path_buf(), first.path.clone());
+                let m = Found { id: String::new(), checkpoint, main, mmproj: mmproj.map(|m| m.path.clone()), bytes };
+                let id = self.add(&folder_name, folder, m);
                 self.rename(old, id);
             }
         }
@@ -140,44 +166,8 @@ fn variants<'a>(models: &[&'a ExtraFile]) -> Option<Vec<Vec<&'a ExtraFile>>> {
 /// The quantizations the catalogue uses most, first.
 const FAVOURITES: [&str; 4] = ["Q4_K_M", "UD-Q4_K_XL", "Q8_0", "Q4_0"];
 
-/// A model of the extra models dir: `checkpoint` is what the API shows (the file, or the
-/// folder of a one-model folder), `main` the file llama-server loads, `mmproj` its projector.
-fn extra_info(
-    checkpoint: PathBuf,
-    main: PathBuf,
-    mmproj: Option<&ExtraFile>,
-    bytes: u64,
-    files: &dyn ModelFiles,
-) -> ModelInfo {
-    let checkpoint = checkpoint.display().to_string();
-    let gib = bytes as f64 / (1u64 << 30) as f64;
-    let mut info = ModelInfo {
-        name: String::new(),
-        checkpoints: BTreeMap::from([("main".to_string(), checkpoint.clone())]),
-        checkpoint,
-        recipe: Recipe::LlamaCpp,
-        suggested: true,
-        labels: vec!["custom".into()],
-        size: Some((gib * 100.0).round() / 100.0),
-        image_defaults: None,
-        model_type: ModelType::Llm,
-        source: Source::ExtraModelsDir,
-        downloaded: files.is_complete(&main),
-        main_path: Some(main),
-        mmproj_path: mmproj.map(|m| m.path.clone()),
-        shape: None,
-    };
-    if let Some(mm) = mmproj {
-        info.checkpoints.insert("mmproj".into(), file_name(&mm.path));
-        info.labels.push("vision".into());
-    }
-    if info.downloaded {
-        apply_gguf(&mut info, files);
-    }
-    info
-}
-
-fn file_name(p: &Path) -> String {
+/// A file's (or folder's) name.
+pub fn file_name(p: &Path) -> String {
     p.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string()
 }
 

@@ -35,7 +35,6 @@ pub const BUILTIN_CATALOGUE: &str = include_str!("../data/server_models.json");
 pub const BACKEND_VERSIONS: &str = include_str!("../data/backend_versions.json");
 
 pub const USER_PREFIX: &str = "user.";
-pub const EXTRA_PREFIX: &str = "extra.";
 /// The canonical prefix of a built-in model (Lemonade v11); built-ins are listed by bare name.
 pub const BUILTIN_PREFIX: &str = "builtin.";
 /// `aliases.json`: alias → target model name.
@@ -69,14 +68,26 @@ pub trait ModelFiles {
     fn size(&self, _file: &Path) -> Option<u64> {
         None
     }
+    /// A small file's bytes (a collection's manifest; None: unreadable or too big).
+    fn read(&self, _file: &Path) -> Option<Vec<u8>> {
+        None
+    }
 }
 
-/// A `*.gguf` file found under the extra models dir, with its size in bytes.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ExtraFile {
-    pub path: PathBuf,
-    pub bytes: u64,
+/// The collection definition a repository's cached snapshot holds (Lemonade v11's
+/// registry-backed collections: a `<Name>.json` whose `recipe` is `collection.*`, found by
+/// content), or None.
+pub fn collection_manifest(files: &dyn ModelFiles, repo: &str) -> Option<Value> {
+    let snap = files.snapshots(repo).into_iter().next()?;
+    let mut json: Vec<&String> = snap.files.iter().filter(|f| f.ends_with(".json") && !f.contains('/')).collect();
+    json.sort();
+    json.into_iter().find_map(|f| {
+        let v: Value = serde_json::from_slice(&files.read(&snap.dir.join(f))?).ok()?;
+        v["recipe"].as_str().is_some_and(|r| r.starts_with("collection.")).then_some(v)
+    })
 }
+
+pub use extra::{ExtraFile, EXTRA_PREFIX};
 
 /// The inputs of [`Registry::build`] that come from lemonade's own files.
 #[derive(Debug, Clone, Default)]
@@ -234,6 +245,9 @@ pub struct Collection {
     pub name: String,
     pub recipe: String,
     pub components: Vec<String>,
+    /// The repository whose manifest defines it (v11's registry-backed collection; its
+    /// components are read from the cached manifest at every scan, never saved).
+    pub pointer: Option<String>,
     /// The policy or the omni settings, parsed and checked when the catalogue was built.
     pub kind: CollectionKind,
     /// The policy as stored (null for an omni collection).
@@ -292,8 +306,10 @@ impl Registry {
             reg.add(format!("{USER_PREFIX}{key}"), e, Source::User, cfg, files);
         }
         if let Some(dir) = &cfg.extra_models_dir {
-            let scan = extra::scan(dir, user.extra_files, files);
-            reg.models.extend(scan.models);
+            let scan = extra::scan(dir, user.extra_files);
+            for f in scan.models {
+                reg.models.insert(f.id.clone(), extra_info(f, files));
+            }
             for (old, new) in scan.renamed {
                 reg.extra_names.insert(old.clone(), new.clone());
                 reg.migrate(old, new);
@@ -334,7 +350,7 @@ impl Registry {
 
     fn add(&mut self, name: String, e: CatalogueEntry, source: Source, cfg: &RegistryConfig, files: &dyn ModelFiles) {
         if e.recipe.starts_with("collection.") {
-            return self.add_collection(name, e);
+            return self.add_collection(name, e, files);
         }
         let recipe = match Recipe::parse(&e.recipe) {
             Some(r) => r,
@@ -357,7 +373,21 @@ impl Registry {
         self.models.insert(name, info);
     }
 
-    fn add_collection(&mut self, name: String, e: CatalogueEntry) {
+    fn add_collection(&mut self, name: String, mut e: CatalogueEntry, files: &dyn ModelFiles) {
+        let pointer = Some(e.checkpoints.get("main").cloned().unwrap_or_else(|| e.checkpoint.clone()))
+            .filter(|p| !p.is_empty() && e.components.is_empty());
+        if let Some(repo) = &pointer {
+            // The manifest on disk is the definition (nothing of it is saved).
+            if let Some(m) = collection_manifest(files, repo) {
+                let strings = |v: &Value| -> Option<Vec<String>> {
+                    v.as_array()?.iter().map(|c| c.as_str().map(str::to_string)).collect()
+                };
+                e.components = strings(&m["components"]).unwrap_or_default();
+                e.routing = e.routing.or_else(|| Some(m["routing"].clone()).filter(|r| !r.is_null()));
+                e.system_prompt = e.system_prompt.or_else(|| m["system_prompt"].as_str().map(str::to_string));
+                e.tool_format = e.tool_format.or_else(|| m["tool_format"].as_str().map(str::to_string));
+            }
+        }
         let routing = e.routing.unwrap_or(Value::Null);
         let parsed = match e.recipe.as_str() {
             routing::ROUTER_RECIPE => {
@@ -377,7 +407,14 @@ impl Registry {
         .map_err(|e| e.to_string());
         match parsed {
             Ok(kind) => {
-                let c = Collection { name: name.clone(), recipe: e.recipe, components: e.components, kind, routing };
+                let c = Collection {
+                    name: name.clone(),
+                    recipe: e.recipe,
+                    components: e.components,
+                    pointer,
+                    kind,
+                    routing,
+                };
                 self.collections.insert(name, c);
             }
             Err(reason) => {
@@ -731,6 +768,36 @@ fn apply_gguf(m: &mut ModelInfo, files: &dyn ModelFiles) {
             m.labels.push(label.into());
         }
     }
+}
+
+/// An extra model as the registry holds it.
+fn extra_info(f: extra::Found, files: &dyn ModelFiles) -> ModelInfo {
+    let checkpoint = f.checkpoint.display().to_string();
+    let gib = f.bytes as f64 / (1u64 << 30) as f64;
+    let mut info = ModelInfo {
+        name: f.id,
+        checkpoints: BTreeMap::from([("main".to_string(), checkpoint.clone())]),
+        checkpoint,
+        recipe: Recipe::LlamaCpp,
+        suggested: true,
+        labels: vec!["custom".into()],
+        size: Some((gib * 100.0).round() / 100.0),
+        image_defaults: None,
+        model_type: ModelType::Llm,
+        source: Source::ExtraModelsDir,
+        downloaded: files.is_complete(&f.main),
+        main_path: Some(f.main),
+        mmproj_path: f.mmproj,
+        shape: None,
+    };
+    if let Some(mm) = &info.mmproj_path {
+        info.checkpoints.insert("mmproj".into(), extra::file_name(mm));
+        info.labels.push("vision".into());
+    }
+    if info.downloaded {
+        apply_gguf(&mut info, files);
+    }
+    info
 }
 
 #[cfg(test)]
