@@ -477,6 +477,18 @@ pub struct LoadRequest {
     #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<u32>, nullable))]
     pub height: Option<Option<u32>>,
+    /// sd.cpp models: default sampler (`euler`, `euler_a`, `dpm++2m`, …).
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable))]
+    pub sampling_method: Option<Option<String>>,
+    /// sd.cpp models: the flow shift of flow models.
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>, nullable))]
+    pub flow_shift: Option<Option<f64>>,
+    /// sd.cpp models: extra sd-server arguments (the flags lemonade sets are refused).
+    #[serde(default, deserialize_with = "crate::nullable", skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, nullable))]
+    pub sdcpp_args: Option<Option<String>>,
     /// Save these options as the model's saved options in `recipe_options.json`, replacing
     /// what was saved (a `null` keeps the saved value of its key).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -526,6 +538,9 @@ impl LoadRequest {
         p.set.cfg_scale = one(&mut p, K::CfgScale, &self.cfg_scale);
         p.set.width = one(&mut p, K::Width, &self.width);
         p.set.height = one(&mut p, K::Height, &self.height);
+        p.set.sampling_method = one(&mut p, K::SamplingMethod, &self.sampling_method);
+        p.set.flow_shift = one(&mut p, K::FlowShift, &self.flow_shift);
+        p.set.sdcpp_args = one(&mut p, K::SdcppArgs, &self.sdcpp_args);
         p.set.idle_timeout = one(&mut p, K::IdleTimeout, &self.idle_timeout);
         p
     }

@@ -318,7 +318,8 @@ mod tests {
     fn round_trips_through_the_v9_object() {
         let v = json!({"ctx_size": 2048, "parallel": 2, "device": "gpu0,gpu1", "llamacpp_backend": "vulkan", "llamacpp_args": "-t 2",
             "rpc_servers": ["10.0.0.2:50052"], "sd-cpp_backend": "cpu", "steps": 4, "cfg_scale": 1.5,
-            "width": 256, "height": 320, "whispercpp_backend": "cpu", "whispercpp_args": "-t 2",
+            "width": 256, "height": 320, "sampling_method": "euler", "flow_shift": 1.25, "sdcpp_args": "-t 2",
+            "whispercpp_backend": "cpu", "whispercpp_args": "-t 2",
             "merge_args": false, "idle_timeout": 30, "flm_args": "--pmode turbo", "draft_model": "d", "cache_ram": 64,
             "max_concurrent": 2, "priority": 3, "spillover": ["vllm.m"]});
         let o = LoadOptions::from_map(&map(v.clone())).unwrap();

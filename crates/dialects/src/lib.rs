@@ -9,6 +9,7 @@ pub mod anthropic;
 pub mod echo;
 pub mod mcp;
 pub mod ollama;
+pub mod quiet;
 pub mod relay;
 mod sse;
 

@@ -2,6 +2,7 @@
 //! only a small tail is kept, to read the final usage/timings for `/stats`.
 
 use std::convert::Infallible;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
@@ -11,6 +12,7 @@ use http::{header, HeaderValue, StatusCode};
 use serde_json::Value;
 
 use dialects::echo::EchoLines;
+use dialects::quiet::{Idle, Quiet};
 use dialects::relay::Relay;
 use dialects::StreamTranslator;
 
@@ -18,11 +20,7 @@ use crate::error::ApiError;
 use crate::propagate::spilled;
 use engine::{Lease, Target};
 
-/// How long a streamed request waits quietly (for its model, or for its backend's first
-/// byte) before its answer starts with keep-alive lines.
-pub const PATIENCE: std::time::Duration = std::time::Duration::from_millis(250);
-/// How often a waiting or quiet stream says where it is.
-pub const EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+pub use dialects::quiet::{EVERY, PATIENCE};
 
 /// Forwards a request whose answer is a byte stream other than SSE (speech audio): the
 /// backend's content type and bytes, relayed as they come, the lease held until the end. A
@@ -171,17 +169,11 @@ pub async fn forward_translated(
 type Sent = std::pin::Pin<Box<dyn std::future::Future<Output = (Lease, engine::Result<reqwest::Response>)> + Send>>;
 
 /// Where a streamed answer is: waiting for the backend's first byte (llama-server answers a
-/// stream once the prompt is prefilled), or relaying its bytes.
+/// stream once the prompt is prefilled), or relaying its bytes. When a quiet stream gets a
+/// keep-alive and when it is cut is `dialects::quiet`'s decision; this only waits and sends.
 enum Phase {
-    Prefill { sent: Sent, relay: Relay, since: tokio::time::Instant, tick: tokio::time::Interval, stall: Stall },
+    Prefill { sent: Sent, relay: Relay, quiet: Quiet, stalled: String },
     Piping(StreamState),
-}
-
-/// How long a prefill may go without a byte, and what its cut says (a remote provider's
-/// request keeps its own `--remote-timeout`).
-struct Stall {
-    after: Option<std::time::Duration>,
-    message: String,
 }
 
 async fn stream_with(
@@ -197,10 +189,11 @@ async fn stream_with(
     let relay = Relay::new(translate, echo);
     let content_type = relay.content_type();
     let spill = lease.spilled.clone();
-    let stall = Stall {
-        after: lease.local().map(|_| lease.quiet_timeout()),
-        message: ApiError::from(lease.stalled()).message(),
-    };
+    // A local backend's prefill may go quiet for its stall timeout; a remote provider's
+    // headers are awaited within its own `--remote-timeout`.
+    let limit = lease.local().map(|_| lease.quiet_timeout());
+    let stalled = ApiError::from(lease.stalled()).message();
+    let t0 = tokio::time::Instant::now();
     let path = path.to_string();
     let mut sent: Sent = Box::pin(async move {
         let resp = lease.send(http::Method::POST, &path, Some(body), true).await;
@@ -208,75 +201,67 @@ async fn stream_with(
     });
     // Answered within PATIENCE, the answer keeps the backend's status (an error included);
     // after that a local backend's answer starts at once, kept alive until its first byte. A
-    // remote provider's keeps its status: its headers are awaited (within `--remote-timeout`).
-    let patience = if stall.after.is_some() { PATIENCE } else { std::time::Duration::MAX };
+    // remote provider's keeps its status: its headers are awaited.
+    let patience = if limit.is_some() { PATIENCE } else { Duration::MAX };
     let phase = match tokio::time::timeout(patience, &mut sent).await {
         Ok((lease, resp)) => {
             let resp = resp?;
             if !resp.status().is_success() {
                 return Err(lease.error_of(resp).await.into());
             }
-            Phase::Piping(StreamState::new(lease, resp, relay))
+            let now = t0.elapsed();
+            Phase::Piping(StreamState::new(lease, resp, relay, Quiet::new(None, now), now))
         }
-        Err(_) => Phase::Prefill {
-            sent,
-            relay,
-            since: tokio::time::Instant::now(),
-            tick: tokio::time::interval(EVERY),
-            stall,
-        },
+        Err(_) => Phase::Prefill { sent, relay, quiet: Quiet::prefill(limit, Duration::ZERO), stalled },
     };
-    let stream = futures_util::stream::unfold(Some(phase), |phase| async move {
+    let stream = futures_util::stream::unfold(Some(phase), move |phase| async move {
         let mut phase = phase?;
         loop {
             phase = match phase {
-                Phase::Prefill { mut sent, mut relay, since, mut tick, stall } => tokio::select! {
-                    (lease, resp) = &mut sent => match resp {
-                        Ok(r) if r.status().is_success() => Phase::Piping(StreamState::new(lease, r, relay)),
-                        Ok(r) => {
-                            let e = ApiError::from(lease.error_of(r).await);
-                            return Some((Ok(relay.failed(&e.message())), None));
-                        }
-                        Err(e) => return Some((Ok(relay.failed(&ApiError::from(e).message())), None)),
-                    },
-                    _ = tick.tick() => {
-                        let waited = since.elapsed();
-                        if stall.after.is_some_and(|t| waited >= t) {
-                            tracing::warn!(error = %stall.message, "prefill stalled");
-                            return Some((Ok(relay.failed(&stall.message)), None));
-                        }
-                        let words = format!("prefill {} s", waited.as_secs());
-                        let keepalive = relay.keepalive(&words);
-                        return Some((Ok(keepalive), Some(Phase::Prefill { sent, relay, since, tick, stall })));
+                Phase::Prefill { mut sent, mut relay, mut quiet, stalled } => {
+                    let wait = quiet.wait(t0.elapsed());
+                    tokio::select! {
+                        (lease, resp) = &mut sent => match resp {
+                            Ok(r) if r.status().is_success() => {
+                                Phase::Piping(StreamState::new(lease, r, relay, quiet, t0.elapsed()))
+                            }
+                            Ok(r) => {
+                                let e = ApiError::from(lease.error_of(r).await);
+                                return Some((Ok(relay.failed(&e.message())), None));
+                            }
+                            Err(e) => return Some((Ok(relay.failed(&ApiError::from(e).message())), None)),
+                        },
+                        () = tokio::time::sleep(wait) => match quiet.idle(t0.elapsed()) {
+                            Idle::Cut => {
+                                tracing::warn!(error = %stalled, "prefill stalled");
+                                return Some((Ok(relay.failed(&stalled)), None));
+                            }
+                            Idle::KeepAlive(words) => {
+                                let keepalive = relay.keepalive(&words);
+                                return Some((Ok(keepalive), Some(Phase::Prefill { sent, relay, quiet, stalled })));
+                            }
+                        },
                     }
-                },
+                }
                 Phase::Piping(mut st) => {
-                    // Quiet for a while (a long prefill after llama-server's first, empty chunk,
-                    // or a slow token), the connection is kept alive; quiet for the backend's
-                    // quiet timeout (a remote provider's `--remote-timeout`, a local one's
-                    // `stream_timeout`), the stream is cut.
-                    let quiet = st.quiet_since.elapsed();
-                    let limit = st.lease.quiet_timeout();
-                    let wait = EVERY.min(limit.saturating_sub(quiet));
-                    let next = match tokio::time::timeout(wait, st.upstream.next()).await {
+                    let next = match tokio::time::timeout(st.quiet.wait(t0.elapsed()), st.upstream.next()).await {
                         Ok(next) => next,
-                        Err(_) if st.quiet_since.elapsed() >= limit => {
-                            let msg = ApiError::from(st.lease.went_quiet()).message();
-                            tracing::warn!(model = %st.lease.name(), error = %msg, "stream from backend stalled");
-                            return Some((Ok(st.relay.failed(&msg)), None));
-                        }
-                        Err(_) => {
-                            let doing = if st.chunks <= 1 { "prefill" } else { "generating" };
-                            let words = format!("{doing} {} s", st.quiet_since.elapsed().as_secs());
-                            let keepalive = st.relay.keepalive(&words);
-                            return Some((Ok(keepalive), Some(Phase::Piping(st))));
-                        }
+                        Err(_) => match st.quiet.idle(t0.elapsed()) {
+                            Idle::Cut => {
+                                let msg = ApiError::from(st.lease.went_quiet()).message();
+                                tracing::warn!(model = %st.lease.name(), error = %msg, "stream from backend stalled");
+                                return Some((Ok(st.relay.failed(&msg)), None));
+                            }
+                            Idle::KeepAlive(words) => {
+                                let keepalive = st.relay.keepalive(&words);
+                                return Some((Ok(keepalive), Some(Phase::Piping(st))));
+                            }
+                        },
                     };
                     match next {
                         Some(Ok(chunk)) => {
                             st.first_byte();
-                            st.chunks += 1;
-                            st.quiet_since = tokio::time::Instant::now();
+                            st.quiet.chunk(t0.elapsed());
                             if let Some(out) = st.relay.chunk(chunk) {
                                 return Some((Ok::<Bytes, Infallible>(out), Some(Phase::Piping(st))));
                             }
@@ -310,15 +295,17 @@ struct StreamState {
     relay: Relay,
     /// Whether the first byte has come (for the time to first token).
     started: bool,
-    /// Chunks received, and when the last came (the stream's start before the first).
-    chunks: u32,
-    quiet_since: tokio::time::Instant,
+    /// Its silences: when it gets a keep-alive, when it is cut.
+    quiet: Quiet,
 }
 
 impl StreamState {
-    fn new(lease: Lease, resp: reqwest::Response, relay: Relay) -> StreamState {
-        let quiet_since = tokio::time::Instant::now();
-        StreamState { upstream: Box::pin(resp.bytes_stream()), lease, relay, started: false, chunks: 0, quiet_since }
+    /// The pipe from the backend's answer; `quiet` goes on from the wait for it, bounded now
+    /// by the backend's quiet timeout (a remote provider's `--remote-timeout`, a local one's
+    /// `stream_timeout`).
+    fn new(lease: Lease, resp: reqwest::Response, relay: Relay, mut quiet: Quiet, now: Duration) -> StreamState {
+        quiet.answered(lease.quiet_timeout(), now);
+        StreamState { upstream: Box::pin(resp.bytes_stream()), lease, relay, started: false, quiet }
     }
 
     fn first_byte(&mut self) {
