@@ -39,8 +39,9 @@ const DEADLINE: Duration = Duration::from_secs(900);
 /// How long quiescence may take (simulated) before what is still running is a hang.
 const QUIESCE: Duration = Duration::from_secs(1800);
 
+/// The model an extra models dir file is (current Lemonade's name: `extra.<stem>`).
 fn model(file: &str) -> String {
-    format!("extra.{file}")
+    format!("extra.{}", file.strip_suffix(".gguf").unwrap_or(file))
 }
 
 /// The run's folder: in memory where the machine has a tmpfs (the simulated disk's kills are
