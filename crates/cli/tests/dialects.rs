@@ -109,4 +109,17 @@ async fn real_llama_server_a_repeated_long_prompt_reports_its_cached_tokens_in_e
     let last: Value = serde_json::from_str(ndjson.lines().last().unwrap()).unwrap();
     assert_eq!(last["done"], true, "{ndjson}");
     assert!(last["prompt_eval_cached_count"].as_u64().unwrap() > count / 2, "{last}");
+
+    // What llama-server read from its cache is counted under Lemonade v11's series and /stats.
+    let (_, m) = l.get("/metrics").await;
+    let metrics = m.as_str().unwrap_or_default().to_string();
+    let sample = |name: &str| -> u64 {
+        let line = metrics.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name}: {metrics}"));
+        line.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64
+    };
+    let total = sample(&format!("lemonade_model_cache_tokens_total{{model=\"{SMOL}\"}}"));
+    assert!(total > 4 * (count / 2), "four answers above read more than half their prompt each: {total}");
+    assert_eq!(sample("lemonade_cache_tokens_total "), total, "one model: the total is its own");
+    let (_, stats) = l.get("/api/v1/stats").await;
+    assert!(stats["cache_tokens"].as_u64().is_some_and(|n| n > count / 2), "{stats}");
 }

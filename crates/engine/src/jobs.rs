@@ -14,7 +14,8 @@ use crate::{Engine, EngineError, Result};
 /// How a pull request is answered ([`pull`]).
 #[derive(Debug)]
 pub enum Pull {
-    /// The model is downloaded (or was, and `do_not_upgrade` asked for nothing more).
+    /// The model is downloaded (or was, and `do_not_upgrade` asked for nothing more), or a
+    /// collection registered: its name.
     Done(String),
     /// A server-owned job was started (`stream: true, subscribe: false`): its snapshot.
     Job(Box<DownloadJob>),
@@ -26,6 +27,11 @@ pub enum Pull {
 /// more (`do_not_upgrade` and already downloaded), a job, a download awaited, or its events.
 /// A done pull and a job name the model by its listed id, as the listings do.
 pub async fn pull(rt: &Engine, req: &api_types::PullRequest) -> Result<Pull> {
+    // A collection's definition (or a registry-backed one named to refresh) is registered;
+    // nothing is downloaded.
+    if crate::router::is_collection_pull(rt, req) {
+        return Ok(Pull::Done(crate::router::register(rt, req).await?));
+    }
     let m = crate::pulls::resolve(rt, req).await?;
     Ok(match (req.stream == Some(true), req.subscribe) {
         _ if req.do_not_upgrade == Some(true) && m.downloaded => Pull::Done(listed_name(rt, &m.name)),

@@ -19,7 +19,7 @@ use crate::Engine;
 
 /// Whether a pull body defines a collection (`recipe: "collection.*"`), or names a
 /// registry-backed one to refresh.
-pub fn is_collection_pull(rt: &Engine, req: &PullRequest) -> bool {
+pub(crate) fn is_collection_pull(rt: &Engine, req: &PullRequest) -> bool {
     req.recipe.as_deref().is_some_and(|r| r.starts_with("collection.")) || refreshed(rt, req).is_some()
 }
 

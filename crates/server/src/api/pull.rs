@@ -21,9 +21,6 @@ pub async fn pull(
 ) -> Result<Response, V11ApiError> {
     let req = body.value;
     let done = |name| Json(StatusResponse { status: "success".into(), model_name: Some(name), message: None });
-    if engine::router::is_collection_pull(&rt.engine, &req) {
-        return Ok(done(engine::router::register(&rt.engine, &req).await?).into_response());
-    }
     Ok(match engine::jobs::pull(&rt.engine, &req).await? {
         Pull::Done(name) => done(name).into_response(),
         Pull::Job(job) => Json(job).into_response(),
